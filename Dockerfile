@@ -1,0 +1,35 @@
+# leaderless-log broker image.
+#
+# Build from the repository root:   docker build -t leaderless-log .
+# All configuration comes from LLOG_* environment variables (see app/settings.py);
+# the image contains no configuration files.
+
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# Build and install the package from a source directory that is not on the
+# runtime import path.
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY app/ ./app/
+COPY jobs/ ./jobs/
+RUN pip install . \
+    && rm -rf /src/build /src/*.egg-info
+
+RUN groupadd --system --gid 10001 llog \
+    && useradd --system --uid 10001 --gid llog --home-dir /home/llog --create-home \
+       --shell /usr/sbin/nologin llog
+
+USER llog
+WORKDIR /home/llog
+
+EXPOSE 8080
+
+HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=3).status == 200 else 1)"]
+
+CMD ["llog", "serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -1,0 +1,178 @@
+"""The ``llog`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import signal
+import sys
+import threading
+import urllib.request
+from pathlib import Path
+from types import FrameType
+
+from app.settings import Settings, SettingsError
+
+
+def _broker_available() -> bool:
+    return importlib.util.find_spec("app.factory") is not None
+
+
+def cmd_servers_build(_: argparse.Namespace) -> int:
+    from app.localstack import binaries
+
+    for name, path in binaries.ensure_all().items():
+        print(f"{name}: {path}")
+    return 0
+
+
+def _wait_broker(url: str, proc: object, timeout: float) -> None:
+    from app.localstack.processes import ManagedProcess, wait_until
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
+            return bool(resp.status == 200)
+
+    assert isinstance(proc, ManagedProcess)
+    wait_until(f"broker on {url}", healthy, timeout=timeout, process=proc)
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from app.localstack.processes import ManagedProcess, ProcessFailed
+    from app.localstack.stack import LocalStack, StackConfig
+
+    data_dir = Path(args.data_dir).resolve()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    config = StackConfig(
+        data_dir=data_dir, oxia_port=args.oxia_port, s3_port=args.s3_port
+    )
+    stack = LocalStack(config)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        print(f"llog dev: starting Oxia and MinIO (data in {data_dir})", flush=True)
+        stack.start()
+        broker_url: str | None = None
+        if _broker_available():
+            broker_url = f"http://127.0.0.1:{args.port}"
+            env = {**os.environ, **stack.settings_env()}
+            env.setdefault("LLOG_BROKER_ID", "broker-dev")
+            env["LLOG_ROLES"] = "write,read,compact"
+            env.setdefault("LLOG_TAIL_CACHE_DIR", str(data_dir / "tail-cache"))
+            broker = ManagedProcess(
+                "broker",
+                [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
+                 "--port", str(args.port)],
+                data_dir / "logs" / "broker.log",
+                env=env,
+            )
+            stack.extra["broker"] = broker
+            broker.start()
+            _wait_broker(broker_url, broker, timeout=60)
+        path = stack.write_stack_json(broker_url)
+        print(f"llog dev: Oxia {stack.oxia_address}, S3 {stack.s3_endpoint} "
+              f"(bucket {config.bucket})")
+        print(f"llog dev: stack description in {path}")
+        if broker_url is None:
+            print("llog dev: the broker is not part of this build yet; only Oxia and MinIO run.")
+        else:
+            print(f"llog dev: broker on {broker_url}\n")
+            print("Produce:")
+            print(f"  curl -s {broker_url}/produce -H 'content-type: application/json' \\")
+            print("    -d '{\"topic_partitions\":[{\"topic\":\"orders\",\"partition\":0,"
+                  "\"records\":[\"alpha\",{\"base64\":\"AAE=\"}]}]}'")
+            print("Consume:")
+            print(f"  curl -s {broker_url}/consume -H 'content-type: application/json' \\")
+            print("    -d '{\"topic_partitions\":[{\"topic\":\"orders\",\"partition\":0,"
+                  "\"fetch_offset\":1}],\"max_wait_ms\":1000}'")
+        print("\nCtrl-C stops everything.", flush=True)
+        while not stop.wait(0.5):
+            for proc in [stack.oxia, stack.minio, *stack.extra.values()]:
+                if proc is not None:
+                    proc.check_alive()
+        return 0
+    except ProcessFailed as exc:
+        print(f"llog dev: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        print("llog dev: stopping", flush=True)
+        stack.stop()
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    if not _broker_available():
+        print("llog serve: the broker is not part of this build yet", file=sys.stderr)
+        return 2
+    import uvicorn
+
+    overrides: dict[str, object] = {"host": args.host, "port": args.port}
+    try:
+        settings = Settings.from_env(**overrides)
+    except SettingsError as exc:
+        print(f"llog serve: {exc}", file=sys.stderr)
+        return 2
+    # Workers re-read the environment; make the CLI flags part of it.
+    os.environ["LLOG_HOST"] = settings.host
+    os.environ["LLOG_PORT"] = str(settings.port)
+    uvicorn.run(
+        "app.factory:create_app_from_env",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        timeout_graceful_shutdown=30,
+        lifespan="on",
+    )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llog", description="leaderless-log broker tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    dev = sub.add_parser("dev", help="run Oxia, MinIO and a broker on loopback (foreground)")
+    dev.add_argument("--port", type=int, default=8080, help="broker port (default 8080)")
+    dev.add_argument("--data-dir", default=".llog/dev", help="state directory")
+    dev.add_argument("--oxia-port", type=int, default=6648)
+    dev.add_argument("--s3-port", type=int, default=9000)
+    dev.set_defaults(func=cmd_dev)
+
+    serve = sub.add_parser("serve", help="run the broker against configured Oxia and S3")
+    serve.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))
+    serve.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8080")))
+    serve.add_argument("--workers", type=int, default=1)
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=cmd_serve)
+
+    servers = sub.add_parser("servers", help="manage the Go-built Oxia and MinIO binaries")
+    servers_sub = servers.add_subparsers(dest="servers_command", required=True)
+    build = servers_sub.add_parser("build", help="build (or find cached) server binaries")
+    build.set_defaults(func=cmd_servers_build)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except SettingsError as exc:
+        print(f"llog: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:
+        from app.localstack.binaries import BuildError
+
+        if isinstance(exc, BuildError):
+            print(f"llog: {exc}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

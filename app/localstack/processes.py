@@ -1,0 +1,144 @@
+"""Child processes that die with us: own process group, log file, SIGTERM then SIGKILL."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # Linux only: the kernel sends SIGTERM to the child when the parent exits, so even a
+    # SIGKILLed `llog dev` or test run leaves no stray servers behind.
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class ProcessFailed(RuntimeError):
+    """A managed process exited or never became healthy; carries the tail of its log."""
+
+
+class ManagedProcess:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.env = dict(env) if env is not None else None
+        self.cwd = cwd
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def pid(self) -> int:
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._proc.pid
+
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                self.argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+
+    def alive(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def check_alive(self) -> None:
+        if not self.alive():
+            code = self._proc.returncode if self._proc is not None else None
+            raise ProcessFailed(
+                f"{self.name} exited (code {code}); last lines of {self.log_path}:\n"
+                f"{self.log_tail()}"
+            )
+
+    def signal(self, sig: int) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._proc.pid, sig)
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group and reap it (crash simulation)."""
+        self.signal(signal.SIGKILL)
+        if self._proc is not None:
+            self._proc.wait()
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self._proc is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until(
+    what: str,
+    probe: object,
+    *,
+    timeout: float,
+    process: ManagedProcess | None = None,
+    interval: float = 0.1,
+) -> None:
+    """Poll ``probe()`` until it returns true; fail fast if ``process`` died."""
+    assert callable(probe)
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None:
+            process.check_alive()
+        try:
+            if probe():
+                return
+        except Exception as exc:  # a probe failing is the normal "not yet"
+            last_error = exc
+        time.sleep(interval)
+    detail = f" (last error: {last_error})" if last_error else ""
+    tail = f"\nlast lines of {process.log_path}:\n{process.log_tail()}" if process else ""
+    raise ProcessFailed(f"{what} not healthy after {timeout:.0f}s{detail}{tail}")

@@ -1,0 +1,252 @@
+"""Real Oxia and MinIO servers on loopback: the stack behind `llog dev` and the tests."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.localstack import binaries
+from app.localstack.processes import (
+    ManagedProcess,
+    ProcessFailed,
+    free_port,
+    port_open,
+    wait_until,
+)
+
+DEV_ACCESS_KEY = "llog-dev"
+DEV_SECRET_KEY = "llog-dev-secret"
+
+
+@dataclass
+class StackConfig:
+    data_dir: Path
+    host: str = "127.0.0.1"
+    oxia_port: int = 6648
+    oxia_metrics_port: int | None = None
+    s3_port: int = 9000
+    s3_console_port: int | None = None
+    bucket: str = "leaderless-log-wal"
+    region: str = "us-east-1"
+    access_key: str = DEV_ACCESS_KEY
+    secret_key: str = DEV_SECRET_KEY
+    root_prefix: str = "llog"
+    oxia_namespace: str = "default"
+    oxia_shards: int = 1
+    startup_timeout_s: float = 60.0
+
+    @classmethod
+    def ephemeral(cls, data_dir: Path, **overrides: Any) -> StackConfig:
+        """A config on free ports, for tests and load-test runs."""
+        values: dict[str, Any] = {"oxia_port": free_port(), "s3_port": free_port()}
+        values.update(overrides)
+        return cls(data_dir=data_dir, **values)
+
+
+@dataclass
+class LocalStack:
+    config: StackConfig
+    oxia: ManagedProcess | None = None
+    minio: ManagedProcess | None = None
+    extra: dict[str, ManagedProcess] = field(default_factory=dict)
+
+    @property
+    def oxia_address(self) -> str:
+        return f"{self.config.host}:{self.config.oxia_port}"
+
+    @property
+    def s3_endpoint(self) -> str:
+        return f"http://{self.config.host}:{self.config.s3_port}"
+
+    def settings_env(self) -> dict[str, str]:
+        """``LLOG_*`` variables that point a broker, compactor or job at this stack."""
+        c = self.config
+        return {
+            "LLOG_OXIA_ADDRESS": self.oxia_address,
+            "LLOG_OXIA_NAMESPACE": c.oxia_namespace,
+            "LLOG_S3_ENDPOINT": self.s3_endpoint,
+            "LLOG_S3_BUCKET": c.bucket,
+            "LLOG_S3_REGION": c.region,
+            "LLOG_S3_ACCESS_KEY": c.access_key,
+            "LLOG_S3_SECRET_KEY": c.secret_key,
+            "LLOG_ROOT_PREFIX": c.root_prefix,
+        }
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    def start(self) -> None:
+        paths = binaries.ensure_all()
+        try:
+            self._start_oxia(paths["oxia"])
+            self._start_minio(paths["minio"])
+            self.create_bucket()
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for proc in [*self.extra.values(), self.minio, self.oxia]:
+            if proc is not None:
+                proc.stop()
+
+    def __enter__(self) -> LocalStack:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def pids(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for name, proc in [("oxia", self.oxia), ("minio", self.minio), *self.extra.items()]:
+            if proc is not None and proc.alive():
+                out[name] = proc.pid
+        return out
+
+    # -- Oxia ------------------------------------------------------------------------
+
+    def _start_oxia(self, binary: Path) -> None:
+        c = self.config
+        base = c.data_dir / "oxia"
+        metrics_port = c.oxia_metrics_port or free_port(c.host)
+        self.oxia = ManagedProcess(
+            "oxia",
+            [
+                str(binary),
+                "standalone",
+                "--data-dir", str(base / "db"),
+                "--wal-dir", str(base / "wal"),
+                "--public-addr", self.oxia_address,
+                "--metrics-addr", f"{c.host}:{metrics_port}",
+                "--shards", str(c.oxia_shards),
+            ],
+            c.data_dir / "logs" / "oxia.log",
+        )
+        self._ensure_port_free("Oxia", c.oxia_port)
+        self.oxia.start()
+        wait_until(
+            f"Oxia on {self.oxia_address}",
+            lambda: port_open(c.host, c.oxia_port),
+            timeout=c.startup_timeout_s,
+            process=self.oxia,
+        )
+        wait_until(
+            f"Oxia on {self.oxia_address}",
+            self._oxia_answers,
+            timeout=c.startup_timeout_s,
+            process=self.oxia,
+            interval=0.5,
+        )
+
+    def _oxia_answers(self) -> bool:
+        import oxia
+
+        client = oxia.Client(self.oxia_address, namespace=self.config.oxia_namespace)
+        try:
+            with contextlib.suppress(oxia.ex.KeyNotFound):
+                client.get("__llog_health__")
+            return True
+        finally:
+            client.close()
+
+    # -- MinIO -----------------------------------------------------------------------
+
+    def _start_minio(self, binary: Path) -> None:
+        c = self.config
+        console = c.s3_console_port or free_port(c.host)
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": str(c.data_dir),
+            "MINIO_ROOT_USER": c.access_key,
+            "MINIO_ROOT_PASSWORD": c.secret_key,
+            "MINIO_BROWSER": "off",
+            "MINIO_UPDATE": "off",
+            "MINIO_CI_CD": "1",
+            "MINIO_REGION": c.region,
+        }
+        self.minio = ManagedProcess(
+            "minio",
+            [
+                str(binary),
+                "server",
+                str(c.data_dir / "minio"),
+                "--address", f"{c.host}:{c.s3_port}",
+                "--console-address", f"{c.host}:{console}",
+                "--quiet",
+            ],
+            c.data_dir / "logs" / "minio.log",
+            env=env,
+        )
+        self._ensure_port_free("MinIO", c.s3_port)
+        self.minio.start()
+        wait_until(
+            f"MinIO on {self.s3_endpoint}",
+            self._minio_live,
+            timeout=c.startup_timeout_s,
+            process=self.minio,
+        )
+
+    def _minio_live(self) -> bool:
+        url = f"{self.s3_endpoint}/minio/health/live"
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+
+    def s3_client(self) -> Any:
+        """A synchronous botocore S3 client for this stack (setup and tests)."""
+        import botocore.session
+        from botocore.config import Config
+
+        session = botocore.session.get_session()
+        return session.create_client(
+            "s3",
+            endpoint_url=self.s3_endpoint,
+            region_name=self.config.region,
+            aws_access_key_id=self.config.access_key,
+            aws_secret_access_key=self.config.secret_key,
+            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 3}),
+        )
+
+    def create_bucket(self) -> None:
+        client = self.s3_client()
+        try:
+            client.create_bucket(Bucket=self.config.bucket)
+        except client.exceptions.BucketAlreadyOwnedByYou:
+            pass
+        finally:
+            client.close()
+
+    # -- helpers ---------------------------------------------------------------------
+
+    def _ensure_port_free(self, what: str, port: int) -> None:
+        if port_open(self.config.host, port, timeout=0.2):
+            raise ProcessFailed(
+                f"{what} port {self.config.host}:{port} is already in use; stop whatever "
+                f"listens there or choose another port"
+            )
+
+    def describe(self, broker_url: str | None = None) -> dict[str, Any]:
+        """The ``stack.json`` document."""
+        c = self.config
+        return {
+            "broker_url": broker_url,
+            "oxia_address": self.oxia_address,
+            "oxia_namespace": c.oxia_namespace,
+            "s3_endpoint": self.s3_endpoint,
+            "s3_bucket": c.bucket,
+            "s3_region": c.region,
+            "s3_access_key": c.access_key,
+            "s3_secret_key": c.secret_key,
+            "root_prefix": c.root_prefix,
+            "pids": self.pids(),
+        }
+
+    def write_stack_json(self, broker_url: str | None = None) -> Path:
+        path = self.config.data_dir / "stack.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.describe(broker_url), indent=2) + "\n")
+        tmp.replace(path)
+        return path

@@ -1,0 +1,169 @@
+"""Process configuration: one pydantic-settings model read from ``LLOG_*`` variables.
+
+Built once at start (``Settings.from_env()``) and passed down explicitly; nothing in the
+package reads the environment on its own.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+Role = Literal["write", "read", "compact"]
+ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
+
+_HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
+_PREFIX = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
+
+
+class SettingsError(ValueError):
+    """Invalid configuration; the message names each offending ``LLOG_*`` variable."""
+
+
+class Settings(BaseSettings):
+    """Every knob of a broker, compactor or job process."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="LLOG_", extra="ignore", frozen=True, validate_default=True
+    )
+
+    # Coordination store.
+    oxia_address: str = "127.0.0.1:6648"
+    oxia_namespace: str = "default"
+    oxia_session_timeout_ms: int = Field(default=15_000, ge=2_000, le=300_000)
+    oxia_request_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    oxia_max_threads: int = Field(default=32, ge=1, le=512)
+
+    # Object store.
+    s3_endpoint: str | None = "http://127.0.0.1:9000"
+    s3_bucket: str = "leaderless-log-wal"
+    s3_region: str = "us-east-1"
+    s3_access_key: str | None = None
+    s3_secret_key: str | None = None
+    s3_max_pool_connections: int = Field(default=64, ge=1, le=1024)
+    s3_request_timeout_s: float = Field(default=30.0, gt=0, le=600)
+    s3_max_attempts: int = Field(default=5, ge=1, le=20)
+
+    root_prefix: str = "llog"
+
+    # Broker identity and roles.
+    broker_id: str = Field(default_factory=lambda: f"broker-{socket.gethostname()}")
+    roles: Annotated[tuple[Role, ...], NoDecode] = ALL_ROLES
+    host: str = "127.0.0.1"
+    port: int = Field(default=8080, ge=1, le=65535)
+
+    # Writer.
+    commit_max_attempts: int = Field(default=64, ge=1, le=10_000)
+
+    # Batcher.
+    batch_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1, le=1024 * 1024 * 1024)
+    batch_max_delay_ms: int = Field(default=5, ge=0, le=60_000)
+    batch_buffer_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+
+    # Request limits.
+    max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    max_records_per_request: int = Field(default=100_000, ge=1)
+    max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
+    max_wait_ms_ceiling: int = Field(default=30_000, ge=0, le=600_000)
+    max_concurrent_long_polls: int = Field(default=1_000, ge=1)
+
+    # Tail cache.
+    tail_cache_dir: Path | None = None
+    tail_cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+
+    @field_validator("roles", mode="before")
+    @classmethod
+    def _parse_roles(cls, value: object) -> object:
+        if isinstance(value, str):
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            if not parts:
+                raise ValueError("at least one of write, read, compact")
+            return tuple(parts)
+        return value
+
+    @field_validator("roles")
+    @classmethod
+    def _dedupe_roles(cls, value: tuple[Role, ...]) -> tuple[Role, ...]:
+        return tuple(dict.fromkeys(value))
+
+    @field_validator("s3_access_key", "s3_secret_key", "tail_cache_dir", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: object) -> object:
+        return None if value == "" else value
+
+    @field_validator("oxia_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        if not _HOST_PORT.fullmatch(value):
+            raise ValueError("expected host:port")
+        return value
+
+    @field_validator("s3_bucket")
+    @classmethod
+    def _check_bucket(cls, value: str) -> str:
+        if not _BUCKET.fullmatch(value):
+            raise ValueError("not a valid S3 bucket name")
+        return value
+
+    @field_validator("root_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not _PREFIX.fullmatch(value):
+            raise ValueError("segments of [A-Za-z0-9._-] separated by '/', no leading '/'")
+        return value
+
+    @field_validator("s3_endpoint")
+    @classmethod
+    def _check_endpoint(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        assert value is not None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_batch(self) -> Settings:
+        if self.batch_buffer_max_bytes < self.batch_max_bytes:
+            raise ValueError(
+                "LLOG_BATCH_BUFFER_MAX_BYTES must be at least LLOG_BATCH_MAX_BYTES"
+            )
+        return self
+
+    @classmethod
+    def from_env(cls, **overrides: object) -> Settings:
+        """Read the environment; raise :class:`SettingsError` naming each bad variable."""
+        try:
+            return cls(**overrides)  # type: ignore[arg-type]
+        except ValidationError as exc:
+            raise SettingsError(describe_validation_error(exc)) from None
+
+    def has_role(self, role: Role) -> bool:
+        return role in self.roles
+
+    def as_env(self) -> dict[str, str]:
+        """The settings as ``LLOG_*`` variables, for child processes."""
+        env: dict[str, str] = {}
+        for name, value in self.model_dump().items():
+            if value is None:
+                value = ""  # every optional setting reads "" as unset
+            elif isinstance(value, tuple):
+                value = ",".join(value)
+            env[f"LLOG_{name.upper()}"] = str(value)
+        return env
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    lines = ["invalid configuration:"]
+    for err in exc.errors():
+        loc = err.get("loc") or ()
+        field = str(loc[0]) if loc else ""
+        name = f"LLOG_{field.upper()}" if field else "(settings)"
+        lines.append(f"  {name}: {err.get('msg', 'invalid value')}")
+    return "\n".join(lines)

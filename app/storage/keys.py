@@ -1,0 +1,136 @@
+"""The one place that knows the key layout (Oxia keys and object keys)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from app.storage.errors import InvalidInput
+
+MAX_PARTITION = 2**31 - 1
+OFFSET_DIGITS = 20
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_DIGITS = re.compile(r"[0-9]+")
+
+
+def validate_topic(topic: object) -> str:
+    """Kafka's rule: 1..249 of ``[A-Za-z0-9._-]``, not ``.`` or ``..``."""
+    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+        raise InvalidInput(
+            f"invalid topic {topic!r}: 1..249 characters of [A-Za-z0-9._-], not '.' or '..'"
+        )
+    return topic
+
+
+def validate_partition(partition: object) -> int:
+    if (
+        not isinstance(partition, int)
+        or isinstance(partition, bool)
+        or not 0 <= partition <= MAX_PARTITION
+    ):
+        raise InvalidInput(f"invalid partition {partition!r}: an integer in 0..{MAX_PARTITION}")
+    return partition
+
+
+@dataclass(frozen=True, order=True)
+class TopicPartition:
+    topic: str
+    partition: int
+
+    def __post_init__(self) -> None:
+        validate_topic(self.topic)
+        validate_partition(self.partition)
+
+    @property
+    def partition_key(self) -> str:
+        """Oxia routing key: every key of one topic-partition lives on one shard."""
+        return f"{self.topic}:{self.partition}"
+
+    def __str__(self) -> str:
+        return self.partition_key
+
+
+def format_offset(offset: int) -> str:
+    return f"{offset:0{OFFSET_DIGITS}d}"
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Oxia keys under ``{root}/{topic}/partitions/{partition}/`` and S3 object keys."""
+
+    root: str
+    bucket: str
+
+    def partition_prefix(self, tp: TopicPartition) -> str:
+        return f"{self.root}/{tp.topic}/partitions/{tp.partition}/"
+
+    def control(self, tp: TopicPartition) -> str:
+        return self.partition_prefix(tp) + "meta/control"
+
+    def compaction_cursor(self, tp: TopicPartition) -> str:
+        return self.partition_prefix(tp) + "meta/compaction-cursor"
+
+    def compaction(self, tp: TopicPartition) -> str:
+        return self.partition_prefix(tp) + "meta/compaction"
+
+    def compactor_claim(self, tp: TopicPartition) -> str:
+        return self.partition_prefix(tp) + "meta/compactor-claim"
+
+    def index_prefix(self, tp: TopicPartition) -> str:
+        return self.partition_prefix(tp) + "index/"
+
+    def index(self, tp: TopicPartition, end_offset: int) -> str:
+        return self.index_prefix(tp) + format_offset(end_offset)
+
+    def index_scan_end(self, tp: TopicPartition) -> str:
+        """Exclusive upper bound of the partition's ``index/`` keys ('~' > any digit)."""
+        return self.index_prefix(tp) + "~"
+
+    def index_end_offset(self, tp: TopicPartition, key: str) -> int | None:
+        """The end offset encoded in ``key``, or None if ``key`` is not this partition's."""
+        prefix = self.index_prefix(tp)
+        if not key.startswith(prefix):
+            return None
+        digits = key[len(prefix):]
+        if len(digits) != OFFSET_DIGITS or not _DIGITS.fullmatch(digits):
+            return None
+        return int(digits)
+
+    # -- objects ---------------------------------------------------------------------
+
+    def shared_wal_object(self, blob_id: str) -> str:
+        return f"{self.root}/wal-shared/{blob_id}"
+
+    def legacy_wal_object(self, tp: TopicPartition, blob_id: str) -> str:
+        return self.partition_prefix(tp) + f"data/wal/{blob_id}"
+
+    def compacted_object(self, tp: TopicPartition, blob_id: str) -> str:
+        return self.partition_prefix(tp) + f"data/compacted/{blob_id}"
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    @staticmethod
+    def parse_uri(uri: str) -> tuple[str, str]:
+        if not uri.startswith("s3://"):
+            raise InvalidInput(f"not an s3:// URI: {uri!r}")
+        bucket, _, key = uri[5:].partition("/")
+        if not bucket or not key:
+            raise InvalidInput(f"not an s3://bucket/key URI: {uri!r}")
+        return bucket, key
+
+    def parse_control_key(self, key: str) -> TopicPartition | None:
+        """``{root}/{topic}/partitions/{p}/meta/control`` -> TopicPartition (discovery)."""
+        prefix = self.root + "/"
+        suffix = "/meta/control"
+        if not key.startswith(prefix) or not key.endswith(suffix):
+            return None
+        middle = key[len(prefix):-len(suffix)]
+        topic, sep, partition = middle.rpartition("/partitions/")
+        # Only the canonical spelling: ASCII digits, no leading zeros.
+        if not sep or not _DIGITS.fullmatch(partition) or str(int(partition)) != partition:
+            return None
+        try:
+            return TopicPartition(topic, int(partition))
+        except InvalidInput:
+            return None

@@ -1,0 +1,58 @@
+"""Counters and latency histograms of the store clients.
+
+One :class:`StoreMetrics` per process, registered on the app's own
+``CollectorRegistry`` (never the global one), so tests and several apps in one process
+stay independent.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class StoreMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.oxia_requests = Counter(
+            "llog_oxia_requests", "Oxia operations by kind and outcome", ["op", "outcome"],
+            registry=r,
+        )
+        self.oxia_latency = Histogram(
+            "llog_oxia_request_seconds", "Oxia operation latency", ["op"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.s3_requests = Counter(
+            "llog_s3_requests", "S3 requests by kind and outcome", ["op", "outcome"],
+            registry=r,
+        )
+        self.s3_latency = Histogram(
+            "llog_s3_request_seconds", "S3 request latency", ["op"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.s3_bytes = Counter(
+            "llog_s3_bytes", "Bytes moved to and from S3", ["direction"], registry=r,
+        )
+        self.cas_conflicts = Counter(
+            "llog_commit_cas_conflicts", "meta/control CAS conflicts seen by writers",
+            registry=r,
+        )
+        self.pending_materialised = Counter(
+            "llog_pending_materialised",
+            "Pending appends whose index entry was materialised, by who did it", ["by"],
+            registry=r,
+        )
+        self.shared_blob_bytes = Histogram(
+            "llog_shared_blob_bytes", "Size of shared WAL blobs written",
+            buckets=(1024, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864),
+            registry=r,
+        )
+        self.appended_records = Counter(
+            "llog_appended_records", "Records committed by this process's writer", registry=r,
+        )
+        self.appended_bytes = Counter(
+            "llog_appended_bytes", "Record bytes committed by this process's writer",
+            registry=r,
+        )

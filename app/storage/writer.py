@@ -1,0 +1,398 @@
+"""The writer: ``append_shared(groups)``, exactly the commit protocol of docs/protocol.md.
+
+Per append and partition the acknowledgement path costs one Oxia round trip in steady
+state (the ``meta/control`` CAS that installs the new ``pending``; control is cached).
+The index entry of that pending append is materialised right after, in the background,
+and any writer that finds a pending append it has not seen materialised writes its index
+entry (create-if-absent, so it is idempotent) before its own CAS replaces it. A crash at
+any point therefore loses nothing acknowledged and blocks nobody: a committed append is
+either still ``pending`` in control (readable from there) or in the index.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import anyio
+import anyio.abc
+
+from app.storage import codec
+from app.storage.errors import (
+    CommitConflict,
+    InvalidInput,
+    LogError,
+    PartitionFenced,
+    StorageUnavailable,
+)
+from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.metrics import StoreMetrics
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, VersionMismatch
+from app.storage.records import (
+    CompactionCursor,
+    Control,
+    IndexEntry,
+    LogState,
+    Pending,
+    now_ms,
+)
+from app.storage.s3 import S3Store
+
+
+@dataclass(frozen=True)
+class AppendGroup:
+    tp: TopicPartition
+    records: Sequence[bytes]
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    tp: TopicPartition
+    start_offset: int
+    end_offset: int
+    count: int
+    index_key: str
+    wal_uri: str
+
+
+@dataclass(frozen=True)
+class _Slice:
+    data_key: str
+    byte_offset: int
+    byte_length: int
+    crc32c: int
+    count: int
+    created_at_ms: int
+
+
+@dataclass
+class _CachedControl:
+    control: Control
+    version: int
+
+
+class CrashPoint(Exception):
+    """Raised by a test hook to stop the writer between two protocol steps."""
+
+
+class LogWriter:
+    """Appends record groups to many partitions through one shared WAL blob.
+
+    Used as an async context manager it owns a task group for background index
+    materialisation (off the acknowledgement path) and waits for it on exit; used
+    without, it materialises each index entry before returning.
+    """
+
+    def __init__(
+        self,
+        oxia: OxiaStore,
+        s3: S3Store,
+        layout: KeyLayout,
+        metrics: StoreMetrics,
+        *,
+        max_attempts: int = 64,
+        crash_hook: object = None,
+    ) -> None:
+        self._oxia = oxia
+        self._s3 = s3
+        self._layout = layout
+        self._metrics = metrics
+        self._max_attempts = max_attempts
+        self._initialised: set[TopicPartition] = set()
+        self._controls: dict[TopicPartition, _CachedControl] = {}
+        self._materialised: dict[TopicPartition, str] = {}
+        self._locks: dict[TopicPartition, anyio.Lock] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        # Tests pass a callable(step: str) that may raise CrashPoint to simulate a crash.
+        self._crash_hook = crash_hook
+
+    async def __aenter__(self) -> LogWriter:
+        self._tg = anyio.create_task_group()
+        await self._tg.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> bool | None:
+        tg, self._tg = self._tg, None
+        assert tg is not None
+        return await tg.__aexit__(*exc)  # type: ignore[arg-type]
+
+    def _step(self, name: str) -> None:
+        if self._crash_hook is not None:
+            self._crash_hook(name)  # type: ignore[operator]
+
+    # -- public API ------------------------------------------------------------------
+
+    async def append_shared(
+        self, groups: Sequence[AppendGroup]
+    ) -> list[AppendResult | LogError]:
+        """Append every group; one result (or the partition's error) per group, in order.
+
+        One partition failing never affects another. Raises only when nothing could be
+        committed at all (invalid input, or the shared blob could not be written).
+        """
+        if not groups:
+            raise InvalidInput("append_shared needs at least one group")
+        seen: set[TopicPartition] = set()
+        for group in groups:
+            if group.tp in seen:
+                raise InvalidInput(f"{group.tp} appears twice in one append")
+            seen.add(group.tp)
+            if not group.records:
+                raise InvalidInput(f"{group.tp}: an append needs at least one record")
+
+        created = now_ms()
+        blob, parts = codec.encode_shared_blob(
+            [(g.tp.topic, g.tp.partition, g.records) for g in groups], created
+        )
+        key = self._layout.shared_wal_object(uuid.uuid4().hex)
+        await self._s3.put(key, blob)
+        self._metrics.shared_blob_bytes.observe(len(blob))
+        self._step("after_blob_put")
+        uri = self._layout.uri(key)
+
+        results: list[AppendResult | LogError] = [
+            StorageUnavailable("not attempted") for _ in groups
+        ]
+
+        async def commit_one(i: int, group: AppendGroup, part: codec.BlobPart) -> None:
+            piece = _Slice(uri, part.body_offset, part.body_length, part.crc32c,
+                           len(group.records), created)
+            try:
+                results[i] = await self.commit(group.tp, piece)
+            except LogError as exc:
+                results[i] = exc
+
+        async with anyio.create_task_group() as tg:
+            for i, (group, part) in enumerate(zip(groups, parts, strict=True)):
+                tg.start_soon(commit_one, i, group, part)
+        for group, result in zip(groups, results, strict=True):
+            if isinstance(result, AppendResult):
+                self._metrics.appended_records.inc(result.count)
+                self._metrics.appended_bytes.inc(sum(len(r) for r in group.records))
+        return results
+
+    async def ensure_partition(self, tp: TopicPartition) -> None:
+        """Create ``meta/control`` and ``meta/compaction-cursor`` if absent (idempotent)."""
+        if tp in self._initialised:
+            return
+        control = Control()
+        try:
+            version = await self._oxia.put(
+                self._layout.control(tp), control.to_json(), tp.partition_key,
+                expected_version=EXPECT_NOT_EXISTS,
+            )
+            self._controls[tp] = _CachedControl(control, version)
+        except VersionMismatch:
+            pass  # already initialised
+        with contextlib.suppress(VersionMismatch):  # already initialised
+            await self._oxia.put(
+                self._layout.compaction_cursor(tp), CompactionCursor(offset=1).to_json(),
+                tp.partition_key, expected_version=EXPECT_NOT_EXISTS,
+            )
+        self._initialised.add(tp)
+
+    async def fence(self, tp: TopicPartition) -> None:
+        await self._set_state(tp, "FENCED")
+
+    async def unfence(self, tp: TopicPartition) -> None:
+        """Reopen a fenced partition: an explicit operator action."""
+        await self._set_state(tp, "OPEN")
+
+    async def materialise_pending(self, tp: TopicPartition) -> bool:
+        """Write the index entry of the partition's pending append and clear ``pending``.
+
+        Used by compaction and repair tools; True if there was something to do.
+        """
+        for _ in range(self._max_attempts):
+            cached = await self._read_control(tp)
+            if cached is None or cached.control.pending is None:
+                return False
+            pending = cached.control.pending
+            await self._write_index(tp, pending, by="repair")
+            self._step("before_clear_pending")
+            cleared = Control(cached.control.log_state, cached.control.sequence_counter,
+                              None, dict(cached.control.extra))
+            try:
+                version = await self._oxia.put(
+                    self._layout.control(tp), cleared.to_json(), tp.partition_key,
+                    expected_version=cached.version,
+                )
+            except VersionMismatch:
+                self._controls.pop(tp, None)
+                continue
+            self._controls[tp] = _CachedControl(cleared, version)
+            return True
+        raise CommitConflict(f"{tp}: could not clear pending after {self._max_attempts} tries")
+
+    # -- commit ----------------------------------------------------------------------
+
+    def _lock(self, tp: TopicPartition) -> anyio.Lock:
+        lock = self._locks.get(tp)
+        if lock is None:
+            lock = self._locks[tp] = anyio.Lock()
+        return lock
+
+    async def _read_control(self, tp: TopicPartition) -> _CachedControl | None:
+        record = await self._oxia.get(self._layout.control(tp), tp.partition_key)
+        if record is None:
+            self._controls.pop(tp, None)
+            return None
+        cached = _CachedControl(Control.from_json(record.value), record.version_id)
+        self._controls[tp] = cached
+        return cached
+
+    async def _write_index(self, tp: TopicPartition, pending: Pending, *, by: str) -> None:
+        """Materialise ``pending`` as its index entry; create-if-absent, so idempotent.
+
+        An existing key means it was materialised already, or a compaction has since
+        replaced it with a COMPACTED entry, which must never be overwritten.
+        """
+        if self._materialised.get(tp) == pending.append_id:
+            return
+        try:
+            await self._oxia.put(
+                self._layout.index(tp, pending.end_offset),
+                pending.index_entry().to_json(), tp.partition_key,
+                expected_version=EXPECT_NOT_EXISTS,
+            )
+            self._metrics.pending_materialised.labels(by).inc()
+        except VersionMismatch:
+            pass
+        self._step("after_index_put")
+        self._materialised[tp] = pending.append_id
+
+    async def _materialise_in_background(self, tp: TopicPartition, pending: Pending) -> None:
+        # On failure the next writer, a repair or the compactor materialises it.
+        with contextlib.suppress(LogError):
+            await self._write_index(tp, pending, by="writer")
+
+    async def commit(self, tp: TopicPartition, piece: _Slice) -> AppendResult:
+        async with self._lock(tp):
+            return await self._commit_locked(tp, piece)
+
+    async def _commit_locked(self, tp: TopicPartition, piece: _Slice) -> AppendResult:
+        await self.ensure_partition(tp)
+        append_id = uuid.uuid4().hex
+        cached = self._controls.get(tp) or await self._read_control(tp)
+        # (expected version, end offset) of CAS attempts whose outcome is unknown.
+        in_doubt: list[tuple[int, int]] = []
+        for attempt in range(self._max_attempts):
+            if cached is None:
+                raise StorageUnavailable(f"{tp}: meta/control vanished after initialisation")
+            control = cached.control
+            pending = control.pending
+            if pending is not None and pending.append_id == append_id:
+                return self._result(tp, pending)
+            if in_doubt:
+                won = await self._find_in_doubt(tp, append_id, in_doubt, cached.version)
+                if won is not None:
+                    return self._result(tp, won)
+            if control.fenced:
+                raise PartitionFenced(f"{tp} is fenced: appends are refused")
+            if pending is not None:
+                # The previous append may not be in the index yet: put it there before
+                # our CAS replaces it in control (protocol steps 2.3 for that append).
+                await self._write_index(tp, pending, by="next_writer")
+                self._step("after_previous_index_put")
+            start = control.sequence_counter + 1
+            mine = Pending(
+                append_id=append_id,
+                start_offset=start,
+                end_offset=start + piece.count - 1,
+                msg_count=piece.count,
+                data_key=piece.data_key,
+                byte_offset=piece.byte_offset,
+                byte_length=piece.byte_length,
+                created_at_ms=piece.created_at_ms,
+                crc32c=piece.crc32c,
+            )
+            updated = Control(control.log_state, mine.end_offset, mine, dict(control.extra))
+            try:
+                version = await self._oxia.put(
+                    self._layout.control(tp), updated.to_json(), tp.partition_key,
+                    expected_version=cached.version,
+                )
+            except VersionMismatch:
+                self._metrics.cas_conflicts.inc()
+                if attempt >= 2:
+                    await anyio.sleep(random.uniform(0, min(0.05, 0.002 * attempt)))
+                cached = await self._read_control(tp)
+                continue
+            except StorageUnavailable:
+                # The CAS may or may not have been applied: remember it and find out.
+                in_doubt.append((cached.version, mine.end_offset))
+                self._controls.pop(tp, None)
+                cached = await self._read_control(tp)
+                continue
+            # Committed: the records are durable and readable from here on.
+            self._controls[tp] = _CachedControl(updated, version)
+            self._step("after_pending_cas")
+            if self._tg is not None:
+                self._tg.start_soon(self._materialise_in_background, tp, mine)
+            else:  # not entered as a context manager: no background work, do it now
+                await self._materialise_in_background(tp, mine)
+            return self._result(tp, mine)
+        raise CommitConflict(
+            f"{tp}: gave up after {self._max_attempts} compare-and-set attempts on "
+            f"meta/control (heavy contention); the append was not committed"
+        )
+
+    async def _find_in_doubt(
+        self, tp: TopicPartition, append_id: str, in_doubt: list[tuple[int, int]],
+        current_version: int,
+    ) -> Pending | None:
+        """Did an earlier, unanswered CAS of ours land? (It did if its index entry says so.)
+
+        A CAS whose expected version is no longer current can never apply later, so
+        once the index does not show it, it is settled as not committed.
+        """
+        for expected_version, end in list(in_doubt):
+            if expected_version == current_version:
+                continue  # not applied (yet); retrying with the same version settles it
+            record = await self._oxia.get(self._layout.index(tp, end), tp.partition_key)
+            if record is not None:
+                entry = IndexEntry.from_json(record.value)
+                if entry.append_id == append_id:
+                    return Pending(
+                        append_id=append_id, start_offset=end - entry.msg_count + 1,
+                        end_offset=end, msg_count=entry.msg_count, data_key=entry.data_key,
+                        byte_offset=entry.byte_offset, byte_length=entry.byte_length,
+                        created_at_ms=entry.created_at_ms, crc32c=entry.crc32c,
+                    )
+            in_doubt.remove((expected_version, end))
+        return None
+
+    def _result(self, tp: TopicPartition, pending: Pending) -> AppendResult:
+        return AppendResult(
+            tp=tp,
+            start_offset=pending.start_offset,
+            end_offset=pending.end_offset,
+            count=pending.msg_count,
+            index_key=self._layout.index(tp, pending.end_offset),
+            wal_uri=pending.data_key,
+        )
+
+    async def _set_state(self, tp: TopicPartition, state: LogState) -> None:
+        await self.ensure_partition(tp)
+        async with self._lock(tp):
+            for _ in range(self._max_attempts):
+                cached = await self._read_control(tp)
+                if cached is None:
+                    raise StorageUnavailable(f"{tp}: meta/control is missing")
+                if cached.control.log_state == state:
+                    return
+                c = cached.control
+                updated = Control(state, c.sequence_counter, c.pending, dict(c.extra))
+                try:
+                    version = await self._oxia.put(
+                        self._layout.control(tp), updated.to_json(), tp.partition_key,
+                        expected_version=cached.version,
+                    )
+                except VersionMismatch:
+                    continue
+                self._controls[tp] = _CachedControl(updated, version)
+                return
+        raise CommitConflict(f"{tp}: could not set log_state={state}")

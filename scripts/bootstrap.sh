@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Creates .venv and installs the project with its dev extras; a no-op when nothing
+# changed since the last install (stamped by the hash of pyproject.toml).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+  echo "leaderless-log needs Python 3.11 or newer ($PYTHON is $("$PYTHON" --version 2>&1))" >&2
+  exit 1
+fi
+if ! command -v go >/dev/null 2>&1; then
+  echo "the Go toolchain is needed to build Oxia and MinIO: install Go 1.24+ and retry" >&2
+  exit 1
+fi
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+stamp=.venv/.llog-installed
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  .venv/bin/python -m pip install --quiet --upgrade pip
+  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  echo "$want" > "$stamp"
+fi
+# Build (or find cached) Oxia and MinIO binaries under .llog/bin.
+.venv/bin/llog servers build

@@ -1,0 +1,99 @@
+"""`llog dev` brings the stack up, describes it in stack.json, and stops every child."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import oxia
+
+from app.localstack.processes import free_port
+
+STACK_FIELDS = {
+    "broker_url", "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
+    "s3_access_key", "s3_secret_key", "root_prefix", "pids",
+}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie still answers kill(0); it has exited all the same.
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().split()[2] != "Z"
+
+
+def _start_dev(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "dev", "--data-dir", str(data_dir),
+         "--port", str(ports["broker"]), "--oxia-port", str(ports["oxia"]),
+         "--s3-port", str(ports["s3"])],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def _wait_ready(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:  # bounded by the test timeout
+        seen.append(line)
+        if "Ctrl-C stops everything" in line:
+            return "".join(seen)
+    raise AssertionError("llog dev exited early:\n" + "".join(seen))
+
+
+def _stop(proc: subprocess.Popen[str]) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
+    data_dir = tmp_path / "dev"
+    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    key = f"dev-test/{uuid.uuid4().hex}"
+
+    proc = _start_dev(data_dir, ports)
+    try:
+        output = _wait_ready(proc)
+        stack = json.loads((data_dir / "stack.json").read_text())
+        assert set(stack) == STACK_FIELDS
+        assert stack["oxia_address"] == f"127.0.0.1:{ports['oxia']}"
+        assert stack["s3_endpoint"] == f"http://127.0.0.1:{ports['s3']}"
+        assert stack["s3_bucket"] == "leaderless-log-wal"
+        assert stack["root_prefix"] == "llog"
+        pids = stack["pids"]
+        assert {"oxia", "minio"} <= set(pids)
+        assert all(_alive(pid) for pid in pids.values())
+        if stack["broker_url"] is not None:
+            assert "curl" in output
+        client = oxia.Client(stack["oxia_address"])
+        try:
+            client.put(key, b"kept")
+        finally:
+            client.close()
+    finally:
+        _stop(proc)
+    assert not any(_alive(pid) for pid in pids.values()), "a child outlived llog dev"
+
+    # A second run on the same data directory keeps the data.
+    proc = _start_dev(data_dir, ports)
+    try:
+        _wait_ready(proc)
+        client = oxia.Client(f"127.0.0.1:{ports['oxia']}")
+        try:
+            assert client.get(key)[1] == b"kept"
+        finally:
+            client.close()
+    finally:
+        _stop(proc)
