@@ -8,7 +8,6 @@ import os
 import signal
 import sys
 import threading
-import urllib.request
 from pathlib import Path
 from types import FrameType
 
@@ -27,19 +26,9 @@ def cmd_servers_build(_: argparse.Namespace) -> int:
     return 0
 
 
-def _wait_broker(url: str, proc: object, timeout: float) -> None:
-    from app.localstack.processes import ManagedProcess, wait_until
-
-    def healthy() -> bool:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as resp:
-            return bool(resp.status == 200)
-
-    assert isinstance(proc, ManagedProcess)
-    wait_until(f"broker on {url}", healthy, timeout=timeout, process=proc)
-
-
 def cmd_dev(args: argparse.Namespace) -> int:
-    from app.localstack.processes import ManagedProcess, ProcessFailed
+    from app.localstack.broker import broker_process, wait_healthy
+    from app.localstack.processes import ProcessFailed
     from app.localstack.stack import LocalStack, StackConfig
 
     data_dir = Path(args.data_dir).resolve()
@@ -61,20 +50,16 @@ def cmd_dev(args: argparse.Namespace) -> int:
         broker_url: str | None = None
         if _broker_available():
             broker_url = f"http://127.0.0.1:{args.port}"
-            env = {**os.environ, **stack.settings_env()}
-            env.setdefault("LLOG_BROKER_ID", "broker-dev")
-            env["LLOG_ROLES"] = "write,read,compact"
-            env.setdefault("LLOG_TAIL_CACHE_DIR", str(data_dir / "tail-cache"))
-            broker = ManagedProcess(
-                "broker",
-                [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
-                 "--port", str(args.port)],
-                data_dir / "logs" / "broker.log",
-                env=env,
-            )
+            env = {
+                **stack.settings_env(),
+                "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev"),
+                "LLOG_ROLES": "write,read,compact",
+                "LLOG_TAIL_CACHE_DIR": str(data_dir / "tail-cache"),
+            }
+            broker = broker_process("broker", args.port, env, data_dir / "logs" / "broker.log")
             stack.extra["broker"] = broker
             broker.start()
-            _wait_broker(broker_url, broker, timeout=60)
+            wait_healthy(broker, broker_url)
         path = stack.write_stack_json(broker_url)
         print(f"llog dev: Oxia {stack.oxia_address}, S3 {stack.s3_endpoint} "
               f"(bucket {config.bucket})")

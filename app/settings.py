@@ -73,6 +73,9 @@ class Settings(BaseSettings):
     max_wait_ms_ceiling: int = Field(default=30_000, ge=0, le=600_000)
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
 
+    # Metrics: how often the stored bytes/objects under the root prefix are re-counted.
+    s3_usage_scan_interval_s: float = Field(default=300.0, ge=1.0)
+
     # Tail cache.
     tail_cache_dir: Path | None = None
     tail_cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=0)

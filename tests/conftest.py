@@ -14,6 +14,8 @@ import oxia
 import pytest
 import pytest_asyncio
 
+from app.localstack.broker import broker_process, wait_healthy
+from app.localstack.processes import ManagedProcess, free_port
 from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
 from app.storage.keys import KeyLayout, TopicPartition
@@ -123,3 +125,59 @@ async def engine(settings: Settings) -> AsyncIterator[Engine]:
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Broker:
+    url: str
+    process: ManagedProcess
+    env: dict[str, str]
+
+
+class BrokerFactory:
+    """Starts `llog serve` processes against the session stack; stops them at the end."""
+
+    def __init__(self, stack: LocalStack, logs: Path) -> None:
+        self._stack = stack
+        self._logs = logs
+        self.tmp = logs.parent
+        self.started: list[Broker] = []
+
+    def start(self, *, workers: int = 1, **settings: str) -> Broker:
+        port = free_port()
+        broker_id = settings.pop("broker_id", f"b{len(self.started) + 1}-{port}")
+        env = {**self._stack.settings_env(), "LLOG_BROKER_ID": broker_id,
+               "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000"}
+        env.update({f"LLOG_{k.upper()}": v for k, v in settings.items()})
+        proc = broker_process(broker_id, port, env, self._logs / f"{broker_id}.log",
+                              workers=workers)
+        url = f"http://127.0.0.1:{port}"
+        proc.start()
+        try:
+            wait_healthy(proc, url)
+        except BaseException:
+            proc.stop()
+            raise
+        broker = Broker(url, proc, env)
+        self.started.append(broker)
+        return broker
+
+    def stop_all(self) -> None:
+        for broker in self.started:
+            broker.process.stop()
+
+
+@pytest.fixture
+def brokers(stack: LocalStack, tmp_path: Path) -> Iterator[BrokerFactory]:
+    factory = BrokerFactory(stack, tmp_path / "logs")
+    yield factory
+    factory.stop_all()
+
+
+@pytest.fixture(scope="module")
+def broker(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """One broker shared by a module's tests (small limits so limit tests stay cheap)."""
+    factory = BrokerFactory(stack, tmp_path_factory.mktemp("broker"))
+    yield factory.start(max_request_bytes="262144", max_records_per_request="1000",
+                        max_record_bytes="65536", max_wait_ms_ceiling="20000")
+    factory.stop_all()

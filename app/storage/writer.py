@@ -194,6 +194,11 @@ class LogWriter:
             )
         self._initialised.add(tp)
 
+    def owns_version(self, tp: TopicPartition, version: int) -> bool:
+        """True if ``version`` of the partition's control record is our own last write."""
+        cached = self._controls.get(tp)
+        return cached is not None and cached.version == version
+
     async def fence(self, tp: TopicPartition) -> None:
         await self._set_state(tp, "FENCED")
 

@@ -1,0 +1,36 @@
+"""Batcher statistics exported as metrics."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+_SIZE_BUCKETS = (1024, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
+_TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class BatcherMetrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.flushes = Counter("llog_batcher_flushes", "Flushes (one shared blob each)",
+                               registry=registry)
+        self.flush_bytes = Histogram("llog_batcher_flush_bytes", "Record bytes per flush",
+                                     buckets=_SIZE_BUCKETS, registry=registry)
+        self.flush_waiters = Histogram(
+            "llog_batcher_flush_requests", "Produce requests coalesced per flush",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=registry,
+        )
+        self.flush_partitions = Histogram(
+            "llog_batcher_flush_partitions", "Topic-partitions per flush",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024), registry=registry,
+        )
+        self.flush_seconds = Histogram("llog_batcher_flush_seconds", "Flush duration",
+                                       buckets=_TIME_BUCKETS, registry=registry)
+        self.rejected = Counter("llog_batcher_rejected",
+                                "Produce requests refused because the buffer was full",
+                                registry=registry)
+
+    def observe_flush(self, size: int, waiters: int, partitions: int, seconds: float) -> None:
+        self.flushes.inc()
+        self.flush_bytes.observe(size)
+        self.flush_waiters.observe(waiters)
+        self.flush_partitions.observe(partitions)
+        self.flush_seconds.observe(seconds)

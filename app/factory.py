@@ -1,0 +1,75 @@
+"""The broker application: ``create_app(settings)``; nothing is built at import time."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+from prometheus_fastapi_instrumentator import Instrumentator
+
+from app.broker.state import BrokerState, run_broker
+from app.routes import consume, health, metrics, produce
+from app.routes.errors import BodyLimitMiddleware, install_error_handlers
+from app.settings import Settings
+
+API_DESCRIPTION = """Leaderless log broker: append records to topic-partitions with
+`POST /produce`, read them with long-polling `POST /consume`. Any broker serves any
+partition. See docs/http-api.md."""
+
+
+def create_app(settings: Settings) -> FastAPI:
+    state = BrokerState.create(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with run_broker(state):
+            yield
+
+    app = FastAPI(
+        title="leaderless-log broker",
+        version="0.1.0",
+        description=API_DESCRIPTION,
+        lifespan=lifespan,
+    )
+    app.state.broker = state
+    install_error_handlers(app)
+    for module in (produce, consume, health, metrics):
+        app.include_router(module.router)
+    Instrumentator(
+        registry=state.registry,
+        excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
+        should_group_status_codes=False,
+    ).instrument(app, metric_namespace="llog")
+    _document_errors_as_400(app)
+    # Outermost, so an oversized body is refused before anything reads it.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    return app
+
+
+def _document_errors_as_400(app: FastAPI) -> None:
+    """Validation failures answer 400 with ErrorResponse: drop FastAPI's default 422."""
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = get_openapi(title=app.title, version=app.version,
+                                 description=app.description, routes=app.routes)
+            for path in schema.get("paths", {}).values():
+                for operation in path.values():
+                    operation.get("responses", {}).pop("422", None)
+            schemas = schema.get("components", {}).get("schemas", {})
+            for name in ("HTTPValidationError", "ValidationError"):
+                schemas.pop(name, None)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def create_app_from_env() -> FastAPI:
+    """Entry point for uvicorn's ``--factory`` (each worker builds its own app)."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return create_app(Settings.from_env())

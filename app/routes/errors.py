@@ -1,0 +1,114 @@
+"""Errors at the HTTP edge: the one place that turns exceptions into status codes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+class RequestTooLarge(StarletteHTTPException):
+    """The request exceeds a configured limit (body, records per request, record size).
+
+    An HTTPException, so that FastAPI's body parsing lets it through unchanged.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(status_code=413, detail=message)
+
+
+def error_body(error_type: str, error: str, details: list[dict[str, str]] | None = None
+               ) -> dict[str, Any]:
+    body: dict[str, Any] = {"error_type": error_type, "error": error}
+    if details:
+        body["details"] = details
+    return body
+
+
+def _loc(parts: tuple[Any, ...]) -> str:
+    # Drop FastAPI's leading "body" and pydantic's union-branch names.
+    shown = [str(p) for p in parts if p not in ("body",) and not str(p).startswith("function-")]
+    return ".".join(shown) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(_: Request, exc: RequestValidationError) -> JSONResponse:
+        details = []
+        malformed = False
+        for err in exc.errors():
+            if err.get("type") == "json_invalid":
+                malformed = True
+            details.append({"loc": _loc(tuple(err.get("loc", ()))), "msg": str(err.get("msg"))})
+        message = "malformed JSON body" if malformed else "invalid request body"
+        return JSONResponse(error_body("InvalidRequest", message, details), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {404: "NotFound", 405: "MethodNotAllowed", 413: "PayloadTooLarge"}.get(
+            exc.status_code, "HTTPError")
+        return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+
+class BodyLimitMiddleware:
+    """Refuses bodies over ``max_bytes`` with 413 before anything parses them: by
+    Content-Length when given, and by counting streamed chunks otherwise."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", ()):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = 0
+                if declared > self.max_bytes:
+                    await self._reject(send)
+                    return
+        received = 0
+        started = False
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise RequestTooLarge(self._message())
+            return message
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counting_receive, tracking_send)
+        except RequestTooLarge:
+            if not started:
+                await self._reject(send)
+
+    def _message(self) -> str:
+        return f"request body larger than the limit of {self.max_bytes} bytes"
+
+    async def _reject(self, send: Send) -> None:
+        import json
+
+        body = json.dumps(error_body("PayloadTooLarge", self._message())).encode()
+        await send({"type": "http.response.start", "status": 413,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode()),
+                                (b"connection", b"close")]})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,194 @@
+"""Request and response bodies of the HTTP API, as named schemas with examples.
+
+Types are strict: ``"0"`` is not a partition, ``1`` is not a record, and unknown fields
+are errors, so a generated client and a hand-written one are held to the same contract.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+
+from app.storage.keys import MAX_PARTITION
+
+TopicName = Annotated[
+    StrictStr,
+    Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$",
+          description="1..249 characters of [A-Za-z0-9._-], not '.' or '..'",
+          examples=["orders"]),
+]
+Partition = Annotated[StrictInt, Field(ge=0, le=MAX_PARTITION, examples=[0])]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+def _check_topic(value: str) -> str:
+    if value in (".", ".."):
+        raise ValueError("a topic may not be '.' or '..'")
+    return value
+
+
+class Base64Record(_Strict):
+    """Arbitrary bytes, base64-encoded (standard alphabet, with padding)."""
+
+    base64: StrictStr = Field(examples=["AAE="])
+
+    @field_validator("base64")
+    @classmethod
+    def _decodable(cls, value: str) -> str:
+        try:
+            base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError("not valid base64") from None
+        return value
+
+    def decoded(self) -> bytes:
+        return base64.b64decode(self.base64, validate=True)
+
+
+ProduceRecord = Annotated[
+    StrictStr | Base64Record,
+    Field(description="A UTF-8 string, or {\"base64\": ...} for arbitrary bytes"),
+]
+
+
+class ProduceTopicPartition(_Strict):
+    topic: TopicName
+    partition: Partition
+    records: list[ProduceRecord] = Field(min_length=1, examples=[["alpha", {"base64": "AAE="}]])
+
+    _topic = field_validator("topic")(_check_topic)
+
+    def record_bytes(self) -> list[bytes]:
+        return [r.encode() if isinstance(r, str) else r.decoded() for r in self.records]
+
+
+class ProduceRequest(_Strict):
+    model_config = ConfigDict(
+        extra="forbid", strict=True,
+        json_schema_extra={"examples": [{"topic_partitions": [
+            {"topic": "orders", "partition": 0, "records": ["alpha", {"base64": "AAE="}]}
+        ]}]},
+    )
+
+    topic_partitions: list[ProduceTopicPartition] = Field(min_length=1)
+
+
+class ProducePartitionResult(BaseModel):
+    """One entry per request entry, in request order; ``ok`` says which fields are set."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"topic": "orders", "partition": 0, "ok": True, "start_offset": 1, "end_offset": 2,
+         "count": 2, "index_key": "llog/orders/partitions/0/index/00000000000000000002",
+         "wal_uri": "s3://leaderless-log-wal/llog/wal-shared/3f2a"},
+        {"topic": "orders", "partition": 1, "ok": False, "error_type": "PartitionFenced",
+         "error": "orders:1 is fenced: appends are refused"},
+    ]})
+
+    topic: str
+    partition: int
+    ok: bool
+    start_offset: int | None = None
+    end_offset: int | None = None
+    count: int | None = None
+    index_key: str | None = None
+    wal_uri: str | None = None
+    error_type: str | None = None
+    error: str | None = None
+
+
+class ProduceResponse(BaseModel):
+    results: list[ProducePartitionResult]
+    success_count: int
+    error_count: int
+
+
+class ConsumeTopicPartition(_Strict):
+    topic: TopicName
+    partition: Partition
+    fetch_offset: Annotated[StrictInt, Field(ge=0, examples=[1], description=(
+        "first offset wanted; offsets start at 1 and 0 means from the start"))]
+    partition_max_bytes: Annotated[StrictInt, Field(ge=1, examples=[1048576])] | None = None
+
+    _topic = field_validator("topic")(_check_topic)
+
+
+class ConsumeRequest(_Strict):
+    model_config = ConfigDict(
+        extra="forbid", strict=True,
+        json_schema_extra={"examples": [{
+            "topic_partitions": [{"topic": "orders", "partition": 0, "fetch_offset": 1,
+                                  "partition_max_bytes": 1048576}],
+            "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 4194304,
+        }]},
+    )
+
+    topic_partitions: list[ConsumeTopicPartition] = Field(min_length=1)
+    max_wait_ms: Annotated[StrictInt, Field(ge=0)] = 500
+    min_bytes: Annotated[StrictInt, Field(ge=0)] = 1
+    max_bytes: Annotated[StrictInt, Field(ge=1)] = 4 * 1024 * 1024
+    encoding: Literal["auto", "base64"] = "auto"
+
+
+class ConsumedRecord(BaseModel):
+    """``value`` when the bytes are UTF-8 and encoding is auto; otherwise ``base64``."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"offset": 1, "value": "alpha"}, {"offset": 2, "base64": "AAE="},
+    ]})
+
+    offset: int
+    value: str | None = None
+    base64: str | None = None
+
+
+class ConsumePartitionResult(BaseModel):
+    topic: str
+    partition: int
+    ok: bool
+    high_watermark: int | None = None
+    next_offset: int | None = None
+    records: list[ConsumedRecord] | None = None
+    error_type: str | None = None
+    error: str | None = None
+
+
+class ConsumeResponse(BaseModel):
+    results: list[ConsumePartitionResult]
+
+
+class ErrorDetail(BaseModel):
+    loc: str
+    msg: str
+
+
+class ErrorResponse(BaseModel):
+    """Body of 400, 404, 413 and whole-request 503 answers."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "error_type": "InvalidRequest", "error": "invalid request body",
+        "details": [{"loc": "topic_partitions.0.partition",
+                     "msg": "Input should be a valid integer"}],
+    }]})
+
+    error_type: str
+    error: str
+    details: list[ErrorDetail] | None = None
+
+
+class HealthResponse(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "status": "ok", "broker_id": "broker-1", "host": "127.0.0.1", "port": 8080,
+        "started_at_ms": 1760000000000,
+    }]})
+
+    status: Literal["ok", "starting", "stopping", "failed"]
+    broker_id: str
+    host: str
+    port: int
+    started_at_ms: int

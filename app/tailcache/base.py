@@ -1,0 +1,126 @@
+"""The tail cache contract shared by the in-memory and the file-backed implementations.
+
+The tail cache is *opportunistic*: it holds recent records of partitions that this
+process (or another worker of this host) wrote itself, so that consumers reading at the
+hot tail are answered without Oxia or S3 round trips. Any doubt is a miss -- ``None`` --
+and the caller falls back to the real :class:`~app.storage.reader.LogReader`. The one
+hard rule is that an answer is never *wrong*: every returned record is exactly the record
+committed at that offset, and offsets are contiguous from the requested one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from app.storage.keys import TopicPartition
+
+
+@dataclass(frozen=True)
+class CacheHit:
+    """An answer from the cache.
+
+    ``records`` holds contiguous ``(offset, value)`` pairs starting at the requested
+    offset. It is empty only for "known empty at the cached tail": the requested offset
+    is ``high_watermark + 1``, so there is nothing to read yet (as far as this cache
+    knows; a caller that learned of a remote write must not trust it).
+    """
+
+    records: list[tuple[int, bytes]]
+    high_watermark: int
+    next_offset: int
+
+
+@dataclass(frozen=True)
+class TailCacheStats:
+    """A snapshot of the counters, for metrics and tests.
+
+    ``partitions``, ``records`` and ``bytes`` describe what is cached (for the file
+    cache: what this process's index knows of, an approximation of the shared directory).
+    ``hits`` counts answers (including "known empty"), ``misses`` counts ``None``, and
+    ``evictions`` counts records dropped to stay within the byte budget.
+    """
+
+    partitions: int
+    records: int
+    bytes: int
+    hits: int
+    misses: int
+    evictions: int
+
+
+class TailCache(Protocol):
+    """Recent committed records per partition; see the module docstring."""
+
+    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[bytes]) -> None:
+        """Records committed at ``start_offset .. start_offset + len(records) - 1``.
+
+        Raises the known high watermark to the last of them. Never fails the caller for
+        a cache problem: the write is already acknowledged.
+        """
+        ...
+
+    def note_high_watermark(self, tp: TopicPartition, high_watermark: int) -> None:
+        """Raise the known high watermark without records (a write seen elsewhere)."""
+        ...
+
+    def get(
+        self,
+        tp: TopicPartition,
+        offset: int,
+        max_records: int | None,
+        max_bytes: int | None,
+    ) -> CacheHit | None:
+        """Records from ``offset`` while contiguous in the cache, within the budgets.
+
+        The first record is returned even if it alone exceeds ``max_bytes`` (so no
+        consumer is ever stuck). ``offset == high_watermark + 1`` answers
+        ``CacheHit([], hw, offset)``. ``None`` whenever the cache cannot answer: the
+        offset is not cached (evicted, gap, unknown partition), ``offset < 1`` or
+        ``max_records < 1``.
+        """
+        ...
+
+    def high_watermark(self, tp: TopicPartition) -> int | None:
+        """The highest offset the cache knows is committed, or None if it knows none."""
+        ...
+
+    def statistics(self) -> TailCacheStats: ...
+
+    def close(self) -> None:
+        """Release resources; afterwards puts are ignored and gets miss."""
+        ...
+
+
+def within_budget(count: int, size: int, value_len: int,
+                  max_records: int | None, max_bytes: int | None) -> bool:
+    """May one more record of ``value_len`` bytes join ``count`` records of ``size`` bytes?
+
+    The same rule as :meth:`LogReader.read`: the first record always goes, so a record
+    larger than the byte budget cannot block a consumer forever.
+    """
+    if count == 0:
+        return True
+    if max_records is not None and count >= max_records:
+        return False
+    return max_bytes is None or size + value_len <= max_bytes
+
+
+def suffix_within(records: Sequence[bytes], budget: int, overhead_per_record: int = 0,
+                  fixed_overhead: int = 0) -> int:
+    """Index of the first record of the longest suffix that fits in ``budget`` bytes.
+
+    A put larger than the whole cache keeps its newest records: the tail is what
+    consumers want, and a suffix of a committed range is itself a valid contiguous range.
+    Returns ``len(records)`` when not even the last record fits.
+    """
+    total = fixed_overhead
+    i = len(records)
+    while i > 0:
+        cost = len(records[i - 1]) + overhead_per_record
+        if total + cost > budget:
+            break
+        total += cost
+        i -= 1
+    return i

@@ -1,0 +1,242 @@
+"""In-process tail cache: the default when no shared directory is configured."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from itertools import count
+
+from app.storage.keys import TopicPartition
+from app.tailcache.base import CacheHit, TailCacheStats, suffix_within, within_budget
+
+
+@dataclass
+class _Chunk:
+    """The records of one put (or the part of it that was kept)."""
+
+    key: int  # global age: chunks with smaller keys were cached earlier
+    start: int
+    records: list[bytes]
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        """One past the last offset."""
+        return self.start + len(self.records)
+
+
+@dataclass
+class _Partition:
+    """Invariant: ``chunks`` are sorted and *contiguous* (each starts where the previous
+    ends). Keeping one gap-free run per partition is what makes an answer safe: nothing
+    is ever stitched together across offsets we did not see."""
+
+    chunks: list[_Chunk] = field(default_factory=list)
+    high_watermark: int | None = None
+
+    @property
+    def start(self) -> int:
+        return self.chunks[0].start
+
+    @property
+    def end(self) -> int:
+        return self.chunks[-1].end
+
+    def find(self, offset: int) -> int | None:
+        """Index of the chunk holding ``offset``, if any."""
+        i = bisect.bisect_right(self.chunks, offset, key=lambda c: c.start) - 1
+        if i >= 0 and offset < self.chunks[i].end:
+            return i
+        return None
+
+    def value_at(self, offset: int) -> bytes:
+        i = self.find(offset)
+        assert i is not None
+        chunk = self.chunks[i]
+        return chunk.records[offset - chunk.start]
+
+
+class MemoryTailCache:
+    """Bounded by the total bytes of cached records, evicting the oldest puts globally.
+
+    Every put becomes a chunk with a global age; when the total exceeds ``max_bytes``
+    the oldest chunk goes, together with anything before it in its partition (so the
+    remaining run stays contiguous). Calls normally come from the event loop thread only;
+    a lock keeps the structure consistent if that ever changes.
+    """
+
+    def __init__(self, max_bytes: int) -> None:
+        if max_bytes < 0:
+            raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
+        self._max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._partitions: dict[TopicPartition, _Partition] = {}
+        self._age: OrderedDict[int, TopicPartition] = OrderedDict()  # chunk key -> tp
+        self._keys = count()
+        self._bytes = 0
+        self._records = 0
+        self._hits = 0
+        self._misses = 0
+        self._evictions = 0
+        self._closed = False
+
+    # -- writes ------------------------------------------------------------------------
+
+    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[bytes]) -> None:
+        if start_offset < 1:
+            raise ValueError(f"{tp}: offsets start at 1, got {start_offset}")
+        if not records:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            part = self._partitions.setdefault(tp, _Partition())
+            self._raise_hw(part, start_offset + len(records) - 1)
+            # Own the bytes: a caller's bytearray or memoryview could change under us.
+            owned = [r if type(r) is bytes else bytes(r) for r in records]
+            self._merge(tp, part, start_offset, owned)
+            self._evict()
+
+    def note_high_watermark(self, tp: TopicPartition, high_watermark: int) -> None:
+        if high_watermark < 0:
+            raise ValueError(f"{tp}: high watermark must be >= 0, got {high_watermark}")
+        with self._lock:
+            if not self._closed:
+                self._raise_hw(self._partitions.setdefault(tp, _Partition()), high_watermark)
+
+    @staticmethod
+    def _raise_hw(part: _Partition, high_watermark: int) -> None:
+        if part.high_watermark is None or high_watermark > part.high_watermark:
+            part.high_watermark = high_watermark
+
+    def _merge(self, tp: TopicPartition, part: _Partition, start: int,
+               records: Sequence[bytes]) -> None:
+        """Add a put to the partition keeping the contiguity invariant.
+
+        A put that overlaps the cached run with different bytes means the cached run is
+        not the log we are being told about (never happens unless the log was
+        recreated): the older records go, whatever part of the put is kept. Then the
+        kept part -- all of it, or its newest records when it alone exceeds the budget --
+        joins the run if it touches or overlaps it (append, prepend, or nothing new) and
+        replaces it if there is a gap: nothing is ever stitched across a gap.
+        """
+        end = start + len(records)
+        if part.chunks:
+            lo, hi = max(start, part.start), min(end, part.end)
+            if any(part.value_at(o) != records[o - start] for o in range(lo, hi)):
+                self._drop_all(part)
+        first = start + suffix_within(records, self._max_bytes)
+        if first == end:
+            return  # not even the newest record fits; what is cached stays valid
+        kept = list(records[first - start:])
+        if not part.chunks:
+            self._add(tp, part, first, kept, at_front=False)
+        elif first > part.end or end < part.start:
+            self._drop_all(part)
+            self._add(tp, part, first, kept, at_front=False)
+        else:  # touches or overlaps, and any overlap was checked equal above
+            cur_start, cur_end = part.start, part.end
+            if first < cur_start:
+                self._add(tp, part, first, kept[: cur_start - first], at_front=True)
+            if end > cur_end:
+                self._add(tp, part, max(first, cur_end), kept[max(first, cur_end) - first:],
+                          at_front=False)
+
+    def _add(self, tp: TopicPartition, part: _Partition, start: int, records: list[bytes],
+             *, at_front: bool) -> None:
+        chunk = _Chunk(next(self._keys), start, records, sum(len(r) for r in records))
+        if at_front:
+            part.chunks.insert(0, chunk)
+        else:
+            part.chunks.append(chunk)
+        self._age[chunk.key] = tp
+        self._bytes += chunk.nbytes
+        self._records += len(records)
+
+    def _drop_all(self, part: _Partition) -> None:
+        for chunk in part.chunks:
+            self._forget(chunk)
+            del self._age[chunk.key]
+        part.chunks.clear()
+
+    def _forget(self, chunk: _Chunk) -> None:
+        self._bytes -= chunk.nbytes
+        self._records -= len(chunk.records)
+
+    def _evict(self) -> None:
+        while self._bytes > self._max_bytes and self._age:
+            key, tp = self._age.popitem(last=False)
+            part = self._partitions[tp]
+            # Drop the oldest chunk and whatever precedes it: the rest stays one run.
+            i = next(i for i, c in enumerate(part.chunks) if c.key == key)
+            for chunk in part.chunks[: i + 1]:
+                self._forget(chunk)
+                self._evictions += len(chunk.records)
+                if chunk.key != key:
+                    del self._age[chunk.key]
+            del part.chunks[: i + 1]
+
+    # -- reads -------------------------------------------------------------------------
+
+    def get(self, tp: TopicPartition, offset: int, max_records: int | None,
+            max_bytes: int | None) -> CacheHit | None:
+        with self._lock:
+            hit = self._lookup(tp, offset, max_records, max_bytes)
+            if hit is None:
+                self._misses += 1
+            else:
+                self._hits += 1
+            return hit
+
+    def _lookup(self, tp: TopicPartition, offset: int, max_records: int | None,
+                max_bytes: int | None) -> CacheHit | None:
+        part = self._partitions.get(tp)
+        if (self._closed or part is None or part.high_watermark is None or offset < 1
+                or (max_records is not None and max_records < 1)):
+            return None
+        hw = part.high_watermark
+        i = part.find(offset)
+        if i is None:
+            # Records are only ever cached at offsets <= hw, so hw + 1 is never cached.
+            return CacheHit([], hw, offset) if offset == hw + 1 else None
+        out: list[tuple[int, bytes]] = []
+        size = 0
+        at = offset
+        chunks = part.chunks
+        for ci in range(i, len(chunks)):
+            chunk = chunks[ci]
+            values = chunk.records
+            for j in range(at - chunk.start, len(values)):
+                value = values[j]
+                if not within_budget(len(out), size, len(value), max_records, max_bytes):
+                    return CacheHit(out, hw, at)
+                out.append((at, value))
+                size += len(value)
+                at += 1
+        return CacheHit(out, hw, at)
+
+    def high_watermark(self, tp: TopicPartition) -> int | None:
+        with self._lock:
+            part = self._partitions.get(tp)
+            return None if part is None else part.high_watermark
+
+    def statistics(self) -> TailCacheStats:
+        with self._lock:
+            return TailCacheStats(
+                partitions=sum(1 for p in self._partitions.values() if p.chunks),
+                records=self._records,
+                bytes=self._bytes,
+                hits=self._hits,
+                misses=self._misses,
+                evictions=self._evictions,
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._partitions.clear()
+            self._age.clear()
+            self._bytes = self._records = 0

@@ -1,0 +1,190 @@
+"""Several brokers and workers on one stack; back-pressure; graceful shutdown."""
+
+from __future__ import annotations
+
+import random
+import signal
+from typing import Any
+
+import anyio
+import httpx
+
+from app.localstack.stack import LocalStack
+from app.storage.keys import TopicPartition
+from tests.conftest import BrokerFactory, make_settings, open_engine
+from tests.test_broker_http import consume_body, produce_body
+
+Acked = dict[tuple[int, int], str]  # (partition, offset) -> value
+
+
+class Progress:
+    """Set once ``target`` produce requests have been acknowledged."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.count = 0
+        self.reached = anyio.Event()
+
+    def ack(self) -> None:
+        self.count += 1
+        if self.count >= self.target:
+            self.reached.set()
+
+
+async def _produce_loop(client: httpx.AsyncClient, topic: str, partitions: int, tag: str,
+                        n: int, acked: Acked, statuses: list[int] | None = None,
+                        progress: Progress | None = None) -> None:
+    for i in range(n):
+        p = random.randrange(partitions)
+        values = [f"{tag}-{i}-{j}" for j in range(random.randint(1, 4))]
+        try:
+            r = await client.post("/produce", json=produce_body(topic, *values, partition=p))
+        except httpx.TransportError:
+            if statuses is not None:
+                statuses.append(-1)
+            return  # the broker went away (shutdown test)
+        if statuses is not None:
+            statuses.append(r.status_code)
+        if r.status_code == 200:
+            res = r.json()["results"][0]
+            for offset, value in zip(range(res["start_offset"], res["end_offset"] + 1), values,
+                                     strict=True):
+                assert (p, offset) not in acked, "two acks for one offset"
+                acked[(p, offset)] = value
+            if progress is not None:
+                progress.ack()
+
+
+async def _read_all(client: httpx.AsyncClient, topic: str, partition: int) -> dict[int, str]:
+    out: dict[int, str] = {}
+    offset = 1
+    while True:
+        r = await client.post("/consume", json=consume_body(topic, offset, partition))
+        res = r.json()["results"][0]
+        assert res["ok"], res
+        for rec in res["records"]:
+            out[rec["offset"]] = rec["value"]
+        if res["next_offset"] > res["high_watermark"]:
+            return out
+        offset = res["next_offset"]
+
+
+async def _assert_durable(stack: LocalStack, topic: str, partitions: int, acked: Acked) -> None:
+    """Straight from storage: contiguous offsets from 1, every acknowledged record there."""
+    async with open_engine(make_settings(stack)) as e:
+        for p in range(partitions):
+            result = await e.reader.read(TopicPartition(topic, p), 1)
+            offsets = [o for o, _ in result.records]
+            assert offsets == list(range(1, result.high_watermark + 1))
+            stored = dict(result.records)
+            for (ap, offset), value in acked.items():
+                if ap == p:
+                    assert stored[offset] == value.encode(), (p, offset)
+
+
+async def test_two_brokers_append_to_the_same_partitions(
+    brokers: BrokerFactory, stack: LocalStack, topic: str
+) -> None:
+    b1, b2 = brokers.start(), brokers.start()
+    acked: Acked = {}
+    async with httpx.AsyncClient(base_url=b1.url, timeout=30) as c1, \
+            httpx.AsyncClient(base_url=b2.url, timeout=30) as c2:
+        async with anyio.create_task_group() as tg:
+            for w in range(3):
+                tg.start_soon(_produce_loop, c1, topic, 3, f"one{w}", 15, acked)
+                tg.start_soon(_produce_loop, c2, topic, 3, f"two{w}", 15, acked)
+        for p in range(3):
+            via1, via2 = await _read_all(c1, topic, p), await _read_all(c2, topic, p)
+            assert via1 == via2
+            assert sorted(via1) == list(range(1, len(via1) + 1))
+            for (ap, offset), value in acked.items():
+                if ap == p:
+                    assert via1[offset] == value
+    assert sum(1 for _ in acked) > 0
+    await _assert_durable(stack, topic, 3, acked)
+
+
+async def test_long_poll_wakes_on_a_write_through_another_broker(
+    brokers: BrokerFactory, topic: str
+) -> None:
+    b1, b2 = brokers.start(), brokers.start()
+    got: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=b1.url, timeout=30) as c1, \
+            httpx.AsyncClient(base_url=b2.url, timeout=30) as c2:
+        # Prime broker 1's tail cache: it knows the partition is empty at offset 1.
+        r = await c1.post("/consume", json=consume_body(topic, 1))
+        assert r.json()["results"][0]["records"] == []
+
+        async def poll() -> None:
+            r = await c1.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
+            got.update(r.json()["results"][0])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await anyio.wait_all_tasks_blocked()
+            r = await c2.post("/produce", json=produce_body(topic, "from-b2"))
+            assert r.status_code == 200
+    # Without the cross-broker wake-up the poll would have ended empty after 20 s.
+    assert got["records"] == [{"offset": 1, "value": "from-b2"}]
+
+
+async def test_workers_share_a_port_and_wake_each_other(
+    brokers: BrokerFactory, topic: str
+) -> None:
+    b = brokers.start(workers=2, tail_cache_dir=str(brokers.tmp / "tail-cache"))
+    results: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=b.url, timeout=30, limits=limits) as client:
+
+        async def poll() -> None:
+            r = await client.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
+            results.append(r.json()["results"][0])
+
+        async with anyio.create_task_group() as tg:
+            for _ in range(8):  # spread over both workers by the kernel
+                tg.start_soon(poll)
+            await anyio.wait_all_tasks_blocked()
+            r = await client.post("/produce", json=produce_body(topic, "hello"))
+            assert r.status_code == 200
+    assert len(results) == 8
+    assert all(res["records"] == [{"offset": 1, "value": "hello"}] for res in results)
+
+
+async def test_backpressure_refuses_with_503_and_every_200_is_durable(
+    brokers: BrokerFactory, stack: LocalStack, topic: str
+) -> None:
+    b = brokers.start(batch_buffer_max_bytes="64", batch_max_bytes="64",
+                      batch_max_delay_ms="200")
+    acked: Acked = {}
+    statuses: list[int] = []
+    async with httpx.AsyncClient(base_url=b.url, timeout=30) as client:
+        async with anyio.create_task_group() as tg:
+            for w in range(12):
+                tg.start_soon(_produce_loop, client, topic, 2, f"bp{w}", 4, acked, statuses)
+        r = await client.post("/produce", json=produce_body(topic, "x" * 40, "y" * 40))
+        assert r.status_code in (200, 503)
+    assert 503 in statuses and 200 in statuses
+    assert set(statuses) <= {200, 503}
+    await _assert_durable(stack, topic, 2, acked)
+
+
+async def test_graceful_shutdown_under_load_loses_no_acknowledged_record(
+    brokers: BrokerFactory, stack: LocalStack, topic: str
+) -> None:
+    b = brokers.start(batch_max_delay_ms="20")
+    acked: Acked = {}
+    statuses: list[int] = []
+    progress = Progress(30)
+    async with (
+        httpx.AsyncClient(base_url=b.url, timeout=30) as client,
+        anyio.create_task_group() as tg,
+    ):
+        for w in range(6):
+            tg.start_soon(_produce_loop, client, topic, 2, f"gs{w}", 400, acked, statuses,
+                          progress)
+        await progress.reached.wait()  # under real load now
+        b.process.signal(signal.SIGTERM)
+    b.process.stop()
+    assert progress.count >= 30
+    assert set(statuses) <= {200, 503, -1}
+    await _assert_durable(stack, topic, 2, acked)

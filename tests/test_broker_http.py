@@ -1,0 +1,260 @@
+"""The HTTP contract (docs/http-api.md), black-box against a real broker process."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+import pytest_asyncio
+
+from tests.conftest import Broker
+
+LIMIT_BODY = 262144
+
+
+@pytest_asyncio.fixture
+async def http(broker: Broker) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=broker.url, timeout=30) as client:
+        yield client
+
+
+def produce_body(topic: str, *records: Any, partition: int = 0) -> dict[str, Any]:
+    return {"topic_partitions": [{"topic": topic, "partition": partition,
+                                  "records": list(records)}]}
+
+
+def consume_body(topic: str, offset: int = 1, partition: int = 0, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"topic_partitions": [
+        {"topic": topic, "partition": partition, "fetch_offset": offset}]}
+    body.setdefault("max_wait_ms", 0)
+    body.update(extra)
+    return body
+
+
+async def high_watermark(http: httpx.AsyncClient, topic: str, partition: int = 0) -> int:
+    r = await http.post("/consume", json=consume_body(topic, 0, partition))
+    assert r.status_code == 200, r.text
+    result = r.json()["results"][0]
+    assert result["ok"], result
+    return int(result["high_watermark"])
+
+
+async def test_produce_then_consume(http: httpx.AsyncClient, topic: str) -> None:
+    r = await http.post("/produce", json=produce_body(topic, "alpha", {"base64": "AAE="}, ""))
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["success_count"] == 1 and body["error_count"] == 0
+    (res,) = body["results"]
+    assert res["ok"] is True
+    assert (res["topic"], res["partition"]) == (topic, 0)
+    assert (res["start_offset"], res["end_offset"], res["count"]) == (1, 3, 3)
+    assert res["index_key"].startswith(f"llog/{topic}/partitions/0/index/")
+    assert res["wal_uri"].startswith("s3://leaderless-log-wal/llog/wal-shared/")
+
+    r = await http.post("/consume", json=consume_body(topic, 0))
+    assert r.status_code == 200
+    (c,) = r.json()["results"]
+    assert c["ok"] and c["high_watermark"] == 3 and c["next_offset"] == 4
+    assert c["records"] == [{"offset": 1, "value": "alpha"}, {"offset": 2, "base64": "AAE="},
+                            {"offset": 3, "value": ""}]
+
+    r = await http.post("/consume", json=consume_body(topic, 2, encoding="base64"))
+    assert r.json()["results"][0]["records"] == [
+        {"offset": 2, "base64": "AAE="}, {"offset": 3, "base64": ""}]
+
+
+async def test_never_written_partition_is_an_empty_log(http: httpx.AsyncClient,
+                                                        topic: str) -> None:
+    r = await http.post("/consume", json=consume_body(topic, 0))
+    (c,) = r.json()["results"]
+    assert c == {"topic": topic, "partition": 0, "ok": True, "high_watermark": 0,
+                 "next_offset": 1, "records": []}
+
+
+def _bad_produce_bodies(topic: str) -> list[tuple[str, Any]]:
+    good = {"topic": topic, "partition": 0, "records": ["fine"]}
+    return [
+        ("empty list", {"topic_partitions": []}),
+        ("missing list", {}),
+        ("not an object", [good]),
+        ("unknown top-level field", {"topic_partitions": [good], "x": 1}),
+        ("records empty", {"topic_partitions": [{**good, "records": []}]}),
+        ("records missing", {"topic_partitions": [{"topic": topic, "partition": 0}]}),
+        ("partition as string", {"topic_partitions": [{**good, "partition": "0"}]}),
+        ("partition negative", {"topic_partitions": [{**good, "partition": -1}]}),
+        ("partition too large", {"topic_partitions": [{**good, "partition": 2**31}]}),
+        ("partition bool", {"topic_partitions": [{**good, "partition": True}]}),
+        ("partition float", {"topic_partitions": [{**good, "partition": 0.0}]}),
+        ("record number", {"topic_partitions": [{**good, "records": ["ok", 1]}]}),
+        ("record null", {"topic_partitions": [{**good, "records": [None]}]}),
+        ("record bad base64", {"topic_partitions": [{**good, "records": [{"base64": "!!"}]}]}),
+        ("record extra field",
+         {"topic_partitions": [{**good, "records": [{"base64": "AAE=", "x": 1}]}]}),
+        ("record empty object", {"topic_partitions": [{**good, "records": [{}]}]}),
+        ("topic empty", {"topic_partitions": [{**good, "topic": ""}]}),
+        ("topic slash", {"topic_partitions": [{**good, "topic": "a/b"}]}),
+        ("topic dot", {"topic_partitions": [{**good, "topic": "."}]}),
+        ("topic dotdot", {"topic_partitions": [{**good, "topic": ".."}]}),
+        ("topic too long", {"topic_partitions": [{**good, "topic": "t" * 250}]}),
+        ("topic number", {"topic_partitions": [{**good, "topic": 7}]}),
+        ("one bad entry among good ones", {"topic_partitions": [
+            good, {**good, "partition": 1, "records": [1]}]}),
+    ]
+
+
+async def test_every_invalid_produce_is_400_and_writes_nothing(
+    http: httpx.AsyncClient, topic: str
+) -> None:
+    for name, body in _bad_produce_bodies(topic):
+        r = await http.post("/produce", json=body)
+        assert r.status_code == 400, (name, r.status_code, r.text)
+        err = r.json()
+        assert err["error_type"] == "InvalidRequest", name
+        assert err["error"] and err["details"], name
+    for raw in (b"{not json", b"", b"\xff\xfe"):
+        r = await http.post("/produce", content=raw,
+                            headers={"content-type": "application/json"})
+        assert r.status_code == 400, (raw, r.text)
+    assert await high_watermark(http, topic, 0) == 0
+    assert await high_watermark(http, topic, 1) == 0
+
+
+async def test_validation_errors_say_where(http: httpx.AsyncClient, topic: str) -> None:
+    r = await http.post("/produce", json={"topic_partitions": [
+        {"topic": topic, "partition": "0", "records": ["a"]}]})
+    assert r.status_code == 400
+    assert [d["loc"] for d in r.json()["details"]] == ["topic_partitions.0.partition"]
+
+
+async def test_limits_are_413_and_write_nothing(http: httpx.AsyncClient, topic: str) -> None:
+    too_big = produce_body(topic, "x" * (LIMIT_BODY + 1))
+    r = await http.post("/produce", json=too_big)
+    assert r.status_code == 413 and r.json()["error_type"] == "PayloadTooLarge"
+
+    # Streamed without Content-Length: counted as it arrives.
+    async def chunks() -> AsyncIterator[bytes]:
+        data = json.dumps(too_big).encode()
+        for i in range(0, len(data), 65536):
+            yield data[i:i + 65536]
+
+    r = await http.post("/produce", content=chunks(),
+                        headers={"content-type": "application/json"})
+    assert r.status_code == 413
+
+    r = await http.post("/produce", json=produce_body(topic, *(["r"] * 1001)))
+    assert r.status_code == 413 and "1001 records" in r.json()["error"]
+    r = await http.post("/produce", json=produce_body(topic, "y" * 65537))
+    assert r.status_code == 413 and "65537 bytes" in r.json()["error"]
+    assert await high_watermark(http, topic) == 0
+
+
+async def test_unknown_paths_and_methods(http: httpx.AsyncClient) -> None:
+    r = await http.get("/nope")
+    assert r.status_code == 404 and r.json()["error_type"] == "NotFound"
+    r = await http.post("/produce/extra", json={})
+    assert r.status_code == 404
+    r = await http.get("/produce")
+    assert r.status_code == 405
+
+
+async def test_consume_errors(http: httpx.AsyncClient, topic: str) -> None:
+    await http.post("/produce", json=produce_body(topic, "a", "b"))
+    r = await http.post("/consume", json={"topic_partitions": [
+        {"topic": topic, "partition": 0, "fetch_offset": 4},
+        {"topic": topic, "partition": 0, "fetch_offset": 3},
+    ], "max_wait_ms": 0})
+    assert r.status_code == 200
+    beyond, tail = r.json()["results"]
+    assert beyond["ok"] is False and beyond["error_type"] == "OffsetOutOfRange"
+    assert tail["ok"] is True and tail["records"] == [] and tail["next_offset"] == 3
+
+    bad = [
+        {"topic_partitions": []},
+        {"topic_partitions": [{"topic": topic, "partition": 0}]},
+        {"topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": -1}]},
+        {"topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": "1"}]},
+        consume_body(topic, max_wait_ms=20001),
+        consume_body(topic, max_wait_ms=-1),
+        consume_body(topic, max_bytes=0),
+        consume_body(topic, encoding="hex"),
+        {**consume_body(topic), "unknown": True},
+    ]
+    for body in bad:
+        r = await http.post("/consume", json=body)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error_type"] == "InvalidRequest"
+
+
+async def test_consume_budgets_keep_the_first_record(http: httpx.AsyncClient, topic: str
+                                                     ) -> None:
+    await http.post("/produce", json=produce_body(topic, "a" * 100, "b" * 10, "c" * 10))
+    r = await http.post("/consume", json={"topic_partitions": [
+        {"topic": topic, "partition": 0, "fetch_offset": 1, "partition_max_bytes": 5}],
+        "max_wait_ms": 0})
+    (c,) = r.json()["results"]
+    assert [rec["offset"] for rec in c["records"]] == [1] and c["next_offset"] == 2
+    r = await http.post("/consume", json=consume_body(topic, 2, max_bytes=15))
+    (c,) = r.json()["results"]
+    assert [rec["offset"] for rec in c["records"]] == [2] and c["next_offset"] == 3
+
+
+async def test_long_poll_wakes_on_a_write(http: httpx.AsyncClient, topic: str) -> None:
+    got: dict[str, Any] = {}
+
+    async def poll() -> None:
+        r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
+        got.update(r.json()["results"][0])
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(poll)
+        await anyio.wait_all_tasks_blocked()
+        r = await http.post("/produce", json=produce_body(topic, "wake"))
+        assert r.status_code == 200
+    # Had the poll not been woken, it would have come back empty after 20 s.
+    assert got["records"] == [{"offset": 1, "value": "wake"}]
+
+
+async def test_min_bytes_zero_and_max_wait_zero_answer_at_once(http: httpx.AsyncClient,
+                                                               topic: str) -> None:
+    r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000,
+                                                      min_bytes=0))
+    assert r.status_code == 200 and r.json()["results"][0]["records"] == []
+
+
+async def test_health_metrics_and_openapi(http: httpx.AsyncClient, broker: Broker,
+                                          topic: str) -> None:
+    r = await http.get("/health")
+    assert r.status_code == 200
+    health = r.json()
+    assert set(health) == {"status", "broker_id", "host", "port", "started_at_ms"}
+    assert health["status"] == "ok" and health["broker_id"] == broker.env["LLOG_BROKER_ID"]
+    assert health["port"] == int(broker.url.rsplit(":", 1)[1])
+
+    await http.post("/produce", json=produce_body(topic, "m"))
+    snapshot = (await http.get("/metrics")).json()
+    assert snapshot["broker_id"] == broker.env["LLOG_BROKER_ID"]
+    assert snapshot["roles"] == ["write", "read", "compact"]
+    metrics = snapshot["metrics"]
+    assert metrics["llog_produce_records_total"][""] >= 1
+    assert metrics["llog_batcher_flushes_total"][""] >= 1
+    assert metrics["llog_s3_requests_total"]["op=put,outcome=ok"] >= 1
+    assert "llog_s3_estimated_request_cost_usd" in metrics
+
+    text = (await http.get("/metrics/prometheus")).text
+    for name in ("llog_broker_info", "llog_produce_records_total", "llog_oxia_requests_total",
+                 "llog_oxia_request_seconds_bucket", "llog_batcher_flush_seconds_bucket",
+                 "llog_s3_stored_bytes", "llog_http_requests_total"):
+        assert name in text, name
+
+    spec = (await http.get("/openapi.json")).json()
+    schemas = spec["components"]["schemas"]
+    for name in ("ProduceRequest", "ProduceResponse", "ConsumeRequest", "ConsumeResponse",
+                 "ErrorResponse", "HealthResponse", "Base64Record"):
+        assert name in schemas, name
+    produce_op = spec["paths"]["/produce"]["post"]
+    assert set(produce_op["responses"]) >= {"200", "400", "409", "413", "503"}
+    assert "422" not in produce_op["responses"]
+

@@ -1,0 +1,624 @@
+"""Pure unit tests of the tail cache (app/tailcache): no servers, files under tmp_path.
+
+The one property every test guards: whatever the cache answers is exactly what was put
+at those offsets -- a miss is always allowed, a wrong record never.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app.storage.keys import TopicPartition
+from app.tailcache import (
+    CacheHit,
+    FileTailCache,
+    MemoryTailCache,
+    TailCache,
+    TailCacheStats,
+    open_tail_cache,
+)
+from app.tailcache.files import FORMAT_DIR, HW_FILE, STALE_TMP_NS, TMP_PREFIX
+from app.tailcache.segment import (
+    decode_high_watermark,
+    decode_segment,
+    encode_high_watermark,
+    encode_segment,
+    parse_segment_name,
+    segment_name,
+)
+
+TP = TopicPartition("orders", 0)
+TP1 = TopicPartition("orders", 1)
+OTHER = TopicPartition("payments.v2-x_y", 7)
+
+PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FILE_PROPS = settings(max_examples=60, deadline=None,
+                      suppress_health_check=[HealthCheck.too_slow])
+
+
+def value(offset: int, salt: int = 0) -> bytes:
+    """A record whose bytes and length depend on its offset: mix-ups cannot go unseen."""
+    return f"{salt}:{offset}:".encode() + bytes([offset % 251]) * (offset % 13)
+
+
+def values(start: int, count: int, salt: int = 0) -> list[bytes]:
+    return [value(o, salt) for o in range(start, start + count)]
+
+
+def offsets(hit: CacheHit | None) -> list[int]:
+    assert hit is not None
+    return [o for o, _ in hit.records]
+
+
+def partition_dir(root: Path, tp: TopicPartition) -> Path:
+    return root / FORMAT_DIR / tp.topic / str(tp.partition)
+
+
+def segment_files(root: Path, tp: TopicPartition = TP) -> list[Path]:
+    d = partition_dir(root, tp)
+    return sorted(p for p in d.iterdir() if parse_segment_name(p.name) is not None)
+
+
+def disk_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in (root / FORMAT_DIR).rglob("*.seg"))
+
+
+@pytest.fixture(params=["memory", "files"])
+def make_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
+        Callable[[int], TailCache]]:
+    """Builds caches of either kind with a given budget (each file cache in a fresh dir)."""
+    made: list[TailCache] = []
+
+    def make(max_bytes: int) -> TailCache:
+        directory = tmp_path / f"c{len(made)}" if request.param == "files" else None
+        cache = open_tail_cache(directory, max_bytes)
+        made.append(cache)
+        return cache
+
+    yield make
+    for cache in made:
+        cache.close()
+
+
+# -- the contract, for both implementations ----------------------------------------------
+
+
+def test_factory_picks_the_implementation(tmp_path: Path) -> None:
+    assert isinstance(open_tail_cache(None, 10), MemoryTailCache)
+    assert isinstance(open_tail_cache(tmp_path, 10), FileTailCache)
+
+
+def test_put_then_get_contiguous(make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1 << 20)
+    cache.put(TP, 1, values(1, 3))
+    cache.put(TP, 4, values(4, 2))
+    hit = cache.get(TP, 1, None, None)
+    assert hit == CacheHit([(o, value(o)) for o in range(1, 6)], 5, 6)
+    hit = cache.get(TP, 3, None, None)
+    assert hit == CacheHit([(o, value(o)) for o in range(3, 6)], 5, 6)
+    assert cache.high_watermark(TP) == 5
+    assert cache.high_watermark(TP1) is None
+    assert cache.get(TP1, 1, None, None) is None  # unknown partition
+
+
+def test_budgets_and_first_record_always(make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1 << 20)
+    records = [b"a" * 10, b"b" * 10, b"c" * 10, b"d" * 10]
+    cache.put(TP, 1, records)
+    assert offsets(cache.get(TP, 1, 2, None)) == [1, 2]
+    assert cache.get(TP, 1, 2, None) == CacheHit([(1, records[0]), (2, records[1])], 4, 3)
+    assert offsets(cache.get(TP, 1, None, 25)) == [1, 2]
+    assert offsets(cache.get(TP, 1, None, 20)) == [1, 2]
+    assert offsets(cache.get(TP, 2, 10, 30)) == [2, 3, 4]
+    # The first record goes even if alone it exceeds the byte budget.
+    for budget in (0, 1, 9):
+        hit = cache.get(TP, 3, None, budget)
+        assert hit == CacheHit([(3, records[2])], 4, 4)
+
+
+def test_known_empty_at_the_tail(make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1 << 20)
+    cache.put(TP, 1, values(1, 3))
+    assert cache.get(TP, 4, None, None) == CacheHit([], 3, 4)
+    assert cache.get(TP, 5, None, None) is None  # beyond the tail: not ours to judge
+    assert cache.get(TP, 0, None, None) is None  # "from the first" is the reader's job
+    assert cache.get(TP, 1, 0, None) is None
+
+
+def test_note_high_watermark(make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1 << 20)
+    cache.note_high_watermark(TP, 0)
+    assert cache.get(TP, 1, None, None) == CacheHit([], 0, 1)
+    cache.note_high_watermark(TP, 7)
+    assert cache.high_watermark(TP) == 7
+    assert cache.get(TP, 8, None, None) == CacheHit([], 7, 8)
+    assert cache.get(TP, 7, None, None) is None  # committed, but not cached
+    assert cache.get(TP, 1, None, None) is None
+    cache.note_high_watermark(TP, 3)  # never lowers
+    assert cache.high_watermark(TP) == 7
+    cache.put(TP, 8, values(8, 2))
+    assert cache.get(TP, 8, None, None) == CacheHit([(8, value(8)), (9, value(9))], 9, 10)
+    cache.note_high_watermark(TP, 12)  # a remote write: records then hw beyond them
+    assert cache.get(TP, 8, None, None) == CacheHit([(8, value(8)), (9, value(9))], 12, 10)
+    assert cache.get(TP, 10, None, None) is None
+    assert cache.get(TP, 13, None, None) == CacheHit([], 12, 13)
+    with pytest.raises(ValueError):
+        cache.note_high_watermark(TP, -1)
+    with pytest.raises(ValueError):
+        cache.put(TP, 0, [b"x"])
+
+
+def test_gap_is_never_bridged(make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1 << 20)
+    cache.put(TP, 1, values(1, 3))
+    cache.put(TP, 10, values(10, 3))
+    assert offsets(cache.get(TP, 10, None, None)) == [10, 11, 12]
+    for offset in range(4, 10):
+        assert cache.get(TP, offset, None, None) is None
+    hit = cache.get(TP, 1, None, None)  # memory dropped 1..3; files stop at the gap
+    assert hit is None or (offsets(hit) == [1, 2, 3] and hit.next_offset == 4)
+
+
+def test_overlap_with_different_bytes_drops_the_older(
+        make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1 << 20)
+    cache.put(TP, 1, values(1, 5))
+    cache.put(TP, 3, values(3, 2, salt=1))
+    assert cache.get(TP, 1, None, None) is None
+    assert cache.get(TP, 5, None, None) is None
+    assert cache.get(TP, 3, None, None) == CacheHit(
+        [(3, value(3, 1)), (4, value(4, 1))], 5, 5)
+
+
+def test_eviction_keeps_the_newest_within_budget(
+        make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(4096)
+    for offset in range(1, 201):
+        cache.put(TP, offset, [bytes([offset % 256]) * 100])
+        assert cache.statistics().bytes <= 4096
+    stats = cache.statistics()
+    assert stats.evictions > 0
+    assert cache.get(TP, 1, None, None) is None
+    hit = cache.get(TP, 200, None, None)
+    assert hit == CacheHit([(200, bytes([200]) * 100)], 200, 201)
+    hit = cache.get(TP, 190, None, None)
+    assert hit is not None and offsets(hit) == list(range(190, 201))
+    assert all(v == bytes([o % 256]) * 100 for o, v in hit.records)
+
+
+def test_oversized_records_are_not_cached(make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1000)
+    cache.put(TP, 1, [b"x" * 10])
+    cache.put(TP, 2, [b"y" * 5000])
+    assert cache.high_watermark(TP) == 2
+    assert cache.get(TP, 2, None, None) is None
+    assert cache.get(TP, 3, None, None) == CacheHit([], 2, 3)
+    hit = cache.get(TP, 1, None, None)  # still true, but never stitched to offset 3
+    assert hit is None or hit == CacheHit([(1, b"x" * 10)], 2, 2)
+    # A put bigger than the budget keeps its newest records.
+    cache.put(TP, 3, [b"z" * 400] * 5)
+    assert cache.get(TP, 3, None, None) is None
+    hit = cache.get(TP, 7, None, None)
+    assert hit == CacheHit([(7, b"z" * 400)], 7, 8)
+
+
+def test_statistics_and_close(make_cache: Callable[[int], TailCache]) -> None:
+    cache = make_cache(1 << 20)
+    cache.put(TP, 1, values(1, 4))
+    cache.put(OTHER, 1, values(1, 2))
+    cache.get(TP, 1, None, None)
+    cache.get(TP, 5, None, None)
+    cache.get(TP, 9, None, None)
+    stats = cache.statistics()
+    assert isinstance(stats, TailCacheStats)
+    assert (stats.partitions, stats.records, stats.hits, stats.misses) == (2, 6, 2, 1)
+    assert stats.bytes >= sum(len(v) for v in values(1, 4) + values(1, 2))
+    cache.close()
+    assert cache.get(TP, 1, None, None) is None
+    cache.put(TP, 5, [b"late"])  # ignored, no error
+
+
+# -- memory specifics ---------------------------------------------------------------------
+
+
+def test_memory_joins_adjacent_and_repeated_puts() -> None:
+    cache = MemoryTailCache(1 << 20)
+    cache.put(TP, 4, values(4, 3))
+    cache.put(TP, 1, values(1, 3))  # out of order but adjacent: one run
+    cache.put(TP, 5, values(5, 4))  # a repeat with the same bytes, extending the run
+    assert offsets(cache.get(TP, 1, None, None)) == list(range(1, 9))
+    assert cache.get(TP, 1, None, None) == CacheHit([(o, value(o)) for o in range(1, 9)], 8, 9)
+
+
+def test_memory_evicts_the_oldest_partition_first() -> None:
+    cache = MemoryTailCache(300)
+    cache.put(TP, 1, [b"a" * 100])
+    cache.put(OTHER, 1, [b"b" * 100])
+    cache.put(TP1, 1, [b"c" * 100])
+    cache.put(OTHER, 2, [b"d" * 100])
+    assert cache.get(TP, 1, None, None) is None
+    assert offsets(cache.get(OTHER, 1, None, None)) == [1, 2]
+    assert offsets(cache.get(TP1, 1, None, None)) == [1]
+    assert cache.statistics().evictions == 1
+    assert cache.statistics().bytes == 300
+
+
+def test_memory_copies_mutable_records() -> None:
+    cache = MemoryTailCache(1 << 20)
+    buf = bytearray(b"abc")
+    cache.put(TP, 1, [buf])  # type: ignore[list-item]
+    buf[0] = ord("z")
+    assert cache.get(TP, 1, None, None) == CacheHit([(1, b"abc")], 1, 2)
+
+
+# -- the model-based property test ----------------------------------------------------------
+
+put_op = st.tuples(st.just("put"), st.integers(1, 40),
+                   st.lists(st.binary(max_size=12), max_size=8))
+get_op = st.tuples(st.just("get"), st.integers(0, 50),
+                   st.one_of(st.none(), st.integers(0, 10)),
+                   st.one_of(st.none(), st.integers(0, 40)))
+note_op = st.tuples(st.just("note"), st.integers(0, 50))
+ops_st = st.lists(st.one_of(put_op, put_op, get_op, get_op, note_op), max_size=60)
+budget_st = st.sampled_from([0, 10, 50, 200, 1 << 20])
+
+
+class Model:
+    """The truth: offset -> the bytes last put there, and the highest offset told.
+
+    "Last put wins" is stronger than the broker needs (committed offsets never change),
+    so a cache agreeing with it also never serves bytes of a log that was replaced.
+    """
+
+    def __init__(self) -> None:
+        self.truth: dict[int, bytes] = {}
+        self.hw: int | None = None
+
+    def raise_hw(self, hw: int) -> None:
+        self.hw = hw if self.hw is None else max(self.hw, hw)
+
+
+def check_get(cache: TailCache, model: Model, offset: int, max_records: int | None,
+              max_bytes: int | None, *, exact_hw: bool) -> None:
+    hit = cache.get(TP, offset, max_records, max_bytes)
+    answerable = offset >= 1 and (max_records is None or max_records > 0)
+    if hit is None:
+        if exact_hw and answerable and model.hw is not None and offset == model.hw + 1:
+            pytest.fail(f"miss at the known tail {offset}")
+        return
+    assert answerable and model.hw is not None
+    if exact_hw:
+        assert hit.high_watermark == model.hw
+    assert hit.high_watermark <= model.hw
+    assert hit.next_offset == offset + len(hit.records)
+    if not hit.records:
+        assert offset == hit.high_watermark + 1
+        return
+    assert offsets(hit) == list(range(offset, hit.next_offset))
+    for o, v in hit.records:
+        assert v == model.truth[o], f"offset {o}: cached {v!r}, put {model.truth[o]!r}"
+    assert hit.next_offset - 1 <= hit.high_watermark
+    if max_records is not None:
+        assert len(hit.records) <= max_records
+    if max_bytes is not None and len(hit.records) > 1:
+        assert sum(len(v) for _, v in hit.records) <= max_bytes
+
+
+def run_against_model(cache: TailCache, max_bytes: int, ops: list[Any]) -> Model:
+    model = Model()
+    for op in ops:
+        if op[0] == "put":
+            _, start, records = op
+            cache.put(TP, start, records)
+            for i, r in enumerate(records):
+                model.truth[start + i] = r
+            if records:
+                model.raise_hw(start + len(records) - 1)
+                if sum(len(r) for r in records) * 2 + 64 <= max_bytes:
+                    # Small enough to be cached whatever the overhead: it must be.
+                    hit = cache.get(TP, start, None, None)
+                    assert hit is not None
+                    assert hit.records[: len(records)] == [
+                        (start + i, r) for i, r in enumerate(records)]
+        elif op[0] == "note":
+            cache.note_high_watermark(TP, op[1])
+            model.raise_hw(op[1])
+        else:
+            _, offset, max_records, max_bytes_get = op
+            check_get(cache, model, offset, max_records, max_bytes_get, exact_hw=True)
+    return model
+
+
+@PROPS
+@given(max_bytes=budget_st, ops=ops_st)
+def test_memory_cache_agrees_with_a_model(max_bytes: int, ops: list[Any]) -> None:
+    cache = MemoryTailCache(max_bytes)
+    run_against_model(cache, max_bytes, ops)
+    assert cache.statistics().bytes <= max_bytes
+
+
+@FILE_PROPS
+@given(max_bytes=budget_st, ops=ops_st)
+def test_file_cache_agrees_with_a_model(max_bytes: int, ops: list[Any]) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        cache = FileTailCache(Path(d), max_bytes)
+        model = run_against_model(cache, max_bytes, ops)
+        assert disk_bytes(Path(d)) <= max_bytes
+        # Another process's view of the same directory agrees too.
+        other = FileTailCache(Path(d), max_bytes)
+        for offset in range(0, 52):
+            for max_records in (None, 1):
+                check_get(other, model, offset, max_records, None, exact_hw=False)
+                check_get(cache, model, offset, max_records, None, exact_hw=True)
+
+
+# -- file cache: sharing, budget, damage -----------------------------------------------------
+
+
+def test_two_instances_share_one_directory(tmp_path: Path) -> None:
+    a = FileTailCache(tmp_path, 1 << 20)
+    b = FileTailCache(tmp_path, 1 << 20)
+    assert b.get(TP, 1, None, None) is None
+    a.put(TP, 1, values(1, 3))
+    assert b.get(TP, 1, None, None) == CacheHit([(o, value(o)) for o in range(1, 4)], 3, 4)
+    assert b.get(TP, 4, None, None) == CacheHit([], 3, 4)
+    b.put(TP, 4, values(4, 2))  # b's write, then a (whose index is stale) reads past it
+    assert a.get(TP, 4, None, None) == CacheHit([(4, value(4)), (5, value(5))], 5, 6)
+    assert a.get(TP, 1, None, None) == CacheHit([(o, value(o)) for o in range(1, 6)], 5, 6)
+    a.put(TP, 6, values(6, 1))
+    assert a.get(TP, 2, None, None) == CacheHit([(o, value(o)) for o in range(2, 7)], 6, 7)
+    b.note_high_watermark(TP, 9)
+    assert a.high_watermark(TP) == 9
+    assert a.get(TP, 10, None, None) == CacheHit([], 9, 10)
+    a.put(OTHER, 1, [b"o"])
+    assert b.get(OTHER, 1, None, None) == CacheHit([(1, b"o")], 1, 2)
+
+
+def test_relist_finds_segments_written_in_the_same_clock_tick(tmp_path: Path) -> None:
+    a = FileTailCache(tmp_path, 1 << 20)
+    b = FileTailCache(tmp_path, 1 << 20)
+    for start in range(1, 60, 3):  # fast alternation: the directory mtime barely moves
+        a.put(TP, start, values(start, 1))
+        b.put(TP, start + 1, values(start + 1, 2))
+        for reader in (a, b):
+            hit = reader.get(TP, start, None, None)
+            assert hit == CacheHit([(o, value(o)) for o in range(start, start + 3)],
+                                   start + 2, start + 3)
+
+
+def test_file_budget_bounds_the_directory(tmp_path: Path) -> None:
+    cache = FileTailCache(tmp_path, 10_000)
+    for offset in range(1, 301):
+        cache.put(TP if offset % 2 else OTHER, offset, [value(offset) * 10])
+        assert disk_bytes(tmp_path) <= 10_000
+    assert cache.statistics().evictions > 0
+    assert cache.get(TP, 299, None, None) == CacheHit([(299, value(299) * 10)], 299, 300)
+    assert cache.get(TP, 1, None, None) is None
+    # Reopening with a smaller budget trims what is there.
+    FileTailCache(tmp_path, 2_000).close()
+    assert disk_bytes(tmp_path) <= 2_000
+
+
+def test_segment_and_hw_codecs_round_trip() -> None:
+    records = [b"", b"a", b"\x00" * 300]
+    data = encode_segment(OTHER, 5, records)
+    assert decode_segment(data, OTHER, 5, 7) == records
+    assert decode_segment(data, OTHER, 5, 8) is None  # the name claims another range
+    assert decode_segment(data, OTHER, 4, 6) is None
+    assert decode_segment(data, TopicPartition(OTHER.topic, 8), 5, 7) is None
+    assert decode_segment(data, TopicPartition("payments.v2-x_Y", 7), 5, 7) is None
+    hw = encode_high_watermark(OTHER, 42)
+    assert decode_high_watermark(hw, OTHER) == 42
+    assert decode_high_watermark(hw, TP) is None
+    assert decode_high_watermark(hw[:-1], OTHER) is None
+    assert parse_segment_name(segment_name(5, 7)) == (5, 7)
+    for bad in ("x.seg", "00000000000000000005-00000000000000000004.seg", HW_FILE,
+                ".tmp-1-ab", "00000000000000000000-00000000000000000001.seg"):
+        assert parse_segment_name(bad) is None
+
+
+def _damage_cases(good: bytes) -> Iterator[tuple[str, bytes]]:
+    for n in range(len(good)):
+        yield f"truncated to {n}", good[:n]
+    for i in range(len(good)):
+        for bit in (0x01, 0x80):
+            flipped = bytearray(good)
+            flipped[i] ^= bit
+            yield f"byte {i} ^ {bit:#x}", bytes(flipped)
+    yield "garbage", os.urandom(len(good))
+    yield "appended", good + b"\x00"
+
+
+def test_damaged_segment_is_a_miss_never_wrong_data(tmp_path: Path) -> None:
+    records = [b"alpha", b"", b"gamma" * 3]
+    writer = FileTailCache(tmp_path, 1 << 20)
+    writer.put(TP, 1, records)
+    (path,) = segment_files(tmp_path)
+    good = path.read_bytes()
+    for what, data in _damage_cases(good):
+        path.write_bytes(data)
+        for reader in (writer, FileTailCache(tmp_path, 1 << 20)):
+            path.write_bytes(data)
+            for offset in (1, 2, 3):
+                assert reader.get(TP, offset, None, None) is None, what
+    # Rewritten intact, it is served again.
+    writer.put(TP, 1, records)
+    assert writer.get(TP, 1, None, None) == CacheHit(list(enumerate(records, 1)), 3, 4)
+
+
+def test_foreign_files_are_ignored_or_missed(tmp_path: Path) -> None:
+    writer = FileTailCache(tmp_path, 1 << 20)
+    writer.put(TP, 1, values(1, 3))
+    writer.put(OTHER, 4, values(4, 3, salt=9))
+    d = partition_dir(tmp_path, TP)
+    # Leftover temporary file of a crashed writer, junk, and a directory with a segment name.
+    (d / f"{TMP_PREFIX}123-deadbeef").write_bytes(b"partial")
+    (d / "notes.txt").write_text("hello")
+    (d / segment_name(10, 12)).mkdir()
+    # Another partition's valid segment for 4..6 copied into this partition.
+    (other_seg,) = segment_files(tmp_path, OTHER)
+    (d / segment_name(4, 6)).write_bytes(other_seg.read_bytes())
+    # A valid segment of this partition renamed to claim another range.
+    (d / segment_name(20, 22)).write_bytes(segment_files(tmp_path)[0].read_bytes())
+    writer.note_high_watermark(TP, 22)
+    reader = FileTailCache(tmp_path, 1 << 20)
+    for cache in (reader, writer):
+        assert cache.get(TP, 1, None, None) == CacheHit(
+            [(o, value(o)) for o in range(1, 4)], 22, 4)
+        for offset in (4, 5, 10, 20, 21):
+            assert cache.get(TP, offset, None, None) is None
+
+
+def test_damaged_hw_file_means_unknown(tmp_path: Path) -> None:
+    a = FileTailCache(tmp_path, 1 << 20)
+    a.note_high_watermark(TP, 5)
+    hw_path = partition_dir(tmp_path, TP) / HW_FILE
+    hw_path.write_bytes(hw_path.read_bytes()[:-2])
+    b = FileTailCache(tmp_path, 1 << 20)
+    assert b.high_watermark(TP) is None
+    assert b.get(TP, 6, None, None) is None
+    b.note_high_watermark(TP, 6)
+    assert FileTailCache(tmp_path, 1 << 20).get(TP, 7, None, None) == CacheHit([], 6, 7)
+
+
+def test_stale_temporary_files_are_cleaned(tmp_path: Path) -> None:
+    FileTailCache(tmp_path, 1 << 20).put(TP, 1, [b"x"])
+    d = partition_dir(tmp_path, TP)
+    old, fresh = d / f"{TMP_PREFIX}1-old", d / f"{TMP_PREFIX}1-new"
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    past = (time.time_ns() - 2 * STALE_TMP_NS) / 1e9
+    os.utime(old, (past, past))
+    FileTailCache(tmp_path, 1 << 20).close()
+    assert not old.exists()
+    assert fresh.exists()
+
+
+def test_vanished_segment_is_a_miss(tmp_path: Path) -> None:
+    a = FileTailCache(tmp_path, 1 << 20)
+    a.put(TP, 1, values(1, 2))
+    assert a.get(TP, 1, None, None) is not None
+    for p in segment_files(tmp_path):
+        p.unlink()  # evicted by another worker
+    assert a.get(TP, 1, None, None) is None
+    assert a.get(TP, 3, None, None) == CacheHit([], 2, 3)
+
+
+def test_unwritable_directory_never_fails_the_caller(tmp_path: Path) -> None:
+    cache = FileTailCache(tmp_path, 1 << 20)
+    (tmp_path / FORMAT_DIR / TP.topic).write_bytes(b"not a directory")
+    cache.put(TP, 1, [b"x"])  # logged and ignored
+    cache.note_high_watermark(TP, 3)
+    assert cache.get(TP, 1, None, None) is None
+
+
+# -- file cache: concurrent processes -------------------------------------------------------
+
+BLOCK = 25
+BLOCKS = 48
+WRITERS = 3
+LAST = BLOCK * BLOCKS
+CONCURRENT_BUDGET = 48 * 1024
+TIMEOUT_S = 120.0
+
+
+def _expected(offset: int) -> bytes:
+    return value(offset, salt=offset % 7) * (1 + offset % 5)
+
+
+def _writer_process(directory: str, writer: int, start: Any, seed: int) -> None:
+    """Writes blocks ``writer, writer + WRITERS, ...`` in random-sized contiguous puts."""
+    if not start.wait(TIMEOUT_S):
+        raise TimeoutError("start signal never came")
+    cache = FileTailCache(Path(directory), CONCURRENT_BUDGET)
+    rng = random.Random(seed)
+    for block in range(writer, BLOCKS, WRITERS):
+        at, end = block * BLOCK + 1, (block + 1) * BLOCK
+        while at <= end:
+            n = min(rng.randint(1, 8), end - at + 1)
+            cache.put(TP, at, [_expected(o) for o in range(at, at + n)])
+            at += n
+    cache.close()
+
+
+def _verify(hit: CacheHit | None, offset: int) -> int:
+    """Checks one answer against the truth; returns how many records it held."""
+    if hit is None:
+        return 0
+    assert 0 <= hit.high_watermark <= LAST
+    assert hit.next_offset == offset + len(hit.records)
+    if not hit.records:
+        assert offset == hit.high_watermark + 1
+        return 0
+    assert hit.records[-1][0] <= hit.high_watermark
+    for i, (o, v) in enumerate(hit.records):
+        assert o == offset + i
+        assert v == _expected(o), f"offset {o}: wrong bytes"
+    return len(hit.records)
+
+
+def _reader_process(directory: str, start: Any, stop: Any, seed: int) -> None:
+    if not start.wait(TIMEOUT_S):
+        raise TimeoutError("start signal never came")
+    cache = FileTailCache(Path(directory), CONCURRENT_BUDGET)
+    rng = random.Random(seed)
+    deadline = time.monotonic() + TIMEOUT_S
+    while not stop.is_set():
+        if time.monotonic() > deadline:
+            raise TimeoutError("never told to stop")
+        offset = rng.randint(1, LAST + 1)
+        _verify(cache.get(TP, offset, rng.choice([None, 1, 10]), rng.choice([None, 500])),
+                offset)
+
+
+def test_concurrent_processes_never_see_wrong_records(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    start, stop = ctx.Event(), ctx.Event()
+    writers = [ctx.Process(target=_writer_process, args=(str(tmp_path), w, start, w))
+               for w in range(WRITERS)]
+    readers = [ctx.Process(target=_reader_process, args=(str(tmp_path), start, stop, 100 + r))
+               for r in range(2)]
+    procs = writers + readers
+    for p in procs:
+        p.start()
+    try:
+        cache = FileTailCache(tmp_path, CONCURRENT_BUDGET)
+        rng = random.Random(7)
+        start.set()
+        served = 0
+        deadline = time.monotonic() + TIMEOUT_S
+        while any(w.is_alive() for w in writers):
+            assert time.monotonic() < deadline, "writers did not finish"
+            if rng.random() < 0.5:
+                offset = rng.randint(1, LAST + 1)
+            else:  # near the tail, where consumers are
+                offset = max(1, (cache.high_watermark(TP) or 0) + 1 - rng.randint(0, 30))
+            served += _verify(cache.get(TP, offset, rng.choice([None, 5]), None), offset)
+        stop.set()
+        for p in procs:
+            p.join(TIMEOUT_S)
+        assert [p.exitcode for p in procs] == [0] * len(procs)
+        # Afterwards: every offset is either a miss or exactly right, and the tail is there.
+        for offset in range(1, LAST + 2):
+            served += _verify(cache.get(TP, offset, None, None), offset)
+        hw = cache.high_watermark(TP)
+        assert hw is not None and hw <= LAST
+        assert served > 0
+        assert disk_bytes(tmp_path) <= CONCURRENT_BUDGET * 2
+    finally:
+        stop.set()
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(10)
