@@ -73,6 +73,16 @@ class Settings(BaseSettings):
     max_wait_ms_ceiling: int = Field(default=30_000, ge=0, le=600_000)
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
 
+    # Compaction.
+    compaction_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    compaction_max_entries: int = Field(default=1000, ge=2)
+    compaction_min_entries: int = Field(default=2, ge=2)
+    compaction_min_entry_age_ms: int = Field(default=30_000, ge=0)
+    compaction_interval_s: float = Field(default=5.0, gt=0)
+    compaction_discovery_interval_s: float = Field(default=30.0, gt=0)
+    compaction_concurrency: int = Field(default=2, ge=1, le=64)
+    compaction_seed_targets: Annotated[tuple[str, ...], NoDecode] = ()
+
     # Metrics: how often the stored bytes/objects under the root prefix are re-counted.
     s3_usage_scan_interval_s: float = Field(default=300.0, ge=1.0)
 
@@ -88,6 +98,22 @@ class Settings(BaseSettings):
             if not parts:
                 raise ValueError("at least one of write, read, compact")
             return tuple(parts)
+        return value
+
+    @field_validator("compaction_seed_targets", mode="before")
+    @classmethod
+    def _parse_targets(cls, value: object) -> object:
+        if isinstance(value, str):
+            return tuple(p.strip() for p in value.split(",") if p.strip())
+        return value
+
+    @field_validator("compaction_seed_targets")
+    @classmethod
+    def _check_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for target in value:
+            topic, sep, partition = target.rpartition(":")
+            if not sep or not topic or not partition.isascii() or not partition.isdigit():
+                raise ValueError(f"{target!r}: expected topic:partition")
         return value
 
     @field_validator("roles")

@@ -267,3 +267,20 @@ def test_pending_round_trips_through_control_json() -> None:
     control = Control("OPEN", 4, pending)
     again = Control.from_json(control.to_json())
     assert again.pending is not None and again.pending.index_entry().crc32c == 7
+
+
+async def test_a_stray_wal_entry_inside_a_compacted_range_is_skipped(
+    engine: Engine, tp: TopicPartition
+) -> None:
+    compacted_key = engine.layout.compacted_object(tp, uuid.uuid4().hex)
+    stray_key = engine.layout.legacy_wal_object(tp, uuid.uuid4().hex)
+    values = [f"v{i}".encode() for i in range(1, 7)]
+    await engine.s3.put(compacted_key, codec.encode_batch(values))
+    await engine.s3.put(stray_key, codec.encode_batch(values[1:3]))
+    await _install(engine, tp, 6, [
+        (3, IndexEntry("WAL", 2, engine.layout.uri(stray_key))),  # stray, covers 2..3
+        (6, IndexEntry("COMPACTED", 6, engine.layout.uri(compacted_key))),
+    ])
+    for start in (1, 2, 3, 4):
+        read = await engine.reader.read(tp, start)
+        assert read.records == list(zip(range(start, 7), values[start - 1:], strict=True))

@@ -184,7 +184,12 @@ class LogReader:
         if pending is not None and pending.covers(offset):
             return [Entry.from_pending(pending)]
         first = await self._ceiling(tp, offset)
-        if first is None or first.start > offset:
+        if first is not None and first.start > offset:
+            # Usually a gap; but a stray WAL entry left inside a compacted range (see
+            # docs/protocol.md) also lands here: the compacted entry after it covers us.
+            first = next((e for e in await self._scan(tp, offset, _SCAN_BATCH)
+                          if e.start <= offset <= e.end), None)
+        if first is None:
             raise LogGap(f"{tp}: no index entry covers offset {offset} (high watermark {hw})")
         entries = [first]
         want_records = max_records if max_records is not None else float("inf")
@@ -207,7 +212,9 @@ class LogReader:
                 if entry.end < nxt:
                     continue
                 if entry.start > nxt:
-                    break  # a hole: stop here; the next read reports it if it is real
+                    # A stray (a later entry covers nxt) or a hole (none does, and the
+                    # next read reports it): skip it either way.
+                    continue
                 entries.append(entry)
                 nxt = entry.end + 1
                 progressed = True

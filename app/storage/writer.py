@@ -104,6 +104,7 @@ class LogWriter:
         self._initialised: set[TopicPartition] = set()
         self._controls: dict[TopicPartition, _CachedControl] = {}
         self._materialised: dict[TopicPartition, str] = {}
+        self._materialising: dict[tuple[TopicPartition, str], anyio.Event] = {}
         self._locks: dict[TopicPartition, anyio.Lock] = {}
         self._tg: anyio.abc.TaskGroup | None = None
         # Tests pass a callable(step: str) that may raise CrashPoint to simulate a crash.
@@ -257,6 +258,15 @@ class LogWriter:
         """
         if self._materialised.get(tp) == pending.append_id:
             return
+        inflight = self._materialising.get((tp, pending.append_id))
+        if inflight is not None:
+            # Our own background put of this entry is under way: wait for it rather
+            # than spend a second round trip (if it fails we try ourselves below).
+            await inflight.wait()
+            if self._materialised.get(tp) == pending.append_id:
+                return
+        done = anyio.Event()
+        self._materialising[(tp, pending.append_id)] = done
         try:
             await self._oxia.put(
                 self._layout.index(tp, pending.end_offset),
@@ -266,6 +276,9 @@ class LogWriter:
             self._metrics.pending_materialised.labels(by).inc()
         except VersionMismatch:
             pass
+        finally:
+            del self._materialising[(tp, pending.append_id)]
+            done.set()
         self._step("after_index_put")
         self._materialised[tp] = pending.append_id
 

@@ -1,0 +1,23 @@
+"""Which topic-partitions exist: discovered from their ``meta/control`` keys.
+
+Oxia sorts keys hierarchically (segment by segment, fewer segments first), so no single
+key range holds "everything under the root". Every per-partition key has the same depth,
+``{root}/{topic}/partitions/{p}/{a}/{b}``, so one range over exactly that depth covers
+all of them; the control keys are picked out of it. The cost is a listing of every
+per-partition key (index entries included), which compaction keeps small.
+"""
+
+from __future__ import annotations
+
+from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.oxia_store import OxiaStore
+
+_PARTITION_KEY_DEPTH = 5  # topic / "partitions" / p / a / b below the root
+
+
+async def discover_partitions(oxia: OxiaStore, layout: KeyLayout) -> list[TopicPartition]:
+    low = layout.root + "/"
+    high = layout.root + "/~" * _PARTITION_KEY_DEPTH
+    keys = await oxia.list_keys(low, high)
+    found = {tp for key in keys if (tp := layout.parse_control_key(key)) is not None}
+    return sorted(found)
