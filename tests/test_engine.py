@@ -284,3 +284,19 @@ async def test_a_stray_wal_entry_inside_a_compacted_range_is_skipped(
     for start in (1, 2, 3, 4):
         read = await engine.reader.read(tp, start)
         assert read.records == list(zip(range(start, 7), values[start - 1:], strict=True))
+
+
+async def test_an_idempotency_key_appends_at_most_once(
+    engine: Engine, stack: LocalStack, tp: TopicPartition
+) -> None:
+    group = AppendGroup(tp, [b"once-a", b"once-b"], idempotency_key="job-1/task-7")
+    (first,) = await engine.writer.append_shared([group])
+    await _append(engine, tp, b"other")
+    # A re-run from another process (no cache) answers the first append's offsets.
+    async with open_engine(make_settings(stack)) as fresh:
+        (again,) = await fresh.writer.append_shared([group])
+    assert isinstance(first, AppendResult) and isinstance(again, AppendResult)
+    assert (first.start_offset, first.end_offset) == (1, 2)
+    assert (again.start_offset, again.end_offset) == (1, 2)
+    read = await engine.reader.read(tp, 1)
+    assert read.records == [(1, b"once-a"), (2, b"once-b"), (3, b"other")]

@@ -44,8 +44,12 @@ from app.storage.s3 import S3Store
 
 @dataclass(frozen=True)
 class AppendGroup:
+    """Records for one partition. ``idempotency_key`` makes the append happen at most
+    once: a repeat with the same key answers the first append's offsets instead."""
+
     tp: TopicPartition
     records: Sequence[bytes]
+    idempotency_key: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,14 @@ class _Slice:
     crc32c: int
     count: int
     created_at_ms: int
+    idempotency_key: str | None = None
+
+
+# Control-record field holding the most recent idempotency keys of a partition and the
+# offsets they were committed at; updated by the same CAS that commits, so "committed"
+# and "remembered" can never disagree. Bounded: the oldest keys are forgotten first.
+IDEMPOTENCY_FIELD = "idempotency"
+IDEMPOTENCY_WINDOW = 64
 
 
 @dataclass
@@ -160,7 +172,7 @@ class LogWriter:
 
         async def commit_one(i: int, group: AppendGroup, part: codec.BlobPart) -> None:
             piece = _Slice(uri, part.body_offset, part.body_length, part.crc32c,
-                           len(group.records), created)
+                           len(group.records), created, group.idempotency_key)
             try:
                 results[i] = await self.commit(group.tp, piece)
             except LogError as exc:
@@ -308,6 +320,10 @@ class LogWriter:
                 won = await self._find_in_doubt(tp, append_id, in_doubt, cached.version)
                 if won is not None:
                     return self._result(tp, won)
+            if piece.idempotency_key is not None:
+                seen = _remembered(control, piece.idempotency_key)
+                if seen is not None:
+                    return seen.result(tp, self._layout)
             if control.fenced:
                 raise PartitionFenced(f"{tp} is fenced: appends are refused")
             if pending is not None:
@@ -327,7 +343,10 @@ class LogWriter:
                 created_at_ms=piece.created_at_ms,
                 crc32c=piece.crc32c,
             )
-            updated = Control(control.log_state, mine.end_offset, mine, dict(control.extra))
+            extra = dict(control.extra)
+            if piece.idempotency_key is not None:
+                extra[IDEMPOTENCY_FIELD] = _remember(control, piece.idempotency_key, mine)
+            updated = Control(control.log_state, mine.end_offset, mine, extra)
             try:
                 version = await self._oxia.put(
                     self._layout.control(tp), updated.to_json(), tp.partition_key,
@@ -414,3 +433,35 @@ class LogWriter:
                 self._controls[tp] = _CachedControl(updated, version)
                 return
         raise CommitConflict(f"{tp}: could not set log_state={state}")
+
+
+@dataclass(frozen=True)
+class _Remembered:
+    start: int
+    end: int
+    data_key: str
+
+    def result(self, tp: TopicPartition, layout: KeyLayout) -> AppendResult:
+        return AppendResult(tp, self.start, self.end, self.end - self.start + 1,
+                            layout.index(tp, self.end), self.data_key)
+
+
+def _remembered(control: Control, key: str) -> _Remembered | None:
+    table = control.extra.get(IDEMPOTENCY_FIELD)
+    if not isinstance(table, dict):
+        return None
+    entry = table.get(key)
+    if (not isinstance(entry, list) or len(entry) != 3
+            or not isinstance(entry[0], int) or not isinstance(entry[1], int)):
+        return None
+    return _Remembered(entry[0], entry[1], str(entry[2]))
+
+
+def _remember(control: Control, key: str, pending: Pending) -> dict[str, list[object]]:
+    table = control.extra.get(IDEMPOTENCY_FIELD)
+    out: dict[str, list[object]] = dict(table) if isinstance(table, dict) else {}
+    out.pop(key, None)
+    out[key] = [pending.start_offset, pending.end_offset, pending.data_key]
+    while len(out) > IDEMPOTENCY_WINDOW:
+        del out[next(iter(out))]
+    return out
