@@ -6,6 +6,7 @@ package reads the environment on its own.
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 from pathlib import Path
@@ -86,6 +87,10 @@ class Settings(BaseSettings):
     # Metrics: how often the stored bytes/objects under the root prefix are re-counted.
     s3_usage_scan_interval_s: float = Field(default=300.0, ge=1.0)
 
+    # Load-test runs: a JSON object describing the scenario, exported on /metrics as
+    # llog_loadtest_scenario_info (strings) and llog_loadtest_scenario_<key> (numbers).
+    loadtest_scenario: str | None = None
+
     # Tail cache.
     tail_cache_dir: Path | None = None
     tail_cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
@@ -121,7 +126,21 @@ class Settings(BaseSettings):
     def _dedupe_roles(cls, value: tuple[Role, ...]) -> tuple[Role, ...]:
         return tuple(dict.fromkeys(value))
 
-    @field_validator("s3_access_key", "s3_secret_key", "tail_cache_dir", mode="before")
+    @field_validator("loadtest_scenario")
+    @classmethod
+    def _check_scenario(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        try:
+            parsed = json.loads(value)
+        except ValueError:
+            raise ValueError("expected a JSON object") from None
+        if not isinstance(parsed, dict):
+            raise ValueError("expected a JSON object")
+        return value
+
+    @field_validator("s3_access_key", "s3_secret_key", "tail_cache_dir", "loadtest_scenario",
+                     mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

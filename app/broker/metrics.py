@@ -81,16 +81,29 @@ GaugeSource = Callable[[], dict[str, float]]
 
 
 class SnapshotCollector(Collector):
-    """Gauges computed at scrape time from callables, plus the broker's identity."""
+    """Gauges computed at scrape time from callables, plus the broker's identity and, in
+    load-test runs, the scenario it runs under."""
 
-    def __init__(self, info: dict[str, str], gauges: dict[str, tuple[str, GaugeSource]]):
+    def __init__(self, info: dict[str, str], gauges: dict[str, tuple[str, GaugeSource]],
+                 scenario: dict[str, Any] | None = None):
         self._info = info
         self._gauges = gauges
+        self._scenario = scenario or {}
 
     def collect(self) -> Iterator[Metric]:
         info = InfoMetricFamily("llog_broker", "Broker identity, roles and batch settings")
         info.add_metric([], self._info)
         yield info
+        if self._scenario:
+            labels = {k: str(v) for k, v in self._scenario.items()
+                      if isinstance(v, str | bool) or v is None}
+            scenario = InfoMetricFamily("llog_loadtest_scenario", "Load-test scenario of this run")
+            scenario.add_metric([], labels)
+            yield scenario
+            for key, value in self._scenario.items():
+                if isinstance(value, int | float) and not isinstance(value, bool):
+                    yield GaugeMetricFamily(f"llog_loadtest_scenario_{key}",
+                                            f"Load-test scenario setting {key}", value=value)
         for prefix, (doc, source) in self._gauges.items():
             for name, value in source().items():
                 yield GaugeMetricFamily(f"{prefix}_{name}", doc, value=value)

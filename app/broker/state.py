@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -93,12 +94,14 @@ def _register_gauges(state: BrokerState) -> None:
         return s3_cost_estimate(request_counts(state.store_metrics.s3_requests),
                                 state.s3_usage)
 
+    scenario = (json.loads(state.settings.loadtest_scenario)
+                if state.settings.loadtest_scenario else None)
     state.registry.register(SnapshotCollector(_info(state.settings), {
         "llog_batcher": ("Produce batcher queue (point in time)", batcher),
         "llog_consume": ("Consume long-polls (point in time)", consume),
         "llog_tail_cache": ("Tail cache statistics", cache),
         "llog_s3": ("S3 usage and estimated cost (S3 Standard us-east-1 list prices)", s3),
-    }))
+    }, scenario))
 
 
 async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> None:
