@@ -12,12 +12,22 @@ if ! command -v go >/dev/null 2>&1; then
   echo "the Go toolchain is needed to build Oxia and MinIO: install Go 1.24+ and retry" >&2
   exit 1
 fi
+if ! command -v java >/dev/null 2>&1; then
+  # Spark jobs need a JVM (17+). Install Debian's when we can; otherwise say what to do.
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing a Java runtime for the Spark jobs (apt-get)" >&2
+    apt-get update -qq && apt-get install -y -qq default-jre-headless >/dev/null
+  else
+    echo "the Spark jobs need Java 17+ on PATH: install a JRE (e.g. default-jre-headless)" >&2
+    exit 1
+  fi
+fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 stamp=.venv/.llog-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev]"
+  .venv/bin/python -m pip install --quiet -e ".[dev,spark]"
   echo "$want" > "$stamp"
 fi
 # Build (or find cached) Oxia and MinIO binaries under .llog/bin.
