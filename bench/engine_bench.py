@@ -87,7 +87,7 @@ async def run_engine(settings: Settings, partitions: int, record_bytes: int,
         for tp in tps:  # initialisation is a one-off, not part of the steady state
             await writer.ensure_partition(tp)
         groups = [AppendGroup(tp, [record] * per_partition) for tp in tps]
-        oxia_before = _counter(metrics, "llog_oxia_requests")
+        oxia_before = _counter(metrics, "llog_oxia_requests")  # round trips
         s3_before = _counter(metrics, "llog_s3_requests")
         started = time.monotonic()
         deadline = started + duration

@@ -18,6 +18,7 @@ from app.localstack.broker import broker_process, wait_healthy
 from app.localstack.processes import ManagedProcess, free_port
 from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
+from app.storage import oxia_compat  # noqa: F401  (fixes a client start-up race)
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
@@ -98,27 +99,18 @@ class Engine:
 
 
 @contextlib.asynccontextmanager
-async def open_engine(
-    settings: Settings, *, background: bool = True, **writer_kwargs: Any
-) -> AsyncIterator[Engine]:
-    """Store clients, writer and reader; ``background`` runs the writer's task group."""
+async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
+    """Store clients, writer and reader against the stack, closed on exit."""
     metrics = StoreMetrics()
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
     async with OxiaStore(settings, metrics) as ox, S3Store(settings, metrics) as s3:
         writer = LogWriter(ox, s3, layout, metrics, **writer_kwargs)
-        engine = Engine(settings, layout, metrics, ox, s3, writer, LogReader(ox, s3, layout))
-        if background:
-            async with writer:
-                yield engine
-        else:
-            yield engine
+        yield Engine(settings, layout, metrics, ox, s3, writer, LogReader(ox, s3, layout))
 
 
 @pytest_asyncio.fixture
 async def engine(settings: Settings) -> AsyncIterator[Engine]:
-    # An async-generator fixture sets up and tears down in different tasks, so it must
-    # not hold a task group open across its yield: no background writer work here.
-    async with open_engine(settings, background=False) as e:
+    async with open_engine(settings) as e:
         yield e
 
 

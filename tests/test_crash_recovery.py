@@ -58,10 +58,10 @@ async def _read_all(stack: LocalStack, tp: TopicPartition) -> tuple[dict[int, by
 @pytest.mark.parametrize(
     ("step", "nth", "batches"),
     [
-        ("after_blob_put", 2, 3),            # blob written, nothing committed
-        ("after_pending_cas", 2, 3),         # committed, index not materialised
-        ("after_previous_index_put", 2, 3),  # previous index written, own CAS not done
-        ("after_index_put", 2, 3),           # index written, pending still in control
+        ("after_blob_put", 1, 2),     # the first blob written, nothing committed yet
+        ("after_blob_put", 3, 4),     # a later blob written, earlier appends pending/indexed
+        ("after_pending_cas", 1, 2),  # committed as pending, never materialised
+        ("after_pending_cas", 3, 4),  # committed; the previous one indexed by the same CAS
     ],
 )
 async def test_writer_killed_between_steps_loses_nothing(
@@ -89,13 +89,14 @@ async def test_writer_killed_between_steps_loses_nothing(
     assert len(unacked) % 3 == 0
 
 
-async def test_repair_killed_before_clearing_pending(
-    stack: LocalStack, stack_env: dict[str, str], topic: str
+@pytest.mark.parametrize("step", ["after_index_put", "before_clear_pending"])
+async def test_repair_killed_between_index_put_and_clearing_pending(
+    stack: LocalStack, stack_env: dict[str, str], topic: str, step: str
 ) -> None:
     tp = TopicPartition(topic, 0)
     acked, _ = _parse(_run_worker(stack_env, topic, "--batches", "2").stdout)
-    proc = _run_worker(stack_env, topic, "--repair", "--crash-at", "before_clear_pending")
-    assert _parse(proc.stdout)[1] == "before_clear_pending"
+    proc = _run_worker(stack_env, topic, "--repair", "--crash-at", step)
+    assert _parse(proc.stdout)[1] == step
     async with open_engine(make_settings(stack)) as e:
         control = await e.reader.read_control(tp)
         assert control is not None and control.pending is not None  # not cleared

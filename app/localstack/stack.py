@@ -145,6 +145,8 @@ class LocalStack:
     def _oxia_answers(self) -> bool:
         import oxia
 
+        from app.storage import oxia_compat  # noqa: F401  (fixes a client start-up race)
+
         client = oxia.Client(self.oxia_address, namespace=self.config.oxia_namespace)
         try:
             with contextlib.suppress(oxia.ex.KeyNotFound):

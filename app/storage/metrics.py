@@ -17,12 +17,21 @@ class StoreMetrics:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.oxia_requests = Counter(
-            "llog_oxia_requests", "Oxia operations by kind and outcome", ["op", "outcome"],
+            "llog_oxia_requests", "Oxia requests (round trips) by kind and outcome",
+            ["op", "outcome"],
             registry=r,
         )
         self.oxia_latency = Histogram(
             "llog_oxia_request_seconds", "Oxia operation latency", ["op"],
             buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.oxia_puts = Counter(
+            "llog_oxia_puts", "Puts and CAS puts by outcome (sent in coalesced write rounds)",
+            ["op", "outcome"], registry=r,
+        )
+        self.oxia_batch_size = Histogram(
+            "llog_oxia_write_batch_puts", "Puts coalesced into one Oxia write round",
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512), registry=r,
         )
         self.s3_requests = Counter(
             "llog_s3_requests", "S3 requests by kind and outcome", ["op", "outcome"],

@@ -9,8 +9,8 @@ long-lived streams (shard assignments, notifications, session keep-alives) are l
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ import oxia
 import oxia.ex
 
 from app.settings import Settings
+from app.storage import oxia_compat  # noqa: F401  (fixes a client start-up race)
 from app.storage.errors import StorageUnavailable
 from app.storage.metrics import StoreMetrics
 
@@ -100,7 +101,7 @@ class OxiaStore:
         self._limiter = anyio.CapacityLimiter(settings.oxia_max_threads)
         self._client: Any = None
         self._timeout = settings.oxia_request_timeout_s
-        self._lock = threading.Lock()
+        self._puts = _PutCoalescer(self)
 
     @property
     def limiter(self) -> anyio.CapacityLimiter:
@@ -190,8 +191,18 @@ class OxiaStore:
                   expected_version: int | None = None, ephemeral: bool = False) -> int:
         """Put; raises :class:`VersionMismatch` when ``expected_version`` does not hold.
 
-        ``expected_version=EXPECT_NOT_EXISTS`` means create-if-absent.
+        ``expected_version=EXPECT_NOT_EXISTS`` means create-if-absent. Concurrent puts are
+        coalesced into one request per shard (ephemeral ones, bound to the session, are
+        sent on their own).
         """
+        if self._client is None:
+            raise StorageUnavailable("the Oxia client is closed")
+        if not ephemeral:
+            (outcome,) = await self._puts.put_group([PutSpec(key, value, partition_key,
+                                                             expected_version)])
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
 
         def run() -> int:
             _, version = self._client.put(
@@ -202,6 +213,17 @@ class OxiaStore:
 
         op = "put" if expected_version is None else "cas"
         return await self._call(op, run)
+
+    async def put_group(self, puts: list[PutSpec]) -> list[int | Exception]:
+        """Send ``puts`` together, in order, in one request per shard; one outcome each
+        (a version, :class:`VersionMismatch` or :class:`StorageUnavailable`).
+
+        Oxia applies one write request as a single log entry, so puts of one shard in a
+        group are applied in order and together, or not at all.
+        """
+        if self._client is None:
+            raise StorageUnavailable("the Oxia client is closed")
+        return await self._puts.put_group(puts)
 
     async def delete(self, key: str, partition_key: str, *,
                      expected_version: int | None = None) -> bool:
@@ -247,3 +269,121 @@ class OxiaStore:
             ))
 
         return await self._call("list", run)
+
+
+class _PutCoalescer:
+    """Group commit for Oxia puts: concurrent puts share one Write request per shard.
+
+    The first caller that finds a free flusher slot becomes a flusher: it takes whatever
+    is queued (its own put included), sends one request per shard, hands every waiter
+    its own outcome, and repeats while more is queued. Under load the batches grow by
+    themselves; alone, a put costs what it did before. Each put keeps its own status, so
+    one CAS failing never affects another in the same request.
+    """
+
+    def __init__(self, store: OxiaStore, *, max_batch: int = 512, max_inflight: int = 4
+                 ) -> None:
+        self._store = store
+        self._max_batch = max_batch
+        self._max_inflight = max_inflight
+        self._queue: list[_QueuedGroup] = []
+        self._flushers = 0
+
+    async def put_group(self, puts: list[PutSpec]) -> list[int | Exception]:
+        future: asyncio.Future[list[int | Exception]] = (
+            asyncio.get_running_loop().create_future())
+        self._queue.append(_QueuedGroup(puts, future))
+        if self._flushers < self._max_inflight:
+            self._flushers += 1
+            try:
+                # Shielded: other callers' results depend on this flush (each request
+                # carries a deadline, so the shield is bounded).
+                with anyio.CancelScope(shield=True):
+                    while self._queue:
+                        await self._flush(self._take())
+            finally:
+                self._flushers -= 1
+        return await future
+
+    def _take(self) -> list[_QueuedGroup]:
+        """Whole groups (never split) up to about ``max_batch`` puts."""
+        taken, size = 0, 0
+        while taken < len(self._queue) and (
+            taken == 0 or size + len(self._queue[taken].puts) <= self._max_batch
+        ):
+            size += len(self._queue[taken].puts)
+            taken += 1
+        groups = self._queue[:taken]
+        del self._queue[:taken]
+        return groups
+
+    async def _flush(self, groups: list[_QueuedGroup]) -> None:
+        client = self._store.client
+        puts = [p for g in groups for p in g.puts]
+        outcomes: list[int | Exception]
+        try:
+            outcomes = await self._store._call("write_batch", lambda: _write(client, puts))
+        except StorageUnavailable as exc:
+            outcomes = [exc] * len(puts)
+        metrics = self._store._metrics
+        metrics.oxia_batch_size.observe(len(puts))
+        for put, outcome in zip(puts, outcomes, strict=True):
+            op = "put" if put.expected_version is None else "cas"
+            kind = ("ok" if not isinstance(outcome, Exception) else
+                    "conflict" if isinstance(outcome, VersionMismatch) else "error")
+            metrics.oxia_puts.labels(op, kind).inc()
+        i = 0
+        for group in groups:
+            mine = outcomes[i:i + len(group.puts)]
+            i += len(group.puts)
+            if not group.future.done():
+                group.future.set_result(mine)
+
+
+@dataclass(frozen=True)
+class PutSpec:
+    """One put of a group: ``expected_version`` None (blind), a version (CAS) or
+    ``EXPECT_NOT_EXISTS`` (create-if-absent)."""
+
+    key: str
+    value: bytes
+    partition_key: str
+    expected_version: int | None = None
+
+
+@dataclass
+class _QueuedGroup:
+    puts: list[PutSpec]
+    future: asyncio.Future[list[int | Exception]]
+
+
+def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
+    """One Write request per shard for ``batch`` (runs in a worker thread)."""
+    from oxia.internal.proto.io.streamnative.oxia import proto as pb
+
+    by_shard: dict[int, tuple[Any, list[int]]] = {}
+    for i, item in enumerate(batch):
+        shard, stub = client._service_discovery.get_leader(item.key, item.partition_key)
+        by_shard.setdefault(shard, (stub, []))[1].append(i)
+    out: list[int | Exception] = [StorageUnavailable("not sent")] * len(batch)
+    for shard, (stub, indexes) in by_shard.items():
+        request = pb.WriteRequest(shard=shard, puts=[
+            pb.PutRequest(key=batch[i].key, value=batch[i].value,
+                          partition_key=batch[i].partition_key,
+                          expected_version_id=batch[i].expected_version)
+            for i in indexes
+        ])
+        try:
+            response = stub.write(request)
+        except grpc.RpcError as exc:
+            for i in indexes:
+                out[i] = StorageUnavailable(f"Oxia write to shard {shard} failed: {exc}")
+            continue
+        for i, result in zip(indexes, response.puts, strict=True):
+            if result.status == pb.Status.OK:
+                out[i] = int(result.version.version_id)
+            elif result.status == pb.Status.UNEXPECTED_VERSION_ID:
+                out[i] = VersionMismatch()
+            else:
+                out[i] = StorageUnavailable(f"Oxia put {batch[i].key}: status {result.status}")
+    return out

@@ -1,12 +1,12 @@
 """The writer: ``append_shared(groups)``, exactly the commit protocol of docs/protocol.md.
 
-Per append and partition the acknowledgement path costs one Oxia round trip in steady
-state (the ``meta/control`` CAS that installs the new ``pending``; control is cached).
-The index entry of that pending append is materialised right after, in the background,
-and any writer that finds a pending append it has not seen materialised writes its index
-entry (create-if-absent, so it is idempotent) before its own CAS replaces it. A crash at
-any point therefore loses nothing acknowledged and blocks nobody: a committed append is
-either still ``pending`` in control (readable from there) or in the index.
+An append costs one Oxia round trip per partition in steady state: one request that
+creates the index entry of the previous append still held in ``pending``
+(create-if-absent, so it is idempotent) and then CASes ``meta/control`` to install the
+new ``pending``; Oxia applies a request as one log entry, in order. Control values are
+cached, and concurrent puts of many partitions share requests (see OxiaStore). A crash
+at any point loses nothing acknowledged and blocks nobody: a committed append is either
+still ``pending`` in control (readable from there) or in the index.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from app.storage.errors import (
 )
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, VersionMismatch
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec, VersionMismatch
 from app.storage.records import (
     CompactionCursor,
     Control,
@@ -93,9 +93,8 @@ class CrashPoint(Exception):
 class LogWriter:
     """Appends record groups to many partitions through one shared WAL blob.
 
-    Used as an async context manager it owns a task group for background index
-    materialisation (off the acknowledgement path) and waits for it on exit; used
-    without, it materialises each index entry before returning.
+    It holds caches only (control records, initialised partitions) and runs no
+    background work; ``async with`` is accepted for symmetry with the store clients.
     """
 
     def __init__(
@@ -116,21 +115,15 @@ class LogWriter:
         self._initialised: set[TopicPartition] = set()
         self._controls: dict[TopicPartition, _CachedControl] = {}
         self._materialised: dict[TopicPartition, str] = {}
-        self._materialising: dict[tuple[TopicPartition, str], anyio.Event] = {}
         self._locks: dict[TopicPartition, anyio.Lock] = {}
-        self._tg: anyio.abc.TaskGroup | None = None
         # Tests pass a callable(step: str) that may raise CrashPoint to simulate a crash.
         self._crash_hook = crash_hook
 
     async def __aenter__(self) -> LogWriter:
-        self._tg = anyio.create_task_group()
-        await self._tg.__aenter__()
         return self
 
-    async def __aexit__(self, *exc: object) -> bool | None:
-        tg, self._tg = self._tg, None
-        assert tg is not None
-        return await tg.__aexit__(*exc)  # type: ignore[arg-type]
+    async def __aexit__(self, *exc: object) -> None:
+        return None
 
     def _step(self, name: str) -> None:
         if self._crash_hook is not None:
@@ -270,15 +263,6 @@ class LogWriter:
         """
         if self._materialised.get(tp) == pending.append_id:
             return
-        inflight = self._materialising.get((tp, pending.append_id))
-        if inflight is not None:
-            # Our own background put of this entry is under way: wait for it rather
-            # than spend a second round trip (if it fails we try ourselves below).
-            await inflight.wait()
-            if self._materialised.get(tp) == pending.append_id:
-                return
-        done = anyio.Event()
-        self._materialising[(tp, pending.append_id)] = done
         try:
             await self._oxia.put(
                 self._layout.index(tp, pending.end_offset),
@@ -288,16 +272,19 @@ class LogWriter:
             self._metrics.pending_materialised.labels(by).inc()
         except VersionMismatch:
             pass
-        finally:
-            del self._materialising[(tp, pending.append_id)]
-            done.set()
         self._step("after_index_put")
         self._materialised[tp] = pending.append_id
 
-    async def _materialise_in_background(self, tp: TopicPartition, pending: Pending) -> None:
-        # On failure the next writer, a repair or the compactor materialises it.
-        with contextlib.suppress(LogError):
-            await self._write_index(tp, pending, by="writer")
+    async def _check_previous_index(self, tp: TopicPartition, previous: Pending,
+                                    outcome: int | Exception) -> None:
+        """After a CAS that retired ``previous``: its index entry must exist now."""
+        if isinstance(outcome, int):
+            self._metrics.pending_materialised.labels("next_writer").inc()
+        elif not isinstance(outcome, VersionMismatch):  # not "already exists" either
+            # Cannot happen when Oxia applies the request as one entry; if it ever did,
+            # we still hold the retired append and write its entry now.
+            await self._write_index(tp, previous, by="next_writer")
+        self._materialised[tp] = previous.append_id
 
     async def commit(self, tp: TopicPartition, piece: _Slice) -> AppendResult:
         async with self._lock(tp):
@@ -326,11 +313,6 @@ class LogWriter:
                     return seen.result(tp, self._layout)
             if control.fenced:
                 raise PartitionFenced(f"{tp} is fenced: appends are refused")
-            if pending is not None:
-                # The previous append may not be in the index yet: put it there before
-                # our CAS replaces it in control (protocol steps 2.3 for that append).
-                await self._write_index(tp, pending, by="next_writer")
-                self._step("after_previous_index_put")
             start = control.sequence_counter + 1
             mine = Pending(
                 append_id=append_id,
@@ -347,30 +329,38 @@ class LogWriter:
             if piece.idempotency_key is not None:
                 extra[IDEMPOTENCY_FIELD] = _remember(control, piece.idempotency_key, mine)
             updated = Control(control.log_state, mine.end_offset, mine, extra)
-            try:
-                version = await self._oxia.put(
-                    self._layout.control(tp), updated.to_json(), tp.partition_key,
-                    expected_version=cached.version,
-                )
-            except VersionMismatch:
+            # The previous append's index entry goes first in the same Oxia request as
+            # our CAS: Oxia applies one request as one log entry, in order, so the CAS
+            # can never retire a pending append whose index entry does not exist.
+            puts = []
+            materialise = pending is not None and self._materialised.get(tp) != pending.append_id
+            if materialise:
+                assert pending is not None
+                puts.append(PutSpec(self._layout.index(tp, pending.end_offset),
+                                    pending.index_entry().to_json(), tp.partition_key,
+                                    EXPECT_NOT_EXISTS))
+            puts.append(PutSpec(self._layout.control(tp), updated.to_json(), tp.partition_key,
+                                cached.version))
+            outcomes = await self._oxia.put_group(puts)
+            outcome = outcomes[-1]
+            if isinstance(outcome, VersionMismatch):
                 self._metrics.cas_conflicts.inc()
                 if attempt >= 2:
                     await anyio.sleep(random.uniform(0, min(0.05, 0.002 * attempt)))
                 cached = await self._read_control(tp)
                 continue
-            except StorageUnavailable:
+            if isinstance(outcome, Exception):
                 # The CAS may or may not have been applied: remember it and find out.
                 in_doubt.append((cached.version, mine.end_offset))
                 self._controls.pop(tp, None)
                 cached = await self._read_control(tp)
                 continue
             # Committed: the records are durable and readable from here on.
-            self._controls[tp] = _CachedControl(updated, version)
+            self._controls[tp] = _CachedControl(updated, outcome)
+            if materialise:
+                assert pending is not None
+                await self._check_previous_index(tp, pending, outcomes[0])
             self._step("after_pending_cas")
-            if self._tg is not None:
-                self._tg.start_soon(self._materialise_in_background, tp, mine)
-            else:  # not entered as a context manager: no background work, do it now
-                await self._materialise_in_background(tp, mine)
             return self._result(tp, mine)
         raise CommitConflict(
             f"{tp}: gave up after {self._max_attempts} compare-and-set attempts on "
