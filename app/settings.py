@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     oxia_session_timeout_ms: int = Field(default=15_000, ge=2_000, le=300_000)
     oxia_request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     oxia_max_threads: int = Field(default=32, ge=1, le=512)
+    oxia_max_inflight_writes: int = Field(default=2, ge=1, le=64)
 
     # Object store.
     s3_endpoint: str | None = "http://127.0.0.1:9000"
@@ -66,6 +67,7 @@ class Settings(BaseSettings):
     batch_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1, le=1024 * 1024 * 1024)
     batch_max_delay_ms: int = Field(default=5, ge=0, le=60_000)
     batch_buffer_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
+    batch_max_inflight: int = Field(default=8, ge=1, le=256)
 
     # Request limits.
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)

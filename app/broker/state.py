@@ -153,6 +153,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                     max_bytes=s.batch_max_bytes,
                     max_delay_s=s.batch_max_delay_ms / 1000,
                     buffer_max_bytes=s.batch_buffer_max_bytes,
+                    max_inflight_flushes=s.batch_max_inflight,
                     metrics=BatcherMetrics(state.registry),
                     on_committed=on_committed,
                 )

@@ -10,6 +10,7 @@ tail" answer cannot be trusted for it.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -18,7 +19,6 @@ from typing import Any
 
 import anyio
 import anyio.abc
-import anyio.from_thread
 
 from app.storage.keys import KeyLayout, TopicPartition
 
@@ -107,9 +107,11 @@ class OxiaChangeListener:
         self._is_own = is_own_version
         self._notifications: Any = None
         self._stopping = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
+        self._loop = asyncio.get_running_loop()
         self._notifications = await anyio.to_thread.run_sync(self._client.get_notifications)
         task_status.started()
         try:
@@ -137,10 +139,12 @@ class OxiaChangeListener:
             tp = self._layout.parse_control_key(key)
             if tp is None:
                 continue
-            version = n.version_id()
+            # Fire and forget: this thread never waits for the event loop, so a burst
+            # of writes costs the loop one cheap callback each and nothing more.
             try:
-                anyio.from_thread.run_sync(self._deliver, tp, version)
-            except RuntimeError:  # the event loop is gone: shutting down
+                assert self._loop is not None
+                self._loop.call_soon_threadsafe(self._deliver, tp, n.version_id())
+            except RuntimeError:  # the event loop is closed: shutting down
                 return
 
     def _deliver(self, tp: TopicPartition, version: int | None) -> None:

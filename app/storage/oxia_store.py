@@ -101,7 +101,7 @@ class OxiaStore:
         self._limiter = anyio.CapacityLimiter(settings.oxia_max_threads)
         self._client: Any = None
         self._timeout = settings.oxia_request_timeout_s
-        self._puts = _PutCoalescer(self)
+        self._puts = _PutCoalescer(self, max_inflight=settings.oxia_max_inflight_writes)
 
     @property
     def limiter(self) -> anyio.CapacityLimiter:
