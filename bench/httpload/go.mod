@@ -1,0 +1,3 @@
+module llog.local/httpload
+
+go 1.22
