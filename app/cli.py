@@ -118,6 +118,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_loadtest(args: argparse.Namespace) -> int:
+    from app.loadtest.cli import main as loadtest_main
+
+    return loadtest_main(list(args.args))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="llog", description="leaderless-log broker tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -136,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
 
+    loadtest = sub.add_parser(
+        "loadtest", help="load-test scenarios: up|status|precreate|run|down|verify|report|list",
+        add_help=False,
+    )
+    loadtest.add_argument("args", nargs=argparse.REMAINDER)
+    loadtest.set_defaults(func=cmd_loadtest)
+
     servers = sub.add_parser("servers", help="manage the Go-built Oxia and MinIO binaries")
     servers_sub = servers.add_subparsers(dest="servers_command", required=True)
     build = servers_sub.add_parser("build", help="build (or find cached) server binaries")
@@ -143,7 +156,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Subcommands with their own argument parsers: everything after the name is theirs.
+PASS_THROUGH = {"loadtest": cmd_loadtest}
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in PASS_THROUGH:
+        return PASS_THROUGH[argv[0]](argparse.Namespace(args=argv[1:]))
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))

@@ -1,0 +1,1 @@
+"""Load tests: scenarios, orchestrator, routing, collector, summary and report (`llog loadtest`)."""

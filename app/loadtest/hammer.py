@@ -1,0 +1,119 @@
+"""The Go load generator (deploy/loadtest/hammer): build, configure, run.
+
+Built with the machine's ``go`` (standard library only, so no module download) into
+``.llog/bin/hammer-<digest>``, where the digest covers the sources and the Go version, so
+an edit rebuilds and an unchanged tree starts at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from app.loadtest import rundir
+from app.loadtest.rundir import RunDir
+from app.loadtest.scenario import Scenario
+from app.localstack.binaries import DEFAULT_CACHE_DIR, REPO_ROOT
+
+HAMMER_SRC = REPO_ROOT / "deploy" / "loadtest" / "hammer"
+
+
+class HammerError(RuntimeError):
+    """The hammer could not be built or failed."""
+
+
+def _cache_dir() -> Path:
+    configured = os.environ.get("LLOG_BIN_CACHE_DIR")
+    return Path(configured) if configured else DEFAULT_CACHE_DIR
+
+
+def _go() -> str:
+    go = shutil.which("go") or ("/usr/local/go/bin/go"
+                               if Path("/usr/local/go/bin/go").exists() else None)
+    if go is None:
+        raise HammerError("the load generator needs Go (go 1.24 or newer) on PATH")
+    return go
+
+
+def source_digest(go: str) -> str:
+    h = hashlib.sha256()
+    for path in sorted(HAMMER_SRC.iterdir()):
+        if path.suffix == ".go" or path.name in ("go.mod", "go.sum"):
+            if path.name.endswith("_test.go"):
+                continue
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    version = subprocess.run([go, "version"], capture_output=True, text=True, check=False)
+    h.update(version.stdout.encode())
+    return h.hexdigest()[:12]
+
+
+def build_hammer() -> Path:
+    """The hammer binary, built if missing (serialised by a lock file)."""
+    go = _go()
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    binary = cache / f"hammer-{source_digest(go)}"
+    if binary.exists():
+        return binary
+    with (cache / ".hammer.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if binary.exists():
+            return binary
+        tmp = binary.with_name(binary.name + ".tmp")
+        env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+        if "GOCACHE" not in env and "HOME" not in env:
+            env["GOCACHE"] = str(cache / ".go-build-cache")
+        result = subprocess.run([go, "build", "-trimpath", "-o", str(tmp), "."],
+                                cwd=HAMMER_SRC, env=env, capture_output=True, text=True,
+                                check=False)
+        if result.returncode != 0:
+            raise HammerError(f"building the hammer failed (go build in {HAMMER_SRC}):\n"
+                              f"{result.stderr.strip()}")
+        tmp.replace(binary)
+    return binary
+
+
+def hammer_config(run: RunDir, scenario: Scenario, stack: dict[str, Any],
+                  manifest: dict[str, Any]) -> dict[str, Any]:
+    w, c = scenario.workload, scenario.consumer
+    return {
+        "run_id": run.run_id,
+        "brokers": [{"id": b["id"], "url": b["url"], "write": "write" in b["roles"],
+                     "read": "read" in b["roles"]} for b in stack["brokers"]],
+        "partitions": manifest["partitions"],
+        "policy": scenario.routing.policy,
+        "mode": w.mode,
+        "connections": w.connections,
+        "rate": w.rate,
+        "duration_s": w.duration_s,
+        "warmup_s": w.warmup_s,
+        "record_bytes": w.record_bytes,
+        "records_per_request": w.records_per_request,
+        "request_timeout_s": w.request_timeout_s,
+        "max_retries": w.max_retries,
+        "interval_s": scenario.hammer.interval_s,
+        "down_backoff_ms": scenario.hammer.down_backoff_ms,
+        "consumer": {"enabled": c.enabled, "max_wait_ms": c.max_wait_ms,
+                     "max_partitions_per_request": c.max_partitions_per_request,
+                     "max_bytes": c.max_bytes, "drain_timeout_s": c.drain_timeout_s},
+        "out": {"dir": str(run.path), "client_intervals": rundir.CLIENT_INTERVALS,
+                "client_summary": rundir.CLIENT_SUMMARY, "remap_events": rundir.REMAP_EVENTS,
+                "acked": rundir.ACKED if scenario.hammer.record_acks else ""},
+    }
+
+
+def start_hammer(binary: Path, run: RunDir, config: dict[str, Any]) -> subprocess.Popen[bytes]:
+    path = run / rundir.HAMMER_CONFIG
+    rundir.write_json(path, config)
+    log = (run.logs / "hammer.log").open("ab")
+    try:
+        return subprocess.Popen([str(binary), "-config", str(path)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=run.path)
+    finally:
+        log.close()

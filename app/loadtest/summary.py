@@ -1,0 +1,255 @@
+"""summary.json: broker totals, client summary, artifacts, reconciliation, headline."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from app.loadtest import rundir
+from app.loadtest.rundir import RunDir, read_json, read_jsonl
+from app.loadtest.scenario import Scenario
+
+
+def delta(final: dict[str, Any], baseline: dict[str, Any]) -> dict[str, Any]:
+    """``final - baseline`` of aggregated totals (what this run's load added)."""
+    out: dict[str, Any] = {}
+    for key, value in final.items():
+        base = baseline.get(key)
+        if isinstance(value, dict):
+            base = base if isinstance(base, dict) else {}
+            out[key] = {k: v - base.get(k, 0.0) for k, v in value.items()}
+        elif isinstance(value, int | float):
+            out[key] = value - (base if isinstance(base, int | float) else 0.0)
+    return out
+
+
+def _cpu(samples: list[dict[str, Any]], prefix: str) -> float | None:
+    """Average CPU % over the run of the processes whose name starts with ``prefix``."""
+    total = 0.0
+    found = False
+    names = {n for s in samples for n in s.get("processes", {}) if n.startswith(prefix)}
+    for name in names:
+        alive = [s for s in samples if s["processes"].get(name, {}).get("alive")]
+        if len(alive) < 2:
+            continue
+        first, last = alive[0], alive[-1]
+        dt = last["ts"] - first["ts"]
+        if dt > 0:
+            found = True
+            total += 100 * (last["processes"][name]["cpu_s"]
+                            - first["processes"][name]["cpu_s"]) / dt
+    return round(total, 1) if found else None
+
+
+def _host_cpu(samples: list[dict[str, Any]]) -> float | None:
+    values = [s["host"]["cpu_pct"] for s in samples[1:] if "cpu_pct" in s.get("host", {})]
+    return round(sum(values) / len(values), 1) if values else None
+
+
+def _r(value: float | None, digits: int = 2) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def build_summary(run: RunDir, scenario: Scenario, samples: list[dict[str, Any]],
+                  extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Everything an auditor needs, from the run's artifacts (``samples``: the collector's
+    samples of this run, the first one taken before the hammer started)."""
+    extra = extra or {}
+    warnings: list[str] = []
+    client: dict[str, Any] = {}
+    if (run / rundir.CLIENT_SUMMARY).is_file():
+        client = read_json(run / rundir.CLIENT_SUMMARY)
+    else:
+        warnings.append("client-summary.json is missing: the hammer did not finish")
+    baseline = samples[0]["aggregate"] if samples else {}
+    final_sample = samples[-1] if samples else {"brokers": {}, "aggregate": {}}
+    d = delta(final_sample.get("aggregate", {}), baseline)
+
+    # Per-broker totals at the end (last successful scrape).
+    brokers: dict[str, Any] = {}
+    for bid, entry in final_sample.get("brokers", {}).items():
+        last_good = next((s for s in reversed(samples)
+                          if s["brokers"].get(bid, {}).get("up")), None)
+        brokers[bid] = {
+            "up_at_end": bool(entry.get("up")),
+            "last_scraped_at": last_good["ts"] if last_good else None,
+            "totals": last_good["brokers"][bid]["totals"] if last_good else None,
+        }
+        if not entry.get("up"):
+            warnings.append(f"broker {bid} was not reachable at the final sample; its totals "
+                            "are from its last successful scrape and may miss its last writes")
+
+    produce = client.get("produce", {})
+    acked_records = int(produce.get("acked_records", 0))
+    acked_bytes = int(produce.get("acked_bytes", 0))
+    accepted_records = int(d.get("produce_records", 0))
+    accepted_bytes = int(d.get("produce_bytes", 0))
+    client_200 = int(produce.get("statuses", {}).get("200", 0))
+    broker_200 = int(d.get("produce_requests_by_status", {}).get("200", 0))
+    flushes = int(d.get("batcher_flushes", 0))
+    puts_ok = int(d.get("s3_put_ok", 0))
+    puts_total = int(d.get("s3_put_total", 0))
+    # A compaction run that selected a candidate writes one compacted blob (one PUT).
+    compaction_puts = int(d.get("compaction", {}).get("compaction_candidates_total", 0))
+    puts_ok_expected = flushes <= puts_ok <= flushes + compaction_puts
+    reconciliation = {
+        "client_acked_records": acked_records,
+        "broker_accepted_records": accepted_records,
+        "records_diff": accepted_records - acked_records,
+        "client_acked_bytes": acked_bytes,
+        "broker_accepted_bytes": accepted_bytes,
+        "bytes_diff": accepted_bytes - acked_bytes,
+        "client_200_responses": client_200,
+        "broker_200_responses": broker_200,
+        "batcher_flushes": flushes,
+        "s3_puts_ok": puts_ok,
+        "s3_puts_total": puts_total,
+        "s3_puts_per_flush": _r(puts_ok / flushes, 3) if flushes else None,
+        "compaction_candidates": compaction_puts,
+        "exact": True,
+    }
+    exact_conditions = []
+    if scenario.brokers.workers > 1:
+        exact_conditions.append(
+            f"brokers run {scenario.brokers.workers} workers each and /metrics is per worker "
+            "process: broker totals cover only the worker that answered each scrape")
+    if any(not b["up_at_end"] for b in brokers.values()):
+        exact_conditions.append("a broker was down at the end")
+    reconciliation["exact"] = not exact_conditions
+    warnings.extend(exact_conditions)
+    if acked_records != accepted_records:
+        warnings.append(f"records: client acknowledged {acked_records}, brokers accepted "
+                        f"{accepted_records} (diff {accepted_records - acked_records:+d})")
+    if acked_bytes != accepted_bytes:
+        warnings.append(f"bytes: client acknowledged {acked_bytes}, brokers accepted "
+                        f"{accepted_bytes} (diff {accepted_bytes - acked_bytes:+d})")
+    if client_200 != broker_200:
+        warnings.append(f"200 responses: client saw {client_200}, brokers sent {broker_200}")
+    if not puts_ok_expected:
+        warnings.append(f"S3 PUTs ({puts_ok} ok, {puts_total} total) do not match batcher "
+                        f"flushes ({flushes}) plus compaction candidates ({compaction_puts}); "
+                        "each flush writes one shared WAL blob, each compaction one blob")
+    reconciliation["records_match"] = acked_records == accepted_records
+    reconciliation["bytes_match"] = acked_bytes == accepted_bytes
+    reconciliation["puts_match_flushes"] = puts_ok_expected
+    reconciliation["ok"] = bool(reconciliation["records_match"] and reconciliation["bytes_match"]
+                                and reconciliation["puts_match_flushes"])
+
+    errors = produce.get("errors", {})
+    if errors:
+        warnings.append(f"produce errors: {errors}")
+    verify = extra.get("verify")
+    if verify is not None and not verify.get("ok"):
+        warnings.append(f"read-back: {verify.get('missing')} acknowledged records missing, "
+                        f"{verify.get('mismatched')} different")
+
+    remaps = read_jsonl(run / rundir.REMAP_EVENTS)
+    faults = read_jsonl(run / rundir.FAULTS)
+    headline = _headline(scenario, client, d, samples, reconciliation)
+    return {
+        "version": 1,
+        "run_id": run.run_id,
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "generated_at": time.time(),
+        "headline": headline,
+        "client": client,
+        "brokers": brokers,
+        "broker_totals_delta": d,
+        "reconciliation": reconciliation,
+        "verify": verify,
+        "remap_events": {"count": len(remaps),
+                         "remaps": sum(1 for e in remaps if e.get("event") == "remap")},
+        "faults": faults,
+        "collector_samples": len(samples),
+        "warnings": warnings,
+        **{k: v for k, v in extra.items() if k != "verify"},
+    }
+
+
+def _headline(scenario: Scenario, client: dict[str, Any], d: dict[str, Any],
+              samples: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]:
+    w = scenario.workload
+    produce = client.get("produce", {})
+    lat = produce.get("latency_ms", {})
+    e2e = client.get("consume", {}).get("e2e_latency_ms", {})
+    secs = float(client.get("duration_s") or w.duration_s)
+    acked = int(produce.get("acked_records", 0))
+    flushes = float(d.get("batcher_flushes", 0))
+    requests = int(produce.get("requests", 0))
+    failed = sum(int(v) for v in produce.get("errors", {}).values())
+    cost = float(d.get("s3_estimated_request_cost_usd", 0.0))
+    return {
+        "scenario": scenario.name,
+        "mode": w.mode if w.mode == "closed" else f"open {w.rate:g} req/s",
+        "brokers": f"{scenario.brokers.count}x{scenario.brokers.workers}",
+        "partitions": scenario.partition_count,
+        "record_bytes": w.record_bytes,
+        "records_per_request": w.records_per_request,
+        "connections": w.connections,
+        "batch": f"{scenario.batch.max_bytes}B/{scenario.batch.max_delay_ms}ms",
+        "routing": f"{scenario.routing.policy} k={scenario.routing.owner_set_size}",
+        "duration_s": _r(secs, 1),
+        "acked_records": acked,
+        "acked_records_per_s": _r(produce.get("records_per_s"), 1),
+        "acked_mib_per_s": _r(produce.get("mib_per_s"), 3),
+        "produce_p50_ms": lat.get("p50"),
+        "produce_p99_ms": lat.get("p99"),
+        "produce_p999_ms": lat.get("p999"),
+        "produce_max_ms": lat.get("max"),
+        "e2e_p50_ms": e2e.get("p50"),
+        "e2e_p99_ms": e2e.get("p99"),
+        "failed_requests": failed,
+        "error_rate": _r(failed / requests, 5) if requests else None,
+        "flushes_per_s": _r(flushes / secs, 1) if secs else None,
+        "records_per_flush": _r(acked / flushes, 1) if flushes else None,
+        "s3_puts_per_s": _r(d.get("s3_put_total", 0) / secs, 1) if secs else None,
+        "oxia_requests_per_s": _r(d.get("oxia_requests_total", 0) / secs, 1) if secs else None,
+        "s3_request_cost_usd": _r(cost, 6),
+        "s3_cost_per_million_records_usd": _r(cost / acked * 1e6, 4) if acked else None,
+        "broker_cpu_pct": _cpu(samples, "broker:"),
+        "oxia_cpu_pct": _cpu(samples, "oxia"),
+        "minio_cpu_pct": _cpu(samples, "minio"),
+        "hammer_cpu_pct": _cpu(samples, "hammer"),
+        "host_cpu_pct": _host_cpu(samples),
+        "reconciled": rec.get("ok"),
+    }
+
+
+def artifact_presence(run: RunDir, scenario: Scenario) -> dict[str, bool]:
+    names = [rundir.RESOLVED, rundir.STACK, rundir.MANIFEST, rundir.GIT, rundir.ENVIRONMENT,
+             rundir.HAMMER_CONFIG, rundir.CLIENT_INTERVALS, rundir.CLIENT_SUMMARY,
+             rundir.REMAP_EVENTS, rundir.METRICS, rundir.METRICS_FINAL, rundir.FILE_SD,
+             rundir.PROMETHEUS, rundir.REPORT, rundir.SUMMARY]
+    stack = run.stack()
+    if stack.get("precreated"):
+        names.append(rundir.PRECREATE)
+    if scenario.hammer.record_acks:
+        names += [rundir.ACKED, rundir.VERIFY]
+    if scenario.faults:
+        names.append(rundir.FAULTS)
+    out = {name: (run / name).is_file() for name in names}
+    out["logs/"] = run.logs.is_dir() and any(run.logs.iterdir())
+    return out
+
+
+def headline_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of headline dicts (one column per run)."""
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    lines = ["| | " + " | ".join(str(r.get("scenario")) for r in rows) + " |",
+             "|---|" + "---|" * len(rows)]
+    for key in keys:
+        if key == "scenario":
+            continue
+        lines.append(f"| {key} | " + " | ".join(_fmt(r.get(key)) for r in rows) + " |")
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)

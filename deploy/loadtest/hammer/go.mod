@@ -1,0 +1,3 @@
+module llog.local/loadtest/hammer
+
+go 1.24

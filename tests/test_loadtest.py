@@ -1,0 +1,214 @@
+"""Load-test tooling without servers: scenarios, routing, reconciliation, report, hammer."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.loadtest import rundir
+from app.loadtest.collector import aggregate, broker_totals
+from app.loadtest.hammer import HAMMER_SRC
+from app.loadtest.report import line_chart, render_report
+from app.loadtest.routing import build_manifest, owner_set
+from app.loadtest.rundir import RunDir
+from app.loadtest.scenario import (
+    SCENARIO_DIR,
+    ScenarioError,
+    from_resolved,
+    load_scenario,
+    parse_override,
+    parse_scenario,
+    resolved,
+)
+from app.loadtest.summary import build_summary, delta, headline_table
+from app.loadtest.verify import fnv1a64
+
+SCENARIOS = sorted(p.stem for p in SCENARIO_DIR.iterdir() if p.suffix in (".toml", ".json"))
+
+
+# -- scenarios -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_every_shipped_scenario_is_valid_and_round_trips(name: str) -> None:
+    scenario = load_scenario(name)
+    doc = resolved(scenario)
+    again = from_resolved(json.loads(json.dumps(doc)))
+    assert resolved(again) == doc
+    assert again.routing_seed == scenario.routing_seed
+    assert [b["id"] for b in doc["broker_layout"]] == scenario.broker_ids()
+    info = scenario.metrics_info("run-1")
+    assert all(isinstance(v, str | int | float) for v in info.values())
+
+
+def test_shipped_scenarios_include_smoke_and_benchmarks() -> None:
+    assert "smoke" in SCENARIOS
+    assert any(name.startswith("bench") for name in SCENARIOS)
+    smoke = load_scenario("smoke")
+    assert smoke.workload.duration_s <= 5 and smoke.hammer.record_acks
+    assert smoke.brokers.count > smoke.routing.owner_set_size  # remaps are observable
+
+
+def test_overrides_and_errors() -> None:
+    scenario = load_scenario("smoke", dict([parse_override("workload.duration_s=1.5"),
+                                            parse_override("routing.policy=least_inflight")]))
+    assert scenario.workload.duration_s == 1.5
+    assert scenario.routing.policy == "least_inflight"
+    with pytest.raises(ScenarioError, match="owner_set_size"):
+        parse_scenario({"name": "x", "brokers": {"count": 2}, "routing": {"owner_set_size": 3}})
+    with pytest.raises(ScenarioError, match="workload.bogus"):
+        parse_scenario({"name": "x", "workload": {"bogus": 1}})
+    with pytest.raises(ScenarioError, match="rate"):
+        parse_scenario({"name": "x", "workload": {"mode": "open"}})
+    with pytest.raises(ScenarioError, match="kill_broker|no broker"):
+        parse_scenario({"name": "x", "faults": [{"at_s": 1, "kill_broker": "b9"}]})
+    with pytest.raises(ScenarioError, match="no scenario"):
+        load_scenario("does-not-exist")
+
+
+# -- routing -------------------------------------------------------------------------
+
+
+def test_routing_manifest_is_deterministic_for_a_seed() -> None:
+    data = {"name": "r", "seed": 11, "brokers": {"count": 5},
+            "topics": [{"name": "a", "partitions": 40}, {"name": "b", "partitions": 8}],
+            "routing": {"owner_set_size": 2}}
+    first = build_manifest(parse_scenario(data))
+    again = build_manifest(parse_scenario(json.loads(json.dumps(data))))
+    assert first == again
+    other = build_manifest(parse_scenario({**data, "seed": 12}))
+    assert [p["owners"] for p in first["partitions"]] != [p["owners"] for p in other["partitions"]]
+    assert len(first["partitions"]) == 48
+    for p in first["partitions"]:
+        assert len(p["owners"]) == 2 == len(set(p["owners"]))
+        assert set(p["owners"]) <= set(first["writers"])
+    # Every broker owns some partitions: rendezvous spreads the load.
+    assert all(v["owned"] > 0 for v in first["load"].values())
+
+
+def test_rendezvous_changes_only_sets_that_held_a_removed_broker() -> None:
+    brokers = [f"b{i}" for i in range(1, 7)]
+    for p in range(200):
+        full = owner_set(5, "t", p, brokers, 3)
+        without = owner_set(5, "t", p, [b for b in brokers if b != "b4"], 3)
+        if "b4" not in full:
+            assert without == full
+        else:
+            assert [b for b in full if b != "b4"] == without[:2]
+
+
+def test_routing_respects_roles() -> None:
+    scenario = parse_scenario({"name": "roles", "brokers": {
+        "count": 3, "roles_by_broker": {"b3": ["read"]}}, "routing": {"owner_set_size": 2}})
+    manifest = build_manifest(scenario)
+    assert manifest["writers"] == ["b1", "b2"]
+    assert all("b3" not in p["owners"] for p in manifest["partitions"])
+
+
+# -- collector, reconciliation, report -------------------------------------------------
+
+
+def _metrics(records: float, flushes: float, puts: float) -> dict[str, Any]:
+    return {"broker_id": "b", "metrics": {
+        "llog_produce_records_total": {"": records},
+        "llog_produce_bytes_total": {"": records * 10},
+        "llog_produce_requests_total": {"status=200": records / 5},
+        "llog_batcher_flushes_total": {"": flushes},
+        "llog_s3_requests_total": {"op=put,outcome=ok": puts, "op=list,outcome=ok": 1.0},
+        "llog_oxia_requests_total": {"op=write_batch,outcome=ok": 3 * flushes},
+        "llog_s3_stored_bytes": {"": 1000.0},
+        "llog_s3_estimated_request_cost_usd": {"": 0.01},
+    }}
+
+
+def test_broker_totals_and_aggregate() -> None:
+    a = broker_totals(_metrics(100, 10, 10))
+    b = broker_totals(_metrics(50, 5, 5))
+    assert a["produce_records"] == 100 and a["s3_put_ok"] == 10
+    assert a["oxia_requests"] == {"write_batch:ok": 30}
+    total = aggregate({"b1": a, "b2": b})
+    assert total["produce_records"] == 150
+    assert total["s3_requests"]["put:ok"] == 15
+    assert total["s3_stored_bytes"] == 1000  # bucket-wide: max, not sum
+    assert delta(total, aggregate({"b1": broker_totals(_metrics(20, 2, 2))}))[
+        "produce_records"] == 130
+
+
+def _fake_run(tmp_path: Path, acked: int, accepted: int, puts: int) -> RunDir:
+    run = RunDir(tmp_path / "run")
+    run.logs.mkdir(parents=True)
+    (run.logs / "x.log").write_text("x")
+    scenario = load_scenario("smoke")
+    rundir.write_json(run / rundir.RESOLVED, resolved(scenario))
+    rundir.write_json(run / rundir.STACK, {"brokers": []})
+    rundir.write_json(run / rundir.CLIENT_SUMMARY, {
+        "duration_s": 3.0, "produce": {"acked_records": acked, "acked_bytes": acked * 10,
+                                       "requests": acked // 5, "statuses": {"200": acked // 5},
+                                       "errors": {}, "records_per_s": acked / 3,
+                                       "latency_ms": {"p50": 1.0, "p99": 2.0}}})
+    samples = []
+    for i, (records, flushes) in enumerate(((0, 0), (accepted, 10))):
+        totals = broker_totals(_metrics(records, flushes, puts if i else 0))
+        samples.append({"ts": 100.0 + i, "brokers": {"b1": {"up": True, "totals": totals}},
+                        "aggregate": aggregate({"b1": totals}), "processes": {}, "host": {}})
+    with (run / rundir.METRICS).open("w") as out:
+        for s in samples:
+            out.write(json.dumps(s) + "\n")
+    return run
+
+
+def test_summary_reconciles_and_warns(tmp_path: Path) -> None:
+    scenario = load_scenario("smoke")
+    good = _fake_run(tmp_path / "good", 500, 500, 10)
+    summary = build_summary(good, scenario, rundir.read_jsonl(good / rundir.METRICS))
+    assert summary["reconciliation"]["ok"], summary["warnings"]
+    assert summary["warnings"] == []
+    assert summary["headline"]["acked_records"] == 500
+    assert summary["headline"]["records_per_flush"] == 50
+    bad = _fake_run(tmp_path / "bad", 500, 480, 9)
+    summary = build_summary(bad, scenario, rundir.read_jsonl(bad / rundir.METRICS))
+    assert not summary["reconciliation"]["ok"]
+    assert summary["reconciliation"]["records_diff"] == -20
+    text = " ".join(summary["warnings"])
+    assert "records" in text and "S3 PUTs" in text
+    assert "| acked_records | 500 |" in headline_table([summary["headline"]])
+
+
+def test_report_is_self_contained(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path, 500, 500, 10)
+    summary = build_summary(run, load_scenario("smoke"), rundir.read_jsonl(run / rundir.METRICS))
+    page = render_report(run, summary, run.resolved())
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page
+    for external in ("<script src", "<link", "http://", "https://", "@import"):
+        assert external not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
+    assert "no data" in line_chart("empty", [("a", [])], "x")
+
+
+def test_fnv1a64_matches_the_hammer() -> None:
+    assert fnv1a64(b"") == 0xCBF29CE484222325
+    assert fnv1a64(b"a") == 0xAF63DC4C8601EC8C
+    assert fnv1a64(b"foobar") == 0x85944171F73967E8
+
+
+# -- the Go hammer ---------------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go")
+def test_hammer_go_tests_and_vet() -> None:
+    result = subprocess.run(["go", "vet", "./..."], cwd=HAMMER_SRC, capture_output=True,
+                            text=True, env={**_go_env()}, check=False)
+    assert result.returncode == 0, result.stderr
+    result = subprocess.run(["go", "test", "./..."], cwd=HAMMER_SRC, capture_output=True,
+                            text=True, env={**_go_env()}, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _go_env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
