@@ -1,0 +1,154 @@
+"""The produce batcher's logic, with a fake append in place of storage."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import anyio
+import pytest
+
+from app.batching.batcher import Batcher
+from app.batching.errors import BackPressureRejected, BatcherClosed
+from app.storage.errors import LogError, StorageUnavailable
+from app.storage.keys import TopicPartition
+from app.storage.writer import AppendGroup, AppendResult
+
+A, B = TopicPartition("a", 0), TopicPartition("b", 1)
+
+
+class FakeLog:
+    """Assigns offsets like the writer; can be held (to fill the buffer) or broken."""
+
+    def __init__(self) -> None:
+        self.offsets: dict[TopicPartition, int] = {}
+        self.calls: list[list[AppendGroup]] = []
+        self.release = anyio.Event()
+        self.hold = False
+        self.entered = anyio.Event()
+        self.fail_with: BaseException | None = None
+
+    async def append(self, groups: Sequence[AppendGroup]) -> list[AppendResult | LogError]:
+        self.calls.append(list(groups))
+        self.entered.set()
+        if self.hold:
+            await self.release.wait()
+        if self.fail_with is not None:
+            raise self.fail_with
+        out: list[AppendResult | LogError] = []
+        for g in groups:
+            start = self.offsets.get(g.tp, 0) + 1
+            end = start + len(g.records) - 1
+            self.offsets[g.tp] = end
+            out.append(AppendResult(g.tp, start, end, len(g.records), f"idx/{end}", "s3://b/k"))
+        return out
+
+
+def batcher(log: FakeLog, **kw: object) -> Batcher:
+    options: dict[str, object] = {"max_bytes": 1 << 20, "max_delay_s": 0.05,
+                                  "buffer_max_bytes": 1 << 20}
+    options.update(kw)
+    return Batcher(log.append, **options)  # type: ignore[arg-type]
+
+
+async def test_concurrent_requests_share_one_flush_and_get_their_own_offsets() -> None:
+    log = FakeLog()
+    b = batcher(log, max_delay_s=1.0, max_bytes=10)
+    answers: dict[str, list[AppendResult | LogError]] = {}
+    all_answered = anyio.Event()
+
+    async def submit(name: str, groups: list[AppendGroup]) -> None:
+        answers[name] = await b.submit(groups)
+        if len(answers) == 3:
+            all_answered.set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        tg.start_soon(submit, "one", [AppendGroup(A, [b"a1", b"a2"]), AppendGroup(B, [b"b1"])])
+        tg.start_soon(submit, "two", [AppendGroup(A, [b"a3"])])
+        tg.start_soon(submit, "three", [AppendGroup(A, [b"a4", b"a5"])])  # reaches max_bytes
+        with anyio.fail_after(5):
+            await all_answered.wait()
+        b.close()
+
+    assert len(log.calls) == 1  # one flush, one aggregated group per partition
+    assert [(g.tp, list(g.records)) for g in log.calls[0]] == [
+        (A, [b"a1", b"a2", b"a3", b"a4", b"a5"]), (B, [b"b1"])]
+    one_a, one_b = answers["one"]
+    assert isinstance(one_a, AppendResult) and (one_a.start_offset, one_a.end_offset) == (1, 2)
+    assert isinstance(one_b, AppendResult) and (one_b.start_offset, one_b.end_offset) == (1, 1)
+    (two,) = answers["two"]
+    assert isinstance(two, AppendResult) and (two.start_offset, two.end_offset) == (3, 3)
+    (three,) = answers["three"]
+    assert isinstance(three, AppendResult) and (three.start_offset, three.end_offset) == (4, 5)
+
+
+async def test_a_full_buffer_refuses_new_work() -> None:
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, buffer_max_bytes=4)
+    results: list[object] = []
+    answered = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+
+        async def first() -> None:
+            results.append(await b.submit([AppendGroup(A, [b"1234"])]))
+            answered.set()
+
+        tg.start_soon(first)
+        with anyio.fail_after(5):
+            await log.entered.wait()  # the first flush holds 4 bytes in flight
+        with pytest.raises(BackPressureRejected):
+            await b.submit([AppendGroup(A, [b"x"])])
+        log.release.set()
+        with anyio.fail_after(5):
+            await answered.wait()
+        b.close()
+    assert isinstance(results[0], list) and isinstance(results[0][0], AppendResult)
+
+
+async def test_close_flushes_what_is_buffered_and_then_refuses() -> None:
+    log = FakeLog()
+    b = batcher(log, max_delay_s=60)  # only close() can make it flush now
+    got: list[list[AppendResult | LogError]] = []
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+
+        async def submit() -> None:
+            got.append(await b.submit([AppendGroup(A, [b"last"])]))
+
+        tg.start_soon(submit)
+        await anyio.wait_all_tasks_blocked()
+        b.close()
+    assert len(got) == 1 and isinstance(got[0][0], AppendResult)
+    with pytest.raises(BatcherClosed) as excinfo:
+        await b.submit([AppendGroup(A, [b"late"])])
+    assert excinfo.value.error_type == "BackPressureRejected"
+
+
+async def test_a_failed_append_fails_that_flush_only() -> None:
+    log = FakeLog()
+    log.fail_with = StorageUnavailable("S3 is down")
+    b = batcher(log, max_delay_s=0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        (outcome,) = await b.submit([AppendGroup(A, [b"x"])])
+        assert isinstance(outcome, StorageUnavailable)
+        log.fail_with = None
+        (outcome,) = await b.submit([AppendGroup(A, [b"y"])])
+        assert isinstance(outcome, AppendResult)
+        b.close()
+
+
+async def test_a_crashed_flusher_fails_its_waiters_instead_of_hanging() -> None:
+    log = FakeLog()
+    log.fail_with = RuntimeError("bug")
+    b = batcher(log, max_delay_s=0)
+    with anyio.fail_after(5):
+        with pytest.raises(BaseExceptionGroup):  # the crash surfaces to the task group
+            async with anyio.create_task_group() as tg:
+                await tg.start(b.run)
+                with pytest.raises(StorageUnavailable):
+                    await b.submit([AppendGroup(A, [b"x"])])
+    with pytest.raises(StorageUnavailable):
+        await b.submit([AppendGroup(A, [b"after"])])
