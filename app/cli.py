@@ -118,6 +118,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compactor(args: argparse.Namespace) -> int:
+    from app.compaction.commands import serve_compactor
+
+    settings = Settings.from_env(host=args.host, port=args.port)
+    return serve_compactor(settings, log_level=args.log_level)
+
+
+def cmd_compact_once(args: argparse.Namespace) -> int:
+    from app.compaction.commands import compact_once_main
+
+    return compact_once_main(Settings.from_env(), args.topic, args.partition,
+                             claim=not args.no_claim)
+
+
 def cmd_loadtest(args: argparse.Namespace) -> int:
     from app.loadtest.cli import main as loadtest_main
 
@@ -141,6 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=cmd_serve)
+
+    compactor = sub.add_parser("compactor", help="run the standalone compaction service")
+    compactor.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))
+    compactor.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8090")))
+    compactor.add_argument("--log-level", default="info")
+    compactor.set_defaults(func=cmd_compactor)
+
+    once = sub.add_parser("compact-once",
+                          help="compact (or finish compacting) one partition and exit")
+    once.add_argument("--topic", required=True)
+    once.add_argument("--partition", type=int, required=True)
+    once.add_argument("--no-claim", action="store_true",
+                      help="skip the compactor claim (recovery work while no compactor runs)")
+    once.set_defaults(func=cmd_compact_once)
 
     loadtest = sub.add_parser(
         "loadtest", help="load-test scenarios: up|status|precreate|run|down|verify|report|list",

@@ -93,6 +93,9 @@ class Settings(BaseSettings):
     # llog_loadtest_scenario_info (strings) and llog_loadtest_scenario_<key> (numbers).
     loadtest_scenario: str | None = None
 
+    # Reader: compacted and legacy objects kept in memory between reads.
+    read_object_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+
     # Tail cache.
     tail_cache_dir: Path | None = None
     tail_cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=0)

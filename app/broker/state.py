@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -27,6 +28,7 @@ from app.broker.metrics import (
     stats_dict,
 )
 from app.broker.watch import OxiaChangeListener, PartitionWatch
+from app.compaction.service import run_in_broker
 from app.settings import Settings
 from app.storage.errors import LogError
 from app.storage.keys import KeyLayout
@@ -53,6 +55,7 @@ class BrokerState:
     batcher: Batcher | None = None
     consume: ConsumeService | None = None
     writer: LogWriter | None = None
+    reader: LogReader | None = None
     cache: TailCache | None = None
     watch: PartitionWatch = field(default_factory=PartitionWatch)
     s3_usage: S3Usage = field(default_factory=S3Usage)
@@ -90,6 +93,13 @@ def _register_gauges(state: BrokerState) -> None:
     def cache() -> dict[str, float]:
         return stats_dict(state.cache.statistics()) if state.cache else {}
 
+    def objects() -> dict[str, float]:
+        if state.reader is None:
+            return {}
+        cache = state.reader.objects
+        return {"hits": float(cache.hits), "misses": float(cache.misses),
+                "bytes": float(cache.size)}
+
     def s3() -> dict[str, float]:
         return s3_cost_estimate(request_counts(state.store_metrics.s3_requests),
                                 state.s3_usage)
@@ -100,6 +110,7 @@ def _register_gauges(state: BrokerState) -> None:
         "llog_batcher": ("Produce batcher queue (point in time)", batcher),
         "llog_consume": ("Consume long-polls (point in time)", consume),
         "llog_tail_cache": ("Tail cache statistics", cache),
+        "llog_read_object_cache": ("Compacted/legacy objects kept between reads", objects),
         "llog_s3": ("S3 usage and estimated cost (S3 Standard us-east-1 list prices)", s3),
     }, scenario))
 
@@ -161,8 +172,10 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
             # Loops that shutdown simply cancels; the batcher above is drained instead.
             async with anyio.create_task_group() as background:
                 if s.has_role("read"):
+                    state.reader = LogReader(oxia, s3, layout,
+                                             object_cache_bytes=s.read_object_cache_bytes)
                     state.consume = ConsumeService(
-                        LogReader(oxia, s3, layout), state.cache, state.watch,
+                        state.reader, state.cache, state.watch,
                         state.consume_metrics, max_long_polls=s.max_concurrent_long_polls,
                     )
                     listener = OxiaChangeListener(oxia.client, layout, state.watch,
@@ -170,6 +183,9 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                     stack.callback(listener.close)
                     with anyio.fail_after(30):
                         await background.start(_watched, state, listener.run)
+                if s.has_role("compact"):
+                    await background.start(_watched, state, functools.partial(
+                        run_in_broker, s, oxia, s3, state.registry))
                 background.start_soon(_scan_s3_usage, state, s3, s.s3_usage_scan_interval_s)
                 state.status = "ok"
                 try:

@@ -9,6 +9,7 @@ fetched at most once per call. A gap or a missing object is an error, never a sk
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,11 +86,49 @@ class _Plan:
     entries: list[Entry]
 
 
+class ObjectCache:
+    """Whole objects (compacted and legacy ones, which are read whole) kept across reads,
+    least recently used first out, bounded by bytes. Objects are immutable, so a cached
+    copy is never stale; without it a consumer catching up through a large compacted
+    object would download all of it for every fetch."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self._max = max_bytes
+        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._size = 0
+        self.hits = 0
+        self.misses = 0
+
+    @property
+    def size(self) -> int:
+        return self._size
+
+    def get(self, key: str) -> bytes | None:
+        data = self._items.get(key)
+        if data is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return data
+
+    def put(self, key: str, data: bytes) -> None:
+        if len(data) > self._max // 2 or key in self._items:
+            return
+        self._items[key] = data
+        self._size += len(data)
+        while self._size > self._max:
+            _, old = self._items.popitem(last=False)
+            self._size -= len(old)
+
+
 class LogReader:
-    def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout) -> None:
+    def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout, *,
+                 object_cache_bytes: int = 256 * 1024 * 1024) -> None:
         self._oxia = oxia
         self._s3 = s3
         self._layout = layout
+        self.objects = ObjectCache(object_cache_bytes)
 
     async def read_control(self, tp: TopicPartition) -> Control | None:
         record = await self._oxia.get(self._layout.control(tp), tp.partition_key)
@@ -274,7 +313,10 @@ class LogReader:
             slices = [e for e in group if e.byte_offset is not None]
             wholes = [e for e in group if e.byte_offset is None]
             if wholes:
-                data = await self._s3.get(key)
+                data = self.objects.get(key)
+                if data is None:
+                    data = await self._s3.get(key)
+                    self.objects.put(key, data)
                 for e in wholes:
                     out[e] = data
                 for e in slices:

@@ -1,0 +1,540 @@
+"""``compact_once(tp)``: the compaction protocol of docs/protocol.md, step by step.
+
+A run rewrites the contiguous run of WAL entries that starts at the compaction cursor into
+one compacted blob, swaps the run's end key for a COMPACTED entry, deletes the other keys
+and advances the cursor. ``meta/compaction`` records how far it got, so any process can
+finish a run that another one abandoned (see :meth:`Compactor._drive`).
+
+Safety beyond the protocol text, because claims are advisory and requests can be slow:
+
+- The cursor only ever moves forward, and every write of it is a CAS on the version read.
+- A run's selection is trusted only while the cursor still equals its start. Nothing but
+  a finished compaction moves the cursor, so after ``meta/compaction`` is created (which
+  excludes every other run), a cursor that still reads ``start`` proves that no other
+  run touched the selected keys since they were scanned. A record whose start no longer
+  matches the cursor in state ``WRITING_COMPACTED_INDEX`` is stale: it has changed no
+  index key yet, so it is dropped (its blob becomes an orphan for vacuum).
+- The end key is overwritten only by a CAS on the version of the WAL entry found there,
+  so it never replaces anything but the entry the run selected.
+- ``delete_range`` covers ``[start, end)`` only; keys beyond the run, where writers may be
+  materialising new appends, are never touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from app.compaction.assemble import IndexedEntry, build_compacted_body
+from app.compaction.metrics import CompactionMetrics
+from app.settings import Settings
+from app.storage.errors import CommitConflict, CorruptData, LogError, LogGap
+from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, VersionMismatch
+from app.storage.records import (
+    ENCODING,
+    Compaction,
+    CompactionCursor,
+    CompactionState,
+    Control,
+    IndexEntry,
+    now_ms,
+)
+from app.storage.s3 import S3Store
+
+Action = Literal["compacted", "resumed", "advanced_cursor", "abandoned", "nothing_to_do",
+                 "raced"]
+StepHook = Callable[[str], object]
+"""Test hook called between protocol steps; it may raise, kill the process, or return an
+awaitable (awaited before the next step) to pause the compactor there."""
+
+STEPS = (
+    "after_compacted_put",          # blob written, no Oxia change yet
+    "after_compaction_record",      # meta/compaction created (WRITING_COMPACTED_INDEX)
+    "after_index_overwrite",        # end key COMPACTED, state still WRITING_COMPACTED_INDEX
+    "after_state_deleting_old",     # state DELETING_OLD, old keys still there
+    "after_delete_range",           # old keys gone, state still DELETING_OLD
+    "after_state_updating_cursor",  # state UPDATING_CURSOR, cursor not moved
+    "after_cursor_put",             # cursor moved, meta/compaction still there
+)
+_MAX_CAS_ATTEMPTS = 16
+
+
+@dataclass(frozen=True)
+class CompactionConfig:
+    max_bytes: int = 64 * 1024 * 1024
+    max_entries: int = 1000
+    min_entries: int = 2
+    min_entry_age_ms: int = 30_000
+    fetch_concurrency: int = 16
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CompactionConfig:
+        return cls(
+            max_bytes=settings.compaction_max_bytes,
+            max_entries=settings.compaction_max_entries,
+            min_entries=settings.compaction_min_entries,
+            min_entry_age_ms=settings.compaction_min_entry_age_ms,
+        )
+
+
+@dataclass(frozen=True)
+class CompactionOutcome:
+    """What one ``compact_once`` call did.
+
+    ``action``: ``compacted`` (a new range), ``resumed`` (finished an interrupted run found
+    in ``resumed_from``), ``advanced_cursor`` (the entry at the cursor was already
+    compacted), ``abandoned`` (dropped a stale ``meta/compaction`` that had changed
+    nothing), ``nothing_to_do`` (see ``reason``) or ``raced`` (another compactor changed
+    the partition under this one; nothing was changed by this call's later steps).
+    """
+
+    tp: TopicPartition
+    action: Action
+    start_offset: int | None = None
+    end_offset: int | None = None
+    records: int = 0
+    bytes: int = 0
+    entries: int = 0
+    data_key: str | None = None
+    resumed_from: CompactionState | None = None
+    reason: str | None = None
+    materialised_pending: bool = False
+    cursor: int | None = None
+    high_watermark: int | None = None
+
+    @property
+    def did_work(self) -> bool:
+        """True if the partition changed, so another call may find more to do."""
+        return self.action in ("compacted", "resumed", "advanced_cursor", "abandoned")
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["tp"] = str(self.tp)
+        return out
+
+
+@dataclass
+class _Cursor:
+    offset: int
+    version: int | None  # None: the record does not exist (treated as offset 1)
+    record: CompactionCursor = field(default_factory=CompactionCursor)
+
+
+class _Stale(Exception):
+    """The in-flight record was dropped as stale (internal)."""
+
+
+class Compactor:
+    """Compacts one partition per call; safe to run from any number of processes."""
+
+    def __init__(
+        self,
+        oxia: OxiaStore,
+        s3: S3Store,
+        layout: KeyLayout,
+        config: CompactionConfig,
+        *,
+        metrics: CompactionMetrics | None = None,
+        crash_hook: StepHook | None = None,
+        clock: Callable[[], int] = now_ms,
+    ) -> None:
+        self._oxia = oxia
+        self._s3 = s3
+        self._layout = layout
+        self._config = config
+        self._metrics = metrics
+        self._crash_hook = crash_hook
+        self._clock = clock
+
+    @property
+    def config(self) -> CompactionConfig:
+        return self._config
+
+    async def compact_once(self, tp: TopicPartition) -> CompactionOutcome:
+        try:
+            outcome = await self._compact_once(tp)
+        except LogError as exc:
+            self._count_failure(exc.error_type)
+            raise
+        except Exception as exc:
+            self._count_failure(type(exc).__name__)
+            raise
+        self._count(outcome)
+        return outcome
+
+    # -- the protocol ------------------------------------------------------------------
+
+    async def _compact_once(self, tp: TopicPartition) -> CompactionOutcome:
+        # 1. An interrupted run is finished first, whoever started it.
+        found = await self._read_compaction(tp)
+        if found is not None:
+            record, version = found
+            if self._metrics is not None:
+                self._metrics.recoveries.labels(record.state).inc()
+            return await self._drive(tp, record, version, resumed_from=record.state)
+
+        # 2. Materialise the pending append, so the index holds every committed offset.
+        with self._stage("materialise"):
+            materialised, hw = await self._materialise(tp)
+
+        # 3. Select the run at the cursor.
+        with self._stage("select"):
+            cursor = await self._read_cursor(tp)
+            scanned = await self._scan(tp, cursor.offset, self._config.max_entries)
+        base = CompactionOutcome(tp, "nothing_to_do", materialised_pending=materialised,
+                                 cursor=cursor.offset, high_watermark=hw)
+        if not scanned:
+            return dataclasses.replace(base, reason="no_entries")
+        first = scanned[0]
+        if first.start != cursor.offset:
+            return await self._misaligned(tp, cursor, first, base)
+        if first.entry.type == "COMPACTED":
+            return await self._skip_compacted(tp, cursor, first, base)
+        run, reason = self._select(scanned)
+        if reason is not None:
+            return dataclasses.replace(base, reason=reason)
+        if self._metrics is not None:
+            self._metrics.candidates.inc()
+
+        # 4. Read the slices and write the compacted blob.
+        with self._stage("read_write_blob"):
+            merged = await build_compacted_body(self._s3, self._layout, run,
+                                                concurrency=self._config.fetch_concurrency)
+            object_key = self._layout.compacted_object(tp, uuid.uuid4().hex)
+            await self._s3.put(object_key, merged.body)
+        await self._step("after_compacted_put")
+
+        # 5. Record the intent; "expect not exists" admits one run per partition.
+        start, end = run[0].start, run[-1].end
+        record = Compaction(
+            compaction_id=uuid.uuid4().hex,
+            state="WRITING_COMPACTED_INDEX",
+            start_offset=start,
+            end_offset=end,
+            msg_count=end - start + 1,
+            data_key=self._layout.uri(object_key),
+            tail_entry_start_offset=run[-1].start,
+            encoding=ENCODING,
+            created_at_ms=self._clock(),
+            crc32c=merged.crc32c,
+            extra={"entries": len(run), "bytes": len(merged.body)},
+        )
+        if record.msg_count != merged.msg_count:
+            raise CorruptData(f"{tp}: run [{start}, {end}] holds {merged.msg_count} records")
+        try:
+            with self._stage("record_intent"):
+                version = await self._oxia.put(
+                    self._layout.compaction(tp), record.to_json(), tp.partition_key,
+                    expected_version=EXPECT_NOT_EXISTS,
+                )
+        except VersionMismatch:
+            return dataclasses.replace(base, action="raced",
+                                       reason="another compaction started meanwhile")
+        await self._step("after_compaction_record")
+        outcome = await self._drive(tp, record, version, resumed_from=None)
+        return dataclasses.replace(outcome, materialised_pending=materialised,
+                                   high_watermark=hw)
+
+    async def _drive(self, tp: TopicPartition, record: Compaction, version: int, *,
+                     resumed_from: CompactionState | None) -> CompactionOutcome:
+        """Steps 6-8 from ``record.state`` on; every step may be repeated by anyone."""
+        key = self._layout.compaction(tp)
+        action: Action = "resumed" if resumed_from is not None else "compacted"
+        done = CompactionOutcome(
+            tp, action, record.start_offset, record.end_offset, record.msg_count,
+            _int(record.extra.get("bytes")), _int(record.extra.get("entries")),
+            record.data_key, resumed_from, cursor=record.end_offset + 1,
+        )
+        for _ in range(_MAX_CAS_ATTEMPTS):
+            try:
+                state = record.state
+                if state == "WRITING_COMPACTED_INDEX":
+                    with self._stage("swap_end_key"):
+                        await self._swap_end_key(tp, record, version)
+                    await self._step("after_index_overwrite")
+                    record, version = await self._advance_state(tp, record, version,
+                                                                "DELETING_OLD")
+                    await self._step("after_state_deleting_old")
+                elif state == "DELETING_OLD":
+                    with self._stage("delete_old"):
+                        await self._oxia.delete_range(
+                            self._layout.index(tp, record.start_offset),
+                            self._layout.index(tp, record.end_offset), tp.partition_key,
+                        )
+                    await self._step("after_delete_range")
+                    record, version = await self._advance_state(tp, record, version,
+                                                                "UPDATING_CURSOR")
+                    await self._step("after_state_updating_cursor")
+                else:
+                    with self._stage("advance_cursor"):
+                        await self._advance_cursor(tp, record.end_offset + 1)
+                    await self._step("after_cursor_put")
+                    # A mismatch means a concurrent resumer finished this run and a new
+                    # run has started since: that record is not ours to delete.
+                    with contextlib.suppress(VersionMismatch):
+                        await self._oxia.delete(key, tp.partition_key, expected_version=version)
+                    return done
+            except _Stale:
+                cursor = await self._read_cursor(tp)
+                return dataclasses.replace(
+                    done, action="raced" if resumed_from is None else "abandoned",
+                    records=0, bytes=0, entries=0, cursor=cursor.offset,
+                    reason="the run did not start at the compaction cursor (stale selection)",
+                )
+            except VersionMismatch:
+                # Someone else moved the record on (or finished it): follow what it says.
+                found = await self._read_compaction(tp)
+                if found is None or found[0].compaction_id != record.compaction_id:
+                    cursor = await self._read_cursor(tp)
+                    if cursor.offset > record.end_offset:
+                        return dataclasses.replace(done, cursor=cursor.offset,
+                                                   reason="finished by another compactor")
+                    return dataclasses.replace(
+                        done, action="raced", records=0, bytes=0, entries=0,
+                        cursor=cursor.offset, reason="dropped by another compactor",
+                    )
+                record, version = found
+        raise CommitConflict(f"{tp}: meta/compaction kept changing under this compactor")
+
+    async def _swap_end_key(self, tp: TopicPartition, record: Compaction, version: int) -> None:
+        """Step 6: the end key becomes the COMPACTED entry (unless it already is)."""
+        cursor = await self._read_cursor(tp)
+        if cursor.offset != record.start_offset:
+            # Not a run that ever started at the cursor: it has changed nothing yet, so
+            # dropping it is safe. (A VersionMismatch here goes back to _drive.)
+            await self._oxia.delete(self._layout.compaction(tp), tp.partition_key,
+                                    expected_version=version)
+            raise _Stale()
+        key = self._layout.index(tp, record.end_offset)
+        compacted = IndexEntry(
+            type="COMPACTED", msg_count=record.msg_count, data_key=record.data_key,
+            encoding=record.encoding, created_at_ms=record.created_at_ms,
+            crc32c=record.crc32c,
+        )
+        for _ in range(_MAX_CAS_ATTEMPTS):
+            found = await self._oxia.get(key, tp.partition_key)
+            if found is None:
+                raise CorruptData(f"{tp}: {key} is missing while meta/compaction "
+                                  f"[{record.start_offset}, {record.end_offset}] is in flight")
+            entry = IndexEntry.from_json(found.value)
+            if entry.type == "COMPACTED" and entry.data_key == record.data_key:
+                return  # done before a crash, or by a concurrent resumer
+            start = record.end_offset - entry.msg_count + 1
+            if entry.type != "WAL" or start != record.tail_entry_start_offset:
+                raise CorruptData(
+                    f"{tp}: {key} holds a {entry.type} entry starting at {start}, not the WAL "
+                    f"entry starting at {record.tail_entry_start_offset} that compaction "
+                    f"{record.compaction_id} selected"
+                )
+            try:
+                await self._oxia.put(key, compacted.to_json(), tp.partition_key,
+                                     expected_version=found.version_id)
+                return
+            except VersionMismatch:
+                continue  # re-read: most likely a concurrent resumer swapped it
+        raise CommitConflict(f"{tp}: {key} kept changing during compaction")
+
+    async def _advance_state(self, tp: TopicPartition, record: Compaction, version: int,
+                             state: CompactionState) -> tuple[Compaction, int]:
+        updated = dataclasses.replace(record, state=state, extra=dict(record.extra))
+        with self._stage("record_state"):
+            new_version = await self._oxia.put(
+                self._layout.compaction(tp), updated.to_json(), tp.partition_key,
+                expected_version=version,
+            )
+        return updated, new_version
+
+    # -- selection -----------------------------------------------------------------------
+
+    def _select(self, scanned: list[IndexedEntry]) -> tuple[list[IndexedEntry], str | None]:
+        """The run of WAL entries from the first one on, within the budgets.
+
+        The byte budget is soft below ``min_entries``: a run always gets that many entries
+        if they qualify, or one oversized entry would stop the cursor for good.
+        """
+        c = self._config
+        newest_allowed = self._clock() - c.min_entry_age_ms
+        run: list[IndexedEntry] = []
+        size = 0
+        too_young = False
+        for item in scanned:
+            entry = item.entry
+            if entry.type != "WAL" or (run and item.start != run[-1].end + 1):
+                break
+            if entry.created_at_ms > newest_allowed:
+                too_young = True
+                break
+            item_bytes = entry.byte_length or 0
+            if len(run) >= c.max_entries or (
+                len(run) >= c.min_entries and size + item_bytes > c.max_bytes
+            ):
+                break
+            run.append(item)
+            size += item_bytes
+        if len(run) < c.min_entries:
+            return [], "entries_too_young" if too_young else "too_few_entries"
+        return run, None
+
+    async def _skip_compacted(self, tp: TopicPartition, cursor: _Cursor, first: IndexedEntry,
+                              base: CompactionOutcome) -> CompactionOutcome:
+        """Step 3's special case: the entry at the cursor is compacted already."""
+        try:
+            await self._put_cursor(tp, cursor, first.end + 1)
+        except VersionMismatch:
+            return dataclasses.replace(base, action="raced", reason="the cursor moved")
+        return dataclasses.replace(base, action="advanced_cursor", start_offset=first.start,
+                                   end_offset=first.end, cursor=first.end + 1)
+
+    async def _misaligned(self, tp: TopicPartition, cursor: _Cursor, first: IndexedEntry,
+                          base: CompactionOutcome) -> CompactionOutcome:
+        """The first entry at or above the cursor does not start at it."""
+        again = await self._read_cursor(tp)
+        if again.offset != cursor.offset:
+            return dataclasses.replace(base, action="raced", reason="the cursor moved")
+        if first.start > cursor.offset:
+            raise LogGap(f"{tp}: no index entry covers offset {cursor.offset} (the compaction "
+                         f"cursor); the next entry starts at {first.start}")
+        raise CorruptData(f"{tp}: index entry [{first.start}, {first.end}] straddles the "
+                          f"compaction cursor {cursor.offset}")
+
+    # -- records -----------------------------------------------------------------------
+
+    async def _materialise(self, tp: TopicPartition) -> tuple[bool, int | None]:
+        """Make the pending append an index entry and clear it (docs/protocol.md,
+        "Materialising a pending record on its own"); returns (done, high watermark).
+
+        A pending append younger than the minimum entry age is left alone: it could not
+        be selected anyway, and its next writer materialises it for free, whereas clearing
+        it here would cost every active writer a control re-read.
+        """
+        control_key = self._layout.control(tp)
+        target: str | None = None  # the append_id being materialised
+        hw: int | None = None
+        for _ in range(_MAX_CAS_ATTEMPTS):
+            found = await self._oxia.get(control_key, tp.partition_key)
+            if found is None:
+                return False, hw
+            control = Control.from_json(found.value)
+            pending = control.pending
+            hw = control.sequence_counter
+            if pending is None or (target is not None and pending.append_id != target):
+                return False, hw  # retired by a writer: its index entry exists
+            if pending.created_at_ms > self._clock() - self._config.min_entry_age_ms:
+                return False, hw
+            target = pending.append_id
+            # Create-if-absent: "exists" means materialised already, and a compacted entry
+            # at that key must never be overwritten.
+            with contextlib.suppress(VersionMismatch):
+                await self._oxia.put(self._layout.index(tp, pending.end_offset),
+                                     pending.index_entry().to_json(), tp.partition_key,
+                                     expected_version=EXPECT_NOT_EXISTS)
+            cleared = Control(control.log_state, control.sequence_counter, None,
+                              dict(control.extra))
+            try:
+                await self._oxia.put(control_key, cleared.to_json(), tp.partition_key,
+                                     expected_version=found.version_id)
+            except VersionMismatch:
+                # A writer retired it (then we stop above), or the version moved for
+                # another reason, such as fencing (then we retry the CAS).
+                continue
+            if self._metrics is not None:
+                self._metrics.pending_materialised.inc()
+            return True, hw
+        raise CommitConflict(f"{tp}: could not clear the pending append")
+
+    async def _read_compaction(self, tp: TopicPartition) -> tuple[Compaction, int] | None:
+        found = await self._oxia.get(self._layout.compaction(tp), tp.partition_key)
+        if found is None:
+            return None
+        return Compaction.from_json(found.value), found.version_id
+
+    async def _read_cursor(self, tp: TopicPartition) -> _Cursor:
+        found = await self._oxia.get(self._layout.compaction_cursor(tp), tp.partition_key)
+        if found is None:
+            return _Cursor(1, None)
+        record = CompactionCursor.from_json(found.value)
+        return _Cursor(record.offset, found.version_id, record)
+
+    async def _put_cursor(self, tp: TopicPartition, cursor: _Cursor, offset: int) -> None:
+        """CAS the cursor from what was read to ``offset`` (raises VersionMismatch)."""
+        updated = CompactionCursor(offset=offset, extra=dict(cursor.record.extra))
+        await self._oxia.put(
+            self._layout.compaction_cursor(tp), updated.to_json(), tp.partition_key,
+            expected_version=EXPECT_NOT_EXISTS if cursor.version is None else cursor.version,
+        )
+
+    async def _advance_cursor(self, tp: TopicPartition, offset: int) -> None:
+        """Move the cursor to ``offset`` unless it is there or beyond already (never back)."""
+        for _ in range(_MAX_CAS_ATTEMPTS):
+            cursor = await self._read_cursor(tp)
+            if cursor.offset >= offset:
+                return
+            try:
+                await self._put_cursor(tp, cursor, offset)
+                return
+            except VersionMismatch:
+                continue
+        raise CommitConflict(f"{tp}: the compaction cursor kept changing")
+
+    async def _scan(self, tp: TopicPartition, from_offset: int, limit: int
+                    ) -> list[IndexedEntry]:
+        records = await self._oxia.range_scan(
+            self._layout.index(tp, from_offset), self._layout.index_scan_end(tp),
+            tp.partition_key, limit=limit,
+        )
+        out: list[IndexedEntry] = []
+        for record in records:
+            end = self._layout.index_end_offset(tp, record.key)
+            if end is not None:
+                out.append(IndexedEntry(end, IndexEntry.from_json(record.value),
+                                        record.version_id))
+        return out
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    async def _step(self, name: str) -> None:
+        if self._crash_hook is not None:
+            result = self._crash_hook(name)
+            if inspect.isawaitable(result):
+                await result
+
+    def _stage(self, name: str) -> Any:
+        if self._metrics is None:
+            return _NullStage()
+        return self._metrics.stage(name)
+
+    def _count(self, outcome: CompactionOutcome) -> None:
+        m = self._metrics
+        if m is None:
+            return
+        m.runs.labels(outcome.action).inc()
+        if outcome.action == "nothing_to_do":
+            m.nothing_to_do.labels(outcome.reason or "unknown").inc()
+        if outcome.action in ("compacted", "resumed") and outcome.reason is None:
+            m.successes.inc()
+            m.records.inc(outcome.records)
+            m.bytes.inc(outcome.bytes)
+            m.entries_replaced.inc(outcome.entries)
+
+    def _count_failure(self, error_type: str) -> None:
+        if self._metrics is not None:
+            self._metrics.runs.labels("failed").inc()
+            self._metrics.failures.labels(error_type).inc()
+
+
+class _NullStage:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0

@@ -1,0 +1,238 @@
+"""Which partition to compact next: seeds, discovery, claims and a bounded pool.
+
+The scheduler knows the seed targets of the settings plus every partition that periodic
+discovery finds (``meta/control`` keys). Each pass visits the known partitions in a fresh
+random order, so compactors in many processes spread over the partitions instead of all
+queueing on the same one, with at most ``compaction_concurrency`` visits at once and
+never two of the same partition. A visit takes the partition's ephemeral claim, runs
+``compact_once`` until there is nothing more to do (bounded), lets go of the claim, and
+records the partition's lag. A busy claim means another compactor is on it: move on.
+
+``run`` is meant for a task group (``await tg.start(scheduler.run)``), so the broker's
+lifespan and the standalone service host it the same way. ``stop()`` is graceful: no new
+visit starts and the running ones finish; cancelling is also safe, because every
+compaction step is idempotent and the claim is released from a shielded scope.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import anyio
+import anyio.abc
+
+from app.compaction.claims import Claims
+from app.compaction.compactor import CompactionOutcome, Compactor
+from app.compaction.metrics import CompactionMetrics, PartitionLag
+from app.settings import Settings
+from app.storage.catalog import discover_partitions
+from app.storage.errors import InvalidInput, LogError
+from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.oxia_store import OxiaStore
+from app.storage.records import CompactionCursor, Control, now_ms
+
+log = logging.getLogger(__name__)
+MAX_ROUNDS_PER_VISIT = 16
+
+
+@dataclass
+class Visit:
+    """One visit of a partition: what each compact_once did, or why none ran."""
+
+    tp: TopicPartition
+    outcomes: list[CompactionOutcome] = field(default_factory=list)
+    busy: bool = False
+    error: str | None = None
+    lag: PartitionLag | None = None
+
+
+def parse_targets(targets: Iterable[str]) -> list[TopicPartition]:
+    """``topic:partition`` strings (LLOG_COMPACTION_SEED_TARGETS); bad ones are logged."""
+    out: list[TopicPartition] = []
+    for target in targets:
+        topic, _, partition = target.rpartition(":")
+        try:
+            out.append(TopicPartition(topic, int(partition)))
+        except (InvalidInput, ValueError):
+            log.warning("ignoring compaction seed target %r", target)
+    return out
+
+
+class CompactionScheduler:
+    def __init__(
+        self,
+        compactor: Compactor,
+        oxia: OxiaStore,
+        layout: KeyLayout,
+        settings: Settings,
+        *,
+        compactor_id: str,
+        metrics: CompactionMetrics | None = None,
+        on_visit: Callable[[Visit], None] | None = None,
+        task_timeout_s: float | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        self._compactor = compactor
+        self._oxia = oxia
+        self._layout = layout
+        self._settings = settings
+        self._metrics = metrics
+        # Called after every visit (tests, and hosts that want to log or export visits).
+        self.listeners: list[Callable[[Visit], None]] = [on_visit] if on_visit else []
+        self._rng = rng or random.Random()
+        self.claims = Claims(oxia, layout, compactor_id, metrics=metrics)
+        self._known: set[TopicPartition] = set(parse_targets(settings.compaction_seed_targets))
+        self._running: set[TopicPartition] = set()
+        self._stopped = False
+        self._wakeup: anyio.Event | None = None  # created in run(), inside the event loop
+        # A visit is bounded: a stuck request must not hold a pool slot (and a claim) for
+        # ever. Each S3/Oxia call has its own deadline; this bounds their sum.
+        self._task_timeout_s = task_timeout_s or max(
+            120.0, 4 * settings.s3_request_timeout_s + 8 * settings.oxia_request_timeout_s)
+        self._update_known_gauge()
+
+    @property
+    def compactor_id(self) -> str:
+        return self.claims.compactor_id
+
+    @property
+    def known(self) -> frozenset[TopicPartition]:
+        return frozenset(self._known)
+
+    def add(self, tps: Iterable[TopicPartition]) -> None:
+        self._known.update(tps)
+        self._update_known_gauge()
+
+    def stop(self) -> None:
+        """Start no new visit; ``run`` returns once the running ones are done."""
+        self._stopped = True
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopped
+
+    async def discover(self) -> int:
+        """Add every partition that has a ``meta/control`` key; returns how many are new."""
+        try:
+            found = await discover_partitions(self._oxia, self._layout)
+        except LogError:
+            self._count_discovery("error")
+            raise
+        self._count_discovery("ok")
+        new = set(found) - self._known
+        self.add(found)
+        return len(new)
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Discover and pass over the partitions until stopped (or cancelled)."""
+        s = self._settings
+        next_discovery = 0.0
+        self._wakeup = anyio.Event()
+        if self._stopped:
+            self._wakeup.set()
+        task_status.started()
+        while not self._stopped:
+            if time.monotonic() >= next_discovery:
+                try:
+                    await self.discover()
+                except LogError as exc:
+                    log.warning("partition discovery failed: %s", exc)
+                next_discovery = time.monotonic() + s.compaction_discovery_interval_s
+            await self.run_pass()
+            with anyio.move_on_after(s.compaction_interval_s):
+                await self._wakeup.wait()
+
+    async def run_pass(self) -> list[Visit]:
+        """Visit every known partition once, in random order, within the pool."""
+        order = sorted(self._known)
+        self._rng.shuffle(order)
+        visits: list[Visit] = []
+        slots = anyio.Semaphore(self._settings.compaction_concurrency)
+
+        async def visit(tp: TopicPartition) -> None:
+            try:
+                visits.append(await self.visit(tp))
+            finally:
+                self._running.discard(tp)
+                slots.release()
+
+        async with anyio.create_task_group() as tg:
+            for tp in order:
+                if tp in self._running:
+                    continue  # a visit from an overlapping pass is still on it
+                await slots.acquire()
+                if self._stopped:
+                    slots.release()
+                    break
+                self._running.add(tp)
+                tg.start_soon(visit, tp)
+        if self._metrics is not None:
+            self._metrics.passes.inc()
+        return visits
+
+    async def visit(self, tp: TopicPartition) -> Visit:
+        """Claim ``tp``, compact it until done (bounded), release, record its lag.
+
+        Never raises for a failed compaction: the error is logged, counted and reported
+        in the visit, and the partition is tried again on a later pass.
+        """
+        result = Visit(tp)
+        self._active(+1)
+        try:
+            with anyio.fail_after(self._task_timeout_s):
+                async with self.claims.held(tp) as mine:
+                    if not mine:
+                        result.busy = True
+                    else:
+                        for _ in range(MAX_ROUNDS_PER_VISIT):
+                            outcome = await self._compactor.compact_once(tp)
+                            result.outcomes.append(outcome)
+                            if not outcome.did_work or self._stopped:
+                                break
+                result.lag = await self._observe_lag(tp)
+        except LogError as exc:
+            result.error = f"{exc.error_type}: {exc}"
+            log.warning("%s: compaction failed: %s", tp, result.error)
+        except TimeoutError:
+            result.error = f"Timeout: the visit took longer than {self._task_timeout_s} s"
+            log.warning("%s: %s", tp, result.error)
+            if self._metrics is not None:
+                self._metrics.failures.labels("Timeout").inc()
+        except Exception as exc:  # a bug must not stop compaction of every partition
+            result.error = f"{type(exc).__name__}: {exc}"
+            log.exception("%s: compaction crashed", tp)
+        finally:
+            self._active(-1)
+        for listener in self.listeners:
+            listener(result)
+        return result
+
+    async def _observe_lag(self, tp: TopicPartition) -> PartitionLag:
+        control_rec = await self._oxia.get(self._layout.control(tp), tp.partition_key)
+        cursor_rec = await self._oxia.get(self._layout.compaction_cursor(tp), tp.partition_key)
+        control = Control.from_json(control_rec.value) if control_rec else Control()
+        cursor = CompactionCursor.from_json(cursor_rec.value) if cursor_rec else CompactionCursor()
+        lag = PartitionLag(control.sequence_counter, cursor.offset, control.pending is not None,
+                           now_ms())
+        if self._metrics is not None:
+            self._metrics.observe_lag(tp, lag)
+        return lag
+
+    def _active(self, delta: int) -> None:
+        if self._metrics is not None:
+            self._metrics.active_tasks += delta
+
+    def _update_known_gauge(self) -> None:
+        if self._metrics is not None:
+            self._metrics.known_partitions = len(self._known)
+
+    def _count_discovery(self, outcome: str) -> None:
+        if self._metrics is not None:
+            self._metrics.discoveries.labels(outcome).inc()

@@ -1,0 +1,234 @@
+"""Hosting the compaction scheduler: in the broker, or as the ``llog compactor`` service.
+
+- :func:`run_in_broker` runs the scheduler on the broker's own store clients and metrics
+  registry; the broker's lifespan starts it in a task group when LLOG_ROLES includes
+  ``compact``.
+- :func:`create_compactor_app` is the standalone service: its lifespan opens its own
+  OxiaStore and S3Store and runs the scheduler, and it serves ``GET /health``,
+  ``GET /metrics`` (JSON) and ``GET /metrics/prometheus``.
+
+A scheduler loop that crashes (it should not: visits catch their own errors) marks the
+service failed, so ``/health`` answers 503 and an orchestrator restarts it, rather than
+taking the HTTP server down with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+import anyio.abc
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from app.broker.metrics import S3Usage, json_snapshot, request_counts, s3_cost_estimate
+from app.compaction.compactor import CompactionConfig, Compactor
+from app.compaction.metrics import CompactionMetrics
+from app.compaction.scheduler import CompactionScheduler, Visit
+from app.settings import Settings
+from app.storage.keys import KeyLayout
+from app.storage.metrics import StoreMetrics
+from app.storage.oxia_store import OxiaStore
+from app.storage.s3 import S3Store
+
+log = logging.getLogger(__name__)
+Status = Literal["starting", "ok", "stopping", "failed"]
+# How long a stopping service lets running compactions finish before cancelling them
+# (cancelling is safe too: every step is idempotent).
+STOP_GRACE_S = 20.0
+
+
+def build_scheduler(
+    settings: Settings,
+    oxia: OxiaStore,
+    s3: S3Store,
+    metrics: CompactionMetrics,
+    *,
+    compactor_id: str | None = None,
+    on_visit: Callable[[Visit], None] | None = None,
+) -> CompactionScheduler:
+    layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
+    compactor = Compactor(oxia, s3, layout, CompactionConfig.from_settings(settings),
+                          metrics=metrics)
+    return CompactionScheduler(compactor, oxia, layout, settings,
+                               compactor_id=compactor_id or settings.broker_id,
+                               metrics=metrics, on_visit=on_visit)
+
+
+async def run_in_broker(
+    settings: Settings,
+    oxia: OxiaStore,
+    s3: S3Store,
+    registry: CollectorRegistry,
+    *,
+    on_visit: Callable[[Visit], None] | None = None,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Compact in a broker process until cancelled (the broker's shutdown cancels it).
+
+    Registers the ``llog_compaction_*`` metrics on ``registry``, so call it once per
+    registry. The broker's S3 and Oxia counters already count the compactor's requests.
+    ``on_visit`` is called after every partition visit.
+    """
+    scheduler = build_scheduler(settings, oxia, s3, CompactionMetrics(registry),
+                                on_visit=on_visit)
+    await scheduler.run(task_status=task_status)
+
+
+# -- the standalone service ------------------------------------------------------------
+
+
+@dataclass
+class CompactorService:
+    """Everything one ``llog compactor`` process holds while it runs."""
+
+    settings: Settings
+    registry: CollectorRegistry
+    store_metrics: StoreMetrics
+    metrics: CompactionMetrics
+    started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
+    status: Status = "starting"
+    scheduler: CompactionScheduler | None = None
+    failure: str | None = None
+
+    @classmethod
+    def create(cls, settings: Settings) -> CompactorService:
+        registry = CollectorRegistry()
+        service = cls(settings, registry, StoreMetrics(registry), CompactionMetrics(registry))
+        registry.register(_ServiceCollector(service))
+        return service
+
+    @property
+    def compactor_id(self) -> str:
+        return self.settings.broker_id
+
+
+class _ServiceCollector(Collector):
+    """The service's identity and its S3 request counts with their estimated cost."""
+
+    def __init__(self, service: CompactorService) -> None:
+        self._service = service
+
+    def collect(self) -> Iterator[Metric]:
+        s = self._service.settings
+        info = InfoMetricFamily("llog_compactor", "Compactor identity and budgets")
+        info.add_metric([], {
+            "compactor_id": self._service.compactor_id,
+            "root_prefix": s.root_prefix,
+            "bucket": s.s3_bucket,
+            "concurrency": str(s.compaction_concurrency),
+            "max_bytes": str(s.compaction_max_bytes),
+            "max_entries": str(s.compaction_max_entries),
+            "min_entry_age_ms": str(s.compaction_min_entry_age_ms),
+        })
+        yield info
+        # Stored bytes are the brokers' to scan; this process reports its own requests.
+        estimate = s3_cost_estimate(request_counts(self._service.store_metrics.s3_requests),
+                                    S3Usage())
+        yield GaugeMetricFamily("llog_s3_estimated_request_cost_usd",
+                                "Estimated cost of this process's S3 requests, counted in "
+                                "llog_s3_requests (S3 Standard us-east-1 list prices)",
+                                value=estimate["estimated_request_cost_usd"])
+
+
+@contextlib.asynccontextmanager
+async def run_compactor(service: CompactorService) -> AsyncIterator[CompactorService]:
+    """Open the store clients and run the scheduler; on exit stop it gracefully."""
+    s = service.settings
+    async with (
+        OxiaStore(s, service.store_metrics, identity=service.compactor_id) as oxia,
+        S3Store(s, service.store_metrics) as s3,
+        anyio.create_task_group() as tg,
+    ):
+        scheduler = build_scheduler(s, oxia, s3, service.metrics,
+                                    compactor_id=service.compactor_id)
+        service.scheduler = scheduler
+        await tg.start(_supervised, service, scheduler)
+        if service.status == "starting":
+            service.status = "ok"
+        try:
+            yield service
+        finally:
+            if service.status != "failed":
+                service.status = "stopping"
+            scheduler.stop()
+            tg.cancel_scope.deadline = anyio.current_time() + STOP_GRACE_S
+
+
+async def _supervised(service: CompactorService, scheduler: CompactionScheduler, *,
+                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                      ) -> None:
+    try:
+        await scheduler.run(task_status=task_status)
+    except Exception as exc:
+        service.status = "failed"
+        service.failure = repr(exc)
+        log.exception("the compaction scheduler crashed")
+
+
+def create_compactor_app(settings: Settings) -> FastAPI:
+    service = CompactorService.create(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with run_compactor(service):
+            yield
+
+    app = FastAPI(title="leaderless-log compactor", version="0.1.0", lifespan=lifespan,
+                  description="Compacts the WAL entries of topic-partitions "
+                              "(docs/protocol.md, Compaction and recovery).")
+    app.state.compactor = service
+
+    @app.get("/health", summary="200 while compacting, 503 otherwise")
+    async def health(request: Request) -> JSONResponse:
+        svc: CompactorService = request.app.state.compactor
+        body: dict[str, Any] = {"status": svc.status, "compactor_id": svc.compactor_id,
+                                "started_at_ms": svc.started_at_ms}
+        if svc.failure is not None:
+            body["failure"] = svc.failure
+        return JSONResponse(body, status_code=200 if svc.status == "ok" else 503)
+
+    @app.get("/metrics", summary="Process-local metrics as JSON")
+    async def metrics_json(request: Request) -> dict[str, Any]:
+        svc: CompactorService = request.app.state.compactor
+        s = svc.settings
+        header = {
+            "compactor_id": svc.compactor_id,
+            "status": svc.status,
+            "started_at_ms": svc.started_at_ms,
+            "known_partitions": len(svc.scheduler.known) if svc.scheduler else 0,
+            "compaction": {
+                "max_bytes": s.compaction_max_bytes, "max_entries": s.compaction_max_entries,
+                "min_entries": s.compaction_min_entries,
+                "min_entry_age_ms": s.compaction_min_entry_age_ms,
+                "interval_s": s.compaction_interval_s,
+                "discovery_interval_s": s.compaction_discovery_interval_s,
+                "concurrency": s.compaction_concurrency,
+            },
+            "s3_prices_note": "S3 cost figures are estimates at S3 Standard us-east-1 list "
+                              "prices",
+        }
+        return json_snapshot(svc.registry, header)
+
+    @app.get("/metrics/prometheus", summary="Process-local metrics, Prometheus text format",
+             response_class=Response)
+    async def metrics_prometheus(request: Request) -> Response:
+        svc: CompactorService = request.app.state.compactor
+        return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def create_compactor_app_from_env() -> FastAPI:
+    """Entry point for uvicorn's ``--factory``."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return create_compactor_app(Settings.from_env())
