@@ -37,8 +37,10 @@ def create_app(settings: Settings) -> FastAPI:
     )
     app.state.broker = state
     install_error_handlers(app)
+    # The routes are added to the app's own router rather than include_router()-ed:
+    # an included router costs a route-resolution layer on every request.
     for module in (produce, consume, health, metrics):
-        app.include_router(module.router)
+        app.router.routes.extend(module.router.routes)
     Instrumentator(
         registry=state.registry,
         excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],

@@ -7,6 +7,7 @@ from fastapi import Request
 from app.broker.state import BrokerState
 
 
-def broker_state(request: Request) -> BrokerState:
+async def broker_state(request: Request) -> BrokerState:
+    # async on purpose: FastAPI runs a plain-def dependency in a worker thread.
     state: BrokerState = request.app.state.broker
     return state
