@@ -17,6 +17,7 @@ import anyio
 
 from app.storage import codec
 from app.storage.errors import (
+    CorruptData,
     LogError,
     LogGap,
     ObjectMissing,
@@ -86,15 +87,19 @@ class _Plan:
     entries: list[Entry]
 
 
+Records = list[bytes]
+
+
 class ObjectCache:
-    """Whole objects (compacted and legacy ones, which are read whole) kept across reads,
-    least recently used first out, bounded by bytes. Objects are immutable, so a cached
-    copy is never stale; without it a consumer catching up through a large compacted
-    object would download all of it for every fetch."""
+    """Whole objects (compacted and legacy ones, which are read whole), verified and
+    decoded once and kept across reads, least recently used first out, bounded by
+    bytes. Objects are immutable, so a cached copy is never stale; without it a consumer
+    catching up through a large compacted object would download, check and decode all
+    of it for every fetch."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
-        self._items: OrderedDict[str, bytes] = OrderedDict()
+        self._items: OrderedDict[str, tuple[Records, int]] = OrderedDict()
         self._size = 0
         self.hits = 0
         self.misses = 0
@@ -103,23 +108,24 @@ class ObjectCache:
     def size(self) -> int:
         return self._size
 
-    def get(self, key: str) -> bytes | None:
-        data = self._items.get(key)
-        if data is None:
+    def get(self, key: str) -> Records | None:
+        item = self._items.get(key)
+        if item is None:
             self.misses += 1
             return None
         self.hits += 1
         self._items.move_to_end(key)
-        return data
+        return item[0]
 
-    def put(self, key: str, data: bytes) -> None:
-        if len(data) > self._max // 2 or key in self._items:
+    def put(self, key: str, records: Records) -> None:
+        size = sum(len(r) for r in records) + 64 * len(records)  # + per-object overhead
+        if size > self._max // 2 or key in self._items:
             return
-        self._items[key] = data
-        self._size += len(data)
+        self._items[key] = (records, size)
+        self._size += size
         while self._size > self._max:
-            _, old = self._items.popitem(last=False)
-            self._size -= len(old)
+            _, (_, old) = self._items.popitem(last=False)
+            self._size -= old
 
 
 class LogReader:
@@ -288,7 +294,8 @@ class LogReader:
 
     # -- bytes -------------------------------------------------------------------------
 
-    async def _fetch_bodies(self, entries: Sequence[Entry]) -> dict[Entry, bytes | LogError]:
+    async def _fetch_bodies(self, entries: Sequence[Entry]
+                            ) -> dict[Entry, bytes | Records | LogError]:
         """Fetch every entry's body, one request per object where that is not wasteful.
 
         Slices of one shared blob wanted by several partitions are fetched with a single
@@ -299,7 +306,7 @@ class LogReader:
         by_key: dict[str, list[Entry]] = {}
         for entry in set(entries):
             by_key.setdefault(entry.data_key, []).append(entry)
-        out: dict[Entry, bytes | LogError] = {}
+        out: dict[Entry, bytes | Records | LogError] = {}
 
         async def fetch_object(uri: str, group: list[Entry]) -> None:
             try:
@@ -313,14 +320,20 @@ class LogReader:
             slices = [e for e in group if e.byte_offset is not None]
             wholes = [e for e in group if e.byte_offset is None]
             if wholes:
-                data = self.objects.get(key)
-                if data is None:
+                records = self.objects.get(key) if not slices else None
+                if records is None:
                     data = await self._s3.get(key)
-                    self.objects.put(key, data)
+                    for e in slices:
+                        out[e] = _cut(data, e, 0)
+                    first = wholes[0]
+                    codec.verify_body(data, first.crc32c)
+                    records = codec.decode_batch(data, first.msg_count)
+                    self.objects.put(key, records)
                 for e in wholes:
-                    out[e] = data
-                for e in slices:
-                    out[e] = _cut(data, e, 0)
+                    if len(records) != e.msg_count:
+                        raise CorruptData(f"{uri} holds {len(records)} records, "
+                                          f"the index says {e.msg_count}")
+                    out[e] = records
                 return
             lo = min(e.byte_offset or 0 for e in slices)
             hi = max((e.byte_offset or 0) + (e.byte_length or 0) for e in slices)
@@ -339,7 +352,7 @@ class LogReader:
         return out
 
     def _assemble(self, request: ReadRequest, plan: _Plan,
-                  bodies: dict[Entry, bytes | LogError]) -> ReadResult:
+                  bodies: dict[Entry, bytes | Records | LogError]) -> ReadResult:
         out: list[tuple[int, bytes]] = []
         size = 0
         next_at = plan.offset
@@ -348,8 +361,11 @@ class LogReader:
             body = bodies[entry]
             if isinstance(body, LogError):
                 raise body
-            codec.verify_body(body, entry.crc32c)
-            values = codec.decode_batch(body, entry.msg_count)
+            if isinstance(body, list):  # a whole object, verified and decoded already
+                values = body
+            else:
+                codec.verify_body(body, entry.crc32c)
+                values = codec.decode_batch(body, entry.msg_count)
             if entry.start > next_at:
                 break  # a hole after what we have: the next read reports it
             for i, value in enumerate(values):
