@@ -177,6 +177,11 @@ def build_parser() -> argparse.ArgumentParser:
     loadtest.add_argument("args", nargs=argparse.REMAINDER)
     loadtest.set_defaults(func=cmd_loadtest)
 
+    spark = sub.add_parser("spark", help="Spark jobs: audit|vacuum|backfill|export",
+                           add_help=False)
+    spark.add_argument("args", nargs=argparse.REMAINDER)
+    spark.set_defaults(func=cmd_spark)
+
     servers = sub.add_parser("servers", help="manage the Go-built Oxia and MinIO binaries")
     servers_sub = servers.add_subparsers(dest="servers_command", required=True)
     build = servers_sub.add_parser("build", help="build (or find cached) server binaries")
@@ -184,8 +189,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def cmd_spark(args: argparse.Namespace) -> int:
+    from jobs.spark.cli import main as spark_main
+
+    return spark_main(list(args.args))
+
+
 # Subcommands with their own argument parsers: everything after the name is theirs.
-PASS_THROUGH = {"loadtest": cmd_loadtest}
+PASS_THROUGH = {"loadtest": cmd_loadtest, "spark": cmd_spark}
 
 
 def main(argv: list[str] | None = None) -> int:

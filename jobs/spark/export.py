@@ -1,0 +1,312 @@
+"""export: topic-partition offset ranges to Parquet.
+
+The driver discovers the partitions, a first Spark stage reads their high watermarks
+(the export's snapshot: records appended later are not exported), and the driver cuts
+every partition's ``[--from-offset, min(--to-offset, high watermark)]`` into ranges of
+``--range-records`` offsets. Each range is one Spark task that reads it with
+:class:`LogReader` (the read protocol: pending, CEILING lookup, forward scans, strays
+skipped, gaps reported) and writes it with pyarrow to ``{output}/part-{n}.parquet``.
+
+Columns: ``topic`` (string), ``partition`` (int), ``offset`` (long), ``value``
+(binary), ``value_utf8`` (string, null when the value is not valid UTF-8). Part files
+are numbered in (topic, partition, offset) order, rows inside them too. The output is
+a local (or shared) directory, or any URI pyarrow's filesystems open.
+
+    python -m jobs.spark.export --report /tmp/exp --output /tmp/orders.parquet --topic orders
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from app.settings import Settings
+from app.storage.errors import LogError
+from app.storage.keys import TopicPartition
+from app.storage.reader import LogReader
+from jobs.spark.common import (
+    EXIT_FINDINGS,
+    EXIT_OK,
+    JobOutcome,
+    Report,
+    base_parser,
+    default_tasks,
+    describe,
+    discover_on_driver,
+    now_ms,
+    open_stores,
+    partition_slices,
+    run_main,
+    settings_payload,
+    task_identity,
+    task_logger,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+JOB = "export"
+MiB = 1024 * 1024
+RECORD_COLUMNS = ("topic string, partition int, offset long, value binary, "
+                  "value_utf8 string")
+RANGE_COLUMNS = "topic string, partition int, first_offset long, last_offset long"
+FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, last_offset long, "
+                "records long, bytes long, file string")
+READ_RECORDS = 5000
+READ_BYTES = 8 * MiB
+MAX_SLICES = 10_000
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    output: str
+    topics: tuple[str, ...] = ()
+    partitions: tuple[int, ...] = ()
+    from_offset: int = 1
+    to_offset: int | None = None
+    range_records: int = 100_000
+    mode: str = "errorifexists"
+    tasks: int = 0
+
+
+def high_watermarks_task(payload: Mapping[str, str], tps: Iterable[tuple[str, int]]
+                         ) -> Iterator[tuple[str, int, int]]:
+    todo = [TopicPartition(t, p) for t, p in tps]
+    out: list[tuple[str, int, int]] = []
+
+    async def run() -> None:
+        async with open_stores(payload, task_identity(JOB)) as stores:
+            reader = LogReader(stores.oxia, stores.s3, stores.layout)
+            for tp in todo:
+                out.append((tp.topic, tp.partition, await reader.high_watermark(tp)))
+
+    anyio.run(run)
+    return iter(out)
+
+
+def plan_ranges(high_watermarks: Iterable[tuple[str, int, int]], from_offset: int,
+                to_offset: int | None, range_records: int) -> list[tuple[str, int, int, int]]:
+    """``(topic, partition, first, last)`` ranges of at most ``range_records`` offsets."""
+    ranges = []
+    for topic, partition, hw in sorted(high_watermarks):
+        first = max(1, from_offset)
+        last = hw if to_offset is None else min(hw, to_offset)
+        while first <= last:
+            end = min(last, first + range_records - 1)
+            ranges.append((topic, partition, first, end))
+            first = end + 1
+    return ranges
+
+
+def _utf8(value: bytes) -> str | None:
+    try:
+        return value.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+
+
+def _filesystem(output: str) -> tuple[Any, str]:
+    """A pyarrow filesystem and path for ``output`` (a local path or a URI)."""
+    import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    if "://" not in output:
+        output = "file://" + os.path.abspath(output)
+    fs, path = pyarrow.fs.FileSystem.from_uri(output)
+    return fs, str(path)
+
+
+def part_name(index: int) -> str:
+    return f"part-{index:05d}.parquet"
+
+
+def export_task(payload: Mapping[str, str], output: str,
+                ranges: Iterable[tuple[int, str, int, int, int]]) -> Iterator[tuple[Any, ...]]:
+    """Spark ``mapPartitions`` body: write each range to ``output/part-{index}.parquet``.
+
+    Records are read with :class:`LogReader` in batches and written with pyarrow as they
+    come (no per-row serialisation through the JVM); each file is written under a hidden
+    name and renamed when complete, so a retried task simply replaces it.
+    """
+    import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
+    import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    todo = list(ranges)
+    logger = task_logger(JOB)
+    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()),
+                        ("offset", pa.int64()), ("value", pa.binary()),
+                        ("value_utf8", pa.string())])
+    fs, base = _filesystem(output)
+    out: list[tuple[Any, ...]] = []
+
+    async def run() -> None:
+        async with open_stores(payload, task_identity(JOB)) as stores:
+            reader = LogReader(stores.oxia, stores.s3, stores.layout)
+            for index, topic, partition, first, last in todo:
+                tp = TopicPartition(topic, partition)
+                tmp = f"{base}/.{part_name(index)}.tmp"
+                records = size = 0
+                offset = first
+                with fs.open_output_stream(tmp) as stream, \
+                        pq.ParquetWriter(stream, schema, compression="snappy") as writer:
+                    while offset <= last:
+                        try:
+                            result = await reader.read(tp, offset, max_records=min(
+                                READ_RECORDS, last - offset + 1), max_bytes=READ_BYTES)
+                        except LogError as exc:
+                            raise LogError(f"{tp} offsets {offset}..{last}: "
+                                           f"{exc.error_type}: {exc}") from exc
+                        got = [(at, v) for at, v in result.records if at <= last]
+                        if not got:
+                            raise LogError(f"{tp}: nothing readable at offset {offset} "
+                                           f"(high watermark {result.high_watermark})")
+                        values = [v for _, v in got]
+                        writer.write_batch(pa.record_batch([
+                            pa.array([topic] * len(got), pa.string()),
+                            pa.array([partition] * len(got), pa.int32()),
+                            pa.array([at for at, _ in got], pa.int64()),
+                            pa.array(values, pa.binary()),
+                            pa.array([_utf8(v) for v in values], pa.string()),
+                        ], schema=schema))
+                        records += len(got)
+                        size += sum(len(v) for v in values)
+                        offset = result.next_offset
+                fs.move(tmp, f"{base}/{part_name(index)}")
+                out.append((index, topic, partition, first, last, records, size,
+                            part_name(index)))
+                logger.info("exported %s offsets %d..%d", tp, first, last)
+
+    anyio.run(run)
+    return iter(out)
+
+
+def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
+               report: Report) -> JobOutcome:
+    from pyspark.sql import functions as F
+
+    if options.range_records < 1:
+        raise ValueError("--range-records must be positive")
+    started = now_ms()
+    tasks = default_tasks(spark, options.tasks)
+    payload = settings_payload(settings)
+    describe(spark, "export: discovering partitions")
+    partitions = [
+        tp for tp in discover_on_driver(settings, JOB)
+        if (not options.topics or tp.topic in options.topics)
+        and (not options.partitions or tp.partition in options.partitions)
+    ]
+    describe(spark, f"export: reading the high watermarks of {len(partitions)} partitions")
+    items = [(tp.topic, tp.partition) for tp in partitions]
+    hws = spark.sparkContext.parallelize(items, partition_slices(len(items), tasks)) \
+        .mapPartitions(functools.partial(high_watermarks_task, payload)).collect()
+    ranges = plan_ranges(hws, options.from_offset, options.to_offset, options.range_records)
+    planned = spark.createDataFrame(ranges, RANGE_COLUMNS)
+    report.write_table(planned, "ranges")
+    expected = sum(last - first + 1 for _, _, first, last in ranges)
+    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.output}")
+    import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    fs, base = _filesystem(options.output)
+    if fs.get_file_info(base).type != pyarrow.fs.FileType.NotFound:
+        if options.mode != "overwrite":
+            raise ValueError(f"{options.output} exists (pass --mode overwrite to replace it)")
+        fs.delete_dir(base)
+    fs.create_dir(base)
+    indexed = [(i, *r) for i, r in enumerate(ranges)]
+    written_rows = spark.sparkContext.parallelize(
+        indexed, max(1, min(len(indexed), MAX_SLICES))
+    ).mapPartitions(functools.partial(export_task, payload, options.output))
+    files = spark.createDataFrame(written_rows, FILE_COLUMNS, verifySchema=False)
+    report.write_table(files, "files")
+    with fs.open_output_stream(f"{base}/_SUCCESS"):
+        pass
+
+    describe(spark, "export: verifying the output")
+    written = spark.read.schema(RECORD_COLUMNS).parquet(options.output)
+    stats = written.groupBy("topic", "partition").agg(
+        F.count("*").alias("records"), F.countDistinct("offset").alias("distinct_offsets"),
+        F.min("offset").alias("first_offset"), F.max("offset").alias("last_offset"),
+        F.sum(F.length("value")).alias("bytes"),
+    )
+    plan_df = spark.createDataFrame(
+        [(t, p, hw) for t, p, hw in hws], "topic string, partition int, high_watermark long")
+    per_tp = plan_df.join(stats, ["topic", "partition"], "left_outer").orderBy(
+        "topic", "partition")
+    report.write_table(per_tp, "partitions")
+    totals = written.agg(F.count("*").alias("n"), F.sum(F.length("value")).alias("b")) \
+        .collect()[0]
+    dup = stats.agg(F.sum(F.col("records") - F.col("distinct_offsets")).alias("d")) \
+        .collect()[0]
+    exported = int(totals["n"] or 0)
+    duplicates = int(dup["d"] or 0)
+    ok = exported == expected and duplicates == 0
+    finished = now_ms()
+    seconds = (finished - started) / 1000
+    summary: dict[str, Any] = {
+        "job": JOB,
+        "status": "ok" if ok else "mismatch",
+        "exit_code": EXIT_OK if ok else EXIT_FINDINGS,
+        "started_ms": started,
+        "finished_ms": finished,
+        "duration_s": round(seconds, 3),
+        "root_prefix": settings.root_prefix,
+        "output": options.output,
+        "options": {k: (list(v) if isinstance(v, tuple) else v)
+                    for k, v in asdict(options).items()},
+        "partitions": len(partitions),
+        "ranges": len(ranges),
+        "records_expected": expected,
+        "records_exported": exported,
+        "duplicate_offsets": duplicates,
+        "bytes_exported": int(totals["b"] or 0),
+        "records_per_s": round(exported / seconds, 1) if seconds else None,
+    }
+    report.write_summary(summary)
+    describe(spark, f"export: {summary['status']}: {exported}/{expected} records")
+    return JobOutcome(summary, summary["exit_code"])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = base_parser(JOB, "Export topic-partition offset ranges to Parquet.")
+    parser.add_argument("--output", required=True, help="Parquet dataset to write")
+    parser.add_argument("--topic", action="append", default=[], dest="topics",
+                        help="topic to export (repeatable; default: all)")
+    parser.add_argument("--partition", action="append", type=int, default=[],
+                        dest="partitions", help="partition to export (repeatable; "
+                                                "default: all)")
+    parser.add_argument("--from-offset", type=int, default=1)
+    parser.add_argument("--to-offset", type=int, default=None,
+                        help="last offset (inclusive; default: the high watermark)")
+    parser.add_argument("--range-records", type=int, default=100_000,
+                        help="offsets per Spark task")
+    parser.add_argument("--mode", choices=("errorifexists", "overwrite"),
+                        default="errorifexists", help="when --output exists")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> ExportOptions:
+    return ExportOptions(
+        output=args.output, topics=tuple(args.topics), partitions=tuple(args.partitions),
+        from_offset=args.from_offset, to_offset=args.to_offset,
+        range_records=args.range_records, mode=args.mode, tasks=args.tasks,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def runner(spark: SparkSession, settings: Settings, args: argparse.Namespace,
+               report: Report) -> JobOutcome:
+        return run_export(spark, settings, options_from_args(args), report)
+
+    return run_main(JOB, build_parser(), argv, runner)
+
+
+if __name__ == "__main__":
+    from jobs.spark.export import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,344 @@
+"""vacuum: delete orphan objects, and only those that provably are orphans.
+
+The rule (seed 003, docs/protocol.md "Open points"): an object may be deleted only if
+it is older than the retry horizon of every writer and compactor, **and** a complete
+scan, made in the same run after the object was listed, shows that no index entry
+(strays included), pending record or ``meta/compaction`` record references it.
+
+1. An anchor object ``{root}/_jobs/vacuum/{run}/started`` is created and listed: its
+   LastModified is the scan start on the object store's own clock (no clock skew
+   between the driver and S3 in any age computation).
+2. ``wal-shared/`` and every partition's ``data/`` are listed in Spark tasks; the
+   listing is written to ``report/objects`` and read back, so it is taken once.
+3. Only then are partitions discovered again and every partition's references read
+   (Spark tasks, :func:`jobs.spark.scan.read_snapshot`).
+4. An object is deleted only if it is unreferenced, the reference scan of every
+   partition succeeded, it was last modified before the scan start, and it is older
+   than ``--retry-horizon`` (+1 s for second-granular timestamps). Everything else is
+   kept, with the reason. Dry run by default; ``--apply`` deletes.
+
+    python -m jobs.spark.vacuum --report /tmp/vacuum [--retry-horizon 1h] [--apply]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import sys
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from app.settings import Settings
+from app.storage.errors import LogError
+from app.storage.keys import TopicPartition
+from jobs.spark.audit import list_objects
+from jobs.spark.common import (
+    EXIT_FAILED,
+    EXIT_FINDINGS,
+    EXIT_OK,
+    JOBS_PREFIX,
+    JobOutcome,
+    Report,
+    Stores,
+    base_parser,
+    computed_once,
+    default_tasks,
+    describe,
+    discover_on_driver,
+    now_ms,
+    open_stores,
+    parse_duration_ms,
+    partition_slices,
+    run_async,
+    run_main,
+    settings_payload,
+    task_identity,
+    task_logger,
+)
+from jobs.spark.scan import (
+    REFERENCE_COLUMNS,
+    PartitionSnapshot,
+    SnapshotHandler,
+    Tagged,
+    reference_rows,
+    snapshot_task,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+JOB = "vacuum"
+MIN_SAFE_HORIZON_MS = 10 * 60_000
+TIMESTAMP_SLACK_MS = 1000  # S3 timestamps may be truncated to the second
+DELETE_CONCURRENCY = 16
+
+STATUS_COLUMNS = ("topic string, partition int, references long, stable boolean, "
+                  "attempts int, error string")
+DECISION_COLUMNS = (
+    "key string, size long, last_modified_ms long, area string, topic string, "
+    "partition int, age_ms long, action string, reason string, error string"
+)
+
+KEEP = "kept"
+DELETED = "deleted"
+WOULD_DELETE = "would_delete"
+DELETE_FAILED = "delete_failed"
+
+
+@dataclass(frozen=True)
+class VacuumOptions:
+    retry_horizon_ms: int = 3_600_000
+    apply: bool = False
+    tasks: int = 0
+    listing_fanout: int = 16
+    concurrency: int = 8
+    unsafe_short_horizon: bool = False
+
+
+def decide(*, referenced: bool, complete: bool, last_modified_ms: int, scan_started_ms: int,
+           retry_horizon_ms: int) -> tuple[bool, str]:
+    """(delete?, reason) for one listed object: the whole deletion rule, pure."""
+    if referenced:
+        return False, "referenced"
+    if not complete:
+        return False, "reference_scan_incomplete"
+    if last_modified_ms >= scan_started_ms:
+        return False, "created_after_scan_start"
+    if scan_started_ms - last_modified_ms <= retry_horizon_ms + TIMESTAMP_SLACK_MS:
+        return False, "younger_than_retry_horizon"
+    return True, "orphan_older_than_retry_horizon"
+
+
+class VacuumHandler(SnapshotHandler):
+    async def handle(self, snap: PartitionSnapshot) -> list[Tagged]:
+        refs = reference_rows(self.stores.layout, snap)
+        rows: list[Tagged] = [("R", r) for r in refs]
+        rows.append(("P", (snap.tp.topic, snap.tp.partition, len(refs), snap.stable,
+                           snap.attempts, None)))
+        return rows
+
+    def on_error(self, tp: TopicPartition, exc: BaseException) -> list[Tagged]:
+        return [("P", (tp.topic, tp.partition, None, None, None,
+                       f"{type(exc).__name__}: {exc}"))]
+
+
+def make_vacuum_handler(stores: Stores) -> VacuumHandler:
+    return VacuumHandler(stores)
+
+
+def delete_task(payload: Mapping[str, str], complete: bool, scan_started_ms: int,
+                retry_horizon_ms: int, apply: bool, rows: Iterable[Any]
+                ) -> Iterator[tuple[Any, ...]]:
+    """Spark ``mapPartitions`` body: decide for every listed object, delete if allowed."""
+    todo = list(rows)
+    logger = task_logger(JOB)
+    out: list[tuple[Any, ...]] = []
+
+    async def run() -> None:
+        async with open_stores(payload, task_identity(JOB)) as stores:
+            limiter = anyio.CapacityLimiter(DELETE_CONCURRENCY)
+            out.extend([None] * len(todo))  # type: ignore[list-item]
+
+            async def one(i: int, r: Any) -> None:
+                delete, reason = decide(
+                    referenced=bool(r["referenced"]), complete=complete,
+                    last_modified_ms=int(r["last_modified_ms"]),
+                    scan_started_ms=scan_started_ms, retry_horizon_ms=retry_horizon_ms)
+                action, error = KEEP, None
+                if delete and not apply:
+                    action = WOULD_DELETE
+                elif delete:
+                    try:
+                        async with limiter:
+                            await stores.s3.delete(r["key"])
+                        action = DELETED
+                    except LogError as exc:
+                        action, error = DELETE_FAILED, str(exc)
+                out[i] = (r["key"], r["size"], r["last_modified_ms"], r["area"], r["topic"],
+                          r["partition"], scan_started_ms - int(r["last_modified_ms"]),
+                          action, reason, error)
+
+            for base in range(0, len(todo), 5000):  # bounded number of tasks at once
+                async with anyio.create_task_group() as tg:
+                    for i in range(base, min(base + 5000, len(todo))):
+                        tg.start_soon(one, i, todo[i])
+            deleted = sum(1 for row in out if row[7] == DELETED)
+            if deleted:
+                logger.info("deleted %d orphan objects", deleted)
+
+    run_async(run)
+    return iter(out)
+
+
+def _anchor(settings: Settings, run_id: str, *, remove: bool = False) -> int:
+    """Create (or remove) the run's anchor object; its LastModified on the S3 clock."""
+    payload = settings_payload(settings)
+
+    async def run() -> int:
+        async with open_stores(payload, task_identity(JOB)) as stores:
+            key = f"{stores.layout.root}/{JOBS_PREFIX}/vacuum/{run_id}/started"
+            if remove:
+                await stores.s3.delete(key)
+                return 0
+            await stores.s3.create_if_absent(key, b"vacuum scan anchor\n")
+            async for info in stores.s3.list(key):
+                if info.key == key:
+                    return info.last_modified_ms
+            raise LogError(f"the anchor object {key} was created but is not listed")
+
+    return run_async(run)
+
+
+def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
+               report: Report) -> JobOutcome:
+    from pyspark.sql import functions as F
+
+    if options.retry_horizon_ms < MIN_SAFE_HORIZON_MS and not options.unsafe_short_horizon:
+        raise ValueError(
+            f"--retry-horizon {options.retry_horizon_ms} ms is shorter than "
+            f"{MIN_SAFE_HORIZON_MS} ms; a writer could still commit a blob that young. "
+            "Pass --unsafe-short-horizon only where no writer runs (tests).")
+    started = now_ms()
+    tasks = default_tasks(spark, options.tasks)
+    run_id = uuid.uuid4().hex
+    scan_started = _anchor(settings, run_id)
+    try:
+        describe(spark, f"vacuum: scan started at {scan_started} (S3 clock); "
+                 "discovering partitions")
+        first = discover_on_driver(settings, JOB)
+        objects = list_objects(spark, settings, first, options.listing_fanout, tasks, report,
+                               JOB)
+        listed = objects.count()
+        # References are read only now, after the listing is complete.
+        partitions = sorted(set(first) | set(discover_on_driver(settings, JOB)))
+        describe(spark, f"vacuum: {listed} objects listed; reading the references of "
+                 f"{len(partitions)} partitions")
+        body = functools.partial(snapshot_task, settings_payload(settings), JOB,
+                                 options.concurrency, make_vacuum_handler)
+        items = [(tp.topic, tp.partition) for tp in partitions]
+        tagged = spark.sparkContext.parallelize(
+            items, partition_slices(len(items), tasks)).mapPartitions(body)
+        computed_once(tagged)  # the completeness verdict and the references below come
+        #                        from one and the same scan
+        status_df = spark.createDataFrame(
+            tagged.filter(lambda t: t[0] == "P").map(lambda t: t[1]), STATUS_COLUMNS,
+            verifySchema=False)
+        refs_df = spark.createDataFrame(
+            tagged.filter(lambda t: t[0] == "R").map(lambda t: t[1]), REFERENCE_COLUMNS,
+            verifySchema=False)
+        status = spark.read.parquet(report.write_table(status_df, "partitions"))
+        refs = spark.read.parquet(report.write_table(refs_df, "references"))
+        tagged.unpersist()
+        s = status.agg(
+            F.count("*").alias("n"),
+            F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("failed"),
+            F.sum(F.when(F.col("stable") == F.lit(False), 1).otherwise(0)).alias("unstable"),
+        ).collect()[0]
+        failed, unstable = int(s["failed"] or 0), int(s["unstable"] or 0)
+        complete = failed == 0 and unstable == 0
+        if not complete:
+            describe(spark, f"vacuum: reference scan incomplete ({failed} partitions failed, "
+                     f"{unstable} unstable): nothing will be deleted")
+
+        mode = "deleting" if options.apply else "dry run: deciding"
+        describe(spark, f"vacuum: {mode} (retry horizon {options.retry_horizon_ms} ms)")
+        joined = objects.join(
+            refs.where(F.col("key").isNotNull()).select("key").distinct()
+            .withColumn("referenced", F.lit(True)), "key", "left_outer",
+        ).fillna({"referenced": False})
+        body2 = functools.partial(delete_task, settings_payload(settings), complete,
+                                  scan_started, options.retry_horizon_ms, options.apply)
+        decisions_df = spark.createDataFrame(joined.rdd.mapPartitions(body2), DECISION_COLUMNS,
+                                             verifySchema=False)
+        decisions = spark.read.parquet(report.write_table(decisions_df, "decisions"))
+    finally:
+        # A leftover anchor is a few bytes outside every data prefix.
+        with contextlib.suppress(LogError):
+            _anchor(settings, run_id, remove=True)
+
+    counts: dict[str, dict[str, int]] = {}
+    for row in decisions.groupBy("action", "reason").agg(
+            F.count("*").alias("n"), F.sum("size").alias("bytes")).collect():
+        counts.setdefault(row["action"], {})[row["reason"]] = int(row["n"])
+    totals = {
+        row["action"]: {"count": int(row["n"]), "bytes": int(row["bytes"] or 0)}
+        for row in decisions.groupBy("action").agg(
+            F.count("*").alias("n"), F.sum("size").alias("bytes")).collect()
+    }
+    delete_failed = totals.get(DELETE_FAILED, {}).get("count", 0)
+    if not complete:
+        state, code = "incomplete", EXIT_FAILED
+    elif delete_failed:
+        state, code = "delete_failures", EXIT_FINDINGS
+    else:
+        state, code = "ok", EXIT_OK
+    finished = now_ms()
+    summary: dict[str, Any] = {
+        "job": JOB,
+        "status": state,
+        "exit_code": code,
+        "dry_run": not options.apply,
+        "started_ms": started,
+        "scan_started_ms": scan_started,
+        "finished_ms": finished,
+        "duration_s": round((finished - started) / 1000, 3),
+        "root_prefix": settings.root_prefix,
+        "bucket": settings.s3_bucket,
+        "options": {k: getattr(options, k) for k in options.__dataclass_fields__},
+        "partitions": int(s["n"] or 0),
+        "partitions_failed": failed,
+        "partitions_unstable": unstable,
+        "reference_scan_complete": complete,
+        "objects_listed": listed,
+        "actions": totals,
+        "reasons": counts,
+        "deleted": totals.get(DELETED, {"count": 0, "bytes": 0}),
+        "would_delete": totals.get(WOULD_DELETE, {"count": 0, "bytes": 0}),
+    }
+    report.write_summary(summary)
+    describe(spark, f"vacuum: {state}: {summary['deleted']['count']} deleted, "
+             f"{summary['would_delete']['count']} would be deleted, "
+             f"{totals.get(KEEP, {}).get('count', 0)} kept")
+    return JobOutcome(summary, code)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = base_parser(JOB, "Delete orphan objects older than the retry horizon "
+                              "(dry run unless --apply).")
+    parser.add_argument("--retry-horizon", type=parse_duration_ms, default="1h",
+                        help="only objects older than this may go (default 1h)")
+    parser.add_argument("--apply", action="store_true",
+                        help="really delete (default: dry run, report only)")
+    parser.add_argument("--unsafe-short-horizon", action="store_true",
+                        help=f"allow a horizon below {MIN_SAFE_HORIZON_MS // 60_000} min "
+                             "(only where no writer is running)")
+    parser.add_argument("--listing-fanout", type=int, choices=(1, 16, 256), default=16)
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="partitions scanned concurrently within a task")
+    return parser
+
+
+def options_from_args(args: argparse.Namespace) -> VacuumOptions:
+    return VacuumOptions(retry_horizon_ms=args.retry_horizon, apply=args.apply,
+                         tasks=args.tasks, listing_fanout=args.listing_fanout,
+                         concurrency=args.concurrency,
+                         unsafe_short_horizon=args.unsafe_short_horizon)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def runner(spark: SparkSession, settings: Settings, args: argparse.Namespace,
+               report: Report) -> JobOutcome:
+        return run_vacuum(spark, settings, options_from_args(args), report)
+
+    return run_main(JOB, build_parser(), argv, runner)
+
+
+if __name__ == "__main__":
+    from jobs.spark.vacuum import main as _main
+
+    sys.exit(_main())

@@ -1,0 +1,198 @@
+"""Shared pieces of the Spark job tests: one local[2] SparkSession per test process, and
+store helpers (writing records, injecting faults, a protocol-exact compaction).
+
+The session is created on first use and stopped when the process exits, so every
+``tests/test_spark_*.py`` module shares it whatever order pytest runs them in.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import importlib.util
+import json
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from app.settings import Settings
+from app.storage import codec
+from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.metrics import StoreMetrics
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
+from app.storage.reader import LogReader
+from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
+from app.storage.s3 import S3Store
+from app.storage.writer import AppendGroup, AppendResult, CrashPoint, LogWriter
+from jobs.spark.common import quiet_oxia_close
+
+
+@dataclass
+class Engine:
+    settings: Settings
+    layout: KeyLayout
+    metrics: StoreMetrics
+    oxia: OxiaStore
+    s3: S3Store
+    writer: LogWriter
+    reader: LogReader
+
+
+@contextlib.asynccontextmanager
+async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
+    """Store clients, a writer without background tasks (each append materialises its
+    index entry before it returns) and a reader."""
+    metrics = StoreMetrics()
+    layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
+    async with OxiaStore(settings, metrics) as ox:
+        try:
+            async with S3Store(settings, metrics) as s3:
+                writer = LogWriter(ox, s3, layout, metrics, **writer_kwargs)
+                yield Engine(settings, layout, metrics, ox, s3, writer,
+                             LogReader(ox, s3, layout))
+        finally:
+            quiet_oxia_close(ox)
+
+
+def spark_missing_reason() -> str | None:
+    if importlib.util.find_spec("pyspark") is None:
+        return "pyspark is not installed (pip install -e '.[spark]')"
+    if shutil.which("java") is None:
+        return "no Java runtime on PATH (the Spark jobs need Java 17+)"
+    return None
+
+
+SPARK_SKIP_REASON = spark_missing_reason()
+_SESSION: Any = None
+
+
+def get_spark() -> Any:
+    """The process-wide local[2] SparkSession of the tests."""
+    global _SESSION
+    if _SESSION is None:
+        from jobs.spark.common import build_spark
+
+        _SESSION = build_spark("llog-spark-tests", "local[2]", {
+            "spark.ui.enabled": "false",
+            "spark.ui.showConsoleProgress": "false",
+            "spark.sql.shuffle.partitions": "4",
+            "spark.default.parallelism": "2",
+            "spark.driver.memory": "1g",
+            "spark.sql.adaptive.enabled": "true",
+        })
+        atexit.register(_SESSION.stop)
+    return _SESSION
+
+
+def unique_root() -> str:
+    return f"sparktest-{uuid.uuid4().hex[:10]}"
+
+
+def read_summary(report: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((report / "summary.json").read_text())
+    return data
+
+
+def table(report: Path, name: str) -> list[dict[str, Any]]:
+    """A report's Parquet table as dicts (through the tests' Spark session)."""
+    return [r.asDict() for r in get_spark().read.parquet(str(report / name)).collect()]
+
+
+# -- store helpers (async; tests call them through anyio.run) ---------------------------
+
+
+async def append(e: Engine, groups: Sequence[tuple[TopicPartition, Sequence[bytes]]]
+                 ) -> list[AppendResult]:
+    results = await e.writer.append_shared([AppendGroup(tp, list(r)) for tp, r in groups])
+    out = []
+    for r in results:
+        assert isinstance(r, AppendResult), r
+        out.append(r)
+    return out
+
+
+def run(settings: Settings, fn: Any, *args: Any) -> Any:
+    """``fn(engine, *args)`` against ``settings`` (no background writer tasks)."""
+
+    async def main() -> Any:
+        async with open_engine(settings) as e:
+            return await fn(e, *args)
+
+    return anyio.run(main)
+
+
+async def crash_after_commit(e: Engine, tp: TopicPartition, records: Sequence[bytes]) -> None:
+    """Commit an append and 'die' before its index entry exists: a pending-only append."""
+    def hook(step: str) -> None:
+        if step == "after_pending_cas":
+            raise CrashPoint(step)
+
+    async with open_engine(e.settings, crash_hook=hook) as crashing:
+        try:
+            await crashing.writer.append_shared([AppendGroup(tp, list(records))])
+        except CrashPoint:
+            pass
+        except BaseExceptionGroup as group:
+            if not group.subgroup(CrashPoint):
+                raise
+        else:
+            raise AssertionError("the crash hook did not fire")
+
+
+async def index_rows(e: Engine, tp: TopicPartition) -> list[tuple[int, IndexEntry, int]]:
+    records = await e.oxia.range_scan(e.layout.index(tp, 0), e.layout.index_scan_end(tp),
+                                      tp.partition_key)
+    out = []
+    for r in records:
+        end = e.layout.index_end_offset(tp, r.key)
+        assert end is not None
+        out.append((end, IndexEntry.from_json(r.value), r.version_id))
+    return out
+
+
+async def compact(e: Engine, tp: TopicPartition, end: int, *, keep_record: bool = False
+                  ) -> str:
+    """Compact ``[cursor, end]`` exactly as docs/protocol.md's compact_once does (steps
+    3-8). Returns the compacted blob's key. ``keep_record`` stops after step 5, leaving
+    ``meta/compaction`` in state WRITING_COMPACTED_INDEX."""
+    await e.writer.materialise_pending(tp)
+    cursor_rec = await e.oxia.get(e.layout.compaction_cursor(tp), tp.partition_key)
+    start = CompactionCursor.from_json(cursor_rec.value).offset if cursor_rec else 1
+    read = await e.reader.read(tp, start, max_records=end - start + 1)
+    values = [v for _, v in read.records]
+    assert len(values) == end - start + 1
+    body = codec.encode_batch(values)
+    key = e.layout.compacted_object(tp, uuid.uuid4().hex)
+    await e.s3.put(key, body)
+    rows = [r for r in await index_rows(e, tp) if start <= r[0] <= end]
+    tail_start = rows[-1][0] - rows[-1][1].msg_count + 1
+    record = Compaction(
+        compaction_id=uuid.uuid4().hex, state="WRITING_COMPACTED_INDEX", start_offset=start,
+        end_offset=end, msg_count=end - start + 1, data_key=e.layout.uri(key),
+        tail_entry_start_offset=tail_start, created_at_ms=now_ms(),
+        crc32c=codec.crc32c(body),
+    )
+    await e.oxia.put(e.layout.compaction(tp), record.to_json(), tp.partition_key,
+                     expected_version=EXPECT_NOT_EXISTS)
+    if keep_record:
+        return key
+    entry = IndexEntry(type="COMPACTED", msg_count=end - start + 1, data_key=e.layout.uri(key),
+                       created_at_ms=now_ms(), crc32c=codec.crc32c(body))
+    await e.oxia.put(e.layout.index(tp, end), entry.to_json(), tp.partition_key)
+    await e.oxia.delete_range(e.layout.index(tp, start), e.layout.index(tp, end),
+                              tp.partition_key)
+    await e.oxia.put(e.layout.compaction_cursor(tp), CompactionCursor(offset=end + 1).to_json(),
+                     tp.partition_key)
+    await e.oxia.delete(e.layout.compaction(tp), tp.partition_key)
+    return key
+
+
+async def recreate_stray(e: Engine, tp: TopicPartition, end: int, entry: IndexEntry) -> None:
+    """A delayed materialising create landing inside a compacted range."""
+    await e.oxia.put(e.layout.index(tp, end), entry.to_json(), tp.partition_key,
+                     expected_version=EXPECT_NOT_EXISTS)

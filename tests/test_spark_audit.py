@@ -1,0 +1,204 @@
+"""The audit Spark job against real Oxia and MinIO (local[2])."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.localstack.stack import LocalStack
+from app.storage.keys import TopicPartition
+from app.storage.records import Control
+from tests.conftest import make_settings
+from tests.helpers.spark_support import (
+    SPARK_SKIP_REASON,
+    Engine,
+    append,
+    compact,
+    crash_after_commit,
+    get_spark,
+    index_rows,
+    read_summary,
+    recreate_stray,
+    run,
+    table,
+    unique_root,
+)
+
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
+]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    return get_spark()
+
+
+def _audit(spark: Any, settings: Any, report: Path, **options: Any) -> Any:
+    from jobs.spark.audit import AuditOptions, run_audit
+    from jobs.spark.common import Report
+
+    return run_audit(spark, settings, AuditOptions(**options), Report(report))
+
+
+def _rec(tag: str, n: int) -> list[bytes]:
+    return [f"{tag}-{i}".encode() for i in range(n)]
+
+
+def test_clean_store_passes_and_strays_are_not_corruption(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    settings = make_settings(stack, root_prefix=unique_root())
+    a, b, c = (TopicPartition(topic, p) for p in range(3))
+
+    async def build(e: Engine) -> dict[str, Any]:
+        # Shared blobs holding several partitions, then single-partition appends of `a`.
+        for i in range(3):
+            await append(e, [(a, _rec(f"a{i}", 3)), (b, _rec(f"b{i}", 2)), (c, _rec(f"c{i}", 1))])
+        solo = [(await append(e, [(a, _rec(f"a-solo{i}", 2))]))[0] for i in range(3)]
+        await crash_after_commit(e, c, _rec("c-pending", 2))  # pending only, fresh
+        # Compact a's offsets 1..15 and let a delayed create re-make one WAL entry in it.
+        rows = {end: entry for end, entry, _ in await index_rows(e, a)}
+        stray_end = solo[1].end_offset
+        await compact(e, a, solo[2].end_offset)
+        await recreate_stray(e, a, stray_end, rows[stray_end])
+        return {
+            "stray_end": stray_end,
+            "orphans": {e.layout.parse_uri(solo[i].wal_uri)[1] for i in (0, 2)},
+        }
+
+    built = run(settings, build)
+    outcome = _audit(spark, settings, tmp_path / "deep", deep=True)
+    summary = read_summary(tmp_path / "deep")
+    assert outcome.exit_code == 0, summary
+    assert summary["status"] == "ok"
+    assert summary["findings_by_severity"]["corruption"] == 0
+    assert summary["partitions"] == 3
+    assert summary["records"] == 15 + 6 + 5
+    assert summary["records_verified"] >= 15 + 6 + 5
+    findings = table(tmp_path / "deep", "findings")
+    strays = [f for f in findings if f["kind"] == "stray"]
+    assert [(f["topic"], f["partition"], f["last_offset"]) for f in strays] == [
+        (topic, 0, built["stray_end"])]
+    assert "below the compaction cursor" in strays[0]["message"]
+    # The compaction left the blobs of a's own appends unreferenced, except the one the
+    # stray still points at (strays count as references).
+    orphans = table(tmp_path / "deep", "orphans")
+    assert {o["key"] for o in orphans} == built["orphans"]
+    assert all(o["age_ms"] >= 0 and o["size"] > 0 for o in orphans)
+    parts = {r["partition"]: r for r in table(tmp_path / "deep", "partitions")}
+    assert parts[0]["strays"] == 1 and parts[0]["cursor"] == 16
+    assert parts[2]["pending_materialised"] is False
+
+    # --delete-strays removes the stray (conditionally); the next audit sees none.
+    _audit(spark, settings, tmp_path / "fix", delete_strays=True)
+    fixed = table(tmp_path / "fix", "findings")
+    assert sorted(f["kind"] for f in fixed if f["kind"].startswith("stray")) == [
+        "stray", "stray_deleted"]
+    again = _audit(spark, settings, tmp_path / "again")
+    assert again.exit_code == 0
+    assert again.summary["strays"] == 0
+    assert again.summary["orphans"]["count"] == 3  # the stray's blob is an orphan now
+
+
+def test_audit_finds_each_injected_fault(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any) -> None:
+    settings = make_settings(stack, root_prefix=unique_root())
+    bucket = settings.s3_bucket
+    tps = [TopicPartition(topic, p) for p in range(6)]
+    missing, truncated, gap, stale, flipped, clean = tps
+
+    async def build(e: Engine) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for tp in tps:
+            if tp != stale:
+                out[tp.partition] = [
+                    (await append(e, [(tp, _rec(f"{tp.partition}-{i}", 4))]))[0]
+                    for i in range(3)]
+        await append(e, [(stale, _rec("s", 2))])
+        # A writer that died two hours ago, right after its commit.
+        await crash_after_commit(e, stale, _rec("s-late", 2))
+        record = await e.oxia.get(e.layout.control(stale), stale.partition_key)
+        control = Control.from_json(record.value)
+        assert control.pending is not None
+        control.pending.created_at_ms -= 2 * 3_600_000
+        await e.oxia.put(e.layout.control(stale), control.to_json(), stale.partition_key,
+                         expected_version=record.version_id)
+        # An index gap: the middle append's entry disappears.
+        await e.oxia.delete(e.layout.index(gap, 8), gap.partition_key)
+        return out
+
+    appended = run(settings, build)
+
+    def key(res: Any) -> str:
+        return str(res.wal_uri.split("/", 3)[3])
+
+    # A deleted object, a truncated object, a flipped byte (same size: only --deep sees it).
+    s3_client.delete_object(Bucket=bucket, Key=key(appended[missing.partition][1]))
+    t_key = key(appended[truncated.partition][2])
+    body = s3_client.get_object(Bucket=bucket, Key=t_key)["Body"].read()
+    s3_client.put_object(Bucket=bucket, Key=t_key, Body=body[:-5])
+    f_key = key(appended[flipped.partition][0])
+    body = bytearray(s3_client.get_object(Bucket=bucket, Key=f_key)["Body"].read())
+    body[-1] ^= 0x01
+    s3_client.put_object(Bucket=bucket, Key=f_key, Body=bytes(body))
+    # Orphans: in wal-shared/ and in a partition's data/.
+    root = settings.root_prefix
+    orphan_keys = {f"{root}/wal-shared/{uuid.uuid4().hex}",
+                   f"{root}/{topic}/partitions/5/data/compacted/{uuid.uuid4().hex}"}
+    for k in orphan_keys:
+        s3_client.put_object(Bucket=bucket, Key=k, Body=b"orphan bytes")
+
+    outcome = _audit(spark, settings, tmp_path / "plain")
+    assert outcome.exit_code == 1
+    assert outcome.summary["status"] == "corruption"
+    findings = table(tmp_path / "plain", "findings")
+    bad = {(f["partition"], f["kind"], f["first_offset"], f["last_offset"])
+           for f in findings if f["severity"] == "corruption"}
+    assert bad == {
+        (missing.partition, "missing_object", 5, 8),
+        (truncated.partition, "slice_out_of_bounds", 9, 12),
+        (gap.partition, "gap", 5, 8),
+    }
+    stale_rows = [f for f in findings if f["kind"] == "stale_pending"]
+    assert [(f["partition"], f["first_offset"], f["last_offset"]) for f in stale_rows] == [
+        (stale.partition, 3, 4)]
+    assert stale_rows[0]["age_ms"] >= 2 * 3_600_000
+    assert stale_rows[0]["severity"] == "info"
+    orphans = {o["key"]: o for o in table(tmp_path / "plain", "orphans")}
+    # The blob only the deleted index entry referenced is an orphan too.
+    gap_blob = key(appended[gap.partition][1])
+    assert set(orphans) == orphan_keys | {gap_blob}
+    assert all(o["size"] == len(b"orphan bytes") for k, o in orphans.items() if k != gap_blob)
+    assert outcome.summary["orphans"]["count"] == 3
+
+    deep = _audit(spark, settings, tmp_path / "deep", deep=True)
+    deep_bad = {(f["partition"], f["kind"])
+                for f in table(tmp_path / "deep", "findings") if f["severity"] == "corruption"}
+    assert (flipped.partition, "corrupt_data") in deep_bad
+    assert not any(p == clean.partition for p, _ in deep_bad)
+    assert deep.summary["partitions_with_corruption"] == 4
+
+
+def test_cli_runs_a_job_with_an_llog_dev_stack_json(stack: LocalStack, spark: Any,
+                                                    tmp_path: Path) -> None:
+    import json
+
+    from jobs.spark.cli import main
+
+    env = stack.settings_env()
+    (tmp_path / "stack.json").write_text(json.dumps({
+        name: env[f"LLOG_{name.upper()}"] for name in (
+            "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
+            "s3_access_key", "s3_secret_key")}))
+    code = main(["audit", "--report", str(tmp_path / "r"), "--stack-json",
+                 str(tmp_path / "stack.json"), "--root-prefix", unique_root(),
+                 "--progress-interval", "0"])
+    assert code == 0
+    summary = read_summary(tmp_path / "r")
+    assert (summary["status"], summary["partitions"], summary["objects_listed"]) == ("ok", 0, 0)
+    assert set(summary["tables"]) == {"objects", "findings", "partitions", "references",
+                                      "orphans"}

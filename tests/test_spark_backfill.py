@@ -1,0 +1,307 @@
+"""backfill and export Spark jobs against real Oxia and MinIO (local[2])."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from app.localstack.stack import LocalStack
+from app.settings import Settings
+from app.storage.keys import TopicPartition
+from app.storage.writer import AppendGroup, AppendResult
+from tests.conftest import make_settings
+from tests.helpers.spark_support import (
+    SPARK_SKIP_REASON,
+    Engine,
+    get_spark,
+    open_engine,
+    read_summary,
+    run,
+    table,
+    unique_root,
+)
+
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
+]
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    return get_spark()
+
+
+def _backfill(spark: Any, settings: Settings, report: Path, **options: Any) -> Any:
+    from jobs.spark.backfill import BackfillOptions, run_backfill
+    from jobs.spark.common import Report
+
+    return run_backfill(spark, settings, BackfillOptions(**options), Report(report))
+
+
+def _export(spark: Any, settings: Settings, report: Path, output: Path, **options: Any
+            ) -> dict[tuple[str, int], list[tuple[int, bytes, str | None]]]:
+    from jobs.spark.common import Report
+    from jobs.spark.export import ExportOptions, run_export
+
+    outcome = run_export(spark, settings, ExportOptions(output=str(output), **options),
+                         Report(report))
+    assert outcome.exit_code == 0, outcome.summary
+    out: dict[tuple[str, int], list[tuple[int, bytes, str | None]]] = {}
+    for r in spark.read.parquet(str(output)).collect():
+        out.setdefault((r["topic"], r["partition"]), []).append(
+            (r["offset"], bytes(r["value"]), r["value_utf8"]))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+async def _read_all(e: Engine, tp: TopicPartition) -> list[tuple[int, bytes]]:
+    hw = await e.reader.high_watermark(tp)
+    if hw == 0:
+        return []
+    return (await e.reader.read(tp, 1)).records
+
+
+def test_backfill_then_export_round_trip(stack: LocalStack, spark: Any, topic: str,
+                                         tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    settings = make_settings(stack, root_prefix=unique_root())
+    # JSON Lines in two files, three partitions interleaved.
+    expected: dict[tuple[str, int], list[bytes]] = {}
+    files = []
+    for f in range(2):
+        rows = []
+        for i in range(330):
+            p = i % 3
+            value = f"{topic}/{p}/f{f}/{i}/" + "é" * (i % 7)
+            rows.append({"topic": topic, "partition": p, "value": value})
+            expected.setdefault((topic, p), []).append(value.encode())
+        path = tmp_path / f"in-{f}.jsonl"
+        _write_jsonl(path, rows)
+        files.append(str(path))
+    first = _backfill(spark, settings, tmp_path / "bf-json", inputs=tuple(files),
+                      topic_column="topic", partition_column="partition",
+                      chunk_records=40, marker_every=3)
+    assert first.exit_code == 0, first.summary
+    assert first.summary["records_appended"] == 660
+    chunks = table(tmp_path / "bf-json", "chunks")
+    assert {c["status"] for c in chunks} == {"appended"}
+    per_blob: dict[str, set[int]] = {}
+    for c in chunks:
+        per_blob.setdefault(c["blob_key"], set()).add(c["partition"])
+    assert max(len(v) for v in per_blob.values()) >= 2  # several partitions per blob
+    assert len(per_blob) < len(chunks)
+
+    # Parquet with binary values (not all UTF-8), one topic for every row.
+    bin_topic = topic + "-bin"
+    values = [bytes([i % 256, 0xFF, i // 256]) if i % 2 else f"ok-{i}".encode()
+              for i in range(300)]
+    pq.write_table(pa.table({"payload": pa.array(values, pa.binary())}),
+                   tmp_path / "bin.parquet")
+    expected[(bin_topic, 0)] = values
+    out = _backfill(spark, settings, tmp_path / "bf-bin", inputs=(str(tmp_path / "bin.parquet"),),
+                    value_column="payload", topic=bin_topic, chunk_records=64)
+    assert out.exit_code == 0, out.summary
+
+    # CSV with a header, base64 values, topic from the arguments, partition 4.
+    csv_topic = topic + "-csv"
+    import base64
+
+    raw = [f"csv,{i},\"quoted\"".encode() for i in range(120)]
+    with open(tmp_path / "in.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["id", "b64"])
+        for i, v in enumerate(raw):
+            w.writerow([i, base64.b64encode(v).decode()])
+    expected[(csv_topic, 4)] = raw
+    out = _backfill(spark, settings, tmp_path / "bf-csv", inputs=(str(tmp_path / "in.csv"),),
+                    value_column="b64", value_encoding="base64", topic=csv_topic,
+                    partition=4, chunk_records=50)
+    assert out.exit_code == 0, out.summary
+
+    exported = _export(spark, settings, tmp_path / "export", tmp_path / "out.parquet",
+                       range_records=100)
+    assert set(exported) == set(expected)
+    for key, values in expected.items():
+        rows = exported[key]
+        assert [o for o, _, _ in rows] == list(range(1, len(values) + 1)), key
+        assert [v for _, v, _ in rows] == values, key
+        for _, v, text in rows:
+            try:
+                assert text == v.decode()
+            except UnicodeDecodeError:
+                assert text is None
+    summary = read_summary(tmp_path / "export")
+    assert summary["records_exported"] == sum(len(v) for v in expected.values())
+    assert summary["ranges"] >= 7
+
+    # A second run of the same backfill finds everything done: nothing is appended.
+    again = _backfill(spark, settings, tmp_path / "bf-json-2", inputs=tuple(files),
+                      topic_column="topic", partition_column="partition",
+                      chunk_records=40, marker_every=3)
+    assert again.exit_code == 0, again.summary
+    assert again.summary["job_id"] == first.summary["job_id"]
+    assert again.summary["records_appended"] == 0
+    assert set(again.summary["statuses"]) == {"skipped_marker"}
+    tps = [TopicPartition(topic, p) for p in range(3)]
+
+    async def hws(e: Engine) -> list[int]:
+        return [await e.reader.high_watermark(tp) for tp in tps]
+
+    assert run(settings, hws) == [220, 220, 220]
+
+
+def test_backfill_concurrent_with_live_producer(stack: LocalStack, spark: Any, topic: str,
+                                                tmp_path: Path) -> None:
+    settings = make_settings(stack, root_prefix=unique_root())
+    tps = [TopicPartition(topic, p) for p in range(2)]
+    rows = [{"topic": topic, "partition": i % 2, "value": f"bf-{i % 2}-{i // 2}"}
+            for i in range(1200)]
+    _write_jsonl(tmp_path / "in.jsonl", rows)
+    stop = threading.Event()
+    acked: dict[int, list[tuple[int, bytes]]] = {0: [], 1: []}
+    errors: list[BaseException] = []
+
+    def producer() -> None:
+        async def main() -> None:
+            async with open_engine(settings) as e:
+                i = 0
+                while not stop.is_set() or i < 20:
+                    groups = [AppendGroup(tp, [f"live-{tp.partition}-{i}-{k}".encode()
+                                               for k in range(3)]) for tp in tps]
+                    for g, res in zip(groups, await e.writer.append_shared(groups),
+                                      strict=True):
+                        assert isinstance(res, AppendResult), res
+                        acked[g.tp.partition].extend(
+                            zip(range(res.start_offset, res.end_offset + 1), g.records,
+                                strict=True))
+                    i += 1
+                    await anyio.sleep(0.01)
+
+        try:
+            anyio.run(main)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    try:
+        outcome = _backfill(spark, settings, tmp_path / "bf", inputs=(str(tmp_path / "in.jsonl"),),
+                            topic_column="topic", partition_column="partition",
+                            chunk_records=20, marker_every=4)
+    finally:
+        stop.set()
+        thread.join(60)
+    assert not errors, errors
+    assert outcome.exit_code == 0, outcome.summary
+
+    async def read(e: Engine) -> dict[int, list[tuple[int, bytes]]]:
+        return {tp.partition: await _read_all(e, tp) for tp in tps}
+
+    log = run(settings, read)
+    for p in (0, 1):
+        offsets = [o for o, _ in log[p]]
+        assert offsets == list(range(1, len(offsets) + 1))
+        backfilled = [v for _, v in log[p] if v.startswith(b"bf-")]
+        assert backfilled == [f"bf-{p}-{i}".encode() for i in range(600)]
+        live = [(o, v) for o, v in log[p] if v.startswith(b"live-")]
+        assert live == acked[p]
+        assert len(offsets) == 600 + len(acked[p])
+    # Both writers really interleaved.
+    chunk_rows = table(tmp_path / "bf", "chunks")
+    assert any(c["start_offset"] > 1 + 20 * c["chunk"] for c in chunk_rows)
+
+
+def test_backfill_killed_midway_and_rerun_leaves_no_duplicates(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    settings = make_settings(stack, root_prefix=unique_root())
+    tps = [TopicPartition(topic, p) for p in range(4)]
+    n = 1500
+    pq.write_table(pa.table({
+        "topic": [topic] * (4 * n),
+        "partition": [i % 4 for i in range(4 * n)],
+        "value": [f"v-{i % 4}-{i // 4}" for i in range(4 * n)],
+    }), tmp_path / "in.parquet")
+    args = ["--report", str(tmp_path / "killed"), "--master", "local[2]",
+            "--input", str(tmp_path / "in.parquet"), "--topic-column", "topic",
+            "--partition-column", "partition", "--job-id", "crashme",
+            "--chunk-records", "25", "--marker-every", "8",
+            "--max-records-per-second", "300", "--progress-interval", "1",
+            "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.shuffle.partitions=2",
+            "--stack-json", str(tmp_path / "stack.json"),
+            "--root-prefix", settings.root_prefix]
+    # Connection settings as `llog dev` describes its stack (no LLOG_* environment).
+    stack_env = stack.settings_env()
+    (tmp_path / "stack.json").write_text(json.dumps({
+        name: stack_env[f"LLOG_{name.upper()}"] for name in (
+            "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
+            "s3_access_key", "s3_secret_key")}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLOG_")}
+
+    async def total(e: Engine) -> int:
+        return sum([await e.reader.high_watermark(tp) for tp in tps])
+
+    with open(tmp_path / "killed.log", "w") as log_fh:
+        proc = subprocess.Popen([sys.executable, "-m", "jobs.spark.backfill", *args],
+                                cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=log_fh,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 180
+            while (committed := run(settings, total)) < 1600:
+                assert proc.poll() is None, (tmp_path / "killed.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "the backfill never got going"
+                time.sleep(0.2)
+        finally:
+            os.killpg(proc.pid, signal.SIGKILL)  # driver and JVM: a crash, mid-append
+            proc.wait(30)
+    assert committed < 4 * n, "killed too late to test a resume"
+    # The orphaned Python workers die with their daemon; wait until nothing moves.
+    before, stable_since = run(settings, total), time.monotonic()
+    while time.monotonic() - stable_since < 2:
+        time.sleep(0.5)
+        now = run(settings, total)
+        if now != before:
+            before, stable_since = now, time.monotonic()
+    assert before < 4 * n
+
+    from jobs.spark.backfill import main
+
+    rerun = tmp_path / "rerun"
+    code = main([a if a != str(tmp_path / "killed") else str(rerun) for a in args
+                 if a not in ("--max-records-per-second", "300")])
+    assert code == 0
+    summary = read_summary(rerun)
+    assert summary["records_done"] == 4 * n
+    assert summary["records_appended"] == 4 * n - before
+    skipped = {k: v["records"] for k, v in summary["statuses"].items()
+               if k.startswith("skipped")}
+    assert sum(skipped.values()) == before
+    assert skipped.get("skipped_marker", 0) > 0
+
+    async def read(e: Engine) -> dict[int, list[tuple[int, bytes]]]:
+        return {tp.partition: await _read_all(e, tp) for tp in tps}
+
+    log = run(settings, read)
+    for p in range(4):
+        assert [o for o, _ in log[p]] == list(range(1, n + 1))
+        assert [v for _, v in log[p]] == [f"v-{p}-{i}".encode() for i in range(n)]

@@ -1,0 +1,135 @@
+"""The vacuum Spark job against real Oxia and MinIO (local[2])."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.localstack.stack import LocalStack
+from app.storage.keys import TopicPartition
+from tests.conftest import make_settings
+from tests.helpers.spark_support import (
+    SPARK_SKIP_REASON,
+    Engine,
+    append,
+    compact,
+    get_spark,
+    index_rows,
+    read_summary,
+    recreate_stray,
+    run,
+    table,
+    unique_root,
+)
+
+pytestmark = [
+    pytest.mark.stack,
+    pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
+]
+
+HORIZON_MS = 2000
+
+
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    return get_spark()
+
+
+def _keys(s3_client: Any, bucket: str, prefix: str) -> set[str]:
+    out: set[str] = set()
+    for page in s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket,
+                                                                   Prefix=prefix):
+        out |= {o["Key"] for o in page.get("Contents", [])}
+    return out
+
+
+def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: str,
+                                         tmp_path: Path, s3_client: Any) -> None:
+    from jobs.spark.audit import AuditOptions, run_audit
+    from jobs.spark.common import Report
+    from jobs.spark.vacuum import VacuumOptions, run_vacuum
+
+    settings = make_settings(stack, root_prefix=unique_root())
+    root, bucket = settings.root_prefix, settings.s3_bucket
+    a, b, c = (TopicPartition(topic, p) for p in range(3))
+
+    async def build(e: Engine) -> dict[str, Any]:
+        key = lambda res: e.layout.parse_uri(res.wal_uri)[1]  # noqa: E731
+        shared = await append(e, [(a, [b"a0", b"a1"]), (b, [b"b0"]), (c, [b"c0", b"c1"])])
+        solo = [(await append(e, [(a, [f"a-{i}".encode()] * 2)]))[0] for i in range(3)]
+        await append(e, [(c, [b"c2"])])
+        # b's last append: referenced only by the pending record of meta/control.
+        pending_only = (await append(e, [(b, [b"b1", b"b2"])]))[0]
+        # a compacted up to its last solo append; a delayed create re-makes a stray.
+        rows = {end: entry for end, entry, _ in await index_rows(e, a)}
+        compacted_a = await compact(e, a, solo[2].end_offset)
+        await recreate_stray(e, a, solo[1].end_offset, rows[solo[1].end_offset])
+        # c's compaction died after recording its intent: only meta/compaction names it.
+        compacted_c = await compact(e, c, 3, keep_record=True)
+        return {
+            "referenced": {key(shared[0]), key(solo[1]), key(pending_only), compacted_a,
+                           compacted_c},
+            "orphans": {key(solo[0]), key(solo[2])},
+        }
+
+    built = run(settings, build)
+    old_orphans = {f"{root}/wal-shared/{uuid.uuid4().hex}",
+                   f"{root}/{topic}/partitions/1/data/compacted/{uuid.uuid4().hex}"}
+    for k in old_orphans:
+        s3_client.put_object(Bucket=bucket, Key=k, Body=b"old orphan")
+    expected = built["orphans"] | old_orphans
+    time.sleep((HORIZON_MS + 1500) / 1000)
+    young = f"{root}/wal-shared/{uuid.uuid4().hex}"
+    s3_client.put_object(Bucket=bucket, Key=young, Body=b"young orphan")
+    everything = _keys(s3_client, bucket, root + "/")
+    assert built["referenced"] | expected | {young} <= everything
+
+    options = VacuumOptions(retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True)
+    dry = run_vacuum(spark, settings, options, Report(tmp_path / "dry"))
+    assert dry.exit_code == 0, dry.summary
+    assert dry.summary["dry_run"] is True
+    decisions = {d["key"]: d for d in table(tmp_path / "dry", "decisions")}
+    assert {k for k, d in decisions.items() if d["action"] == "would_delete"} == expected
+    assert decisions[young]["action"] == "kept"
+    assert decisions[young]["reason"] == "younger_than_retry_horizon"
+    for k in built["referenced"]:
+        assert (decisions[k]["action"], decisions[k]["reason"]) == ("kept", "referenced")
+    assert _keys(s3_client, bucket, root + "/") == everything  # nothing deleted
+
+    # By now the first young orphan has outgrown the horizon; a new one has not.
+    if (time.time() * 1000 - decisions[young]["last_modified_ms"]) < HORIZON_MS + 1500:
+        time.sleep((HORIZON_MS + 1500) / 1000)
+    expected |= {young}
+    young = f"{root}/wal-shared/{uuid.uuid4().hex}"
+    s3_client.put_object(Bucket=bucket, Key=young, Body=b"young orphan")
+    everything.add(young)
+    applied = run_vacuum(spark, settings, VacuumOptions(
+        retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
+        Report(tmp_path / "apply"))
+    assert applied.exit_code == 0, applied.summary
+    summary = read_summary(tmp_path / "apply")
+    assert summary["deleted"]["count"] == len(expected)
+    assert summary["reference_scan_complete"] is True
+    decisions = {d["key"]: d for d in table(tmp_path / "apply", "decisions")}
+    assert {k for k, d in decisions.items() if d["action"] == "deleted"} == expected
+    assert decisions[young]["reason"] == "younger_than_retry_horizon"
+    assert _keys(s3_client, bucket, root + "/") == everything - expected
+
+    # Nothing any entry, pending record or compaction record names has gone.
+    audit = run_audit(spark, settings, AuditOptions(deep=True), Report(tmp_path / "audit"))
+    assert audit.exit_code == 0, audit.summary
+    assert audit.summary["orphans"]["count"] == 1  # the young one
+
+
+def test_vacuum_refuses_a_short_horizon(stack: LocalStack, spark: Any, tmp_path: Path) -> None:
+    from jobs.spark.common import Report
+    from jobs.spark.vacuum import VacuumOptions, run_vacuum
+
+    settings = make_settings(stack, root_prefix=unique_root())
+    with pytest.raises(ValueError, match="unsafe-short-horizon"):
+        run_vacuum(spark, settings, VacuumOptions(retry_horizon_ms=60_000),
+                   Report(tmp_path / "r"))
