@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import shutil
@@ -80,6 +81,7 @@ def main() -> None:
                         help="where input, reports and export go (default: a temp dir)")
     parser.add_argument("--skip-export", action="store_true")
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     from app.localstack.stack import LocalStack, StackConfig
     from jobs.spark.audit import AuditOptions, run_audit

@@ -137,7 +137,7 @@ def test_backfill_then_export_round_trip(stack: LocalStack, spark: Any, topic: s
     assert out.exit_code == 0, out.summary
 
     exported = _export(spark, settings, tmp_path / "export", tmp_path / "out.parquet",
-                       range_records=100)
+                       range_records=100, verify_output=True)
     assert set(exported) == set(expected)
     for key, values in expected.items():
         rows = exported[key]
@@ -150,7 +150,10 @@ def test_backfill_then_export_round_trip(stack: LocalStack, spark: Any, topic: s
                 assert text is None
     summary = read_summary(tmp_path / "export")
     assert summary["records_exported"] == sum(len(v) for v in expected.values())
-    assert summary["ranges"] >= 7
+    assert summary["duplicate_offsets"] == 0
+    parts = table(tmp_path / "export", "files")
+    assert sorted(f["file"] for f in parts) == [f"part-{i:05d}.parquet" for i in range(14)]
+    assert summary["ranges"] == 14
 
     # A second run of the same backfill finds everything done: nothing is appended.
     again = _backfill(spark, settings, tmp_path / "bf-json-2", inputs=tuple(files),
@@ -305,3 +308,41 @@ def test_backfill_killed_midway_and_rerun_leaves_no_duplicates(
     for p in range(4):
         assert [o for o, _ in log[p]] == list(range(1, n + 1))
         assert [v for _, v in log[p]] == [f"v-{p}-{i}".encode() for i in range(n)]
+
+
+def test_a_failed_chunk_stops_its_partition_and_a_rerun_completes_it(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    settings = make_settings(stack, root_prefix=unique_root())
+    fenced, open_tp = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    rows = [{"topic": topic, "partition": i % 2, "value": f"r-{i % 2}-{i // 2}"}
+            for i in range(400)]
+    _write_jsonl(tmp_path / "in.jsonl", rows)
+
+    async def fence(e: Engine) -> None:
+        await e.writer.append_shared([AppendGroup(fenced, [b"before"])])
+        await e.writer.fence(fenced)
+
+    run(settings, fence)
+    options = dict(inputs=(str(tmp_path / "in.jsonl"),), topic_column="topic",
+                   partition_column="partition", chunk_records=20, tasks=1)
+    first = _backfill(spark, settings, tmp_path / "first", **options)
+    assert first.exit_code == 1
+    chunks = sorted((c["partition"], c["chunk"], c["status"])
+                    for c in table(tmp_path / "first", "chunks"))
+    assert chunks == [(0, 0, "failed")] + [(0, c, "not_attempted") for c in range(1, 10)] + [
+        (1, c, "appended") for c in range(10)]
+
+    async def unfence(e: Engine) -> None:
+        await e.writer.unfence(fenced)
+
+    run(settings, unfence)
+    second = _backfill(spark, settings, tmp_path / "second", **options)
+    assert second.exit_code == 0, second.summary
+    assert second.summary["records_appended"] == 200
+
+    async def read(e: Engine) -> dict[int, list[tuple[int, bytes]]]:
+        return {tp.partition: await _read_all(e, tp) for tp in (fenced, open_tp)}
+
+    log = run(settings, read)
+    assert [v for _, v in log[0]] == [b"before"] + [f"r-0-{i}".encode() for i in range(200)]
+    assert [v for _, v in log[1]] == [f"r-1-{i}".encode() for i in range(200)]

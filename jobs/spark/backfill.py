@@ -388,12 +388,14 @@ def backfill_task(payload: Mapping[str, str], params: TaskParams,
                     # Reading the file blocks the event loop briefly per row batch; the
                     # writer's background work just waits meanwhile.
                     for unit in _units(read_staged(uri)):
-                        if not await task.admit(unit):
-                            continue
                         if batch and (unit.tp in {u.tp for u in batch}
                                       or size + unit.size > params.blob_bytes):
                             await task.flush(batch)
                             batch, size = [], 0
+                        # After the flush: a chunk whose predecessor just failed must not
+                        # be appended (its partition's order would break).
+                        if not await task.admit(unit):
+                            continue
                         batch.append(unit)
                         size += unit.size
                         if time.monotonic() - last_log > 10:
