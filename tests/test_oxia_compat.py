@@ -23,3 +23,31 @@ def test_install_is_idempotent() -> None:
     descriptor = ServiceDiscovery.__dict__["_init_barrier"]
     oxia_compat.install()
     assert ServiceDiscovery.__dict__["_init_barrier"] is descriptor
+
+
+def test_close_marks_the_discovery_closed_before_the_channels() -> None:
+    from oxia.client import Client
+
+    oxia_compat.install()
+    order: list[str] = []
+
+    class Discovery:
+        _closed = False
+
+        def close(self) -> None:
+            order.append("discovery.close")
+
+    class Closeable:
+        def __init__(self, name: str, discovery: Discovery) -> None:
+            self.name, self.discovery = name, discovery
+
+        def close(self) -> None:
+            order.append(f"{self.name} (discovery closed: {self.discovery._closed})")
+
+    client = object.__new__(Client)
+    discovery = Discovery()
+    client._service_discovery = discovery
+    client._session_manager = Closeable("sessions", discovery)
+    client._connections = Closeable("connections", discovery)
+    client.close()
+    assert "connections (discovery closed: True)" in order

@@ -1,10 +1,14 @@
-"""A fix for a start-up race in the ``oxia`` Python client (0.2.x).
+"""Fixes for two races in the ``oxia`` Python client (0.2.x).
 
-``ServiceDiscovery.__init__`` starts its shard-assignment thread before it creates the
-barrier that thread signals; when the first assignments arrive quickly, the thread hits
-a missing attribute and dies, and the constructor then waits its full 30 s and fails.
-Making the barrier a lazily created, first-wins attribute closes the race without
-touching anything else. :func:`install` is idempotent and runs when this module loads.
+- Start-up: ``ServiceDiscovery.__init__`` starts its shard-assignment thread before it
+  creates the barrier that thread signals; when the first assignments arrive quickly,
+  the thread hits a missing attribute and dies, and the constructor then waits its full
+  30 s and fails. The barrier becomes a lazily created, first-wins attribute.
+- Shutdown: ``Client.close`` closes the channels before it marks the discovery closed,
+  so the assignment thread may retry on a closed channel and die with "Channel closed!".
+  The discovery is marked closed first.
+
+:func:`install` is idempotent and runs when this module loads.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from oxia.client import Client
 from oxia.internal.service_discovery import ServiceDiscovery
 
 _LOCK = threading.Lock()
@@ -35,9 +40,22 @@ class _FirstWinsBarrier:
             obj.__dict__.setdefault(_SLOT, value)
 
 
+def _closing_discovery_first(close: Any) -> Any:
+    def wrapper(self: Any) -> Any:
+        discovery = getattr(self, "_service_discovery", None)
+        if discovery is not None:
+            discovery._closed = True  # the assignment thread then exits instead of retrying
+        return close(self)
+
+    wrapper._llog_fixed = True  # type: ignore[attr-defined]
+    return wrapper
+
+
 def install() -> None:
     if not isinstance(ServiceDiscovery.__dict__.get("_init_barrier"), _FirstWinsBarrier):
         ServiceDiscovery._init_barrier = _FirstWinsBarrier()
+    if not getattr(Client.close, "_llog_fixed", False):
+        Client.close = _closing_discovery_first(Client.close)
 
 
 install()
