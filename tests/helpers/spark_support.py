@@ -8,13 +8,11 @@ The session is created on first use and stopped when the process exits, so every
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.util
 import json
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,41 +20,11 @@ import anyio
 
 from app.settings import Settings
 from app.storage import codec
-from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.reader import LogReader
+from app.storage.keys import TopicPartition
+from app.storage.oxia_store import EXPECT_NOT_EXISTS
 from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
-from app.storage.s3 import S3Store
-from app.storage.writer import AppendGroup, AppendResult, CrashPoint, LogWriter
-from jobs.spark.common import quiet_oxia_close
-
-
-@dataclass
-class Engine:
-    settings: Settings
-    layout: KeyLayout
-    metrics: StoreMetrics
-    oxia: OxiaStore
-    s3: S3Store
-    writer: LogWriter
-    reader: LogReader
-
-
-@contextlib.asynccontextmanager
-async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
-    """Store clients, a writer without background tasks (each append materialises its
-    index entry before it returns) and a reader."""
-    metrics = StoreMetrics()
-    layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
-    async with OxiaStore(settings, metrics) as ox:
-        try:
-            async with S3Store(settings, metrics) as s3:
-                writer = LogWriter(ox, s3, layout, metrics, **writer_kwargs)
-                yield Engine(settings, layout, metrics, ox, s3, writer,
-                             LogReader(ox, s3, layout))
-        finally:
-            quiet_oxia_close(ox)
+from app.storage.writer import AppendGroup, AppendResult, CrashPoint
+from tests.conftest import Engine, open_engine
 
 
 def spark_missing_reason() -> str | None:
