@@ -141,7 +141,8 @@ def build_summary(run: RunDir, scenario: Scenario, samples: list[dict[str, Any]]
     verify = extra.get("verify")
     if verify is not None and not verify.get("ok"):
         warnings.append(f"read-back: {verify.get('missing')} acknowledged records missing, "
-                        f"{verify.get('mismatched')} different")
+                        f"{verify.get('mismatched')} different, "
+                        f"{verify.get('log_holes')} offsets absent from the log")
 
     remaps = read_jsonl(run / rundir.REMAP_EVENTS)
     faults = read_jsonl(run / rundir.FAULTS)
