@@ -114,6 +114,14 @@ async def engine(settings: Settings) -> AsyncIterator[Engine]:
         yield e
 
 
+@pytest.fixture(scope="session")
+def spark() -> Any:
+    """The local[2] SparkSession shared by the Spark tests (created on first use)."""
+    from tests.helpers.spark_support import get_spark
+
+    return get_spark()
+
+
 @pytest.fixture
 def repo_root() -> Path:
     return Path(__file__).resolve().parents[1]

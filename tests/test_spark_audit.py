@@ -6,19 +6,16 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.records import Control
 from tests.conftest import make_settings
 from tests.helpers.spark_support import (
-    SPARK_SKIP_REASON,
+    SPARK_TESTS,
     Engine,
     append,
     compact,
     crash_after_commit,
-    get_spark,
     index_rows,
     read_summary,
     recreate_stray,
@@ -27,15 +24,7 @@ from tests.helpers.spark_support import (
     unique_root,
 )
 
-pytestmark = [
-    pytest.mark.stack,
-    pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
-]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    return get_spark()
+pytestmark = SPARK_TESTS
 
 
 def _audit(spark: Any, settings: Any, report: Path, **options: Any) -> Any:

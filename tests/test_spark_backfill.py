@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import pytest
 
 from app.localstack.stack import LocalStack
 from app.settings import Settings
@@ -22,9 +21,8 @@ from app.storage.keys import TopicPartition
 from app.storage.writer import AppendGroup, AppendResult
 from tests.conftest import make_settings
 from tests.helpers.spark_support import (
-    SPARK_SKIP_REASON,
+    SPARK_TESTS,
     Engine,
-    get_spark,
     open_engine,
     read_summary,
     run,
@@ -32,16 +30,8 @@ from tests.helpers.spark_support import (
     unique_root,
 )
 
-pytestmark = [
-    pytest.mark.stack,
-    pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
-]
+pytestmark = SPARK_TESTS
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    return get_spark()
 
 
 def _backfill(spark: Any, settings: Settings, report: Path, **options: Any) -> Any:

@@ -13,11 +13,10 @@ from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from tests.conftest import make_settings
 from tests.helpers.spark_support import (
-    SPARK_SKIP_REASON,
+    SPARK_TESTS,
     Engine,
     append,
     compact,
-    get_spark,
     index_rows,
     read_summary,
     recreate_stray,
@@ -26,17 +25,9 @@ from tests.helpers.spark_support import (
     unique_root,
 )
 
-pytestmark = [
-    pytest.mark.stack,
-    pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
-]
+pytestmark = SPARK_TESTS
 
 HORIZON_MS = 2000
-
-
-@pytest.fixture(scope="session")
-def spark() -> Any:
-    return get_spark()
 
 
 def _keys(s3_client: Any, bucket: str, prefix: str) -> set[str]:

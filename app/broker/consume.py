@@ -18,7 +18,7 @@ from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import PartitionWatch
 from app.storage.errors import LogError
 from app.storage.keys import TopicPartition
-from app.storage.reader import LogReader, ReadRequest
+from app.storage.reader import LogReader, ReadRequest, ReadResult
 from app.tailcache import CacheHit, TailCache, run_cache_io
 
 # Bounds the work one partition can cause in one response, whatever the byte budget.
@@ -32,19 +32,7 @@ class Fetch:
     partition_max_bytes: int | None = None
 
 
-@dataclass(frozen=True)
-class Fetched:
-    tp: TopicPartition
-    records: list[tuple[int, bytes]]
-    high_watermark: int
-    next_offset: int
-
-    @property
-    def size(self) -> int:
-        return sum(len(v) for _, v in self.records)
-
-
-Outcome = Fetched | LogError
+Outcome = ReadResult | LogError
 
 
 class ConsumeService:
@@ -105,7 +93,7 @@ class ConsumeService:
         if all(isinstance(o, LogError) for o in outcomes):
             return True  # nothing to wait for
         # A record counts at least one byte, so an empty record still satisfies min_bytes=1.
-        gathered = sum(max(len(v), 1) for o in outcomes if isinstance(o, Fetched)
+        gathered = sum(max(len(v), 1) for o in outcomes if isinstance(o, ReadResult)
                        for _, v in o.records)
         return gathered >= min_bytes
 
@@ -119,7 +107,8 @@ class ConsumeService:
                 hit = None  # "known empty" is not trustworthy after a remote write
             if hit is not None:
                 self._metrics.cache.labels("hit" if hit.records else "tail").inc()
-                outcomes[i] = Fetched(f.tp, hit.records, hit.high_watermark, hit.next_offset)
+                outcomes[i] = ReadResult(f.tp, hit.records, hit.high_watermark,
+                                         hit.next_offset)
             else:
                 self._metrics.cache.labels("miss").inc()
                 limit = min(f.partition_max_bytes or max_bytes, max_bytes)
@@ -134,8 +123,7 @@ class ConsumeService:
                     continue
                 self._watch.refreshed(request.tp)
                 learned.append((request.tp, result.high_watermark))
-                outcomes[i] = Fetched(request.tp, result.records, result.high_watermark,
-                                      result.next_offset)
+                outcomes[i] = result
             if self._cache is not None and learned:
                 await run_cache_io(self._cache, self._note_all, learned)
         return _apply_total_budget([o for o in outcomes if o is not None], max_bytes)
@@ -174,5 +162,5 @@ def _apply_total_budget(outcomes: list[Outcome], max_bytes: int) -> list[Outcome
         if len(kept) == len(o.records):
             out.append(o)
         else:
-            out.append(Fetched(o.tp, kept, o.high_watermark, kept[-1][0] + 1))
+            out.append(ReadResult(o.tp, kept, o.high_watermark, kept[-1][0] + 1))
     return out

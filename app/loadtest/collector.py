@@ -131,18 +131,9 @@ def fetch_json(url: str, timeout: float = 3.0) -> Any:
 def _proc_table() -> dict[int, tuple[int, float, int]]:
     """pid -> (ppid, cpu seconds, rss bytes) for every process."""
     table: dict[int, tuple[int, float, int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        ppid = int(fields[1])
+    for pid, fields in rundir.proc_stats():
         cpu = (int(fields[11]) + int(fields[12])) / _TICKS
-        rss = int(fields[21]) * _PAGE
-        table[int(entry.name)] = (ppid, cpu, rss)
+        table[pid] = (int(fields[1]), cpu, int(fields[21]) * _PAGE)
     return table
 
 

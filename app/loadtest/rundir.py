@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -189,18 +190,24 @@ def wait_gone(refs: list[dict[str, Any]], timeout: float) -> bool:
     return not any(ref_alive(r) for r in refs)
 
 
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
+def proc_stats() -> Iterator[tuple[int, list[str]]]:
+    """(pid, fields of /proc/<pid>/stat after the command name) for every process; the
+    first of those fields is the state, the second the parent pid."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
         except OSError:
-            continue
-        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
+            continue  # exited meanwhile
+        yield int(entry.name), stat[stat.rindex(")") + 2:].split()
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for child, fields in proc_stats():
+        children.setdefault(int(fields[1]), []).append(child)
     out, todo = [], [pid]
     while todo:
         current = todo.pop()

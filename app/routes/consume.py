@@ -11,7 +11,7 @@ import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from app.broker.consume import Fetch, Fetched, Outcome
+from app.broker.consume import Fetch, Outcome
 from app.broker.state import BrokerState
 from app.routes.deps import broker_state
 from app.routes.errors import error_body
@@ -25,6 +25,7 @@ from app.routes.models import (
 from app.routes.produce import RoleDisabled
 from app.storage.errors import LogError
 from app.storage.keys import TopicPartition
+from app.storage.reader import ReadResult
 
 router = APIRouter(tags=["consume"])
 
@@ -97,7 +98,7 @@ async def consume(
     results: list[ConsumePartitionResult] = []
     for fetch, outcome in zip(fetches, outcomes, strict=True):
         tp = fetch.tp
-        if isinstance(outcome, Fetched):
+        if isinstance(outcome, ReadResult):
             results.append(ConsumePartitionResult(
                 topic=tp.topic, partition=tp.partition, ok=True,
                 high_watermark=outcome.high_watermark, next_offset=outcome.next_offset,

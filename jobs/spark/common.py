@@ -404,12 +404,15 @@ def base_parser(job: str, description: str) -> argparse.ArgumentParser:
     return parser
 
 
-JobRunner = Callable[["SparkSession", Settings, argparse.Namespace, Report], JobOutcome]
+Options = TypeVar("Options")
+JobRunner = Callable[["SparkSession", Settings, Options, Report], JobOutcome]
 
 
 def run_main(job: str, parser: argparse.ArgumentParser, argv: Sequence[str] | None,
-             runner: JobRunner) -> int:
-    """Parse, build the session, run, write the summary; never raises (exit codes)."""
+             runner: JobRunner[Options],
+             options_from_args: Callable[[argparse.Namespace], Options]) -> int:
+    """Parse, build the job's options and the session, run, write the summary; never
+    raises (exit codes)."""
     try:
         args = parser.parse_args(list(argv) if argv is not None else None)
     except SystemExit as exc:  # --help or a usage error
@@ -433,7 +436,7 @@ def run_main(job: str, parser: argparse.ArgumentParser, argv: Sequence[str] | No
     spark = build_spark(f"llog-{job}", args.master, conf)
     try:
         with Progress(spark, job, args.progress_interval):
-            outcome = runner(spark, settings, args, report)
+            outcome = runner(spark, settings, options_from_args(args), report)
     except Exception as exc:
         job_log.exception("%s failed", job)
         report.write_summary({

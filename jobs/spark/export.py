@@ -313,11 +313,7 @@ def options_from_args(args: argparse.Namespace) -> ExportOptions:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    def runner(spark: SparkSession, settings: Settings, args: argparse.Namespace,
-               report: Report) -> JobOutcome:
-        return run_export(spark, settings, options_from_args(args), report)
-
-    return run_main(JOB, build_parser(), argv, runner)
+    return run_main(JOB, build_parser(), argv, run_export, options_from_args)
 
 
 if __name__ == "__main__":

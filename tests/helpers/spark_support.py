@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from app.settings import Settings
 from app.storage import codec
@@ -36,6 +37,11 @@ def spark_missing_reason() -> str | None:
 
 
 SPARK_SKIP_REASON = spark_missing_reason()
+# The marks of every Spark test module: they need the stack, and Spark itself.
+SPARK_TESTS = [
+    pytest.mark.stack,
+    pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
+]
 _SESSION: Any = None
 
 
