@@ -12,11 +12,15 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 Role = Literal["write", "read", "compact"]
 ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
+
+# The share of the retry horizon within which a blob must be committed: the rest is the
+# margin for clock skew between brokers and the object store, and for process pauses.
+RETRY_HORIZON_SAFE_SHARE = 0.5
 
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
@@ -46,13 +50,19 @@ class Settings(BaseSettings):
     s3_endpoint: str | None = "http://127.0.0.1:9000"
     s3_bucket: str = "leaderless-log-wal"
     s3_region: str = "us-east-1"
-    s3_access_key: str | None = None
-    s3_secret_key: str | None = None
+    # Secrets: repr() and logs show "**********"; as_env() reveals them to child processes.
+    s3_access_key: SecretStr | None = None
+    s3_secret_key: SecretStr | None = None
     s3_max_pool_connections: int = Field(default=64, ge=1, le=1024)
     s3_request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     s3_max_attempts: int = Field(default=5, ge=1, le=20)
 
     root_prefix: str = "llog"
+
+    # Garbage collection: an object may be deleted only when it is older than this and
+    # unreferenced. Writers and compactors refuse to commit a blob older than
+    # RETRY_HORIZON_SAFE_SHARE of it, so the two can never race (docs/protocol.md).
+    retry_horizon_ms: int = Field(default=3_600_000, ge=60_000, le=30 * 86_400_000)
 
     # Broker identity and roles.
     broker_id: str = Field(default_factory=lambda: f"broker-{socket.gethostname()}")
@@ -75,6 +85,8 @@ class Settings(BaseSettings):
     max_record_bytes: int = Field(default=8 * 1024 * 1024, ge=1)
     max_wait_ms_ceiling: int = Field(default=30_000, ge=0, le=600_000)
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
+    max_partitions_per_request: int = Field(default=1_000, ge=1, le=100_000)
+    max_fetch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
 
     # Compaction.
     compaction_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
@@ -93,12 +105,16 @@ class Settings(BaseSettings):
     # llog_loadtest_scenario_info (strings) and llog_loadtest_scenario_<key> (numbers).
     loadtest_scenario: str | None = None
 
-    # Reader: compacted and legacy objects kept in memory between reads.
+    # Reader: compacted and legacy objects kept in memory between reads, and how many
+    # object downloads run at once (per consume request and per process).
     read_object_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
+    read_fetch_concurrency: int = Field(default=8, ge=1, le=256)
+    read_max_concurrent_fetches: int = Field(default=64, ge=1, le=4096)
 
     # Tail cache.
     tail_cache_dir: Path | None = None
     tail_cache_max_bytes: int = Field(default=64 * 1024 * 1024, ge=0)
+    tail_cache_max_partitions: int = Field(default=10_000, ge=1)
 
     @field_validator("roles", mode="before")
     @classmethod
@@ -197,6 +213,11 @@ class Settings(BaseSettings):
         except ValidationError as exc:
             raise SettingsError(describe_validation_error(exc)) from None
 
+    @property
+    def retry_horizon_safe_ms(self) -> int:
+        """The age beyond which a writer or compactor no longer commits a blob."""
+        return int(self.retry_horizon_ms * RETRY_HORIZON_SAFE_SHARE)
+
     def has_role(self, role: Role) -> bool:
         return role in self.roles
 
@@ -206,6 +227,8 @@ class Settings(BaseSettings):
         for name, value in self.model_dump().items():
             if value is None:
                 value = ""  # every optional setting reads "" as unset
+            elif isinstance(value, SecretStr):
+                value = value.get_secret_value()
             elif isinstance(value, tuple):
                 value = ",".join(value)
             env[f"LLOG_{name.upper()}"] = str(value)

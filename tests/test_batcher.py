@@ -8,8 +8,7 @@ import anyio
 import pytest
 
 from app.batching.batcher import Batcher
-from app.batching.errors import BackPressureRejected, BatcherClosed
-from app.storage.errors import LogError, StorageUnavailable
+from app.errors import BackPressureRejected, LlogError, ShuttingDown, StorageUnavailable
 from app.storage.keys import TopicPartition
 from app.storage.writer import AppendGroup, AppendResult
 
@@ -27,14 +26,14 @@ class FakeLog:
         self.entered = anyio.Event()
         self.fail_with: BaseException | None = None
 
-    async def append(self, groups: Sequence[AppendGroup]) -> list[AppendResult | LogError]:
+    async def append(self, groups: Sequence[AppendGroup]) -> list[AppendResult | LlogError]:
         self.calls.append(list(groups))
         self.entered.set()
         if self.hold:
             await self.release.wait()
         if self.fail_with is not None:
             raise self.fail_with
-        out: list[AppendResult | LogError] = []
+        out: list[AppendResult | LlogError] = []
         for g in groups:
             start = self.offsets.get(g.tp, 0) + 1
             end = start + len(g.records) - 1
@@ -53,7 +52,7 @@ def batcher(log: FakeLog, **kw: object) -> Batcher:
 async def test_concurrent_requests_share_one_flush_and_get_their_own_offsets() -> None:
     log = FakeLog()
     b = batcher(log, max_delay_s=1.0, max_bytes=10)
-    answers: dict[str, list[AppendResult | LogError]] = {}
+    answers: dict[str, list[AppendResult | LlogError]] = {}
     all_answered = anyio.Event()
 
     async def submit(name: str, groups: list[AppendGroup]) -> None:
@@ -110,7 +109,7 @@ async def test_a_full_buffer_refuses_new_work() -> None:
 async def test_close_flushes_what_is_buffered_and_then_refuses() -> None:
     log = FakeLog()
     b = batcher(log, max_delay_s=60)  # only close() can make it flush now
-    got: list[list[AppendResult | LogError]] = []
+    got: list[list[AppendResult | LlogError]] = []
     async with anyio.create_task_group() as tg:
         await tg.start(b.run)
 
@@ -121,9 +120,9 @@ async def test_close_flushes_what_is_buffered_and_then_refuses() -> None:
         await anyio.wait_all_tasks_blocked()
         b.close()
     assert len(got) == 1 and isinstance(got[0][0], AppendResult)
-    with pytest.raises(BatcherClosed) as excinfo:
+    with pytest.raises(ShuttingDown) as excinfo:
         await b.submit([AppendGroup(A, [b"late"])])
-    assert excinfo.value.error_type == "BackPressureRejected"
+    assert excinfo.value.error_type == "ShuttingDown" and excinfo.value.retriable
 
 
 async def test_a_failed_append_fails_that_flush_only() -> None:

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from app.errors import CorruptData, LlogError
 from app.storage.codec import (
     MAGIC,
     MAX_BLOB_PARTITIONS,
@@ -27,7 +28,6 @@ from app.storage.codec import (
     encoded_batch_size,
     verify_body,
 )
-from app.storage.errors import CorruptData, LogError
 
 U32 = struct.Struct(">I")
 PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -186,7 +186,7 @@ def test_batch_huge_claimed_count_rejected_without_allocating() -> None:
 
 
 def test_corrupt_data_is_a_log_error() -> None:
-    with pytest.raises(LogError) as info:
+    with pytest.raises(LlogError) as info:
         decode_batch(b"")
     assert info.value.error_type == "CorruptData"
 

@@ -14,8 +14,8 @@ from prometheus_client import CollectorRegistry
 
 from app.compaction.compactor import STEPS
 from app.compaction.metrics import CompactionMetrics
+from app.errors import CorruptData
 from app.localstack.stack import LocalStack
-from app.storage.errors import CorruptData
 from app.storage.keys import TopicPartition
 from app.storage.oxia_store import EXPECT_NOT_EXISTS
 from app.storage.records import Compaction, CompactionCursor

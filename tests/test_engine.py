@@ -8,16 +8,16 @@ from typing import Any
 import anyio
 import pytest
 
-from app.localstack.stack import LocalStack
-from app.storage import codec
-from app.storage.errors import (
+from app.errors import (
     CorruptData,
-    InvalidInput,
+    InvalidRequest,
     LogGap,
     ObjectMissing,
     OffsetOutOfRange,
     PartitionFenced,
 )
+from app.localstack.stack import LocalStack
+from app.storage import codec
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadRequest
 from app.storage.records import Control, IndexEntry, Pending
@@ -102,13 +102,13 @@ async def test_reading_at_and_beyond_the_tail(engine: Engine, tp: TopicPartition
 
 
 async def test_invalid_appends_write_nothing(engine: Engine, tp: TopicPartition) -> None:
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         await engine.writer.append_shared([])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         await engine.writer.append_shared([AppendGroup(tp, [])])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         await engine.writer.append_shared([AppendGroup(tp, [b"a"]), AppendGroup(tp, [b"b"])])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         TopicPartition("bad/topic", 0)
     assert await engine.reader.read_control(tp) is None
 

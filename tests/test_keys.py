@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.storage.errors import InvalidInput
+from app.errors import InvalidRequest
 from app.storage.keys import (
     MAX_PARTITION,
     KeyLayout,
@@ -66,9 +66,9 @@ def test_valid_topics(topic: str) -> None:
     ],
 )
 def test_invalid_topics(topic: object) -> None:
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         validate_topic(topic)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         TopicPartition(topic, 0)  # type: ignore[arg-type]
 
 
@@ -86,13 +86,13 @@ def test_generated_valid_topics(topic: str) -> None:
 @PROPS
 @given(st.text(min_size=1, max_size=20).filter(lambda t: any(c not in TOPIC_ALPHABET for c in t)))
 def test_topics_with_any_foreign_character_are_rejected(topic: str) -> None:
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         validate_topic(topic)
 
 
 @pytest.mark.parametrize("topic", ["orders\n", "a\n"])
 def test_topic_with_trailing_newline_is_rejected(topic: str) -> None:
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         validate_topic(topic)
 
 
@@ -109,9 +109,9 @@ def test_valid_partitions(partition: int) -> None:
     "partition", [-1, -(2**31), 2**31, 2**63, True, False, "0", "1", 0.0, 1.5, None, [0]]
 )
 def test_invalid_partitions(partition: object) -> None:
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         validate_partition(partition)
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         TopicPartition("orders", partition)  # type: ignore[arg-type]
 
 
@@ -262,7 +262,7 @@ def test_parse_uri(uri: str, expected: tuple[str, str]) -> None:
     "uri", ["", "s3://", "s3://b", "s3://b/", "s3:///k", "http://b/k", "S3://b/k", "b/k", "s3:/b/k"]
 )
 def test_parse_uri_rejects(uri: str) -> None:
-    with pytest.raises(InvalidInput):
+    with pytest.raises(InvalidRequest):
         KeyLayout.parse_uri(uri)
 
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.storage.errors import CorruptData
+from app.errors import CorruptData
 from app.storage.records import (
     Compaction,
     CompactionCursor,

@@ -18,14 +18,13 @@ from dataclasses import dataclass, field
 import anyio
 import anyio.abc
 
-from app.batching.errors import BackPressureRejected, BatcherClosed
 from app.batching.metrics import BatcherMetrics
-from app.storage.errors import LogError, StorageUnavailable
+from app.errors import BackPressureRejected, LlogError, ShuttingDown, StorageUnavailable
 from app.storage.keys import TopicPartition
 from app.storage.writer import AppendGroup, AppendResult
 
-AppendFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendResult | LogError]]]
-Outcome = AppendResult | LogError
+AppendFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendResult | LlogError]]]
+Outcome = AppendResult | LlogError
 
 
 @dataclass
@@ -93,7 +92,7 @@ class Batcher:
         if self._failure is not None:
             raise StorageUnavailable(f"the batcher stopped: {self._failure!r}")
         if self._closing:
-            raise BatcherClosed("the broker is shutting down; retry on another broker")
+            raise ShuttingDown("the broker is shutting down; retry on another broker")
         size = _group_bytes(groups)
         if self._batch.size + self._inflight_bytes + size > self._buffer_max and (
             self._batch.size or self._inflight_bytes
@@ -159,7 +158,7 @@ class Batcher:
             groups, slices = _aggregate(batch.waiters)
             try:
                 results = await self._append(groups)
-            except LogError as exc:
+            except LlogError as exc:
                 results = [exc] * len(groups)
             committed = [(g, r) for g, r in zip(groups, results, strict=True)
                          if isinstance(r, AppendResult)]

@@ -16,7 +16,7 @@ import anyio
 
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import PartitionWatch
-from app.storage.errors import LogError
+from app.errors import LlogError
 from app.storage.keys import TopicPartition
 from app.storage.reader import LogReader, ReadRequest, ReadResult
 from app.tailcache import CacheHit, TailCache, run_cache_io
@@ -32,7 +32,7 @@ class Fetch:
     partition_max_bytes: int | None = None
 
 
-Outcome = ReadResult | LogError
+Outcome = ReadResult | LlogError
 
 
 class ConsumeService:
@@ -90,7 +90,7 @@ class ConsumeService:
 
     @staticmethod
     def _enough(outcomes: Sequence[Outcome], min_bytes: int) -> bool:
-        if all(isinstance(o, LogError) for o in outcomes):
+        if all(isinstance(o, LlogError) for o in outcomes):
             return True  # nothing to wait for
         # A record counts at least one byte, so an empty record still satisfies min_bytes=1.
         gathered = sum(max(len(v), 1) for o in outcomes if isinstance(o, ReadResult)
@@ -118,7 +118,7 @@ class ConsumeService:
             results = await self._reader.read_many([r for _, r in misses])
             learned: list[tuple[TopicPartition, int]] = []
             for (i, request), result in zip(misses, results, strict=True):
-                if isinstance(result, LogError):
+                if isinstance(result, LlogError):
                     outcomes[i] = result
                     continue
                 self._watch.refreshed(request.tp)
@@ -148,7 +148,7 @@ def _apply_total_budget(outcomes: list[Outcome], max_bytes: int) -> list[Outcome
     remaining = max_bytes
     out: list[Outcome] = []
     for o in outcomes:
-        if isinstance(o, LogError) or not o.records:
+        if isinstance(o, LlogError) or not o.records:
             out.append(o)
             continue
         kept = [o.records[0]]

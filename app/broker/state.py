@@ -29,8 +29,8 @@ from app.broker.metrics import (
 )
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.compaction.service import run_in_broker
+from app.errors import LlogError
 from app.settings import Settings
-from app.storage.errors import LogError
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
@@ -125,7 +125,7 @@ async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> 
                 total += obj.size
                 count += 1
             state.s3_usage = S3Usage(total, count, int(time.time() * 1000))
-        except LogError as exc:
+        except LlogError as exc:
             log.warning("S3 usage scan failed: %s", exc)
         await anyio.sleep(interval_s)
 

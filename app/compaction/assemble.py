@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
+from app.errors import CorruptData, LlogError
 from app.storage import codec
-from app.storage.errors import CorruptData, LogError
 from app.storage.keys import KeyLayout
 from app.storage.records import IndexEntry
 from app.storage.s3 import S3Store
@@ -68,14 +68,14 @@ async def build_compacted_body(
 ) -> CompactedBody:
     """Fetch every entry of ``run`` (at most ``concurrency`` at once) and merge them."""
     bodies: list[bytes] = [b""] * len(run)
-    failures: list[LogError] = []
+    failures: list[LlogError] = []
     limiter = anyio.CapacityLimiter(max(1, concurrency))
 
     async def fetch(i: int, tg: anyio.abc.TaskGroup) -> None:
         async with limiter:
             try:
                 bodies[i] = await read_body(s3, layout, run[i])
-            except LogError as exc:
+            except LlogError as exc:
                 # Raised below as itself (not wrapped in an exception group); the other
                 # fetches are pointless now.
                 failures.append(exc)

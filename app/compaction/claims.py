@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 import anyio
 
 from app.compaction.metrics import CompactionMetrics
-from app.storage.errors import StorageUnavailable
+from app.errors import StorageUnavailable, VersionMismatch
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, VersionMismatch
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
 from app.storage.records import CompactorClaim, now_ms
 
 log = logging.getLogger(__name__)

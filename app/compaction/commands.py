@@ -14,8 +14,8 @@ import anyio
 
 from app.compaction.claims import Claims
 from app.compaction.compactor import CompactionConfig, CompactionOutcome, Compactor
+from app.errors import LlogError
 from app.settings import Settings
-from app.storage.errors import LogError
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
@@ -59,7 +59,7 @@ def compact_once_main(settings: Settings, topic: str, partition: int, *,
     try:
         tp = TopicPartition(topic, partition)
         outcome = anyio.run(functools.partial(compact_partition, settings, tp, claim=claim))
-    except LogError as exc:
+    except LlogError as exc:
         print(json.dumps({"error": exc.error_type, "detail": str(exc)}), file=sys.stderr)
         return 1
     if outcome is None:

@@ -32,10 +32,10 @@ from typing import Any, Literal
 
 from app.compaction.assemble import IndexedEntry, build_compacted_body
 from app.compaction.metrics import CompactionMetrics
+from app.errors import CommitConflict, CorruptData, LlogError, LogGap, VersionMismatch
 from app.settings import Settings
-from app.storage.errors import CommitConflict, CorruptData, LogError, LogGap
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, VersionMismatch
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
 from app.storage.records import (
     ENCODING,
     Compaction,
@@ -159,7 +159,7 @@ class Compactor:
     async def compact_once(self, tp: TopicPartition) -> CompactionOutcome:
         try:
             outcome = await self._compact_once(tp)
-        except LogError as exc:
+        except LlogError as exc:
             self._count_failure(exc.error_type)
             raise
         except Exception as exc:

@@ -28,9 +28,9 @@ import anyio.abc
 from app.compaction.claims import Claims
 from app.compaction.compactor import CompactionOutcome, Compactor
 from app.compaction.metrics import CompactionMetrics, PartitionLag
+from app.errors import InvalidRequest, LlogError
 from app.settings import Settings
 from app.storage.catalog import discover_partitions
-from app.storage.errors import InvalidInput, LogError
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import OxiaStore
 from app.storage.records import CompactionCursor, Control, now_ms
@@ -57,7 +57,7 @@ def parse_targets(targets: Iterable[str]) -> list[TopicPartition]:
         topic, _, partition = target.rpartition(":")
         try:
             out.append(TopicPartition(topic, int(partition)))
-        except (InvalidInput, ValueError):
+        except (InvalidRequest, ValueError):
             log.warning("ignoring compaction seed target %r", target)
     return out
 
@@ -121,7 +121,7 @@ class CompactionScheduler:
         """Add every partition that has a ``meta/control`` key; returns how many are new."""
         try:
             found = await discover_partitions(self._oxia, self._layout)
-        except LogError:
+        except LlogError:
             self._count_discovery("error")
             raise
         self._count_discovery("ok")
@@ -142,7 +142,7 @@ class CompactionScheduler:
             if time.monotonic() >= next_discovery:
                 try:
                     await self.discover()
-                except LogError as exc:
+                except LlogError as exc:
                     log.warning("partition discovery failed: %s", exc)
                 next_discovery = time.monotonic() + s.compaction_discovery_interval_s
             await self.run_pass()
@@ -197,7 +197,7 @@ class CompactionScheduler:
                             if not outcome.did_work or self._stopped:
                                 break
                 result.lag = await self._observe_lag(tp)
-        except LogError as exc:
+        except LlogError as exc:
             result.error = f"{exc.error_type}: {exc}"
             log.warning("%s: compaction failed: %s", tp, result.error)
         except TimeoutError:

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 
 from app.broker.consume import Fetch, Outcome
 from app.broker.state import BrokerState
+from app.errors import LlogError, RoleDisabled
 from app.routes.deps import broker_state
 from app.routes.errors import error_body
 from app.routes.models import (
@@ -22,8 +23,6 @@ from app.routes.models import (
     ConsumeResponse,
     ErrorResponse,
 )
-from app.routes.produce import RoleDisabled
-from app.storage.errors import LogError
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadResult
 
@@ -107,7 +106,7 @@ async def consume(
             metrics.records.inc(len(outcome.records))
             metrics.bytes.inc(outcome.size)
         else:
-            assert isinstance(outcome, LogError)
+            assert isinstance(outcome, LlogError)
             results.append(ConsumePartitionResult(
                 topic=tp.topic, partition=tp.partition, ok=False,
                 error_type=outcome.error_type, error=str(outcome),

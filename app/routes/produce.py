@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from app.broker.state import BrokerState
+from app.errors import LlogError, RoleDisabled, Unavailable
 from app.routes.deps import broker_state
 from app.routes.errors import RequestTooLarge
 from app.routes.models import (
@@ -17,18 +18,10 @@ from app.routes.models import (
     ProduceRequest,
     ProduceResponse,
 )
-from app.storage.errors import LogError
 from app.storage.keys import TopicPartition
 from app.storage.writer import AppendGroup, AppendResult
 
 router = APIRouter(tags=["produce"])
-BACKPRESSURE = "BackPressureRejected"
-
-
-class RoleDisabled(LogError):
-    """This broker process does not have the role the request needs."""
-
-
 @router.post(
     "/produce",
     response_model=ProduceResponse,
@@ -62,13 +55,13 @@ async def produce(
                 )
         groups.append(AppendGroup(TopicPartition(entry.topic, entry.partition), values))
 
-    outcomes: list[AppendResult | LogError]
+    outcomes: list[AppendResult | LlogError]
     if state.batcher is None:
         outcomes = [RoleDisabled("this broker does not have the write role")] * len(groups)
     else:
         try:
             outcomes = await state.batcher.submit(groups)
-        except LogError as exc:  # back-pressure or shutdown: nothing was written
+        except LlogError as exc:  # back-pressure or shutdown: nothing was written
             outcomes = [exc] * len(groups)
 
     results: list[ProducePartitionResult] = []
@@ -92,7 +85,7 @@ async def produce(
     headers = {}
     if errors == 0:
         status = 200
-    elif all(r.error_type == BACKPRESSURE for r in results):
+    elif all(isinstance(o, Unavailable) for o in outcomes):
         status = 503
         headers["Retry-After"] = "1"
     else:

@@ -15,7 +15,7 @@ from typing import Any
 
 import google_crc32c
 
-from app.storage.errors import CorruptData
+from app.errors import CorruptData
 
 MAGIC = b"LLS1"
 _U32 = struct.Struct(">I")

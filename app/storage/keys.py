@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app.storage.errors import InvalidInput
+from app.errors import InvalidRequest
 
 MAX_PARTITION = 2**31 - 1
 OFFSET_DIGITS = 20
@@ -16,7 +16,7 @@ _DIGITS = re.compile(r"[0-9]+")
 def validate_topic(topic: object) -> str:
     """Kafka's rule: 1..249 of ``[A-Za-z0-9._-]``, not ``.`` or ``..``."""
     if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or topic in (".", ".."):
-        raise InvalidInput(
+        raise InvalidRequest(
             f"invalid topic {topic!r}: 1..249 characters of [A-Za-z0-9._-], not '.' or '..'"
         )
     return topic
@@ -28,7 +28,7 @@ def validate_partition(partition: object) -> int:
         or isinstance(partition, bool)
         or not 0 <= partition <= MAX_PARTITION
     ):
-        raise InvalidInput(f"invalid partition {partition!r}: an integer in 0..{MAX_PARTITION}")
+        raise InvalidRequest(f"invalid partition {partition!r}: an integer in 0..{MAX_PARTITION}")
     return partition
 
 
@@ -113,10 +113,10 @@ class KeyLayout:
     @staticmethod
     def parse_uri(uri: str) -> tuple[str, str]:
         if not uri.startswith("s3://"):
-            raise InvalidInput(f"not an s3:// URI: {uri!r}")
+            raise InvalidRequest(f"not an s3:// URI: {uri!r}")
         bucket, _, key = uri[5:].partition("/")
         if not bucket or not key:
-            raise InvalidInput(f"not an s3://bucket/key URI: {uri!r}")
+            raise InvalidRequest(f"not an s3://bucket/key URI: {uri!r}")
         return bucket, key
 
     def parse_control_key(self, key: str) -> TopicPartition | None:
@@ -132,5 +132,5 @@ class KeyLayout:
             return None
         try:
             return TopicPartition(topic, int(partition))
-        except InvalidInput:
+        except InvalidRequest:
             return None

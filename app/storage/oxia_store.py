@@ -21,9 +21,9 @@ import grpc
 import oxia
 import oxia.ex
 
+from app.errors import StorageUnavailable, VersionMismatch
 from app.settings import Settings
 from app.storage import oxia_compat  # noqa: F401  (fixes a client start-up race)
-from app.storage.errors import StorageUnavailable
 from app.storage.metrics import StoreMetrics
 
 T = TypeVar("T")
@@ -31,10 +31,6 @@ EXPECT_NOT_EXISTS = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
 
 # Request/response methods of the Oxia client service that must finish promptly.
 _DEADLINE_METHODS = ("/Write", "/Read", "/List", "/RangeScan")
-
-
-class VersionMismatch(Exception):
-    """A conditional put or delete found another version (internal to the engine)."""
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,15 @@ from dataclasses import dataclass
 
 import anyio
 
-from app.storage import codec
-from app.storage.errors import (
+from app.errors import (
     CorruptData,
-    LogError,
+    LlogError,
     LogGap,
     ObjectMissing,
     OffsetOutOfRange,
     StorageUnavailable,
 )
+from app.storage import codec
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import OxiaStore
 from app.storage.records import Control, IndexEntry, Pending
@@ -158,21 +158,21 @@ class LogReader:
         can never be stuck.
         """
         (result,) = await self.read_many([ReadRequest(tp, offset, max_records, max_bytes)])
-        if isinstance(result, LogError):
+        if isinstance(result, LlogError):
             raise result
         return result
 
-    async def read_many(self, requests: Sequence[ReadRequest]) -> list[ReadResult | LogError]:
+    async def read_many(self, requests: Sequence[ReadRequest]) -> list[ReadResult | LlogError]:
         """Read several partitions at once; objects shared between them are fetched once.
 
         Each partition's failure is its own entry in the result list.
         """
-        plans: list[_Plan | LogError] = [StorageUnavailable("not attempted")] * len(requests)
+        plans: list[_Plan | LlogError] = [StorageUnavailable("not attempted")] * len(requests)
 
         async def plan(i: int, request: ReadRequest) -> None:
             try:
                 plans[i] = await self._plan(request)
-            except LogError as exc:
+            except LlogError as exc:
                 plans[i] = exc
 
         async with anyio.create_task_group() as tg:
@@ -182,14 +182,14 @@ class LogReader:
         bodies = await self._fetch_bodies(
             [e for p in plans if isinstance(p, _Plan) for e in p.entries]
         )
-        results: list[ReadResult | LogError] = []
+        results: list[ReadResult | LlogError] = []
         for request, p in zip(requests, plans, strict=True):
-            if isinstance(p, LogError):
+            if isinstance(p, LlogError):
                 results.append(p)
                 continue
             try:
                 results.append(self._assemble(request, p, bodies))
-            except LogError as exc:
+            except LlogError as exc:
                 results.append(exc)
         return results
 
@@ -295,7 +295,7 @@ class LogReader:
     # -- bytes -------------------------------------------------------------------------
 
     async def _fetch_bodies(self, entries: Sequence[Entry]
-                            ) -> dict[Entry, bytes | Records | LogError]:
+                            ) -> dict[Entry, bytes | Records | LlogError]:
         """Fetch every entry's body, one request per object where that is not wasteful.
 
         Slices of one shared blob wanted by several partitions are fetched with a single
@@ -306,12 +306,12 @@ class LogReader:
         by_key: dict[str, list[Entry]] = {}
         for entry in set(entries):
             by_key.setdefault(entry.data_key, []).append(entry)
-        out: dict[Entry, bytes | Records | LogError] = {}
+        out: dict[Entry, bytes | Records | LlogError] = {}
 
         async def fetch_object(uri: str, group: list[Entry]) -> None:
             try:
                 await fetch_into(uri, group)
-            except LogError as exc:
+            except LlogError as exc:
                 for e in group:
                     out.setdefault(e, exc)
 
@@ -352,14 +352,14 @@ class LogReader:
         return out
 
     def _assemble(self, request: ReadRequest, plan: _Plan,
-                  bodies: dict[Entry, bytes | Records | LogError]) -> ReadResult:
+                  bodies: dict[Entry, bytes | Records | LlogError]) -> ReadResult:
         out: list[tuple[int, bytes]] = []
         size = 0
         next_at = plan.offset
         max_records, max_bytes = request.max_records, request.max_bytes
         for entry in plan.entries:
             body = bodies[entry]
-            if isinstance(body, LogError):
+            if isinstance(body, LlogError):
                 raise body
             if isinstance(body, list):  # a whole object, verified and decoded already
                 values = body

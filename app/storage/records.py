@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Self
 
-from app.storage.errors import CorruptData
+from app.errors import CorruptData
 
 ENCODING = "bytes-batch-v1"
 LogState = Literal["OPEN", "FENCED"]

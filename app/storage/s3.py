@@ -18,9 +18,10 @@ import anyio
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
+from pydantic import SecretStr
 
+from app.errors import ObjectMissing, StorageUnavailable
 from app.settings import Settings
-from app.storage.errors import ObjectMissing, StorageUnavailable
 from app.storage.metrics import StoreMetrics
 
 
@@ -29,6 +30,10 @@ class ObjectInfo:
     key: str
     size: int
     last_modified_ms: int
+
+
+def _reveal(secret: SecretStr | None) -> str | None:
+    return None if secret is None else secret.get_secret_value()
 
 
 def _status(exc: ClientError) -> int:
@@ -65,8 +70,8 @@ class S3Store:
                 "s3",
                 endpoint_url=s.s3_endpoint,
                 region_name=s.s3_region,
-                aws_access_key_id=s.s3_access_key,
-                aws_secret_access_key=s.s3_secret_key,
+                aws_access_key_id=_reveal(s.s3_access_key),
+                aws_secret_access_key=_reveal(s.s3_secret_key),
                 config=config,
             )
         )

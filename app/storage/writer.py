@@ -20,17 +20,18 @@ from dataclasses import dataclass
 import anyio
 import anyio.abc
 
-from app.storage import codec
-from app.storage.errors import (
+from app.errors import (
     CommitConflict,
-    InvalidInput,
-    LogError,
+    InvalidRequest,
+    LlogError,
     PartitionFenced,
     StorageUnavailable,
+    VersionMismatch,
 )
+from app.storage import codec
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec, VersionMismatch
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
 from app.storage.records import (
     CompactionCursor,
     Control,
@@ -133,21 +134,21 @@ class LogWriter:
 
     async def append_shared(
         self, groups: Sequence[AppendGroup]
-    ) -> list[AppendResult | LogError]:
+    ) -> list[AppendResult | LlogError]:
         """Append every group; one result (or the partition's error) per group, in order.
 
         One partition failing never affects another. Raises only when nothing could be
         committed at all (invalid input, or the shared blob could not be written).
         """
         if not groups:
-            raise InvalidInput("append_shared needs at least one group")
+            raise InvalidRequest("append_shared needs at least one group")
         seen: set[TopicPartition] = set()
         for group in groups:
             if group.tp in seen:
-                raise InvalidInput(f"{group.tp} appears twice in one append")
+                raise InvalidRequest(f"{group.tp} appears twice in one append")
             seen.add(group.tp)
             if not group.records:
-                raise InvalidInput(f"{group.tp}: an append needs at least one record")
+                raise InvalidRequest(f"{group.tp}: an append needs at least one record")
 
         created = now_ms()
         blob, parts = codec.encode_shared_blob(
@@ -159,7 +160,7 @@ class LogWriter:
         self._step("after_blob_put")
         uri = self._layout.uri(key)
 
-        results: list[AppendResult | LogError] = [
+        results: list[AppendResult | LlogError] = [
             StorageUnavailable("not attempted") for _ in groups
         ]
 
@@ -168,7 +169,7 @@ class LogWriter:
                            len(group.records), created, group.idempotency_key)
             try:
                 results[i] = await self.commit(group.tp, piece)
-            except LogError as exc:
+            except LlogError as exc:
                 results[i] = exc
 
         async with anyio.create_task_group() as tg:

@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from app.storage.errors import InvalidInput
+from app.errors import InvalidRequest
 from app.storage.keys import TopicPartition
 from app.tailcache.base import CacheHit, TailCacheStats, suffix_within, within_budget
 from app.tailcache.segment import (
@@ -371,7 +371,7 @@ class FileTailCache:
                     continue
                 tp: TopicPartition | None = None
                 if part.name.isdigit() and str(int(part.name)) == part.name:
-                    with contextlib.suppress(InvalidInput):
+                    with contextlib.suppress(InvalidRequest):
                         tp = TopicPartition(topic.name, int(part.name))
                 out.append((Path(part.path), tp))
         return out

@@ -31,11 +31,10 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from app.errors import CorruptData, ObjectMissing, VersionMismatch
 from app.settings import Settings
 from app.storage import codec
-from app.storage.errors import CorruptData, ObjectMissing
 from app.storage.keys import TopicPartition
-from app.storage.oxia_store import VersionMismatch
 from app.storage.s3 import ObjectInfo
 from jobs.spark.common import (
     EXIT_FAILED,

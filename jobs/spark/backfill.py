@@ -42,8 +42,8 @@ from urllib.parse import unquote, urlparse
 
 import anyio
 
+from app.errors import InvalidRequest, LlogError
 from app.settings import Settings
-from app.storage.errors import InvalidInput, LogError
 from app.storage.keys import TopicPartition, validate_partition, validate_topic
 from app.storage.records import Control
 from app.storage.s3 import S3Store
@@ -299,7 +299,7 @@ class _Task:
         self.recorder.last_put = None
         try:
             results = await self.writer.append_shared(groups)
-        except LogError as exc:
+        except LlogError as exc:
             results = [exc for _ in units]
         ours = self.recorder.last_put
         for unit, res in zip(units, results, strict=True):
@@ -516,7 +516,7 @@ def plan_input(df: DataFrame) -> dict[str, list[int]]:
     for r in rows:
         try:
             tp = TopicPartition(validate_topic(r["topic"]), validate_partition(r["partition"]))
-        except InvalidInput as exc:
+        except InvalidRequest as exc:
             problems.append(f"{r['records']} rows: {exc}")
             continue
         if r["nulls"]:

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from app.errors import LlogError
 from app.settings import Settings
-from app.storage.errors import LogError
 from app.storage.keys import TopicPartition
 from app.storage.reader import LogReader
 from jobs.spark.common import (
@@ -160,16 +160,16 @@ def export_task(payload: Mapping[str, str], output: str,
                         try:
                             result = await reader.read(tp, offset, max_records=min(
                                 READ_RECORDS, last - offset + 1), max_bytes=READ_BYTES)
-                        except LogError as exc:
-                            raise LogError(f"{tp} offsets {offset}..{last}: "
+                        except LlogError as exc:
+                            raise LlogError(f"{tp} offsets {offset}..{last}: "
                                            f"{exc.error_type}: {exc}") from exc
                         got = [(at, v) for at, v in result.records if at <= last]
                         if not got:
-                            raise LogError(f"{tp}: nothing readable at offset {offset} "
+                            raise LlogError(f"{tp}: nothing readable at offset {offset} "
                                            f"(high watermark {result.high_watermark})")
                         offsets = [at for at, _ in got]
                         if offsets[0] != offset or offsets[-1] != offset + len(got) - 1:
-                            raise LogError(f"{tp}: offsets from {offset} are not contiguous")
+                            raise LlogError(f"{tp}: offsets from {offset} are not contiguous")
                         values = pa.array([v for _, v in got], pa.binary())
                         try:  # the whole batch at once when it is all valid UTF-8
                             text = values.cast(pa.string())

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import anyio
 
-from app.storage.errors import CorruptData, InvalidInput, LogError
+from app.errors import CorruptData, InvalidRequest, LlogError
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import OxiaStore, Record
 from app.storage.records import Compaction, CompactionCursor, Control, IndexEntry
@@ -334,7 +334,7 @@ def object_key(layout: KeyLayout, data_key: str) -> str | None:
     """The object key of ``data_key`` when it lies in this deployment's bucket."""
     try:
         bucket, key = layout.parse_uri(data_key)
-    except InvalidInput:
+    except InvalidRequest:
         return None
     return key if bucket == layout.bucket else None
 
@@ -390,7 +390,7 @@ def snapshot_task(
                     try:
                         snap = await read_snapshot(stores.oxia, stores.layout, tp)
                         rows = await handler.handle(snap)
-                    except (LogError, OSError) as exc:
+                    except (LlogError, OSError) as exc:
                         logger.warning("%s: %s", tp, exc)
                         rows = handler.on_error(tp, exc)
                     results.extend(rows)

@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from app.errors import LlogError
 from app.settings import Settings
-from app.storage.errors import LogError
 from app.storage.keys import TopicPartition
 from jobs.spark.audit import list_objects
 from jobs.spark.common import (
@@ -157,7 +157,7 @@ def delete_task(payload: Mapping[str, str], complete: bool, scan_started_ms: int
                         async with limiter:
                             await stores.s3.delete(r["key"])
                         action = DELETED
-                    except LogError as exc:
+                    except LlogError as exc:
                         action, error = DELETE_FAILED, str(exc)
                 out[i] = (r["key"], r["size"], r["last_modified_ms"], r["area"], r["topic"],
                           r["partition"], scan_started_ms - int(r["last_modified_ms"]),
@@ -189,7 +189,7 @@ def _anchor(settings: Settings, run_id: str, *, remove: bool = False) -> int:
             async for info in stores.s3.list(key):
                 if info.key == key:
                     return info.last_modified_ms
-            raise LogError(f"the anchor object {key} was created but is not listed")
+            raise LlogError(f"the anchor object {key} was created but is not listed")
 
     return run_async(run)
 
@@ -258,7 +258,7 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
         decisions = spark.read.parquet(report.write_table(decisions_df, "decisions"))
     finally:
         # A leftover anchor is a few bytes outside every data prefix.
-        with contextlib.suppress(LogError):
+        with contextlib.suppress(LlogError):
             _anchor(settings, run_id, remove=True)
 
     counts: dict[str, dict[str, int]] = {}

@@ -1,0 +1,185 @@
+"""Every error leaderless-log reports, as one documented tree.
+
+Each class carries what a caller needs to act on it, so nothing above the engine has to
+compare strings:
+
+- ``error_type``: a stable name (the class name), listed in docs/http-api.md and in the
+  OpenAPI document; clients may switch on it.
+- ``retriable``: sending the same request again may succeed.
+- ``maybe_written``: reported for a produce entry, the records may have been committed
+  although the broker could not confirm it (retry with an idempotency key).
+- ``http_status``: the status of a response whose *whole* request failed with this
+  error. Per-entry errors travel inside a 200/409 body instead.
+
+::
+
+    LlogError
+    ├── RequestError                 the request must change (4xx)
+    │   ├── InvalidRequest           400  malformed or invalid input, nothing written
+    │   ├── PayloadTooLarge          413  over a size or count limit, nothing written
+    │   └── OffsetOutOfRange         400  fetch offset beyond the high watermark + 1
+    ├── Unavailable                  503  refused before anything was written; retry
+    │   ├── BackPressureRejected          the produce buffer is full
+    │   ├── ShuttingDown                  this broker is draining; retry on another
+    │   └── RoleDisabled                  this process does not serve the operation
+    ├── StorageError                 Oxia or S3 failed, or what they hold is wrong
+    │   ├── StorageUnavailable       503  a request failed or timed out; retriable
+    │   ├── CorruptData              500  stored bytes fail to decode or verify
+    │   ├── ObjectMissing            500  an object an entry points at is gone
+    │   └── LogGap                   500  no entry covers a committed offset
+    └── AppendError                  one partition's append was not acknowledged
+        ├── PartitionFenced          409  the partition refuses appends
+        ├── CommitConflict           409  compare-and-set attempts exhausted; retriable
+        ├── CommitExpired            409  the upload grew older than the retry horizon
+        └── CommitInDoubt            409  the outcome is unknown; maybe written
+
+:class:`VersionMismatch` is not part of the tree: it is the engine's internal signal for
+a failed compare-and-set and never leaves it.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class LlogError(Exception):
+    """Base class of every error leaderless-log reports."""
+
+    retriable: ClassVar[bool] = False
+    maybe_written: ClassVar[bool] = False
+    http_status: ClassVar[int] = 500
+
+    @property
+    def error_type(self) -> str:
+        return type(self).__name__
+
+
+# -- the request ---------------------------------------------------------------------
+
+
+class RequestError(LlogError):
+    """The caller must change the request; nothing was written."""
+
+    http_status = 400
+
+
+class InvalidRequest(RequestError, ValueError):
+    """A topic, partition, record or field the protocol does not allow."""
+
+
+class PayloadTooLarge(RequestError):
+    """The request exceeds a configured size or count limit."""
+
+    http_status = 413
+
+
+class OffsetOutOfRange(RequestError):
+    """The requested offset lies beyond the high watermark + 1."""
+
+
+# -- refused before writing ----------------------------------------------------------
+
+
+class Unavailable(LlogError):
+    """Refused before anything was written; the same request may be sent again."""
+
+    retriable = True
+    http_status = 503
+
+
+class BackPressureRejected(Unavailable):
+    """The produce buffer is full: retry after a short pause."""
+
+
+class ShuttingDown(Unavailable):
+    """The broker is draining: retry on another broker."""
+
+
+class RoleDisabled(Unavailable):
+    """This broker process does not have the role the request needs."""
+
+
+# -- storage ---------------------------------------------------------------------------
+
+
+class StorageError(LlogError):
+    """Oxia or S3 failed, or what they hold does not verify."""
+
+
+class StorageUnavailable(StorageError):
+    """Oxia or S3 failed or timed out; the operation may be retried.
+
+    Reported for a produce entry it means the records were not committed (an outcome
+    that cannot be settled is :class:`CommitInDoubt` instead).
+    """
+
+    retriable = True
+    http_status = 503
+
+
+class CorruptData(StorageError):
+    """Stored bytes are truncated, oversized, inconsistent or fail their checksum."""
+
+
+class ObjectMissing(StorageError):
+    """An object that an index or pending entry references does not exist."""
+
+
+class LogGap(StorageError):
+    """An offset at or below the high watermark has no index entry: corruption or trim."""
+
+
+# -- appends ---------------------------------------------------------------------------
+
+
+class AppendError(LlogError):
+    """One partition's append was not acknowledged."""
+
+    http_status = 409
+
+
+class PartitionFenced(AppendError):
+    """The partition's ``log_state`` is FENCED: appends are refused, reads continue."""
+
+
+class CommitConflict(AppendError):
+    """Compare-and-set attempts were exhausted because other writers kept winning."""
+
+    retriable = True
+
+
+class CommitExpired(AppendError):
+    """The uploaded blob became older than the safe share of the retry horizon before
+    its commit: committing it now could race garbage collection, so it was not."""
+
+    retriable = True
+
+
+class CommitInDoubt(AppendError):
+    """The commit's outcome could not be settled: the records may have been written.
+
+    A retry with the same idempotency key is answered without writing twice.
+    """
+
+    retriable = True
+    maybe_written = True
+
+
+# -- internal signals --------------------------------------------------------------------
+
+
+class VersionMismatch(Exception):
+    """A conditional put or delete found another version (internal to the engine)."""
+
+
+def error_types() -> list[type[LlogError]]:
+    """Every concrete error class, in tree order (documentation and the OpenAPI enum)."""
+    out: list[type[LlogError]] = []
+
+    def walk(cls: type[LlogError]) -> None:
+        for sub in cls.__subclasses__():
+            out.append(sub)
+            walk(sub)
+
+    walk(LlogError)
+    return [c for c in out if not c.__subclasses__()]
