@@ -10,8 +10,8 @@ import httpx
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.records import IndexEntry
-from tests.conftest import BrokerFactory, make_settings, open_engine
-from tests.test_broker_http import consume_body, produce_body
+from tests.helpers.http import consume_body, produce_body
+from tests.helpers.stack import BrokerFactory, make_settings, open_engine
 
 
 async def test_broker_compaction_role_compacts_and_reads_stay_identical(

@@ -10,7 +10,8 @@ import anyio
 import httpx
 import pytest_asyncio
 
-from tests.conftest import Broker
+from tests.helpers.http import consume_body, produce_body
+from tests.helpers.stack import Broker
 
 LIMIT_BODY = 262144
 
@@ -19,19 +20,6 @@ LIMIT_BODY = 262144
 async def http(broker: Broker) -> AsyncIterator[httpx.AsyncClient]:
     async with httpx.AsyncClient(base_url=broker.url, timeout=30) as client:
         yield client
-
-
-def produce_body(topic: str, *records: Any, partition: int = 0) -> dict[str, Any]:
-    return {"topic_partitions": [{"topic": topic, "partition": partition,
-                                  "records": list(records)}]}
-
-
-def consume_body(topic: str, offset: int = 1, partition: int = 0, **extra: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {"topic_partitions": [
-        {"topic": topic, "partition": partition, "fetch_offset": offset}]}
-    body.setdefault("max_wait_ms", 0)
-    body.update(extra)
-    return body
 
 
 async def high_watermark(http: httpx.AsyncClient, topic: str, partition: int = 0) -> int:

@@ -19,8 +19,7 @@ from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.oxia_store import EXPECT_NOT_EXISTS
 from app.storage.records import Compaction, CompactionCursor
-from tests.conftest import Engine, open_engine
-from tests.test_compaction_helpers import (
+from tests.helpers.compaction import (
     Expected,
     append_batches,
     assert_compacted,
@@ -31,6 +30,7 @@ from tests.test_compaction_helpers import (
     make_compactor,
     read_all,
 )
+from tests.helpers.stack import Engine, open_engine
 
 
 @pytest_asyncio.fixture

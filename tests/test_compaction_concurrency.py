@@ -15,8 +15,7 @@ from app.compaction.compactor import CompactionOutcome
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.writer import AppendGroup, AppendResult
-from tests.conftest import Engine, open_engine
-from tests.test_compaction_helpers import (
+from tests.helpers.compaction import (
     Expected,
     assert_compacted,
     compaction_settings,
@@ -24,6 +23,7 @@ from tests.test_compaction_helpers import (
     make_compactor,
     read_all,
 )
+from tests.helpers.stack import Engine, open_engine
 
 PRODUCERS, BATCHES, PER_BATCH = 2, 25, 3
 

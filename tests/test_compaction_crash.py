@@ -24,8 +24,7 @@ from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.records import CompactorClaim
-from tests.conftest import Engine, open_engine
-from tests.test_compaction_helpers import (
+from tests.helpers.compaction import (
     Expected,
     append_batches,
     assert_compacted,
@@ -36,6 +35,7 @@ from tests.test_compaction_helpers import (
     make_compactor,
     read_all,
 )
+from tests.helpers.stack import Engine, open_engine
 
 WORKER = Path(__file__).parent / "helpers" / "compact_worker.py"
 BATCHES, PER_BATCH = 6, 3

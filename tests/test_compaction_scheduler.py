@@ -23,8 +23,7 @@ from app.compaction.service import create_compactor_app, run_in_broker
 from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage.keys import TopicPartition
-from tests.conftest import Engine, open_engine
-from tests.test_compaction_helpers import (
+from tests.helpers.compaction import (
     Expected,
     append_batches,
     assert_compacted,
@@ -32,6 +31,7 @@ from tests.test_compaction_helpers import (
     make_compactor,
     read_all,
 )
+from tests.helpers.stack import Engine, open_engine
 
 
 def isolated_settings(stack: LocalStack, **overrides: Any) -> Settings:

@@ -18,7 +18,7 @@ import pytest
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.writer import AppendGroup, AppendResult
-from tests.conftest import make_settings, open_engine
+from tests.helpers.stack import make_settings, open_engine
 
 WORKER = Path(__file__).parent / "helpers" / "append_worker.py"
 

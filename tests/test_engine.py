@@ -22,7 +22,7 @@ from app.storage.keys import TopicPartition
 from app.storage.reader import ReadRequest
 from app.storage.records import Control, IndexEntry, Pending
 from app.storage.writer import AppendGroup, AppendResult
-from tests.conftest import Engine, make_settings, open_engine
+from tests.helpers.stack import Engine, make_settings, open_engine
 
 
 def _ok(result: object) -> AppendResult:

@@ -19,7 +19,7 @@ from app.loadtest.routing import owners_by_partition
 from app.loadtest.rundir import RunDir, latest_run_dir, read_json, read_jsonl, ref_alive
 from app.loadtest.scenario import load_scenario
 from app.loadtest.verify import read_acked
-from tests.conftest import BrokerFactory
+from tests.helpers.stack import BrokerFactory
 
 pytestmark = pytest.mark.stack
 

@@ -11,7 +11,7 @@ from types import ModuleType
 
 import httpx
 
-from tests.conftest import Broker
+from tests.helpers.stack import Broker
 
 
 def _generate(spec: dict[str, object], tmp_path: Path) -> ModuleType:

@@ -1,4 +1,4 @@
-"""Fixes for two races in the ``oxia`` Python client (0.2.x).
+"""Fixes for the ``oxia`` Python client (0.2.x): two races and missing deadlines.
 
 - Start-up: ``ServiceDiscovery.__init__`` starts its shard-assignment thread before it
   creates the barrier that thread signals; when the first assignments arrive quickly,
@@ -8,15 +8,27 @@
   so the assignment thread may retry on a closed channel and die with "Channel closed!".
   The discovery is marked closed first.
 
+- Deadlines: the client sets none on its calls, so a paused or partitioned server
+  blocks a worker thread for ever. :func:`connect` builds the client with a connection
+  pool whose channels add a deadline to every request/response call, including those on
+  the channel to the service address, which the client opens while it is constructed.
+  The long-lived streams (shard assignments, notifications, session keep-alives) are
+  left alone.
+
 :func:`install` is idempotent and runs when this module loads.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
+from dataclasses import dataclass
 from typing import Any
 
+import grpc
+import oxia.client
 from oxia.client import Client
+from oxia.internal.connection_pool import ConnectionPool
 from oxia.internal.service_discovery import ServiceDiscovery
 
 _LOCK = threading.Lock()
@@ -49,6 +61,77 @@ def _closing_discovery_first(close: Any) -> Any:
 
     wrapper._llog_fixed = True  # type: ignore[attr-defined]
     return wrapper
+
+
+# Request/response methods of the Oxia client service that must finish promptly.
+_DEADLINE_METHODS = ("/Write", "/Read", "/List", "/RangeScan", "/CreateSession",
+                     "/KeepAlive", "/CloseSession")
+_CONSTRUCT_LOCK = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _CallDetails(grpc.ClientCallDetails):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: Any
+    compression: Any
+
+
+class _DeadlineInterceptor(grpc.UnaryUnaryClientInterceptor,
+                           grpc.UnaryStreamClientInterceptor):
+    def __init__(self, timeout_s: float) -> None:
+        self._timeout = timeout_s
+
+    def _details(self, details: Any) -> Any:
+        if details.timeout is not None or not details.method.endswith(_DEADLINE_METHODS):
+            return details
+        return _CallDetails(
+            details.method, self._timeout, details.metadata, details.credentials,
+            getattr(details, "wait_for_ready", None), getattr(details, "compression", None),
+        )
+
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(self._details(details), request)
+
+
+class _DeadlinePool(ConnectionPool):
+    """The client's connection pool, with a deadline on every request/response call."""
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__()
+        self._interceptor = _DeadlineInterceptor(timeout_s)
+
+    def get(self, address: str) -> Any:
+        from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
+
+        with self._lock:
+            entry = self.connections.get(address)
+            if entry is None:
+                channel = grpc.intercept_channel(grpc.insecure_channel(address),
+                                                 self._interceptor)
+                entry = self.connections[address] = (channel, OxiaClientStub(channel))
+            return entry[1]
+
+
+def connect(address: str, *, request_timeout_s: float, **kwargs: Any) -> Client:
+    """``oxia.Client(address, **kwargs)`` whose every request/response call has a deadline.
+
+    The client creates its pool in its constructor and opens the channel to ``address``
+    at once, so the pool class is swapped for the duration of the construction (under a
+    lock: constructions are rare and short).
+    """
+    with _CONSTRUCT_LOCK:
+        original = oxia.client.ConnectionPool
+        oxia.client.ConnectionPool = functools.partial(_DeadlinePool, request_timeout_s)
+        try:
+            return Client(address, **kwargs)
+        finally:
+            oxia.client.ConnectionPool = original
 
 
 def install() -> None:

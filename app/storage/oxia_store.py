@@ -2,9 +2,9 @@
 
 Every call runs in a bounded worker pool (``anyio.to_thread.run_sync`` with a
 ``CapacityLimiter``), never on the event loop. The client sets no gRPC deadlines of its
-own, so the channels it opens get an interceptor that adds one to every request/response
-call; a stuck call therefore ends by itself and a worker thread is never leaked. The
-long-lived streams (shard assignments, notifications, session keep-alives) are left alone.
+own, so it is built with channels that add one to every request/response call
+(:func:`app.storage.oxia_compat.connect`); a stuck call therefore ends by itself and a
+worker thread is never leaked.
 """
 
 from __future__ import annotations
@@ -23,69 +23,17 @@ import oxia.ex
 
 from app.errors import StorageUnavailable, VersionMismatch
 from app.settings import Settings
-from app.storage import oxia_compat  # noqa: F401  (fixes a client start-up race)
+from app.storage import oxia_compat
 from app.storage.metrics import StoreMetrics
 
 T = TypeVar("T")
 EXPECT_NOT_EXISTS = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
-
-# Request/response methods of the Oxia client service that must finish promptly.
-_DEADLINE_METHODS = ("/Write", "/Read", "/List", "/RangeScan")
-
 
 @dataclass(frozen=True)
 class Record:
     key: str
     value: bytes
     version_id: int
-
-
-class _DeadlineInterceptor(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
-    def __init__(self, timeout_s: float) -> None:
-        self._timeout = timeout_s
-
-    def _details(self, details: Any) -> Any:
-        if details.timeout is not None or not details.method.endswith(_DEADLINE_METHODS):
-            return details
-        return _CallDetails(
-            details.method, self._timeout, details.metadata, details.credentials,
-            getattr(details, "wait_for_ready", None), getattr(details, "compression", None),
-        )
-
-    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        return continuation(self._details(details), request)
-
-
-@dataclass(frozen=True)
-class _CallDetails(grpc.ClientCallDetails):
-    method: str
-    timeout: float | None
-    metadata: Any
-    credentials: Any
-    wait_for_ready: Any
-    compression: Any
-
-
-def _install_deadlines(client: Any, timeout_s: float) -> None:
-    """Make the client's connection pool open intercepted channels."""
-    from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
-
-    pool = client._connections
-    interceptor = _DeadlineInterceptor(timeout_s)
-
-    def get(address: str) -> Any:
-        with pool._lock:
-            entry = pool.connections.get(address)
-            if entry is None:
-                channel = grpc.intercept_channel(grpc.insecure_channel(address), interceptor)
-                entry = (channel, OxiaClientStub(channel))
-                pool.connections[address] = entry
-            return entry[1]
-
-    pool.get = get
 
 
 class OxiaStore:
@@ -107,14 +55,11 @@ class OxiaStore:
         s = self._settings
 
         def connect() -> Any:
-            client = oxia.Client(
-                s.oxia_address,
-                namespace=s.oxia_namespace,
+            return oxia_compat.connect(
+                s.oxia_address, namespace=s.oxia_namespace,
                 session_timeout_ms=s.oxia_session_timeout_ms,
-                client_identifier=self._identity,
+                client_identifier=self._identity, request_timeout_s=self._timeout,
             )
-            _install_deadlines(client, self._timeout)
-            return client
 
         try:
             self._client = await anyio.to_thread.run_sync(connect, limiter=self._limiter)
@@ -133,15 +78,19 @@ class OxiaStore:
         return self._client
 
     async def _call(self, op: str, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on a worker thread: the one place that times and counts Oxia calls
+        and turns the client's exceptions into the engine's."""
         if self._client is None:
             raise StorageUnavailable("the Oxia client is closed")
         started = time.monotonic()
         outcome = "ok"
         try:
-            # The interceptor bounds each gRPC call; fail_after also bounds waiting for a
-            # free worker and the client's own shard-discovery waits.
+            # Every gRPC call carries its own deadline (oxia_compat.connect), so a worker
+            # thread always comes back. The outer bound covers waiting for a free worker;
+            # if it fires, the caller is released and the thread ends at its deadline.
             with anyio.fail_after(self._timeout * 2 + 5):
-                return await anyio.to_thread.run_sync(fn, limiter=self._limiter)
+                return await anyio.to_thread.run_sync(fn, limiter=self._limiter,
+                                                      abandon_on_cancel=True)
         except (oxia.ex.KeyNotFound, VersionMismatch):
             outcome = "miss"
             raise
@@ -151,9 +100,12 @@ class OxiaStore:
         except TimeoutError as exc:
             outcome = "error"
             raise StorageUnavailable(f"Oxia {op} timed out") from exc
-        except (grpc.RpcError, oxia.ex.OxiaException, RuntimeError) as exc:
+        except StorageUnavailable:
             outcome = "error"
-            raise StorageUnavailable(f"Oxia {op} failed: {exc}") from exc
+            raise
+        except Exception as exc:  # gRPC errors, the client's own ("No shard found", ...)
+            outcome = "error"
+            raise StorageUnavailable(f"Oxia {op} failed: {type(exc).__name__}: {exc}") from exc
         finally:
             self._metrics.oxia_requests.labels(op, outcome).inc()
             self._metrics.oxia_latency.labels(op).observe(time.monotonic() - started)
@@ -314,6 +266,19 @@ class _PutCoalescer:
         return groups
 
     async def _flush(self, groups: list[_QueuedGroup]) -> None:
+        """Send ``groups`` and resolve every one of their futures, whatever happens."""
+        try:
+            await self._send(groups)
+        except BaseException as exc:
+            error = exc if isinstance(exc, StorageUnavailable) else StorageUnavailable(
+                f"Oxia write failed unexpectedly: {type(exc).__name__}: {exc}")
+            for group in groups:
+                if not group.future.done():
+                    group.future.set_result([error] * len(group.puts))
+            if not isinstance(exc, Exception):
+                raise  # cancellation and the like still propagate
+
+    async def _send(self, groups: list[_QueuedGroup]) -> None:
         client = self._store.client
         puts = [p for g in groups for p in g.puts]
         outcomes: list[int | Exception]
@@ -321,6 +286,8 @@ class _PutCoalescer:
             outcomes = await self._store._call("write_batch", lambda: _write(client, puts))
         except StorageUnavailable as exc:
             outcomes = [exc] * len(puts)
+        if len(outcomes) != len(puts):
+            raise StorageUnavailable(f"Oxia answered {len(outcomes)} of {len(puts)} puts")
         metrics = self._store._metrics
         metrics.oxia_batch_size.observe(len(puts))
         for put, outcome in zip(puts, outcomes, strict=True):

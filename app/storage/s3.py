@@ -3,10 +3,14 @@
 botocore's standard retry mode retries throttling, 5xx and connection errors with
 backoff. On top of it, a conditional create that answers 409 (a concurrent conditional
 write in flight) is retried here, while 412 (the object exists) is a definite answer.
+Every request passes through :meth:`S3Store._request`, the one place that times it,
+counts it and turns the client's exceptions (botocore's and aiohttp's) into the
+engine's :class:`~app.errors.StorageUnavailable` and :class:`~app.errors.ObjectMissing`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import random
 import time
@@ -14,6 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 import anyio
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
@@ -36,12 +41,39 @@ def _reveal(secret: SecretStr | None) -> str | None:
     return None if secret is None else secret.get_secret_value()
 
 
-def _status(exc: ClientError) -> int:
-    return int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+class _PreconditionFailed(Exception):
+    """412: a conditional create found the key (internal to this module)."""
 
 
-def _code(exc: ClientError) -> str:
-    return str(exc.response.get("Error", {}).get("Code", ""))
+class _ConditionalConflict(Exception):
+    """409: another conditional write to the key is in flight (internal)."""
+
+
+def _translate(op: str, key: str, exc: BaseException) -> BaseException:
+    """The one place where the S3 client's exceptions become the engine's."""
+    where = f"S3 {op} {key}"
+    if isinstance(exc, ClientError):
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+        code = str(exc.response.get("Error", {}).get("Code", ""))
+        if status == 412 or code == "PreconditionFailed":
+            return _PreconditionFailed()
+        if status == 409 and code != "BucketAlreadyExists":
+            return _ConditionalConflict()
+        if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+            return ObjectMissing(f"{where}: the object does not exist")
+        if code == "InvalidRange" or status == 416:
+            return ObjectMissing(f"{where}: the range lies outside the object")
+        return StorageUnavailable(f"{where} failed: {exc}")
+    # BotoCoreError: connection, timeout and retry exhaustion. aiohttp's errors (a body
+    # cut short is a ClientPayloadError) and timeouts surface while a body streams.
+    return StorageUnavailable(f"{where} failed: {type(exc).__name__}: {exc}")
+
+
+_CLIENT_ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError,
+                  OSError)
+_OUTCOMES: dict[type[BaseException], str] = {
+    _PreconditionFailed: "exists", _ConditionalConflict: "conflict", ObjectMissing: "missing",
+}
 
 
 class S3Store:
@@ -83,46 +115,49 @@ class S3Store:
             self._stack = None
             self._client = None
 
-    def _observe(self, op: str, outcome: str, started: float) -> None:
-        self._metrics.s3_requests.labels(op, outcome).inc()
-        self._metrics.s3_latency.labels(op).observe(time.monotonic() - started)
+    @contextlib.asynccontextmanager
+    async def _request(self, op: str, key: str) -> AsyncIterator[None]:
+        """Time and count one request, and translate whatever the client raises."""
+        if self._client is None:
+            raise StorageUnavailable("the S3 client is closed")
+        started = time.monotonic()
+        outcome = "ok"
+        try:
+            yield
+        except _CLIENT_ERRORS as exc:
+            translated = _translate(op, key, exc)
+            outcome = _OUTCOMES.get(type(translated), "error")
+            raise translated from exc
+        except BaseException:
+            outcome = "error"
+            raise
+        finally:
+            self._metrics.s3_requests.labels(op, outcome).inc()
+            self._metrics.s3_latency.labels(op).observe(time.monotonic() - started)
 
     async def put(self, key: str, body: bytes) -> None:
-        started = time.monotonic()
-        try:
+        async with self._request("put", key):
             await self._client.put_object(Bucket=self.bucket, Key=key, Body=body)
-        except (ClientError, BotoCoreError) as exc:
-            self._observe("put", "error", started)
-            raise StorageUnavailable(f"S3 PUT {key} failed: {exc}") from exc
-        self._observe("put", "ok", started)
         self._metrics.s3_bytes.labels("out").inc(len(body))
 
     async def create_if_absent(self, key: str, body: bytes, *, attempts: int = 8) -> bool:
-        """PUT with ``If-None-Match: *``: True if created, False if the key already exists."""
+        """PUT with ``If-None-Match: *``: True if created, False if the key already exists.
+
+        409 (another conditional write in flight) is retried with backoff; 412 is final.
+        """
         delay = 0.05
-        for attempt in range(attempts):
-            started = time.monotonic()
+        for _ in range(attempts):
             try:
-                await self._client.put_object(
-                    Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*"
-                )
-            except ClientError as exc:
-                status = _status(exc)
-                if status == 412 or _code(exc) == "PreconditionFailed":
-                    self._observe("put", "exists", started)
-                    return False
-                if status == 409 and attempt + 1 < attempts:
-                    # ConditionalRequestConflict: another conditional write is in flight.
-                    self._observe("put", "conflict", started)
-                    await anyio.sleep(delay * (1 + random.random()))
-                    delay = min(delay * 2, 2.0)
-                    continue
-                self._observe("put", "error", started)
-                raise StorageUnavailable(f"S3 conditional PUT {key} failed: {exc}") from exc
-            except BotoCoreError as exc:
-                self._observe("put", "error", started)
-                raise StorageUnavailable(f"S3 conditional PUT {key} failed: {exc}") from exc
-            self._observe("put", "ok", started)
+                async with self._request("put", key):
+                    await self._client.put_object(
+                        Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*"
+                    )
+            except _PreconditionFailed:
+                return False
+            except _ConditionalConflict:
+                await anyio.sleep(delay * (1 + random.random()))
+                delay = min(delay * 2, 2.0)
+                continue
             self._metrics.s3_bytes.labels("out").inc(len(body))
             return True
         raise StorageUnavailable(f"S3 conditional PUT {key}: conflicts did not clear")
@@ -142,47 +177,22 @@ class S3Store:
         return data
 
     async def _read(self, op: str, key: str, byte_range: str | None) -> bytes:
-        started = time.monotonic()
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if byte_range is not None:
             kwargs["Range"] = byte_range
-        try:
+        async with self._request(op, key):
             resp = await self._client.get_object(**kwargs)
             async with resp["Body"] as stream:
                 data: bytes = await stream.read()
-        except ClientError as exc:
-            code = _code(exc)
-            if code in ("NoSuchKey", "404", "NotFound"):
-                self._observe(op, "missing", started)
-                raise ObjectMissing(f"s3://{self.bucket}/{key} does not exist") from None
-            if code == "InvalidRange" or _status(exc) == 416:
-                self._observe(op, "missing", started)
-                raise ObjectMissing(
-                    f"s3://{self.bucket}/{key}: range {byte_range} lies outside the object"
-                ) from None
-            self._observe(op, "error", started)
-            raise StorageUnavailable(f"S3 GET {key} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            self._observe(op, "error", started)
-            raise StorageUnavailable(f"S3 GET {key} failed: {exc}") from exc
-        self._observe(op, "ok", started)
         self._metrics.s3_bytes.labels("in").inc(len(data))
         return data
 
     async def head(self, key: str) -> ObjectInfo | None:
-        started = time.monotonic()
         try:
-            resp = await self._client.head_object(Bucket=self.bucket, Key=key)
-        except ClientError as exc:
-            if _status(exc) == 404:
-                self._observe("head", "missing", started)
-                return None
-            self._observe("head", "error", started)
-            raise StorageUnavailable(f"S3 HEAD {key} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            self._observe("head", "error", started)
-            raise StorageUnavailable(f"S3 HEAD {key} failed: {exc}") from exc
-        self._observe("head", "ok", started)
+            async with self._request("head", key):
+                resp = await self._client.head_object(Bucket=self.bucket, Key=key)
+        except ObjectMissing:
+            return None
         return ObjectInfo(
             key, int(resp["ContentLength"]), int(resp["LastModified"].timestamp() * 1000)
         )
@@ -190,17 +200,12 @@ class S3Store:
     async def list(self, prefix: str, *, page_size: int = 1000) -> AsyncIterator[ObjectInfo]:
         token: str | None = None
         while True:
-            started = time.monotonic()
             kwargs: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix,
                                       "MaxKeys": page_size}
             if token:
                 kwargs["ContinuationToken"] = token
-            try:
+            async with self._request("list", prefix):
                 resp = await self._client.list_objects_v2(**kwargs)
-            except (ClientError, BotoCoreError) as exc:
-                self._observe("list", "error", started)
-                raise StorageUnavailable(f"S3 LIST {prefix} failed: {exc}") from exc
-            self._observe("list", "ok", started)
             for item in resp.get("Contents", []):
                 yield ObjectInfo(
                     item["Key"], int(item["Size"]),
@@ -211,10 +216,5 @@ class S3Store:
             token = resp.get("NextContinuationToken")
 
     async def delete(self, key: str) -> None:
-        started = time.monotonic()
-        try:
+        async with self._request("delete", key):
             await self._client.delete_object(Bucket=self.bucket, Key=key)
-        except (ClientError, BotoCoreError) as exc:
-            self._observe("delete", "error", started)
-            raise StorageUnavailable(f"S3 DELETE {key} failed: {exc}") from exc
-        self._observe("delete", "ok", started)

@@ -17,7 +17,7 @@ from app.storage import codec
 from app.storage.keys import TopicPartition
 from app.storage.records import Compaction, CompactionCursor, IndexEntry
 from app.storage.writer import AppendGroup, AppendResult, LogWriter
-from tests.conftest import Engine, make_settings
+from tests.helpers.stack import Engine, make_settings
 
 
 def compaction_settings(stack: LocalStack, **overrides: Any) -> Settings:

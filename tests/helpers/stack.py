@@ -1,0 +1,100 @@
+"""The real stack as tests use it: settings for it, engines on it, brokers against it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from app.localstack.broker import broker_process, wait_healthy
+from app.localstack.processes import ManagedProcess, free_port
+from app.localstack.stack import LocalStack
+from app.settings import Settings
+from app.storage.keys import KeyLayout
+from app.storage.metrics import StoreMetrics
+from app.storage.oxia_store import OxiaStore
+from app.storage.reader import LogReader
+from app.storage.s3 import S3Store
+from app.storage.writer import LogWriter
+
+
+def make_settings(stack: LocalStack, **overrides: Any) -> Settings:
+    c = stack.config
+    values: dict[str, Any] = {
+        "oxia_address": stack.oxia_address,
+        "oxia_namespace": c.oxia_namespace,
+        "s3_endpoint": stack.s3_endpoint,
+        "s3_bucket": c.bucket,
+        "s3_region": c.region,
+        "s3_access_key": c.access_key,
+        "s3_secret_key": c.secret_key,
+        "root_prefix": c.root_prefix,
+        "broker_id": "test",
+        "oxia_session_timeout_ms": 3000,
+        "oxia_request_timeout_s": 10,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@dataclass
+class Engine:
+    settings: Settings
+    layout: KeyLayout
+    metrics: StoreMetrics
+    oxia: OxiaStore
+    s3: S3Store
+    writer: LogWriter
+    reader: LogReader
+
+
+@contextlib.asynccontextmanager
+async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
+    """Store clients, writer and reader against the stack, closed on exit."""
+    metrics = StoreMetrics()
+    layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
+    async with OxiaStore(settings, metrics) as ox, S3Store(settings, metrics) as s3:
+        writer = LogWriter(ox, s3, layout, metrics, **writer_kwargs)
+        yield Engine(settings, layout, metrics, ox, s3, writer, LogReader(ox, s3, layout))
+
+
+@dataclass
+class Broker:
+    url: str
+    process: ManagedProcess
+    env: dict[str, str]
+
+
+class BrokerFactory:
+    """Starts `llog serve` processes against the session stack; stops them at the end."""
+
+    def __init__(self, stack: LocalStack, logs: Path) -> None:
+        self._stack = stack
+        self._logs = logs
+        self.tmp = logs.parent
+        self.started: list[Broker] = []
+
+    def start(self, *, workers: int = 1, **settings: str) -> Broker:
+        port = free_port()
+        broker_id = settings.pop("broker_id", f"b{len(self.started) + 1}-{port}")
+        env = {**self._stack.settings_env(), "LLOG_BROKER_ID": broker_id,
+               "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000"}
+        env.update({f"LLOG_{k.upper()}": v for k, v in settings.items()})
+        proc = broker_process(broker_id, port, env, self._logs / f"{broker_id}.log",
+                              workers=workers)
+        url = f"http://127.0.0.1:{port}"
+        proc.start()
+        try:
+            wait_healthy(proc, url)
+        except BaseException:
+            proc.stop()
+            raise
+        broker = Broker(url, proc, env)
+        self.started.append(broker)
+        return broker
+
+    def stop_all(self) -> None:
+        for broker in self.started:
+            broker.process.stop()

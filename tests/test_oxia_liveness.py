@@ -1,0 +1,92 @@
+"""Every Oxia call ends: a paused server fails calls within their deadline, and an
+unexpected error in a coalesced write fails its callers instead of stranding them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+
+from app.errors import StorageUnavailable
+from app.localstack.stack import LocalStack, StackConfig
+from app.storage import oxia_store
+from app.storage.metrics import StoreMetrics
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
+from tests.helpers.stack import make_settings
+
+pytestmark = pytest.mark.stack
+
+
+@pytest.fixture(scope="module")
+def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    """A stack of its own: pausing the session's Oxia would stall every other test."""
+    with LocalStack(StackConfig.ephemeral(tmp_path_factory.mktemp("paused"))) as running:
+        yield running
+
+
+async def test_calls_to_a_paused_oxia_end_at_their_deadline(own_stack: LocalStack,
+                                                            tmp_path: Path) -> None:
+    settings = make_settings(own_stack, oxia_request_timeout_s=1.0)
+    assert own_stack.oxia is not None
+    pid = own_stack.oxia.pid
+    async with OxiaStore(settings, StoreMetrics()) as store:
+        await store.put("deadline/a", b"1", "pk")  # connected, shard known
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            for call in (lambda: store.get("deadline/a", "pk"),
+                         lambda: store.put("deadline/b", b"2", "pk"),
+                         lambda: store.range_scan("deadline/", "deadline/~", "pk")):
+                started = time.monotonic()
+                with anyio.fail_after(8), pytest.raises(StorageUnavailable):
+                    await call()
+                # The gRPC deadline (1 s) ends the call, not the outer bound (7 s).
+                assert time.monotonic() - started < 4
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        with anyio.fail_after(30):
+            while True:  # the server catches up; the same client works again
+                try:
+                    record = await store.get("deadline/a", "pk")
+                    break
+                except StorageUnavailable:
+                    await anyio.sleep(0.2)
+        assert record is not None and record.value == b"1"
+
+
+async def test_an_unexpected_write_error_fails_every_waiter(
+        own_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    settings = make_settings(own_stack)
+    real_write = oxia_store._write
+    broken = {"on": True}
+
+    def flaky_write(client: object, batch: list[PutSpec]) -> list[int | Exception]:
+        if broken["on"]:
+            raise Exception("No shard found for key")  # what the client raises
+        return real_write(client, batch)
+
+    monkeypatch.setattr(oxia_store, "_write", flaky_write)
+    async with OxiaStore(settings, StoreMetrics()) as store:
+        outcomes: list[object] = []
+
+        async def put(i: int) -> None:
+            try:
+                outcomes.append(await store.put(f"coalesce/{i}", b"x", "pk",
+                                                expected_version=EXPECT_NOT_EXISTS))
+            except StorageUnavailable as exc:
+                outcomes.append(exc)
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                for i in range(16):
+                    tg.start_soon(put, i)
+        assert len(outcomes) == 16
+        assert all(isinstance(o, StorageUnavailable) for o in outcomes)
+        broken["on"] = False
+        with anyio.fail_after(10):
+            version = await store.put("coalesce/after", b"y", "pk")
+        assert version >= 0
