@@ -7,10 +7,18 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from app.batching.batcher import Batcher
-from app.errors import BackPressureRejected, LlogError, ShuttingDown, StorageUnavailable
+from app.batching.batcher import Batcher, BatcherState, BatcherStats
+from app.errors import (
+    BackPressureRejected,
+    CommitInDoubt,
+    LlogError,
+    PartitionFenced,
+    ShuttingDown,
+    StorageUnavailable,
+    Unavailable,
+)
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.writer import AppendGroup, AppendResult
 
 A, B = TopicPartition("a", 0), TopicPartition("b", 1)
 
@@ -69,9 +77,9 @@ async def test_concurrent_requests_share_one_flush_and_get_their_own_offsets() -
             await all_answered.wait()
         b.close()
 
-    assert len(log.calls) == 1  # one flush, one aggregated group per partition
+    assert len(log.calls) == 1  # one flush holding every group, in arrival order
     assert [(g.tp, list(g.records)) for g in log.calls[0]] == [
-        (A, [b"a1", b"a2", b"a3", b"a4", b"a5"]), (B, [b"b1"])]
+        (A, [b"a1", b"a2"]), (B, [b"b1"]), (A, [b"a3"]), (A, [b"a4", b"a5"])]
     one_a, one_b = answers["one"]
     assert isinstance(one_a, AppendResult) and (one_a.start_offset, one_a.end_offset) == (1, 2)
     assert isinstance(one_b, AppendResult) and (one_b.start_offset, one_b.end_offset) == (1, 1)
@@ -139,15 +147,107 @@ async def test_a_failed_append_fails_that_flush_only() -> None:
         b.close()
 
 
-async def test_a_crashed_flusher_fails_its_waiters_instead_of_hanging() -> None:
+async def test_an_unexpected_error_fails_that_flush_as_in_doubt_and_the_flusher_lives_on(
+) -> None:
     log = FakeLog()
     log.fail_with = RuntimeError("bug")
     b = batcher(log, max_delay_s=0)
     with anyio.fail_after(5):
-        with pytest.raises(BaseExceptionGroup):  # the crash surfaces to the task group
+        async with anyio.create_task_group() as tg:
+            await tg.start(b.run)
+            with pytest.raises(CommitInDoubt) as excinfo:
+                await b.submit([AppendGroup(A, [b"x"])])
+            assert excinfo.value.maybe_written
+            log.fail_with = None
+            (outcome,) = await b.submit([AppendGroup(A, [b"after"])])
+            assert isinstance(outcome, AppendResult)
+            assert b.state is BatcherState.OPEN
+            b.close()
+    assert b.state is BatcherState.CLOSED
+
+
+async def test_each_waiter_gets_its_partitions_outcome() -> None:
+    """A partition that fails fails only the groups that named it."""
+    log = FakeLog()
+    original = log.append
+
+    async def append(groups: Sequence[AppendGroup]) -> list[AppendResult | LlogError]:
+        out = await original(groups)
+        return [PartitionFenced("b is fenced") if g.tp == B else o
+                for g, o in zip(groups, out, strict=True)]
+
+    b = Batcher(append, max_bytes=1 << 20, max_delay_s=0.2, buffer_max_bytes=1 << 20)
+    got: dict[str, list[AppendResult | LlogError]] = {}
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+
+        async def submit(name: str, groups: list[AppendGroup]) -> None:
+            got[name] = await b.submit(groups)
+
+        tg.start_soon(submit, "ab", [AppendGroup(A, [b"1"]), AppendGroup(B, [b"2"])])
+        tg.start_soon(submit, "a", [AppendGroup(A, [b"3"])])
+        await anyio.wait_all_tasks_blocked()
+        b.close()
+    assert isinstance(got["ab"][0], AppendResult) and isinstance(got["ab"][1], PartitionFenced)
+    assert isinstance(got["a"][0], AppendResult) and got["a"][0].start_offset == 2
+
+
+async def test_a_failing_commit_report_never_fails_committed_records() -> None:
+    async def broken(committed: object) -> None:
+        raise RuntimeError("tail cache is broken")
+
+    log = FakeLog()
+    b = batcher(log, max_delay_s=0, on_committed=broken)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        (outcome,) = await b.submit([AppendGroup(A, [b"x"])])
+        assert isinstance(outcome, AppendResult)
+        b.close()
+
+
+async def test_statistics_in_flight() -> None:
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_inflight_flushes=1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        assert b.statistics() == BatcherStats("open", 0, 0, 0, 0)
+        tg.start_soon(b.submit, [AppendGroup(A, [b"12345"])])
+        with anyio.fail_after(5):
+            await log.entered.wait()
+        assert b.statistics() == BatcherStats("open", 0, 0, 5, 1)
+        tg.start_soon(b.submit, [AppendGroup(B, [b"12"]), AppendGroup(A, [b"3"])])
+        await anyio.wait_all_tasks_blocked()  # buffered: the only slot is busy
+        assert b.statistics() == BatcherStats("open", 3, 1, 5, 1)
+        b.close()
+        assert b.statistics().state == "closing"
+        log.release.set()
+    assert b.statistics() == BatcherStats("closed", 0, 0, 0, 0)
+
+
+async def test_a_dead_flusher_fails_every_waiter_and_refuses_new_work() -> None:
+    """Also the waiters buffered while the flusher waited for a flush slot."""
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_inflight_flushes=1)
+    failures: list[BaseException] = []
+
+    async def submit(groups: list[AppendGroup]) -> None:
+        try:
+            await b.submit(groups)
+        except LlogError as exc:
+            failures.append(exc)
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as outer:
+            outer.start_soon(submit, [AppendGroup(A, [b"in-flight"])])
             async with anyio.create_task_group() as tg:
                 await tg.start(b.run)
-                with pytest.raises(StorageUnavailable):
-                    await b.submit([AppendGroup(A, [b"x"])])
-    with pytest.raises(StorageUnavailable):
+                await log.entered.wait()
+                outer.start_soon(submit, [AppendGroup(A, [b"waiting-for-a-slot"])])
+                await anyio.wait_all_tasks_blocked()
+                tg.cancel_scope.cancel()  # the flusher dies (here: cancelled)
+    assert b.state is BatcherState.FAILED
+    assert sorted(type(f).__name__ for f in failures) == ["CommitInDoubt", "Unavailable"]
+    with pytest.raises(Unavailable):
         await b.submit([AppendGroup(A, [b"after"])])

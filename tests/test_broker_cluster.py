@@ -11,7 +11,7 @@ import httpx
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from tests.helpers.http import consume_body, produce_body
+from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import BrokerFactory, make_settings, open_engine
 
 Acked = dict[tuple[int, int], str]  # (partition, offset) -> value

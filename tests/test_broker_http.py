@@ -10,7 +10,7 @@ import anyio
 import httpx
 import pytest_asyncio
 
-from tests.helpers.http import consume_body, produce_body
+from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import Broker
 
 LIMIT_BODY = 262144

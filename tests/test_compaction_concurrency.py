@@ -13,8 +13,8 @@ import anyio
 
 from app.compaction.compactor import CompactionOutcome
 from app.localstack.stack import LocalStack
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.writer import AppendGroup, AppendResult
 from tests.helpers.compaction import (
     Expected,
     assert_compacted,

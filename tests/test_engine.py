@@ -18,10 +18,10 @@ from app.errors import (
 )
 from app.localstack.stack import LocalStack
 from app.storage import codec
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadRequest
 from app.storage.records import Control, IndexEntry, Pending
-from app.storage.writer import AppendGroup, AppendResult
 from tests.helpers.stack import Engine, make_settings, open_engine
 
 
@@ -106,8 +106,6 @@ async def test_invalid_appends_write_nothing(engine: Engine, tp: TopicPartition)
         await engine.writer.append_shared([])
     with pytest.raises(InvalidRequest):
         await engine.writer.append_shared([AppendGroup(tp, [])])
-    with pytest.raises(InvalidRequest):
-        await engine.writer.append_shared([AppendGroup(tp, [b"a"]), AppendGroup(tp, [b"b"])])
     with pytest.raises(InvalidRequest):
         TopicPartition("bad/topic", 0)
     assert await engine.reader.read_control(tp) is None
@@ -300,3 +298,37 @@ async def test_an_idempotency_key_appends_at_most_once(
     assert (again.start_offset, again.end_offset) == (1, 2)
     read = await engine.reader.read(tp, 1)
     assert read.records == [(1, b"once-a"), (2, b"once-b"), (3, b"other")]
+
+
+async def test_groups_of_one_partition_commit_as_one_append_in_order(
+        engine: Engine, tp: TopicPartition) -> None:
+    results = await engine.writer.append_shared([
+        AppendGroup(tp, [b"a1", b"a2"]), AppendGroup(tp, [b"b1"]), AppendGroup(tp, [b"c1"])])
+    assert [(r.start_offset, r.end_offset) for r in results
+            if isinstance(r, AppendResult)] == [(1, 2), (3, 3), (4, 4)]
+    assert len({r.wal_uri for r in results if isinstance(r, AppendResult)}) == 1
+    control = await engine.reader.read_control(tp)
+    assert control is not None and control.pending is not None
+    assert (control.pending.start_offset, control.pending.end_offset) == (1, 4)  # one CAS
+    got = await engine.reader.read(tp, 1)
+    assert [v for _, v in got.records] == [b"a1", b"a2", b"b1", b"c1"]
+
+
+async def test_idempotency_keys_within_and_across_appends(engine: Engine,
+                                                         tp: TopicPartition) -> None:
+    first = await engine.writer.append_shared([
+        AppendGroup(tp, [b"k1"], "key-1"), AppendGroup(tp, [b"k1-again"], "key-1"),
+        AppendGroup(tp, [b"plain"])])
+    a, echo, plain = first
+    assert isinstance(a, AppendResult) and not a.duplicate and a.start_offset == 1
+    assert isinstance(echo, AppendResult) and echo.duplicate and echo.start_offset == 1
+    assert isinstance(plain, AppendResult) and plain.start_offset == 2
+    # A retry of key-1 beside a new key-2: key-1 is answered, key-2 uploaded again alone.
+    second = await engine.writer.append_shared([
+        AppendGroup(tp, [b"k1-retry"], "key-1"), AppendGroup(tp, [b"k2"], "key-2")])
+    again, k2 = second
+    assert isinstance(again, AppendResult) and again.duplicate
+    assert (again.start_offset, again.end_offset) == (1, 1)
+    assert isinstance(k2, AppendResult) and not k2.duplicate and k2.start_offset == 3
+    got = await engine.reader.read(tp, 1)
+    assert [v for _, v in got.records] == [b"k1", b"plain", b"k2"]

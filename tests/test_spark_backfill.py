@@ -17,8 +17,8 @@ import anyio
 
 from app.localstack.stack import LocalStack
 from app.settings import Settings
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.writer import AppendGroup, AppendResult
 from tests.conftest import make_settings
 from tests.helpers.spark_support import (
     SPARK_TESTS,

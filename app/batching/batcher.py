@@ -2,15 +2,25 @@
 
 Requests from many handlers are buffered until ``max_bytes`` are waiting or ``max_delay``
 has passed since the first buffered record (``time.monotonic()`` windows); one flush is
-one ``append_shared`` with one aggregated group per topic-partition, and each request's
-future gets its own slice of the partition results back. The buffer is bounded: when
-full, new work is refused with :class:`BackPressureRejected` instead of queueing without
-limit. If the flusher dies, every waiter is failed rather than left hanging.
+one ``append_shared`` of every buffered group, and each request's future gets its own
+outcomes back. The buffer is bounded: when full, new work is refused with
+:class:`~app.errors.BackPressureRejected` instead of queueing without limit.
+
+A flush waits for a free slot (``max_inflight_flushes``) *before* it takes the buffer,
+so under load the buffer keeps filling while the slots are busy and flushes grow instead
+of multiplying. Every outcome is reported as it is: an error in one partition's commit
+fails only the groups of that partition, an unexpected error fails only the batch it hit
+(as :class:`~app.errors.CommitInDoubt`, since records may have been written), and the
+flusher carries on. Only if the flusher loop itself dies does the batcher enter
+``FAILED``: every waiter is failed and new work refused, and the broker reports itself
+not ready.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,38 +29,83 @@ import anyio
 import anyio.abc
 
 from app.batching.metrics import BatcherMetrics
-from app.errors import BackPressureRejected, LlogError, ShuttingDown, StorageUnavailable
-from app.storage.keys import TopicPartition
-from app.storage.writer import AppendGroup, AppendResult
+from app.errors import (
+    BackPressureRejected,
+    CommitInDoubt,
+    LlogError,
+    ShuttingDown,
+    Unavailable,
+)
+from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 
-AppendFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendResult | LlogError]]]
-Outcome = AppendResult | LlogError
+log = logging.getLogger(__name__)
+
+AppendFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendOutcome]]]
+CommittedFn = Callable[[list[tuple[AppendGroup, AppendResult]]], Awaitable[None]]
+
+
+class BatcherState(enum.Enum):
+    OPEN = "open"          # accepting work
+    CLOSING = "closing"    # refusing new work, flushing what is buffered
+    CLOSED = "closed"      # every waiter answered, the flusher has returned
+    FAILED = "failed"      # the flusher died: every waiter failed, new work refused
 
 
 @dataclass
 class _Waiter:
+    """One ``submit``: its groups and the future its handler awaits."""
+
     groups: Sequence[AppendGroup]
     size: int
-    future: asyncio.Future[list[Outcome]]
+    future: asyncio.Future[list[AppendOutcome]]
+
+    def resolve(self, outcomes: list[AppendOutcome]) -> None:
+        if not self.future.done():
+            self.future.set_result(outcomes)
+
+    def fail(self, error: Callable[[], LlogError]) -> None:
+        # A fresh exception per future, so tracebacks never pile up on one object.
+        if not self.future.done():
+            self.future.set_exception(error())
 
 
 @dataclass
 class _Batch:
+    """The waiters of one flush; it owns their fate until every future is resolved."""
+
     waiters: list[_Waiter] = field(default_factory=list)
     size: int = 0
     started: float = 0.0  # monotonic time of the first buffered record
 
+    def add(self, waiter: _Waiter) -> None:
+        if not self.waiters:
+            self.started = time.monotonic()
+        self.waiters.append(waiter)
+        self.size += waiter.size
+
+    def groups(self) -> list[AppendGroup]:
+        return [g for w in self.waiters for g in w.groups]
+
+    def resolve(self, outcomes: Sequence[AppendOutcome]) -> None:
+        """Hand each waiter its own outcomes (``outcomes`` follows :meth:`groups`)."""
+        i = 0
+        for waiter in self.waiters:
+            n = len(waiter.groups)
+            waiter.resolve(list(outcomes[i:i + n]))
+            i += n
+
+    def fail(self, error: Callable[[], LlogError]) -> None:
+        for waiter in self.waiters:
+            waiter.fail(error)
+
 
 @dataclass(frozen=True)
 class BatcherStats:
+    state: str
     buffered_bytes: int
     buffered_waiters: int
     inflight_bytes: int
     inflight_flushes: int
-
-
-def _group_bytes(groups: Sequence[AppendGroup]) -> int:
-    return sum(len(r) for g in groups for r in g.records)
 
 
 class Batcher:
@@ -63,8 +118,7 @@ class Batcher:
         buffer_max_bytes: int,
         max_inflight_flushes: int = 4,
         metrics: BatcherMetrics | None = None,
-        on_committed: Callable[[list[tuple[AppendGroup, AppendResult]]], Awaitable[None]]
-        | None = None,
+        on_committed: CommittedFn | None = None,
     ) -> None:
         self._append = append
         self._max_bytes = max_bytes
@@ -77,41 +131,47 @@ class Batcher:
         self._inflight = 0
         self._flush_slots = anyio.Semaphore(max_inflight_flushes)
         self._wakeup = anyio.Event()
-        self._closing = False
-        self._closed = False
+        self._state = BatcherState.OPEN
         self._failure: BaseException | None = None
+
+    @property
+    def state(self) -> BatcherState:
+        return self._state
+
+    def statistics(self) -> BatcherStats:
+        return BatcherStats(self._state.value, self._batch.size, len(self._batch.waiters),
+                            self._inflight_bytes, self._inflight)
 
     # -- producer side ---------------------------------------------------------------
 
-    def statistics(self) -> BatcherStats:
-        return BatcherStats(self._batch.size, len(self._batch.waiters),
-                            self._inflight_bytes, self._inflight)
-
-    async def submit(self, groups: Sequence[AppendGroup]) -> list[Outcome]:
-        """Buffer ``groups`` for the next flush and wait for their results (in order)."""
-        if self._failure is not None:
-            raise StorageUnavailable(f"the batcher stopped: {self._failure!r}")
-        if self._closing:
+    async def submit(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        """Buffer ``groups`` for the next flush and wait for their outcomes (in order)."""
+        if self._state is BatcherState.FAILED:
+            raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
+                              "retry on another broker")
+        if self._state is not BatcherState.OPEN:
             raise ShuttingDown("the broker is shutting down; retry on another broker")
-        size = _group_bytes(groups)
-        if self._batch.size + self._inflight_bytes + size > self._buffer_max and (
-            self._batch.size or self._inflight_bytes
-        ):
+        size = sum(g.size for g in groups)
+        in_use = self._batch.size + self._inflight_bytes
+        if in_use + size > self._buffer_max and in_use:
             if self._metrics is not None:
                 self._metrics.rejected.inc()
             raise BackPressureRejected(
-                f"produce buffer full ({self._batch.size + self._inflight_bytes} of "
-                f"{self._buffer_max} bytes in use); retry shortly"
-            )
-        future: asyncio.Future[list[Outcome]] = asyncio.get_running_loop().create_future()
-        if not self._batch.waiters:
-            self._batch.started = time.monotonic()
-        self._batch.waiters.append(_Waiter(groups, size, future))
-        self._batch.size += size
+                f"produce buffer full ({in_use} of {self._buffer_max} bytes in use); "
+                "retry shortly")
+        future: asyncio.Future[list[AppendOutcome]] = (
+            asyncio.get_running_loop().create_future())
+        self._batch.add(_Waiter(groups, size, future))
         self._wakeup.set()
         # Shielded: once buffered, the records will be committed whether or not this
         # caller is still waiting (a disconnect must not tear a flush apart).
         return await asyncio.shield(future)
+
+    def close(self) -> None:
+        """Refuse new work, flush what is buffered now, and let :meth:`run` finish."""
+        if self._state is BatcherState.OPEN:
+            self._state = BatcherState.CLOSING
+        self._wakeup.set()
 
     # -- flusher side ----------------------------------------------------------------
 
@@ -122,27 +182,29 @@ class Batcher:
             async with anyio.create_task_group() as tg:
                 task_status.started()
                 while True:
+                    # A slot first: while every slot is busy the buffer keeps growing.
+                    await self._flush_slots.acquire()
                     batch = await self._next_batch()
                     if batch is None:
+                        self._flush_slots.release()
                         break
-                    await self._flush_slots.acquire()
                     self._inflight += 1
                     self._inflight_bytes += batch.size
                     tg.start_soon(self._flush, batch)
         except BaseException as exc:
             self._fail_all(exc)
             raise
-        finally:
-            self._closed = True
+        if self._state is not BatcherState.FAILED:
+            self._state = BatcherState.CLOSED
 
     async def _next_batch(self) -> _Batch | None:
         while not self._batch.waiters:
-            if self._closing:
+            if self._state is not BatcherState.OPEN:
                 return None
             self._wakeup = anyio.Event()
             await self._wakeup.wait()
         # Wait out the window unless the size threshold or shutdown says flush now.
-        while self._batch.size < self._max_bytes and not self._closing:
+        while self._batch.size < self._max_bytes and self._state is BatcherState.OPEN:
             remaining = self._batch.started + self._max_delay - time.monotonic()
             if remaining <= 0:
                 break
@@ -153,85 +215,51 @@ class Batcher:
         return batch
 
     async def _flush(self, batch: _Batch) -> None:
+        """Append the batch and answer every waiter; never raises an ``Exception``."""
         started = time.monotonic()
+        groups = batch.groups()
         try:
-            groups, slices = _aggregate(batch.waiters)
-            try:
-                results = await self._append(groups)
-            except LlogError as exc:
-                results = [exc] * len(groups)
-            committed = [(g, r) for g, r in zip(groups, results, strict=True)
-                         if isinstance(r, AppendResult)]
-            if committed and self._on_committed is not None:
-                # Before the waiters hear back, so a consumer they wake finds the records.
-                await self._on_committed(committed)
-            for waiter, waiter_slices in zip(batch.waiters, slices, strict=True):
-                if not waiter.future.done():
-                    waiter.future.set_result(
-                        [_slice_result(results[gi], lo, n) for gi, lo, n in waiter_slices]
-                    )
+            outcomes = await self._append(groups)
+            if len(outcomes) != len(groups):
+                raise RuntimeError(f"{len(outcomes)} outcomes for {len(groups)} groups")
+            await self._report_committed(groups, outcomes)
+            batch.resolve(outcomes)
             if self._metrics is not None:
-                self._metrics.observe_flush(
-                    batch.size, len(batch.waiters), len(groups), time.monotonic() - started
-                )
-        except BaseException as exc:
-            for waiter in batch.waiters:
-                if not waiter.future.done():
-                    waiter.future.set_exception(
-                        StorageUnavailable(f"flush failed unexpectedly: {exc!r}")
-                    )
+                partitions = len({g.tp for g in groups})
+                self._metrics.observe_flush(batch.size, len(batch.waiters), partitions,
+                                            time.monotonic() - started)
+        except LlogError as exc:  # refused as a whole before anything was written
+            batch.resolve([exc] * len(groups))
+        except Exception as exc:
+            log.exception("a flush failed unexpectedly")
+            reason = f"the flush failed unexpectedly: {exc!r}"
+            batch.fail(lambda: CommitInDoubt(reason))
+        except BaseException:  # cancelled: the broker is going away
+            batch.fail(lambda: CommitInDoubt("the broker stopped while flushing; the "
+                                             "records may have been written"))
             raise
         finally:
             self._inflight -= 1
             self._inflight_bytes -= batch.size
             self._flush_slots.release()
 
-    def close(self) -> None:
-        """Refuse new work, flush what is buffered now, and let :meth:`run` finish."""
-        self._closing = True
-        self._wakeup.set()
+    async def _report_committed(self, groups: list[AppendGroup],
+                                outcomes: Sequence[AppendOutcome]) -> None:
+        """Tell the broker what committed before the waiters hear back, so a consumer
+        they wake finds the records; a failure here never fails committed records."""
+        if self._on_committed is None:
+            return
+        committed = [(g, o) for g, o in zip(groups, outcomes, strict=True)
+                     if isinstance(o, AppendResult) and not o.duplicate]
+        if not committed:
+            return
+        try:
+            await self._on_committed(committed)
+        except Exception:
+            log.exception("reporting committed records failed (they are committed)")
 
     def _fail_all(self, exc: BaseException) -> None:
+        self._state = BatcherState.FAILED
         self._failure = exc
-        error = StorageUnavailable(f"the batcher stopped: {exc!r}")
-        for waiter in self._batch.waiters:
-            if not waiter.future.done():
-                waiter.future.set_exception(error)
+        self._batch.fail(lambda: Unavailable(f"the produce batcher stopped: {exc!r}"))
         self._batch = _Batch()
-
-
-def _aggregate(
-    waiters: Sequence[_Waiter],
-) -> tuple[list[AppendGroup], list[list[tuple[int, int, int]]]]:
-    """One group per topic-partition, records in arrival order; for each waiter, where
-    its entries landed: (group index, first record index in the group, record count)."""
-    index: dict[TopicPartition, int] = {}
-    records: list[list[bytes]] = []
-    tps: list[TopicPartition] = []
-    slices: list[list[tuple[int, int, int]]] = []
-    for waiter in waiters:
-        mine = []
-        for group in waiter.groups:
-            gi = index.get(group.tp)
-            if gi is None:
-                gi = index[group.tp] = len(tps)
-                tps.append(group.tp)
-                records.append([])
-            mine.append((gi, len(records[gi]), len(group.records)))
-            records[gi].extend(group.records)
-        slices.append(mine)
-    return [AppendGroup(tp, recs) for tp, recs in zip(tps, records, strict=True)], slices
-
-
-def _slice_result(result: Outcome, first: int, count: int) -> Outcome:
-    if not isinstance(result, AppendResult):
-        return result
-    start = result.start_offset + first
-    return AppendResult(
-        tp=result.tp,
-        start_offset=start,
-        end_offset=start + count - 1,
-        count=count,
-        index_key=result.index_key,
-        wal_uri=result.wal_uri,
-    )

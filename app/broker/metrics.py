@@ -151,4 +151,6 @@ def json_snapshot(registry: CollectorRegistry, header: dict[str, Any]) -> dict[s
 
 
 def stats_dict(stats: Any) -> dict[str, float]:
-    return {k: float(v) for k, v in asdict(stats).items()}
+    """The numeric fields of a statistics snapshot (labels such as a state are left out)."""
+    return {k: float(v) for k, v in asdict(stats).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)}

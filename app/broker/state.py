@@ -31,12 +31,13 @@ from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.compaction.service import run_in_broker
 from app.errors import LlogError
 from app.settings import Settings
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
 from app.storage.s3 import S3Store
-from app.storage.writer import AppendGroup, AppendResult, LogWriter
+from app.storage.writer import LogWriter
 from app.tailcache import TailCache, open_tail_cache, run_cache_io
 
 log = logging.getLogger(__name__)
@@ -142,7 +143,9 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
         state.cache = open_tail_cache(s.tail_cache_dir, s.tail_cache_max_bytes)
         stack.callback(state.cache.close)
         writer = LogWriter(oxia, s3, layout, state.store_metrics,
-                           max_attempts=s.commit_max_attempts)
+                           max_attempts=s.commit_max_attempts,
+                           commit_horizon_ms=s.retry_horizon_safe_ms,
+                           pending_reread_ms=s.compaction_min_entry_age_ms // 2)
         await stack.enter_async_context(writer)
         state.writer = writer
 

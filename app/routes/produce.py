@@ -18,8 +18,8 @@ from app.routes.models import (
     ProduceRequest,
     ProduceResponse,
 )
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.writer import AppendGroup, AppendResult
 
 router = APIRouter(tags=["produce"])
 @router.post(

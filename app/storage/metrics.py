@@ -48,6 +48,10 @@ class StoreMetrics:
             "llog_commit_cas_conflicts", "meta/control CAS conflicts seen by writers",
             registry=r,
         )
+        self.cas_retries = Counter(
+            "llog_cas_retries", "Compare-and-set attempts repeated, by operation and reason",
+            ["op", "reason"], registry=r,
+        )
         self.pending_materialised = Counter(
             "llog_pending_materialised",
             "Pending appends whose index entry was materialised, by who did it", ["by"],

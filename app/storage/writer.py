@@ -7,21 +7,28 @@ new ``pending``; Oxia applies a request as one log entry, in order. Control valu
 cached, and concurrent puts of many partitions share requests (see OxiaStore). A crash
 at any point loses nothing acknowledged and blocks nobody: a committed append is either
 still ``pending`` in control (readable from there) or in the index.
+
+One commit is a sequence of named steps (see :meth:`LogWriter._attempt`): settle what an
+earlier, unanswered attempt did; refuse a blob that grew too old; refuse a fenced
+partition; compare-and-set. :func:`~app.storage.cas.cas_loop` repeats the attempt after
+a conflict.
 """
 
 from __future__ import annotations
 
-import contextlib
-import random
+import logging
 import uuid
-from collections.abc import Sequence
-from dataclasses import dataclass
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import anyio
-import anyio.abc
+from cachetools import LRUCache
 
 from app.errors import (
     CommitConflict,
+    CommitExpired,
+    CommitInDoubt,
     InvalidRequest,
     LlogError,
     PartitionFenced,
@@ -29,10 +36,17 @@ from app.errors import (
     VersionMismatch,
 )
 from app.storage import codec
+from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
+from app.storage.cas import Done, Retry, cas_loop
+from app.storage.idempotency import IDEMPOTENCY_FIELD as IDEMPOTENCY_FIELD
+from app.storage.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
+from app.storage.idempotency import Remembered, remember, remembered
 from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.materialise import ensure_index_entry, index_entry_put, materialise_pending
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
 from app.storage.records import (
+    Compaction,
     CompactionCursor,
     Control,
     IndexEntry,
@@ -42,59 +56,138 @@ from app.storage.records import (
 )
 from app.storage.s3 import S3Store
 
+log = logging.getLogger(__name__)
 
-@dataclass(frozen=True)
-class AppendGroup:
-    """Records for one partition. ``idempotency_key`` makes the append happen at most
-    once: a repeat with the same key answers the first append's offsets instead."""
-
-    tp: TopicPartition
-    records: Sequence[bytes]
-    idempotency_key: str | None = None
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    tp: TopicPartition
-    start_offset: int
-    end_offset: int
-    count: int
-    index_key: str
-    wal_uri: str
-
-
-@dataclass(frozen=True)
-class _Slice:
-    data_key: str
-    byte_offset: int
-    byte_length: int
-    crc32c: int
-    count: int
-    created_at_ms: int
-    idempotency_key: str | None = None
-
-
-# Control-record field holding the most recent idempotency keys of a partition and the
-# offsets they were committed at; updated by the same CAS that commits, so "committed"
-# and "remembered" can never disagree. Bounded: the oldest keys are forgotten first.
-IDEMPOTENCY_FIELD = "idempotency"
-IDEMPOTENCY_WINDOW = 64
-
-
-@dataclass
-class _CachedControl:
-    control: Control
-    version: int
+# A partition whose append met already-committed idempotency keys is uploaded again
+# without them; a second round always settles it, a third is a safety margin.
+MAX_UPLOAD_ROUNDS = 3
+DEFAULT_COMMIT_HORIZON_MS = 1_800_000  # half of the default retry horizon
+DEFAULT_PENDING_REREAD_MS = 15_000  # half of the default compaction minimum entry age
+DEFAULT_MAX_CACHED_PARTITIONS = 100_000
 
 
 class CrashPoint(Exception):
     """Raised by a test hook to stop the writer between two protocol steps."""
 
 
+@dataclass(frozen=True)
+class _Member:
+    """One group of a partition's append; its records start at ``first`` in the body."""
+
+    index: int
+    group: AppendGroup
+    first: int
+
+
+@dataclass
+class _PartitionAppend:
+    """Everything one partition gets from one ``append_shared``: its groups, in order,
+    minus the ones repeating an idempotency key of an earlier group (``echoes``: group
+    index -> the index of the group it repeats)."""
+
+    tp: TopicPartition
+    members: list[_Member] = field(default_factory=list)
+    echoes: dict[int, int] = field(default_factory=dict)
+    size: int = 0
+
+    def add(self, index: int, group: AppendGroup) -> None:
+        key = group.idempotency_key
+        if key is not None:
+            for m in self.members:
+                if m.group.idempotency_key == key:
+                    self.echoes[index] = m.index
+                    return
+        self.members.append(_Member(index, group, self.size))
+        self.size += len(group.records)
+
+    @property
+    def records(self) -> list[bytes]:
+        return [r for m in self.members for r in m.group.records]
+
+    def resolve(self, outcomes: list[AppendOutcome | None],
+                results: dict[int, AppendOutcome]) -> None:
+        """Record ``results`` (by group index) and answer the echoes of those groups."""
+        for index, outcome in results.items():
+            outcomes[index] = outcome
+        for index, original in self.echoes.items():
+            if original in results:
+                first = results[original]
+                outcomes[index] = (_as_duplicate(first) if isinstance(first, AppendResult)
+                                   else first)
+
+    def without(self, answered: dict[int, AppendOutcome]) -> _PartitionAppend:
+        """The groups not in ``answered`` (with their echoes), to be uploaded again."""
+        rest = _PartitionAppend(self.tp)
+        for m in self.members:
+            if m.index not in answered:
+                rest.add(m.index, m.group)
+        rest.echoes.update({i: o for i, o in self.echoes.items() if o not in answered})
+        return rest
+
+    def fail(self, outcomes: list[AppendOutcome | None], error: LlogError) -> None:
+        self.resolve(outcomes, {m.index: error for m in self.members})
+
+
+@dataclass(frozen=True)
+class _Upload:
+    """Where one partition's body of a flush was uploaded."""
+
+    data_key: str
+    byte_offset: int
+    byte_length: int
+    crc32c: int
+    count: int
+    created_at_ms: int
+
+
+@dataclass
+class _Commit:
+    """One partition's commit across its CAS attempts."""
+
+    tp: TopicPartition
+    part: _PartitionAppend
+    upload: _Upload
+    append_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # (expected version, start, end) of CAS attempts whose outcome is unknown.
+    in_doubt: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def results(self, start: int, data_key: str, index_key: str
+                ) -> dict[int, AppendOutcome]:
+        """Each group's offsets, for the append committed from ``start``."""
+        out: dict[int, AppendOutcome] = {}
+        for m in self.part.members:
+            first = start + m.first
+            n = len(m.group.records)
+            out[m.index] = AppendResult(self.tp, first, first + n - 1, n, index_key, data_key)
+        return out
+
+    def keyed_ranges(self, start: int) -> list[tuple[str, Remembered]]:
+        return [(m.group.idempotency_key,
+                 Remembered(start + m.first, start + m.first + len(m.group.records) - 1,
+                            self.upload.data_key))
+                for m in self.part.members if m.group.idempotency_key is not None]
+
+
+@dataclass(frozen=True)
+class _Reupload:
+    """Some groups' keys were committed already: they are answered, the rest (``part``)
+    must be uploaded again without them, since a slice cannot be committed in part."""
+
+    answered: dict[int, AppendOutcome]
+    part: _PartitionAppend
+
+
+@dataclass
+class _CachedControl:
+    control: Control
+    version: int
+    cached: bool = False  # served from this process's cache rather than just read
+
+
 class LogWriter:
     """Appends record groups to many partitions through one shared WAL blob.
 
-    It holds caches only (control records, initialised partitions) and runs no
+    It holds bounded caches only (control records, initialised partitions) and runs no
     background work; ``async with`` is accepted for symmetry with the store clients.
     """
 
@@ -106,19 +199,31 @@ class LogWriter:
         metrics: StoreMetrics,
         *,
         max_attempts: int = 64,
-        crash_hook: object = None,
+        crash_hook: Callable[[str], object] | None = None,
+        clock: Callable[[], int] = now_ms,
+        commit_horizon_ms: int = DEFAULT_COMMIT_HORIZON_MS,
+        pending_reread_ms: int = DEFAULT_PENDING_REREAD_MS,
+        max_cached_partitions: int = DEFAULT_MAX_CACHED_PARTITIONS,
     ) -> None:
         self._oxia = oxia
         self._s3 = s3
         self._layout = layout
         self._metrics = metrics
         self._max_attempts = max_attempts
-        self._initialised: set[TopicPartition] = set()
-        self._controls: dict[TopicPartition, _CachedControl] = {}
-        self._materialised: dict[TopicPartition, str] = {}
-        self._locks: dict[TopicPartition, anyio.Lock] = {}
         # Tests pass a callable(step: str) that may raise CrashPoint to simulate a crash.
         self._crash_hook = crash_hook
+        self._clock = clock
+        self._commit_horizon_ms = commit_horizon_ms
+        self._pending_reread_ms = pending_reread_ms
+        self._initialised: LRUCache[TopicPartition, bool] = LRUCache(max_cached_partitions)
+        self._controls: LRUCache[TopicPartition, _CachedControl] = LRUCache(
+            max_cached_partitions)
+        # The control version this process wrote last, per partition: only these are
+        # "our own" changes (a version merely read after a conflict is someone else's).
+        self._written: LRUCache[TopicPartition, int] = LRUCache(max_cached_partitions)
+        self._materialised: LRUCache[TopicPartition, str] = LRUCache(max_cached_partitions)
+        self._locks: weakref.WeakValueDictionary[TopicPartition, anyio.Lock] = (
+            weakref.WeakValueDictionary())
 
     async def __aenter__(self) -> LogWriter:
         return self
@@ -128,83 +233,62 @@ class LogWriter:
 
     def _step(self, name: str) -> None:
         if self._crash_hook is not None:
-            self._crash_hook(name)  # type: ignore[operator]
+            self._crash_hook(name)
 
     # -- public API ------------------------------------------------------------------
 
-    async def append_shared(
-        self, groups: Sequence[AppendGroup]
-    ) -> list[AppendResult | LlogError]:
-        """Append every group; one result (or the partition's error) per group, in order.
+    async def append_shared(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        """Append every group; one outcome per group, in order.
 
-        One partition failing never affects another. Raises only when nothing could be
-        committed at all (invalid input, or the shared blob could not be written).
+        Groups of one partition are committed together, in order, as one append; one
+        partition failing never affects another. Raises only for invalid input.
         """
         if not groups:
             raise InvalidRequest("append_shared needs at least one group")
-        seen: set[TopicPartition] = set()
-        for group in groups:
-            if group.tp in seen:
-                raise InvalidRequest(f"{group.tp} appears twice in one append")
-            seen.add(group.tp)
+        parts: dict[TopicPartition, _PartitionAppend] = {}
+        for i, group in enumerate(groups):
             if not group.records:
                 raise InvalidRequest(f"{group.tp}: an append needs at least one record")
-
-        created = now_ms()
-        blob, parts = codec.encode_shared_blob(
-            [(g.tp.topic, g.tp.partition, g.records) for g in groups], created
-        )
-        key = self._layout.shared_wal_object(uuid.uuid4().hex)
-        await self._s3.put(key, blob)
-        self._metrics.shared_blob_bytes.observe(len(blob))
-        self._step("after_blob_put")
-        uri = self._layout.uri(key)
-
-        results: list[AppendResult | LlogError] = [
-            StorageUnavailable("not attempted") for _ in groups
-        ]
-
-        async def commit_one(i: int, group: AppendGroup, part: codec.BlobPart) -> None:
-            piece = _Slice(uri, part.body_offset, part.body_length, part.crc32c,
-                           len(group.records), created, group.idempotency_key)
-            try:
-                results[i] = await self.commit(group.tp, piece)
-            except LlogError as exc:
-                results[i] = exc
-
-        async with anyio.create_task_group() as tg:
-            for i, (group, part) in enumerate(zip(groups, parts, strict=True)):
-                tg.start_soon(commit_one, i, group, part)
-        for group, result in zip(groups, results, strict=True):
-            if isinstance(result, AppendResult):
-                self._metrics.appended_records.inc(result.count)
-                self._metrics.appended_bytes.inc(sum(len(r) for r in group.records))
-        return results
+            parts.setdefault(group.tp, _PartitionAppend(group.tp)).add(i, group)
+        outcomes: list[AppendOutcome | None] = [None] * len(groups)
+        todo = list(parts.values())
+        for _ in range(MAX_UPLOAD_ROUNDS):
+            if not todo:
+                break
+            todo = await self._upload_and_commit(todo, outcomes)
+        for part in todo:
+            part.fail(outcomes, CommitConflict(
+                f"{part.tp}: idempotency keys kept turning out committed; not appended"))
+        done = [o for o in outcomes if o is not None]
+        assert len(done) == len(groups)
+        for group, outcome in zip(groups, done, strict=True):
+            if isinstance(outcome, AppendResult) and not outcome.duplicate:
+                self._metrics.appended_records.inc(outcome.count)
+                self._metrics.appended_bytes.inc(group.size)
+        return done
 
     async def ensure_partition(self, tp: TopicPartition) -> None:
         """Create ``meta/control`` and ``meta/compaction-cursor`` if absent (idempotent)."""
         if tp in self._initialised:
             return
         control = Control()
-        try:
-            version = await self._oxia.put(
-                self._layout.control(tp), control.to_json(), tp.partition_key,
-                expected_version=EXPECT_NOT_EXISTS,
-            )
-            self._controls[tp] = _CachedControl(control, version)
-        except VersionMismatch:
-            pass  # already initialised
-        with contextlib.suppress(VersionMismatch):  # already initialised
-            await self._oxia.put(
-                self._layout.compaction_cursor(tp), CompactionCursor(offset=1).to_json(),
-                tp.partition_key, expected_version=EXPECT_NOT_EXISTS,
-            )
-        self._initialised.add(tp)
+        created, cursor = await self._oxia.put_group([
+            PutSpec(self._layout.control(tp), control.to_json(), tp.partition_key,
+                    EXPECT_NOT_EXISTS),
+            PutSpec(self._layout.compaction_cursor(tp), CompactionCursor(offset=1).to_json(),
+                    tp.partition_key, EXPECT_NOT_EXISTS),
+        ])
+        for outcome in (created, cursor):  # "exists" means initialised already
+            if isinstance(outcome, Exception) and not isinstance(outcome, VersionMismatch):
+                raise outcome
+        if isinstance(created, int):
+            self._cache(tp, control, created, written=True)
+        self._initialised[tp] = True
 
     def owns_version(self, tp: TopicPartition, version: int) -> bool:
-        """True if ``version`` of the partition's control record is our own last write."""
-        cached = self._controls.get(tp)
-        return cached is not None and cached.version == version
+        """True if ``version`` of the partition's control record is this process's last
+        own write (change notifications for it need not wake anyone)."""
+        return self._written.get(tp) == version
 
     async def fence(self, tp: TopicPartition) -> None:
         await self._set_state(tp, "FENCED")
@@ -216,243 +300,285 @@ class LogWriter:
     async def materialise_pending(self, tp: TopicPartition) -> bool:
         """Write the index entry of the partition's pending append and clear ``pending``.
 
-        Used by compaction and repair tools; True if there was something to do.
+        Used by repair tools; True if there was something to do.
         """
-        for _ in range(self._max_attempts):
-            cached = await self._read_control(tp)
-            if cached is None or cached.control.pending is None:
-                return False
-            pending = cached.control.pending
-            await self._write_index(tp, pending, by="repair")
-            self._step("before_clear_pending")
-            cleared = Control(cached.control.log_state, cached.control.sequence_counter,
-                              None, dict(cached.control.extra))
+        self._step("before_materialise")
+        async with self._lock(tp):
+            done = await materialise_pending(
+                self._oxia, self._layout, tp, attempts=self._max_attempts,
+                metrics=self._metrics, by="repair", clock=self._clock)
+            if done.control is not None and done.version is not None:
+                self._cache(tp, done.control, done.version, written=done.done)
+        self._step("after_materialise")
+        return done.done
+
+    # -- one flush round --------------------------------------------------------------
+
+    async def _upload_and_commit(self, parts: list[_PartitionAppend],
+                                 outcomes: list[AppendOutcome | None]
+                                 ) -> list[_PartitionAppend]:
+        """Upload one blob for ``parts`` and commit each; returns what must go again."""
+        created = self._clock()
+        blob, bodies = codec.encode_shared_blob(
+            [(p.tp.topic, p.tp.partition, p.records) for p in parts], created)
+        key = self._layout.shared_wal_object(uuid.uuid4().hex)
+        try:
+            await self._s3.put(key, blob)
+        except LlogError as exc:
+            for part in parts:
+                part.fail(outcomes, exc)
+            return []
+        self._metrics.shared_blob_bytes.observe(len(blob))
+        self._step("after_blob_put")
+        uri = self._layout.uri(key)
+        again: list[_PartitionAppend] = []
+
+        async def commit_one(part: _PartitionAppend, body: codec.BlobPart) -> None:
+            upload = _Upload(uri, body.body_offset, body.body_length, body.crc32c,
+                             body.msg_count, created)
             try:
-                version = await self._oxia.put(
-                    self._layout.control(tp), cleared.to_json(), tp.partition_key,
-                    expected_version=cached.version,
-                )
-            except VersionMismatch:
-                self._controls.pop(tp, None)
-                continue
-            self._controls[tp] = _CachedControl(cleared, version)
-            return True
-        raise CommitConflict(f"{tp}: could not clear pending after {self._max_attempts} tries")
+                result = await self._commit(_Commit(part.tp, part, upload))
+            except LlogError as exc:
+                part.fail(outcomes, exc)
+                return
+            except Exception as exc:  # a defect: the CAS may or may not have landed
+                log.exception("%s: unexpected error while committing", part.tp)
+                part.fail(outcomes, CommitInDoubt(f"{part.tp}: unexpected {exc!r}"))
+                return
+            if isinstance(result, _Reupload):
+                part.resolve(outcomes, result.answered)
+                again.append(result.part)
+            else:
+                part.resolve(outcomes, result)
+
+        async with anyio.create_task_group() as tg:
+            for part, body in zip(parts, bodies, strict=True):
+                tg.start_soon(commit_one, part, body)
+        return again
 
     # -- commit ----------------------------------------------------------------------
 
     def _lock(self, tp: TopicPartition) -> anyio.Lock:
         lock = self._locks.get(tp)
         if lock is None:
-            lock = self._locks[tp] = anyio.Lock()
+            lock = anyio.Lock()
+            self._locks[tp] = lock
         return lock
+
+    async def _commit(self, c: _Commit) -> dict[int, AppendOutcome] | _Reupload:
+        async with self._lock(c.tp):
+            await self.ensure_partition(c.tp)
+            return await cas_loop(
+                lambda n: self._attempt(c), attempts=self._max_attempts,
+                what=f"{c.tp}: commit", retries=self._metrics.cas_retries, op="commit")
+
+    async def _attempt(self, c: _Commit) -> Done[dict[int, AppendOutcome] | _Reupload] | Retry:
+        """One CAS attempt, as named steps; see the module docstring."""
+        current = await self._current_control(c.tp)
+        settled = await self._settle(c, current)
+        if settled is not None:
+            return Done(settled)
+        self._refuse_expired(c)
+        if current.control.fenced and current.cached:
+            current = await self._fresh_control(c.tp)  # fencing can be lifted: look again
+        if current.control.fenced:
+            raise PartitionFenced(f"{c.tp} is fenced: appends are refused")
+        return await self._compare_and_set(c, current)
+
+    async def _current_control(self, tp: TopicPartition) -> _CachedControl:
+        """The cached control record, unless it may lead this writer astray.
+
+        A cached ``pending`` that is old enough for compaction to have materialised and
+        compacted it must not be re-created in the index (that would make a stray,
+        possibly pointing at a blob vacuum removed), so it is read again.
+        """
+        cached = self._controls.get(tp)
+        if cached is not None:
+            pending = cached.control.pending
+            if (pending is None or self._materialised.get(tp) == pending.append_id
+                    or self._clock() - pending.created_at_ms < self._pending_reread_ms):
+                return _CachedControl(cached.control, cached.version, cached=True)
+        return await self._fresh_control(tp)
+
+    async def _fresh_control(self, tp: TopicPartition) -> _CachedControl:
+        current = await self._read_control(tp)
+        if current is None:
+            raise StorageUnavailable(f"{tp}: meta/control vanished after initialisation")
+        return current
+
+    async def _settle(self, c: _Commit, current: _CachedControl
+                      ) -> dict[int, AppendOutcome] | _Reupload | None:
+        """What is already true for this append, whatever this attempt would do: an
+        earlier attempt committed it, or its idempotency keys were committed before."""
+        pending = current.control.pending
+        if pending is not None and pending.append_id == c.append_id:
+            return c.results(pending.start_offset, pending.data_key,
+                             self._layout.index(c.tp, pending.end_offset))
+        keyed = self._keyed_outcomes(c, current.control)
+        if keyed is not None:
+            return keyed
+        if c.in_doubt:
+            won = await self._find_in_doubt(c, current.version)
+            if won is not None:
+                return c.results(won, c.upload.data_key,
+                                 self._layout.index(c.tp, won + c.upload.count - 1))
+        return None
+
+    def _keyed_outcomes(self, c: _Commit, control: Control
+                        ) -> dict[int, AppendOutcome] | _Reupload | None:
+        """Settle by idempotency keys: all remembered, some, or none (None)."""
+        found = {m.index: (m, remembered(control, m.group.idempotency_key))
+                 for m in c.part.members if m.group.idempotency_key is not None}
+        hits = {i: r for i, (_, r) in found.items() if r is not None}
+        if not hits:
+            return None
+        if all(r.data_key == c.upload.data_key for r in hits.values()):
+            # Our own upload: an earlier, unanswered attempt of this commit landed.
+            first = next(m for m in c.part.members if m.index in hits)
+            start = hits[first.index].start - first.first
+            return c.results(start, c.upload.data_key,
+                             self._layout.index(c.tp, start + c.upload.count - 1))
+        answered: dict[int, AppendOutcome] = {
+            i: r.result(c.tp, self._layout) for i, r in hits.items()}
+        rest = c.part.without(answered)
+        return _Reupload(answered, rest) if rest.members else answered
+
+    async def _find_in_doubt(self, c: _Commit, current_version: int) -> int | None:
+        """Did an earlier, unanswered CAS of this commit land? Its start offset if so.
+
+        A CAS whose expected version is no longer current can never apply later. Where
+        it would have put its append, the index now holds it (materialised by the next
+        writer, carrying our ``append_id``), another append (it did not land), nothing
+        (it did not land) -- or compaction has replaced the range, and then nothing
+        shows whether it landed: :class:`CommitInDoubt`.
+        """
+        for expected_version, start, end in list(c.in_doubt):
+            if expected_version == current_version:
+                continue  # not applied (yet); retrying with the same version settles it
+            record = await self._oxia.get(self._layout.index(c.tp, end), c.tp.partition_key)
+            entry = None if record is None else IndexEntry.from_json(record.value)
+            if entry is not None and entry.type == "WAL":
+                if entry.append_id == c.append_id:
+                    return start
+            elif await self._compacted_over(c.tp, end):
+                raise CommitInDoubt(
+                    f"{c.tp}: the outcome of an unanswered commit of offsets "
+                    f"[{start}, {end}] cannot be settled (compaction replaced the range); "
+                    "the records may have been written")
+            c.in_doubt.remove((expected_version, start, end))
+        return None
+
+    async def _compacted_over(self, tp: TopicPartition, offset: int) -> bool:
+        """Is ``offset`` covered by compaction (finished or in flight)? Read after the
+        index key: compaction deletes keys while its record exists and moves the cursor
+        before it removes the record, so one of the two shows it."""
+        found = await self._oxia.get(self._layout.compaction(tp), tp.partition_key)
+        if found is not None:
+            record = Compaction.from_json(found.value)
+            if record.start_offset <= offset <= record.end_offset:
+                return True
+        cursor = await self._oxia.get(self._layout.compaction_cursor(tp), tp.partition_key)
+        return cursor is not None and CompactionCursor.from_json(cursor.value).offset > offset
+
+    def _refuse_expired(self, c: _Commit) -> None:
+        """A blob older than the safe share of the retry horizon may be collected by
+        vacuum any time now: committing a reference to it could lose the records."""
+        age = self._clock() - c.upload.created_at_ms
+        if age <= self._commit_horizon_ms:
+            return
+        if c.in_doubt:  # an unanswered attempt with the current version may yet apply
+            raise CommitInDoubt(f"{c.tp}: the upload is {age} ms old and an earlier "
+                                "commit attempt's outcome is unknown")
+        raise CommitExpired(
+                f"{c.tp}: the upload is {age} ms old, beyond the commit horizon of "
+                f"{self._commit_horizon_ms} ms; nothing was committed")
+
+    async def _compare_and_set(self, c: _Commit, current: _CachedControl
+                               ) -> Done[dict[int, AppendOutcome] | _Reupload] | Retry:
+        """Retire the previous pending append and install ours, in one request."""
+        tp, control = c.tp, current.control
+        start = control.sequence_counter + 1
+        u = c.upload
+        mine = Pending(
+            append_id=c.append_id, start_offset=start, end_offset=start + u.count - 1,
+            msg_count=u.count, data_key=u.data_key, byte_offset=u.byte_offset,
+            byte_length=u.byte_length, created_at_ms=u.created_at_ms, crc32c=u.crc32c,
+        )
+        extra = dict(control.extra)
+        keyed = c.keyed_ranges(start)
+        if keyed:
+            extra[IDEMPOTENCY_FIELD] = remember(control, keyed)
+        updated = Control(control.log_state, mine.end_offset, mine, extra)
+        previous = control.pending
+        materialise = (previous is not None
+                       and self._materialised.get(tp) != previous.append_id)
+        puts = [index_entry_put(self._layout, tp, previous)] if materialise and previous else []
+        puts.append(PutSpec(self._layout.control(tp), updated.to_json(), tp.partition_key,
+                            current.version))
+        outcomes = await self._oxia.put_group(puts)
+        outcome = outcomes[-1]
+        if isinstance(outcome, VersionMismatch):
+            self._metrics.cas_conflicts.inc()
+            self._controls.pop(tp, None)
+            return Retry("conflict")
+        if isinstance(outcome, Exception):
+            c.in_doubt.append((current.version, start, mine.end_offset))
+            self._controls.pop(tp, None)
+            return Retry("in_doubt")
+        # Committed: the records are durable and readable from here on.
+        self._cache(tp, updated, outcome, written=True)
+        if materialise and previous is not None:
+            await ensure_index_entry(self._oxia, self._layout, tp, previous, outcomes[0])
+            if isinstance(outcomes[0], int):
+                self._metrics.pending_materialised.labels("next_writer").inc()
+            self._materialised[tp] = previous.append_id
+        self._step("after_pending_cas")
+        return Done(c.results(start, u.data_key, self._layout.index(tp, mine.end_offset)))
+
+    # -- control cache -----------------------------------------------------------------
+
+    def _cache(self, tp: TopicPartition, control: Control, version: int, *,
+               written: bool) -> None:
+        self._controls[tp] = _CachedControl(control, version)
+        if written:
+            self._written[tp] = version
 
     async def _read_control(self, tp: TopicPartition) -> _CachedControl | None:
         record = await self._oxia.get(self._layout.control(tp), tp.partition_key)
         if record is None:
             self._controls.pop(tp, None)
             return None
-        cached = _CachedControl(Control.from_json(record.value), record.version_id)
-        self._controls[tp] = cached
-        return cached
-
-    async def _write_index(self, tp: TopicPartition, pending: Pending, *, by: str) -> None:
-        """Materialise ``pending`` as its index entry; create-if-absent, so idempotent.
-
-        An existing key means it was materialised already, or a compaction has since
-        replaced it with a COMPACTED entry, which must never be overwritten.
-        """
-        if self._materialised.get(tp) == pending.append_id:
-            return
-        try:
-            await self._oxia.put(
-                self._layout.index(tp, pending.end_offset),
-                pending.index_entry().to_json(), tp.partition_key,
-                expected_version=EXPECT_NOT_EXISTS,
-            )
-            self._metrics.pending_materialised.labels(by).inc()
-        except VersionMismatch:
-            pass
-        self._step("after_index_put")
-        self._materialised[tp] = pending.append_id
-
-    async def _check_previous_index(self, tp: TopicPartition, previous: Pending,
-                                    outcome: int | Exception) -> None:
-        """After a CAS that retired ``previous``: its index entry must exist now."""
-        if isinstance(outcome, int):
-            self._metrics.pending_materialised.labels("next_writer").inc()
-        elif not isinstance(outcome, VersionMismatch):  # not "already exists" either
-            # Cannot happen when Oxia applies the request as one entry; if it ever did,
-            # we still hold the retired append and write its entry now.
-            await self._write_index(tp, previous, by="next_writer")
-        self._materialised[tp] = previous.append_id
-
-    async def commit(self, tp: TopicPartition, piece: _Slice) -> AppendResult:
-        async with self._lock(tp):
-            return await self._commit_locked(tp, piece)
-
-    async def _commit_locked(self, tp: TopicPartition, piece: _Slice) -> AppendResult:
-        await self.ensure_partition(tp)
-        append_id = uuid.uuid4().hex
-        cached = self._controls.get(tp) or await self._read_control(tp)
-        # (expected version, end offset) of CAS attempts whose outcome is unknown.
-        in_doubt: list[tuple[int, int]] = []
-        for attempt in range(self._max_attempts):
-            if cached is None:
-                raise StorageUnavailable(f"{tp}: meta/control vanished after initialisation")
-            control = cached.control
-            pending = control.pending
-            if pending is not None and pending.append_id == append_id:
-                return self._result(tp, pending)
-            if in_doubt:
-                won = await self._find_in_doubt(tp, append_id, in_doubt, cached.version)
-                if won is not None:
-                    return self._result(tp, won)
-            if piece.idempotency_key is not None:
-                seen = _remembered(control, piece.idempotency_key)
-                if seen is not None:
-                    return seen.result(tp, self._layout)
-            if control.fenced:
-                raise PartitionFenced(f"{tp} is fenced: appends are refused")
-            start = control.sequence_counter + 1
-            mine = Pending(
-                append_id=append_id,
-                start_offset=start,
-                end_offset=start + piece.count - 1,
-                msg_count=piece.count,
-                data_key=piece.data_key,
-                byte_offset=piece.byte_offset,
-                byte_length=piece.byte_length,
-                created_at_ms=piece.created_at_ms,
-                crc32c=piece.crc32c,
-            )
-            extra = dict(control.extra)
-            if piece.idempotency_key is not None:
-                extra[IDEMPOTENCY_FIELD] = _remember(control, piece.idempotency_key, mine)
-            updated = Control(control.log_state, mine.end_offset, mine, extra)
-            # The previous append's index entry goes first in the same Oxia request as
-            # our CAS: Oxia applies one request as one log entry, in order, so the CAS
-            # can never retire a pending append whose index entry does not exist.
-            puts = []
-            materialise = pending is not None and self._materialised.get(tp) != pending.append_id
-            if materialise:
-                assert pending is not None
-                puts.append(PutSpec(self._layout.index(tp, pending.end_offset),
-                                    pending.index_entry().to_json(), tp.partition_key,
-                                    EXPECT_NOT_EXISTS))
-            puts.append(PutSpec(self._layout.control(tp), updated.to_json(), tp.partition_key,
-                                cached.version))
-            outcomes = await self._oxia.put_group(puts)
-            outcome = outcomes[-1]
-            if isinstance(outcome, VersionMismatch):
-                self._metrics.cas_conflicts.inc()
-                if attempt >= 2:
-                    await anyio.sleep(random.uniform(0, min(0.05, 0.002 * attempt)))
-                cached = await self._read_control(tp)
-                continue
-            if isinstance(outcome, Exception):
-                # The CAS may or may not have been applied: remember it and find out.
-                in_doubt.append((cached.version, mine.end_offset))
-                self._controls.pop(tp, None)
-                cached = await self._read_control(tp)
-                continue
-            # Committed: the records are durable and readable from here on.
-            self._controls[tp] = _CachedControl(updated, outcome)
-            if materialise:
-                assert pending is not None
-                await self._check_previous_index(tp, pending, outcomes[0])
-            self._step("after_pending_cas")
-            return self._result(tp, mine)
-        raise CommitConflict(
-            f"{tp}: gave up after {self._max_attempts} compare-and-set attempts on "
-            f"meta/control (heavy contention); the append was not committed"
-        )
-
-    async def _find_in_doubt(
-        self, tp: TopicPartition, append_id: str, in_doubt: list[tuple[int, int]],
-        current_version: int,
-    ) -> Pending | None:
-        """Did an earlier, unanswered CAS of ours land? (It did if its index entry says so.)
-
-        A CAS whose expected version is no longer current can never apply later, so
-        once the index does not show it, it is settled as not committed.
-        """
-        for expected_version, end in list(in_doubt):
-            if expected_version == current_version:
-                continue  # not applied (yet); retrying with the same version settles it
-            record = await self._oxia.get(self._layout.index(tp, end), tp.partition_key)
-            if record is not None:
-                entry = IndexEntry.from_json(record.value)
-                if entry.append_id == append_id:
-                    return Pending(
-                        append_id=append_id, start_offset=end - entry.msg_count + 1,
-                        end_offset=end, msg_count=entry.msg_count, data_key=entry.data_key,
-                        byte_offset=entry.byte_offset, byte_length=entry.byte_length,
-                        created_at_ms=entry.created_at_ms, crc32c=entry.crc32c,
-                    )
-            in_doubt.remove((expected_version, end))
-        return None
-
-    def _result(self, tp: TopicPartition, pending: Pending) -> AppendResult:
-        return AppendResult(
-            tp=tp,
-            start_offset=pending.start_offset,
-            end_offset=pending.end_offset,
-            count=pending.msg_count,
-            index_key=self._layout.index(tp, pending.end_offset),
-            wal_uri=pending.data_key,
-        )
+        current = _CachedControl(Control.from_json(record.value), record.version_id)
+        self._controls[tp] = current
+        return current
 
     async def _set_state(self, tp: TopicPartition, state: LogState) -> None:
         await self.ensure_partition(tp)
+
+        async def attempt(_: int) -> Done[None] | Retry:
+            current = await self._read_control(tp)
+            if current is None:
+                raise StorageUnavailable(f"{tp}: meta/control is missing")
+            c = current.control
+            if c.log_state == state:
+                return Done(None)
+            updated = Control(state, c.sequence_counter, c.pending, dict(c.extra))
+            (outcome,) = await self._oxia.put_group([PutSpec(
+                self._layout.control(tp), updated.to_json(), tp.partition_key,
+                current.version)])
+            if isinstance(outcome, VersionMismatch):
+                return Retry("conflict")
+            if isinstance(outcome, Exception):
+                raise outcome
+            self._cache(tp, updated, outcome, written=True)
+            return Done(None)
+
         async with self._lock(tp):
-            for _ in range(self._max_attempts):
-                cached = await self._read_control(tp)
-                if cached is None:
-                    raise StorageUnavailable(f"{tp}: meta/control is missing")
-                if cached.control.log_state == state:
-                    return
-                c = cached.control
-                updated = Control(state, c.sequence_counter, c.pending, dict(c.extra))
-                try:
-                    version = await self._oxia.put(
-                        self._layout.control(tp), updated.to_json(), tp.partition_key,
-                        expected_version=cached.version,
-                    )
-                except VersionMismatch:
-                    continue
-                self._controls[tp] = _CachedControl(updated, version)
-                return
-        raise CommitConflict(f"{tp}: could not set log_state={state}")
+            await cas_loop(attempt, attempts=self._max_attempts,
+                           what=f"{tp}: set log_state={state}",
+                           retries=self._metrics.cas_retries, op="log_state")
 
 
-@dataclass(frozen=True)
-class _Remembered:
-    start: int
-    end: int
-    data_key: str
-
-    def result(self, tp: TopicPartition, layout: KeyLayout) -> AppendResult:
-        return AppendResult(tp, self.start, self.end, self.end - self.start + 1,
-                            layout.index(tp, self.end), self.data_key)
-
-
-def _remembered(control: Control, key: str) -> _Remembered | None:
-    table = control.extra.get(IDEMPOTENCY_FIELD)
-    if not isinstance(table, dict):
-        return None
-    entry = table.get(key)
-    if (not isinstance(entry, list) or len(entry) != 3
-            or not isinstance(entry[0], int) or not isinstance(entry[1], int)):
-        return None
-    return _Remembered(entry[0], entry[1], str(entry[2]))
-
-
-def _remember(control: Control, key: str, pending: Pending) -> dict[str, list[object]]:
-    table = control.extra.get(IDEMPOTENCY_FIELD)
-    out: dict[str, list[object]] = dict(table) if isinstance(table, dict) else {}
-    out.pop(key, None)
-    out[key] = [pending.start_offset, pending.end_offset, pending.data_key]
-    while len(out) > IDEMPOTENCY_WINDOW:
-        del out[next(iter(out))]
-    return out
+def _as_duplicate(result: AppendResult) -> AppendResult:
+    return AppendResult(result.tp, result.start_offset, result.end_offset, result.count,
+                        result.index_key, result.wal_uri, duplicate=True)

@@ -44,16 +44,11 @@ import anyio
 
 from app.errors import InvalidRequest, LlogError
 from app.settings import Settings
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition, validate_partition, validate_topic
 from app.storage.records import Control
 from app.storage.s3 import S3Store
-from app.storage.writer import (
-    IDEMPOTENCY_FIELD,
-    IDEMPOTENCY_WINDOW,
-    AppendGroup,
-    AppendResult,
-    LogWriter,
-)
+from app.storage.writer import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW, LogWriter
 from jobs.spark.common import (
     EXIT_FINDINGS,
     EXIT_OK,

@@ -18,11 +18,12 @@ import sys
 import anyio
 
 from app.settings import Settings
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
 from app.storage.s3 import S3Store
-from app.storage.writer import AppendGroup, AppendResult, LogWriter
+from app.storage.writer import LogWriter
 
 
 def main() -> None:

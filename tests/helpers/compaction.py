@@ -14,9 +14,10 @@ from app.compaction.metrics import CompactionMetrics
 from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage import codec
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.records import Compaction, CompactionCursor, IndexEntry
-from app.storage.writer import AppendGroup, AppendResult, LogWriter
+from app.storage.writer import LogWriter
 from tests.helpers.stack import Engine, make_settings
 
 

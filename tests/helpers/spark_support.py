@@ -21,10 +21,11 @@ import pytest
 
 from app.settings import Settings
 from app.storage import codec
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.oxia_store import EXPECT_NOT_EXISTS
 from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
-from app.storage.writer import AppendGroup, AppendResult, CrashPoint
+from app.storage.writer import CrashPoint
 from tests.conftest import Engine, open_engine
 
 
