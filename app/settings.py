@@ -90,6 +90,9 @@ class Settings(BaseSettings):
 
     # Compaction.
     compaction_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
+    # Compacted blobs carry a chunk table with a row about every this many bytes, so a
+    # reader fetches only the chunks it needs (app/storage/chunks.py).
+    compaction_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
     compaction_max_entries: int = Field(default=1000, ge=2)
     compaction_min_entries: int = Field(default=2, ge=2)
     compaction_min_entry_age_ms: int = Field(default=30_000, ge=0)

@@ -132,7 +132,7 @@ async def test_fenced_partition_refuses_appends_and_serves_reads(
     assert (await _append(engine, tp, b"after")).start_offset == 2
 
 
-async def test_neighbouring_keys_never_answer_a_ceiling_lookup(
+async def test_neighbouring_keys_never_answer_an_index_scan(
     engine: Engine, topic: str
 ) -> None:
     # Same shard (one-shard test stack): "p1" and "p10", and topic "a" next to "a.b".
@@ -144,7 +144,8 @@ async def test_neighbouring_keys_never_answer_a_ceiling_lookup(
         await _append(engine, dotted, b"dot")
     await engine.writer.materialise_pending(p1)
 
-    assert await engine.reader._ceiling(p1, 2) is None
+    assert [span async for span in engine.reader._index_from(p1, 2)] == []
+    assert [span.end async for span in engine.reader._index_from(p1, 1)] == [1]
     # Break p1's index under its high watermark: the reader reports a gap instead of
     # returning a neighbour's records.
     await engine.oxia.delete(engine.layout.index(p1, 1), p1.partition_key)

@@ -97,9 +97,7 @@ def _register_gauges(state: BrokerState) -> None:
     def objects() -> dict[str, float]:
         if state.reader is None:
             return {}
-        cache = state.reader.objects
-        return {"hits": float(cache.hits), "misses": float(cache.misses),
-                "bytes": float(cache.size)}
+        return stats_dict(state.reader.objects.statistics())
 
     def s3() -> dict[str, float]:
         return s3_cost_estimate(request_counts(state.store_metrics.s3_requests),
@@ -175,8 +173,10 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
             # Loops that shutdown simply cancels; the batcher above is drained instead.
             async with anyio.create_task_group() as background:
                 if s.has_role("read"):
-                    state.reader = LogReader(oxia, s3, layout,
-                                             object_cache_bytes=s.read_object_cache_bytes)
+                    state.reader = LogReader(
+                        oxia, s3, layout, object_cache_bytes=s.read_object_cache_bytes,
+                        fetch_concurrency=s.read_fetch_concurrency,
+                        max_concurrent_fetches=s.read_max_concurrent_fetches)
                     state.consume = ConsumeService(
                         state.reader, state.cache, state.watch,
                         state.consume_metrics, max_long_polls=s.max_concurrent_long_polls,

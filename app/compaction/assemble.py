@@ -19,25 +19,13 @@ import anyio.abc
 
 from app.errors import CorruptData, LlogError
 from app.storage import codec
+from app.storage.chunks import DEFAULT_CHUNK_BYTES, chunk_table
 from app.storage.keys import KeyLayout
-from app.storage.records import IndexEntry
 from app.storage.s3 import S3Store
+from app.storage.spans import Span
 
 _U32 = struct.Struct(">I")
 MAX_BATCH_RECORDS = 2**32 - 1
-
-
-@dataclass(frozen=True)
-class IndexedEntry:
-    """An index entry together with its key's end offset and its Oxia version."""
-
-    end: int
-    entry: IndexEntry
-    version: int
-
-    @property
-    def start(self) -> int:
-        return self.end - self.entry.msg_count + 1
 
 
 @dataclass(frozen=True)
@@ -45,9 +33,10 @@ class CompactedBody:
     body: bytes
     msg_count: int
     crc32c: int
+    chunks: list[list[int]]  # the chunk table (app/storage/chunks.py)
 
 
-async def read_body(s3: S3Store, layout: KeyLayout, item: IndexedEntry) -> bytes:
+async def read_body(s3: S3Store, layout: KeyLayout, item: Span) -> bytes:
     """The verified bytes-batch-v1 body ``item`` points at."""
     entry = item.entry
     _, key = layout.parse_uri(entry.data_key)
@@ -64,7 +53,8 @@ async def read_body(s3: S3Store, layout: KeyLayout, item: IndexedEntry) -> bytes
 
 
 async def build_compacted_body(
-    s3: S3Store, layout: KeyLayout, run: Sequence[IndexedEntry], *, concurrency: int
+    s3: S3Store, layout: KeyLayout, run: Sequence[Span], *, concurrency: int,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> CompactedBody:
     """Fetch every entry of ``run`` (at most ``concurrency`` at once) and merge them."""
     bodies: list[bytes] = [b""] * len(run)
@@ -92,4 +82,4 @@ async def build_compacted_body(
     # Every body was decoded above, so its first four bytes are its count and the rest is
     # exactly its records: concatenating the rest behind the new count is a valid body.
     merged = b"".join([_U32.pack(total), *(memoryview(b)[4:] for b in bodies)])
-    return CompactedBody(merged, total, codec.crc32c(merged))
+    return CompactedBody(merged, total, codec.crc32c(merged), chunk_table(merged, chunk_bytes))

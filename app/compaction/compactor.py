@@ -18,6 +18,8 @@ Safety beyond the protocol text, because claims are advisory and requests can be
   so it never replaces anything but the entry the run selected.
 - ``delete_range`` covers ``[start, end)`` only; keys beyond the run, where writers may be
   materialising new appends, are never touched.
+- A compacted blob is referenced (by ``meta/compaction``) only while it is younger than
+  the safe share of the retry horizon, so vacuum can never collect it under a run.
 """
 
 from __future__ import annotations
@@ -30,22 +32,25 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from app.compaction.assemble import IndexedEntry, build_compacted_body
+from app.compaction.assemble import build_compacted_body
 from app.compaction.metrics import CompactionMetrics
-from app.errors import CommitConflict, CorruptData, LlogError, LogGap, VersionMismatch
+from app.errors import CorruptData, LlogError, LogGap, VersionMismatch
 from app.settings import Settings
+from app.storage.cas import Done, Retry, cas_loop
+from app.storage.chunks import DEFAULT_CHUNK_BYTES
 from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.materialise import materialise_pending
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
 from app.storage.records import (
     ENCODING,
     Compaction,
     CompactionCursor,
     CompactionState,
-    Control,
     IndexEntry,
     now_ms,
 )
 from app.storage.s3 import S3Store
+from app.storage.spans import Span, index_span
 
 Action = Literal["compacted", "resumed", "advanced_cursor", "abandoned", "nothing_to_do",
                  "raced"]
@@ -72,6 +77,8 @@ class CompactionConfig:
     min_entries: int = 2
     min_entry_age_ms: int = 30_000
     fetch_concurrency: int = 16
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
+    commit_horizon_ms: int = 1_800_000
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompactionConfig:
@@ -80,6 +87,8 @@ class CompactionConfig:
             max_entries=settings.compaction_max_entries,
             min_entries=settings.compaction_min_entries,
             min_entry_age_ms=settings.compaction_min_entry_age_ms,
+            chunk_bytes=settings.compaction_chunk_bytes,
+            commit_horizon_ms=settings.retry_horizon_safe_ms,
         )
 
 
@@ -90,8 +99,9 @@ class CompactionOutcome:
     ``action``: ``compacted`` (a new range), ``resumed`` (finished an interrupted run found
     in ``resumed_from``), ``advanced_cursor`` (the entry at the cursor was already
     compacted), ``abandoned`` (dropped a stale ``meta/compaction`` that had changed
-    nothing), ``nothing_to_do`` (see ``reason``) or ``raced`` (another compactor changed
-    the partition under this one; nothing was changed by this call's later steps).
+    nothing, or a blob that grew too old to reference), ``nothing_to_do`` (see
+    ``reason``) or ``raced`` (another compactor changed the partition under this one;
+    nothing was changed by this call's later steps).
     """
 
     tp: TopicPartition
@@ -178,11 +188,9 @@ class Compactor:
             if self._metrics is not None:
                 self._metrics.recoveries.labels(record.state).inc()
             return await self._drive(tp, record, version, resumed_from=record.state)
-
         # 2. Materialise the pending append, so the index holds every committed offset.
         with self._stage("materialise"):
             materialised, hw = await self._materialise(tp)
-
         # 3. Select the run at the cursor.
         with self._stage("select"):
             cursor = await self._read_cursor(tp)
@@ -201,106 +209,119 @@ class Compactor:
             return dataclasses.replace(base, reason=reason)
         if self._metrics is not None:
             self._metrics.candidates.inc()
+        return await self._compact_run(tp, run, base)
 
-        # 4. Read the slices and write the compacted blob.
+    async def _compact_run(self, tp: TopicPartition, run: list[Span],
+                           base: CompactionOutcome) -> CompactionOutcome:
+        """Steps 4 and 5: write the blob, record the intent, then drive steps 6-8."""
+        started = self._clock()
         with self._stage("read_write_blob"):
-            merged = await build_compacted_body(self._s3, self._layout, run,
-                                                concurrency=self._config.fetch_concurrency)
+            merged = await build_compacted_body(
+                self._s3, self._layout, run, concurrency=self._config.fetch_concurrency,
+                chunk_bytes=self._config.chunk_bytes)
             object_key = self._layout.compacted_object(tp, uuid.uuid4().hex)
             await self._s3.put(object_key, merged.body)
         await self._step("after_compacted_put")
-
-        # 5. Record the intent; "expect not exists" admits one run per partition.
         start, end = run[0].start, run[-1].end
+        if merged.msg_count != end - start + 1:
+            raise CorruptData(f"{tp}: run [{start}, {end}] holds {merged.msg_count} records")
+        if self._clock() - started > self._config.commit_horizon_ms:
+            # Too old to reference safely: vacuum may collect it any time (an orphan now).
+            return dataclasses.replace(base, action="abandoned", reason="upload_expired")
         record = Compaction(
-            compaction_id=uuid.uuid4().hex,
-            state="WRITING_COMPACTED_INDEX",
-            start_offset=start,
-            end_offset=end,
-            msg_count=end - start + 1,
-            data_key=self._layout.uri(object_key),
-            tail_entry_start_offset=run[-1].start,
-            encoding=ENCODING,
-            created_at_ms=self._clock(),
-            crc32c=merged.crc32c,
+            compaction_id=uuid.uuid4().hex, state="WRITING_COMPACTED_INDEX",
+            start_offset=start, end_offset=end, msg_count=end - start + 1,
+            data_key=self._layout.uri(object_key), tail_entry_start_offset=run[-1].start,
+            encoding=ENCODING, created_at_ms=started, crc32c=merged.crc32c,
+            object_bytes=len(merged.body), chunks=merged.chunks,
             extra={"entries": len(run), "bytes": len(merged.body)},
         )
-        if record.msg_count != merged.msg_count:
-            raise CorruptData(f"{tp}: run [{start}, {end}] holds {merged.msg_count} records")
         try:
             with self._stage("record_intent"):
+                # "Expect not exists" admits one run per partition.
                 version = await self._oxia.put(
                     self._layout.compaction(tp), record.to_json(), tp.partition_key,
-                    expected_version=EXPECT_NOT_EXISTS,
-                )
+                    expected_version=EXPECT_NOT_EXISTS)
         except VersionMismatch:
             return dataclasses.replace(base, action="raced",
                                        reason="another compaction started meanwhile")
         await self._step("after_compaction_record")
         outcome = await self._drive(tp, record, version, resumed_from=None)
-        return dataclasses.replace(outcome, materialised_pending=materialised,
-                                   high_watermark=hw)
+        return dataclasses.replace(outcome, materialised_pending=base.materialised_pending,
+                                   high_watermark=base.high_watermark)
 
     async def _drive(self, tp: TopicPartition, record: Compaction, version: int, *,
                      resumed_from: CompactionState | None) -> CompactionOutcome:
-        """Steps 6-8 from ``record.state`` on; every step may be repeated by anyone."""
-        key = self._layout.compaction(tp)
+        """Steps 6-8 from ``record.state`` on; every step may be repeated by anyone.
+
+        A version conflict means another compactor moved the record on (or finished
+        the run): the next attempt follows what the record says now.
+        """
         action: Action = "resumed" if resumed_from is not None else "compacted"
         done = CompactionOutcome(
             tp, action, record.start_offset, record.end_offset, record.msg_count,
             _int(record.extra.get("bytes")), _int(record.extra.get("entries")),
             record.data_key, resumed_from, cursor=record.end_offset + 1,
         )
-        for _ in range(_MAX_CAS_ATTEMPTS):
+        current = [(record, version)]
+
+        async def attempt(_: int) -> Done[CompactionOutcome] | Retry:
             try:
-                state = record.state
-                if state == "WRITING_COMPACTED_INDEX":
-                    with self._stage("swap_end_key"):
-                        await self._swap_end_key(tp, record, version)
-                    await self._step("after_index_overwrite")
-                    record, version = await self._advance_state(tp, record, version,
-                                                                "DELETING_OLD")
-                    await self._step("after_state_deleting_old")
-                elif state == "DELETING_OLD":
-                    with self._stage("delete_old"):
-                        await self._oxia.delete_range(
-                            self._layout.index(tp, record.start_offset),
-                            self._layout.index(tp, record.end_offset), tp.partition_key,
-                        )
-                    await self._step("after_delete_range")
-                    record, version = await self._advance_state(tp, record, version,
-                                                                "UPDATING_CURSOR")
-                    await self._step("after_state_updating_cursor")
-                else:
-                    with self._stage("advance_cursor"):
-                        await self._advance_cursor(tp, record.end_offset + 1)
-                    await self._step("after_cursor_put")
-                    # A mismatch means a concurrent resumer finished this run and a new
-                    # run has started since: that record is not ours to delete.
-                    with contextlib.suppress(VersionMismatch):
-                        await self._oxia.delete(key, tp.partition_key, expected_version=version)
-                    return done
+                await self._run_steps(tp, *current[0])
+                return Done(done)
             except _Stale:
                 cursor = await self._read_cursor(tp)
-                return dataclasses.replace(
+                return Done(dataclasses.replace(
                     done, action="raced" if resumed_from is None else "abandoned",
                     records=0, bytes=0, entries=0, cursor=cursor.offset,
-                    reason="the run did not start at the compaction cursor (stale selection)",
-                )
+                    reason="the run did not start at the compaction cursor (stale selection)"))
             except VersionMismatch:
-                # Someone else moved the record on (or finished it): follow what it says.
-                found = await self._read_compaction(tp)
-                if found is None or found[0].compaction_id != record.compaction_id:
-                    cursor = await self._read_cursor(tp)
-                    if cursor.offset > record.end_offset:
-                        return dataclasses.replace(done, cursor=cursor.offset,
-                                                   reason="finished by another compactor")
-                    return dataclasses.replace(
-                        done, action="raced", records=0, bytes=0, entries=0,
-                        cursor=cursor.offset, reason="dropped by another compactor",
-                    )
-                record, version = found
-        raise CommitConflict(f"{tp}: meta/compaction kept changing under this compactor")
+                followed = await self._follow(tp, current[0][0], done)
+                if isinstance(followed, CompactionOutcome):
+                    return Done(followed)
+                current[0] = followed
+                return Retry("conflict")
+
+        return await cas_loop(attempt, attempts=_MAX_CAS_ATTEMPTS,
+                              what=f"{tp}: meta/compaction kept changing under this compactor")
+
+    async def _run_steps(self, tp: TopicPartition, record: Compaction, version: int) -> None:
+        """Advance the run from its recorded state to the end (raises VersionMismatch)."""
+        if record.state == "WRITING_COMPACTED_INDEX":
+            with self._stage("swap_end_key"):
+                await self._swap_end_key(tp, record, version)
+            await self._step("after_index_overwrite")
+            record, version = await self._advance_state(tp, record, version, "DELETING_OLD")
+            await self._step("after_state_deleting_old")
+        if record.state == "DELETING_OLD":
+            with self._stage("delete_old"):
+                await self._oxia.delete_range(
+                    self._layout.index(tp, record.start_offset),
+                    self._layout.index(tp, record.end_offset), tp.partition_key)
+            await self._step("after_delete_range")
+            record, version = await self._advance_state(tp, record, version, "UPDATING_CURSOR")
+            await self._step("after_state_updating_cursor")
+        with self._stage("advance_cursor"):
+            await self._advance_cursor(tp, record.end_offset + 1)
+        await self._step("after_cursor_put")
+        # A mismatch means a concurrent resumer finished this run and a new run has
+        # started since: that record is not ours to delete.
+        with contextlib.suppress(VersionMismatch):
+            await self._oxia.delete(self._layout.compaction(tp), tp.partition_key,
+                                    expected_version=version)
+
+    async def _follow(self, tp: TopicPartition, record: Compaction,
+                      done: CompactionOutcome) -> tuple[Compaction, int] | CompactionOutcome:
+        """After a conflict: the run's record as it is now, or how the run ended."""
+        found = await self._read_compaction(tp)
+        if found is not None and found[0].compaction_id == record.compaction_id:
+            return found
+        cursor = await self._read_cursor(tp)
+        if cursor.offset > record.end_offset:
+            return dataclasses.replace(done, cursor=cursor.offset,
+                                       reason="finished by another compactor")
+        return dataclasses.replace(done, action="raced", records=0, bytes=0, entries=0,
+                                   cursor=cursor.offset, reason="dropped by another compactor")
 
     async def _swap_end_key(self, tp: TopicPartition, record: Compaction, version: int) -> None:
         """Step 6: the end key becomes the COMPACTED entry (unless it already is)."""
@@ -312,33 +333,31 @@ class Compactor:
                                     expected_version=version)
             raise _Stale()
         key = self._layout.index(tp, record.end_offset)
-        compacted = IndexEntry(
-            type="COMPACTED", msg_count=record.msg_count, data_key=record.data_key,
-            encoding=record.encoding, created_at_ms=record.created_at_ms,
-            crc32c=record.crc32c,
-        )
-        for _ in range(_MAX_CAS_ATTEMPTS):
+        compacted = record.compacted_entry()
+
+        async def attempt(_: int) -> Done[None] | Retry:
             found = await self._oxia.get(key, tp.partition_key)
             if found is None:
                 raise CorruptData(f"{tp}: {key} is missing while meta/compaction "
                                   f"[{record.start_offset}, {record.end_offset}] is in flight")
             entry = IndexEntry.from_json(found.value)
             if entry.type == "COMPACTED" and entry.data_key == record.data_key:
-                return  # done before a crash, or by a concurrent resumer
+                return Done(None)  # done before a crash, or by a concurrent resumer
             start = record.end_offset - entry.msg_count + 1
             if entry.type != "WAL" or start != record.tail_entry_start_offset:
                 raise CorruptData(
                     f"{tp}: {key} holds a {entry.type} entry starting at {start}, not the WAL "
                     f"entry starting at {record.tail_entry_start_offset} that compaction "
-                    f"{record.compaction_id} selected"
-                )
+                    f"{record.compaction_id} selected")
             try:
                 await self._oxia.put(key, compacted.to_json(), tp.partition_key,
                                      expected_version=found.version_id)
-                return
             except VersionMismatch:
-                continue  # re-read: most likely a concurrent resumer swapped it
-        raise CommitConflict(f"{tp}: {key} kept changing during compaction")
+                return Retry("conflict")  # most likely a concurrent resumer swapped it
+            return Done(None)
+
+        await cas_loop(attempt, attempts=_MAX_CAS_ATTEMPTS,
+                       what=f"{tp}: {key} kept changing during compaction")
 
     async def _advance_state(self, tp: TopicPartition, record: Compaction, version: int,
                              state: CompactionState) -> tuple[Compaction, int]:
@@ -352,7 +371,7 @@ class Compactor:
 
     # -- selection -----------------------------------------------------------------------
 
-    def _select(self, scanned: list[IndexedEntry]) -> tuple[list[IndexedEntry], str | None]:
+    def _select(self, scanned: list[Span]) -> tuple[list[Span], str | None]:
         """The run of WAL entries from the first one on, within the budgets.
 
         The byte budget is soft below ``min_entries``: a run always gets that many entries
@@ -360,7 +379,7 @@ class Compactor:
         """
         c = self._config
         newest_allowed = self._clock() - c.min_entry_age_ms
-        run: list[IndexedEntry] = []
+        run: list[Span] = []
         size = 0
         too_young = False
         for item in scanned:
@@ -381,7 +400,7 @@ class Compactor:
             return [], "entries_too_young" if too_young else "too_few_entries"
         return run, None
 
-    async def _skip_compacted(self, tp: TopicPartition, cursor: _Cursor, first: IndexedEntry,
+    async def _skip_compacted(self, tp: TopicPartition, cursor: _Cursor, first: Span,
                               base: CompactionOutcome) -> CompactionOutcome:
         """Step 3's special case: the entry at the cursor is compacted already."""
         try:
@@ -391,7 +410,7 @@ class Compactor:
         return dataclasses.replace(base, action="advanced_cursor", start_offset=first.start,
                                    end_offset=first.end, cursor=first.end + 1)
 
-    async def _misaligned(self, tp: TopicPartition, cursor: _Cursor, first: IndexedEntry,
+    async def _misaligned(self, tp: TopicPartition, cursor: _Cursor, first: Span,
                           base: CompactionOutcome) -> CompactionOutcome:
         """The first entry at or above the cursor does not start at it."""
         again = await self._read_cursor(tp)
@@ -406,47 +425,19 @@ class Compactor:
     # -- records -----------------------------------------------------------------------
 
     async def _materialise(self, tp: TopicPartition) -> tuple[bool, int | None]:
-        """Make the pending append an index entry and clear it (docs/protocol.md,
-        "Materialising a pending record on its own"); returns (done, high watermark).
+        """Make the pending append an index entry and clear it; returns (done, high
+        watermark).
 
         A pending append younger than the minimum entry age is left alone: it could not
         be selected anyway, and its next writer materialises it for free, whereas clearing
         it here would cost every active writer a control re-read.
         """
-        control_key = self._layout.control(tp)
-        target: str | None = None  # the append_id being materialised
-        hw: int | None = None
-        for _ in range(_MAX_CAS_ATTEMPTS):
-            found = await self._oxia.get(control_key, tp.partition_key)
-            if found is None:
-                return False, hw
-            control = Control.from_json(found.value)
-            pending = control.pending
-            hw = control.sequence_counter
-            if pending is None or (target is not None and pending.append_id != target):
-                return False, hw  # retired by a writer: its index entry exists
-            if pending.created_at_ms > self._clock() - self._config.min_entry_age_ms:
-                return False, hw
-            target = pending.append_id
-            # Create-if-absent: "exists" means materialised already, and a compacted entry
-            # at that key must never be overwritten.
-            with contextlib.suppress(VersionMismatch):
-                await self._oxia.put(self._layout.index(tp, pending.end_offset),
-                                     pending.index_entry().to_json(), tp.partition_key,
-                                     expected_version=EXPECT_NOT_EXISTS)
-            cleared = Control(control.log_state, control.sequence_counter, None,
-                              dict(control.extra))
-            try:
-                await self._oxia.put(control_key, cleared.to_json(), tp.partition_key,
-                                     expected_version=found.version_id)
-            except VersionMismatch:
-                # A writer retired it (then we stop above), or the version moved for
-                # another reason, such as fencing (then we retry the CAS).
-                continue
-            if self._metrics is not None:
-                self._metrics.pending_materialised.inc()
-            return True, hw
-        raise CommitConflict(f"{tp}: could not clear the pending append")
+        found = await materialise_pending(
+            self._oxia, self._layout, tp, attempts=_MAX_CAS_ATTEMPTS, metrics=None,
+            by="compactor", min_age_ms=self._config.min_entry_age_ms, clock=self._clock)
+        if found.done and self._metrics is not None:
+            self._metrics.pending_materialised.inc()
+        return found.done, None if found.control is None else found.control.sequence_counter
 
     async def _read_compaction(self, tp: TopicPartition) -> tuple[Compaction, int] | None:
         found = await self._oxia.get(self._layout.compaction(tp), tp.partition_key)
@@ -471,30 +462,27 @@ class Compactor:
 
     async def _advance_cursor(self, tp: TopicPartition, offset: int) -> None:
         """Move the cursor to ``offset`` unless it is there or beyond already (never back)."""
-        for _ in range(_MAX_CAS_ATTEMPTS):
+
+        async def attempt(_: int) -> Done[None] | Retry:
             cursor = await self._read_cursor(tp)
             if cursor.offset >= offset:
-                return
+                return Done(None)
             try:
                 await self._put_cursor(tp, cursor, offset)
-                return
             except VersionMismatch:
-                continue
-        raise CommitConflict(f"{tp}: the compaction cursor kept changing")
+                return Retry("conflict")
+            return Done(None)
 
-    async def _scan(self, tp: TopicPartition, from_offset: int, limit: int
-                    ) -> list[IndexedEntry]:
+        await cas_loop(attempt, attempts=_MAX_CAS_ATTEMPTS,
+                       what=f"{tp}: the compaction cursor kept changing")
+
+    async def _scan(self, tp: TopicPartition, from_offset: int, limit: int) -> list[Span]:
         records = await self._oxia.range_scan(
             self._layout.index(tp, from_offset), self._layout.index_scan_end(tp),
             tp.partition_key, limit=limit,
         )
-        out: list[IndexedEntry] = []
-        for record in records:
-            end = self._layout.index_end_offset(tp, record.key)
-            if end is not None:
-                out.append(IndexedEntry(end, IndexEntry.from_json(record.value),
-                                        record.version_id))
-        return out
+        spans = (index_span(self._layout, tp, r.key, r.value, r.version_id) for r in records)
+        return [span for span in spans if span is not None]
 
     # -- plumbing ------------------------------------------------------------------------
 
@@ -506,7 +494,7 @@ class Compactor:
 
     def _stage(self, name: str) -> Any:
         if self._metrics is None:
-            return _NullStage()
+            return contextlib.nullcontext()
         return self._metrics.stage(name)
 
     def _count(self, outcome: CompactionOutcome) -> None:
@@ -526,14 +514,6 @@ class Compactor:
         if self._metrics is not None:
             self._metrics.runs.labels("failed").inc()
             self._metrics.failures.labels(error_type).inc()
-
-
-class _NullStage:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: object) -> None:
-        return None
 
 
 def _int(value: object) -> int:

@@ -60,7 +60,7 @@ class Materialised:
 
 async def materialise_pending(
     oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition, *, attempts: int,
-    metrics: StoreMetrics, by: str, min_age_ms: int = 0, clock: Callable[[], int],
+    metrics: StoreMetrics | None, by: str, min_age_ms: int = 0, clock: Callable[[], int],
 ) -> Materialised:
     """Materialise the partition's pending append, if any and at least ``min_age_ms`` old.
 
@@ -93,9 +93,10 @@ async def materialise_pending(
         if isinstance(cas, Exception):
             raise cas
         await ensure_index_entry(oxia, layout, tp, pending, created)
-        if isinstance(created, int):
+        if isinstance(created, int) and metrics is not None:
             metrics.pending_materialised.labels(by).inc()
         return Done(Materialised(True, cleared, cas))
 
     return await cas_loop(attempt, attempts=attempts, what=f"{tp}: clear the pending append",
-                          retries=metrics.cas_retries, op="materialise")
+                          retries=None if metrics is None else metrics.cas_retries,
+                          op="materialise")

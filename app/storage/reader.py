@@ -1,63 +1,58 @@
-"""The reader: records of a partition from an offset, as the read protocol says.
+"""The reader: records of partitions from an offset, as the read protocol says.
 
-Index entries are found with one CEILING lookup (prefix-checked: a CEILING answer can
-belong to a neighbouring partition on the same shard) and a forward ``range_scan``; the
-tail may still be the ``pending`` append of ``meta/control``. Bytes come from S3 range
-GETs for shared-blob slices and whole GETs for compacted and legacy objects, each object
-fetched at most once per call. A gap or a missing object is an error, never a skip.
+A read is planned, fetched and assembled:
+
+1. **Plan** (Oxia only): read ``meta/control``, then walk the index from the offset in
+   pages (``range_scan``), skipping strays (WAL entries left inside a compacted range,
+   docs/protocol.md), until the byte budget is planned; the tail may be the ``pending``
+   append. Each span becomes a *unit* of bytes to fetch: a WAL slice, a run of chunks of
+   a compacted blob (its chunk table says where records start), or, for a blob without
+   one, the whole object. The budget is planned by bytes, so a catch-up read through
+   compacted data fetches about what it returns.
+2. **Fetch** (S3 only): at most ``fetch_concurrency`` downloads per call and
+   ``max_concurrent_fetches`` per process; slices of one shared blob wanted by several
+   partitions share one ranged GET when that is not wasteful; whole objects and chunks
+   are kept verified and decoded in a byte-bounded :class:`ObjectCache`.
+3. **Assemble**: records from the offset within each request's budgets and the call's
+   total budget, in request order. The first record of the whole answer is returned
+   even if it alone exceeds the budget, so a reader is never stuck.
+
+A partition whose read meets a missing object or a gap is planned once more from fresh
+metadata, skipping WAL entries below the compaction cursor (strays whose blob vacuum may
+have removed); only then is the error reported. Nothing is ever skipped silently.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
-from collections.abc import Sequence
-from dataclasses import dataclass
+import functools
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
 
 import anyio
+from cachetools import LRUCache
 
-from app.errors import (
-    CorruptData,
-    LlogError,
-    LogGap,
-    ObjectMissing,
-    OffsetOutOfRange,
-    StorageUnavailable,
-)
+from app.errors import CorruptData, LlogError, LogGap, ObjectMissing, OffsetOutOfRange
 from app.storage import codec
+from app.storage.chunks import chunk_index, decode_chunk
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import OxiaStore
-from app.storage.records import Control, IndexEntry, Pending
+from app.storage.records import CompactionCursor, Control
 from app.storage.s3 import S3Store
+from app.storage.spans import Span, index_span
 
-# How many index entries one forward scan asks for beyond the first.
-_SCAN_BATCH = 64
+_FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
+MAX_STRAYS_SKIPPED = 10_000  # beyond this, an uncovered offset is reported as a gap
+_UNLIMITED = 1 << 62
+Records = list[bytes]
+_Job = tuple[Callable[[], Awaitable[None]], list["_Unit"]]
 
 
 @dataclass(frozen=True)
-class Entry:
-    """A resolved index or pending entry covering ``[start, end]``."""
-
-    start: int
-    end: int
-    data_key: str
-    msg_count: int
-    byte_offset: int | None
-    byte_length: int | None
-    crc32c: int | None
-
-    @classmethod
-    def from_index(cls, end: int, e: IndexEntry) -> Entry:
-        return cls(end - e.msg_count + 1, end, e.data_key, e.msg_count, e.byte_offset,
-                   e.byte_length, e.crc32c)
-
-    @classmethod
-    def from_pending(cls, p: Pending) -> Entry:
-        return cls(p.start_offset, p.end_offset, p.data_key, p.msg_count, p.byte_offset,
-                   p.byte_length, p.crc32c)
-
-    @property
-    def approx_bytes(self) -> int:
-        return self.byte_length if self.byte_length is not None else 0
+class ReadRequest:
+    tp: TopicPartition
+    offset: int
+    max_records: int | None = None
+    max_bytes: int | None = None
 
 
 @dataclass
@@ -72,69 +67,89 @@ class ReadResult:
         return sum(len(v) for _, v in self.records)
 
 
+ReadOutcome = ReadResult | LlogError
+
+
 @dataclass(frozen=True)
-class ReadRequest:
-    tp: TopicPartition
-    offset: int
-    max_records: int | None = None
-    max_bytes: int | None = None
-
-
-@dataclass
-class _Plan:
-    offset: int
-    high_watermark: int
-    entries: list[Entry]
-
-
-Records = list[bytes]
+class ObjectCacheStats:
+    items: int
+    bytes: int
+    max_bytes: int
+    hits: int
+    misses: int
+    evictions: int
 
 
 class ObjectCache:
-    """Whole objects (compacted and legacy ones, which are read whole), verified and
-    decoded once and kept across reads, least recently used first out, bounded by
-    bytes. Objects are immutable, so a cached copy is never stale; without it a consumer
-    catching up through a large compacted object would download, check and decode all
-    of it for every fetch."""
+    """Verified, decoded whole objects and compacted chunks, kept across reads (least
+    recently used out first, bounded by bytes). Objects are immutable, so a cached copy
+    is never stale; without it, consumers catching up on the same data would download,
+    check and decode it again for every fetch."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
-        self._items: OrderedDict[str, tuple[Records, int]] = OrderedDict()
-        self._size = 0
+        self._items: LRUCache[tuple[str, int], tuple[Records, int]] = _CountingLRU(
+            max(max_bytes, 1), getsizeof=lambda item: item[1])
         self.hits = 0
         self.misses = 0
 
-    @property
-    def size(self) -> int:
-        return self._size
-
-    def get(self, key: str) -> Records | None:
-        item = self._items.get(key)
+    def get(self, key: str, part: int = -1) -> Records | None:
+        item = self._items.get((key, part))
         if item is None:
             self.misses += 1
             return None
         self.hits += 1
-        self._items.move_to_end(key)
         return item[0]
 
-    def put(self, key: str, records: Records) -> None:
-        size = sum(len(r) for r in records) + 64 * len(records)  # + per-object overhead
-        if size > self._max // 2 or key in self._items:
-            return
-        self._items[key] = (records, size)
-        self._size += size
-        while self._size > self._max:
-            _, (_, old) = self._items.popitem(last=False)
-            self._size -= old
+    def put(self, key: str, records: Records, part: int = -1) -> None:
+        size = sum(len(r) for r in records) + 64 * len(records)  # + per-record overhead
+        if size <= self._max // 2:
+            self._items[(key, part)] = (records, size)
+
+    def statistics(self) -> ObjectCacheStats:
+        items = self._items
+        evictions = items.evictions if isinstance(items, _CountingLRU) else 0
+        return ObjectCacheStats(len(items), int(items.currsize), self._max, self.hits,
+                                self.misses, evictions)
+
+
+class _CountingLRU(LRUCache[tuple[str, int], tuple[Records, int]]):
+    evictions = 0
+
+    def popitem(self) -> tuple[tuple[str, int], tuple[Records, int]]:
+        self.evictions += 1
+        return super().popitem()
+
+
+@dataclass(eq=False)
+class _Unit:
+    """Bytes to fetch for one span: its records from ``first_offset`` on."""
+
+    span: Span
+    first_offset: int
+    chunk_range: tuple[int, int] | None = None  # first and last chunk, for chunked blobs
+    records: Records | None = None
+    error: LlogError | None = None
+
+
+@dataclass
+class _Plan:
+    request: ReadRequest
+    offset: int
+    high_watermark: int
+    units: list[_Unit] = field(default_factory=list)
 
 
 class LogReader:
     def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout, *,
-                 object_cache_bytes: int = 256 * 1024 * 1024) -> None:
+                 object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 8,
+                 max_concurrent_fetches: int = 64) -> None:
         self._oxia = oxia
         self._s3 = s3
         self._layout = layout
         self.objects = ObjectCache(object_cache_bytes)
+        self._fetch_concurrency = fetch_concurrency
+        self._process_fetches = anyio.CapacityLimiter(max_concurrent_fetches)
 
     async def read_control(self, tp: TopicPartition) -> Control | None:
         record = await self._oxia.get(self._layout.control(tp), tp.partition_key)
@@ -144,250 +159,331 @@ class LogReader:
         control = await self.read_control(tp)
         return 0 if control is None else control.sequence_counter
 
-    async def read(
-        self,
-        tp: TopicPartition,
-        offset: int,
-        *,
-        max_records: int | None = None,
-        max_bytes: int | None = None,
-    ) -> ReadResult:
-        """Records from ``offset`` (0 means the first) within the budgets.
-
-        The first record is returned even if it alone exceeds ``max_bytes``, so a reader
-        can never be stuck.
-        """
+    async def read(self, tp: TopicPartition, offset: int, *, max_records: int | None = None,
+                   max_bytes: int | None = None) -> ReadResult:
+        """Records from ``offset`` (0 means the first) within the budgets."""
         (result,) = await self.read_many([ReadRequest(tp, offset, max_records, max_bytes)])
         if isinstance(result, LlogError):
             raise result
         return result
 
-    async def read_many(self, requests: Sequence[ReadRequest]) -> list[ReadResult | LlogError]:
-        """Read several partitions at once; objects shared between them are fetched once.
+    async def read_many(self, requests: Sequence[ReadRequest], *,
+                        max_bytes: int | None = None) -> list[ReadOutcome]:
+        """Read several partitions; ``max_bytes`` bounds the whole answer (request order).
 
         Each partition's failure is its own entry in the result list.
         """
-        plans: list[_Plan | LlogError] = [StorageUnavailable("not attempted")] * len(requests)
+        outcomes = await self._read_round(requests, max_bytes, skip_strays=False)
+        again = [i for i, o in enumerate(outcomes) if isinstance(o, ObjectMissing | LogGap)]
+        if again:
+            used = sum(o.size for o in outcomes if isinstance(o, ReadResult))
+            budget = None if max_bytes is None else max(0, max_bytes - used)
+            retried = await self._read_round([requests[i] for i in again], budget,
+                                             skip_strays=True)
+            for i, outcome in zip(again, retried, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _read_round(self, requests: Sequence[ReadRequest], max_bytes: int | None, *,
+                          skip_strays: bool) -> list[ReadOutcome]:
+        plans = await self._plan_all(requests, max_bytes, skip_strays)
+        units = [u for p in plans if isinstance(p, _Plan) for u in p.units]
+        await self._fetch(units)
+        return _assemble_all(plans, max_bytes)
+
+    # -- planning (Oxia) ---------------------------------------------------------------
+
+    async def _plan_all(self, requests: Sequence[ReadRequest], max_bytes: int | None,
+                        skip_strays: bool) -> list[_Plan | LlogError]:
+        plans: list[_Plan | LlogError] = [LogGap("not planned")] * len(requests)
+        limiter = anyio.CapacityLimiter(self._fetch_concurrency)
 
         async def plan(i: int, request: ReadRequest) -> None:
-            try:
-                plans[i] = await self._plan(request)
-            except LlogError as exc:
-                plans[i] = exc
+            budget = _min(request.max_bytes, max_bytes)
+            async with limiter:
+                try:
+                    plans[i] = await self._plan(request, budget, skip_strays)
+                except LlogError as exc:
+                    plans[i] = exc
 
         async with anyio.create_task_group() as tg:
             for i, request in enumerate(requests):
                 tg.start_soon(plan, i, request)
+        _trim_to_total(plans, max_bytes)
+        return plans
 
-        bodies = await self._fetch_bodies(
-            [e for p in plans if isinstance(p, _Plan) for e in p.entries]
-        )
-        results: list[ReadResult | LlogError] = []
-        for request, p in zip(requests, plans, strict=True):
-            if isinstance(p, LlogError):
-                results.append(p)
-                continue
-            try:
-                results.append(self._assemble(request, p, bodies))
-            except LlogError as exc:
-                results.append(exc)
-        return results
-
-    async def _plan(self, request: ReadRequest) -> _Plan:
+    async def _plan(self, request: ReadRequest, budget: int | None,
+                    skip_strays: bool) -> _Plan:
         tp = request.tp
         control = await self.read_control(tp)
         hw = 0 if control is None else control.sequence_counter
         offset = max(request.offset, 1)
         if offset > hw + 1:
-            raise OffsetOutOfRange(
-                f"{tp}: offset {offset} is beyond the high watermark {hw} + 1"
-            )
+            raise OffsetOutOfRange(f"{tp}: offset {offset} is beyond the high watermark "
+                                   f"{hw} + 1")
+        plan = _Plan(request, offset, hw)
         if control is None or offset == hw + 1 or (
-            request.max_records is not None and request.max_records <= 0
-        ):
-            return _Plan(offset, hw, [])
-        try:
-            entries = await self._resolve(tp, offset, hw, control.pending,
-                                          request.max_records, request.max_bytes)
-        except LogGap:
-            # A compaction may have swapped keys between our lookups: look once more
-            # with fresh metadata before calling it a gap.
-            control = await self.read_control(tp)
-            assert control is not None
-            hw = control.sequence_counter
-            entries = await self._resolve(tp, offset, hw, control.pending,
-                                          request.max_records, request.max_bytes)
-        return _Plan(offset, hw, entries)
+                request.max_records is not None and request.max_records <= 0):
+            return plan
+        stray_floor = await self._cursor(tp) if skip_strays else 1
+        spans = await self._resolve(tp, offset, control, budget, request.max_records,
+                                    stray_floor)
+        plan.units = _units(spans, offset, budget)
+        return plan
 
-    # -- index resolution --------------------------------------------------------------
+    async def _cursor(self, tp: TopicPartition) -> int:
+        record = await self._oxia.get(self._layout.compaction_cursor(tp), tp.partition_key)
+        return 1 if record is None else CompactionCursor.from_json(record.value).offset
 
-    async def _resolve(
-        self, tp: TopicPartition, offset: int, hw: int, pending: Pending | None,
-        max_records: int | None, max_bytes: int | None,
-    ) -> list[Entry]:
-        """Entries covering ``offset`` onwards, contiguous, stopping near the budgets."""
-        if pending is not None and pending.covers(offset):
-            return [Entry.from_pending(pending)]
-        first = await self._ceiling(tp, offset)
-        if first is not None and first.start > offset:
-            # Usually a gap; but a stray WAL entry left inside a compacted range (see
-            # docs/protocol.md) also lands here: the compacted entry after it covers us.
-            first = next((e for e in await self._scan(tp, offset, _SCAN_BATCH)
-                          if e.start <= offset <= e.end), None)
-        if first is None:
-            raise LogGap(f"{tp}: no index entry covers offset {offset} (high watermark {hw})")
-        entries = [first]
-        want_records = max_records if max_records is not None else float("inf")
-        want_bytes = max_bytes if max_bytes is not None else float("inf")
+    async def _resolve(self, tp: TopicPartition, offset: int, control: Control,
+                       budget: int | None, max_records: int | None, stray_floor: int
+                       ) -> list[Span]:
+        """Contiguous spans from ``offset`` until the budgets or the high watermark.
 
-        def satisfied() -> bool:
-            last = entries[-1]
-            records = last.end - offset + 1
-            size = sum(e.approx_bytes for e in entries)
-            return records >= want_records or size >= want_bytes or last.end >= hw
-
-        while not satisfied():
-            nxt = entries[-1].end + 1
-            if pending is not None and pending.covers(nxt):
-                entries.append(Entry.from_pending(pending))
-                break
-            scanned = await self._scan(tp, nxt, _SCAN_BATCH)
-            progressed = False
-            for entry in scanned:
-                if entry.end < nxt:
-                    continue
-                if entry.start > nxt:
-                    # A stray (a later entry covers nxt) or a hole (none does, and the
-                    # next read reports it): skip it either way.
-                    continue
-                entries.append(entry)
-                nxt = entry.end + 1
-                progressed = True
-                if satisfied():
-                    break
-            if not progressed:
-                if pending is not None and pending.covers(nxt):
-                    entries.append(Entry.from_pending(pending))
-                break
-        return entries
-
-    async def _ceiling(self, tp: TopicPartition, offset: int) -> Entry | None:
-        record = await self._oxia.get_ceiling(self._layout.index(tp, offset), tp.partition_key)
-        if record is None:
-            return None
-        end = self._layout.index_end_offset(tp, record.key)
-        if end is None:  # a key of another partition or topic on the same shard
-            return None
-        return Entry.from_index(end, IndexEntry.from_json(record.value))
-
-    async def _scan(self, tp: TopicPartition, from_offset: int, limit: int) -> list[Entry]:
-        records = await self._oxia.range_scan(
-            self._layout.index(tp, from_offset), self._layout.index_scan_end(tp),
-            tp.partition_key, limit=limit,
-        )
-        out = []
-        for record in records:
-            end = self._layout.index_end_offset(tp, record.key)
-            if end is not None:
-                out.append(Entry.from_index(end, IndexEntry.from_json(record.value)))
-        return out
-
-    # -- bytes -------------------------------------------------------------------------
-
-    async def _fetch_bodies(self, entries: Sequence[Entry]
-                            ) -> dict[Entry, bytes | Records | LlogError]:
-        """Fetch every entry's body, one request per object where that is not wasteful.
-
-        Slices of one shared blob wanted by several partitions are fetched with a single
-        range GET of their span when the span is at most twice what is wanted; compacted
-        and legacy objects are fetched whole, once. A failure is recorded against the
-        entries it concerns, so it only fails the partitions that need them.
+        WAL spans ending below ``stray_floor`` (the compaction cursor, on a second look)
+        are strays and skipped, as is any span that starts beyond the next offset wanted
+        (a stray ahead of the compacted entry that covers it, or a hole).
         """
-        by_key: dict[str, list[Entry]] = {}
-        for entry in set(entries):
-            by_key.setdefault(entry.data_key, []).append(entry)
-        out: dict[Entry, bytes | Records | LlogError] = {}
+        hw, pending = control.sequence_counter, control.pending
+        spans: list[Span] = []
+        nxt, cost, skipped = offset, 0, 0
+        limit = budget if budget is not None else _UNLIMITED
 
-        async def fetch_object(uri: str, group: list[Entry]) -> None:
-            try:
-                await fetch_into(uri, group)
-            except LlogError as exc:
-                for e in group:
-                    out.setdefault(e, exc)
+        def want_more() -> bool:
+            return nxt <= hw and cost < limit and (
+                max_records is None or nxt - offset < max_records)
 
-        async def fetch_into(uri: str, group: list[Entry]) -> None:
-            _, key = self._layout.parse_uri(uri)
-            slices = [e for e in group if e.byte_offset is not None]
-            wholes = [e for e in group if e.byte_offset is None]
-            if wholes:
-                records = self.objects.get(key) if not slices else None
-                if records is None:
-                    data = await self._s3.get(key)
-                    for e in slices:
-                        out[e] = _cut(data, e, 0)
-                    first = wholes[0]
-                    codec.verify_body(data, first.crc32c)
-                    records = codec.decode_batch(data, first.msg_count)
-                    self.objects.put(key, records)
-                for e in wholes:
-                    if len(records) != e.msg_count:
-                        raise CorruptData(f"{uri} holds {len(records)} records, "
-                                          f"the index says {e.msg_count}")
-                    out[e] = records
+        if pending is None or not pending.covers(nxt):
+            async for span in self._index_from(tp, offset):
+                if span.end < nxt:
+                    continue
+                if span.start > nxt or (span.is_wal and span.end < stray_floor):
+                    if not span.is_wal or skipped >= MAX_STRAYS_SKIPPED:
+                        break  # a compacted entry is never a stray: a hole
+                    skipped += 1
+                    continue
+                spans.append(span)
+                if budget is not None:
+                    cost += span.cost_from(nxt)
+                nxt = span.end + 1
+                if not want_more() or (pending is not None and pending.covers(nxt)):
+                    break
+        if want_more() and pending is not None and pending.covers(nxt):
+            spans.append(Span.of_pending(pending))
+        if not spans:
+            raise LogGap(f"{tp}: no index entry covers offset {offset} (high watermark "
+                         f"{hw}; {skipped} stray entries skipped)")
+        return spans
+
+    async def _index_from(self, tp: TopicPartition, offset: int) -> AsyncIterator[Span]:
+        """The partition's index entries from key ``index/{offset}`` on, in pages."""
+        start, limit = offset, _FIRST_PAGE
+        while True:
+            records = await self._oxia.range_scan(
+                self._layout.index(tp, start), self._layout.index_scan_end(tp),
+                tp.partition_key, limit=limit)
+            for record in records:
+                span = index_span(self._layout, tp, record.key, record.value,
+                                  record.version_id)
+                if span is not None:
+                    yield span
+                    start = span.end + 1
+            if len(records) < limit:
                 return
-            lo = min(e.byte_offset or 0 for e in slices)
-            hi = max((e.byte_offset or 0) + (e.byte_length or 0) for e in slices)
-            wanted = sum(e.byte_length or 0 for e in slices)
-            if len(slices) > 1 and hi - lo <= 2 * wanted:
-                data = await self._s3.get_range(key, lo, hi - lo)
-                for e in slices:
-                    out[e] = _cut(data, e, lo)
-                return
-            for e in slices:
-                out[e] = await self._s3.get_range(key, e.byte_offset or 0, e.byte_length or 0)
+            limit = _PAGE
+
+    # -- fetching (S3) -----------------------------------------------------------------
+
+    async def _fetch(self, units: list[_Unit]) -> None:
+        """Fill every unit's records (or error); a failure only touches its own units."""
+        limiter = anyio.CapacityLimiter(self._fetch_concurrency)
+
+        async def run(job: Callable[[], Awaitable[None]], group: list[_Unit]) -> None:
+            async with limiter, self._process_fetches:
+                try:
+                    await job()
+                except LlogError as exc:
+                    for unit in group:
+                        if unit.records is None:
+                            unit.error = exc
 
         async with anyio.create_task_group() as tg:
-            for uri, group in by_key.items():
-                tg.start_soon(fetch_object, uri, group)
-        return out
+            for job, group in self._jobs(units):
+                tg.start_soon(run, job, group)
 
-    def _assemble(self, request: ReadRequest, plan: _Plan,
-                  bodies: dict[Entry, bytes | Records | LlogError]) -> ReadResult:
-        out: list[tuple[int, bytes]] = []
-        size = 0
-        next_at = plan.offset
-        max_records, max_bytes = request.max_records, request.max_bytes
-        for entry in plan.entries:
-            body = bodies[entry]
-            if isinstance(body, LlogError):
-                raise body
-            if isinstance(body, list):  # a whole object, verified and decoded already
-                values = body
+    def _jobs(self, units: list[_Unit]) -> list[_Job]:
+        slices: dict[str, list[_Unit]] = {}
+        wholes: dict[str, list[_Unit]] = {}
+        jobs: list[_Job] = []
+        for unit in units:
+            key = unit.span.object_key(self._layout)
+            if unit.span.entry.byte_offset is not None:
+                slices.setdefault(key, []).append(unit)
+            elif unit.chunk_range is not None:
+                jobs.append((functools.partial(self._fetch_chunks, key, unit), [unit]))
             else:
-                codec.verify_body(body, entry.crc32c)
-                values = codec.decode_batch(body, entry.msg_count)
-            if entry.start > next_at:
-                break  # a hole after what we have: the next read reports it
-            for i, value in enumerate(values):
-                at = entry.start + i
-                if at < next_at:
-                    continue  # before the fetch offset, or overlapping a compacted range
-                if out and (
-                    (max_records is not None and len(out) >= max_records)
-                    or (max_bytes is not None and size + len(value) > max_bytes)
-                ):
-                    return ReadResult(request.tp, out, plan.high_watermark, next_at)
-                out.append((at, value))
-                size += len(value)
-                next_at = at + 1
-        return ReadResult(request.tp, out, plan.high_watermark, next_at)
+                wholes.setdefault(key, []).append(unit)
+        for key, group in slices.items():
+            jobs.extend(self._slice_jobs(key, group))
+        for key, group in wholes.items():
+            jobs.append((functools.partial(self._fetch_whole, key, group), group))
+        return jobs
+
+    def _slice_jobs(self, key: str, group: list[_Unit]) -> list[_Job]:
+        """One ranged GET for slices of one blob when their span is at most twice what
+        is wanted (several partitions of one flush), else one GET per slice."""
+        lo = min(_slice(u)[0] for u in group)
+        hi = max(sum(_slice(u)) for u in group)
+        wanted = sum(_slice(u)[1] for u in group)
+        if len(group) > 1 and hi - lo <= 2 * wanted:
+            return [(functools.partial(self._fetch_slices, key, group, lo, hi), group)]
+        return [(functools.partial(self._fetch_slices, key, [u], *_bounds(u)), [u])
+                for u in group]
+
+    async def _fetch_slices(self, key: str, group: list[_Unit], lo: int, hi: int) -> None:
+        data = await self._s3.get_range(key, lo, hi - lo)
+        for unit in group:
+            start, length = _slice(unit)
+            body = memoryview(data)[start - lo:start - lo + length]
+            codec.verify_body(body, unit.span.entry.crc32c)
+            unit.records = codec.decode_batch(body, unit.span.entry.msg_count)
+
+    async def _fetch_chunks(self, key: str, unit: _Unit) -> None:
+        chunks = unit.span.chunks
+        assert chunks is not None and unit.chunk_range is not None
+        first, last = unit.chunk_range
+        cached = [self.objects.get(key, i) for i in range(first, last + 1)]
+        if any(c is None for c in cached):
+            lo, hi = chunks[first].byte_offset, chunks[last].byte_end
+            data = memoryview(await self._s3.get_range(key, lo, hi - lo))
+            for i in range(first, last + 1):
+                c = chunks[i]
+                records = decode_chunk(data[c.byte_offset - lo:c.byte_end - lo], c)
+                self.objects.put(key, records, i)
+                cached[i - first] = records
+        unit.records = [r for part in cached if part is not None for r in part]
+
+    async def _fetch_whole(self, key: str, group: list[_Unit]) -> None:
+        entry = group[0].span.entry
+        records = self.objects.get(key)
+        if records is None:
+            data = await self._s3.get(key)
+            codec.verify_body(data, entry.crc32c)
+            records = codec.decode_batch(data, entry.msg_count)
+            self.objects.put(key, records)
+        for unit in group:
+            if len(records) != unit.span.entry.msg_count:
+                raise CorruptData(f"{key} holds {len(records)} records, the index says "
+                                  f"{unit.span.entry.msg_count}")
+            unit.records = records
 
 
-def _cut(data: bytes, entry: Entry, base: int) -> bytes:
-    start = (entry.byte_offset or 0) - base
-    length = entry.byte_length or 0
-    piece = data[start:start + length]
-    if len(piece) != length:
-        raise ObjectMissing(f"{entry.data_key}: slice [{start + base}, +{length}) lies "
-                            "outside the object (truncated?)")
-    return piece
+def _min(a: int | None, b: int | None) -> int | None:
+    values = [v for v in (a, b) if v is not None]
+    return min(values) if values else None
+
+
+def _slice(unit: _Unit) -> tuple[int, int]:
+    e = unit.span.entry
+    assert e.byte_offset is not None and e.byte_length is not None
+    return e.byte_offset, e.byte_length
+
+
+def _bounds(unit: _Unit) -> tuple[int, int]:
+    start, length = _slice(unit)
+    return start, start + length
+
+
+def _units(spans: list[Span], offset: int, budget: int | None) -> list[_Unit]:
+    """What to fetch for ``spans`` read from ``offset``: for a chunked compacted blob,
+    only the chunks from the one holding the offset until the budget is met."""
+    units: list[_Unit] = []
+    nxt, planned = offset, 0
+    for span in spans:
+        chunks = span.chunks
+        if chunks is None:
+            units.append(_Unit(span, span.start))
+            planned += span.cost_from(nxt)
+        else:
+            first = last = chunk_index(chunks, max(nxt, span.start) - span.start)
+            planned += chunks[first].byte_end - chunks[first].byte_offset
+            while last + 1 < len(chunks) and (budget is None or planned < budget):
+                last += 1
+                planned += chunks[last].byte_end - chunks[last].byte_offset
+            units.append(_Unit(span, span.start + chunks[first].first_record, (first, last)))
+            if last + 1 < len(chunks):
+                break  # the budget ends inside this blob
+        nxt = span.end + 1
+    return units
+
+
+def _trim_to_total(plans: list[_Plan | LlogError], max_bytes: int | None) -> None:
+    """Drop the units beyond the call's total budget (in request order), keeping at
+    least one unit overall so that the first record is always served."""
+    if max_bytes is None:
+        return
+    planned, kept_any = 0, False
+    for plan in plans:
+        if not isinstance(plan, _Plan):
+            continue
+        keep: list[_Unit] = []
+        for unit in plan.units:
+            if kept_any and planned >= max_bytes:
+                break
+            keep.append(unit)
+            kept_any = True
+            planned += _unit_bytes(unit)
+        plan.units = keep
+
+
+def _unit_bytes(unit: _Unit) -> int:
+    chunks = unit.span.chunks
+    if unit.chunk_range is not None and chunks is not None:
+        first, last = unit.chunk_range
+        return chunks[last].byte_end - chunks[first].byte_offset
+    return unit.span.cost_from(unit.first_offset)
+
+
+def _assemble_all(plans: list[_Plan | LlogError], max_bytes: int | None
+                  ) -> list[ReadOutcome]:
+    remaining = [max_bytes if max_bytes is not None else _UNLIMITED]
+    out: list[ReadOutcome] = []
+    for plan in plans:
+        if isinstance(plan, LlogError):
+            out.append(plan)
+            continue
+        try:
+            out.append(_assemble(plan, remaining, first_of_answer=not any(
+                isinstance(o, ReadResult) and o.records for o in out)))
+        except LlogError as exc:
+            out.append(exc)
+    return out
+
+
+def _assemble(plan: _Plan, remaining: list[int], *, first_of_answer: bool) -> ReadResult:
+    """Records from the plan's offset within the request's budgets and ``remaining``
+    (the call's total budget left, shared across plans)."""
+    request = plan.request
+    out: list[tuple[int, bytes]] = []
+    size, nxt = 0, plan.offset
+    budget = min(request.max_bytes or _UNLIMITED, remaining[0])
+    for unit in plan.units:
+        if unit.error is not None:
+            if out:
+                break  # serve what precedes it; the next read reports the error
+            raise unit.error
+        assert unit.records is not None
+        if unit.first_offset > nxt:
+            break  # a hole after what we have: the next read reports it
+        for i in range(nxt - unit.first_offset, len(unit.records)):
+            value = unit.records[i]
+            may_exceed = first_of_answer and not out
+            if not may_exceed and (size + len(value) > budget or (
+                    request.max_records is not None and len(out) >= request.max_records)):
+                remaining[0] -= size
+                return ReadResult(request.tp, out, plan.high_watermark, nxt)
+            out.append((nxt, value))
+            size += len(value)
+            nxt += 1
+    remaining[0] -= size
+    return ReadResult(request.tp, out, plan.high_watermark, nxt)

@@ -163,6 +163,9 @@ class IndexEntry(_Record):
     created_at_ms: int = 0
     crc32c: int | None = _opt()
     append_id: str | None = _opt()
+    # COMPACTED entries: the object's size and its chunk table (app/storage/chunks.py).
+    object_bytes: int | None = _opt()
+    chunks: list[list[int]] | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -170,6 +173,8 @@ class IndexEntry(_Record):
             raise CorruptData(f"index entry with msg_count {self.msg_count}")
         if (self.byte_offset is None) != (self.byte_length is None):
             raise CorruptData("index entry with only one of byte_offset/byte_length")
+        if self.chunks is not None and self.object_bytes is None:
+            raise CorruptData("index entry with a chunk table but no object_bytes")
 
     @property
     def is_slice(self) -> bool:
@@ -203,7 +208,17 @@ class Compaction(_Record):
     encoding: str = ENCODING
     created_at_ms: int = 0
     crc32c: int | None = _opt()
+    object_bytes: int | None = _opt()
+    chunks: list[list[int]] | None = field(default=None, metadata={"omit_none": True})
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def compacted_entry(self) -> IndexEntry:
+        """The COMPACTED index entry this compaction puts at its end key."""
+        return IndexEntry(
+            type="COMPACTED", msg_count=self.msg_count, data_key=self.data_key,
+            encoding=self.encoding, created_at_ms=self.created_at_ms, crc32c=self.crc32c,
+            object_bytes=self.object_bytes, chunks=self.chunks,
+        )
 
 
 @dataclass
@@ -214,4 +229,7 @@ class CompactorClaim(_Record):
 
     compactor_id: str
     claimed_at_ms: int = 0
+    # Unique per acquisition: lets a compactor whose create went unanswered tell its own
+    # claim from another's when it reads the record back.
+    claim_id: str | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)

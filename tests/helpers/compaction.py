@@ -5,6 +5,7 @@ Everything runs against the session's real Oxia and MinIO through ``open_engine`
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -33,12 +34,8 @@ def compaction_settings(stack: LocalStack, **overrides: Any) -> Settings:
 
 def make_compactor(e: Engine, *, metrics: CompactionMetrics | None = None,
                    crash_hook: StepHook | None = None, **config: Any) -> Compactor:
-    base = CompactionConfig.from_settings(e.settings)
-    values = {"max_bytes": base.max_bytes, "max_entries": base.max_entries,
-              "min_entries": base.min_entries, "min_entry_age_ms": base.min_entry_age_ms}
-    values.update(config)
-    return Compactor(e.oxia, e.s3, e.layout, CompactionConfig(**values), metrics=metrics,
-                     crash_hook=crash_hook)
+    settings = dataclasses.replace(CompactionConfig.from_settings(e.settings), **config)
+    return Compactor(e.oxia, e.s3, e.layout, settings, metrics=metrics, crash_hook=crash_hook)
 
 
 async def append_batches(writer: LogWriter, tp: TopicPartition, batches: int, per_batch: int,

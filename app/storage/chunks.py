@@ -1,0 +1,107 @@
+"""The chunk table of a compacted blob: how a reader fetches part of it.
+
+A compacted blob is one bytes-batch-v1 body of up to ``LLOG_COMPACTION_MAX_BYTES``. So
+that a consumer catching up through it fetches only what it asks for (and no request
+holds a whole object in memory), its COMPACTED index entry carries a sparse table of
+record-aligned chunks::
+
+    "object_bytes": 67108864,
+    "chunks": [[0, 4, 3735928559], [4211, 1048612, 1234567890], ...]
+
+Each row is ``[first_record, byte_offset, crc32c]``: the chunk starts with the record of
+that index in the body (0-based) at that absolute byte offset, and ends where the next
+row starts (the last one at ``object_bytes`` and ``msg_count``). ``crc32c`` covers the
+chunk's bytes, which are ``(u32 length, bytes)`` pairs exactly as in the body. The first
+chunk starts at byte 4, after the body's record count.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.errors import CorruptData
+from app.storage import codec
+
+_U32 = struct.Struct(">I")
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+MAX_CHUNKS = 1024  # bounds the index entry: about 30 bytes of JSON per row
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Records ``[first_record, end_record)`` at bytes ``[byte_offset, byte_end)``."""
+
+    first_record: int
+    end_record: int
+    byte_offset: int
+    byte_end: int
+    crc32c: int
+
+
+def chunk_table(body: bytes | memoryview, target_bytes: int = DEFAULT_CHUNK_BYTES
+                ) -> list[list[int]]:
+    """Rows for a decoded-valid bytes-batch-v1 ``body``, about ``target_bytes`` each."""
+    view = memoryview(body)
+    (count,) = _U32.unpack_from(view, 0)
+    target = max(target_bytes, len(view) // MAX_CHUNKS + 1)
+    rows: list[list[int]] = []
+    start_pos, start_rec, pos = 4, 0, 4
+    for i in range(count):
+        if pos - start_pos >= target:
+            rows.append([start_rec, start_pos, codec.crc32c(view[start_pos:pos])])
+            start_pos, start_rec = pos, i
+        (length,) = _U32.unpack_from(view, pos)
+        pos += 4 + length
+    rows.append([start_rec, start_pos, codec.crc32c(view[start_pos:pos])])
+    return rows
+
+
+def parse_chunks(rows: object, msg_count: int, object_bytes: int) -> list[Chunk]:
+    """Validated chunks of an index entry; :class:`CorruptData` if the table is wrong."""
+    if not isinstance(rows, list) or not rows or len(rows) > MAX_CHUNKS:
+        raise CorruptData("chunk table is not a non-empty list of at most "
+                          f"{MAX_CHUNKS} rows")
+    parsed: list[tuple[int, int, int]] = []
+    for row in rows:
+        if (not isinstance(row, list) or len(row) != 3
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in row)):
+            raise CorruptData(f"chunk table row {row!r} is not [record, offset, crc32c]")
+        parsed.append((row[0], row[1], row[2]))
+    out: list[Chunk] = []
+    for i, (first, offset, crc) in enumerate(parsed):
+        end_rec, end_pos = (parsed[i + 1][0], parsed[i + 1][1]) if i + 1 < len(parsed) else (
+            msg_count, object_bytes)
+        if not (0 <= first < end_rec <= msg_count and 4 <= offset < end_pos <= object_bytes):
+            raise CorruptData(f"chunk table row {i} does not fit the object")
+        out.append(Chunk(first, end_rec, offset, end_pos, crc))
+    if out[0].first_record != 0 or out[0].byte_offset != 4:
+        raise CorruptData("chunk table does not start at the first record")
+    return out
+
+
+def chunk_index(chunks: Sequence[Chunk], record: int) -> int:
+    """Index of the chunk holding record number ``record`` (0-based in the body)."""
+    return bisect.bisect_right([c.first_record for c in chunks], record) - 1
+
+
+def decode_chunk(data: bytes | memoryview, chunk: Chunk) -> list[bytes]:
+    """The records of one chunk's bytes, verified against its checksum."""
+    codec.verify_body(data, chunk.crc32c)
+    view = memoryview(data)
+    records: list[bytes] = []
+    pos, size = 0, len(view)
+    for _ in range(chunk.end_record - chunk.first_record):
+        if pos + 4 > size:
+            raise CorruptData("chunk truncated at a record length")
+        (length,) = _U32.unpack_from(view, pos)
+        pos += 4
+        if length > size - pos:
+            raise CorruptData("chunk record overruns the chunk")
+        records.append(bytes(view[pos:pos + length]))
+        pos += length
+    if pos != size:
+        raise CorruptData(f"chunk has {size - pos} trailing bytes")
+    return records
