@@ -28,6 +28,7 @@ from app.tailcache import (
     TailCacheStats,
     open_tail_cache,
 )
+from app.tailcache import files as file_cache
 from app.tailcache.files import FORMAT_DIR, HW_FILE, STALE_TMP_NS, TMP_PREFIX
 from app.tailcache.segment import (
     decode_high_watermark,
@@ -222,7 +223,8 @@ def test_statistics_and_close(make_cache: Callable[[int], TailCache]) -> None:
     cache.get(TP, 9, None, None)
     stats = cache.statistics()
     assert isinstance(stats, TailCacheStats)
-    assert (stats.partitions, stats.records, stats.hits, stats.misses) == (2, 6, 2, 1)
+    assert (stats.partitions, stats.segments, stats.records) == (2, 2, 6)
+    assert (stats.hits, stats.misses) == (2, 1)
     assert stats.bytes >= sum(len(v) for v in values(1, 4) + values(1, 2))
     cache.close()
     assert cache.get(TP, 1, None, None) is None
@@ -408,6 +410,64 @@ def test_file_budget_bounds_the_directory(tmp_path: Path) -> None:
     # Reopening with a smaller budget trims what is there.
     FileTailCache(tmp_path, 2_000).close()
     assert disk_bytes(tmp_path) <= 2_000
+
+
+def indexed_on_disk(root: Path, *tps: TopicPartition) -> tuple[int, int]:
+    """Segments and records on disk in the given partitions."""
+    segs = [parse_segment_name(p.name) for tp in tps for p in segment_files(root, tp)]
+    return len(segs), sum(end - start + 1 for start, end in filter(None, segs))
+
+
+def test_index_forgets_segments_another_process_removed(tmp_path: Path) -> None:
+    budget = 20_000
+    writer = FileTailCache(tmp_path, budget)
+    other = FileTailCache(tmp_path, budget)
+    for offset in range(1, 41):  # about half the budget: no full scan in the writer yet
+        writer.put(TP, offset, [value(offset) * 20])
+    for offset in range(1, 201):  # the other process's scans evict the writer's segments
+        other.put(OTHER, offset, [value(offset) * 20])
+    assert segment_files(tmp_path, TP) == []
+    for offset in range(1, 201):  # the writer's own scans now find its files gone
+        writer.put(TP1, offset, [value(offset) * 20])
+    stats = writer.statistics()
+    segments, records = indexed_on_disk(tmp_path, TP, TP1)
+    assert stats.records == records
+    assert stats.segments == segments
+    assert stats.partitions == 1
+
+
+def test_index_of_one_partition_is_bounded(tmp_path: Path) -> None:
+    bound = file_cache.MAX_SEGMENTS_PER_PARTITION
+    last = bound + 100
+    writer = FileTailCache(tmp_path, 1 << 30)
+    for offset in range(1, last + 1):
+        writer.put(TP, offset, [value(offset)])
+    reader = FileTailCache(tmp_path, 1 << 30)
+    tail = CacheHit([(o, value(o)) for o in range(last - 9, last + 1)], last, last + 1)
+    for cache in (writer, reader):
+        assert cache.get(TP, last - 9, None, None) == tail
+        assert cache.statistics().records == bound
+        assert cache.statistics().segments == bound
+        # Older segments are not indexed: a miss, or the right records.
+        hit = cache.get(TP, 1, 3, None)
+        assert hit is None or hit.records == [(o, value(o)) for o in (1, 2, 3)]
+
+
+def test_indexed_partitions_are_bounded_least_recently_used_first(tmp_path: Path) -> None:
+    tps = [TopicPartition("orders", p) for p in range(5)]
+    cache = FileTailCache(tmp_path, 1 << 20, max_partitions=2)
+    for p, tp in enumerate(tps):
+        cache.put(tp, 1, values(1, p + 1))  # partition p holds p + 1 records
+    assert cache.statistics().partitions == 2
+    cache.get(tps[3], 1, None, None)  # 3 is now used more recently than 4
+    cache.get(tps[0], 1, None, None)  # indexing 0 drops 4
+    assert (cache.statistics().partitions, cache.statistics().records) == (2, 4 + 1)
+    for p, tp in enumerate(tps):  # every partition is still served from its files
+        hit = CacheHit([(o, value(o)) for o in range(1, p + 2)], p + 1, p + 2)
+        assert cache.get(tp, 1, None, None) == hit
+    assert cache.statistics().partitions == 2
+    with pytest.raises(ValueError):
+        FileTailCache(tmp_path, 1 << 20, max_partitions=0)
 
 
 def test_segment_and_hw_codecs_round_trip() -> None:
