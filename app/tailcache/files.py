@@ -1,10 +1,17 @@
 """Tail cache in a directory shared by the worker processes of one host.
 
-Layout: ``{directory}/v1/{topic}/{partition}/`` holds immutable segment files named
-``{start:020d}-{end:020d}.seg`` (one per put) and a ``hw`` file; temporary files start
-with ``.tmp-``. Topic names are ``[A-Za-z0-9._-]`` and never ``.``/``..``, so they are
-safe path components as they are (and every file also names its topic-partition inside,
-see :mod:`app.tailcache.segment`).
+Layout: ``{directory}/{store_id}/v1/{topic}/{partition}/`` holds immutable segment files
+named ``{start:020d}-{end:020d}.seg`` (one per put) and a ``hw`` file; temporary files
+start with ``.tmp-``. Topic names are ``[A-Za-z0-9._-]`` and never ``.``/``..``, so they
+are safe path components as they are (and every file also names its topic-partition
+inside, see :mod:`app.tailcache.segment`).
+
+The store id names the store (the Oxia and S3 data) whose records the files hold. An
+offset means something only within one store: after the store is reset, or with two
+deployments on one host, the same topic-partition and offset name other records. Each
+store therefore has its own subtree, and a cache never reads, counts or evicts another
+store's files. Store ids are ``[A-Za-z0-9._-]``, 1 to 128 characters, never ``.``/``..``;
+:func:`store_id_of` derives one from any strings that name a store.
 
 Why this is safe with several writers and readers and no locks:
 
@@ -27,18 +34,19 @@ Why this is safe with several writers and readers and no locks:
   last returned offset; a lower value only makes a consumer think it is nearer the tail.
   The next put or note raises it again.
 
-Budget: the segment bytes of the whole directory are kept near ``max_bytes``. Each
+Budget: the segment bytes of the store's subtree are kept near ``max_bytes``. Each
 process counts what it wrote since its last full scan; when that estimate passes the
-budget it lists every partition, and deletes the oldest segments (by mtime, then start
-offset) until the total is at most 3/4 of the budget. With N writing processes the total
-can overshoot by up to about N x max_bytes/4 between scans; a single process stays within
-``max_bytes``.
+budget it lists every partition of its store and deletes the oldest segments (by mtime,
+then start offset) until the total is at most 3/4 of the budget. With N writing processes
+the total can overshoot by up to about N x max_bytes/4 between scans; a single process
+stays within ``max_bytes``.
 
-Index: each process keeps a bounded in-memory index of what it has seen in the
-directory, for the partitions it used most recently (``max_partitions``), each with its
+Index: each process keeps a bounded in-memory index of what it has seen of the store's
+subtree, for the partitions it used most recently (``max_partitions``), each with its
 newest :data:`MAX_SEGMENTS_PER_PARTITION` segments. Files vanish under it as other
 processes evict or supersede them; an entry is forgotten when a read finds its file gone
-and at every full scan, so the index never outgrows the directory.
+and at every full scan, so beyond what is on disk the index holds at most the segments
+this process wrote since its last scan.
 
 All calls do blocking file I/O on small files; put the directory on a tmpfs
 (e.g. ``/dev/shm``) to keep it to memory copies.
@@ -48,8 +56,10 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import secrets
 import threading
 import time
@@ -81,6 +91,7 @@ from app.tailcache.segment import (
 log = logging.getLogger(__name__)
 
 FORMAT_DIR = "v1"
+_STORE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 HW_FILE = "hw"
 TMP_PREFIX = ".tmp-"
 # A listing that started this long after the directory's last change surely saw it
@@ -97,6 +108,20 @@ STALE_TMP_NS = 600 * 1_000_000_000
 MAX_SEGMENTS_PER_PARTITION = 1024
 _HW_ATTEMPTS = 3
 _MAX_BACKTRACK = 8  # overlapping segments are rare: look back this far for a covering one
+
+
+def check_store_id(store_id: str) -> str:
+    """``store_id`` if it is a valid store id (see the module docstring), else ValueError."""
+    if not _STORE_ID.fullmatch(store_id) or store_id in (".", ".."):
+        raise ValueError(f"a tail cache store id is 1 to 128 characters of [A-Za-z0-9._-] "
+                         f"and not . or .., got {store_id!r}")
+    return store_id
+
+
+def store_id_of(*names: str) -> str:
+    """A store id naming the store that ``names`` (bucket, prefix, ...) identify."""
+    digest = hashlib.sha256("\0".join(names).encode()).hexdigest()
+    return f"s-{digest[:32]}"
 
 
 @dataclass
@@ -172,17 +197,18 @@ class _Found(NamedTuple):
 class FileTailCache:
     """See the module docstring. Safe to share one directory between processes.
 
-    At most ``max_partitions`` partitions are indexed at once; the least recently used
-    index goes first (its files stay, and are listed again when the partition is used).
+    Only the files of ``store_id`` are seen. At most ``max_partitions`` partitions are
+    indexed at once; the least recently used index goes first (its files stay, and are
+    listed again when the partition is used).
     """
 
-    def __init__(self, directory: Path, max_bytes: int, *,
+    def __init__(self, directory: Path, max_bytes: int, *, store_id: str,
                  max_partitions: int = 10_000) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         if max_partitions < 1:
             raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
-        self._root = Path(directory) / FORMAT_DIR
+        self._root = Path(directory) / check_store_id(store_id) / FORMAT_DIR
         self._root.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
         self._max_partitions = max_partitions
