@@ -37,10 +37,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from app.loadtest.snapshots import cpu_model  # noqa: E402
 from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
 from app.localstack.processes import ManagedProcess, ProcessFailed, free_port  # noqa: E402
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
@@ -189,12 +192,12 @@ def metric_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process (Linux /proc), 0 if unknown."""
+    """User + system CPU time of one process, 0 if unknown."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
+    return times.user + times.system
 
 
 # -- scenarios -------------------------------------------------------------------------
@@ -362,14 +365,8 @@ def machine_info() -> dict[str, Any]:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         affinity = None
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     return {"nproc": affinity or os.cpu_count(), "cpu_count": os.cpu_count(),
-            "cpu_model": model, "python": platform.python_version(), "go": go_version(),
+            "cpu_model": cpu_model() or "", "python": platform.python_version(), "go": go_version(),
             "platform": platform.platform(), "loadavg_start": list(os.getloadavg())}
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,6 +10,7 @@ import uuid
 from pathlib import Path
 
 import oxia
+import psutil
 
 from app.localstack.processes import free_port
 
@@ -22,12 +22,10 @@ STACK_FIELDS = {
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        # A zombie still has a pid; it has exited all the same.
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    # A zombie still answers kill(0); it has exited all the same.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def _start_dev(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[str]:

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from app.loadtest import rundir
-from app.loadtest.collector import aggregate, broker_totals
+from app.loadtest.collector import Collector, aggregate, broker_totals, tree_usage
 from app.loadtest.hammer import HAMMER_SRC
 from app.loadtest.report import line_chart, render_report
 from app.loadtest.routing import build_manifest, owner_set
@@ -137,6 +142,67 @@ def test_broker_totals_and_aggregate() -> None:
     assert total["s3_stored_bytes"] == 1000  # bucket-wide: max, not sum
     assert delta(total, aggregate({"b1": broker_totals(_metrics(20, 2, 2))}))[
         "produce_records"] == 130
+
+
+@pytest.fixture
+def sleepers() -> Iterator[subprocess.Popen[str]]:
+    """A shell leading its own process group with two sleeping children."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & echo ready; wait"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def test_process_refs_tell_a_live_process_from_a_recycled_pid(
+        sleepers: subprocess.Popen[str]) -> None:
+    ref = rundir.process_ref(sleepers.pid)
+    assert rundir.ref_alive(ref)
+    assert rundir.ref_alive({"pid": sleepers.pid})  # no creation time recorded: pid only
+    assert not rundir.ref_alive({**ref, "create_time": ref["create_time"] - 1})
+    assert rundir.kill_ref(ref, signal.SIGKILL)  # the whole group
+    assert sleepers.wait(10) == -signal.SIGKILL
+    assert not rundir.ref_alive(ref)
+    assert not rundir.kill_ref(ref)
+    assert rundir.wait_gone([ref], 1)
+
+
+def test_tree_usage_counts_the_descendants(sleepers: subprocess.Popen[str]) -> None:
+    count, cpu, rss = tree_usage(sleepers.pid)
+    assert count == 3 and cpu >= 0 and rss > 0
+    alone = tree_usage(sleepers.pid, tree=False)
+    assert alone[0] == 1 and 0 < alone[2] < rss
+    os.killpg(sleepers.pid, signal.SIGKILL)
+    sleepers.wait(10)
+    assert tree_usage(sleepers.pid) == (0, 0.0, 0)
+
+
+def test_collector_samples_processes_and_host(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    rundir.write_json(run / rundir.STACK, {"brokers": []})
+    me = rundir.process_ref(os.getpid())
+    collector = Collector(run, 30.0, extra_processes=lambda: {"me": me})
+    first = collector.sample()
+    cpu_at_first = psutil.Process().cpu_times()
+    while sum(psutil.Process().cpu_times()[:2]) - sum(cpu_at_first[:2]) < 0.05:
+        sum(range(10_000))  # burn some CPU for the rates to show
+    second = collector.sample(final=True)
+    proc = second["processes"]["me"]
+    assert proc["alive"] and proc["processes"] >= 1 and proc["rss_bytes"] > 0
+    assert proc["cpu_s"] > first["processes"]["me"]["cpu_s"]
+    assert proc["cpu_pct"] > 0
+    host = second["host"]
+    assert host["cpu_total_s"] >= host["cpu_idle_s"] + host["cpu_iowait_s"] > 0
+    assert 0 < host["memavailable_bytes"] <= host["memtotal_bytes"]
+    assert 0 <= host["cpu_pct"] <= 100 and host["lo_rx_bytes_per_s"] >= 0
+    assert [s["final"] for s in rundir.read_jsonl(run / rundir.METRICS)] == [False, True]
 
 
 def _fake_run(tmp_path: Path, acked: int, accepted: int, puts: int) -> RunDir:
