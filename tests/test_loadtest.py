@@ -15,9 +15,9 @@ from typing import Any
 import psutil
 import pytest
 
-from app.loadtest import rundir
+from app.loadtest import hammer, rundir
 from app.loadtest.collector import Collector, aggregate, broker_totals, tree_usage
-from app.loadtest.hammer import HAMMER_SRC
+from app.loadtest.hammer import HAMMER_SRC, LATENCY_SRC, build_hammer, source_digest
 from app.loadtest.report import line_chart, render_report
 from app.loadtest.routing import build_manifest, owner_set
 from app.loadtest.rundir import RunDir
@@ -261,20 +261,36 @@ def test_fnv1a64_matches_the_hammer() -> None:
     assert fnv1a64(b"foobar") == 0x85944171F73967E8
 
 
-# -- the Go hammer ---------------------------------------------------------------------
+# -- the Go load generators ------------------------------------------------------------
+
+GO_MODULES = [HAMMER_SRC, LATENCY_SRC, Path(__file__).resolve().parents[1] / "bench" / "httpload"]
 
 
 @pytest.mark.skipif(shutil.which("go") is None, reason="needs Go")
-def test_hammer_go_tests_and_vet() -> None:
-    result = subprocess.run(["go", "vet", "./..."], cwd=HAMMER_SRC, capture_output=True,
-                            text=True, env={**_go_env()}, check=False)
-    assert result.returncode == 0, result.stderr
-    result = subprocess.run(["go", "test", "./..."], cwd=HAMMER_SRC, capture_output=True,
-                            text=True, env={**_go_env()}, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
+@pytest.mark.parametrize("module", GO_MODULES, ids=lambda m: m.name)
+def test_go_tests_and_vet(module: Path) -> None:
+    env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+    for step in (["go", "vet", "./..."], ["go", "test", "./..."]):
+        result = subprocess.run(step, cwd=module, capture_output=True, text=True, env=env,
+                                check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _go_env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go")
+def test_hammer_builds_into_the_binary_cache(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    go = shutil.which("go")
+    assert go is not None
+    monkeypatch.setenv("LLOG_BIN_CACHE_DIR", str(tmp_path))
+    binary = build_hammer()
+    assert binary.parent == tmp_path and binary.name == f"hammer-{source_digest(go)}"
+    usage = subprocess.run([str(binary)], capture_output=True, text=True, timeout=30,
+                           check=False)
+    assert usage.returncode == 2 and "usage: hammer" in usage.stderr
+    # An edit of the shared latency module makes another binary.
+    edited = tmp_path / "latency"
+    shutil.copytree(LATENCY_SRC, edited)
+    with (edited / "latency.go").open("a") as f:
+        f.write("\n// edited\n")
+    monkeypatch.setattr(hammer, "LATENCY_SRC", edited)
+    assert source_digest(go) != binary.name.removeprefix("hammer-")

@@ -32,6 +32,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"llog.local/loadtest/latency"
 )
 
 type config struct {
@@ -203,7 +205,7 @@ func (e *errorSamples) add(s string) {
 type worker struct {
 	requests, ok, s503, other, errs uint64
 	statuses                        map[int]uint64
-	hist                            Histogram
+	hist                            *latency.Histogram
 }
 
 type ThroughputResult struct {
@@ -255,7 +257,7 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 	deadline := start.Add(c.duration)
 	var wg sync.WaitGroup
 	for i := range workers {
-		w := &worker{statuses: map[int]uint64{}}
+		w := &worker{statuses: map[int]uint64{}, hist: latency.New()}
 		workers[i] = w
 		wg.Add(1)
 		go func() {
@@ -293,7 +295,7 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 				switch resp.StatusCode {
 				case http.StatusOK:
 					w.ok++
-					w.hist.Record(time.Since(t0))
+					w.hist.RecordDuration(time.Since(t0))
 				case http.StatusServiceUnavailable:
 					w.s503++
 					time.Sleep(c.backoff)
@@ -312,7 +314,7 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 		DurationS: c.duration.Seconds(), ElapsedS: elapsed, Statuses: map[string]uint64{},
 		GoVersion: runtime.Version(),
 	}
-	var hist Histogram
+	hist := latency.New()
 	for _, w := range workers {
 		res.Requests += w.requests
 		res.OK += w.ok
@@ -322,7 +324,7 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 		for code, n := range w.statuses {
 			res.Statuses[strconv.Itoa(code)] += n
 		}
-		hist.Merge(&w.hist)
+		hist.Merge(w.hist)
 	}
 	res.ErrorSamples = samples.samples
 	if res.ErrorSamples == nil {
@@ -333,7 +335,7 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 	res.RequestsPerS = float64(res.OK) / elapsed
 	res.RecordsPerS = float64(res.RecordsAcked) / elapsed
 	res.MiBPerS = float64(res.BytesAcked) / elapsed / (1 << 20)
-	res.Latency = hist.Summary()
+	res.Latency = summarize(hist)
 	res.NewConnections = dials.n.Load()
 	res.CPUSeconds = cpuSeconds() - cpu0
 	return res, nil
@@ -416,11 +418,11 @@ func runE2E(c *config) (*E2EResult, error) {
 
 	var lastAcked atomic.Int64 // highest acknowledged offset
 	producerDone := make(chan struct{})
-	var prodHist Histogram
+	prodHist := latency.New()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var consHist Histogram
+	consHist := latency.New()
 	consumerDone := make(chan struct{})
 	go func() { // consumer
 		defer close(consumerDone)
@@ -509,7 +511,7 @@ func runE2E(c *config) (*E2EResult, error) {
 				if err != nil || sent < measureFrom {
 					continue
 				}
-				consHist.Record(time.Duration(now - sent))
+				consHist.RecordDuration(time.Duration(now - sent))
 			}
 			if r.NextOffset > fetch {
 				fetch = r.NextOffset
@@ -554,7 +556,7 @@ func runE2E(c *config) (*E2EResult, error) {
 			lastAcked.Store(pr.Results[0].EndOffset)
 		}
 		if sent >= measureFrom {
-			prodHist.Record(took)
+			prodHist.RecordDuration(took)
 		}
 	}
 	close(producerDone)
@@ -567,8 +569,8 @@ func runE2E(c *config) (*E2EResult, error) {
 	res.ElapsedS = time.Since(t0).Seconds()
 	res.LastAckedOffset = lastAcked.Load()
 	res.Missing = int64(res.Produced) - int64(res.Consumed)
-	res.ProduceLatency = prodHist.Summary()
-	res.E2ELatency = consHist.Summary()
+	res.ProduceLatency = summarize(prodHist)
+	res.E2ELatency = summarize(consHist)
 	res.ErrorSamples = samples.samples
 	if res.ErrorSamples == nil {
 		res.ErrorSamples = []string{}

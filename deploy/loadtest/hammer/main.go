@@ -27,6 +27,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"llog.local/loadtest/latency"
 )
 
 // EventLog appends JSON lines with a timestamp; safe for concurrent use.
@@ -50,10 +52,10 @@ func (e *EventLog) Write(ev map[string]any) {
 // Stats are the produce and consume figures, both cumulative and per reporting interval.
 type Stats struct {
 	mu            sync.Mutex
-	lat           *Histogram // produce latency, measurement window, microseconds
-	latInterval   *Histogram
-	e2e           *Histogram // produce-to-consume latency
-	e2eInterval   *Histogram
+	lat           *latency.Histogram // produce latency, measurement window, microseconds
+	latInterval   *latency.Histogram
+	e2e           *latency.Histogram // produce-to-consume latency
+	e2eInterval   *latency.Histogram
 	statuses      map[string]int64
 	errors        map[string]int64
 	requests      atomic.Int64
@@ -74,8 +76,8 @@ type Stats struct {
 }
 
 func newStats() *Stats {
-	return &Stats{lat: NewHistogram(), latInterval: NewHistogram(), e2e: NewHistogram(),
-		e2eInterval: NewHistogram(), statuses: map[string]int64{}, errors: map[string]int64{}}
+	return &Stats{lat: latency.New(), latInterval: latency.New(), e2e: latency.New(),
+		e2eInterval: latency.New(), statuses: map[string]int64{}, errors: map[string]int64{}}
 }
 
 func (s *Stats) status(code string) {
@@ -709,9 +711,9 @@ func (h *Hammer) writeInterval(out *os.File, now time.Time, final bool) {
 	s := h.stats
 	s.mu.Lock()
 	lat := s.latInterval
-	s.latInterval = NewHistogram()
+	s.latInterval = latency.New()
 	e2e := s.e2eInterval
-	s.e2eInterval = NewHistogram()
+	s.e2eInterval = latency.New()
 	s.mu.Unlock()
 	cur := intervalState{at: now, records: s.ackedRecords.Load(), bytes: s.ackedBytes.Load(),
 		requests: s.requests.Load(), errors: h.failedTotal(), consRecs: s.consRecords.Load()}
@@ -735,9 +737,9 @@ func (h *Hammer) writeInterval(out *os.File, now time.Time, final bool) {
 		"records_per_s":       float64(cur.records-h.last.records) / dt,
 		"mib_per_s":           float64(cur.bytes-h.last.bytes) / dt / (1 << 20),
 		"inflight":            s.inflight.Load(),
-		"latency_ms":          lat.SummaryMs(),
+		"latency_ms":          summaryMs(lat),
 		"consumed_records":    cur.consRecs - h.last.consRecs,
-		"e2e_latency_ms":      e2e.SummaryMs(),
+		"e2e_latency_ms":      summaryMs(e2e),
 		"acked_records_total": cur.records,
 	}
 	data, _ := json.Marshal(line)
@@ -771,9 +773,9 @@ func (h *Hammer) writeSummary(end time.Time, events *EventLog) error {
 	for _, k := range keys {
 		errs[k] = s.errors[k]
 	}
-	lat := s.lat.SummaryMs()
+	lat := summaryMs(s.lat)
 	latBuckets := s.lat.Buckets()
-	e2e := s.e2e.SummaryMs()
+	e2e := summaryMs(s.e2e)
 	e2eBuckets := s.e2e.Buckets()
 	s.mu.Unlock()
 	summary := map[string]any{
