@@ -33,6 +33,7 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -216,8 +217,15 @@ class Ctx:
     roles: str
 
 
-def _wait_stopped(proc: ManagedProcess) -> None:
-    proc.stop(timeout=20)
+@contextlib.contextmanager
+def _serving(proc: ManagedProcess, url: str) -> Iterator[None]:
+    """``proc`` started and answering at ``url`` for the block, stopped after it."""
+    proc.start()
+    try:
+        wait_healthy(proc, url, timeout=60)
+        yield
+    finally:
+        proc.stop(timeout=20)
 
 
 def _server_row(ctx: Ctx, sc: Scenario, url: str, path: str, topic: str,
@@ -289,13 +297,9 @@ def run_bare(ctx: Ctx, sc: Scenario) -> dict[str, Any]:
         env={**os.environ},
         cwd=ROOT,
     )
-    proc.start()
-    try:
-        wait_healthy(proc, url, timeout=60)
+    with _serving(proc, url):
         return _server_row(ctx, sc, url, "/produce", f"bare-{uuid.uuid4().hex[:8]}", proc,
                            with_metrics=False)
-    finally:
-        _wait_stopped(proc)
 
 
 def broker_env(ctx: Ctx, name: str, batch: Batch, extra: dict[str, Any]) -> dict[str, str]:
@@ -319,13 +323,9 @@ def run_broker(ctx: Ctx, sc: Scenario) -> dict[str, Any]:
     })
     proc = broker_process(f"broker-{sc.name}", port, env,
                           ctx.logdir / f"{sc.name}.log")
-    proc.start()
-    try:
-        wait_healthy(proc, url, timeout=60)
+    with _serving(proc, url):
         return _server_row(ctx, sc, url, "/produce", f"bench-{uuid.uuid4().hex[:8]}", proc,
                            with_metrics=True)
-    finally:
-        _wait_stopped(proc)
 
 
 def run_e2e(ctx: Ctx, batch: Batch, record_bytes: int, duration: float) -> dict[str, Any]:
@@ -334,10 +334,8 @@ def run_e2e(ctx: Ctx, batch: Batch, record_bytes: int, duration: float) -> dict[
     env = broker_env(ctx, "e2e", batch, {"record_bytes": record_bytes})
     proc = broker_process("broker-e2e", port, env, ctx.logdir / "e2e.log")
     max_wait_ms = 5000
-    proc.start()
-    try:
-        wait_healthy(proc, url, timeout=60)
-        warmup = max(ctx.warmup, 0.5)
+    warmup = max(ctx.warmup, 0.5)
+    with _serving(proc, url):
         load = run_loadgen(
             ["-mode", "e2e", "-url", url, "-topic", f"e2e-{uuid.uuid4().hex[:8]}",
              "-size", str(record_bytes), "-duration", f"{duration}s", "-warmup", f"{warmup}s",
@@ -345,8 +343,6 @@ def run_e2e(ctx: Ctx, batch: Batch, record_bytes: int, duration: float) -> dict[
             timeout=duration + warmup + 15 + max_wait_ms / 1000 + 30 + 60,
         )
         proc.check_alive()
-    finally:
-        _wait_stopped(proc)
     return {
         "batch_max_delay_ms": batch.delay_ms, "batch_max_bytes": batch.max_bytes,
         "record_bytes": record_bytes, "max_wait_ms": max_wait_ms, "duration_s": duration,

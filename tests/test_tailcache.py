@@ -27,18 +27,11 @@ from app.tailcache import (
     TailCache,
     TailCacheStats,
     open_tail_cache,
+    segment,
     store_id_of,
 )
 from app.tailcache import files as file_cache
 from app.tailcache.files import FORMAT_DIR, HW_FILE, STALE_TMP_NS, TMP_PREFIX
-from app.tailcache.segment import (
-    decode_high_watermark,
-    decode_segment,
-    encode_high_watermark,
-    encode_segment,
-    parse_segment_name,
-    segment_name,
-)
 
 TP = TopicPartition("orders", 0)
 TP1 = TopicPartition("orders", 1)
@@ -70,7 +63,7 @@ def partition_dir(root: Path, tp: TopicPartition) -> Path:
 
 def segment_files(root: Path, tp: TopicPartition = TP) -> list[Path]:
     d = partition_dir(root, tp)
-    return sorted(p for p in d.iterdir() if parse_segment_name(p.name) is not None)
+    return sorted(p for p in d.iterdir() if segment.parse_segment_name(p.name) is not None)
 
 
 def disk_bytes(root: Path, store_id: str = STORE) -> int:
@@ -459,7 +452,7 @@ def test_store_id_of_names_a_store_validly() -> None:
 
 def indexed_on_disk(root: Path, *tps: TopicPartition) -> tuple[int, int]:
     """Segments and records on disk in the given partitions."""
-    segs = [parse_segment_name(p.name) for tp in tps for p in segment_files(root, tp)]
+    segs = [segment.parse_segment_name(p.name) for tp in tps for p in segment_files(root, tp)]
     return len(segs), sum(end - start + 1 for start, end in filter(None, segs))
 
 
@@ -517,20 +510,20 @@ def test_indexed_partitions_are_bounded_least_recently_used_first(tmp_path: Path
 
 def test_segment_and_hw_codecs_round_trip() -> None:
     records = [b"", b"a", b"\x00" * 300]
-    data = encode_segment(OTHER, 5, records)
-    assert decode_segment(data, OTHER, 5, 7) == records
-    assert decode_segment(data, OTHER, 5, 8) is None  # the name claims another range
-    assert decode_segment(data, OTHER, 4, 6) is None
-    assert decode_segment(data, TopicPartition(OTHER.topic, 8), 5, 7) is None
-    assert decode_segment(data, TopicPartition("payments.v2-x_Y", 7), 5, 7) is None
-    hw = encode_high_watermark(OTHER, 42)
-    assert decode_high_watermark(hw, OTHER) == 42
-    assert decode_high_watermark(hw, TP) is None
-    assert decode_high_watermark(hw[:-1], OTHER) is None
-    assert parse_segment_name(segment_name(5, 7)) == (5, 7)
+    data = segment.encode_segment(OTHER, 5, records)
+    assert segment.decode_segment(data, OTHER, 5, 7) == records
+    assert segment.decode_segment(data, OTHER, 5, 8) is None  # the name claims another range
+    assert segment.decode_segment(data, OTHER, 4, 6) is None
+    assert segment.decode_segment(data, TopicPartition(OTHER.topic, 8), 5, 7) is None
+    assert segment.decode_segment(data, TopicPartition("payments.v2-x_Y", 7), 5, 7) is None
+    hw = segment.encode_high_watermark(OTHER, 42)
+    assert segment.decode_high_watermark(hw, OTHER) == 42
+    assert segment.decode_high_watermark(hw, TP) is None
+    assert segment.decode_high_watermark(hw[:-1], OTHER) is None
+    assert segment.parse_segment_name(segment.segment_name(5, 7)) == (5, 7)
     for bad in ("x.seg", "00000000000000000005-00000000000000000004.seg", HW_FILE,
                 ".tmp-1-ab", "00000000000000000000-00000000000000000001.seg"):
-        assert parse_segment_name(bad) is None
+        assert segment.parse_segment_name(bad) is None
 
 
 def _damage_cases(good: bytes) -> Iterator[tuple[str, bytes]]:
@@ -570,12 +563,12 @@ def test_foreign_files_are_ignored_or_missed(tmp_path: Path) -> None:
     # Leftover temporary file of a crashed writer, junk, and a directory with a segment name.
     (d / f"{TMP_PREFIX}123-deadbeef").write_bytes(b"partial")
     (d / "notes.txt").write_text("hello")
-    (d / segment_name(10, 12)).mkdir()
+    (d / segment.segment_name(10, 12)).mkdir()
     # Another partition's valid segment for 4..6 copied into this partition.
     (other_seg,) = segment_files(tmp_path, OTHER)
-    (d / segment_name(4, 6)).write_bytes(other_seg.read_bytes())
+    (d / segment.segment_name(4, 6)).write_bytes(other_seg.read_bytes())
     # A valid segment of this partition renamed to claim another range.
-    (d / segment_name(20, 22)).write_bytes(segment_files(tmp_path)[0].read_bytes())
+    (d / segment.segment_name(20, 22)).write_bytes(segment_files(tmp_path)[0].read_bytes())
     writer.note_high_watermark(TP, 22)
     reader = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     for cache in (reader, writer):
