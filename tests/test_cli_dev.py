@@ -1,4 +1,5 @@
-"""`llog dev` brings the stack up, describes it in stack.json, and stops every child."""
+"""`llog dev` brings the stack up, describes it in stack.json, and stops every child; every
+`llog` command answers --help."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from pathlib import Path
 
 import oxia
 import psutil
+import pytest
 
 from app.localstack.processes import free_port
+
+HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["servers"],
+                 ["servers", "build"], ["loadtest"], ["loadtest", "run"], ["spark"]]
 
 STACK_FIELDS = {
     "broker_url", "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
@@ -95,3 +100,11 @@ def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
             client.close()
     finally:
         _stop(proc)
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: " ".join(c) or "llog")
+def test_every_command_answers_help(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "app.cli", *command, "--help"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: {' '.join(['llog', *command])}")

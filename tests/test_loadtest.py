@@ -245,6 +245,48 @@ def test_summary_reconciles_and_warns(tmp_path: Path) -> None:
     assert "| acked_records | 500 |" in headline_table([summary["headline"]])
 
 
+def test_summary_warns_of_every_discrepancy_in_order(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path, 500, 480, 12)
+    client = rundir.read_json(run / rundir.CLIENT_SUMMARY)
+    client["produce"]["errors"] = {"timeout": 2}
+    rundir.write_json(run / rundir.CLIENT_SUMMARY, client)
+    samples = rundir.read_jsonl(run / rundir.METRICS)
+    samples[0]["brokers"]["b2"] = {"up": True, "totals": {"produce_records": 1.0}}
+    samples[-1]["brokers"]["b2"] = {"up": False, "error": "refused"}
+    scenario = load_scenario("smoke", dict([parse_override("brokers.workers=2")]))
+    verify = {"ok": False, "missing": 1, "mismatched": 2, "log_holes": 3}
+    summary = build_summary(run, scenario, samples, {"verify": verify, "note": "kept"})
+    assert summary["warnings"] == [
+        "broker b2 was not reachable at the final sample; its totals are from its last "
+        "successful scrape and may miss its last writes",
+        "brokers run 2 workers each and /metrics is per worker process: broker totals cover "
+        "only the worker that answered each scrape",
+        "a broker was down at the end",
+        "records: client acknowledged 500, brokers accepted 480 (diff -20)",
+        "bytes: client acknowledged 5000, brokers accepted 4800 (diff -200)",
+        "200 responses: client saw 100, brokers sent 96",
+        "S3 PUTs (12 ok, 12 total) do not match batcher flushes (10) plus compaction "
+        "candidates (0); each flush writes one shared WAL blob, each compaction one blob",
+        "produce errors: {'timeout': 2}",
+        "read-back: 1 acknowledged records missing, 2 different, 3 offsets absent from the log",
+    ]
+    rec = summary["reconciliation"]
+    assert list(rec) == [
+        "client_acked_records", "broker_accepted_records", "records_diff",
+        "client_acked_bytes", "broker_accepted_bytes", "bytes_diff", "client_200_responses",
+        "broker_200_responses", "batcher_flushes", "s3_puts_ok", "s3_puts_total",
+        "s3_puts_per_flush", "compaction_candidates", "exact", "records_match",
+        "bytes_match", "puts_match_flushes", "ok"]
+    assert (rec["exact"], rec["ok"], rec["s3_puts_per_flush"]) == (False, False, 1.2)
+    assert summary["brokers"]["b2"] == {"up_at_end": False, "last_scraped_at": 100.0,
+                                        "totals": {"produce_records": 1.0}}
+    assert summary["verify"] == verify and summary["note"] == "kept"
+    missing = RunDir(tmp_path / "empty")
+    missing.path.mkdir()
+    assert build_summary(missing, scenario, [])["warnings"][0].startswith(
+        "client-summary.json is missing")
+
+
 def test_report_is_self_contained(tmp_path: Path) -> None:
     run = _fake_run(tmp_path, 500, 500, 10)
     summary = build_summary(run, load_scenario("smoke"), rundir.read_jsonl(run / rundir.METRICS))

@@ -19,7 +19,7 @@ from app.loadtest.routing import owners_by_partition
 from app.loadtest.rundir import RunDir, latest_run_dir, read_json, read_jsonl, ref_alive
 from app.loadtest.scenario import load_scenario
 from app.loadtest.verify import read_acked
-from tests.conftest import BrokerFactory
+from tests.helpers.broker_types import StartsBrokers
 
 pytestmark = pytest.mark.stack
 
@@ -184,7 +184,7 @@ def _post(url: str, body: dict[str, Any]) -> Any:
         return json.loads(resp.read())
 
 
-def test_dashboard_queries_only_exported_metrics(brokers: BrokerFactory, topic: str) -> None:
+def test_dashboard_queries_only_exported_metrics(brokers: StartsBrokers, topic: str) -> None:
     scenario = load_scenario("smoke")
     broker = brokers.start(loadtest_scenario=json.dumps(scenario.metrics_info("dash")))
     produced = _post(f"{broker.url}/produce", {"topic_partitions": [
