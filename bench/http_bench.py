@@ -446,28 +446,27 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main() -> int:
+# (flag, type, default, help) of every option but --quick.
+_OPTIONS: list[tuple[str, type, Any, str]] = [
+    ("--duration", float, 10.0, "measured seconds per scenario (default 10)"),
+    ("--connections", int, 32, "concurrent keep-alive connections (default 32)"),
+    ("--partitions", int, 8, "partitions written round-robin (default 8)"),
+    ("--records-100b", int, 50, "records per request with 100 B records (default 50)"),
+    ("--records-1k", int, 10, "records per request with 1 KiB records (default 10)"),
+    ("--warmup", float, 1.0, "unmeasured seconds before each scenario (default 1)"),
+    ("--e2e-duration", float, None,
+     "seconds of the produce-to-consume run (default: --duration)"),
+    ("--e2e-size", int, 100, "record size of the produce-to-consume run (default 100)"),
+    ("--roles", str, "write,read", "LLOG_ROLES of the broker (default write,read: no "
+     "compaction, so S3 and Oxia counts are the produce path's alone)"),
+]
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=10.0,
-                        help="measured seconds per scenario (default 10)")
-    parser.add_argument("--connections", type=int, default=32,
-                        help="concurrent keep-alive connections (default 32)")
-    parser.add_argument("--partitions", type=int, default=8,
-                        help="partitions written round-robin (default 8)")
-    parser.add_argument("--records-100b", type=int, default=50,
-                        help="records per request with 100 B records (default 50)")
-    parser.add_argument("--records-1k", type=int, default=10,
-                        help="records per request with 1 KiB records (default 10)")
-    parser.add_argument("--warmup", type=float, default=1.0,
-                        help="unmeasured seconds before each scenario (default 1)")
-    parser.add_argument("--e2e-duration", type=float, default=None,
-                        help="seconds of the produce-to-consume run (default: --duration)")
-    parser.add_argument("--e2e-size", type=int, default=100,
-                        help="record size of the produce-to-consume run (default 100)")
-    parser.add_argument("--roles", default="write,read",
-                        help="LLOG_ROLES of the broker (default write,read: no compaction, "
-                             "so S3 and Oxia counts are the produce path's alone)")
+    for flag, kind, default, text in _OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2 s per scenario, 0.5 s warm-up")
     args = parser.parse_args()
@@ -477,89 +476,115 @@ def main() -> int:
         parser.error("--duration, --connections and --partitions must be positive")
     if args.records_100b < 1 or args.records_1k < 1 or args.warmup < 0:
         parser.error("records per request must be at least 1 and --warmup not negative")
-    e2e_duration = args.e2e_duration or args.duration
+    args.e2e_duration = args.e2e_duration or args.duration
+    return args
 
-    signal.signal(signal.SIGTERM, _terminate)
-    os.chdir(ROOT)
-    # Only the variables this run sets may configure the brokers (they inherit our env).
+
+def _forget_llog_environment() -> None:
+    """Only the variables this run sets may configure the brokers (they inherit ours)."""
     stray = [k for k in os.environ if k.startswith("LLOG_") and k != "LLOG_BIN_CACHE_DIR"]
     for key in stray:
         del os.environ[key]
     if stray:
         print(f"http_bench: ignoring {', '.join(sorted(stray))} from the environment")
 
-    batches = [Batch(2, 4 * MiB), Batch(10, 8 * MiB)]
-    scenarios: list[Scenario] = []
+
+BATCHES = [Batch(2, 4 * MiB), Batch(10, 8 * MiB)]
+
+
+def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
+    """For each record size: the bare app, then the broker with each batch setting."""
+    out: list[Scenario] = []
     for size, per_request in ((100, args.records_100b), (KiB, args.records_1k)):
         tag = _size(size).replace(" ", "")
-        scenarios.append(Scenario(f"bare-{tag}", "bare", size, per_request))
-        for b in batches:
-            scenarios.append(Scenario(f"broker-{tag}-{b.delay_ms}ms-{b.max_bytes // MiB}MiB",
-                                      "broker", size, per_request, b))
+        out.append(Scenario(f"bare-{tag}", "bare", size, per_request))
+        for b in BATCHES:
+            out.append(Scenario(f"broker-{tag}-{b.delay_ms}ms-{b.max_bytes // MiB}MiB",
+                                "broker", size, per_request, b))
+    return out
 
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "duration_s": args.duration, "warmup_s": args.warmup,
+        "connections": args.connections, "partitions": args.partitions,
+        "records_per_request": {"100": args.records_100b, "1024": args.records_1k},
+        "batches": [{"max_delay_ms": b.delay_ms, "max_bytes": b.max_bytes} for b in BATCHES],
+        "roles": args.roles, "broker_workers": 1, "oxia_shards": 1,
+        "e2e_duration_s": args.e2e_duration, "e2e_record_bytes": args.e2e_size,
+        "quick": args.quick,
+    }
+
+
+def run_scenarios(ctx: Ctx, args: argparse.Namespace, results: dict[str, Any]) -> bool:
+    """Every scenario, then the produce-to-consume run, into ``results``; True if any
+    failed (the others still run)."""
+    failed = False
+    bare: dict[int, float] = {}
+    for sc in scenarios_of(args):
+        print(f"http_bench: {sc.name} ({args.duration:g} s)", flush=True)
+        try:
+            row = run_bare(ctx, sc) if sc.kind == "bare" else run_broker(ctx, sc)
+        except (BenchError, ProcessFailed, OSError) as exc:
+            failed = True
+            print(f"http_bench: {sc.name} failed: {exc}", file=sys.stderr)
+            results["rows"].append({"scenario": sc.name, "error": str(exc)})
+            continue
+        row["label"] = ("bare FastAPI" if sc.kind == "bare"
+                        else f"broker {sc.batch.label}" if sc.batch else sc.name)
+        if sc.kind == "bare":
+            bare[sc.record_bytes] = row["records_per_s"]
+        ceiling = bare.get(sc.record_bytes)
+        row["pct_of_bare"] = 100 * row["records_per_s"] / ceiling if ceiling else None
+        results["rows"].append(row)
+    print(f"http_bench: produce-to-consume latency ({args.e2e_duration:g} s)", flush=True)
+    try:
+        results["e2e"] = run_e2e(ctx, BATCHES[0], args.e2e_size, args.e2e_duration)
+    except (BenchError, ProcessFailed, OSError) as exc:
+        failed = True
+        print(f"http_bench: e2e failed: {exc}", file=sys.stderr)
+        results["e2e"] = {"error": str(exc)}
+    return failed
+
+
+def run_on_stack(args: argparse.Namespace, results: dict[str, Any], logdir: Path) -> bool:
+    """Oxia and MinIO in a temporary directory for :func:`run_scenarios`; keeps their logs
+    in ``logdir`` if anything failed."""
+    with tempfile.TemporaryDirectory(prefix="llog-http-bench-") as tmp:
+        workdir = Path(tmp)
+        print("http_bench: starting Oxia and MinIO", flush=True)
+        stack = LocalStack(StackConfig.ephemeral(workdir / "stack"))
+        stack.start()
+        failed = True
+        try:
+            ctx = Ctx(stack=stack, logdir=logdir, duration=args.duration,
+                      warmup=args.warmup, settle=0.0 if args.quick else 1.0,
+                      connections=args.connections, partitions=args.partitions,
+                      roles=args.roles)
+            failed = run_scenarios(ctx, args, results)
+        finally:
+            stack.stop()
+            if failed:  # the stack's own logs die with the temporary directory
+                with contextlib.suppress(OSError):
+                    shutil.copytree(workdir / "stack" / "logs", logdir / "stack",
+                                    dirs_exist_ok=True)
+    return failed
+
+
+def main() -> int:
+    args = parse_args()
+    signal.signal(signal.SIGTERM, _terminate)
+    os.chdir(ROOT)
+    _forget_llog_environment()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     print("http_bench: building the load generator", flush=True)
     build_loadgen()
     machine = machine_info()
-    results: dict[str, Any] = {
-        "started_at": stamp,
-        "settings": {
-            "duration_s": args.duration, "warmup_s": args.warmup,
-            "connections": args.connections, "partitions": args.partitions,
-            "records_per_request": {"100": args.records_100b, "1024": args.records_1k},
-            "batches": [{"max_delay_ms": b.delay_ms, "max_bytes": b.max_bytes}
-                        for b in batches],
-            "roles": args.roles, "broker_workers": 1, "oxia_shards": 1,
-            "e2e_duration_s": e2e_duration, "e2e_record_bytes": args.e2e_size,
-            "quick": args.quick,
-        },
-        "machine": machine, "rows": [], "e2e": None,
-    }
-    failed = False
+    results: dict[str, Any] = {"started_at": stamp, "settings": _settings(args),
+                               "machine": machine, "rows": [], "e2e": None}
     logdir = OUT_DIR / f"http-{stamp}-logs"
     try:
-        with tempfile.TemporaryDirectory(prefix="llog-http-bench-") as tmp:
-            workdir = Path(tmp)
-            print("http_bench: starting Oxia and MinIO", flush=True)
-            stack = LocalStack(StackConfig.ephemeral(workdir / "stack"))
-            stack.start()
-            try:
-                ctx = Ctx(stack=stack, logdir=logdir, duration=args.duration,
-                          warmup=args.warmup, settle=0.0 if args.quick else 1.0,
-                          connections=args.connections, partitions=args.partitions,
-                          roles=args.roles)
-                bare: dict[int, float] = {}
-                for sc in scenarios:
-                    label = ("bare FastAPI" if sc.kind == "bare"
-                             else f"broker {sc.batch.label}" if sc.batch else sc.name)
-                    print(f"http_bench: {sc.name} ({args.duration:g} s)", flush=True)
-                    try:
-                        row = run_bare(ctx, sc) if sc.kind == "bare" else run_broker(ctx, sc)
-                    except (BenchError, ProcessFailed, OSError) as exc:
-                        failed = True
-                        print(f"http_bench: {sc.name} failed: {exc}", file=sys.stderr)
-                        results["rows"].append({"scenario": sc.name, "error": str(exc)})
-                        continue
-                    row["label"] = label
-                    if sc.kind == "bare":
-                        bare[sc.record_bytes] = row["records_per_s"]
-                    ceiling = bare.get(sc.record_bytes)
-                    row["pct_of_bare"] = (100 * row["records_per_s"] / ceiling
-                                          if ceiling else None)
-                    results["rows"].append(row)
-                print(f"http_bench: produce-to-consume latency ({e2e_duration:g} s)", flush=True)
-                try:
-                    results["e2e"] = run_e2e(ctx, batches[0], args.e2e_size, e2e_duration)
-                except (BenchError, ProcessFailed, OSError) as exc:
-                    failed = True
-                    print(f"http_bench: e2e failed: {exc}", file=sys.stderr)
-                    results["e2e"] = {"error": str(exc)}
-            finally:
-                stack.stop()
-                if failed:  # the stack's own logs die with the temporary directory
-                    with contextlib.suppress(OSError):
-                        shutil.copytree(workdir / "stack" / "logs", logdir / "stack",
-                                        dirs_exist_ok=True)
+        failed = run_on_stack(args, results, logdir)
     except KeyboardInterrupt:
         print(f"http_bench: interrupted; servers stopped; logs in {logdir.relative_to(ROOT)}",
               file=sys.stderr)
