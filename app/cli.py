@@ -10,8 +10,12 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from app.settings import Settings, SettingsError
+
+if TYPE_CHECKING:
+    from app.localstack.stack import LocalStack
 
 
 def _broker_available() -> bool:
@@ -27,7 +31,6 @@ def cmd_servers_build(_: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
-    from app.localstack.broker import broker_process, wait_healthy
     from app.localstack.processes import ProcessFailed
     from app.localstack.stack import LocalStack, StackConfig
 
@@ -37,45 +40,16 @@ def cmd_dev(args: argparse.Namespace) -> int:
         data_dir=data_dir, oxia_port=args.oxia_port, s3_port=args.s3_port
     )
     stack = LocalStack(config)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGINT, on_signal)
-    signal.signal(signal.SIGTERM, on_signal)
+    stop = _event_on_signals()
     try:
         print(f"llog dev: starting Oxia and MinIO (data in {data_dir})", flush=True)
         stack.start()
-        broker_url: str | None = None
-        if _broker_available():
-            broker_url = f"http://127.0.0.1:{args.port}"
-            env = {
-                **stack.settings_env(),
-                "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev"),
-                "LLOG_ROLES": "write,read,compact",
-                "LLOG_TAIL_CACHE_DIR": str(data_dir / "tail-cache"),
-            }
-            broker = broker_process("broker", args.port, env, data_dir / "logs" / "broker.log")
-            stack.extra["broker"] = broker
-            broker.start()
-            wait_healthy(broker, broker_url)
+        broker_url = _start_dev_broker(stack, data_dir, args.port)
         path = stack.write_stack_json(broker_url)
         print(f"llog dev: Oxia {stack.oxia_address}, S3 {stack.s3_endpoint} "
               f"(bucket {config.bucket})")
         print(f"llog dev: stack description in {path}")
-        if broker_url is None:
-            print("llog dev: the broker is not part of this build yet; only Oxia and MinIO run.")
-        else:
-            print(f"llog dev: broker on {broker_url}\n")
-            print("Produce:")
-            print(f"  curl -s {broker_url}/produce -H 'content-type: application/json' \\")
-            print("    -d '{\"topic_partitions\":[{\"topic\":\"orders\",\"partition\":0,"
-                  "\"records\":[\"alpha\",{\"base64\":\"AAE=\"}]}]}'")
-            print("Consume:")
-            print(f"  curl -s {broker_url}/consume -H 'content-type: application/json' \\")
-            print("    -d '{\"topic_partitions\":[{\"topic\":\"orders\",\"partition\":0,"
-                  "\"fetch_offset\":1}],\"max_wait_ms\":1000}'")
+        _print_usage(broker_url)
         print("\nCtrl-C stops everything.", flush=True)
         while not stop.wait(0.5):
             for proc in [stack.oxia, stack.minio, *stack.extra.values()]:
@@ -88,6 +62,54 @@ def cmd_dev(args: argparse.Namespace) -> int:
     finally:
         print("llog dev: stopping", flush=True)
         stack.stop()
+
+
+def _event_on_signals() -> threading.Event:
+    """An event that SIGINT or SIGTERM sets (instead of ending the process at once)."""
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    return stop
+
+
+def _start_dev_broker(stack: LocalStack, data_dir: Path, port: int) -> str | None:
+    """Start the broker of ``llog dev`` and wait until it is healthy; its URL, or None
+    when this build has no broker."""
+    from app.localstack.broker import broker_process, wait_healthy
+
+    if not _broker_available():
+        return None
+    broker_url = f"http://127.0.0.1:{port}"
+    env = {
+        **stack.settings_env(),
+        "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev"),
+        "LLOG_ROLES": "write,read,compact",
+        "LLOG_TAIL_CACHE_DIR": str(data_dir / "tail-cache"),
+    }
+    broker = broker_process("broker", port, env, data_dir / "logs" / "broker.log")
+    stack.extra["broker"] = broker
+    broker.start()
+    wait_healthy(broker, broker_url)
+    return broker_url
+
+
+def _print_usage(broker_url: str | None) -> None:
+    if broker_url is None:
+        print("llog dev: the broker is not part of this build yet; only Oxia and MinIO run.")
+        return
+    print(f"llog dev: broker on {broker_url}\n")
+    print("Produce:")
+    print(f"  curl -s {broker_url}/produce -H 'content-type: application/json' \\")
+    print("    -d '{\"topic_partitions\":[{\"topic\":\"orders\",\"partition\":0,"
+          "\"records\":[\"alpha\",{\"base64\":\"AAE=\"}]}]}'")
+    print("Consume:")
+    print(f"  curl -s {broker_url}/consume -H 'content-type: application/json' \\")
+    print("    -d '{\"topic_partitions\":[{\"topic\":\"orders\",\"partition\":0,"
+          "\"fetch_offset\":1}],\"max_wait_ms\":1000}'")
 
 
 def cmd_serve(args: argparse.Namespace) -> int:

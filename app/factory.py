@@ -36,6 +36,7 @@ def create_app(settings: Settings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.broker = state
+    app.state.service = state
     install_error_handlers(app)
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.

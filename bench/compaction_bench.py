@@ -37,7 +37,8 @@ from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
 from app.storage.s3 import S3Store
-from app.storage.writer import AppendGroup, AppendResult, LogWriter
+from app.storage.appends import AppendGroup, AppendResult
+from app.storage.writer import LogWriter
 
 MiB = 1024 * 1024
 

@@ -33,14 +33,18 @@ import tempfile
 import time
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from app.loadtest.snapshots import cpu_model  # noqa: E402
 from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
 from app.localstack.processes import ManagedProcess, ProcessFailed, free_port  # noqa: E402
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
@@ -79,8 +83,9 @@ class Scenario:
 
 
 def go_env() -> dict[str, str]:
-    # stdlib only: never reach for a toolchain or module download.
-    return {**os.environ, "GOTOOLCHAIN": "local", "GOPROXY": "off", "GOFLAGS": "-mod=mod"}
+    # The machine's toolchain, never a downloaded one; the one module the load generator
+    # needs (the HDR histogram, pinned in go.sum) comes through the module proxy.
+    return {**os.environ, "GOTOOLCHAIN": "local"}
 
 
 def build_loadgen() -> Path:
@@ -189,12 +194,12 @@ def metric_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, fl
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of one process (Linux /proc), 0 if unknown."""
+    """User + system CPU time of one process, 0 if unknown."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
+        times = psutil.Process(pid).cpu_times()
+    except psutil.Error:
         return 0.0
+    return times.user + times.system
 
 
 # -- scenarios -------------------------------------------------------------------------
@@ -212,8 +217,15 @@ class Ctx:
     roles: str
 
 
-def _wait_stopped(proc: ManagedProcess) -> None:
-    proc.stop(timeout=20)
+@contextlib.contextmanager
+def _serving(proc: ManagedProcess, url: str) -> Iterator[None]:
+    """``proc`` started and answering at ``url`` for the block, stopped after it."""
+    proc.start()
+    try:
+        wait_healthy(proc, url, timeout=60)
+        yield
+    finally:
+        proc.stop(timeout=20)
 
 
 def _server_row(ctx: Ctx, sc: Scenario, url: str, path: str, topic: str,
@@ -285,13 +297,9 @@ def run_bare(ctx: Ctx, sc: Scenario) -> dict[str, Any]:
         env={**os.environ},
         cwd=ROOT,
     )
-    proc.start()
-    try:
-        wait_healthy(proc, url, timeout=60)
+    with _serving(proc, url):
         return _server_row(ctx, sc, url, "/produce", f"bare-{uuid.uuid4().hex[:8]}", proc,
                            with_metrics=False)
-    finally:
-        _wait_stopped(proc)
 
 
 def broker_env(ctx: Ctx, name: str, batch: Batch, extra: dict[str, Any]) -> dict[str, str]:
@@ -315,13 +323,9 @@ def run_broker(ctx: Ctx, sc: Scenario) -> dict[str, Any]:
     })
     proc = broker_process(f"broker-{sc.name}", port, env,
                           ctx.logdir / f"{sc.name}.log")
-    proc.start()
-    try:
-        wait_healthy(proc, url, timeout=60)
+    with _serving(proc, url):
         return _server_row(ctx, sc, url, "/produce", f"bench-{uuid.uuid4().hex[:8]}", proc,
                            with_metrics=True)
-    finally:
-        _wait_stopped(proc)
 
 
 def run_e2e(ctx: Ctx, batch: Batch, record_bytes: int, duration: float) -> dict[str, Any]:
@@ -330,10 +334,8 @@ def run_e2e(ctx: Ctx, batch: Batch, record_bytes: int, duration: float) -> dict[
     env = broker_env(ctx, "e2e", batch, {"record_bytes": record_bytes})
     proc = broker_process("broker-e2e", port, env, ctx.logdir / "e2e.log")
     max_wait_ms = 5000
-    proc.start()
-    try:
-        wait_healthy(proc, url, timeout=60)
-        warmup = max(ctx.warmup, 0.5)
+    warmup = max(ctx.warmup, 0.5)
+    with _serving(proc, url):
         load = run_loadgen(
             ["-mode", "e2e", "-url", url, "-topic", f"e2e-{uuid.uuid4().hex[:8]}",
              "-size", str(record_bytes), "-duration", f"{duration}s", "-warmup", f"{warmup}s",
@@ -341,8 +343,6 @@ def run_e2e(ctx: Ctx, batch: Batch, record_bytes: int, duration: float) -> dict[
             timeout=duration + warmup + 15 + max_wait_ms / 1000 + 30 + 60,
         )
         proc.check_alive()
-    finally:
-        _wait_stopped(proc)
     return {
         "batch_max_delay_ms": batch.delay_ms, "batch_max_bytes": batch.max_bytes,
         "record_bytes": record_bytes, "max_wait_ms": max_wait_ms, "duration_s": duration,
@@ -362,14 +362,8 @@ def machine_info() -> dict[str, Any]:
         affinity = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         affinity = None
-    model = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
     return {"nproc": affinity or os.cpu_count(), "cpu_count": os.cpu_count(),
-            "cpu_model": model, "python": platform.python_version(), "go": go_version(),
+            "cpu_model": cpu_model() or "", "python": platform.python_version(), "go": go_version(),
             "platform": platform.platform(), "loadavg_start": list(os.getloadavg())}
 
 
@@ -452,28 +446,27 @@ def _terminate(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def main() -> int:
+# (flag, type, default, help) of every option but --quick.
+_OPTIONS: list[tuple[str, type, Any, str]] = [
+    ("--duration", float, 10.0, "measured seconds per scenario (default 10)"),
+    ("--connections", int, 32, "concurrent keep-alive connections (default 32)"),
+    ("--partitions", int, 8, "partitions written round-robin (default 8)"),
+    ("--records-100b", int, 50, "records per request with 100 B records (default 50)"),
+    ("--records-1k", int, 10, "records per request with 1 KiB records (default 10)"),
+    ("--warmup", float, 1.0, "unmeasured seconds before each scenario (default 1)"),
+    ("--e2e-duration", float, None,
+     "seconds of the produce-to-consume run (default: --duration)"),
+    ("--e2e-size", int, 100, "record size of the produce-to-consume run (default 100)"),
+    ("--roles", str, "write,read", "LLOG_ROLES of the broker (default write,read: no "
+     "compaction, so S3 and Oxia counts are the produce path's alone)"),
+]
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--duration", type=float, default=10.0,
-                        help="measured seconds per scenario (default 10)")
-    parser.add_argument("--connections", type=int, default=32,
-                        help="concurrent keep-alive connections (default 32)")
-    parser.add_argument("--partitions", type=int, default=8,
-                        help="partitions written round-robin (default 8)")
-    parser.add_argument("--records-100b", type=int, default=50,
-                        help="records per request with 100 B records (default 50)")
-    parser.add_argument("--records-1k", type=int, default=10,
-                        help="records per request with 1 KiB records (default 10)")
-    parser.add_argument("--warmup", type=float, default=1.0,
-                        help="unmeasured seconds before each scenario (default 1)")
-    parser.add_argument("--e2e-duration", type=float, default=None,
-                        help="seconds of the produce-to-consume run (default: --duration)")
-    parser.add_argument("--e2e-size", type=int, default=100,
-                        help="record size of the produce-to-consume run (default 100)")
-    parser.add_argument("--roles", default="write,read",
-                        help="LLOG_ROLES of the broker (default write,read: no compaction, "
-                             "so S3 and Oxia counts are the produce path's alone)")
+    for flag, kind, default, text in _OPTIONS:
+        parser.add_argument(flag, type=kind, default=default, help=text)
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2 s per scenario, 0.5 s warm-up")
     args = parser.parse_args()
@@ -483,89 +476,115 @@ def main() -> int:
         parser.error("--duration, --connections and --partitions must be positive")
     if args.records_100b < 1 or args.records_1k < 1 or args.warmup < 0:
         parser.error("records per request must be at least 1 and --warmup not negative")
-    e2e_duration = args.e2e_duration or args.duration
+    args.e2e_duration = args.e2e_duration or args.duration
+    return args
 
-    signal.signal(signal.SIGTERM, _terminate)
-    os.chdir(ROOT)
-    # Only the variables this run sets may configure the brokers (they inherit our env).
+
+def _forget_llog_environment() -> None:
+    """Only the variables this run sets may configure the brokers (they inherit ours)."""
     stray = [k for k in os.environ if k.startswith("LLOG_") and k != "LLOG_BIN_CACHE_DIR"]
     for key in stray:
         del os.environ[key]
     if stray:
         print(f"http_bench: ignoring {', '.join(sorted(stray))} from the environment")
 
-    batches = [Batch(2, 4 * MiB), Batch(10, 8 * MiB)]
-    scenarios: list[Scenario] = []
+
+BATCHES = [Batch(2, 4 * MiB), Batch(10, 8 * MiB)]
+
+
+def scenarios_of(args: argparse.Namespace) -> list[Scenario]:
+    """For each record size: the bare app, then the broker with each batch setting."""
+    out: list[Scenario] = []
     for size, per_request in ((100, args.records_100b), (KiB, args.records_1k)):
         tag = _size(size).replace(" ", "")
-        scenarios.append(Scenario(f"bare-{tag}", "bare", size, per_request))
-        for b in batches:
-            scenarios.append(Scenario(f"broker-{tag}-{b.delay_ms}ms-{b.max_bytes // MiB}MiB",
-                                      "broker", size, per_request, b))
+        out.append(Scenario(f"bare-{tag}", "bare", size, per_request))
+        for b in BATCHES:
+            out.append(Scenario(f"broker-{tag}-{b.delay_ms}ms-{b.max_bytes // MiB}MiB",
+                                "broker", size, per_request, b))
+    return out
 
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "duration_s": args.duration, "warmup_s": args.warmup,
+        "connections": args.connections, "partitions": args.partitions,
+        "records_per_request": {"100": args.records_100b, "1024": args.records_1k},
+        "batches": [{"max_delay_ms": b.delay_ms, "max_bytes": b.max_bytes} for b in BATCHES],
+        "roles": args.roles, "broker_workers": 1, "oxia_shards": 1,
+        "e2e_duration_s": args.e2e_duration, "e2e_record_bytes": args.e2e_size,
+        "quick": args.quick,
+    }
+
+
+def run_scenarios(ctx: Ctx, args: argparse.Namespace, results: dict[str, Any]) -> bool:
+    """Every scenario, then the produce-to-consume run, into ``results``; True if any
+    failed (the others still run)."""
+    failed = False
+    bare: dict[int, float] = {}
+    for sc in scenarios_of(args):
+        print(f"http_bench: {sc.name} ({args.duration:g} s)", flush=True)
+        try:
+            row = run_bare(ctx, sc) if sc.kind == "bare" else run_broker(ctx, sc)
+        except (BenchError, ProcessFailed, OSError) as exc:
+            failed = True
+            print(f"http_bench: {sc.name} failed: {exc}", file=sys.stderr)
+            results["rows"].append({"scenario": sc.name, "error": str(exc)})
+            continue
+        row["label"] = ("bare FastAPI" if sc.kind == "bare"
+                        else f"broker {sc.batch.label}" if sc.batch else sc.name)
+        if sc.kind == "bare":
+            bare[sc.record_bytes] = row["records_per_s"]
+        ceiling = bare.get(sc.record_bytes)
+        row["pct_of_bare"] = 100 * row["records_per_s"] / ceiling if ceiling else None
+        results["rows"].append(row)
+    print(f"http_bench: produce-to-consume latency ({args.e2e_duration:g} s)", flush=True)
+    try:
+        results["e2e"] = run_e2e(ctx, BATCHES[0], args.e2e_size, args.e2e_duration)
+    except (BenchError, ProcessFailed, OSError) as exc:
+        failed = True
+        print(f"http_bench: e2e failed: {exc}", file=sys.stderr)
+        results["e2e"] = {"error": str(exc)}
+    return failed
+
+
+def run_on_stack(args: argparse.Namespace, results: dict[str, Any], logdir: Path) -> bool:
+    """Oxia and MinIO in a temporary directory for :func:`run_scenarios`; keeps their logs
+    in ``logdir`` if anything failed."""
+    with tempfile.TemporaryDirectory(prefix="llog-http-bench-") as tmp:
+        workdir = Path(tmp)
+        print("http_bench: starting Oxia and MinIO", flush=True)
+        stack = LocalStack(StackConfig.ephemeral(workdir / "stack"))
+        stack.start()
+        failed = True
+        try:
+            ctx = Ctx(stack=stack, logdir=logdir, duration=args.duration,
+                      warmup=args.warmup, settle=0.0 if args.quick else 1.0,
+                      connections=args.connections, partitions=args.partitions,
+                      roles=args.roles)
+            failed = run_scenarios(ctx, args, results)
+        finally:
+            stack.stop()
+            if failed:  # the stack's own logs die with the temporary directory
+                with contextlib.suppress(OSError):
+                    shutil.copytree(workdir / "stack" / "logs", logdir / "stack",
+                                    dirs_exist_ok=True)
+    return failed
+
+
+def main() -> int:
+    args = parse_args()
+    signal.signal(signal.SIGTERM, _terminate)
+    os.chdir(ROOT)
+    _forget_llog_environment()
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     print("http_bench: building the load generator", flush=True)
     build_loadgen()
     machine = machine_info()
-    results: dict[str, Any] = {
-        "started_at": stamp,
-        "settings": {
-            "duration_s": args.duration, "warmup_s": args.warmup,
-            "connections": args.connections, "partitions": args.partitions,
-            "records_per_request": {"100": args.records_100b, "1024": args.records_1k},
-            "batches": [{"max_delay_ms": b.delay_ms, "max_bytes": b.max_bytes}
-                        for b in batches],
-            "roles": args.roles, "broker_workers": 1, "oxia_shards": 1,
-            "e2e_duration_s": e2e_duration, "e2e_record_bytes": args.e2e_size,
-            "quick": args.quick,
-        },
-        "machine": machine, "rows": [], "e2e": None,
-    }
-    failed = False
+    results: dict[str, Any] = {"started_at": stamp, "settings": _settings(args),
+                               "machine": machine, "rows": [], "e2e": None}
     logdir = OUT_DIR / f"http-{stamp}-logs"
     try:
-        with tempfile.TemporaryDirectory(prefix="llog-http-bench-") as tmp:
-            workdir = Path(tmp)
-            print("http_bench: starting Oxia and MinIO", flush=True)
-            stack = LocalStack(StackConfig.ephemeral(workdir / "stack"))
-            stack.start()
-            try:
-                ctx = Ctx(stack=stack, logdir=logdir, duration=args.duration,
-                          warmup=args.warmup, settle=0.0 if args.quick else 1.0,
-                          connections=args.connections, partitions=args.partitions,
-                          roles=args.roles)
-                bare: dict[int, float] = {}
-                for sc in scenarios:
-                    label = ("bare FastAPI" if sc.kind == "bare"
-                             else f"broker {sc.batch.label}" if sc.batch else sc.name)
-                    print(f"http_bench: {sc.name} ({args.duration:g} s)", flush=True)
-                    try:
-                        row = run_bare(ctx, sc) if sc.kind == "bare" else run_broker(ctx, sc)
-                    except (BenchError, ProcessFailed, OSError) as exc:
-                        failed = True
-                        print(f"http_bench: {sc.name} failed: {exc}", file=sys.stderr)
-                        results["rows"].append({"scenario": sc.name, "error": str(exc)})
-                        continue
-                    row["label"] = label
-                    if sc.kind == "bare":
-                        bare[sc.record_bytes] = row["records_per_s"]
-                    ceiling = bare.get(sc.record_bytes)
-                    row["pct_of_bare"] = (100 * row["records_per_s"] / ceiling
-                                          if ceiling else None)
-                    results["rows"].append(row)
-                print(f"http_bench: produce-to-consume latency ({e2e_duration:g} s)", flush=True)
-                try:
-                    results["e2e"] = run_e2e(ctx, batches[0], args.e2e_size, e2e_duration)
-                except (BenchError, ProcessFailed, OSError) as exc:
-                    failed = True
-                    print(f"http_bench: e2e failed: {exc}", file=sys.stderr)
-                    results["e2e"] = {"error": str(exc)}
-            finally:
-                stack.stop()
-                if failed:  # the stack's own logs die with the temporary directory
-                    with contextlib.suppress(OSError):
-                        shutil.copytree(workdir / "stack" / "logs", logdir / "stack",
-                                        dirs_exist_ok=True)
+        failed = run_on_stack(args, results, logdir)
     except KeyboardInterrupt:
         print(f"http_bench: interrupted; servers stopped; logs in {logdir.relative_to(ROOT)}",
               file=sys.stderr)

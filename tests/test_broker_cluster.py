@@ -119,12 +119,13 @@ async def test_long_poll_wakes_on_a_write_through_another_broker(
             r = await c1.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
             got.update(r.json()["results"][0])
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(poll)
-            await anyio.wait_all_tasks_blocked()
-            r = await c2.post("/produce", json=produce_body(topic, "from-b2"))
-            assert r.status_code == 200
-    # Without the cross-broker wake-up the poll would have ended empty after 20 s.
+        # Bounded well below max_wait: only a wake-up answers in time.
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                await anyio.wait_all_tasks_blocked()
+                r = await c2.post("/produce", json=produce_body(topic, "from-b2"))
+                assert r.status_code == 200
     assert got["records"] == [{"offset": 1, "value": "from-b2"}]
 
 
@@ -140,12 +141,14 @@ async def test_workers_share_a_port_and_wake_each_other(
             r = await client.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
             results.append(r.json()["results"][0])
 
-        async with anyio.create_task_group() as tg:
-            for _ in range(8):  # spread over both workers by the kernel
-                tg.start_soon(poll)
-            await anyio.wait_all_tasks_blocked()
-            r = await client.post("/produce", json=produce_body(topic, "hello"))
-            assert r.status_code == 200
+        # Bounded well below max_wait: only a wake-up answers in time.
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                for _ in range(8):  # spread over both workers by the kernel
+                    tg.start_soon(poll)
+                await anyio.wait_all_tasks_blocked()
+                r = await client.post("/produce", json=produce_body(topic, "hello"))
+                assert r.status_code == 200
     assert len(results) == 8
     assert all(res["records"] == [{"offset": 1, "value": "hello"}] for res in results)
 

@@ -150,9 +150,10 @@ async def test_unknown_paths_and_methods(http: httpx.AsyncClient) -> None:
 
 async def test_consume_errors(http: httpx.AsyncClient, topic: str) -> None:
     await http.post("/produce", json=produce_body(topic, "a", "b"))
+    await http.post("/produce", json=produce_body(topic, "a", "b", partition=1))
     r = await http.post("/consume", json={"topic_partitions": [
         {"topic": topic, "partition": 0, "fetch_offset": 4},
-        {"topic": topic, "partition": 0, "fetch_offset": 3},
+        {"topic": topic, "partition": 1, "fetch_offset": 3},
     ], "max_wait_ms": 0})
     assert r.status_code == 200
     beyond, tail = r.json()["results"]
@@ -169,11 +170,19 @@ async def test_consume_errors(http: httpx.AsyncClient, topic: str) -> None:
         consume_body(topic, max_bytes=0),
         consume_body(topic, encoding="hex"),
         {**consume_body(topic), "unknown": True},
+        {"topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": 1}] * 2},
+        consume_body(topic, max_bytes=64 * 1024 * 1024 + 1),
+        {"topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": 1,
+                               "partition_max_bytes": 64 * 1024 * 1024 + 1}]},
     ]
     for body in bad:
         r = await http.post("/consume", json=body)
         assert r.status_code == 400, (body, r.text)
         assert r.json()["error_type"] == "InvalidRequest"
+    many = {"topic_partitions": [{"topic": topic, "partition": p, "fetch_offset": 1}
+                                 for p in range(1001)], "max_wait_ms": 0}
+    r = await http.post("/consume", json=many)
+    assert r.status_code == 413 and r.json()["error_type"] == "PayloadTooLarge"
 
 
 async def test_consume_budgets_keep_the_first_record(http: httpx.AsyncClient, topic: str
@@ -196,12 +205,14 @@ async def test_long_poll_wakes_on_a_write(http: httpx.AsyncClient, topic: str) -
         r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
         got.update(r.json()["results"][0])
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(poll)
-        await anyio.wait_all_tasks_blocked()
-        r = await http.post("/produce", json=produce_body(topic, "wake"))
-        assert r.status_code == 200
-    # Had the poll not been woken, it would have come back empty after 20 s.
+    # Bounded well below max_wait: had the poll not been woken, it would have come back
+    # empty after 20 s.
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(poll)
+            await anyio.wait_all_tasks_blocked()
+            r = await http.post("/produce", json=produce_body(topic, "wake"))
+            assert r.status_code == 200
     assert got["records"] == [{"offset": 1, "value": "wake"}]
 
 
@@ -246,3 +257,34 @@ async def test_health_metrics_and_openapi(http: httpx.AsyncClient, broker: Broke
     assert set(produce_op["responses"]) >= {"200", "400", "409", "413", "503"}
     assert "422" not in produce_op["responses"]
 
+
+
+async def test_too_many_produce_entries_are_413(http: httpx.AsyncClient, topic: str) -> None:
+    body = {"topic_partitions": [{"topic": topic, "partition": p % 4, "records": ["x"]}
+                                 for p in range(1001)]}
+    r = await http.post("/produce", json=body)
+    assert r.status_code == 413 and r.json()["error_type"] == "PayloadTooLarge"
+    assert "1001 entries" in r.json()["error"]
+    assert await high_watermark(http, topic) == 0
+
+
+async def test_the_total_budget_is_shared_in_request_order(http: httpx.AsyncClient,
+                                                           topic: str) -> None:
+    for p in (0, 1):
+        r = await http.post("/produce", json=produce_body(topic, *["v" * 100] * 10,
+                                                          partition=p))
+        assert r.status_code == 200
+    r = await http.post("/consume", json={"topic_partitions": [
+        {"topic": topic, "partition": 0, "fetch_offset": 1},
+        {"topic": topic, "partition": 1, "fetch_offset": 1}],
+        "max_wait_ms": 0, "max_bytes": 550})
+    first, second = r.json()["results"]
+    assert [x["offset"] for x in first["records"]] == [1, 2, 3, 4, 5]
+    assert second["records"] == [] and second["next_offset"] == 1  # left for next time
+    # A record larger than the whole budget still comes, when it is the first.
+    r = await http.post("/consume", json={"topic_partitions": [
+        {"topic": topic, "partition": 1, "fetch_offset": 1},
+        {"topic": topic, "partition": 0, "fetch_offset": 6}],
+        "max_wait_ms": 0, "max_bytes": 50})
+    second, first = r.json()["results"]
+    assert [x["offset"] for x in second["records"]] == [1] and first["records"] == []

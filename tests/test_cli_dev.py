@@ -1,9 +1,9 @@
-"""`llog dev` brings the stack up, describes it in stack.json, and stops every child."""
+"""`llog dev` brings the stack up, describes it in stack.json, and stops every child; every
+`llog` command answers --help."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -11,8 +11,13 @@ import uuid
 from pathlib import Path
 
 import oxia
+import psutil
+import pytest
 
 from app.localstack.processes import free_port
+
+HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["servers"],
+                 ["servers", "build"], ["loadtest"], ["loadtest", "run"], ["spark"]]
 
 STACK_FIELDS = {
     "broker_url", "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
@@ -22,12 +27,10 @@ STACK_FIELDS = {
 
 def _alive(pid: int) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        # A zombie still has a pid; it has exited all the same.
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    # A zombie still answers kill(0); it has exited all the same.
-    stat = Path(f"/proc/{pid}/stat")
-    return stat.exists() and stat.read_text().split()[2] != "Z"
 
 
 def _start_dev(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[str]:
@@ -97,3 +100,11 @@ def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
             client.close()
     finally:
         _stop(proc)
+
+
+@pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: " ".join(c) or "llog")
+def test_every_command_answers_help(command: list[str]) -> None:
+    result = subprocess.run([sys.executable, "-m", "app.cli", *command, "--help"],
+                            capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(f"usage: {' '.join(['llog', *command])}")

@@ -454,6 +454,8 @@ def _entry(**fields: object) -> dict[str, object]:
         {"partitions": []},  # no version
         {"version": "1", "partitions": []},
         {"version": True, "partitions": []},
+        {"version": 2, "partitions": []},  # a layout this release does not know
+        {"version": 0, "partitions": []},
         {"version": 1, "partitions": [_entry(topic=None)]},
         {"version": 1, "partitions": [_entry(topic=5)]},
         {"version": 1, "partitions": [_entry(partition="0")]},

@@ -19,7 +19,8 @@ from prometheus_client import CollectorRegistry
 from app.compaction.commands import compact_once_main, compact_partition
 from app.compaction.metrics import CompactionMetrics
 from app.compaction.scheduler import CompactionScheduler, Visit, parse_targets
-from app.compaction.service import create_compactor_app, run_in_broker
+from app.compaction.service import run_in_broker
+from app.compactor_app import create_compactor_app
 from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage.keys import TopicPartition

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
-from app.loadtest import rundir
-from app.loadtest.collector import aggregate, broker_totals
-from app.loadtest.hammer import HAMMER_SRC
+from app.loadtest import hammer, rundir
+from app.loadtest.collector import Collector, aggregate, broker_totals, tree_usage
+from app.loadtest.hammer import HAMMER_SRC, LATENCY_SRC, build_hammer, source_digest
 from app.loadtest.report import line_chart, render_report
 from app.loadtest.routing import build_manifest, owner_set
 from app.loadtest.rundir import RunDir
@@ -139,6 +144,67 @@ def test_broker_totals_and_aggregate() -> None:
         "produce_records"] == 130
 
 
+@pytest.fixture
+def sleepers() -> Iterator[subprocess.Popen[str]]:
+    """A shell leading its own process group with two sleeping children."""
+    proc = subprocess.Popen(["sh", "-c", "sleep 60 & sleep 60 & echo ready; wait"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        yield proc
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+def test_process_refs_tell_a_live_process_from_a_recycled_pid(
+        sleepers: subprocess.Popen[str]) -> None:
+    ref = rundir.process_ref(sleepers.pid)
+    assert rundir.ref_alive(ref)
+    assert rundir.ref_alive({"pid": sleepers.pid})  # no creation time recorded: pid only
+    assert not rundir.ref_alive({**ref, "create_time": ref["create_time"] - 1})
+    assert rundir.kill_ref(ref, signal.SIGKILL)  # the whole group
+    assert sleepers.wait(10) == -signal.SIGKILL
+    assert not rundir.ref_alive(ref)
+    assert not rundir.kill_ref(ref)
+    assert rundir.wait_gone([ref], 1)
+
+
+def test_tree_usage_counts_the_descendants(sleepers: subprocess.Popen[str]) -> None:
+    count, cpu, rss = tree_usage(sleepers.pid)
+    assert count == 3 and cpu >= 0 and rss > 0
+    alone = tree_usage(sleepers.pid, tree=False)
+    assert alone[0] == 1 and 0 < alone[2] < rss
+    os.killpg(sleepers.pid, signal.SIGKILL)
+    sleepers.wait(10)
+    assert tree_usage(sleepers.pid) == (0, 0.0, 0)
+
+
+def test_collector_samples_processes_and_host(tmp_path: Path) -> None:
+    run = RunDir(tmp_path / "run")
+    run.path.mkdir()
+    rundir.write_json(run / rundir.STACK, {"brokers": []})
+    me = rundir.process_ref(os.getpid())
+    collector = Collector(run, 30.0, extra_processes=lambda: {"me": me})
+    first = collector.sample()
+    cpu_at_first = psutil.Process().cpu_times()
+    while sum(psutil.Process().cpu_times()[:2]) - sum(cpu_at_first[:2]) < 0.05:
+        sum(range(10_000))  # burn some CPU for the rates to show
+    second = collector.sample(final=True)
+    proc = second["processes"]["me"]
+    assert proc["alive"] and proc["processes"] >= 1 and proc["rss_bytes"] > 0
+    assert proc["cpu_s"] > first["processes"]["me"]["cpu_s"]
+    assert proc["cpu_pct"] > 0
+    host = second["host"]
+    assert host["cpu_total_s"] >= host["cpu_idle_s"] + host["cpu_iowait_s"] > 0
+    assert 0 < host["memavailable_bytes"] <= host["memtotal_bytes"]
+    assert 0 <= host["cpu_pct"] <= 100 and host["lo_rx_bytes_per_s"] >= 0
+    assert [s["final"] for s in rundir.read_jsonl(run / rundir.METRICS)] == [False, True]
+
+
 def _fake_run(tmp_path: Path, acked: int, accepted: int, puts: int) -> RunDir:
     run = RunDir(tmp_path / "run")
     run.logs.mkdir(parents=True)
@@ -179,6 +245,48 @@ def test_summary_reconciles_and_warns(tmp_path: Path) -> None:
     assert "| acked_records | 500 |" in headline_table([summary["headline"]])
 
 
+def test_summary_warns_of_every_discrepancy_in_order(tmp_path: Path) -> None:
+    run = _fake_run(tmp_path, 500, 480, 12)
+    client = rundir.read_json(run / rundir.CLIENT_SUMMARY)
+    client["produce"]["errors"] = {"timeout": 2}
+    rundir.write_json(run / rundir.CLIENT_SUMMARY, client)
+    samples = rundir.read_jsonl(run / rundir.METRICS)
+    samples[0]["brokers"]["b2"] = {"up": True, "totals": {"produce_records": 1.0}}
+    samples[-1]["brokers"]["b2"] = {"up": False, "error": "refused"}
+    scenario = load_scenario("smoke", dict([parse_override("brokers.workers=2")]))
+    verify = {"ok": False, "missing": 1, "mismatched": 2, "log_holes": 3}
+    summary = build_summary(run, scenario, samples, {"verify": verify, "note": "kept"})
+    assert summary["warnings"] == [
+        "broker b2 was not reachable at the final sample; its totals are from its last "
+        "successful scrape and may miss its last writes",
+        "brokers run 2 workers each and /metrics is per worker process: broker totals cover "
+        "only the worker that answered each scrape",
+        "a broker was down at the end",
+        "records: client acknowledged 500, brokers accepted 480 (diff -20)",
+        "bytes: client acknowledged 5000, brokers accepted 4800 (diff -200)",
+        "200 responses: client saw 100, brokers sent 96",
+        "S3 PUTs (12 ok, 12 total) do not match batcher flushes (10) plus compaction "
+        "candidates (0); each flush writes one shared WAL blob, each compaction one blob",
+        "produce errors: {'timeout': 2}",
+        "read-back: 1 acknowledged records missing, 2 different, 3 offsets absent from the log",
+    ]
+    rec = summary["reconciliation"]
+    assert list(rec) == [
+        "client_acked_records", "broker_accepted_records", "records_diff",
+        "client_acked_bytes", "broker_accepted_bytes", "bytes_diff", "client_200_responses",
+        "broker_200_responses", "batcher_flushes", "s3_puts_ok", "s3_puts_total",
+        "s3_puts_per_flush", "compaction_candidates", "exact", "records_match",
+        "bytes_match", "puts_match_flushes", "ok"]
+    assert (rec["exact"], rec["ok"], rec["s3_puts_per_flush"]) == (False, False, 1.2)
+    assert summary["brokers"]["b2"] == {"up_at_end": False, "last_scraped_at": 100.0,
+                                        "totals": {"produce_records": 1.0}}
+    assert summary["verify"] == verify and summary["note"] == "kept"
+    missing = RunDir(tmp_path / "empty")
+    missing.path.mkdir()
+    assert build_summary(missing, scenario, [])["warnings"][0].startswith(
+        "client-summary.json is missing")
+
+
 def test_report_is_self_contained(tmp_path: Path) -> None:
     run = _fake_run(tmp_path, 500, 500, 10)
     summary = build_summary(run, load_scenario("smoke"), rundir.read_jsonl(run / rundir.METRICS))
@@ -195,20 +303,36 @@ def test_fnv1a64_matches_the_hammer() -> None:
     assert fnv1a64(b"foobar") == 0x85944171F73967E8
 
 
-# -- the Go hammer ---------------------------------------------------------------------
+# -- the Go load generators ------------------------------------------------------------
+
+GO_MODULES = [HAMMER_SRC, LATENCY_SRC, Path(__file__).resolve().parents[1] / "bench" / "httpload"]
 
 
 @pytest.mark.skipif(shutil.which("go") is None, reason="needs Go")
-def test_hammer_go_tests_and_vet() -> None:
-    result = subprocess.run(["go", "vet", "./..."], cwd=HAMMER_SRC, capture_output=True,
-                            text=True, env={**_go_env()}, check=False)
-    assert result.returncode == 0, result.stderr
-    result = subprocess.run(["go", "test", "./..."], cwd=HAMMER_SRC, capture_output=True,
-                            text=True, env={**_go_env()}, check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
+@pytest.mark.parametrize("module", GO_MODULES, ids=lambda m: m.name)
+def test_go_tests_and_vet(module: Path) -> None:
+    env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+    for step in (["go", "vet", "./..."], ["go", "test", "./..."]):
+        result = subprocess.run(step, cwd=module, capture_output=True, text=True, env=env,
+                                check=False)
+        assert result.returncode == 0, result.stdout + result.stderr
 
 
-def _go_env() -> dict[str, str]:
-    import os
-
-    return {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
+@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go")
+def test_hammer_builds_into_the_binary_cache(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    go = shutil.which("go")
+    assert go is not None
+    monkeypatch.setenv("LLOG_BIN_CACHE_DIR", str(tmp_path))
+    binary = build_hammer()
+    assert binary.parent == tmp_path and binary.name == f"hammer-{source_digest(go)}"
+    usage = subprocess.run([str(binary)], capture_output=True, text=True, timeout=30,
+                           check=False)
+    assert usage.returncode == 2 and "usage: hammer" in usage.stderr
+    # An edit of the shared latency module makes another binary.
+    edited = tmp_path / "latency"
+    shutil.copytree(LATENCY_SRC, edited)
+    with (edited / "latency.go").open("a") as f:
+        f.write("\n// edited\n")
+    monkeypatch.setattr(hammer, "LATENCY_SRC", edited)
+    assert source_digest(go) != binary.name.removeprefix("hammer-")

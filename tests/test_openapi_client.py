@@ -60,4 +60,4 @@ def test_generated_models_round_trip_through_the_broker(
 
         r = http.post("/produce", json={"topic_partitions": []})
         error = m.ErrorResponse.model_validate(r.json())
-        assert r.status_code == 400 and error.error_type == "InvalidRequest"
+        assert r.status_code == 400 and error.error_type.value == "InvalidRequest"

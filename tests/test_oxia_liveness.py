@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import psutil
 import pytest
 
 from app.errors import StorageUnavailable
@@ -20,6 +21,14 @@ from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
 from tests.helpers.stack import make_settings
 
 pytestmark = pytest.mark.stack
+
+
+def _wait_stopped(pid: int) -> None:
+    """SIGSTOP takes effect asynchronously: wait until every thread is stopped."""
+    deadline = time.monotonic() + 10
+    while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
+        assert time.monotonic() < deadline, "the server did not stop"
+        time.sleep(0.01)
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +47,7 @@ async def test_calls_to_a_paused_oxia_end_at_their_deadline(own_stack: LocalStac
         await store.put("deadline/a", b"1", "pk")  # connected, shard known
         os.kill(pid, signal.SIGSTOP)
         try:
+            _wait_stopped(pid)
             for call in (lambda: store.get("deadline/a", "pk"),
                          lambda: store.put("deadline/b", b"2", "pk"),
                          lambda: store.range_scan("deadline/", "deadline/~", "pk")):

@@ -27,20 +27,16 @@ from app.tailcache import (
     TailCache,
     TailCacheStats,
     open_tail_cache,
+    segment,
+    store_id_of,
 )
+from app.tailcache import files as file_cache
 from app.tailcache.files import FORMAT_DIR, HW_FILE, STALE_TMP_NS, TMP_PREFIX
-from app.tailcache.segment import (
-    decode_high_watermark,
-    decode_segment,
-    encode_high_watermark,
-    encode_segment,
-    parse_segment_name,
-    segment_name,
-)
 
 TP = TopicPartition("orders", 0)
 TP1 = TopicPartition("orders", 1)
 OTHER = TopicPartition("payments.v2-x_y", 7)
+STORE = "bucket.llog-3f2a"
 
 PROPS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 FILE_PROPS = settings(max_examples=60, deadline=None,
@@ -62,16 +58,16 @@ def offsets(hit: CacheHit | None) -> list[int]:
 
 
 def partition_dir(root: Path, tp: TopicPartition) -> Path:
-    return root / FORMAT_DIR / tp.topic / str(tp.partition)
+    return root / STORE / FORMAT_DIR / tp.topic / str(tp.partition)
 
 
 def segment_files(root: Path, tp: TopicPartition = TP) -> list[Path]:
     d = partition_dir(root, tp)
-    return sorted(p for p in d.iterdir() if parse_segment_name(p.name) is not None)
+    return sorted(p for p in d.iterdir() if segment.parse_segment_name(p.name) is not None)
 
 
-def disk_bytes(root: Path) -> int:
-    return sum(p.stat().st_size for p in (root / FORMAT_DIR).rglob("*.seg"))
+def disk_bytes(root: Path, store_id: str = STORE) -> int:
+    return sum(p.stat().st_size for p in (root / store_id / FORMAT_DIR).rglob("*.seg"))
 
 
 @pytest.fixture(params=["memory", "files"])
@@ -82,7 +78,7 @@ def make_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 
     def make(max_bytes: int) -> TailCache:
         directory = tmp_path / f"c{len(made)}" if request.param == "files" else None
-        cache = open_tail_cache(directory, max_bytes)
+        cache = open_tail_cache(directory, max_bytes, store_id=STORE)
         made.append(cache)
         return cache
 
@@ -95,8 +91,8 @@ def make_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 
 
 def test_factory_picks_the_implementation(tmp_path: Path) -> None:
-    assert isinstance(open_tail_cache(None, 10), MemoryTailCache)
-    assert isinstance(open_tail_cache(tmp_path, 10), FileTailCache)
+    assert isinstance(open_tail_cache(None, 10, store_id=STORE), MemoryTailCache)
+    assert isinstance(open_tail_cache(tmp_path, 10, store_id=STORE), FileTailCache)
 
 
 def test_put_then_get_contiguous(make_cache: Callable[[int], TailCache]) -> None:
@@ -222,7 +218,8 @@ def test_statistics_and_close(make_cache: Callable[[int], TailCache]) -> None:
     cache.get(TP, 9, None, None)
     stats = cache.statistics()
     assert isinstance(stats, TailCacheStats)
-    assert (stats.partitions, stats.records, stats.hits, stats.misses) == (2, 6, 2, 1)
+    assert (stats.partitions, stats.segments, stats.records) == (2, 2, 6)
+    assert (stats.hits, stats.misses) == (2, 1)
     assert stats.bytes >= sum(len(v) for v in values(1, 4) + values(1, 2))
     cache.close()
     assert cache.get(TP, 1, None, None) is None
@@ -352,11 +349,11 @@ def test_memory_cache_agrees_with_a_model(max_bytes: int, ops: list[Any]) -> Non
 @given(max_bytes=budget_st, ops=ops_st)
 def test_file_cache_agrees_with_a_model(max_bytes: int, ops: list[Any]) -> None:
     with tempfile.TemporaryDirectory() as d:
-        cache = FileTailCache(Path(d), max_bytes)
+        cache = FileTailCache(Path(d), max_bytes, store_id=STORE)
         model = run_against_model(cache, max_bytes, ops)
         assert disk_bytes(Path(d)) <= max_bytes
         # Another process's view of the same directory agrees too.
-        other = FileTailCache(Path(d), max_bytes)
+        other = FileTailCache(Path(d), max_bytes, store_id=STORE)
         for offset in range(0, 52):
             for max_records in (None, 1):
                 check_get(other, model, offset, max_records, None, exact_hw=False)
@@ -367,8 +364,8 @@ def test_file_cache_agrees_with_a_model(max_bytes: int, ops: list[Any]) -> None:
 
 
 def test_two_instances_share_one_directory(tmp_path: Path) -> None:
-    a = FileTailCache(tmp_path, 1 << 20)
-    b = FileTailCache(tmp_path, 1 << 20)
+    a = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
+    b = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     assert b.get(TP, 1, None, None) is None
     a.put(TP, 1, values(1, 3))
     assert b.get(TP, 1, None, None) == CacheHit([(o, value(o)) for o in range(1, 4)], 3, 4)
@@ -386,8 +383,8 @@ def test_two_instances_share_one_directory(tmp_path: Path) -> None:
 
 
 def test_relist_finds_segments_written_in_the_same_clock_tick(tmp_path: Path) -> None:
-    a = FileTailCache(tmp_path, 1 << 20)
-    b = FileTailCache(tmp_path, 1 << 20)
+    a = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
+    b = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     for start in range(1, 60, 3):  # fast alternation: the directory mtime barely moves
         a.put(TP, start, values(start, 1))
         b.put(TP, start + 1, values(start + 1, 2))
@@ -398,7 +395,7 @@ def test_relist_finds_segments_written_in_the_same_clock_tick(tmp_path: Path) ->
 
 
 def test_file_budget_bounds_the_directory(tmp_path: Path) -> None:
-    cache = FileTailCache(tmp_path, 10_000)
+    cache = FileTailCache(tmp_path, 10_000, store_id=STORE)
     for offset in range(1, 301):
         cache.put(TP if offset % 2 else OTHER, offset, [value(offset) * 10])
         assert disk_bytes(tmp_path) <= 10_000
@@ -406,26 +403,127 @@ def test_file_budget_bounds_the_directory(tmp_path: Path) -> None:
     assert cache.get(TP, 299, None, None) == CacheHit([(299, value(299) * 10)], 299, 300)
     assert cache.get(TP, 1, None, None) is None
     # Reopening with a smaller budget trims what is there.
-    FileTailCache(tmp_path, 2_000).close()
+    FileTailCache(tmp_path, 2_000, store_id=STORE).close()
     assert disk_bytes(tmp_path) <= 2_000
+
+
+def test_caches_of_two_stores_share_a_directory_but_no_records(tmp_path: Path) -> None:
+    old = open_tail_cache(tmp_path, 1 << 20, store_id="store-1")
+    new = open_tail_cache(tmp_path, 1 << 20, store_id="store-2")
+    old.put(TP, 1, values(1, 3))
+    old.note_high_watermark(TP, 5)
+    # The same offsets of another store: nothing to serve, not even "known empty".
+    assert new.get(TP, 1, None, None) is None
+    assert new.get(TP, 6, None, None) is None
+    assert new.high_watermark(TP) is None
+    new.put(TP, 1, values(1, 2, salt=1))
+    assert new.get(TP, 1, None, None) == CacheHit([(1, value(1, 1)), (2, value(2, 1))], 2, 3)
+    assert old.get(TP, 1, None, None) == CacheHit([(o, value(o)) for o in range(1, 4)], 5, 4)
+    # Each store's budget covers its own files only.
+    FileTailCache(tmp_path, 0, store_id="store-2").close()
+    assert new.get(TP, 1, None, None) is None
+    reopened = FileTailCache(tmp_path, 1 << 20, store_id="store-1")
+    assert reopened.get(TP, 1, None, None) == CacheHit(
+        [(o, value(o)) for o in range(1, 4)], 5, 4)
+    assert reopened.statistics().bytes == disk_bytes(tmp_path, "store-1") > 0
+
+
+def test_store_ids_are_path_safe(tmp_path: Path) -> None:
+    for bad in ("", ".", "..", "a/b", "../x", "a b", "caf\u00e9", "x" * 129, "a\0b"):
+        with pytest.raises(ValueError):
+            FileTailCache(tmp_path, 1 << 20, store_id=bad)
+    for good in ("a", "...", "A.b-c_9", "x" * 128):
+        FileTailCache(tmp_path, 1 << 20, store_id=good).put(TP, 1, [b"x"])
+        assert (tmp_path / good / FORMAT_DIR / TP.topic).is_dir()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["a", "...", "A.b-c_9", "x" * 128])
+    # The memory cache takes a store id too, and needs none to be path safe.
+    assert open_tail_cache(None, 10, store_id="").get(TP, 1, None, None) is None
+
+
+def test_store_id_of_names_a_store_validly() -> None:
+    ids = {store_id_of("bucket", "llog", "oxia-id-1"), store_id_of("bucket", "llog", "id-2"),
+           store_id_of("bucket", "llog/oxia-id-1"), store_id_of("bucket")}
+    assert len(ids) == 4
+    assert store_id_of("bucket", "llog", "oxia-id-1") in ids
+    for store_id in ids:
+        assert file_cache.check_store_id(store_id) == store_id
+
+
+def indexed_on_disk(root: Path, *tps: TopicPartition) -> tuple[int, int]:
+    """Segments and records on disk in the given partitions."""
+    segs = [segment.parse_segment_name(p.name) for tp in tps for p in segment_files(root, tp)]
+    return len(segs), sum(end - start + 1 for start, end in filter(None, segs))
+
+
+def test_index_forgets_segments_another_process_removed(tmp_path: Path) -> None:
+    budget = 20_000
+    writer = FileTailCache(tmp_path, budget, store_id=STORE)
+    other = FileTailCache(tmp_path, budget, store_id=STORE)
+    for offset in range(1, 41):  # about half the budget: no full scan in the writer yet
+        writer.put(TP, offset, [value(offset) * 20])
+    for offset in range(1, 201):  # the other process's scans evict the writer's segments
+        other.put(OTHER, offset, [value(offset) * 20])
+    assert segment_files(tmp_path, TP) == []
+    for offset in range(1, 201):  # the writer's own scans now find its files gone
+        writer.put(TP1, offset, [value(offset) * 20])
+    stats = writer.statistics()
+    segments, records = indexed_on_disk(tmp_path, TP, TP1)
+    assert stats.records == records
+    assert stats.segments == segments
+    assert stats.partitions == 1
+
+
+def test_index_of_one_partition_is_bounded(tmp_path: Path) -> None:
+    bound = file_cache.MAX_SEGMENTS_PER_PARTITION
+    last = bound + 100
+    writer = FileTailCache(tmp_path, 1 << 30, store_id=STORE)
+    for offset in range(1, last + 1):
+        writer.put(TP, offset, [value(offset)])
+    reader = FileTailCache(tmp_path, 1 << 30, store_id=STORE)
+    tail = CacheHit([(o, value(o)) for o in range(last - 9, last + 1)], last, last + 1)
+    for cache in (writer, reader):
+        assert cache.get(TP, last - 9, None, None) == tail
+        assert cache.statistics().records == bound
+        assert cache.statistics().segments == bound
+        # Older segments are not indexed: a miss, or the right records.
+        hit = cache.get(TP, 1, 3, None)
+        assert hit is None or hit.records == [(o, value(o)) for o in (1, 2, 3)]
+
+
+def test_indexed_partitions_are_bounded_least_recently_used_first(tmp_path: Path) -> None:
+    tps = [TopicPartition("orders", p) for p in range(5)]
+    cache = FileTailCache(tmp_path, 1 << 20, store_id=STORE, max_partitions=2)
+    for p, tp in enumerate(tps):
+        cache.put(tp, 1, values(1, p + 1))  # partition p holds p + 1 records
+    assert cache.statistics().partitions == 2
+    cache.get(tps[3], 1, None, None)  # 3 is now used more recently than 4
+    cache.get(tps[0], 1, None, None)  # indexing 0 drops 4
+    assert (cache.statistics().partitions, cache.statistics().records) == (2, 4 + 1)
+    for p, tp in enumerate(tps):  # every partition is still served from its files
+        hit = CacheHit([(o, value(o)) for o in range(1, p + 2)], p + 1, p + 2)
+        assert cache.get(tp, 1, None, None) == hit
+    assert cache.statistics().partitions == 2
+    with pytest.raises(ValueError):
+        FileTailCache(tmp_path, 1 << 20, store_id=STORE, max_partitions=0)
 
 
 def test_segment_and_hw_codecs_round_trip() -> None:
     records = [b"", b"a", b"\x00" * 300]
-    data = encode_segment(OTHER, 5, records)
-    assert decode_segment(data, OTHER, 5, 7) == records
-    assert decode_segment(data, OTHER, 5, 8) is None  # the name claims another range
-    assert decode_segment(data, OTHER, 4, 6) is None
-    assert decode_segment(data, TopicPartition(OTHER.topic, 8), 5, 7) is None
-    assert decode_segment(data, TopicPartition("payments.v2-x_Y", 7), 5, 7) is None
-    hw = encode_high_watermark(OTHER, 42)
-    assert decode_high_watermark(hw, OTHER) == 42
-    assert decode_high_watermark(hw, TP) is None
-    assert decode_high_watermark(hw[:-1], OTHER) is None
-    assert parse_segment_name(segment_name(5, 7)) == (5, 7)
+    data = segment.encode_segment(OTHER, 5, records)
+    assert segment.decode_segment(data, OTHER, 5, 7) == records
+    assert segment.decode_segment(data, OTHER, 5, 8) is None  # the name claims another range
+    assert segment.decode_segment(data, OTHER, 4, 6) is None
+    assert segment.decode_segment(data, TopicPartition(OTHER.topic, 8), 5, 7) is None
+    assert segment.decode_segment(data, TopicPartition("payments.v2-x_Y", 7), 5, 7) is None
+    hw = segment.encode_high_watermark(OTHER, 42)
+    assert segment.decode_high_watermark(hw, OTHER) == 42
+    assert segment.decode_high_watermark(hw, TP) is None
+    assert segment.decode_high_watermark(hw[:-1], OTHER) is None
+    assert segment.parse_segment_name(segment.segment_name(5, 7)) == (5, 7)
     for bad in ("x.seg", "00000000000000000005-00000000000000000004.seg", HW_FILE,
                 ".tmp-1-ab", "00000000000000000000-00000000000000000001.seg"):
-        assert parse_segment_name(bad) is None
+        assert segment.parse_segment_name(bad) is None
 
 
 def _damage_cases(good: bytes) -> Iterator[tuple[str, bytes]]:
@@ -442,13 +540,13 @@ def _damage_cases(good: bytes) -> Iterator[tuple[str, bytes]]:
 
 def test_damaged_segment_is_a_miss_never_wrong_data(tmp_path: Path) -> None:
     records = [b"alpha", b"", b"gamma" * 3]
-    writer = FileTailCache(tmp_path, 1 << 20)
+    writer = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     writer.put(TP, 1, records)
     (path,) = segment_files(tmp_path)
     good = path.read_bytes()
     for what, data in _damage_cases(good):
         path.write_bytes(data)
-        for reader in (writer, FileTailCache(tmp_path, 1 << 20)):
+        for reader in (writer, FileTailCache(tmp_path, 1 << 20, store_id=STORE)):
             path.write_bytes(data)
             for offset in (1, 2, 3):
                 assert reader.get(TP, offset, None, None) is None, what
@@ -458,21 +556,21 @@ def test_damaged_segment_is_a_miss_never_wrong_data(tmp_path: Path) -> None:
 
 
 def test_foreign_files_are_ignored_or_missed(tmp_path: Path) -> None:
-    writer = FileTailCache(tmp_path, 1 << 20)
+    writer = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     writer.put(TP, 1, values(1, 3))
     writer.put(OTHER, 4, values(4, 3, salt=9))
     d = partition_dir(tmp_path, TP)
     # Leftover temporary file of a crashed writer, junk, and a directory with a segment name.
     (d / f"{TMP_PREFIX}123-deadbeef").write_bytes(b"partial")
     (d / "notes.txt").write_text("hello")
-    (d / segment_name(10, 12)).mkdir()
+    (d / segment.segment_name(10, 12)).mkdir()
     # Another partition's valid segment for 4..6 copied into this partition.
     (other_seg,) = segment_files(tmp_path, OTHER)
-    (d / segment_name(4, 6)).write_bytes(other_seg.read_bytes())
+    (d / segment.segment_name(4, 6)).write_bytes(other_seg.read_bytes())
     # A valid segment of this partition renamed to claim another range.
-    (d / segment_name(20, 22)).write_bytes(segment_files(tmp_path)[0].read_bytes())
+    (d / segment.segment_name(20, 22)).write_bytes(segment_files(tmp_path)[0].read_bytes())
     writer.note_high_watermark(TP, 22)
-    reader = FileTailCache(tmp_path, 1 << 20)
+    reader = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     for cache in (reader, writer):
         assert cache.get(TP, 1, None, None) == CacheHit(
             [(o, value(o)) for o in range(1, 4)], 22, 4)
@@ -481,32 +579,33 @@ def test_foreign_files_are_ignored_or_missed(tmp_path: Path) -> None:
 
 
 def test_damaged_hw_file_means_unknown(tmp_path: Path) -> None:
-    a = FileTailCache(tmp_path, 1 << 20)
+    a = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     a.note_high_watermark(TP, 5)
     hw_path = partition_dir(tmp_path, TP) / HW_FILE
     hw_path.write_bytes(hw_path.read_bytes()[:-2])
-    b = FileTailCache(tmp_path, 1 << 20)
+    b = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     assert b.high_watermark(TP) is None
     assert b.get(TP, 6, None, None) is None
     b.note_high_watermark(TP, 6)
-    assert FileTailCache(tmp_path, 1 << 20).get(TP, 7, None, None) == CacheHit([], 6, 7)
+    reopened = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
+    assert reopened.get(TP, 7, None, None) == CacheHit([], 6, 7)
 
 
 def test_stale_temporary_files_are_cleaned(tmp_path: Path) -> None:
-    FileTailCache(tmp_path, 1 << 20).put(TP, 1, [b"x"])
+    FileTailCache(tmp_path, 1 << 20, store_id=STORE).put(TP, 1, [b"x"])
     d = partition_dir(tmp_path, TP)
     old, fresh = d / f"{TMP_PREFIX}1-old", d / f"{TMP_PREFIX}1-new"
     old.write_bytes(b"x")
     fresh.write_bytes(b"x")
     past = (time.time_ns() - 2 * STALE_TMP_NS) / 1e9
     os.utime(old, (past, past))
-    FileTailCache(tmp_path, 1 << 20).close()
+    FileTailCache(tmp_path, 1 << 20, store_id=STORE).close()
     assert not old.exists()
     assert fresh.exists()
 
 
 def test_vanished_segment_is_a_miss(tmp_path: Path) -> None:
-    a = FileTailCache(tmp_path, 1 << 20)
+    a = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
     a.put(TP, 1, values(1, 2))
     assert a.get(TP, 1, None, None) is not None
     for p in segment_files(tmp_path):
@@ -516,8 +615,8 @@ def test_vanished_segment_is_a_miss(tmp_path: Path) -> None:
 
 
 def test_unwritable_directory_never_fails_the_caller(tmp_path: Path) -> None:
-    cache = FileTailCache(tmp_path, 1 << 20)
-    (tmp_path / FORMAT_DIR / TP.topic).write_bytes(b"not a directory")
+    cache = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
+    (tmp_path / STORE / FORMAT_DIR / TP.topic).write_bytes(b"not a directory")
     cache.put(TP, 1, [b"x"])  # logged and ignored
     cache.note_high_watermark(TP, 3)
     assert cache.get(TP, 1, None, None) is None
@@ -541,7 +640,7 @@ def _writer_process(directory: str, writer: int, start: Any, seed: int) -> None:
     """Writes blocks ``writer, writer + WRITERS, ...`` in random-sized contiguous puts."""
     if not start.wait(TIMEOUT_S):
         raise TimeoutError("start signal never came")
-    cache = FileTailCache(Path(directory), CONCURRENT_BUDGET)
+    cache = FileTailCache(Path(directory), CONCURRENT_BUDGET, store_id=STORE)
     rng = random.Random(seed)
     for block in range(writer, BLOCKS, WRITERS):
         at, end = block * BLOCK + 1, (block + 1) * BLOCK
@@ -571,7 +670,7 @@ def _verify(hit: CacheHit | None, offset: int) -> int:
 def _reader_process(directory: str, start: Any, stop: Any, seed: int) -> None:
     if not start.wait(TIMEOUT_S):
         raise TimeoutError("start signal never came")
-    cache = FileTailCache(Path(directory), CONCURRENT_BUDGET)
+    cache = FileTailCache(Path(directory), CONCURRENT_BUDGET, store_id=STORE)
     rng = random.Random(seed)
     deadline = time.monotonic() + TIMEOUT_S
     while not stop.is_set():
@@ -593,7 +692,7 @@ def test_concurrent_processes_never_see_wrong_records(tmp_path: Path) -> None:
     for p in procs:
         p.start()
     try:
-        cache = FileTailCache(tmp_path, CONCURRENT_BUDGET)
+        cache = FileTailCache(tmp_path, CONCURRENT_BUDGET, store_id=STORE)
         rng = random.Random(7)
         start.set()
         served = 0

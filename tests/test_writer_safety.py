@@ -148,3 +148,24 @@ async def test_only_versions_this_process_wrote_are_its_own(stack: LocalStack,
         assert isinstance(refused, CommitConflict)  # a met b's version and gave up
         assert not a.writer.owns_version(tp, theirs.version_id)
         assert b.writer.owns_version(tp, theirs.version_id)
+
+
+async def test_a_compacted_blob_older_than_the_horizon_is_never_referenced(
+        stack: LocalStack, tp: TopicPartition) -> None:
+    settings = compaction_settings(stack)
+    async with open_engine(settings) as e:
+        for value in (b"1", b"2", b"3"):
+            await e.writer.append_shared([AppendGroup(tp, [value])])
+        clock = FakeClock()  # from now: every entry is old enough to compact
+
+        def pause(step: str) -> None:  # the compactor stalls between its PUT and intent
+            if step == "after_compacted_put":
+                clock.advance(1_001)
+
+        compactor = make_compactor(e, commit_horizon_ms=1_000, crash_hook=pause)
+        compactor._clock = clock
+        outcome = await compactor.compact_once(tp)
+        assert (outcome.action, outcome.reason) == ("abandoned", "upload_expired")
+        assert await e.oxia.get(e.layout.compaction(tp), tp.partition_key) is None
+        assert all(x.type == "WAL" for _, x in await index_entries(e, tp))
+        assert await _values(e, tp) == [b"1", b"2", b"3"]

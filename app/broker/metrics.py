@@ -1,26 +1,18 @@
-"""The broker's metrics: one registry per app, a Prometheus endpoint and a JSON snapshot.
+"""The broker's own metrics: produce and consume counters, and its identity.
 
-Counters and histograms are registered by their owners (store clients, batcher, routes);
-point-in-time gauges (batcher queue, long-polls, tail cache, S3 usage and its estimated
-cost) are read when scraped through a custom collector, so nothing has to keep them
-up to date.
+Counters and histograms are registered by their owners (store clients, batcher, routes)
+on the app's registry; point-in-time gauges come from statistics snapshots
+(:class:`app.observability.StatisticsCollector`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
-
-# S3 Standard, us-east-1 list prices: an estimate for visibility, not a bill.
-PRICE_PER_1000_PUT_LIST_USD = 0.005
-PRICE_PER_1000_GET_USD = 0.0004
-PRICE_PER_GB_MONTH_USD = 0.023
 
 
 class ProduceMetrics:
@@ -70,24 +62,11 @@ class ConsumeMetrics:
         )
 
 
-@dataclass
-class S3Usage:
-    stored_bytes: int = 0
-    stored_objects: int = 0
-    scanned_at_ms: int = 0
+class BrokerInfoCollector(Collector):
+    """The broker's identity and, in load-test runs, the scenario it runs under."""
 
-
-GaugeSource = Callable[[], dict[str, float]]
-
-
-class SnapshotCollector(Collector):
-    """Gauges computed at scrape time from callables, plus the broker's identity and, in
-    load-test runs, the scenario it runs under."""
-
-    def __init__(self, info: dict[str, str], gauges: dict[str, tuple[str, GaugeSource]],
-                 scenario: dict[str, Any] | None = None):
+    def __init__(self, info: dict[str, str], scenario: dict[str, Any] | None = None):
         self._info = info
-        self._gauges = gauges
         self._scenario = scenario or {}
 
     def collect(self) -> Iterator[Metric]:
@@ -104,53 +83,3 @@ class SnapshotCollector(Collector):
                 if isinstance(value, int | float) and not isinstance(value, bool):
                     yield GaugeMetricFamily(f"llog_loadtest_scenario_{key}",
                                             f"Load-test scenario setting {key}", value=value)
-        for prefix, (doc, source) in self._gauges.items():
-            for name, value in source().items():
-                yield GaugeMetricFamily(f"{prefix}_{name}", doc, value=value)
-
-
-def s3_cost_estimate(request_counts: dict[str, float], usage: S3Usage) -> dict[str, float]:
-    put_list = request_counts.get("put", 0) + request_counts.get("list", 0)
-    gets = (request_counts.get("get", 0) + request_counts.get("range_get", 0)
-            + request_counts.get("head", 0))
-    return {
-        "estimated_request_cost_usd": put_list / 1000 * PRICE_PER_1000_PUT_LIST_USD
-        + gets / 1000 * PRICE_PER_1000_GET_USD,
-        "stored_bytes": float(usage.stored_bytes),
-        "stored_objects": float(usage.stored_objects),
-        "estimated_storage_cost_usd_per_month": usage.stored_bytes / 1e9
-        * PRICE_PER_GB_MONTH_USD,
-        "usage_scanned_at_ms": float(usage.scanned_at_ms),
-    }
-
-
-def request_counts(s3_requests: Counter) -> dict[str, float]:
-    """S3 requests by op (all outcomes: a failed request is billed too)."""
-    counts: dict[str, float] = {}
-    for metric in s3_requests.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_total"):
-                op = sample.labels["op"]
-                counts[op] = counts.get(op, 0) + sample.value
-    return counts
-
-
-def json_snapshot(registry: CollectorRegistry, header: dict[str, Any]) -> dict[str, Any]:
-    """Every sample of the registry as ``{metric: {labels: value}}``, after ``header``."""
-    metrics: dict[str, dict[str, float]] = {}
-    for metric in registry.collect():
-        for sample in metric.samples:
-            if sample.name.endswith("_created"):
-                continue
-            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
-            value = sample.value
-            if isinstance(value, float) and (math.isinf(value) or math.isnan(value)):
-                continue
-            metrics.setdefault(sample.name, {})[labels] = value
-    return {**header, "metrics": metrics}
-
-
-def stats_dict(stats: Any) -> dict[str, float]:
-    """The numeric fields of a statistics snapshot (labels such as a state are left out)."""
-    return {k: float(v) for k, v in asdict(stats).items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}

@@ -1,4 +1,12 @@
-"""Everything one broker process holds while it runs, built by the app's lifespan."""
+"""Everything one broker process holds while it runs, built by the app's lifespan.
+
+:func:`run_broker` opens the store clients, then starts the writer side (the batcher),
+the reader side (consume service, change listener) and the background loops
+(compaction, S3 usage) in task groups; on exit it stops taking produce requests, flushes
+what is buffered, answers every waiter and closes everything. A background loop that
+crashes takes the broker's status to ``failed`` (``/health`` answers 503) instead of
+dying unseen.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +17,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any
 
 import anyio
 import anyio.abc
@@ -18,30 +26,23 @@ from prometheus_client import CollectorRegistry
 from app.batching.batcher import Batcher
 from app.batching.metrics import BatcherMetrics
 from app.broker.consume import ConsumeService
-from app.broker.metrics import (
-    ConsumeMetrics,
-    ProduceMetrics,
-    S3Usage,
-    SnapshotCollector,
-    request_counts,
-    s3_cost_estimate,
-    stats_dict,
-)
+from app.broker.metrics import BrokerInfoCollector, ConsumeMetrics, ProduceMetrics
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.compaction.service import run_in_broker
 from app.errors import LlogError
+from app.observability import S3Usage, StatisticsCollector, Status, request_counts, s3_cost_estimate
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
+from app.storage.identity import store_identity
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
 from app.storage.s3 import S3Store
 from app.storage.writer import LogWriter
-from app.tailcache import TailCache, open_tail_cache, run_cache_io
+from app.tailcache import TailCache, open_tail_cache, run_cache_io, store_id_of
 
 log = logging.getLogger(__name__)
-Status = Literal["starting", "ok", "stopping", "failed"]
 
 
 @dataclass
@@ -65,53 +66,127 @@ class BrokerState:
     @classmethod
     def create(cls, settings: Settings) -> BrokerState:
         registry = CollectorRegistry()
-        return cls(settings, registry, StoreMetrics(registry), ProduceMetrics(registry),
-                   ConsumeMetrics(registry))
+        state = cls(settings, registry, StoreMetrics(registry), ProduceMetrics(registry),
+                    ConsumeMetrics(registry))
+        state._register_collectors()
+        return state
 
+    def identity(self) -> dict[str, Any]:
+        s = self.settings
+        return {"broker_id": s.broker_id, "host": s.host, "port": s.port}
 
-def _info(settings: Settings) -> dict[str, str]:
-    return {
-        "broker_id": settings.broker_id,
-        "roles": ",".join(settings.roles),
-        "batch_max_bytes": str(settings.batch_max_bytes),
-        "batch_max_delay_ms": str(settings.batch_max_delay_ms),
-        "root_prefix": settings.root_prefix,
-        "bucket": settings.s3_bucket,
-    }
-
-
-def _register_gauges(state: BrokerState) -> None:
-    def batcher() -> dict[str, float]:
-        return stats_dict(state.batcher.statistics()) if state.batcher else {}
-
-    def consume() -> dict[str, float]:
+    def metrics_header(self) -> dict[str, Any]:
+        s = self.settings
         return {
-            "long_polls": float(state.consume.long_polls if state.consume else 0),
-            "watched_partitions": float(state.watch.watched_partitions),
-            "remote_changes": float(state.watch.remote_changes),
+            "broker_id": s.broker_id, "roles": list(s.roles), "status": self.status,
+            "started_at_ms": self.started_at_ms,
+            "batch": {"max_bytes": s.batch_max_bytes, "max_delay_ms": s.batch_max_delay_ms,
+                      "buffer_max_bytes": s.batch_buffer_max_bytes},
+            "s3_prices_note": "S3 cost figures are estimates at S3 Standard us-east-1 "
+                              "list prices",
         }
 
-    def cache() -> dict[str, float]:
-        return stats_dict(state.cache.statistics()) if state.cache else {}
+    def _register_collectors(self) -> None:
+        s = self.settings
+        info = {"broker_id": s.broker_id, "roles": ",".join(s.roles),
+                "batch_max_bytes": str(s.batch_max_bytes),
+                "batch_max_delay_ms": str(s.batch_max_delay_ms),
+                "root_prefix": s.root_prefix, "bucket": s.s3_bucket}
+        scenario = json.loads(s.loadtest_scenario) if s.loadtest_scenario else None
+        self.registry.register(BrokerInfoCollector(info, scenario))
+        self.registry.register(StatisticsCollector({
+            "llog_batcher": ("Produce batcher queue (point in time)",
+                             lambda: self.batcher.statistics() if self.batcher else None),
+            "llog_consume": ("Consume long-polls (point in time)",
+                             lambda: self.consume.statistics() if self.consume else None),
+            "llog_watch": ("Partitions watched by long-polls (point in time)",
+                           self.watch.statistics),
+            "llog_tail_cache": ("Tail cache statistics",
+                                lambda: self.cache.statistics() if self.cache else None),
+            "llog_read_object_cache": (
+                "Compacted objects and chunks kept between reads",
+                lambda: self.reader.objects.statistics() if self.reader else None),
+            "llog_s3": ("S3 usage and estimated cost (S3 Standard us-east-1 list prices)",
+                        lambda: s3_cost_estimate(
+                            request_counts(self.store_metrics.s3_requests), self.s3_usage)),
+        }))
 
-    def objects() -> dict[str, float]:
-        if state.reader is None:
-            return {}
-        return stats_dict(state.reader.objects.statistics())
 
-    def s3() -> dict[str, float]:
-        return s3_cost_estimate(request_counts(state.store_metrics.s3_requests),
-                                state.s3_usage)
+@contextlib.asynccontextmanager
+async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
+    """Start clients and background loops; on exit flush, answer every waiter, close."""
+    s = state.settings
+    layout = KeyLayout(s.root_prefix, s.s3_bucket)
+    async with contextlib.AsyncExitStack() as stack:
+        oxia = await stack.enter_async_context(OxiaStore(s, state.store_metrics))
+        s3 = await stack.enter_async_context(S3Store(s, state.store_metrics))
+        store_id = store_id_of(s.s3_bucket, s.root_prefix, await store_identity(oxia, layout))
+        state.cache = open_tail_cache(s.tail_cache_dir, s.tail_cache_max_bytes,
+                                      store_id=store_id,
+                                      max_partitions=s.tail_cache_max_partitions)
+        stack.callback(state.cache.close)
+        state.writer = LogWriter(
+            oxia, s3, layout, state.store_metrics, max_attempts=s.commit_max_attempts,
+            commit_horizon_ms=s.retry_horizon_safe_ms,
+            pending_reread_ms=s.compaction_min_entry_age_ms // 2)
+        async with anyio.create_task_group() as writers:
+            if s.has_role("write"):
+                await _start_batcher(state, writers)
+            # Loops that shutdown simply cancels; the batcher above is drained instead.
+            async with anyio.create_task_group() as background:
+                if s.has_role("read"):
+                    await _start_reader(state, oxia, s3, layout, background, stack)
+                if s.has_role("compact"):
+                    await background.start(_watched, state, functools.partial(
+                        run_in_broker, s, oxia, s3, state.registry))
+                background.start_soon(_scan_s3_usage, state, s3, s.s3_usage_scan_interval_s)
+                state.status = "ok"
+                try:
+                    yield state
+                finally:
+                    state.status = "stopping"
+                    if state.batcher is not None:
+                        state.batcher.close()  # flush what is buffered, answer every waiter
+                    background.cancel_scope.cancel()
 
-    scenario = (json.loads(state.settings.loadtest_scenario)
-                if state.settings.loadtest_scenario else None)
-    state.registry.register(SnapshotCollector(_info(state.settings), {
-        "llog_batcher": ("Produce batcher queue (point in time)", batcher),
-        "llog_consume": ("Consume long-polls (point in time)", consume),
-        "llog_tail_cache": ("Tail cache statistics", cache),
-        "llog_read_object_cache": ("Compacted/legacy objects kept between reads", objects),
-        "llog_s3": ("S3 usage and estimated cost (S3 Standard us-east-1 list prices)", s3),
-    }, scenario))
+
+async def _start_batcher(state: BrokerState, tg: anyio.abc.TaskGroup) -> None:
+    s = state.settings
+    assert state.writer is not None and state.cache is not None
+    cache, watch = state.cache, state.watch
+
+    def cache_put(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
+        for group, result in committed:
+            cache.put(group.tp, result.start_offset, list(group.records))
+
+    async def on_committed(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
+        await run_cache_io(cache, cache_put, committed)
+        for group, _ in committed:
+            watch.notify(group.tp)
+
+    state.batcher = Batcher(
+        state.writer.append_shared, max_bytes=s.batch_max_bytes,
+        max_delay_s=s.batch_max_delay_ms / 1000, buffer_max_bytes=s.batch_buffer_max_bytes,
+        max_inflight_flushes=s.batch_max_inflight, metrics=BatcherMetrics(state.registry),
+        on_committed=on_committed)
+    await tg.start(_watched, state, state.batcher.run)
+
+
+async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout: KeyLayout,
+                        tg: anyio.abc.TaskGroup, stack: contextlib.AsyncExitStack) -> None:
+    s = state.settings
+    assert state.writer is not None
+    state.reader = LogReader(
+        oxia, s3, layout, object_cache_bytes=s.read_object_cache_bytes,
+        fetch_concurrency=s.read_fetch_concurrency,
+        max_concurrent_fetches=s.read_max_concurrent_fetches)
+    state.consume = ConsumeService(state.reader, state.cache, state.watch,
+                                   state.consume_metrics,
+                                   max_long_polls=s.max_concurrent_long_polls)
+    listener = OxiaChangeListener(oxia.client, layout, state.watch, state.writer.owns_version)
+    stack.callback(listener.close)
+    with anyio.fail_after(30):
+        await tg.start(_watched, state, listener.run)
 
 
 async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> None:
@@ -129,84 +204,13 @@ async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> 
         await anyio.sleep(interval_s)
 
 
-@contextlib.asynccontextmanager
-async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
-    """Start clients and background loops; on exit flush, answer every waiter, close."""
-    s = state.settings
-    _register_gauges(state)
-    layout = KeyLayout(s.root_prefix, s.s3_bucket)
-    async with contextlib.AsyncExitStack() as stack:
-        oxia = await stack.enter_async_context(OxiaStore(s, state.store_metrics))
-        s3 = await stack.enter_async_context(S3Store(s, state.store_metrics))
-        state.cache = open_tail_cache(s.tail_cache_dir, s.tail_cache_max_bytes)
-        stack.callback(state.cache.close)
-        writer = LogWriter(oxia, s3, layout, state.store_metrics,
-                           max_attempts=s.commit_max_attempts,
-                           commit_horizon_ms=s.retry_horizon_safe_ms,
-                           pending_reread_ms=s.compaction_min_entry_age_ms // 2)
-        await stack.enter_async_context(writer)
-        state.writer = writer
-
-        cache = state.cache
-
-        def cache_put(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
-            for group, result in committed:
-                cache.put(group.tp, result.start_offset, list(group.records))
-
-        async def on_committed(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
-            await run_cache_io(cache, cache_put, committed)
-            for group, _ in committed:
-                state.watch.notify(group.tp)
-
-        async with anyio.create_task_group() as tg:
-            if s.has_role("write"):
-                state.batcher = Batcher(
-                    writer.append_shared,
-                    max_bytes=s.batch_max_bytes,
-                    max_delay_s=s.batch_max_delay_ms / 1000,
-                    buffer_max_bytes=s.batch_buffer_max_bytes,
-                    max_inflight_flushes=s.batch_max_inflight,
-                    metrics=BatcherMetrics(state.registry),
-                    on_committed=on_committed,
-                )
-                await tg.start(_watched, state, state.batcher.run)
-            # Loops that shutdown simply cancels; the batcher above is drained instead.
-            async with anyio.create_task_group() as background:
-                if s.has_role("read"):
-                    state.reader = LogReader(
-                        oxia, s3, layout, object_cache_bytes=s.read_object_cache_bytes,
-                        fetch_concurrency=s.read_fetch_concurrency,
-                        max_concurrent_fetches=s.read_max_concurrent_fetches)
-                    state.consume = ConsumeService(
-                        state.reader, state.cache, state.watch,
-                        state.consume_metrics, max_long_polls=s.max_concurrent_long_polls,
-                    )
-                    listener = OxiaChangeListener(oxia.client, layout, state.watch,
-                                                  writer.owns_version)
-                    stack.callback(listener.close)
-                    with anyio.fail_after(30):
-                        await background.start(_watched, state, listener.run)
-                if s.has_role("compact"):
-                    await background.start(_watched, state, functools.partial(
-                        run_in_broker, s, oxia, s3, state.registry))
-                background.start_soon(_scan_s3_usage, state, s3, s.s3_usage_scan_interval_s)
-                state.status = "ok"
-                try:
-                    yield state
-                finally:
-                    state.status = "stopping"
-                    if state.batcher is not None:
-                        state.batcher.close()  # flush what is buffered, answer every waiter
-                    background.cancel_scope.cancel()
-
-
 async def _watched(state: BrokerState, run: Callable[..., Awaitable[None]], *,
                    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Run a background loop; if it crashes, the broker reports itself failed."""
+    """Run a background loop; if it crashes, the broker reports itself failed (not
+    ready, not live) and keeps answering /health, so an orchestrator replaces it."""
     try:
         await run(task_status=task_status)
     except Exception as exc:
         state.status = "failed"
         state.failure = repr(exc)
         log.exception("background loop %s crashed", getattr(run, "__qualname__", run))
-        raise

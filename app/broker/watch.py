@@ -3,9 +3,15 @@
 Writes by this process wake waiters at once (the batcher reports each commit). Writes by
 other brokers and workers arrive as Oxia change notifications of ``meta/control``: one
 notification stream per process (not one poller per partition), consumed by a dedicated
-thread and handed to the event loop. Such a change also marks the partition *stale*:
-until a reader has seen the new high watermark, the tail cache's "known empty at the
-tail" answer cannot be trusted for it.
+thread and handed to the event loop. Such a change also makes the partition *stale*:
+until a read that *started after it* has seen the new high watermark, the tail cache's
+"known empty at the tail" answer cannot be trusted for it.
+
+Staleness is a generation per partition: a remote change bumps it; a reader captures it
+before reading (:meth:`PartitionWatch.generation`) and, once it has read, clears the
+partition only if no change came in the meantime (:meth:`PartitionWatch.refreshed`). A
+change that lands while a read is in flight therefore keeps the partition stale, and the
+next look reads the log again instead of trusting the cache.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -44,12 +51,28 @@ class Waiter:
         await self._event.wait()
 
 
-class PartitionWatch:
-    """Waiters per partition, plus the set of partitions changed by other processes."""
+@dataclass(frozen=True)
+class WatchStats:
+    watched_partitions: int
+    waiters: int
+    stale_partitions: int
+    remote_changes: int
 
-    def __init__(self) -> None:
+
+class PartitionWatch:
+    """Waiters per partition, plus the generations of partitions changed by others.
+
+    Only stale partitions are remembered, at most ``max_stale`` of them; beyond that the
+    whole table is dropped and a global epoch moves on, which makes *every* partition
+    stale once (a few extra reads, never a missed record).
+    """
+
+    def __init__(self, max_stale: int = 100_000) -> None:
         self._waiters: dict[TopicPartition, set[Waiter]] = {}
-        self._stale: set[TopicPartition] = set()
+        self._changes: dict[TopicPartition, int] = {}  # stale partitions -> generation
+        self._epoch = 0
+        self._seen_epoch: dict[TopicPartition, int] = {}
+        self._max_stale = max_stale
         self.remote_changes = 0
 
     @contextlib.contextmanager
@@ -67,13 +90,10 @@ class PartitionWatch:
                     if not waiters:
                         del self._waiters[tp]
 
-    @property
-    def watched_partitions(self) -> int:
-        return len(self._waiters)
-
-    @property
-    def waiters(self) -> int:
-        return len({w for ws in self._waiters.values() for w in ws})
+    def statistics(self) -> WatchStats:
+        return WatchStats(len(self._waiters),
+                          len({w for ws in self._waiters.values() for w in ws}),
+                          len(self._changes), self.remote_changes)
 
     def notify(self, tp: TopicPartition) -> None:
         for waiter in self._waiters.get(tp, ()):
@@ -81,14 +101,32 @@ class PartitionWatch:
 
     def notify_remote(self, tp: TopicPartition) -> None:
         self.remote_changes += 1
-        self._stale.add(tp)
+        if tp not in self._changes and len(self._changes) >= self._max_stale:
+            self._changes.clear()
+            self._seen_epoch.clear()
+            self._epoch += 1
+        self._changes[tp] = self._changes.get(tp, 0) + 1
         self.notify(tp)
 
-    def is_stale(self, tp: TopicPartition) -> bool:
-        return tp in self._stale
+    def generation(self, tp: TopicPartition) -> tuple[int, int]:
+        """Capture before reading ``tp``; hand to :meth:`refreshed` after the read."""
+        return self._epoch, self._changes.get(tp, 0)
 
-    def refreshed(self, tp: TopicPartition) -> None:
-        self._stale.discard(tp)
+    def is_stale(self, tp: TopicPartition) -> bool:
+        return tp in self._changes or (
+            self._epoch > 0 and self._seen_epoch.get(tp, 0) < self._epoch)
+
+    def refreshed(self, tp: TopicPartition, generation: tuple[int, int]) -> None:
+        """A read that started at ``generation`` has seen ``tp``'s high watermark: it is
+        fresh unless another change came in while the read was in flight."""
+        epoch, changes = generation
+        if epoch != self._epoch or self._changes.get(tp, 0) != changes:
+            return
+        self._changes.pop(tp, None)
+        if self._epoch > 0:
+            if len(self._seen_epoch) >= self._max_stale:
+                self._seen_epoch.clear()
+            self._seen_epoch[tp] = self._epoch
 
 
 class OxiaChangeListener:

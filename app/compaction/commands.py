@@ -32,7 +32,7 @@ def serve_compactor(settings: Settings, *, log_level: str = "info") -> int:
     os.environ["LLOG_HOST"] = settings.host
     os.environ["LLOG_PORT"] = str(settings.port)
     uvicorn.run(
-        "app.compaction.service:create_compactor_app_from_env",
+        "app.compactor_app:create_compactor_app_from_env",
         factory=True, host=settings.host, port=settings.port, log_level=log_level,
         timeout_graceful_shutdown=30, lifespan="on",
     )

@@ -3,9 +3,9 @@
 - :func:`run_in_broker` runs the scheduler on the broker's own store clients and metrics
   registry; the broker's lifespan starts it in a task group when LLOG_ROLES includes
   ``compact``.
-- :func:`create_compactor_app` is the standalone service: its lifespan opens its own
-  OxiaStore and S3Store and runs the scheduler, and it serves ``GET /health``,
-  ``GET /metrics`` (JSON) and ``GET /metrics/prometheus``.
+- :func:`run_compactor` is the standalone service's lifespan (``llog compactor``, whose
+  app :mod:`app.compactor_app` builds): it opens its own OxiaStore and S3Store and runs
+  the scheduler.
 
 A scheduler loop that crashes (it should not: visits catch their own errors) marks the
 service failed, so ``/health`` answers 503 and an orchestrator restarts it, rather than
@@ -19,20 +19,18 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 import anyio.abc
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.broker.metrics import S3Usage, json_snapshot, request_counts, s3_cost_estimate
 from app.compaction.compactor import CompactionConfig, Compactor
 from app.compaction.metrics import CompactionMetrics
 from app.compaction.scheduler import CompactionScheduler, Visit
+from app.observability import S3Usage, Status, request_counts, s3_cost_estimate
 from app.settings import Settings
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
@@ -40,7 +38,6 @@ from app.storage.oxia_store import OxiaStore
 from app.storage.s3 import S3Store
 
 log = logging.getLogger(__name__)
-Status = Literal["starting", "ok", "stopping", "failed"]
 # How long a stopping service lets running compactions finish before cancelling them
 # (cancelling is safe too: every step is idempotent).
 STOP_GRACE_S = 20.0
@@ -110,6 +107,28 @@ class CompactorService:
     def compactor_id(self) -> str:
         return self.settings.broker_id
 
+    def identity(self) -> dict[str, Any]:
+        return {"compactor_id": self.compactor_id}
+
+    def metrics_header(self) -> dict[str, Any]:
+        s = self.settings
+        return {
+            "compactor_id": self.compactor_id,
+            "status": self.status,
+            "started_at_ms": self.started_at_ms,
+            "known_partitions": len(self.scheduler.known) if self.scheduler else 0,
+            "compaction": {
+                "max_bytes": s.compaction_max_bytes, "max_entries": s.compaction_max_entries,
+                "min_entries": s.compaction_min_entries,
+                "min_entry_age_ms": s.compaction_min_entry_age_ms,
+                "interval_s": s.compaction_interval_s,
+                "discovery_interval_s": s.compaction_discovery_interval_s,
+                "concurrency": s.compaction_concurrency,
+            },
+            "s3_prices_note": "S3 cost figures are estimates at S3 Standard us-east-1 list "
+                              "prices",
+        }
+
 
 class _ServiceCollector(Collector):
     """The service's identity and its S3 request counts with their estimated cost."""
@@ -172,63 +191,3 @@ async def _supervised(service: CompactorService, scheduler: CompactionScheduler,
         service.status = "failed"
         service.failure = repr(exc)
         log.exception("the compaction scheduler crashed")
-
-
-def create_compactor_app(settings: Settings) -> FastAPI:
-    service = CompactorService.create(settings)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with run_compactor(service):
-            yield
-
-    app = FastAPI(title="leaderless-log compactor", version="0.1.0", lifespan=lifespan,
-                  description="Compacts the WAL entries of topic-partitions "
-                              "(docs/protocol.md, Compaction and recovery).")
-    app.state.compactor = service
-
-    @app.get("/health", summary="200 while compacting, 503 otherwise")
-    async def health(request: Request) -> JSONResponse:
-        svc: CompactorService = request.app.state.compactor
-        body: dict[str, Any] = {"status": svc.status, "compactor_id": svc.compactor_id,
-                                "started_at_ms": svc.started_at_ms}
-        if svc.failure is not None:
-            body["failure"] = svc.failure
-        return JSONResponse(body, status_code=200 if svc.status == "ok" else 503)
-
-    @app.get("/metrics", summary="Process-local metrics as JSON")
-    async def metrics_json(request: Request) -> dict[str, Any]:
-        svc: CompactorService = request.app.state.compactor
-        s = svc.settings
-        header = {
-            "compactor_id": svc.compactor_id,
-            "status": svc.status,
-            "started_at_ms": svc.started_at_ms,
-            "known_partitions": len(svc.scheduler.known) if svc.scheduler else 0,
-            "compaction": {
-                "max_bytes": s.compaction_max_bytes, "max_entries": s.compaction_max_entries,
-                "min_entries": s.compaction_min_entries,
-                "min_entry_age_ms": s.compaction_min_entry_age_ms,
-                "interval_s": s.compaction_interval_s,
-                "discovery_interval_s": s.compaction_discovery_interval_s,
-                "concurrency": s.compaction_concurrency,
-            },
-            "s3_prices_note": "S3 cost figures are estimates at S3 Standard us-east-1 list "
-                              "prices",
-        }
-        return json_snapshot(svc.registry, header)
-
-    @app.get("/metrics/prometheus", summary="Process-local metrics, Prometheus text format",
-             response_class=Response)
-    async def metrics_prometheus(request: Request) -> Response:
-        svc: CompactorService = request.app.state.compactor
-        return Response(generate_latest(svc.registry), media_type=CONTENT_TYPE_LATEST)
-
-    return app
-
-
-def create_compactor_app_from_env() -> FastAPI:
-    """Entry point for uvicorn's ``--factory``."""
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return create_compactor_app(Settings.from_env())

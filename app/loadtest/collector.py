@@ -1,29 +1,26 @@
 """The metrics collector: broker ``/metrics``, tracked processes and host counters.
 
 Every ``collector.interval_s`` (and once more at the end) it scrapes each broker's JSON
-``/metrics``, reads CPU time and RSS of every tracked process tree from ``/proc``, and
-host counters (CPU, memory, load, loopback traffic), and appends one line to
+``/metrics``, reads CPU time and RSS of every tracked process tree and host counters
+(CPU, memory, load, loopback traffic) through psutil, and appends one line to
 ``metrics-30s.jsonl``. A broker that cannot be scraped keeps its last totals (marked
 stale), so the run's totals survive a broker that was killed mid-run.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import threading
 import time
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
+
+import psutil
 
 from app.loadtest import rundir
 from app.loadtest.rundir import RunDir, ref_alive
-
-_TICKS = os.sysconf("SC_CLK_TCK")
-_PAGE = os.sysconf("SC_PAGE_SIZE")
 
 # Scalar totals: key -> metric name (summed over all label sets).
 _SCALARS = {
@@ -125,65 +122,49 @@ def fetch_json(url: str, timeout: float = 3.0) -> Any:
         return json.loads(resp.read())
 
 
-# -- /proc -----------------------------------------------------------------------------
+# -- processes and host -----------------------------------------------------------------
 
 
-def _proc_table() -> dict[int, tuple[int, float, int]]:
-    """pid -> (ppid, cpu seconds, rss bytes) for every process."""
-    table: dict[int, tuple[int, float, int]] = {}
-    for pid, fields in rundir.proc_stats():
-        cpu = (int(fields[11]) + int(fields[12])) / _TICKS
-        table[pid] = (int(fields[1]), cpu, int(fields[21]) * _PAGE)
-    return table
-
-
-def _tree_usage(table: dict[int, tuple[int, float, int]], root: int,
-                tree: bool = True) -> tuple[int, float, int]:
-    """Processes, CPU seconds and RSS of ``root`` and (with ``tree``) its descendants."""
-    children: dict[int, list[int]] = {}
-    if tree:
-        for pid, (ppid, _, _) in table.items():
-            children.setdefault(ppid, []).append(pid)
-    todo, count, cpu, rss = [root], 0, 0.0, 0
-    while todo:
-        pid = todo.pop()
-        if pid not in table:
+def tree_usage(root: int, tree: bool = True) -> tuple[int, float, int]:
+    """Processes, CPU seconds and RSS of ``root`` and (with ``tree``) its descendants;
+    a process that exits meanwhile is left out."""
+    count, cpu, rss = 0, 0.0, 0
+    try:
+        top = psutil.Process(root)
+        procs = [top, *top.children(recursive=True)] if tree else [top]
+    except psutil.Error:
+        return count, cpu, rss
+    for proc in procs:
+        try:
+            with proc.oneshot():
+                times = proc.cpu_times()
+                memory = proc.memory_info()
+        except psutil.Error:
             continue
         count += 1
-        cpu += table[pid][1]
-        rss += table[pid][2]
-        todo.extend(children.get(pid, []))
+        cpu += times.user + times.system
+        rss += memory.rss
     return count, cpu, rss
 
 
-def _host_counters() -> dict[str, float]:
-    out: dict[str, float] = {}
-    try:
-        cpu = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
-        values = [int(v) for v in cpu]
-        out["cpu_total_ticks"] = float(sum(values[:8]))
-        out["cpu_idle_ticks"] = float(values[3])
-        out["cpu_iowait_ticks"] = float(values[4])
-    except (OSError, IndexError, ValueError):
-        pass
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            if key in ("MemTotal", "MemAvailable"):
-                out[f"{key.lower()}_bytes"] = float(rest.split()[0]) * 1024
-    except OSError:
-        pass
-    with contextlib.suppress(OSError, ValueError):
-        out["loadavg1"] = float(Path("/proc/loadavg").read_text().split()[0])
-    try:
-        for line in Path("/proc/net/dev").read_text().splitlines()[2:]:
-            name, _, rest = line.partition(":")
-            if name.strip() == "lo":
-                fields = rest.split()
-                out["lo_rx_bytes"] = float(fields[0])
-                out["lo_tx_bytes"] = float(fields[8])
-    except (OSError, IndexError, ValueError):
-        pass
+def host_counters() -> dict[str, float]:
+    """CPU seconds (all cores), memory, load and loopback traffic of the host."""
+    t = psutil.cpu_times()
+    mem = psutil.virtual_memory()
+    out = {
+        # guest time is already inside user and nice
+        "cpu_total_s": (t.user + t.nice + t.system + t.idle + t.iowait + t.irq + t.softirq
+                        + t.steal),
+        "cpu_idle_s": t.idle,
+        "cpu_iowait_s": t.iowait,
+        "memtotal_bytes": float(mem.total),
+        "memavailable_bytes": float(mem.available),
+        "loadavg1": os.getloadavg()[0],
+    }
+    loopback = psutil.net_io_counters(pernic=True).get("lo")
+    if loopback is not None:
+        out["lo_rx_bytes"] = float(loopback.bytes_recv)
+        out["lo_tx_bytes"] = float(loopback.bytes_sent)
     return out
 
 
@@ -238,17 +219,16 @@ class Collector:
                              stale_totals_at=self.latest_at.get(bid))
             brokers[bid] = entry
         agg = aggregate(self.latest)
-        table = _proc_table()
         processes: dict[str, Any] = {}
         for name, ref in self._processes(stack).items():
             if not ref_alive(ref):
                 processes[name] = {"alive": False}
                 continue
             # The supervisor's children are tracked on their own: count it alone.
-            count, cpu, rss = _tree_usage(table, int(ref["pid"]), tree=name != "supervisor")
+            count, cpu, rss = tree_usage(int(ref["pid"]), tree=name != "supervisor")
             processes[name] = {"alive": True, "pid": ref["pid"], "processes": count,
                                "cpu_s": round(cpu, 3), "rss_bytes": rss}
-        host = _host_counters()
+        host = host_counters()
         sample: dict[str, Any] = {
             "ts": now, "elapsed_s": round(now - self.started, 3), "final": final,
             "brokers": brokers, "aggregate": agg, "processes": processes, "host": host,
@@ -289,10 +269,10 @@ class Collector:
             if proc.get("alive") and old.get("alive") and old.get("pid") == proc.get("pid"):
                 proc["cpu_pct"] = round(100 * (proc["cpu_s"] - old["cpu_s"]) / dt, 2)
         h, ph = sample["host"], prev["host"]
-        total = h.get("cpu_total_ticks", 0) - ph.get("cpu_total_ticks", 0)
+        total = h.get("cpu_total_s", 0) - ph.get("cpu_total_s", 0)
         if total > 0:
-            idle = h.get("cpu_idle_ticks", 0) - ph.get("cpu_idle_ticks", 0)
-            iowait = h.get("cpu_iowait_ticks", 0) - ph.get("cpu_iowait_ticks", 0)
+            idle = h.get("cpu_idle_s", 0) - ph.get("cpu_idle_s", 0)
+            iowait = h.get("cpu_iowait_s", 0) - ph.get("cpu_iowait_s", 0)
             h["cpu_pct"] = round(100 * (1 - (idle + iowait) / total), 2)
             h["iowait_pct"] = round(100 * iowait / total, 2)
         for key in ("lo_rx_bytes", "lo_tx_bytes"):

@@ -1,8 +1,10 @@
 """The Go load generator (deploy/loadtest/hammer): build, configure, run.
 
-Built with the machine's ``go`` (standard library only, so no module download) into
-``.llog/bin/hammer-<digest>``, where the digest covers the sources and the Go version, so
-an edit rebuilds and an unchanged tree starts at once.
+Built with the machine's ``go`` into ``.llog/bin/hammer-<digest>``, where the digest
+covers the sources (the hammer's and those of the latency module beside it, which it
+shares with the HTTP benchmark's load generator) and the Go version, so an edit rebuilds
+and an unchanged tree starts at once. Its one external module, the HDR histogram library
+pinned in go.sum, comes through the Go module proxy the first time.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from app.loadtest.scenario import Scenario
 from app.localstack.binaries import DEFAULT_CACHE_DIR, REPO_ROOT
 
 HAMMER_SRC = REPO_ROOT / "deploy" / "loadtest" / "hammer"
+LATENCY_SRC = REPO_ROOT / "deploy" / "loadtest" / "latency"  # a module the hammer uses
 
 
 class HammerError(RuntimeError):
@@ -42,11 +45,13 @@ def _go() -> str:
 
 def source_digest(go: str) -> str:
     h = hashlib.sha256()
-    for path in sorted(HAMMER_SRC.iterdir()):
-        if path.suffix == ".go" or path.name in ("go.mod", "go.sum"):
-            if path.name.endswith("_test.go"):
-                continue
-            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    for src in (HAMMER_SRC, LATENCY_SRC):
+        for path in sorted(src.iterdir()):
+            if path.suffix == ".go" or path.name in ("go.mod", "go.sum"):
+                if path.name.endswith("_test.go"):
+                    continue
+                name = f"{src.name}/{path.name}"
+                h.update(name.encode() + b"\0" + path.read_bytes() + b"\0")
     version = subprocess.run([go, "version"], capture_output=True, text=True, check=False)
     h.update(version.stdout.encode())
     return h.hexdigest()[:12]

@@ -1,8 +1,7 @@
 """The run directory: its file names, ``stack.json`` and process bookkeeping by pid.
 
-Every process of a run is recorded with its pid and its start time (field 22 of
-``/proc/<pid>/stat``), so another invocation can find it, tell it from a recycled pid,
-and stop it.
+Every process of a run is recorded with its pid and its creation time, so another
+invocation can find it, tell it from a recycled pid, and stop it.
 """
 
 from __future__ import annotations
@@ -12,11 +11,12 @@ import json
 import os
 import signal
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from app.localstack.binaries import REPO_ROOT
 
@@ -142,28 +142,27 @@ def latest_run_dir(results: Path, scenario_name: str | None) -> RunDir | None:
 # -- processes -----------------------------------------------------------------------
 
 
-def proc_start_time(pid: int) -> int | None:
-    """Start time of ``pid`` in clock ticks since boot, or None if it does not exist."""
+def create_time(pid: int) -> float | None:
+    """When ``pid`` was created (seconds since the epoch), or None if it does not run."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:  # it has exited
+            return None
+        return proc.create_time()
+    except psutil.Error:
         return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] == "Z":  # a zombie has exited
-        return None
-    return int(fields[19])
 
 
 def process_ref(pid: int) -> dict[str, Any]:
-    return {"pid": pid, "starttime": proc_start_time(pid)}
+    return {"pid": pid, "create_time": create_time(pid)}
 
 
 def ref_alive(ref: dict[str, Any] | None) -> bool:
-    """True if the recorded process still runs (same pid *and* start time)."""
+    """True if the recorded process still runs (same pid *and* creation time)."""
     if not ref or not ref.get("pid"):
         return False
-    current = proc_start_time(int(ref["pid"]))
-    return current is not None and (ref.get("starttime") in (None, current))
+    current = create_time(int(ref["pid"]))
+    return current is not None and (ref.get("create_time") in (None, current))
 
 
 def kill_ref(ref: dict[str, Any] | None, sig: int = signal.SIGKILL, group: bool = True) -> bool:
@@ -188,29 +187,3 @@ def wait_gone(refs: list[dict[str, Any]], timeout: float) -> bool:
             return True
         time.sleep(0.1)
     return not any(ref_alive(r) for r in refs)
-
-
-def proc_stats() -> Iterator[tuple[int, list[str]]]:
-    """(pid, fields of /proc/<pid>/stat after the command name) for every process; the
-    first of those fields is the state, the second the parent pid."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited meanwhile
-        yield int(entry.name), stat[stat.rindex(")") + 2:].split()
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and all its descendants (from /proc)."""
-    children: dict[int, list[int]] = {}
-    for child, fields in proc_stats():
-        children.setdefault(int(fields[1]), []).append(child)
-    out, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        out.append(current)
-        todo.extend(children.get(current, []))
-    return out

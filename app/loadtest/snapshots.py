@@ -11,6 +11,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from app.localstack.binaries import REPO_ROOT
 
 _PACKAGES = ("leaderless-log", "fastapi", "uvicorn", "oxia", "aiobotocore", "anyio",
@@ -39,20 +41,9 @@ def git_snapshot() -> dict[str, Any]:
     }
 
 
-def _meminfo() -> dict[str, int]:
-    out: dict[str, int] = {}
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            key, _, rest = line.partition(":")
-            parts = rest.split()
-            if parts and parts[0].isdigit():
-                out[key] = int(parts[0]) * (1024 if len(parts) > 1 else 1)
-    except OSError:
-        pass
-    return out
-
-
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
+    """The processor's model name; psutil does not report it, so it comes from
+    /proc/cpuinfo (None where that does not exist)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -85,7 +76,7 @@ def environment_snapshot() -> dict[str, Any]:
             versions[pkg] = metadata.version(pkg)
         except metadata.PackageNotFoundError:
             versions[pkg] = None
-    mem = _meminfo()
+    mem = psutil.virtual_memory()
     return {
         "hostname": platform.node(),
         "platform": platform.platform(),
@@ -94,11 +85,10 @@ def environment_snapshot() -> dict[str, Any]:
         "python_executable": sys.executable,
         "go": _go_version(),
         "cpu_count": os.cpu_count(),
-        "cpu_model": _cpu_model(),
-        "mem_total_bytes": mem.get("MemTotal"),
-        "mem_available_bytes": mem.get("MemAvailable"),
-        "loadavg": Path("/proc/loadavg").read_text().split()[:3]
-        if Path("/proc/loadavg").exists() else None,
+        "cpu_model": cpu_model(),
+        "mem_total_bytes": mem.total,
+        "mem_available_bytes": mem.available,
+        "loadavg": list(os.getloadavg()),
         "packages": versions,
         "llog_env": {k: _redact(k, v) for k, v in sorted(os.environ.items())
                      if k.startswith("LLOG_")},

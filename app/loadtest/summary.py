@@ -56,16 +56,48 @@ def build_summary(run: RunDir, scenario: Scenario, samples: list[dict[str, Any]]
     samples of this run, the first one taken before the hammer started)."""
     extra = extra or {}
     warnings: list[str] = []
-    client: dict[str, Any] = {}
-    if (run / rundir.CLIENT_SUMMARY).is_file():
-        client = read_json(run / rundir.CLIENT_SUMMARY)
-    else:
-        warnings.append("client-summary.json is missing: the hammer did not finish")
+    client = _client_summary(run, warnings)
     baseline = samples[0]["aggregate"] if samples else {}
     final_sample = samples[-1] if samples else {"brokers": {}, "aggregate": {}}
     d = delta(final_sample.get("aggregate", {}), baseline)
+    brokers = _brokers_at_end(samples, final_sample, warnings)
+    reconciliation = _reconcile(scenario, client.get("produce", {}), d, brokers, warnings)
+    verify = extra.get("verify")
+    warnings.extend(_failures(client.get("produce", {}), verify))
+    remaps = read_jsonl(run / rundir.REMAP_EVENTS)
+    return {
+        "version": 1,
+        "run_id": run.run_id,
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "generated_at": time.time(),
+        "headline": _headline(scenario, client, d, samples, reconciliation),
+        "client": client,
+        "brokers": brokers,
+        "broker_totals_delta": d,
+        "reconciliation": reconciliation,
+        "verify": verify,
+        "remap_events": {"count": len(remaps),
+                         "remaps": sum(1 for e in remaps if e.get("event") == "remap")},
+        "faults": read_jsonl(run / rundir.FAULTS),
+        "collector_samples": len(samples),
+        "warnings": warnings,
+        **{k: v for k, v in extra.items() if k != "verify"},
+    }
 
-    # Per-broker totals at the end (last successful scrape).
+
+def _client_summary(run: RunDir, warnings: list[str]) -> dict[str, Any]:
+    """The hammer's client-summary.json, or {} (with a warning) if it did not finish."""
+    if (run / rundir.CLIENT_SUMMARY).is_file():
+        doc: dict[str, Any] = read_json(run / rundir.CLIENT_SUMMARY)
+        return doc
+    warnings.append("client-summary.json is missing: the hammer did not finish")
+    return {}
+
+
+def _brokers_at_end(samples: list[dict[str, Any]], final_sample: dict[str, Any],
+                    warnings: list[str]) -> dict[str, Any]:
+    """Per-broker totals at the end: those of each broker's last successful scrape."""
     brokers: dict[str, Any] = {}
     for bid, entry in final_sample.get("brokers", {}).items():
         last_good = next((s for s in reversed(samples)
@@ -78,94 +110,98 @@ def build_summary(run: RunDir, scenario: Scenario, samples: list[dict[str, Any]]
         if not entry.get("up"):
             warnings.append(f"broker {bid} was not reachable at the final sample; its totals "
                             "are from its last successful scrape and may miss its last writes")
+    return brokers
 
-    produce = client.get("produce", {})
+
+def _reconcile(scenario: Scenario, produce: dict[str, Any], d: dict[str, Any],
+               brokers: dict[str, Any], warnings: list[str]) -> dict[str, Any]:
+    """What the client acknowledged against what the brokers accepted, and S3 PUTs
+    against batcher flushes; every discrepancy becomes a warning."""
+    rec = _reconciliation_figures(produce, d)
+    inexact = _why_not_exact(scenario, brokers)
+    rec["exact"] = not inexact
+    warnings.extend(inexact)
+    warnings.extend(_mismatches(rec))
+    rec["records_match"] = rec["client_acked_records"] == rec["broker_accepted_records"]
+    rec["bytes_match"] = rec["client_acked_bytes"] == rec["broker_accepted_bytes"]
+    rec["puts_match_flushes"] = _puts_match_flushes(rec)
+    rec["ok"] = bool(rec["records_match"] and rec["bytes_match"] and rec["puts_match_flushes"])
+    return rec
+
+
+def _reconciliation_figures(produce: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
     acked_records = int(produce.get("acked_records", 0))
     acked_bytes = int(produce.get("acked_bytes", 0))
     accepted_records = int(d.get("produce_records", 0))
     accepted_bytes = int(d.get("produce_bytes", 0))
-    client_200 = int(produce.get("statuses", {}).get("200", 0))
-    broker_200 = int(d.get("produce_requests_by_status", {}).get("200", 0))
     flushes = int(d.get("batcher_flushes", 0))
     puts_ok = int(d.get("s3_put_ok", 0))
-    puts_total = int(d.get("s3_put_total", 0))
-    # A compaction run that selected a candidate writes one compacted blob (one PUT).
-    compaction_puts = int(d.get("compaction", {}).get("compaction_candidates_total", 0))
-    puts_ok_expected = flushes <= puts_ok <= flushes + compaction_puts
-    reconciliation = {
+    return {
         "client_acked_records": acked_records,
         "broker_accepted_records": accepted_records,
         "records_diff": accepted_records - acked_records,
         "client_acked_bytes": acked_bytes,
         "broker_accepted_bytes": accepted_bytes,
         "bytes_diff": accepted_bytes - acked_bytes,
-        "client_200_responses": client_200,
-        "broker_200_responses": broker_200,
+        "client_200_responses": int(produce.get("statuses", {}).get("200", 0)),
+        "broker_200_responses": int(d.get("produce_requests_by_status", {}).get("200", 0)),
         "batcher_flushes": flushes,
         "s3_puts_ok": puts_ok,
-        "s3_puts_total": puts_total,
+        "s3_puts_total": int(d.get("s3_put_total", 0)),
         "s3_puts_per_flush": _r(puts_ok / flushes, 3) if flushes else None,
-        "compaction_candidates": compaction_puts,
+        # A compaction run that selected a candidate writes one compacted blob (one PUT).
+        "compaction_candidates": int(d.get("compaction", {}).get(
+            "compaction_candidates_total", 0)),
         "exact": True,
     }
-    exact_conditions = []
+
+
+def _puts_match_flushes(rec: dict[str, Any]) -> bool:
+    flushes = rec["batcher_flushes"]
+    return bool(flushes <= rec["s3_puts_ok"] <= flushes + rec["compaction_candidates"])
+
+
+def _why_not_exact(scenario: Scenario, brokers: dict[str, Any]) -> list[str]:
+    """Why the brokers' totals cannot match the client's exactly (empty: they can)."""
+    reasons = []
     if scenario.brokers.workers > 1:
-        exact_conditions.append(
+        reasons.append(
             f"brokers run {scenario.brokers.workers} workers each and /metrics is per worker "
             "process: broker totals cover only the worker that answered each scrape")
     if any(not b["up_at_end"] for b in brokers.values()):
-        exact_conditions.append("a broker was down at the end")
-    reconciliation["exact"] = not exact_conditions
-    warnings.extend(exact_conditions)
-    if acked_records != accepted_records:
-        warnings.append(f"records: client acknowledged {acked_records}, brokers accepted "
-                        f"{accepted_records} (diff {accepted_records - acked_records:+d})")
-    if acked_bytes != accepted_bytes:
-        warnings.append(f"bytes: client acknowledged {acked_bytes}, brokers accepted "
-                        f"{accepted_bytes} (diff {accepted_bytes - acked_bytes:+d})")
-    if client_200 != broker_200:
-        warnings.append(f"200 responses: client saw {client_200}, brokers sent {broker_200}")
-    if not puts_ok_expected:
-        warnings.append(f"S3 PUTs ({puts_ok} ok, {puts_total} total) do not match batcher "
-                        f"flushes ({flushes}) plus compaction candidates ({compaction_puts}); "
-                        "each flush writes one shared WAL blob, each compaction one blob")
-    reconciliation["records_match"] = acked_records == accepted_records
-    reconciliation["bytes_match"] = acked_bytes == accepted_bytes
-    reconciliation["puts_match_flushes"] = puts_ok_expected
-    reconciliation["ok"] = bool(reconciliation["records_match"] and reconciliation["bytes_match"]
-                                and reconciliation["puts_match_flushes"])
+        reasons.append("a broker was down at the end")
+    return reasons
 
+
+def _mismatches(rec: dict[str, Any]) -> list[str]:
+    out = []
+    for what, client, broker in (("records", "client_acked_records", "broker_accepted_records"),
+                                 ("bytes", "client_acked_bytes", "broker_accepted_bytes")):
+        if rec[client] != rec[broker]:
+            out.append(f"{what}: client acknowledged {rec[client]}, brokers accepted "
+                       f"{rec[broker]} (diff {rec[broker] - rec[client]:+d})")
+    if rec["client_200_responses"] != rec["broker_200_responses"]:
+        out.append(f"200 responses: client saw {rec['client_200_responses']}, brokers sent "
+                   f"{rec['broker_200_responses']}")
+    if not _puts_match_flushes(rec):
+        out.append(f"S3 PUTs ({rec['s3_puts_ok']} ok, {rec['s3_puts_total']} total) do not "
+                   f"match batcher flushes ({rec['batcher_flushes']}) plus compaction "
+                   f"candidates ({rec['compaction_candidates']}); each flush writes one shared "
+                   "WAL blob, each compaction one blob")
+    return out
+
+
+def _failures(produce: dict[str, Any], verify: dict[str, Any] | None) -> list[str]:
+    """Warnings for failed produce requests and a failed read-back."""
+    out = []
     errors = produce.get("errors", {})
     if errors:
-        warnings.append(f"produce errors: {errors}")
-    verify = extra.get("verify")
+        out.append(f"produce errors: {errors}")
     if verify is not None and not verify.get("ok"):
-        warnings.append(f"read-back: {verify.get('missing')} acknowledged records missing, "
-                        f"{verify.get('mismatched')} different, "
-                        f"{verify.get('log_holes')} offsets absent from the log")
-
-    remaps = read_jsonl(run / rundir.REMAP_EVENTS)
-    faults = read_jsonl(run / rundir.FAULTS)
-    headline = _headline(scenario, client, d, samples, reconciliation)
-    return {
-        "version": 1,
-        "run_id": run.run_id,
-        "scenario": scenario.name,
-        "description": scenario.description,
-        "generated_at": time.time(),
-        "headline": headline,
-        "client": client,
-        "brokers": brokers,
-        "broker_totals_delta": d,
-        "reconciliation": reconciliation,
-        "verify": verify,
-        "remap_events": {"count": len(remaps),
-                         "remaps": sum(1 for e in remaps if e.get("event") == "remap")},
-        "faults": faults,
-        "collector_samples": len(samples),
-        "warnings": warnings,
-        **{k: v for k, v in extra.items() if k != "verify"},
-    }
+        out.append(f"read-back: {verify.get('missing')} acknowledged records missing, "
+                   f"{verify.get('mismatched')} different, "
+                   f"{verify.get('log_holes')} offsets absent from the log")
+    return out
 
 
 def _headline(scenario: Scenario, client: dict[str, Any], d: dict[str, Any],

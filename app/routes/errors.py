@@ -10,15 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-
-class RequestTooLarge(StarletteHTTPException):
-    """The request exceeds a configured limit (body, records per request, record size).
-
-    An HTTPException, so that FastAPI's body parsing lets it through unchanged.
-    """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(status_code=413, detail=message)
+from app.errors import LlogError
 
 
 def error_body(error_type: str, error: str, details: list[dict[str, str]] | None = None
@@ -47,6 +39,13 @@ def install_error_handlers(app: FastAPI) -> None:
         message = "malformed JSON body" if malformed else "invalid request body"
         return JSONResponse(error_body("InvalidRequest", message, details), status_code=400)
 
+    @app.exception_handler(LlogError)
+    async def refused(_: Request, exc: LlogError) -> JSONResponse:
+        # A whole request refused by the broker (a limit, a role): its class says how.
+        headers = {"Retry-After": "1"} if exc.retriable and exc.http_status == 503 else None
+        return JSONResponse(error_body(exc.error_type, str(exc)), status_code=exc.http_status,
+                            headers=headers)
+
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = {404: "NotFound", 405: "MethodNotAllowed", 413: "PayloadTooLarge"}.get(
@@ -55,9 +54,20 @@ def install_error_handlers(app: FastAPI) -> None:
                             headers=getattr(exc, "headers", None))
 
 
+class _BodyTooLarge(StarletteHTTPException):
+    """Raised by the counting receive; turned into the 413 below (internal). An
+    HTTPException, so that FastAPI's body parsing lets it through unchanged."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(status_code=413, detail=message)
+
+
 class BodyLimitMiddleware:
     """Refuses bodies over ``max_bytes`` with 413 before anything parses them: by
-    Content-Length when given, and by counting streamed chunks otherwise."""
+    Content-Length when given, and by counting streamed chunks otherwise.
+
+    FastAPI's own ``max_body_size`` refuses at the same moments, but answers a plain
+    text body; this one answers the documented JSON :class:`ErrorResponse`."""
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
         self.app = app
@@ -85,7 +95,7 @@ class BodyLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise RequestTooLarge(self._message())
+                    raise _BodyTooLarge(self._message())
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -96,7 +106,7 @@ class BodyLimitMiddleware:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except RequestTooLarge:
+        except _BodyTooLarge:
             if not started:
                 await self._reject(send)
 

@@ -1,23 +1,54 @@
-"""GET /health."""
+"""Health of any service (broker or compactor): liveness and readiness.
+
+- ``GET /health/live``: the process is alive and its loops are working (503 only when
+  a background loop has failed: restart it).
+- ``GET /health/ready``: it takes work now (200 only in status ``ok``; 503 while
+  starting, draining or failed). Load balancers route on this.
+- ``GET /health``: the same as ``/health/ready``, kept for existing checks.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
-from app.broker.state import BrokerState
-from app.routes.deps import broker_state
+from app.observability import Service
 from app.routes.models import HealthResponse
 
 router = APIRouter(tags=["health"])
+_NOT_SERVING: dict[int | str, dict[str, Any]] = {
+    503: {"model": HealthResponse, "description": "not serving"}}
 
 
-@router.get("/health", response_model=HealthResponse,
-            responses={503: {"model": HealthResponse, "description": "not serving"}})
-async def health(state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
-    s = state.settings
-    body = HealthResponse(status=state.status, broker_id=s.broker_id, host=s.host, port=s.port,
-                          started_at_ms=state.started_at_ms)
-    return JSONResponse(body.model_dump(), status_code=200 if state.status == "ok" else 503)
+def _service(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+def _answer(service: Service, ok: bool) -> JSONResponse:
+    body = HealthResponse(status=service.status, started_at_ms=service.started_at_ms,
+                          failure=service.failure, **service.identity())
+    return JSONResponse(body.model_dump(exclude_none=True), status_code=200 if ok else 503)
+
+
+@router.get("/health", response_model=HealthResponse, responses=_NOT_SERVING,
+            summary="Readiness (the same as /health/ready)")
+async def health(request: Request) -> JSONResponse:
+    service = _service(request)
+    return _answer(service, service.status == "ok")
+
+
+@router.get("/health/ready", response_model=HealthResponse, responses=_NOT_SERVING,
+            summary="200 while the service takes work; 503 starting, draining or failed")
+async def ready(request: Request) -> JSONResponse:
+    service = _service(request)
+    return _answer(service, service.status == "ok")
+
+
+@router.get("/health/live", response_model=HealthResponse, responses=_NOT_SERVING,
+            summary="200 while the process works; 503 once a background loop failed")
+async def live(request: Request) -> JSONResponse:
+    service = _service(request)
+    return _answer(service, service.status != "failed")

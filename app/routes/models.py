@@ -12,7 +12,22 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
+from app.errors import error_types
 from app.storage.keys import MAX_PARTITION
+
+# Every error_type a response may carry: the engine's tree (app/errors.py) and the few
+# that only the HTTP edge produces.
+EDGE_ERROR_TYPES = ("NotFound", "MethodNotAllowed", "HTTPError")
+ERROR_TYPES = sorted({c.__name__ for c in error_types()} | set(EDGE_ERROR_TYPES))
+ErrorType = Annotated[StrictStr, Field(
+    json_schema_extra={"enum": ERROR_TYPES},
+    description="A stable name from the documented list (docs/http-api.md, Errors)")]
+IdempotencyKey = Annotated[StrictStr, Field(
+    min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$",
+    description="1..128 printable ASCII characters, chosen by the client: a retry with "
+                "the same key for the same partition is answered with the first "
+                "attempt's offsets and writes nothing (see docs/http-api.md)",
+    examples=["order-4711"])]
 
 TopicName = Annotated[
     StrictStr,
@@ -61,8 +76,21 @@ class ProduceTopicPartition(_Strict):
     topic: TopicName
     partition: Partition
     records: list[ProduceRecord] = Field(min_length=1, examples=[["alpha", {"base64": "AAE="}]])
+    idempotency_key: IdempotencyKey | None = None
 
     _topic = field_validator("topic")(_check_topic)
+
+    @field_validator("records")
+    @classmethod
+    def _encodable(cls, records: list[str | Base64Record]) -> list[str | Base64Record]:
+        for i, record in enumerate(records):
+            if isinstance(record, str):
+                try:
+                    record.encode()
+                except UnicodeEncodeError:
+                    raise ValueError(f"record {i} is not valid UTF-8 text (a lone "
+                                     "surrogate); send bytes as {\"base64\": ...}") from None
+        return records
 
     def record_bytes(self) -> list[bytes]:
         return [r.encode() if isinstance(r, str) else r.decoded() for r in self.records]
@@ -98,8 +126,16 @@ class ProducePartitionResult(BaseModel):
     count: int | None = None
     index_key: str | None = None
     wal_uri: str | None = None
-    error_type: str | None = None
+    duplicate: bool | None = Field(default=None, description=(
+        "true when the idempotency key was committed before: these are the offsets of "
+        "that first append, and nothing was written now"))
+    error_type: ErrorType | None = None
     error: str | None = None
+    retriable: bool | None = Field(default=None, description=(
+        "on errors: sending the same entry again may succeed"))
+    maybe_written: bool | None = Field(default=None, description=(
+        "on errors: the records may have been committed although it could not be "
+        "confirmed; retry with the same idempotency_key to be sure of one copy"))
 
 
 class ProduceResponse(BaseModel):
@@ -154,8 +190,9 @@ class ConsumePartitionResult(BaseModel):
     high_watermark: int | None = None
     next_offset: int | None = None
     records: list[ConsumedRecord] | None = None
-    error_type: str | None = None
+    error_type: ErrorType | None = None
     error: str | None = None
+    retriable: bool | None = None
 
 
 class ConsumeResponse(BaseModel):
@@ -176,19 +213,24 @@ class ErrorResponse(BaseModel):
                      "msg": "Input should be a valid integer"}],
     }]})
 
-    error_type: str
+    error_type: ErrorType
     error: str
     details: list[ErrorDetail] | None = None
 
 
 class HealthResponse(BaseModel):
+    """A broker names itself with ``broker_id``, ``host`` and ``port``; the compactor
+    service with ``compactor_id``. ``failure`` says why a failed service failed."""
+
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "status": "ok", "broker_id": "broker-1", "host": "127.0.0.1", "port": 8080,
         "started_at_ms": 1760000000000,
     }]})
 
     status: Literal["ok", "starting", "stopping", "failed"]
-    broker_id: str
-    host: str
-    port: int
     started_at_ms: int
+    broker_id: str | None = None
+    compactor_id: str | None = None
+    host: str | None = None
+    port: int | None = None
+    failure: str | None = None

@@ -9,19 +9,21 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from app.broker.state import BrokerState
-from app.errors import LlogError, RoleDisabled, Unavailable
+from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.routes.deps import broker_state
-from app.routes.errors import RequestTooLarge
 from app.routes.models import (
     ErrorResponse,
     ProducePartitionResult,
     ProduceRequest,
     ProduceResponse,
 )
-from app.storage.appends import AppendGroup, AppendResult
+from app.settings import Settings
+from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.keys import TopicPartition
 
 router = APIRouter(tags=["produce"])
+
+
 @router.post(
     "/produce",
     response_model=ProduceResponse,
@@ -31,56 +33,25 @@ router = APIRouter(tags=["produce"])
         409: {"model": ProduceResponse, "description": "some or all entries failed"},
         413: {"model": ErrorResponse, "description": "over a size or count limit"},
         503: {"model": ProduceResponse,
-              "description": "every entry refused by back-pressure; see Retry-After"},
+              "description": "every entry refused before anything was written (back-"
+                             "pressure, draining, or not a writer); see Retry-After"},
     },
 )
 async def produce(
     body: ProduceRequest, state: Annotated[BrokerState, Depends(broker_state)]
 ) -> JSONResponse:
     started = time.monotonic()
-    s = state.settings
-    total = sum(len(entry.records) for entry in body.topic_partitions)
-    if total > s.max_records_per_request:
-        raise RequestTooLarge(
-            f"{total} records in one request; the limit is {s.max_records_per_request}"
-        )
-    groups: list[AppendGroup] = []
-    for entry in body.topic_partitions:
-        values = entry.record_bytes()
-        for value in values:
-            if len(value) > s.max_record_bytes:
-                raise RequestTooLarge(
-                    f"a record of {len(value)} bytes for {entry.topic}:{entry.partition} "
-                    f"exceeds the limit of {s.max_record_bytes} bytes"
-                )
-        groups.append(AppendGroup(TopicPartition(entry.topic, entry.partition), values))
-
-    outcomes: list[AppendResult | LlogError]
+    groups = _groups(body, state.settings)
+    outcomes: list[AppendOutcome]
     if state.batcher is None:
         outcomes = [RoleDisabled("this broker does not have the write role")] * len(groups)
     else:
         try:
             outcomes = await state.batcher.submit(groups)
-        except LlogError as exc:  # back-pressure or shutdown: nothing was written
+        except LlogError as exc:  # refused as a whole: nothing was written
             outcomes = [exc] * len(groups)
-
-    results: list[ProducePartitionResult] = []
-    for group, outcome in zip(groups, outcomes, strict=True):
-        tp = group.tp
-        if isinstance(outcome, AppendResult):
-            results.append(ProducePartitionResult(
-                topic=tp.topic, partition=tp.partition, ok=True,
-                start_offset=outcome.start_offset, end_offset=outcome.end_offset,
-                count=outcome.count, index_key=outcome.index_key, wal_uri=outcome.wal_uri,
-            ))
-            state.produce_metrics.records.inc(outcome.count)
-            state.produce_metrics.bytes.inc(sum(len(r) for r in group.records))
-        else:
-            results.append(ProducePartitionResult(
-                topic=tp.topic, partition=tp.partition, ok=False,
-                error_type=outcome.error_type, error=str(outcome),
-            ))
-            state.produce_metrics.failed_entries.labels(outcome.error_type).inc()
+    results = [_result(state, group, outcome)
+               for group, outcome in zip(groups, outcomes, strict=True)]
     errors = sum(not r.ok for r in results)
     headers = {}
     if errors == 0:
@@ -97,3 +68,44 @@ async def produce(
     return JSONResponse(response.model_dump(exclude_none=True), status_code=status,
                         headers=headers)
 
+
+def _groups(body: ProduceRequest, s: Settings) -> list[AppendGroup]:
+    """The request as append groups, within the configured limits (413 otherwise)."""
+    if len(body.topic_partitions) > s.max_partitions_per_request:
+        raise PayloadTooLarge(f"{len(body.topic_partitions)} entries in one request; the "
+                              f"limit is {s.max_partitions_per_request}")
+    total = sum(len(entry.records) for entry in body.topic_partitions)
+    if total > s.max_records_per_request:
+        raise PayloadTooLarge(
+            f"{total} records in one request; the limit is {s.max_records_per_request}")
+    groups: list[AppendGroup] = []
+    for entry in body.topic_partitions:
+        values = entry.record_bytes()
+        for value in values:
+            if len(value) > s.max_record_bytes:
+                raise PayloadTooLarge(
+                    f"a record of {len(value)} bytes for {entry.topic}:{entry.partition} "
+                    f"exceeds the limit of {s.max_record_bytes} bytes")
+        groups.append(AppendGroup(TopicPartition(entry.topic, entry.partition), values,
+                                  entry.idempotency_key))
+    return groups
+
+
+def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome
+            ) -> ProducePartitionResult:
+    tp = group.tp
+    metrics = state.produce_metrics
+    if isinstance(outcome, AppendResult):
+        if not outcome.duplicate:
+            metrics.records.inc(outcome.count)
+            metrics.bytes.inc(group.size)
+        return ProducePartitionResult(
+            topic=tp.topic, partition=tp.partition, ok=True,
+            start_offset=outcome.start_offset, end_offset=outcome.end_offset,
+            count=outcome.count, index_key=outcome.index_key, wal_uri=outcome.wal_uri,
+            duplicate=True if outcome.duplicate else None)
+    metrics.failed_entries.labels(outcome.error_type).inc()
+    return ProducePartitionResult(
+        topic=tp.topic, partition=tp.partition, ok=False, error_type=outcome.error_type,
+        error=str(outcome), retriable=outcome.retriable,
+        maybe_written=outcome.maybe_written)

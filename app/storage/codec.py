@@ -18,6 +18,7 @@ import google_crc32c
 from app.errors import CorruptData
 
 MAGIC = b"LLS1"
+LLS1_VERSION = 1
 _U32 = struct.Struct(">I")
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_BLOB_PARTITIONS = 100_000
@@ -102,7 +103,7 @@ def encode_shared_blob(
             pos += len(body)
         header = json.dumps(
             {
-                "version": 1,
+                "version": LLS1_VERSION,
                 "created_at_ms": created_at_ms,
                 "partitions": [_part_to_dict(p) for p in parts],
             },
@@ -150,6 +151,10 @@ def decode_shared_header(blob: bytes | memoryview) -> SharedBlobHeader:
         raise CorruptData(f"LLS1 header is not JSON: {exc!s:.200}") from None
     if not isinstance(header, dict) or not isinstance(header.get("partitions"), list):
         raise CorruptData("LLS1 header lacks a partitions list")
+    version = _typed(header, "version", int)
+    if version != LLS1_VERSION:
+        raise CorruptData(f"LLS1 version {version} is not one this release reads "
+                          f"({LLS1_VERSION})")
     if len(header["partitions"]) > MAX_BLOB_PARTITIONS:
         raise CorruptData("LLS1 header lists too many partitions")
     header_end = 8 + header_len
@@ -175,7 +180,7 @@ def decode_shared_header(blob: bytes | memoryview) -> SharedBlobHeader:
             )
         parts.append(part)
     return SharedBlobHeader(
-        version=_typed(header, "version", int),
+        version=version,
         created_at_ms=_typed(header, "created_at_ms", int) if "created_at_ms" in header else 0,
         parts=parts,
         header_end=header_end,

@@ -76,6 +76,10 @@ class KeyLayout:
     def compactor_claim(self, tp: TopicPartition) -> str:
         return self.partition_prefix(tp) + "meta/compactor-claim"
 
+    def store_identity(self) -> str:
+        """``{root}/_meta/store-id``: two segments deep, so no topic's key can be it."""
+        return f"{self.root}/_meta/store-id"
+
     def index_prefix(self, tp: TopicPartition) -> str:
         return self.partition_prefix(tp) + "index/"
 

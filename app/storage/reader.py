@@ -168,28 +168,34 @@ class LogReader:
         return result
 
     async def read_many(self, requests: Sequence[ReadRequest], *,
-                        max_bytes: int | None = None) -> list[ReadOutcome]:
+                        max_bytes: int | None = None, oversized_first: bool = True
+                        ) -> list[ReadOutcome]:
         """Read several partitions; ``max_bytes`` bounds the whole answer (request order).
 
+        ``oversized_first``: the first record of the answer is returned even if it alone
+        exceeds the budgets (False when the caller already has records for its answer).
         Each partition's failure is its own entry in the result list.
         """
-        outcomes = await self._read_round(requests, max_bytes, skip_strays=False)
+        outcomes = await self._read_round(requests, max_bytes, skip_strays=False,
+                                          oversized_first=oversized_first)
         again = [i for i, o in enumerate(outcomes) if isinstance(o, ObjectMissing | LogGap)]
         if again:
             used = sum(o.size for o in outcomes if isinstance(o, ReadResult))
             budget = None if max_bytes is None else max(0, max_bytes - used)
-            retried = await self._read_round([requests[i] for i in again], budget,
-                                             skip_strays=True)
+            retried = await self._read_round(
+                [requests[i] for i in again], budget, skip_strays=True,
+                oversized_first=oversized_first and not any(
+                    isinstance(o, ReadResult) and o.records for o in outcomes))
             for i, outcome in zip(again, retried, strict=True):
                 outcomes[i] = outcome
         return outcomes
 
     async def _read_round(self, requests: Sequence[ReadRequest], max_bytes: int | None, *,
-                          skip_strays: bool) -> list[ReadOutcome]:
+                          skip_strays: bool, oversized_first: bool) -> list[ReadOutcome]:
         plans = await self._plan_all(requests, max_bytes, skip_strays)
         units = [u for p in plans if isinstance(p, _Plan) for u in p.units]
         await self._fetch(units)
-        return _assemble_all(plans, max_bytes)
+        return _assemble_all(plans, max_bytes, oversized_first)
 
     # -- planning (Oxia) ---------------------------------------------------------------
 
@@ -444,8 +450,8 @@ def _unit_bytes(unit: _Unit) -> int:
     return unit.span.cost_from(unit.first_offset)
 
 
-def _assemble_all(plans: list[_Plan | LlogError], max_bytes: int | None
-                  ) -> list[ReadOutcome]:
+def _assemble_all(plans: list[_Plan | LlogError], max_bytes: int | None,
+                  oversized_first: bool) -> list[ReadOutcome]:
     remaining = [max_bytes if max_bytes is not None else _UNLIMITED]
     out: list[ReadOutcome] = []
     for plan in plans:
@@ -453,7 +459,7 @@ def _assemble_all(plans: list[_Plan | LlogError], max_bytes: int | None
             out.append(plan)
             continue
         try:
-            out.append(_assemble(plan, remaining, first_of_answer=not any(
+            out.append(_assemble(plan, remaining, first_of_answer=oversized_first and not any(
                 isinstance(o, ReadResult) and o.records for o in out)))
         except LlogError as exc:
             out.append(exc)

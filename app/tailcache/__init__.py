@@ -2,7 +2,9 @@
 
 :func:`open_tail_cache` picks the implementation: in memory for a single process, or a
 directory shared by the uvicorn workers of one host (``LLOG_TAIL_CACHE_DIR``), so that a
-consumer served by one worker sees what another worker wrote.
+consumer served by one worker sees what another worker wrote. The directory keeps the
+records of each store apart by a store id (see :mod:`app.tailcache.files`), so that it
+never serves records of a store that was reset or of another deployment on the host.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from typing import TypeVar
 import anyio
 
 from app.tailcache.base import CacheHit, TailCache, TailCacheStats
-from app.tailcache.files import FileTailCache
+from app.tailcache.files import FileTailCache, store_id_of
 from app.tailcache.memory import MemoryTailCache
 
 __all__ = [
@@ -25,16 +27,21 @@ __all__ = [
     "TailCacheStats",
     "open_tail_cache",
     "run_cache_io",
+    "store_id_of",
 ]
 
 T = TypeVar("T")
 
 
-def open_tail_cache(directory: Path | None, max_bytes: int) -> TailCache:
-    """A :class:`FileTailCache` in ``directory``, or a :class:`MemoryTailCache` if None."""
+def open_tail_cache(directory: Path | None, max_bytes: int, *, store_id: str,
+                    max_partitions: int = 10_000) -> TailCache:
+    """A :class:`FileTailCache` of store ``store_id`` in ``directory``, indexing at most
+    ``max_partitions`` partitions, or a :class:`MemoryTailCache` if ``directory`` is None
+    (one process serves one store, so it needs neither)."""
     if directory is None:
-        return MemoryTailCache(max_bytes)
-    return FileTailCache(directory, max_bytes)
+        return MemoryTailCache(max_bytes, store_id=store_id)
+    return FileTailCache(directory, max_bytes, store_id=store_id,
+                         max_partitions=max_partitions)
 
 
 async def run_cache_io(cache: TailCache, fn: Callable[..., T], *args: object) -> T:

@@ -36,13 +36,18 @@ class CacheHit:
 class TailCacheStats:
     """A snapshot of the counters, for metrics and tests.
 
-    ``partitions``, ``records`` and ``bytes`` describe what is cached (for the file
-    cache: what this process's index knows of, an approximation of the shared directory).
-    ``hits`` counts answers (including "known empty"), ``misses`` counts ``None``, and
-    ``evictions`` counts records dropped to stay within the byte budget.
+    ``partitions``, ``segments`` and ``records`` describe what is cached: partitions
+    holding records, the stored pieces (a segment per put for the file cache, a chunk
+    for the memory cache) and the records in them. For the file cache they count this
+    process's index of the shared directory, which is bounded and never holds entries
+    whose files it found gone; ``bytes`` is its estimate of the whole directory (exact
+    after each full scan). ``hits`` counts answers (including "known empty"),
+    ``misses`` counts ``None``, and ``evictions`` counts records dropped to stay within
+    the byte budget.
     """
 
     partitions: int
+    segments: int
     records: int
     bytes: int
     hits: int
@@ -91,6 +96,29 @@ class TailCache(Protocol):
     def close(self) -> None:
         """Release resources; afterwards puts are ignored and gets miss."""
         ...
+
+
+@dataclass
+class Counters:
+    """The answer and eviction counters both implementations keep."""
+
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+    def count(self, hit: CacheHit | None) -> CacheHit | None:
+        """Count ``hit`` as a hit or (None) a miss, and pass it on."""
+        if hit is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        return hit
+
+    def stats(self, *, partitions: int, segments: int, records: int,
+              nbytes: int) -> TailCacheStats:
+        return TailCacheStats(partitions=partitions, segments=segments, records=records,
+                              bytes=nbytes, hits=self.hits, misses=self.misses,
+                              evictions=self.evictions)
 
 
 def within_budget(count: int, size: int, value_len: int,

@@ -1,10 +1,17 @@
 """Tail cache in a directory shared by the worker processes of one host.
 
-Layout: ``{directory}/v1/{topic}/{partition}/`` holds immutable segment files named
-``{start:020d}-{end:020d}.seg`` (one per put) and a ``hw`` file; temporary files start
-with ``.tmp-``. Topic names are ``[A-Za-z0-9._-]`` and never ``.``/``..``, so they are
-safe path components as they are (and every file also names its topic-partition inside,
-see :mod:`app.tailcache.segment`).
+Layout: ``{directory}/{store_id}/v1/{topic}/{partition}/`` holds immutable segment files
+named ``{start:020d}-{end:020d}.seg`` (one per put) and a ``hw`` file; temporary files
+start with ``.tmp-``. Topic names are ``[A-Za-z0-9._-]`` and never ``.``/``..``, so they
+are safe path components as they are (and every file also names its topic-partition
+inside, see :mod:`app.tailcache.segment`).
+
+The store id names the store (the Oxia and S3 data) whose records the files hold. An
+offset means something only within one store: after the store is reset, or with two
+deployments on one host, the same topic-partition and offset name other records. Each
+store therefore has its own subtree, and a cache never reads, counts or evicts another
+store's files. Store ids are ``[A-Za-z0-9._-]``, 1 to 128 characters, never ``.``/``..``;
+:func:`store_id_of` derives one from any strings that name a store.
 
 Why this is safe with several writers and readers and no locks:
 
@@ -27,12 +34,19 @@ Why this is safe with several writers and readers and no locks:
   last returned offset; a lower value only makes a consumer think it is nearer the tail.
   The next put or note raises it again.
 
-Budget: the segment bytes of the whole directory are kept near ``max_bytes``. Each
+Budget: the segment bytes of the store's subtree are kept near ``max_bytes``. Each
 process counts what it wrote since its last full scan; when that estimate passes the
-budget it lists every partition, and deletes the oldest segments (by mtime, then start
-offset) until the total is at most 3/4 of the budget. With N writing processes the total
-can overshoot by up to about N x max_bytes/4 between scans; a single process stays within
-``max_bytes``.
+budget it lists every partition of its store and deletes the oldest segments (by mtime,
+then start offset) until the total is at most 3/4 of the budget. With N writing processes
+the total can overshoot by up to about N x max_bytes/4 between scans; a single process
+stays within ``max_bytes``.
+
+Index: each process keeps a bounded in-memory index of what it has seen of the store's
+subtree, for the partitions it used most recently (``max_partitions``), each with its
+newest :data:`MAX_SEGMENTS_PER_PARTITION` segments. Files vanish under it as other
+processes evict or supersede them; an entry is forgotten when a read finds its file gone
+and at every full scan, so beyond what is on disk the index holds at most the segments
+this process wrote since its last scan.
 
 All calls do blocking file I/O on small files; put the directory on a tmpfs
 (e.g. ``/dev/shm``) to keep it to memory copies.
@@ -42,18 +56,28 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import hashlib
 import logging
 import os
+import re
 import secrets
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from app.errors import InvalidRequest
 from app.storage.keys import TopicPartition
-from app.tailcache.base import CacheHit, TailCacheStats, suffix_within, within_budget
+from app.tailcache.base import (
+    CacheHit,
+    Counters,
+    TailCacheStats,
+    suffix_within,
+    within_budget,
+)
 from app.tailcache.segment import (
     decode_high_watermark,
     decode_segment,
@@ -67,6 +91,7 @@ from app.tailcache.segment import (
 log = logging.getLogger(__name__)
 
 FORMAT_DIR = "v1"
+_STORE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 HW_FILE = "hw"
 TMP_PREFIX = ".tmp-"
 # A listing that started this long after the directory's last change surely saw it
@@ -77,8 +102,26 @@ SETTLED_NS = 1_000_000_000
 RELIST_BELOW_INTERVAL_NS = 1_000_000_000
 # Temporary files older than this belong to a crashed writer.
 STALE_TMP_NS = 600 * 1_000_000_000
+# Index entries kept per partition: the newest ones, since consumers read at the tail. A
+# segment left out of the index is still on disk and counted by the budget; reading it is
+# a miss, which the cache may always answer.
+MAX_SEGMENTS_PER_PARTITION = 1024
 _HW_ATTEMPTS = 3
 _MAX_BACKTRACK = 8  # overlapping segments are rare: look back this far for a covering one
+
+
+def check_store_id(store_id: str) -> str:
+    """``store_id`` if it is a valid store id (see the module docstring), else ValueError."""
+    if not _STORE_ID.fullmatch(store_id) or store_id in (".", ".."):
+        raise ValueError(f"a tail cache store id is 1 to 128 characters of [A-Za-z0-9._-] "
+                         f"and not . or .., got {store_id!r}")
+    return store_id
+
+
+def store_id_of(*names: str) -> str:
+    """A store id naming the store that ``names`` (bucket, prefix, ...) identify."""
+    digest = hashlib.sha256("\0".join(names).encode()).hexdigest()
+    return f"s-{digest[:32]}"
 
 
 @dataclass
@@ -102,10 +145,23 @@ class _Index:
         i = bisect.bisect_left(self.segments, seg)
         if i == len(self.segments) or self.segments[i] != seg:
             self.segments.insert(i, seg)
+            if len(self.segments) > MAX_SEGMENTS_PER_PARTITION:
+                del self.segments[0]
+
+    def replace(self, segments: list[tuple[int, int]]) -> None:
+        """Index exactly the newest of ``segments`` (sorted)."""
+        self.segments = segments[-MAX_SEGMENTS_PER_PARTITION:]
 
     def discard(self, seg: tuple[int, int]) -> None:
         with contextlib.suppress(ValueError):
             self.segments.remove(seg)
+
+    def keep_only(self, present: set[tuple[int, int]]) -> None:
+        """Forget the segments whose files are not in ``present``."""
+        self.segments = [seg for seg in self.segments if seg in present]
+
+    def records(self) -> int:
+        return sum(end - start + 1 for start, end in self.segments)
 
     def overlapping(self, start: int, end: int) -> list[tuple[int, int]]:
         """Indexed segments sharing an offset with ``start..end`` (a bounded search)."""
@@ -128,20 +184,38 @@ class _Index:
         return False
 
 
-class FileTailCache:
-    """See the module docstring. Safe to share one directory between processes."""
+class _Found(NamedTuple):
+    """A segment file seen by a full scan."""
 
-    def __init__(self, directory: Path, max_bytes: int) -> None:
+    mtime_ns: int
+    path: Path
+    tp: TopicPartition | None  # None: a directory whose name is no topic-partition
+    seg: tuple[int, int]
+    size: int
+
+
+class FileTailCache:
+    """See the module docstring. Safe to share one directory between processes.
+
+    Only the files of ``store_id`` are seen. At most ``max_partitions`` partitions are
+    indexed at once; the least recently used index goes first (its files stay, and are
+    listed again when the partition is used).
+    """
+
+    def __init__(self, directory: Path, max_bytes: int, *, store_id: str,
+                 max_partitions: int = 10_000) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
-        self._root = Path(directory) / FORMAT_DIR
+        if max_partitions < 1:
+            raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
+        self._root = Path(directory) / check_store_id(store_id) / FORMAT_DIR
         self._root.mkdir(parents=True, exist_ok=True)
         self._max_bytes = max_bytes
+        self._max_partitions = max_partitions
         self._lock = threading.RLock()
-        self._indexes: dict[TopicPartition, _Index] = {}
-        self._hits = 0
-        self._misses = 0
-        self._evictions = 0
+        # Least recently used first.
+        self._indexes: OrderedDict[TopicPartition, _Index] = OrderedDict()
+        self._counters = Counters()
         self._closed = False
         self._warned = False
         self._estimate = 0
@@ -181,9 +255,13 @@ class FileTailCache:
 
     def _index(self, tp: TopicPartition) -> _Index:
         idx = self._indexes.get(tp)
-        if idx is None:
-            idx = self._indexes[tp] = _Index()
-            self._list(tp, idx)
+        if idx is not None:
+            self._indexes.move_to_end(tp)
+            return idx
+        idx = self._indexes[tp] = _Index()
+        if len(self._indexes) > self._max_partitions:
+            self._indexes.popitem(last=False)
+        self._list(tp, idx)
         return idx
 
     def _list(self, tp: TopicPartition, idx: _Index) -> None:
@@ -194,13 +272,11 @@ class FileTailCache:
             mtime = os.stat(directory).st_mtime_ns
             names = os.listdir(directory)
         except OSError:
-            idx.segments = []
+            idx.replace([])
             idx.listed_mtime_ns = None
             idx.listed_at_ns = listed_at
             return
-        segments = [s for s in map(parse_segment_name, names) if s is not None]
-        segments.sort()
-        idx.segments = segments
+        idx.replace(sorted(s for s in map(parse_segment_name, names) if s is not None))
         idx.listed_mtime_ns = mtime
         idx.listed_at_ns = listed_at
 
@@ -311,9 +387,37 @@ class FileTailCache:
 
     def _scan_and_evict(self, protect: Path | None) -> None:
         """List the whole directory, delete the oldest segments down to 3/4 of the
-        budget (never ``protect``, the segment just written) and stale temporary files."""
-        found: list[tuple[int, int, Path, TopicPartition | None, tuple[int, int], int]] = []
-        total = 0
+        budget (never ``protect``, the segment just written) and stale temporary files,
+        and forget indexed segments whose files are gone (another process evicted or
+        superseded them)."""
+        found = self._list_segments()
+        total = sum(f.size for f in found)
+        found.sort(key=lambda f: (f.mtime_ns, f.seg[0]))
+        target = self._max_bytes * 3 // 4
+        present: dict[TopicPartition | None, set[tuple[int, int]]] = {}
+        for f in found:
+            if total > target and f.path != protect and self._evict(f):
+                total -= f.size
+            else:
+                present.setdefault(f.tp, set()).add(f.seg)
+        for tp, idx in self._indexes.items():
+            idx.keep_only(present.get(tp, set()))
+        self._estimate = total
+
+    def _evict(self, f: _Found) -> bool:
+        """Delete one segment file; False if it could not be deleted."""
+        try:
+            os.unlink(f.path)
+        except FileNotFoundError:
+            pass  # another process evicted it first
+        except OSError:
+            return False
+        self._counters.evictions += f.seg[1] - f.seg[0] + 1
+        return True
+
+    def _list_segments(self) -> list[_Found]:
+        """Every segment file of the directory; deletes stale temporary files on the way."""
+        found: list[_Found] = []
         now = time.time_ns()
         for part_dir, tp in self._partition_dirs():
             try:
@@ -332,26 +436,8 @@ class FileTailCache:
                     st = entry.stat()
                 except OSError:
                     continue
-                total += st.st_size
-                found.append((st.st_mtime_ns, seg[0], Path(entry.path), tp, seg, st.st_size))
-        found.sort(key=lambda f: (f[0], f[1]))
-        target = self._max_bytes * 3 // 4
-        for _, _, path, tp, seg, size in found:
-            if total <= target:
-                break
-            if path == protect:
-                continue
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass  # another process evicted it first
-            except OSError:
-                continue
-            total -= size
-            self._evictions += seg[1] - seg[0] + 1
-            if tp is not None and (idx := self._indexes.get(tp)) is not None:
-                idx.discard(seg)
-        self._estimate = total
+                found.append(_Found(st.st_mtime_ns, Path(entry.path), tp, seg, st.st_size))
+        return found
 
     def _partition_dirs(self) -> list[tuple[Path, TopicPartition | None]]:
         out: list[tuple[Path, TopicPartition | None]] = []
@@ -391,11 +477,7 @@ class FileTailCache:
                 hit = self._lookup(tp, offset, max_records, max_bytes)
             except OSError:
                 hit = None
-            if hit is None:
-                self._misses += 1
-            else:
-                self._hits += 1
-            return hit
+            return self._counters.count(hit)
 
     def _lookup(self, tp: TopicPartition, offset: int, max_records: int | None,
                 max_bytes: int | None) -> CacheHit | None:
@@ -478,14 +560,11 @@ class FileTailCache:
 
     def statistics(self) -> TailCacheStats:
         with self._lock:
-            return TailCacheStats(
-                partitions=sum(1 for i in self._indexes.values() if i.segments),
-                records=sum(e - s + 1 for i in self._indexes.values() for s, e in i.segments),
-                bytes=self._estimate,
-                hits=self._hits,
-                misses=self._misses,
-                evictions=self._evictions,
-            )
+            indexes = self._indexes.values()
+            return self._counters.stats(
+                partitions=sum(1 for i in indexes if i.segments),
+                segments=sum(len(i.segments) for i in indexes),
+                records=sum(i.records() for i in indexes), nbytes=self._estimate)
 
     def close(self) -> None:
         with self._lock:

@@ -10,7 +10,13 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from app.storage.keys import TopicPartition
-from app.tailcache.base import CacheHit, TailCacheStats, suffix_within, within_budget
+from app.tailcache.base import (
+    CacheHit,
+    Counters,
+    TailCacheStats,
+    suffix_within,
+    within_budget,
+)
 
 
 @dataclass
@@ -66,9 +72,12 @@ class MemoryTailCache:
     the oldest chunk goes, together with anything before it in its partition (so the
     remaining run stays contiguous). Calls normally come from the event loop thread only;
     a lock keeps the structure consistent if that ever changes.
+
+    ``store_id`` is accepted for the same signature as :class:`FileTailCache` and
+    ignored: the cache lives and dies with one process, which serves one store.
     """
 
-    def __init__(self, max_bytes: int) -> None:
+    def __init__(self, max_bytes: int, *, store_id: str | None = None) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")
         self._max_bytes = max_bytes
@@ -78,9 +87,7 @@ class MemoryTailCache:
         self._keys = count()
         self._bytes = 0
         self._records = 0
-        self._hits = 0
-        self._misses = 0
-        self._evictions = 0
+        self._counters = Counters()
         self._closed = False
 
     # -- writes ------------------------------------------------------------------------
@@ -174,7 +181,7 @@ class MemoryTailCache:
             i = next(i for i, c in enumerate(part.chunks) if c.key == key)
             for chunk in part.chunks[: i + 1]:
                 self._forget(chunk)
-                self._evictions += len(chunk.records)
+                self._counters.evictions += len(chunk.records)
                 if chunk.key != key:
                     del self._age[chunk.key]
             del part.chunks[: i + 1]
@@ -184,12 +191,7 @@ class MemoryTailCache:
     def get(self, tp: TopicPartition, offset: int, max_records: int | None,
             max_bytes: int | None) -> CacheHit | None:
         with self._lock:
-            hit = self._lookup(tp, offset, max_records, max_bytes)
-            if hit is None:
-                self._misses += 1
-            else:
-                self._hits += 1
-            return hit
+            return self._counters.count(self._lookup(tp, offset, max_records, max_bytes))
 
     def _lookup(self, tp: TopicPartition, offset: int, max_records: int | None,
                 max_bytes: int | None) -> CacheHit | None:
@@ -225,14 +227,9 @@ class MemoryTailCache:
 
     def statistics(self) -> TailCacheStats:
         with self._lock:
-            return TailCacheStats(
+            return self._counters.stats(
                 partitions=sum(1 for p in self._partitions.values() if p.chunks),
-                records=self._records,
-                bytes=self._bytes,
-                hits=self._hits,
-                misses=self._misses,
-                evictions=self._evictions,
-            )
+                segments=len(self._age), records=self._records, nbytes=self._bytes)
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,42 @@
+"""The standalone compactor service's app: ``create_compactor_app(settings)``.
+
+It serves the same ``/health`` (``/ready``, ``/live``) and ``/metrics`` routes as the
+broker, over the compaction scheduler that its lifespan runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+
+from app.compaction.service import CompactorService, run_compactor
+from app.routes import health, metrics
+from app.settings import Settings
+
+
+def create_compactor_app(settings: Settings) -> FastAPI:
+    service = CompactorService.create(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        async with run_compactor(service):
+            yield
+
+    app = FastAPI(title="leaderless-log compactor", version="0.1.0", lifespan=lifespan,
+                  description="Compacts the WAL entries of topic-partitions "
+                              "(docs/protocol.md, Compaction and recovery).")
+    app.state.compactor = service
+    app.state.service = service
+    for module in (health, metrics):
+        app.router.routes.extend(module.router.routes)
+    return app
+
+
+def create_compactor_app_from_env() -> FastAPI:
+    """Entry point for uvicorn's ``--factory``."""
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    return create_compactor_app(Settings.from_env())

@@ -1,0 +1,67 @@
+"""Rules of the code's shape, checked on every run: packages import each other without
+cycles (docs/architecture.md draws the graph), and functions stay short."""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_FUNCTION_LINES = 60
+# A longer function says why in its docstring with this phrase.
+LONG_BECAUSE = "long because"
+
+
+def _package_imports() -> dict[str, set[str]]:
+    """app's packages (and top-level modules) -> the ones they import."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in (ROOT / "app").rglob("*.py"):
+        source = path.relative_to(ROOT / "app").parts[0].removesuffix(".py")
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "app" and len(parts) > 1 and parts[1] != source:
+                    graph[source].add(parts[1])
+    return graph
+
+
+def test_packages_import_each_other_without_cycles() -> None:
+    graph = _package_imports()
+    state: dict[str, str] = {}
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            assert state.get(nxt) != "open", f"import cycle: {' -> '.join([*path, nxt])}"
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+
+
+def test_the_engine_knows_nothing_above_it() -> None:
+    graph = _package_imports()
+    assert graph["storage"] <= {"errors", "settings"}
+    assert graph["errors"] == set()
+    assert "broker" not in graph["compaction"] and "routes" not in graph["compaction"]
+
+
+def test_functions_are_short_or_say_why() -> None:
+    long: list[str] = []
+    for folder in ("app", "jobs"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                doc = ast.get_docstring(node) or ""
+                if lines > MAX_FUNCTION_LINES and LONG_BECAUSE not in doc.lower():
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
+                                f"({lines} lines)")
+    assert not long, "functions over 60 lines without a reason:\n" + "\n".join(long)
