@@ -9,7 +9,6 @@ from typing import Any
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.records import Control
-from tests.conftest import make_settings
 from tests.helpers.spark_support import (
     SPARK_TESTS,
     Engine,
@@ -20,6 +19,8 @@ from tests.helpers.spark_support import (
     read_summary,
     recreate_stray,
     run,
+    stack_json,
+    stack_settings,
     table,
     unique_root,
 )
@@ -40,7 +41,7 @@ def _rec(tag: str, n: int) -> list[bytes]:
 
 def test_clean_store_passes_and_strays_are_not_corruption(
         stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     a, b, c = (TopicPartition(topic, p) for p in range(3))
 
     async def build(e: Engine) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def test_clean_store_passes_and_strays_are_not_corruption(
 
 def test_audit_finds_each_injected_fault(
         stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any) -> None:
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     bucket = settings.s3_bucket
     tps = [TopicPartition(topic, p) for p in range(6)]
     missing, truncated, gap, stale, flipped, clean = tps
@@ -174,17 +175,10 @@ def test_audit_finds_each_injected_fault(
 
 def test_cli_runs_a_job_with_an_llog_dev_stack_json(stack: LocalStack, spark: Any,
                                                     tmp_path: Path) -> None:
-    import json
-
     from jobs.spark.cli import main
 
-    env = stack.settings_env()
-    (tmp_path / "stack.json").write_text(json.dumps({
-        name: env[f"LLOG_{name.upper()}"] for name in (
-            "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
-            "s3_access_key", "s3_secret_key")}))
     code = main(["audit", "--report", str(tmp_path / "r"), "--stack-json",
-                 str(tmp_path / "stack.json"), "--root-prefix", unique_root(),
+                 str(stack_json(stack, tmp_path / "stack.json")), "--root-prefix", unique_root(),
                  "--progress-interval", "0"])
     assert code == 0
     summary = read_summary(tmp_path / "r")

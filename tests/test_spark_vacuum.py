@@ -11,7 +11,6 @@ import pytest
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from tests.conftest import make_settings
 from tests.helpers.spark_support import (
     SPARK_TESTS,
     Engine,
@@ -21,8 +20,8 @@ from tests.helpers.spark_support import (
     read_summary,
     recreate_stray,
     run,
+    stack_settings,
     table,
-    unique_root,
 )
 
 pytestmark = SPARK_TESTS
@@ -44,7 +43,7 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
     from jobs.spark.common import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     root, bucket = settings.root_prefix, settings.s3_bucket
     a, b, c = (TopicPartition(topic, p) for p in range(3))
 
@@ -120,7 +119,7 @@ def test_vacuum_refuses_a_short_horizon(stack: LocalStack, spark: Any, tmp_path:
     from jobs.spark.common import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     with pytest.raises(ValueError, match="unsafe-short-horizon"):
         run_vacuum(spark, settings, VacuumOptions(retry_horizon_ms=60_000),
                    Report(tmp_path / "r"))

@@ -1,5 +1,6 @@
-"""Shared pieces of the Spark job tests: one local[2] SparkSession per test process, and
-store helpers (writing records, injecting faults, a protocol-exact compaction).
+"""Shared pieces of the Spark job tests: one local[2] SparkSession per test process,
+settings and store clients for the session's stack, and store helpers (writing records,
+injecting faults, a protocol-exact compaction).
 
 The session is created on first use and stopped when the process exits, so every
 ``tests/test_spark_*.py`` module shares it whatever order pytest runs them in.
@@ -8,24 +9,29 @@ The session is created on first use and stopped when the process exits, so every
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage import codec
-from app.storage.keys import TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS
+from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
+from app.storage.reader import LogReader
 from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
-from app.storage.writer import AppendGroup, AppendResult, CrashPoint
-from tests.conftest import Engine, open_engine
+from app.storage.s3 import S3Store
+from app.storage.writer import AppendGroup, AppendResult, CrashPoint, LogWriter
+from jobs.spark.common import Stores, open_stores, settings_from_payload
 
 
 def spark_missing_reason() -> str | None:
@@ -67,6 +73,24 @@ def unique_root() -> str:
     return f"sparktest-{uuid.uuid4().hex[:10]}"
 
 
+def stack_settings(stack: LocalStack, **overrides: Any) -> Settings:
+    """Settings for the session's stack under a root prefix of the test's own, built
+    the way the jobs' tasks build theirs (from ``LLOG_*`` strings)."""
+    env = {**stack.settings_env(), "LLOG_ROOT_PREFIX": unique_root(),
+           "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000"}
+    return settings_from_payload(env, **overrides)
+
+
+def stack_json(stack: LocalStack, path: Path) -> Path:
+    """The stack's connection as ``llog dev`` describes it in ``stack.json``."""
+    env = stack.settings_env()
+    path.write_text(json.dumps({
+        name: env[f"LLOG_{name.upper()}"] for name in (
+            "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
+            "s3_access_key", "s3_secret_key")}))
+    return path
+
+
 def read_summary(report: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((report / "summary.json").read_text())
     return data
@@ -78,6 +102,39 @@ def table(report: Path, name: str) -> list[dict[str, Any]]:
 
 
 # -- store helpers (async; tests call them through anyio.run) ---------------------------
+
+
+@dataclass
+class Engine:
+    """The jobs' store clients plus a writer and a reader, for setting up a store."""
+
+    stores: Stores
+    writer: LogWriter
+    reader: LogReader
+
+    @property
+    def settings(self) -> Settings:
+        return self.stores.settings
+
+    @property
+    def layout(self) -> KeyLayout:
+        return self.stores.layout
+
+    @property
+    def oxia(self) -> OxiaStore:
+        return self.stores.oxia
+
+    @property
+    def s3(self) -> S3Store:
+        return self.stores.s3
+
+
+@contextlib.asynccontextmanager
+async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
+    async with open_stores(settings.as_env(), "spark-tests") as stores:
+        writer = LogWriter(stores.oxia, stores.s3, stores.layout, stores.metrics,
+                           **writer_kwargs)
+        yield Engine(stores, writer, LogReader(stores.oxia, stores.s3, stores.layout))
 
 
 async def append(e: Engine, groups: Sequence[tuple[TopicPartition, Sequence[bytes]]]
