@@ -11,6 +11,7 @@ from app.storage.keys import TopicPartition
 from app.storage.records import Control
 from tests.helpers.spark_support import (
     SPARK_TESTS,
+    UNREADABLE,
     Engine,
     append,
     compact,
@@ -23,6 +24,7 @@ from tests.helpers.spark_support import (
     stack_settings,
     table,
     unique_root,
+    unreadable_metadata,
 )
 
 pytestmark = SPARK_TESTS
@@ -171,6 +173,35 @@ def test_audit_finds_each_injected_fault(
     assert (flipped.partition, "corrupt_data") in deep_bad
     assert not any(p == clean.partition for p, _ in deep_bad)
     assert deep.summary["partitions_with_corruption"] == 4
+
+
+def test_metadata_this_release_cannot_read_is_corruption(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    settings = stack_settings(stack)
+    broken = {how: TopicPartition(topic, p) for p, how in enumerate(UNREADABLE)}
+    clean = TopicPartition(topic, len(UNREADABLE))
+
+    async def build(e: Engine) -> None:
+        for tp in [*broken.values(), clean]:
+            for i in range(2):
+                await append(e, [(tp, _rec(f"{tp.partition}-{i}", 2))])
+        for how, tp in broken.items():
+            await unreadable_metadata(e, tp, how)
+
+    run(settings, build)
+    outcome = _audit(spark, settings, tmp_path / "r")
+    assert outcome.exit_code == 1, outcome.summary
+    found = {(f["partition"], f["kind"]): f["message"]
+             for f in table(tmp_path / "r", "findings") if f["severity"] == "corruption"}
+    expected = {(tp.partition, "bad_control" if how.startswith("pending") else
+                 "bad_index_entry") for how, tp in broken.items()}
+    assert expected <= set(found)
+    assert not [k for k in found if k[0] == clean.partition]
+    assert "bytes-batch-v9" in found[(broken["index_newer_encoding"].partition,
+                                      "bad_index_entry")]
+    assert "bytes-batch-v9" in found[(broken["pending_newer_encoding"].partition,
+                                      "bad_control")]
+    assert outcome.summary["partitions_with_corruption"] == len(broken)
 
 
 def test_cli_runs_a_job_with_an_llog_dev_stack_json(stack: LocalStack, spark: Any,

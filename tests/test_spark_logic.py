@@ -177,3 +177,23 @@ def test_cli_dispatch(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
         assert cli.main(["audit", "--help"]) == 0
         assert "--deep" in capsys.readouterr().out
         assert cli.main(["vacuum", "--report", str(tmp_path), "--retry-horizon", "x"]) == 2
+
+
+def test_records_this_release_does_not_fully_understand_have_problems() -> None:
+    from jobs.spark.record_checks import index_entry_problems, pending_problems
+
+    good = IndexEntry(type="WAL", msg_count=2, data_key="s3://bucket/llog/wal-shared/b1",
+                      byte_offset=8, byte_length=10)
+    assert index_entry_problems(good) == []
+    for change, words in [
+        ({"encoding": "bytes-batch-v9"}, "bytes-batch-v9"),
+        ({"type": "SNAPSHOT"}, "SNAPSHOT"),
+        ({"data_key": "llog/wal-shared/b1"}, "data_key"),
+        ({"byte_offset": "8"}, "byte_offset"),
+        ({"msg_count": 2.5}, "msg_count"),
+        ({"crc32c": 2**32}, "crc32c"),
+    ]:
+        entry = IndexEntry.from_dict({**good.to_dict(), **change})
+        assert any(words in p for p in index_entry_problems(entry)), change
+    pending = Pending("p1", 4, 6, 3, "s3://bucket/k", entry_type="COMPACTED")  # type: ignore[arg-type]
+    assert pending_problems(pending) == ["entry_type 'COMPACTED' is not 'WAL'"]

@@ -22,6 +22,7 @@ from tests.helpers.spark_support import (
     run,
     stack_settings,
     table,
+    unreadable_metadata,
 )
 
 pytestmark = SPARK_TESTS
@@ -123,3 +124,50 @@ def test_vacuum_refuses_a_short_horizon(stack: LocalStack, spark: Any, tmp_path:
     with pytest.raises(ValueError, match="unsafe-short-horizon"):
         run_vacuum(spark, settings, VacuumOptions(retry_horizon_ms=60_000),
                    Report(tmp_path / "r"))
+
+
+@pytest.mark.parametrize("how", ["index_not_json", "index_newer_encoding",
+                                 "pending_newer_encoding"])
+def test_vacuum_deletes_nothing_while_metadata_does_not_parse(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any,
+        how: str) -> None:
+    from jobs.spark.common import Report
+    from jobs.spark.vacuum import VacuumOptions, run_vacuum
+
+    settings = stack_settings(stack)
+    root, bucket = settings.root_prefix, settings.s3_bucket
+    clean, bad = TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+    async def build(e: Engine) -> None:
+        # The first and the last append of `bad` are the only names of their blobs: one
+        # in its first index entry, one in the pending record of its meta/control.
+        await append(e, [(bad, [b"first"])])
+        for i in range(2):
+            await append(e, [(clean, [b"c%d" % i]), (bad, [b"b%d" % i])])
+        await append(e, [(bad, [b"last"])])
+        await unreadable_metadata(e, bad, how)
+
+    run(settings, build)
+    orphans = {f"{root}/wal-shared/{uuid.uuid4().hex}",
+               f"{root}/{topic}/partitions/1/data/compacted/{uuid.uuid4().hex}"}
+    for k in orphans:
+        s3_client.put_object(Bucket=bucket, Key=k, Body=b"orphan")
+    everything = _keys(s3_client, bucket, root + "/")
+    time.sleep((HORIZON_MS + 1500) / 1000)  # the orphans outgrow the horizon
+
+    outcome = run_vacuum(spark, settings, VacuumOptions(
+        retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
+        Report(tmp_path / "r"))
+    assert _keys(s3_client, bucket, root + "/") == everything  # nothing deleted
+    assert outcome.exit_code == 3, outcome.summary
+    summary = read_summary(tmp_path / "r")
+    assert summary["status"] == "unreadable_metadata"
+    assert summary["reference_scan_complete"] is False
+    assert summary["deleted"]["count"] == 0
+    named = summary["unreadable_partitions"]
+    assert [(p["topic"], p["partition"]) for p in named] == [(topic, 1)]
+    assert named[0]["errors"]
+    decisions = {d["key"]: d for d in table(tmp_path / "r", "decisions")}
+    assert {decisions[k]["reason"] for k in orphans} == {"reference_scan_incomplete"}
+    partitions = {p["partition"]: p for p in table(tmp_path / "r", "partitions")}
+    assert partitions[1]["errors"] and not partitions[0]["errors"]

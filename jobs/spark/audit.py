@@ -86,7 +86,7 @@ PARTITION_COLUMNS = (
     "topic string, partition int, high_watermark long, cursor long, index_entries long, "
     "strays long, pending_start long, pending_end long, pending_materialised boolean, "
     "compaction_state string, stable boolean, objects_checked long, bytes_verified long, "
-    "records_verified long, corruption long, warnings long, error string"
+    "records_verified long, corruption long, warnings long, unreadable long, error string"
 )
 ORPHAN_COLUMNS = (
     "key string, size long, last_modified_ms long, area string, topic string, "
@@ -174,12 +174,8 @@ def analyse(snap: PartitionSnapshot, now: int, stale_after_ms: int) -> Analysis:
         if row.end is None:
             out.append(Finding("bad_index_key", CORRUPTION, row.error or "bad key",
                                index_key=row.key))
-        elif row.entry is None:
+        elif row.entry is None or row.error is not None:
             out.append(Finding("bad_index_entry", CORRUPTION, row.error or "bad value",
-                               last_offset=row.end, index_key=row.key))
-        elif (row.start or 0) < 1:
-            out.append(Finding("bad_index_entry", CORRUPTION,
-                               f"msg_count {row.entry.msg_count} reaches below offset 1",
                                last_offset=row.end, index_key=row.key))
         elif row.end > hw_after:
             out.append(Finding("beyond_high_watermark", CORRUPTION,
@@ -493,7 +489,8 @@ class AuditHandler(SnapshotHandler):
             pending.end_offset if pending else None, analysis.pending_materialised,
             snap.compaction.state if snap.compaction else None, snap.stable,
             len({u.data_key for u in analysis.uses}), sum(r.bytes_verified for r in results),
-            sum(r.records_verified for r in results), corruption, warnings, None,
+            sum(r.records_verified for r in results), corruption, warnings,
+            len(snap.unreadable()), None,
         )))
         return rows
 
@@ -517,7 +514,7 @@ class AuditHandler(SnapshotHandler):
         return [
             ("F", Finding("audit_error", ERROR, message).row(tp)),
             ("P", (tp.topic, tp.partition, None, None, None, None, None, None, None, None,
-                   None, None, None, None, None, None, message)),
+                   None, None, None, None, None, None, None, message)),
         ]
 
 
@@ -599,6 +596,7 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
         F.count("*").alias("partitions"),
         F.sum(F.when(F.col("corruption") > 0, 1).otherwise(0)).alias("with_corruption"),
         F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("failed"),
+        F.sum(F.when(F.col("unreadable") > 0, 1).otherwise(0)).alias("unreadable"),
         F.sum("high_watermark").alias("records"),
         F.sum("index_entries").alias("index_entries"),
         F.sum("strays").alias("strays"),
@@ -614,6 +612,7 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
     ).collect()[0]
 
     failed = int(p["failed"] or 0)
+    unreadable = int(p["unreadable"] or 0)
     corruption = by_severity.get(CORRUPTION, 0)
     if failed:
         status, code = "incomplete", EXIT_FAILED
@@ -635,6 +634,7 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
         "partitions": int(p["partitions"] or 0),
         "partitions_with_corruption": int(p["with_corruption"] or 0),
         "partitions_failed": failed,
+        "partitions_unreadable": unreadable,
         "records": int(p["records"] or 0),
         "index_entries": int(p["index_entries"] or 0),
         "strays": int(p["strays"] or 0),
@@ -650,7 +650,8 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
             "bytes": int(orph["bytes"] or 0),
             "older_than_horizon": int(orph["old"] or 0),
             "oldest_age_ms": int(orph["oldest"] or 0),
-            "complete": failed == 0,
+            # an unreadable record may name objects listed here as orphans
+            "complete": failed == 0 and unreadable == 0,
         },
     }
     report.write_summary(summary)

@@ -46,6 +46,8 @@ JOBS_PREFIX = "_jobs"  # {root}/_jobs/...: objects of the jobs themselves (never
 EXIT_OK = 0
 EXIT_FINDINGS = 1  # audit found corruption; backfill/export/vacuum had failed items
 EXIT_FAILED = 2  # the job could not run (arguments, settings, storage, Spark)
+# vacuum: some metadata does not parse or has a newer format; nothing was deleted
+EXIT_UNREADABLE_METADATA = 3
 
 log = logging.getLogger("llog.spark")
 

@@ -21,6 +21,13 @@ from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import OxiaStore, Record
 from app.storage.records import Compaction, CompactionCursor, Control, IndexEntry
 from jobs.spark.common import Stores, open_stores, task_identity, task_logger
+from jobs.spark.record_checks import (
+    compaction_problems,
+    control_problems,
+    cursor_problems,
+    index_entry_problems,
+    pending_problems,
+)
 
 T = TypeVar("T")
 HEX = "0123456789abcdef"
@@ -167,6 +174,8 @@ class IndexRow:
     end: int | None  # None: not a well-formed index key of this partition
     entry: IndexEntry | None  # None: the value does not parse
     version: int
+    # Set when the key or value is unreadable (record_checks); the entry, when it
+    # parsed, still counts as a reference but is not used to check the index.
     error: str | None = None
 
     @property
@@ -193,9 +202,11 @@ class PartitionSnapshot:
     errors: list[tuple[str, str]] = field(default_factory=list)  # (kind, message)
     stable: bool = True
     attempts: int = 1
-    # data keys seen by earlier, unstable attempts (and the compaction record read
-    # before the index scan): references too, for vacuum.
+    # data keys seen by earlier, unstable attempts, by the compaction record read
+    # before the index scan and by unreadable records: references too, for vacuum.
     extra_refs: set[str] = field(default_factory=set)
+    # unreadable records seen only by earlier, unstable attempts
+    unreadable_earlier: list[str] = field(default_factory=list)
 
     @property
     def high_watermark(self) -> int:
@@ -207,15 +218,26 @@ class PartitionSnapshot:
             return self.high_watermark
         return max(self.high_watermark, self.control_after.sequence_counter)
 
+    def add_error(self, kind: str, message: str) -> None:
+        if (kind, message) not in self.errors:
+            self.errors.append((kind, message))
+
+    def unreadable(self) -> list[str]:
+        """Every record of the partition this release could not fully read. Any one of
+        them may name objects no other record names: vacuum keeps everything then."""
+        out = [f"{kind}: {message}" for kind, message in self.errors]
+        out += [f"{row.key}: {row.error}" for row in self.index if row.error is not None]
+        return out + [e for e in self.unreadable_earlier if e not in out]
+
     def references(self) -> list[tuple[str, str]]:
         """``(data_key, kind)`` of every reference: pending, every index entry (strays
-        included) and the compaction record."""
+        and unreadable ones included) and the compaction record."""
         out: list[tuple[str, str]] = []
         for control in (self.control, self.control_after):
             if control is not None and control.pending is not None:
                 out.append((control.pending.data_key, "pending"))
         for row in self.index:
-            if row.entry is not None:
+            if row.entry is not None and isinstance(row.entry.data_key, str):
                 out.append((row.entry.data_key, "index"))
         if self.compaction is not None:
             out.append((self.compaction.data_key, "compaction"))
@@ -229,8 +251,20 @@ class PartitionSnapshot:
         return unique
 
 
-async def _get_meta(oxia: OxiaStore, key: str, pk: str) -> Record | None:
-    return await oxia.get(key, pk)
+def _index_row(tp: TopicPartition, layout: KeyLayout, record: Record) -> IndexRow:
+    offset = layout.index_end_offset(tp, record.key)
+    if offset is None:
+        return IndexRow(record.key, None, None, record.version_id,
+                        "not a 20-digit index key")
+    try:
+        entry = IndexEntry.from_json(record.value)
+    except CorruptData as exc:
+        return IndexRow(record.key, offset, None, record.version_id, str(exc))
+    problems = index_entry_problems(entry)
+    if not problems and offset - entry.msg_count + 1 < 1:
+        problems.append(f"msg_count {entry.msg_count} reaches below offset 1")
+    return IndexRow(record.key, offset, entry, record.version_id,
+                    "; ".join(problems) or None)
 
 
 async def scan_index(oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition,
@@ -241,36 +275,105 @@ async def scan_index(oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition,
     end = layout.index_scan_end(tp)
     while True:
         records = await oxia.range_scan(start, end, tp.partition_key, limit=page)
-        last_end: int | None = None
-        for record in records:
-            offset = layout.index_end_offset(tp, record.key)
-            if offset is None:
-                rows.append(IndexRow(record.key, None, None, record.version_id,
-                                     "not a 20-digit index key"))
-                continue
-            last_end = offset
-            try:
-                entry: IndexEntry | None = IndexEntry.from_json(record.value)
-                error = None
-            except CorruptData as exc:
-                entry, error = None, str(exc)
-            rows.append(IndexRow(record.key, offset, entry, record.version_id, error))
+        page_rows = [_index_row(tp, layout, record) for record in records]
+        rows += page_rows
         if len(records) < page:
             return rows
-        if last_end is None:
+        ends = [row.end for row in page_rows if row.end is not None]
+        if not ends:
             raise CorruptData(f"{tp}: a page of {page} malformed index keys; scan stopped")
-        start = layout.index(tp, last_end + 1)
+        start = layout.index(tp, ends[-1] + 1)
 
 
-def _parse(kind: str, raw: Record | None, parse: Callable[[bytes], T],
-           errors: list[tuple[str, str]]) -> T | None:
+R = TypeVar("R", Control, CompactionCursor, Compaction)
+
+
+def _understood(snap: PartitionSnapshot, kind: str, raw: Record | None, parse: Callable[[bytes], R],
+                problems: Callable[[R], list[str]]) -> R | None:
+    """The record if this release fully understands it; otherwise the problem goes to
+    ``snap.errors``, a data key it names to the references, and None is returned."""
     if raw is None:
         return None
     try:
-        return parse(raw.value)
+        record = parse(raw.value)
     except CorruptData as exc:
-        errors.append((kind, str(exc)))
+        snap.add_error(kind, str(exc))
         return None
+    found = problems(record)
+    if isinstance(record, Control) and record.pending is not None:
+        pending = pending_problems(record.pending)
+        if pending:
+            # The control record stays usable; its pending record does not.
+            snap.add_error(kind, "pending: " + "; ".join(pending))
+            _keep_data_key(snap, record.pending.data_key)
+            record.pending = None
+    if found:
+        snap.add_error(kind, "; ".join(found))
+        _keep_data_key(snap, getattr(record, "data_key", None))
+        return None
+    return record
+
+
+def _keep_data_key(snap: PartitionSnapshot, data_key: object) -> None:
+    if isinstance(data_key, str):
+        snap.extra_refs.add(data_key)
+
+
+@dataclass
+class _Reads:
+    """The raw records of one snapshot attempt, in the order they were read."""
+
+    cursor_before: Record | None
+    compaction_before: Record | None
+    control: Record | None
+    index: list[IndexRow]
+    control_after: Record | None
+    cursor_after: Record | None
+    compaction_after: Record | None
+
+    @property
+    def stable(self) -> bool:
+        def version(r: Record | None) -> int | None:
+            return None if r is None else r.version_id
+
+        return (version(self.cursor_before) == version(self.cursor_after)
+                and version(self.compaction_before) == version(self.compaction_after))
+
+
+async def _read_once(oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition) -> _Reads:
+    pk = tp.partition_key
+    cursor_before = await oxia.get(layout.compaction_cursor(tp), pk)
+    compaction_before = await oxia.get(layout.compaction(tp), pk)
+    control = await oxia.get(layout.control(tp), pk)
+    index = await scan_index(oxia, layout, tp)
+    control_after = await oxia.get(layout.control(tp), pk)
+    cursor_after = await oxia.get(layout.compaction_cursor(tp), pk)
+    compaction_after = await oxia.get(layout.compaction(tp), pk)
+    return _Reads(cursor_before, compaction_before, control, index, control_after,
+                  cursor_after, compaction_after)
+
+
+def _snapshot_of(tp: TopicPartition, reads: _Reads, attempt: int) -> PartitionSnapshot:
+    snap = PartitionSnapshot(tp, attempts=attempt, index=reads.index, stable=reads.stable)
+    snap.control_present = reads.control is not None
+    snap.control = _understood(snap, "bad_control", reads.control, Control.from_json,
+                               control_problems)
+    snap.control_version = None if reads.control is None else reads.control.version_id
+    snap.control_after = _understood(snap, "bad_control", reads.control_after,
+                                     Control.from_json, control_problems)
+    cursor = _understood(snap, "bad_cursor", reads.cursor_after, CompactionCursor.from_json,
+                         cursor_problems)
+    snap.cursor_present = reads.cursor_after is not None
+    snap.cursor = cursor.offset if cursor is not None else 1
+    snap.compaction = _understood(snap, "bad_compaction_record", reads.compaction_after,
+                                  Compaction.from_json, compaction_problems)
+    snap.compaction_version = (None if reads.compaction_after is None
+                               else reads.compaction_after.version_id)
+    earlier = _understood(snap, "bad_compaction_record", reads.compaction_before,
+                          Compaction.from_json, compaction_problems)
+    if earlier is not None:
+        snap.extra_refs.add(earlier.data_key)
+    return snap
 
 
 async def read_snapshot(oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition,
@@ -286,47 +389,21 @@ async def read_snapshot(oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition,
       from before its index entry is written until after it is, so a compaction that
       swaps index keys during the scan is seen either way; if the cursor or the
       compaction record changed, the scan is repeated (all data keys seen in any
-      attempt count as references);
+      attempt count as references, and so do the unreadable records of every attempt);
     - appends committed after the control read reference blobs that were PUT at most
       the writers' retry horizon earlier: vacuum never deletes objects that young.
     """
-    pk = tp.partition_key
-    extra: set[str] = set()
-    snap = PartitionSnapshot(tp)
+    refs: set[str] = set()
+    unreadable: list[str] = []
     for attempt in range(1, attempts + 1):
-        snap = PartitionSnapshot(tp, attempts=attempt)
-        cursor_before = await _get_meta(oxia, layout.compaction_cursor(tp), pk)
-        compaction_before = await _get_meta(oxia, layout.compaction(tp), pk)
-        control_raw = await _get_meta(oxia, layout.control(tp), pk)
-        snap.index = await scan_index(oxia, layout, tp)
-        control_after_raw = await _get_meta(oxia, layout.control(tp), pk)
-        cursor_after = await _get_meta(oxia, layout.compaction_cursor(tp), pk)
-        compaction_after = await _get_meta(oxia, layout.compaction(tp), pk)
-
-        snap.control_present = control_raw is not None
-        snap.control = _parse("bad_control", control_raw, Control.from_json, snap.errors)
-        snap.control_version = None if control_raw is None else control_raw.version_id
-        snap.control_after = _parse("bad_control", control_after_raw, Control.from_json, [])
-        cursor = _parse("bad_cursor", cursor_after, CompactionCursor.from_json, snap.errors)
-        snap.cursor_present = cursor_after is not None
-        snap.cursor = cursor.offset if cursor is not None else 1
-        snap.compaction = _parse("bad_compaction_record", compaction_after,
-                                 Compaction.from_json, snap.errors)
-        snap.compaction_version = (None if compaction_after is None
-                                   else compaction_after.version_id)
-        earlier = _parse("bad_compaction_record", compaction_before, Compaction.from_json, [])
-        if earlier is not None:
-            extra.add(earlier.data_key)
-
-        def version(r: Record | None) -> int | None:
-            return None if r is None else r.version_id
-
-        snap.stable = (version(cursor_before) == version(cursor_after)
-                       and version(compaction_before) == version(compaction_after))
+        snap = _snapshot_of(tp, await _read_once(oxia, layout, tp), attempt)
         if snap.stable or attempt == attempts:
             break
-        extra |= {key for key, _ in snap.references()}
-    snap.extra_refs = extra
+        refs |= {key for key, _ in snap.references()}
+        unreadable += snap.unreadable()
+    current = snap.unreadable()
+    snap.unreadable_earlier = [e for e in dict.fromkeys(unreadable) if e not in current]
+    snap.extra_refs |= refs
     return snap
 
 

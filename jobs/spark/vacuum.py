@@ -41,6 +41,7 @@ from jobs.spark.common import (
     EXIT_FAILED,
     EXIT_FINDINGS,
     EXIT_OK,
+    EXIT_UNREADABLE_METADATA,
     JOBS_PREFIX,
     JobOutcome,
     Report,
@@ -78,7 +79,10 @@ TIMESTAMP_SLACK_MS = 1000  # S3 timestamps may be truncated to the second
 DELETE_CONCURRENCY = 16
 
 STATUS_COLUMNS = ("topic string, partition int, references long, stable boolean, "
-                  "attempts int, error string")
+                  "attempts int, errors array<string>, error string")
+# At most this many unreadable partitions are named in summary.json (all of them are in
+# the partitions table).
+SUMMARY_UNREADABLE = 1000
 DECISION_COLUMNS = (
     "key string, size long, last_modified_ms long, area string, topic string, "
     "partition int, age_ms long, action string, reason string, error string"
@@ -119,11 +123,11 @@ class VacuumHandler(SnapshotHandler):
         refs = reference_rows(self.stores.layout, snap)
         rows: list[Tagged] = [("R", r) for r in refs]
         rows.append(("P", (snap.tp.topic, snap.tp.partition, len(refs), snap.stable,
-                           snap.attempts, None)))
+                           snap.attempts, snap.unreadable(), None)))
         return rows
 
     def on_error(self, tp: TopicPartition, exc: BaseException) -> list[Tagged]:
-        return [("P", (tp.topic, tp.partition, None, None, None,
+        return [("P", (tp.topic, tp.partition, None, None, None, [],
                        f"{type(exc).__name__}: {exc}"))]
 
 
@@ -238,12 +242,22 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
             F.count("*").alias("n"),
             F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("failed"),
             F.sum(F.when(F.col("stable") == F.lit(False), 1).otherwise(0)).alias("unstable"),
+            F.sum(F.when(F.size("errors") > 0, 1).otherwise(0)).alias("unreadable"),
         ).collect()[0]
         failed, unstable = int(s["failed"] or 0), int(s["unstable"] or 0)
-        complete = failed == 0 and unstable == 0
+        unreadable = int(s["unreadable"] or 0)
+        # Fail closed: an unreadable record may name any shared blob and any object of
+        # its partition, so the set of references is not known to be complete.
+        complete = failed == 0 and unstable == 0 and unreadable == 0
+        unreadable_rows = [
+            {"topic": r["topic"], "partition": r["partition"], "errors": list(r["errors"])}
+            for r in status.where(F.size("errors") > 0).orderBy("topic", "partition")
+            .limit(SUMMARY_UNREADABLE).collect()
+        ]
         if not complete:
             describe(spark, f"vacuum: reference scan incomplete ({failed} partitions failed, "
-                     f"{unstable} unstable): nothing will be deleted")
+                     f"{unstable} unstable, {unreadable} with unreadable metadata): "
+                     "nothing will be deleted")
 
         mode = "deleting" if options.apply else "dry run: deciding"
         describe(spark, f"vacuum: {mode} (retry horizon {options.retry_horizon_ms} ms)")
@@ -271,7 +285,9 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
             F.count("*").alias("n"), F.sum("size").alias("bytes")).collect()
     }
     delete_failed = totals.get(DELETE_FAILED, {}).get("count", 0)
-    if not complete:
+    if unreadable:
+        state, code = "unreadable_metadata", EXIT_UNREADABLE_METADATA
+    elif not complete:
         state, code = "incomplete", EXIT_FAILED
     elif delete_failed:
         state, code = "delete_failures", EXIT_FINDINGS
@@ -293,6 +309,8 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
         "partitions": int(s["n"] or 0),
         "partitions_failed": failed,
         "partitions_unstable": unstable,
+        "partitions_unreadable": unreadable,
+        "unreadable_partitions": unreadable_rows,
         "reference_scan_complete": complete,
         "objects_listed": listed,
         "actions": totals,

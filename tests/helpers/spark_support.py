@@ -227,3 +227,44 @@ async def recreate_stray(e: Engine, tp: TopicPartition, end: int, entry: IndexEn
     """A delayed materialising create landing inside a compacted range."""
     await e.oxia.put(e.layout.index(tp, end), entry.to_json(), tp.partition_key,
                      expected_version=EXPECT_NOT_EXISTS)
+
+
+# -- metadata this release cannot read (garbage, or a newer format) ---------------------
+
+
+async def _rewrite_first_index_entry(e: Engine, tp: TopicPartition,
+                                     change: dict[str, Any] | None) -> None:
+    (end, entry, version), *_ = await index_rows(e, tp)
+    value = b"{not json" if change is None else json.dumps(
+        {**entry.to_dict(), **change}).encode()
+    await e.oxia.put(e.layout.index(tp, end), value, tp.partition_key,
+                     expected_version=version)
+
+
+async def _rewrite_pending(e: Engine, tp: TopicPartition, change: dict[str, Any]) -> None:
+    record = await e.oxia.get(e.layout.control(tp), tp.partition_key)
+    assert record is not None
+    control = json.loads(record.value)
+    assert control["pending"] is not None
+    control["pending"].update(change)
+    await e.oxia.put(e.layout.control(tp), json.dumps(control).encode(), tp.partition_key,
+                     expected_version=record.version_id)
+
+
+async def unreadable_metadata(e: Engine, tp: TopicPartition, how: str) -> None:
+    """Make one of ``tp``'s records unreadable to this release, as ``how`` says."""
+    changes: dict[str, Any] = {
+        "index_not_json": lambda: _rewrite_first_index_entry(e, tp, None),
+        "index_newer_encoding": lambda: _rewrite_first_index_entry(
+            e, tp, {"encoding": "bytes-batch-v9"}),
+        "index_unknown_type": lambda: _rewrite_first_index_entry(e, tp, {"type": "SNAPSHOT"}),
+        "index_data_key_not_a_uri": lambda: _rewrite_first_index_entry(
+            e, tp, {"data_key": "wal-shared/0123"}),
+        "pending_newer_encoding": lambda: _rewrite_pending(
+            e, tp, {"encoding": "bytes-batch-v9"}),
+    }
+    await changes[how]()
+
+
+UNREADABLE = ("index_not_json", "index_newer_encoding", "index_unknown_type",
+              "index_data_key_not_a_uri", "pending_newer_encoding")
