@@ -20,8 +20,10 @@ from tests.helpers.spark_support import (
     read_summary,
     recreate_stray,
     run,
+    stack_json,
     stack_settings,
     table,
+    unique_root,
     unreadable_metadata,
 )
 
@@ -116,14 +118,42 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
     assert audit.summary["orphans"]["count"] == 1  # the young one
 
 
-def test_vacuum_refuses_a_short_horizon(stack: LocalStack, spark: Any, tmp_path: Path) -> None:
+def test_vacuum_refuses_a_horizon_shorter_than_the_writers(stack: LocalStack, spark: Any,
+                                                           tmp_path: Path) -> None:
     from jobs.spark.common import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
-    settings = stack_settings(stack)
+    settings = stack_settings(stack)  # LLOG_RETRY_HORIZON_MS: the default hour
     with pytest.raises(ValueError, match="unsafe-short-horizon"):
         run_vacuum(spark, settings, VacuumOptions(retry_horizon_ms=60_000),
                    Report(tmp_path / "r"))
+    # Shorter than what the writers are configured with, though longer than any floor.
+    settings = stack_settings(stack, retry_horizon_ms=3 * 3_600_000)
+    with pytest.raises(ValueError, match="unsafe-short-horizon"):
+        run_vacuum(spark, settings, VacuumOptions(retry_horizon_ms=2 * 3_600_000),
+                   Report(tmp_path / "r2"))
+
+
+def test_vacuum_takes_its_horizon_from_the_writers_setting(
+        stack: LocalStack, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.spark.cli import main
+
+    monkeypatch.setenv("LLOG_RETRY_HORIZON_MS", str(2 * 3_600_000))
+    common = ["--stack-json", str(stack_json(stack, tmp_path / "stack.json")),
+              "--root-prefix", unique_root(), "--progress-interval", "0"]
+    assert main(["vacuum", "--report", str(tmp_path / "default"), *common]) == 0
+    summary = read_summary(tmp_path / "default")
+    assert summary["options"]["retry_horizon_ms"] is None  # not given: the setting's
+    assert summary["retry_horizon_ms"] == 2 * 3_600_000
+
+    assert main(["vacuum", "--report", str(tmp_path / "short"), "--retry-horizon", "1h",
+                 *common]) == 2
+    refused = read_summary(tmp_path / "short")
+    assert refused["status"] == "failed"
+    assert "--unsafe-short-horizon" in refused["error"]
+    assert main(["vacuum", "--report", str(tmp_path / "long"), "--retry-horizon", "3h",
+                 *common]) == 0
+    assert read_summary(tmp_path / "long")["retry_horizon_ms"] == 3 * 3_600_000
 
 
 @pytest.mark.parametrize("how", ["index_not_json", "index_newer_encoding",

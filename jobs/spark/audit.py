@@ -98,7 +98,7 @@ ORPHAN_COLUMNS = (
 class AuditOptions:
     deep: bool = False
     stale_after_ms: int = 10 * 60_000
-    retry_horizon_ms: int = 3_600_000
+    retry_horizon_ms: int | None = None  # None: the writers' Settings.retry_horizon_ms
     delete_strays: bool = False
     tasks: int = 0
     listing_fanout: int = 16
@@ -581,7 +581,8 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
         objects.join(refs.select("key").where(F.col("key").isNotNull()).distinct(), "key",
                      "left_anti")
         .withColumn("age_ms", F.lit(started) - F.col("last_modified_ms"))
-        .withColumn("older_than_horizon", F.col("age_ms") > F.lit(options.retry_horizon_ms))
+        .withColumn("older_than_horizon", F.col("age_ms") > F.lit(
+            options.retry_horizon_ms or settings.retry_horizon_ms))
         .select(*[c.split()[0] for c in ORPHAN_COLUMNS.split(", ")])
     )
     orphans_path = report.write_table(orphans, "orphans")
@@ -668,9 +669,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stale-after", type=parse_duration_ms, default="10m",
                         help="age from which unmaterialised pending appends and "
                              "meta/compaction records are reported as stale (default 10m)")
-    parser.add_argument("--retry-horizon", type=parse_duration_ms, default="1h",
+    parser.add_argument("--retry-horizon", type=parse_duration_ms, default=None,
                         help="orphans older than this are flagged older_than_horizon "
-                             "(default 1h; what vacuum would consider)")
+                             "(default: LLOG_RETRY_HORIZON_MS, as vacuum)")
     parser.add_argument("--delete-strays", action="store_true",
                         help="delete strays below the compaction cursor (conditional "
                              "deletes on the version read)")

@@ -14,10 +14,11 @@ scan, made in the same run after the object was listed, shows that no index entr
    (Spark tasks, :func:`jobs.spark.scan.read_snapshot`).
 4. An object is deleted only if it is unreferenced, the reference scan of every
    partition succeeded, it was last modified before the scan start, and it is older
-   than ``--retry-horizon`` (+1 s for second-granular timestamps). Everything else is
+   than the retry horizon (+1 s for second-granular timestamps): the writers' own
+   ``LLOG_RETRY_HORIZON_MS``, or a longer ``--retry-horizon``. Everything else is
    kept, with the reason. Dry run by default; ``--apply`` deletes.
 
-    python -m jobs.spark.vacuum --report /tmp/vacuum [--retry-horizon 1h] [--apply]
+    python -m jobs.spark.vacuum --report /tmp/vacuum [--retry-horizon 2h] [--apply]
 """
 
 from __future__ import annotations
@@ -74,7 +75,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 JOB = "vacuum"
-MIN_SAFE_HORIZON_MS = 10 * 60_000
 TIMESTAMP_SLACK_MS = 1000  # S3 timestamps may be truncated to the second
 DELETE_CONCURRENCY = 16
 
@@ -96,7 +96,7 @@ DELETE_FAILED = "delete_failed"
 
 @dataclass(frozen=True)
 class VacuumOptions:
-    retry_horizon_ms: int = 3_600_000
+    retry_horizon_ms: int | None = None  # None: the writers' Settings.retry_horizon_ms
     apply: bool = False
     tasks: int = 0
     listing_fanout: int = 16
@@ -129,6 +129,23 @@ class VacuumHandler(SnapshotHandler):
     def on_error(self, tp: TopicPartition, exc: BaseException) -> list[Tagged]:
         return [("P", (tp.topic, tp.partition, None, None, None, [],
                        f"{type(exc).__name__}: {exc}"))]
+
+
+def retry_horizon(settings: Settings, options: VacuumOptions) -> int:
+    """The horizon of this run: the writers' own setting unless a longer one is asked
+    for. Writers refuse to commit a blob older than half of ``retry_horizon_ms``, so an
+    object older than it can no longer become referenced; a shorter horizon could
+    delete a blob a writer is about to commit."""
+    configured = settings.retry_horizon_ms
+    requested = options.retry_horizon_ms
+    if requested is None:
+        return configured
+    if requested < configured and not options.unsafe_short_horizon:
+        raise ValueError(
+            f"--retry-horizon {requested} ms is shorter than the writers' retry horizon "
+            f"(LLOG_RETRY_HORIZON_MS={configured}): a writer could still commit a blob "
+            "that young. Pass --unsafe-short-horizon only where no writer runs (tests).")
+    return requested
 
 
 def make_vacuum_handler(stores: Stores) -> VacuumHandler:
@@ -202,11 +219,7 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
                report: Report) -> JobOutcome:
     from pyspark.sql import functions as F
 
-    if options.retry_horizon_ms < MIN_SAFE_HORIZON_MS and not options.unsafe_short_horizon:
-        raise ValueError(
-            f"--retry-horizon {options.retry_horizon_ms} ms is shorter than "
-            f"{MIN_SAFE_HORIZON_MS} ms; a writer could still commit a blob that young. "
-            "Pass --unsafe-short-horizon only where no writer runs (tests).")
+    horizon = retry_horizon(settings, options)
     started = now_ms()
     tasks = default_tasks(spark, options.tasks)
     run_id = uuid.uuid4().hex
@@ -260,13 +273,13 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
                      "nothing will be deleted")
 
         mode = "deleting" if options.apply else "dry run: deciding"
-        describe(spark, f"vacuum: {mode} (retry horizon {options.retry_horizon_ms} ms)")
+        describe(spark, f"vacuum: {mode} (retry horizon {horizon} ms)")
         joined = objects.join(
             refs.where(F.col("key").isNotNull()).select("key").distinct()
             .withColumn("referenced", F.lit(True)), "key", "left_outer",
         ).fillna({"referenced": False})
         body2 = functools.partial(delete_task, settings_payload(settings), complete,
-                                  scan_started, options.retry_horizon_ms, options.apply)
+                                  scan_started, horizon, options.apply)
         decisions_df = spark.createDataFrame(joined.rdd.mapPartitions(body2), DECISION_COLUMNS,
                                              verifySchema=False)
         decisions = spark.read.parquet(report.write_table(decisions_df, "decisions"))
@@ -306,6 +319,7 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
         "root_prefix": settings.root_prefix,
         "bucket": settings.s3_bucket,
         "options": {k: getattr(options, k) for k in options.__dataclass_fields__},
+        "retry_horizon_ms": horizon,
         "partitions": int(s["n"] or 0),
         "partitions_failed": failed,
         "partitions_unstable": unstable,
@@ -328,12 +342,13 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
 def build_parser() -> argparse.ArgumentParser:
     parser = base_parser(JOB, "Delete orphan objects older than the retry horizon "
                               "(dry run unless --apply).")
-    parser.add_argument("--retry-horizon", type=parse_duration_ms, default="1h",
-                        help="only objects older than this may go (default 1h)")
+    parser.add_argument("--retry-horizon", type=parse_duration_ms, default=None,
+                        help="only objects older than this may go (default: the writers' "
+                             "LLOG_RETRY_HORIZON_MS; shorter is refused)")
     parser.add_argument("--apply", action="store_true",
                         help="really delete (default: dry run, report only)")
     parser.add_argument("--unsafe-short-horizon", action="store_true",
-                        help=f"allow a horizon below {MIN_SAFE_HORIZON_MS // 60_000} min "
+                        help="allow a horizon shorter than LLOG_RETRY_HORIZON_MS "
                              "(only where no writer is running)")
     parser.add_argument("--listing-fanout", type=int, choices=(1, 16, 256), default=16)
     parser.add_argument("--concurrency", type=int, default=8,
