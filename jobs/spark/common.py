@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -148,6 +149,15 @@ def task_identity(job: str) -> str:
     if ctx is None:
         return f"spark-{job}-driver-{os.getpid()}"
     return f"spark-{job}-s{ctx.stageId()}-p{ctx.partitionId()}-a{ctx.attemptNumber()}"
+
+
+def task_attempt_id() -> int:
+    """Spark's id of this task attempt, unique within the application (a retry or a
+    speculative copy of the same task has another); outside a task, this process's."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    return os.getpid() if ctx is None else int(ctx.taskAttemptId())
 
 
 def task_logger(job: str) -> logging.Logger:
@@ -331,6 +341,23 @@ def describe(spark: SparkSession, text: str) -> None:
 class JobOutcome:
     summary: dict[str, Any]
     exit_code: int
+
+
+def job_header(job: str, status: str, exit_code: int, started_ms: int, finished_ms: int,
+               settings: Settings, options: Any) -> dict[str, Any]:
+    """The fields every job's ``summary.json`` starts with (``options``: a dataclass)."""
+    return {
+        "job": job,
+        "status": status,
+        "exit_code": exit_code,
+        "started_ms": started_ms,
+        "finished_ms": finished_ms,
+        "duration_s": round((finished_ms - started_ms) / 1000, 3),
+        "root_prefix": settings.root_prefix,
+        "bucket": settings.s3_bucket,
+        "options": {k: (list(v) if isinstance(v, tuple) else v)
+                    for k, v in dataclasses.asdict(options).items()},
+    }
 
 
 @dataclass
