@@ -146,8 +146,24 @@ def part_name(index: int) -> str:
 
 
 def temp_part_name(index: int, attempt: int) -> str:
-    """The hidden name a part is written under before it is renamed into place."""
-    return f".{part_name(index)}.tmp"
+    """The hidden name a part is written under before it is renamed into place.
+
+    Unique per task attempt: a retried, speculative or zombie attempt of the same task
+    writes its own file, so two attempts never write into (or rename away) each other's
+    temporary file; whichever renames last replaces a whole file with an equal one.
+    """
+    return f".{part_name(index)}.attempt-{attempt}.tmp"
+
+
+def _sweep_temporary_parts(fs: Any, base: str) -> None:
+    """Remove what attempts that were killed midway left behind (hidden files, which
+    readers skip anyway); best effort."""
+    import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(base)):
+        if info.base_name.startswith(".part-") and info.base_name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                fs.delete_file(info.path)
 
 
 def _schema() -> Any:
@@ -288,6 +304,7 @@ def _write_parts(spark: SparkSession, payload: Mapping[str, str], options: Expor
     ).mapPartitions(functools.partial(export_task, payload, options.output))
     files = spark.createDataFrame(written_rows, FILE_COLUMNS, verifySchema=False)
     files_df = spark.read.parquet(report.write_table(files, "files"))
+    _sweep_temporary_parts(fs, base)
     with fs.open_output_stream(f"{base}/_SUCCESS"):
         pass
     return files_df
