@@ -32,7 +32,7 @@ pytestmark = SPARK_TESTS
 
 def _audit(spark: Any, settings: Any, report: Path, **options: Any) -> Any:
     from jobs.spark.audit import AuditOptions, run_audit
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
 
     return run_audit(spark, settings, AuditOptions(**options), Report(report))
 

@@ -36,15 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _backfill(spark: Any, settings: Settings, report: Path, **options: Any) -> Any:
     from jobs.spark.backfill import BackfillOptions, run_backfill
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
 
     return run_backfill(spark, settings, BackfillOptions(**options), Report(report))
 
 
 def _export(spark: Any, settings: Settings, report: Path, output: Path, **options: Any
             ) -> dict[tuple[str, int], list[tuple[int, bytes, str | None]]]:
-    from jobs.spark.common import Report
     from jobs.spark.export import ExportOptions, run_export
+    from jobs.spark.report import Report
 
     outcome = run_export(spark, settings, ExportOptions(output=str(output), **options),
                          Report(report))

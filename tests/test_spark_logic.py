@@ -13,11 +13,14 @@ from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.records import Compaction, Control, IndexEntry, Pending
 from app.storage.writer import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from jobs.spark import cli
-from jobs.spark.audit import CORRUPTION, analyse
 from jobs.spark.backfill import chunk_key, resume_decision
-from jobs.spark.common import parse_duration_ms, parse_partition_key
+from jobs.spark.discovery import parse_partition_key
 from jobs.spark.export import plan_ranges
-from jobs.spark.scan import IndexRow, PartitionSnapshot, listing_units
+from jobs.spark.findings import CORRUPTION
+from jobs.spark.index_analysis import analyse
+from jobs.spark.listing import listing_units
+from jobs.spark.runner import parse_duration_ms
+from jobs.spark.snapshot import IndexRow, PartitionSnapshot
 from jobs.spark.vacuum import decide
 
 TP = TopicPartition("orders", 3)

@@ -43,7 +43,7 @@ def _keys(s3_client: Any, bucket: str, prefix: str) -> set[str]:
 def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: str,
                                          tmp_path: Path, s3_client: Any) -> None:
     from jobs.spark.audit import AuditOptions, run_audit
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
     settings = stack_settings(stack)
@@ -120,7 +120,7 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
 
 def test_vacuum_refuses_a_horizon_shorter_than_the_writers(stack: LocalStack, spark: Any,
                                                            tmp_path: Path) -> None:
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
     settings = stack_settings(stack)  # LLOG_RETRY_HORIZON_MS: the default hour
@@ -161,7 +161,7 @@ def test_vacuum_takes_its_horizon_from_the_writers_setting(
 def test_vacuum_deletes_nothing_while_metadata_does_not_parse(
         stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any,
         how: str) -> None:
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
     settings = stack_settings(stack)
@@ -201,3 +201,31 @@ def test_vacuum_deletes_nothing_while_metadata_does_not_parse(
     assert {decisions[k]["reason"] for k in orphans} == {"reference_scan_incomplete"}
     partitions = {p["partition"]: p for p in table(tmp_path / "r", "partitions")}
     assert partitions[1]["errors"] and not partitions[0]["errors"]
+
+
+def test_a_partition_that_lost_its_control_record_still_protects_its_objects(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any) -> None:
+    from jobs.spark.report import Report
+    from jobs.spark.vacuum import VacuumOptions, run_vacuum
+
+    settings = stack_settings(stack)
+    root, bucket = settings.root_prefix, settings.s3_bucket
+    tp = TopicPartition(topic, 0)
+
+    async def build(e: Engine) -> set[str]:
+        results = [(await append(e, [(tp, [b"r%d" % i])]))[0] for i in range(3)]
+        # meta/control gone: only the index names the first two blobs (the third was
+        # named by the pending record alone).
+        await e.oxia.delete(e.layout.control(tp), tp.partition_key)
+        return {e.layout.parse_uri(r.wal_uri)[1] for r in results[:2]}
+
+    indexed = run(settings, build)
+    time.sleep((HORIZON_MS + 1500) / 1000)
+    outcome = run_vacuum(spark, settings, VacuumOptions(
+        retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
+        Report(tmp_path / "r"))
+    assert outcome.exit_code == 0, outcome.summary
+    assert outcome.summary["partitions"] == 1
+    decisions = {d["key"]: d for d in table(tmp_path / "r", "decisions")}
+    assert {decisions[k]["reason"] for k in indexed} == {"referenced"}
+    assert indexed <= _keys(s3_client, bucket, root + "/")

@@ -36,7 +36,7 @@ import shutil
 import sys
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlparse
 
@@ -45,7 +45,7 @@ import anyio
 from app.errors import InvalidRequest, LlogError
 from app.settings import Settings
 from app.storage.keys import TopicPartition, validate_partition, validate_topic
-from app.storage.records import Control
+from app.storage.records import Control, now_ms
 from app.storage.s3 import S3Store
 from app.storage.writer import (
     IDEMPOTENCY_FIELD,
@@ -54,24 +54,12 @@ from app.storage.writer import (
     AppendResult,
     LogWriter,
 )
-from jobs.spark.common import (
-    EXIT_FINDINGS,
-    EXIT_OK,
-    JOBS_PREFIX,
-    JobOutcome,
-    Report,
-    Stores,
-    base_parser,
-    default_tasks,
-    describe,
-    now_ms,
-    open_stores,
-    run_async,
-    run_main,
-    settings_payload,
-    task_identity,
-    task_logger,
-)
+from jobs.spark.job_settings import settings_payload
+from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
+from jobs.spark.runner import base_parser, run_main, run_module
+from jobs.spark.session import default_tasks, describe
+from jobs.spark.stores import Stores, job_object_key, open_stores
+from jobs.spark.tasks import run_async, task_identity, task_logger
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -210,8 +198,8 @@ class _Task:
     started: float = field(default_factory=time.monotonic)
 
     def marker_prefix(self, tp: TopicPartition) -> str:
-        return (f"{self.stores.layout.root}/{JOBS_PREFIX}/backfill/{self.params.job_id}/"
-                f"progress/{tp.topic}/{tp.partition}/")
+        return job_object_key(self.stores.layout, "backfill", self.params.job_id, "progress",
+                              tp.topic, str(tp.partition), "")
 
     def result(self, unit: _Unit, status: str, start: int | None = None,
                end: int | None = None, blob: str | None = None,
@@ -534,7 +522,7 @@ def _manifest(settings: Settings, job_id: str, manifest: dict[str, Any]) -> dict
 
     async def run() -> dict[str, Any]:
         async with open_stores(payload, task_identity(JOB)) as stores:
-            key = f"{stores.layout.root}/{JOBS_PREFIX}/backfill/{job_id}/job.json"
+            key = job_object_key(stores.layout, "backfill", job_id, "job.json")
             if await stores.s3.create_if_absent(key, body):
                 return manifest
             existing: dict[str, Any] = json.loads(await stores.s3.get(key))
@@ -543,11 +531,7 @@ def _manifest(settings: Settings, job_id: str, manifest: dict[str, Any]) -> dict
     return run_async(run)
 
 
-def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptions,
-                 report: Report) -> JobOutcome:
-    from pyspark.sql import Window
-    from pyspark.sql import functions as F
-
+def _check_options(options: BackfillOptions) -> None:
     if (options.topic_column is None) == (options.topic is None):
         raise ValueError("give exactly one of --topic-column and --topic")
     if options.partition_column is not None and options.partition is not None:
@@ -557,13 +541,12 @@ def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptio
                          f"{IDEMPOTENCY_WINDOW}-key idempotency window)")
     if options.chunk_records < 1 or options.chunk_bytes < 1 or options.blob_bytes < 1:
         raise ValueError("chunk and blob sizes must be positive")
-    started = now_ms()
-    tasks = default_tasks(spark, options.tasks)
-    describe(spark, f"backfill: reading {len(options.inputs)} input path(s)")
-    df = read_input(spark, options)
-    plan = plan_input(df)
-    total_records = sum(v[0] for v in plan.values())
-    total_bytes = sum(v[1] for v in plan.values())
+
+
+def _job_identity(settings: Settings, options: BackfillOptions, df: DataFrame,
+                  plan: dict[str, list[int]], started: int) -> str:
+    """The job id (given, or a hash of input files, columns, chunking and counts), its
+    manifest created; a re-run whose chunking or counts differ is refused."""
     chunking = {
         "value_column": options.value_column, "value_encoding": options.value_encoding,
         "topic_column": options.topic_column, "partition_column": options.partition_column,
@@ -582,8 +565,15 @@ def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptio
             f"job {job_id} was first run with different {', '.join(changed)}: a re-run "
             "must see the same input and chunking to skip what is committed (or use a "
             "new --job-id)")
-    describe(spark, f"backfill {job_id}: {total_records} records, {total_bytes} bytes in "
-             f"{len(plan)} partitions, {tasks} tasks")
+    return job_id
+
+
+def _stage_chunks(spark: SparkSession, df: DataFrame, options: BackfillOptions, tasks: int,
+                  staging: str) -> list[str]:
+    """Number every record's chunk, sort, and stage the rows as Parquet (one file per
+    Spark partition, each holding whole topic-partitions in order); the file paths."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
 
     w = Window.partitionBy("topic", "partition").orderBy("_file", "_block", "_mono")
     cumulative = F.sum(F.length("value")).over(
@@ -599,60 +589,65 @@ def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptio
         .sortWithinPartitions("_chunk", "topic", "partition", "_rn")
         .select("_chunk", "topic", "partition", "value")
     )
-    # Stage the sorted chunks as Parquet (one file per Spark partition, each holding
-    # whole topic-partitions in order): the append tasks read them with pyarrow.
-    describe(spark, f"backfill {job_id}: staging sorted chunks")
-    staging = report.path("staging")
     ordered.write.mode("overwrite").option("maxRecordsPerFile", 0).parquet(staging)
-    files = sorted(spark.read.parquet(staging).inputFiles())
-    params = TaskParams(job_id, options.blob_bytes, options.marker_every,
-                        options.max_records_per_second)
+    return sorted(spark.read.parquet(staging).inputFiles())
+
+
+def _append_staged(spark: SparkSession, settings: Settings, files: Sequence[str],
+                   params: TaskParams, report: Report) -> tuple[DataFrame, float]:
+    """One append task per staged file; the chunk outcomes (``report/chunks``) and the
+    seconds the appends took."""
     body = functools.partial(backfill_task, settings_payload(settings), params)
     appended = spark.sparkContext.parallelize(files, max(1, len(files))).mapPartitions(body)
     results = spark.createDataFrame(appended, CHUNK_COLUMNS, verifySchema=False)
-    describe(spark, f"backfill {job_id}: appending from {len(files)} staged files")
     t0 = time.monotonic()
     chunks = spark.read.parquet(report.write_table(results, "chunks"))
-    seconds = time.monotonic() - t0
-    shutil.rmtree(staging, ignore_errors=True)
+    return chunks, time.monotonic() - t0
 
-    per_tp = chunks.groupBy("topic", "partition").agg(
+
+def _per_partition(chunks: DataFrame) -> DataFrame:
+    from pyspark.sql import functions as F
+
+    ok = F.col("status").isin(*OK_STATUSES)
+    return chunks.groupBy("topic", "partition").agg(
         F.sum(F.when(F.col("status") == APPENDED, F.col("records")).otherwise(0))
         .alias("records_appended"),
-        F.sum(F.when(F.col("status").isin(*OK_STATUSES), F.col("records")).otherwise(0))
-        .alias("records_done"),
+        F.sum(F.when(ok, F.col("records")).otherwise(0)).alias("records_done"),
         F.sum("records").alias("records_input"),
         F.min("start_offset").alias("first_offset"),
         F.max("end_offset").alias("last_offset"),
         F.count("*").alias("chunks"),
-        F.sum(F.when(F.col("status").isin(*OK_STATUSES), 0).otherwise(1)).alias("chunks_failed"),
+        F.sum(F.when(ok, 0).otherwise(1)).alias("chunks_failed"),
     ).orderBy("topic", "partition")
-    report.write_table(per_tp, "partitions")
-    statuses = {r["status"]: {"chunks": int(r["n"]), "records": int(r["records"] or 0),
-                              "bytes": int(r["bytes"] or 0)}
-                for r in chunks.groupBy("status").agg(
-                    F.count("*").alias("n"), F.sum("records").alias("records"),
-                    F.sum("bytes").alias("bytes")).collect()}
+
+
+def _statuses(chunks: DataFrame) -> dict[str, dict[str, int]]:
+    from pyspark.sql import functions as F
+
+    return {r["status"]: {"chunks": int(r["n"]), "records": int(r["records"] or 0),
+                          "bytes": int(r["bytes"] or 0)}
+            for r in chunks.groupBy("status").agg(
+                F.count("*").alias("n"), F.sum("records").alias("records"),
+                F.sum("bytes").alias("bytes")).collect()}
+
+
+def _summary(settings: Settings, options: BackfillOptions, job_id: str, started: int,
+             seconds: float, plan: dict[str, list[int]], statuses: dict[str, dict[str, int]]
+             ) -> dict[str, Any]:
+    total_records = sum(v[0] for v in plan.values())
     done = statuses.get(APPENDED, {"records": 0, "bytes": 0, "chunks": 0})
     bad = sum(v["chunks"] for k, v in statuses.items() if k not in OK_STATUSES)
     done_records = sum(v["records"] for k, v in statuses.items() if k in OK_STATUSES)
     complete = bad == 0 and done_records == total_records
-    finished = now_ms()
-    summary: dict[str, Any] = {
-        "job": JOB,
-        "status": "ok" if complete else "incomplete",
-        "exit_code": EXIT_OK if complete else EXIT_FINDINGS,
+    return {
+        **job_header(JOB, "ok" if complete else "incomplete",
+                     EXIT_OK if complete else EXIT_FINDINGS, started, now_ms(), settings,
+                     options),
         "job_id": job_id,
-        "started_ms": started,
-        "finished_ms": finished,
-        "duration_s": round((finished - started) / 1000, 3),
         "append_seconds": round(seconds, 3),
-        "root_prefix": settings.root_prefix,
-        "options": {k: (list(v) if isinstance(v, tuple) else v)
-                    for k, v in asdict(options).items()},
         "partitions": len(plan),
         "records_input": total_records,
-        "bytes_input": total_bytes,
+        "bytes_input": sum(v[1] for v in plan.values()),
         "records_done": done_records,
         "records_appended": done["records"],
         "bytes_appended": done["bytes"],
@@ -660,9 +655,34 @@ def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptio
         "records_per_s": round(done["records"] / seconds, 1) if seconds else None,
         "mib_per_s": round(done["bytes"] / MiB / seconds, 3) if seconds else None,
     }
+
+
+def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptions,
+                 report: Report) -> JobOutcome:
+    _check_options(options)
+    started = now_ms()
+    tasks = default_tasks(spark, options.tasks)
+    describe(spark, f"backfill: reading {len(options.inputs)} input path(s)")
+    df = read_input(spark, options)
+    plan = plan_input(df)
+    job_id = _job_identity(settings, options, df, plan, started)
+    describe(spark, f"backfill {job_id}: {sum(v[0] for v in plan.values())} records, "
+             f"{sum(v[1] for v in plan.values())} bytes in {len(plan)} partitions, "
+             f"{tasks} tasks")
+    describe(spark, f"backfill {job_id}: staging sorted chunks")
+    staging = report.path("staging")
+    files = _stage_chunks(spark, df, options, tasks, staging)
+    describe(spark, f"backfill {job_id}: appending from {len(files)} staged files")
+    params = TaskParams(job_id, options.blob_bytes, options.marker_every,
+                        options.max_records_per_second)
+    chunks, seconds = _append_staged(spark, settings, files, params, report)
+    shutil.rmtree(staging, ignore_errors=True)
+    report.write_table(_per_partition(chunks), "partitions")
+    summary = _summary(settings, options, job_id, started, seconds, plan, _statuses(chunks))
     report.write_summary(summary)
-    describe(spark, f"backfill {job_id}: {summary['status']}: {done['records']} records "
-             f"appended, {done_records}/{total_records} done")
+    describe(spark, f"backfill {job_id}: {summary['status']}: "
+             f"{summary['records_appended']} records appended, "
+             f"{summary['records_done']}/{summary['records_input']} done")
     return JobOutcome(summary, summary["exit_code"])
 
 
@@ -672,6 +692,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", action="append", required=True, dest="inputs",
                         help="input file or directory (repeatable)")
     parser.add_argument("--format", choices=("parquet", "json", "csv"), default=None,
+                        dest="input_format",
                         help="input format (default: from the file extension)")
     parser.add_argument("--value-column", default="value")
     parser.add_argument("--value-encoding", default="auto",
@@ -683,7 +704,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--topic", default=None, help="one topic for every row")
     parser.add_argument("--partition", type=int, default=None,
                         help="one partition for every row (default 0 without a column)")
-    parser.add_argument("--no-csv-header", action="store_true",
+    parser.add_argument("--no-csv-header", action="store_false", dest="csv_header",
                         help="CSV files have no header line (columns are _c0, _c1, ...)")
     parser.add_argument("--job-id", default=None,
                         help="identity of this backfill (default: a hash of the input "
@@ -702,23 +723,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_from_args(args: argparse.Namespace) -> BackfillOptions:
-    return BackfillOptions(
-        inputs=tuple(args.inputs), input_format=args.format, value_column=args.value_column,
-        value_encoding=args.value_encoding, topic_column=args.topic_column,
-        partition_column=args.partition_column, topic=args.topic, partition=args.partition,
-        csv_header=not args.no_csv_header, job_id=args.job_id,
-        chunk_records=args.chunk_records, chunk_bytes=args.chunk_bytes,
-        blob_bytes=args.blob_bytes, marker_every=args.marker_every, tasks=args.tasks,
-        max_records_per_second=args.max_records_per_second,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_backfill, options_from_args)
+    return run_main(JOB, build_parser(), argv, run_backfill, BackfillOptions)
 
 
 if __name__ == "__main__":
-    from jobs.spark.backfill import main as _main
-
-    sys.exit(_main())
+    sys.exit(run_module(JOB))

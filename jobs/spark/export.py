@@ -32,25 +32,14 @@ from app.errors import LlogError
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.reader import LogReader
-from jobs.spark.common import (
-    EXIT_FINDINGS,
-    EXIT_OK,
-    JobOutcome,
-    Report,
-    base_parser,
-    default_tasks,
-    describe,
-    discover_on_driver,
-    job_header,
-    now_ms,
-    open_stores,
-    partition_slices,
-    run_main,
-    settings_payload,
-    task_attempt_id,
-    task_identity,
-    task_logger,
-)
+from app.storage.records import now_ms
+from jobs.spark.discovery import discover_on_driver
+from jobs.spark.job_settings import settings_payload
+from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
+from jobs.spark.runner import base_parser, run_main, run_module
+from jobs.spark.session import default_tasks, describe
+from jobs.spark.stores import open_stores
+from jobs.spark.tasks import partition_slices, task_attempt_id, task_identity, task_logger
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -399,20 +388,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_from_args(args: argparse.Namespace) -> ExportOptions:
-    return ExportOptions(
-        output=args.output, topics=tuple(args.topics), partitions=tuple(args.partitions),
-        from_offset=args.from_offset, to_offset=args.to_offset,
-        range_records=args.range_records, mode=args.mode, tasks=args.tasks,
-        verify_output=args.verify_output,
-    )
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_export, options_from_args)
+    return run_main(JOB, build_parser(), argv, run_export, ExportOptions)
 
 
 if __name__ == "__main__":
-    from jobs.spark.export import main as _main
-
-    sys.exit(_main())
+    sys.exit(run_module(JOB))

@@ -31,7 +31,8 @@ from app.storage.reader import LogReader
 from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
 from app.storage.s3 import S3Store
 from app.storage.writer import AppendGroup, AppendResult, CrashPoint, LogWriter
-from jobs.spark.common import Stores, open_stores, settings_from_payload
+from jobs.spark.job_settings import settings_from_payload
+from jobs.spark.stores import Stores, open_stores
 
 
 def spark_missing_reason() -> str | None:
@@ -55,7 +56,7 @@ def get_spark() -> Any:
     """The process-wide local[2] SparkSession of the tests."""
     global _SESSION
     if _SESSION is None:
-        from jobs.spark.common import build_spark
+        from jobs.spark.session import build_spark
 
         _SESSION = build_spark("llog-spark-tests", "local[2]", {
             "spark.ui.enabled": "false",
