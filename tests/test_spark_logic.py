@@ -13,7 +13,7 @@ from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.records import Compaction, Control, IndexEntry, Pending
 from app.storage.writer import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from jobs.spark import cli
-from jobs.spark.backfill import chunk_key, resume_decision
+from jobs.spark.backfill_appends import chunk_key, resume_decision
 from jobs.spark.discovery import parse_partition_key
 from jobs.spark.export import plan_ranges
 from jobs.spark.findings import CORRUPTION
