@@ -44,7 +44,13 @@ from jobs.spark.findings import (
 from jobs.spark.index_analysis import analyse
 from jobs.spark.object_checks import Checked, ObjectChecker
 from jobs.spark.report import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
-from jobs.spark.runner import base_parser, parse_duration_ms, run_main, run_module
+from jobs.spark.runner import (
+    base_parser,
+    entry_point,
+    finish,
+    parse_duration_ms,
+    run_module,
+)
 from jobs.spark.scan import (
     SnapshotHandler,
     Tagged,
@@ -257,34 +263,27 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
     horizon = options.retry_horizon_ms or settings.retry_horizon_ms
     orphans = _orphans(spark, objects, tables["references"], started, horizon, report)
     summary = _summary(settings, options, started, horizon, tables, objects, orphans)
-    report.write_summary(summary)
-    describe(spark, f"audit: {summary['status']}: {summary['partitions']} partitions, "
-             f"{summary['findings_by_severity'][CORRUPTION]} corruption findings, "
-             f"{summary['strays']} strays, {summary['orphans']['count']} orphans")
-    return JobOutcome(summary, summary["exit_code"])
+    return finish(spark, report, summary, f"{summary['partitions']} partitions, "
+                  f"{summary['findings_by_severity'][CORRUPTION]} corruption findings, "
+                  f"{summary['strays']} strays, {summary['orphans']['count']} orphans")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = base_parser(JOB, "Check every topic-partition's index, objects and orphans.")
+    add_scan_arguments(parser)
     parser.add_argument("--deep", action="store_true",
                         help="also read and decode every slice and compacted object")
     parser.add_argument("--stale-after", type=parse_duration_ms, default="10m",
                         dest="stale_after_ms",
                         help="age from which unmaterialised pending appends and "
                              "meta/compaction records are reported as stale (default 10m)")
-    parser.add_argument("--retry-horizon", type=parse_duration_ms, default=None,
-                        dest="retry_horizon_ms",
-                        help="orphans older than this are flagged older_than_horizon "
-                             "(default: LLOG_RETRY_HORIZON_MS, as vacuum)")
     parser.add_argument("--delete-strays", action="store_true",
                         help="delete strays below the compaction cursor (conditional "
                              "deletes on the version read)")
-    add_scan_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_audit, AuditOptions)
+main = entry_point(JOB, build_parser, run_audit, AuditOptions)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,7 @@ from jobs.spark.backfill_appends import (
 from jobs.spark.backfill_input import input_fingerprint, plan_input, read_input
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
-from jobs.spark.runner import base_parser, run_main, run_module
+from jobs.spark.runner import base_parser, entry_point, finish, run_module
 from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import job_object_key, open_stores
 from jobs.spark.tasks import run_async, task_identity
@@ -250,11 +250,9 @@ def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptio
     shutil.rmtree(staging, ignore_errors=True)
     report.write_table(_per_partition(chunks), "partitions")
     summary = _summary(settings, options, job_id, started, seconds, plan, _statuses(chunks))
-    report.write_summary(summary)
-    describe(spark, f"backfill {job_id}: {summary['status']}: "
-             f"{summary['records_appended']} records appended, "
-             f"{summary['records_done']}/{summary['records_input']} done")
-    return JobOutcome(summary, summary["exit_code"])
+    return finish(spark, report, summary, f"{job_id}: {summary['records_appended']} "
+                  f"records appended, {summary['records_done']}/{summary['records_input']} "
+                  "done")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -294,8 +292,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_backfill, BackfillOptions)
+main = entry_point(JOB, build_parser, run_backfill, BackfillOptions)
 
 
 if __name__ == "__main__":

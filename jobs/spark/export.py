@@ -36,7 +36,7 @@ from app.storage.records import now_ms
 from jobs.spark.discovery import discover_on_driver
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
-from jobs.spark.runner import base_parser, run_main, run_module
+from jobs.spark.runner import base_parser, entry_point, finish, run_module
 from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import open_stores
 from jobs.spark.tasks import partition_slices, task_attempt_id, task_identity, task_logger
@@ -362,9 +362,7 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
         "bytes_exported": int(totals["b"] or 0),
         "records_per_s": round(exported / seconds, 1) if seconds else None,
     }
-    report.write_summary(summary)
-    describe(spark, f"export: {summary['status']}: {exported}/{expected} records")
-    return JobOutcome(summary, summary["exit_code"])
+    return finish(spark, report, summary, f"{exported}/{expected} records")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -388,8 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_export, ExportOptions)
+main = entry_point(JOB, build_parser, run_export, ExportOptions)
 
 
 if __name__ == "__main__":

@@ -9,14 +9,14 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.settings import Settings, SettingsError
 from app.storage.records import now_ms
 from jobs.spark.job_settings import load_settings
 from jobs.spark.progress import Progress
 from jobs.spark.report import EXIT_FAILED, JobOutcome, Report
-from jobs.spark.session import build_spark, parse_conf
+from jobs.spark.session import build_spark, describe, parse_conf
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -60,6 +60,14 @@ def base_parser(job: str, description: str) -> argparse.ArgumentParser:
 
 Options = TypeVar("Options", bound="DataclassInstance")
 JobRunner = Callable[["SparkSession", Settings, Options, Report], JobOutcome]
+
+
+def finish(spark: SparkSession, report: Report, summary: dict[str, Any], line: str
+           ) -> JobOutcome:
+    """Write ``summary.json``, log the job's last line, and return its outcome."""
+    report.write_summary(summary)
+    describe(spark, f"{summary['job']}: {summary['status']}: {line}")
+    return JobOutcome(summary, summary["exit_code"])
 
 
 def options_from_args(options_type: type[Options], args: argparse.Namespace) -> Options:
@@ -120,3 +128,14 @@ def run_module(job: str) -> int:
     from jobs.spark.cli import main
 
     return main([job, *sys.argv[1:]])
+
+
+def entry_point(job: str, build_parser: Callable[[], argparse.ArgumentParser],
+                runner: JobRunner[Options], options_type: type[Options]
+                ) -> Callable[[Sequence[str] | None], int]:
+    """A job's ``main(argv) -> exit code``."""
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run_main(job, build_parser(), argv, runner, options_type)
+
+    return main

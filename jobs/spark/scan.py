@@ -19,6 +19,7 @@ from jobs.spark.discovery import discover_on_driver
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.listing import list_objects
 from jobs.spark.report import Report
+from jobs.spark.runner import parse_duration_ms
 from jobs.spark.session import computed_once, describe
 from jobs.spark.snapshot import PartitionSnapshot, read_snapshot
 from jobs.spark.stores import Stores, open_stores
@@ -125,6 +126,11 @@ def scan_partitions(spark: SparkSession, settings: Settings, job: str,
 
 def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of the jobs that list objects and scan partitions (audit, vacuum)."""
+    parser.add_argument("--retry-horizon", type=parse_duration_ms, default=None,
+                        dest="retry_horizon_ms",
+                        help="the retry horizon (default: the writers' "
+                             "LLOG_RETRY_HORIZON_MS): vacuum deletes no object younger "
+                             "and refuses a shorter one; audit flags older orphans")
     parser.add_argument("--listing-fanout", type=int, choices=(1, 16, 256), default=16,
                         help="wal-shared/ is listed as this many hex key ranges")
     parser.add_argument("--concurrency", type=int, default=8,

@@ -28,7 +28,7 @@ import contextlib
 import functools
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -48,7 +48,7 @@ from jobs.spark.report import (
     Report,
     job_header,
 )
-from jobs.spark.runner import base_parser, parse_duration_ms, run_main, run_module
+from jobs.spark.runner import base_parser, entry_point, finish, run_module
 from jobs.spark.scan import (
     SnapshotHandler,
     Tagged,
@@ -339,31 +339,24 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
             _anchor(settings, run_id, remove=True)
     summary = _summary(settings, options, horizon, started, scan_started, listed, verdict,
                        decisions)
-    report.write_summary(summary)
-    describe(spark, f"vacuum: {summary['status']}: {summary['deleted']['count']} deleted, "
-             f"{summary['would_delete']['count']} would be deleted, "
-             f"{summary['kept']['count']} kept")
-    return JobOutcome(summary, summary["exit_code"])
+    return finish(spark, report, summary, f"{summary['deleted']['count']} deleted, "
+                  f"{summary['would_delete']['count']} would be deleted, "
+                  f"{summary['kept']['count']} kept")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = base_parser(JOB, "Delete orphan objects older than the retry horizon "
                               "(dry run unless --apply).")
-    parser.add_argument("--retry-horizon", type=parse_duration_ms, default=None,
-                        dest="retry_horizon_ms",
-                        help="only objects older than this may go (default: the writers' "
-                             "LLOG_RETRY_HORIZON_MS; shorter is refused)")
+    add_scan_arguments(parser)
     parser.add_argument("--apply", action="store_true",
                         help="really delete (default: dry run, report only)")
     parser.add_argument("--unsafe-short-horizon", action="store_true",
                         help="allow a horizon shorter than LLOG_RETRY_HORIZON_MS "
                              "(only where no writer is running)")
-    add_scan_arguments(parser)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_vacuum, VacuumOptions)
+main = entry_point(JOB, build_parser, run_vacuum, VacuumOptions)
 
 
 if __name__ == "__main__":
