@@ -13,7 +13,9 @@ scan, made in the same run after the object was listed, shows that no index entr
 3. Only then are partitions discovered again and every partition's references read
    (Spark tasks, :func:`jobs.spark.scan.read_snapshot`).
 4. An object is deleted only if it is unreferenced, the reference scan of every
-   partition succeeded, it was last modified before the scan start, and it is older
+   partition succeeded and found no record this release cannot fully read (fail
+   closed: such a record may name any object; then nothing is deleted and the job
+   exits 3), it was last modified before the scan start, and it is older
    than the retry horizon (+1 s for second-granular timestamps): the writers' own
    ``LLOG_RETRY_HORIZON_MS``, or a longer ``--retry-horizon``. Everything else is
    kept, with the reason. Dry run by default; ``--apply`` deletes.

@@ -32,7 +32,7 @@ from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
 from app.storage.s3 import S3Store
 from app.storage.writer import AppendGroup, AppendResult, CrashPoint, LogWriter
 from jobs.spark.job_settings import settings_from_payload
-from jobs.spark.stores import Stores, open_stores
+from jobs.spark.stores import open_stores
 
 
 def spark_missing_reason() -> str | None:
@@ -109,33 +109,20 @@ def table(report: Path, name: str) -> list[dict[str, Any]]:
 class Engine:
     """The jobs' store clients plus a writer and a reader, for setting up a store."""
 
-    stores: Stores
+    settings: Settings
+    layout: KeyLayout
+    oxia: OxiaStore
+    s3: S3Store
     writer: LogWriter
     reader: LogReader
-
-    @property
-    def settings(self) -> Settings:
-        return self.stores.settings
-
-    @property
-    def layout(self) -> KeyLayout:
-        return self.stores.layout
-
-    @property
-    def oxia(self) -> OxiaStore:
-        return self.stores.oxia
-
-    @property
-    def s3(self) -> S3Store:
-        return self.stores.s3
 
 
 @contextlib.asynccontextmanager
 async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
-    async with open_stores(settings.as_env(), "spark-tests") as stores:
-        writer = LogWriter(stores.oxia, stores.s3, stores.layout, stores.metrics,
-                           **writer_kwargs)
-        yield Engine(stores, writer, LogReader(stores.oxia, stores.s3, stores.layout))
+    async with open_stores(settings.as_env(), "spark-tests") as st:
+        writer = LogWriter(st.oxia, st.s3, st.layout, st.metrics, **writer_kwargs)
+        yield Engine(st.settings, st.layout, st.oxia, st.s3, writer,
+                     LogReader(st.oxia, st.s3, st.layout))
 
 
 async def append(e: Engine, groups: Sequence[tuple[TopicPartition, Sequence[bytes]]]
