@@ -86,8 +86,10 @@ def main() -> None:
     from app.localstack.stack import LocalStack, StackConfig
     from jobs.spark.audit import AuditOptions, run_audit
     from jobs.spark.backfill import BackfillOptions, run_backfill
-    from jobs.spark.common import Report, build_spark, load_settings, parse_conf
     from jobs.spark.export import ExportOptions, run_export
+    from jobs.spark.job_settings import load_settings
+    from jobs.spark.report import Report
+    from jobs.spark.session import build_spark, parse_conf
 
     work = args.work_dir or Path(tempfile.mkdtemp(prefix="llog-spark-bench-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -9,9 +9,9 @@ from typing import Any
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.records import Control
-from tests.conftest import make_settings
 from tests.helpers.spark_support import (
     SPARK_TESTS,
+    UNREADABLE,
     Engine,
     append,
     compact,
@@ -20,8 +20,11 @@ from tests.helpers.spark_support import (
     read_summary,
     recreate_stray,
     run,
+    stack_json,
+    stack_settings,
     table,
     unique_root,
+    unreadable_metadata,
 )
 
 pytestmark = SPARK_TESTS
@@ -29,7 +32,7 @@ pytestmark = SPARK_TESTS
 
 def _audit(spark: Any, settings: Any, report: Path, **options: Any) -> Any:
     from jobs.spark.audit import AuditOptions, run_audit
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
 
     return run_audit(spark, settings, AuditOptions(**options), Report(report))
 
@@ -40,7 +43,7 @@ def _rec(tag: str, n: int) -> list[bytes]:
 
 def test_clean_store_passes_and_strays_are_not_corruption(
         stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     a, b, c = (TopicPartition(topic, p) for p in range(3))
 
     async def build(e: Engine) -> dict[str, Any]:
@@ -95,7 +98,7 @@ def test_clean_store_passes_and_strays_are_not_corruption(
 
 def test_audit_finds_each_injected_fault(
         stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any) -> None:
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     bucket = settings.s3_bucket
     tps = [TopicPartition(topic, p) for p in range(6)]
     missing, truncated, gap, stale, flipped, clean = tps
@@ -172,19 +175,41 @@ def test_audit_finds_each_injected_fault(
     assert deep.summary["partitions_with_corruption"] == 4
 
 
+def test_metadata_this_release_cannot_read_is_corruption(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    settings = stack_settings(stack)
+    broken = {how: TopicPartition(topic, p) for p, how in enumerate(UNREADABLE)}
+    clean = TopicPartition(topic, len(UNREADABLE))
+
+    async def build(e: Engine) -> None:
+        for tp in [*broken.values(), clean]:
+            for i in range(2):
+                await append(e, [(tp, _rec(f"{tp.partition}-{i}", 2))])
+        for how, tp in broken.items():
+            await unreadable_metadata(e, tp, how)
+
+    run(settings, build)
+    outcome = _audit(spark, settings, tmp_path / "r")
+    assert outcome.exit_code == 1, outcome.summary
+    found = {(f["partition"], f["kind"]): f["message"]
+             for f in table(tmp_path / "r", "findings") if f["severity"] == "corruption"}
+    expected = {(tp.partition, "bad_control" if how.startswith("pending") else
+                 "bad_index_entry") for how, tp in broken.items()}
+    assert expected <= set(found)
+    assert not [k for k in found if k[0] == clean.partition]
+    assert "bytes-batch-v9" in found[(broken["index_newer_encoding"].partition,
+                                      "bad_index_entry")]
+    assert "bytes-batch-v9" in found[(broken["pending_newer_encoding"].partition,
+                                      "bad_control")]
+    assert outcome.summary["partitions_with_corruption"] == len(broken)
+
+
 def test_cli_runs_a_job_with_an_llog_dev_stack_json(stack: LocalStack, spark: Any,
                                                     tmp_path: Path) -> None:
-    import json
-
     from jobs.spark.cli import main
 
-    env = stack.settings_env()
-    (tmp_path / "stack.json").write_text(json.dumps({
-        name: env[f"LLOG_{name.upper()}"] for name in (
-            "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
-            "s3_access_key", "s3_secret_key")}))
     code = main(["audit", "--report", str(tmp_path / "r"), "--stack-json",
-                 str(tmp_path / "stack.json"), "--root-prefix", unique_root(),
+                 str(stack_json(stack, tmp_path / "stack.json")), "--root-prefix", unique_root(),
                  "--progress-interval", "0"])
     assert code == 0
     summary = read_summary(tmp_path / "r")

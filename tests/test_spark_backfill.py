@@ -19,15 +19,15 @@ from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from tests.conftest import make_settings
 from tests.helpers.spark_support import (
     SPARK_TESTS,
     Engine,
     open_engine,
     read_summary,
     run,
+    stack_json,
+    stack_settings,
     table,
-    unique_root,
 )
 
 pytestmark = SPARK_TESTS
@@ -36,15 +36,15 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _backfill(spark: Any, settings: Settings, report: Path, **options: Any) -> Any:
     from jobs.spark.backfill import BackfillOptions, run_backfill
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
 
     return run_backfill(spark, settings, BackfillOptions(**options), Report(report))
 
 
 def _export(spark: Any, settings: Settings, report: Path, output: Path, **options: Any
             ) -> dict[tuple[str, int], list[tuple[int, bytes, str | None]]]:
-    from jobs.spark.common import Report
     from jobs.spark.export import ExportOptions, run_export
+    from jobs.spark.report import Report
 
     outcome = run_export(spark, settings, ExportOptions(output=str(output), **options),
                          Report(report))
@@ -72,7 +72,7 @@ def test_backfill_then_export_round_trip(stack: LocalStack, spark: Any, topic: s
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     # JSON Lines in two files, three partitions interleaved.
     expected: dict[tuple[str, int], list[bytes]] = {}
     files = []
@@ -163,7 +163,7 @@ def test_backfill_then_export_round_trip(stack: LocalStack, spark: Any, topic: s
 
 def test_backfill_concurrent_with_live_producer(stack: LocalStack, spark: Any, topic: str,
                                                 tmp_path: Path) -> None:
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     tps = [TopicPartition(topic, p) for p in range(2)]
     rows = [{"topic": topic, "partition": i % 2, "value": f"bf-{i % 2}-{i // 2}"}
             for i in range(1200)]
@@ -227,7 +227,7 @@ def test_backfill_killed_midway_and_rerun_leaves_no_duplicates(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     tps = [TopicPartition(topic, p) for p in range(4)]
     n = 1500
     pq.write_table(pa.table({
@@ -244,11 +244,7 @@ def test_backfill_killed_midway_and_rerun_leaves_no_duplicates(
             "--stack-json", str(tmp_path / "stack.json"),
             "--root-prefix", settings.root_prefix]
     # Connection settings as `llog dev` describes its stack (no LLOG_* environment).
-    stack_env = stack.settings_env()
-    (tmp_path / "stack.json").write_text(json.dumps({
-        name: stack_env[f"LLOG_{name.upper()}"] for name in (
-            "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
-            "s3_access_key", "s3_secret_key")}))
+    stack_json(stack, tmp_path / "stack.json")
     env = {k: v for k, v in os.environ.items() if not k.startswith("LLOG_")}
 
     async def total(e: Engine) -> int:
@@ -302,7 +298,7 @@ def test_backfill_killed_midway_and_rerun_leaves_no_duplicates(
 
 def test_a_failed_chunk_stops_its_partition_and_a_rerun_completes_it(
         stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     fenced, open_tp = TopicPartition(topic, 0), TopicPartition(topic, 1)
     rows = [{"topic": topic, "partition": i % 2, "value": f"r-{i % 2}-{i // 2}"}
             for i in range(400)]

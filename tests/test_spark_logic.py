@@ -9,15 +9,18 @@ from typing import Any
 
 import pytest
 
+from app.storage.idempotency import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.records import Compaction, Control, IndexEntry, Pending
-from app.storage.writer import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from jobs.spark import cli
-from jobs.spark.audit import CORRUPTION, analyse
-from jobs.spark.backfill import chunk_key, resume_decision
-from jobs.spark.common import parse_duration_ms, parse_partition_key
+from jobs.spark.backfill_appends import chunk_key, resume_decision
+from jobs.spark.discovery import parse_partition_key
 from jobs.spark.export import plan_ranges
-from jobs.spark.scan import IndexRow, PartitionSnapshot, listing_units
+from jobs.spark.findings import CORRUPTION
+from jobs.spark.index_analysis import analyse
+from jobs.spark.listing import listing_units
+from jobs.spark.runner import parse_duration_ms
+from jobs.spark.snapshot import IndexRow, PartitionSnapshot
 from jobs.spark.vacuum import decide
 
 TP = TopicPartition("orders", 3)
@@ -177,3 +180,23 @@ def test_cli_dispatch(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> Non
         assert cli.main(["audit", "--help"]) == 0
         assert "--deep" in capsys.readouterr().out
         assert cli.main(["vacuum", "--report", str(tmp_path), "--retry-horizon", "x"]) == 2
+
+
+def test_records_this_release_does_not_fully_understand_have_problems() -> None:
+    from jobs.spark.record_checks import index_entry_problems, pending_problems
+
+    good = IndexEntry(type="WAL", msg_count=2, data_key="s3://bucket/llog/wal-shared/b1",
+                      byte_offset=8, byte_length=10)
+    assert index_entry_problems(good) == []
+    for change, words in [
+        ({"encoding": "bytes-batch-v9"}, "bytes-batch-v9"),
+        ({"type": "SNAPSHOT"}, "SNAPSHOT"),
+        ({"data_key": "llog/wal-shared/b1"}, "data_key"),
+        ({"byte_offset": "8"}, "byte_offset"),
+        ({"msg_count": 2.5}, "msg_count"),
+        ({"crc32c": 2**32}, "crc32c"),
+    ]:
+        entry = IndexEntry.from_dict({**good.to_dict(), **change})
+        assert any(words in p for p in index_entry_problems(entry)), change
+    pending = Pending("p1", 4, 6, 3, "s3://bucket/k", entry_type="COMPACTED")  # type: ignore[arg-type]
+    assert pending_problems(pending) == ["entry_type 'COMPACTED' is not 'WAL'"]

@@ -11,7 +11,6 @@ import pytest
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from tests.conftest import make_settings
 from tests.helpers.spark_support import (
     SPARK_TESTS,
     Engine,
@@ -21,8 +20,11 @@ from tests.helpers.spark_support import (
     read_summary,
     recreate_stray,
     run,
+    stack_json,
+    stack_settings,
     table,
     unique_root,
+    unreadable_metadata,
 )
 
 pytestmark = SPARK_TESTS
@@ -41,10 +43,10 @@ def _keys(s3_client: Any, bucket: str, prefix: str) -> set[str]:
 def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: str,
                                          tmp_path: Path, s3_client: Any) -> None:
     from jobs.spark.audit import AuditOptions, run_audit
-    from jobs.spark.common import Report
+    from jobs.spark.report import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)
     root, bucket = settings.root_prefix, settings.s3_bucket
     a, b, c = (TopicPartition(topic, p) for p in range(3))
 
@@ -116,11 +118,114 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
     assert audit.summary["orphans"]["count"] == 1  # the young one
 
 
-def test_vacuum_refuses_a_short_horizon(stack: LocalStack, spark: Any, tmp_path: Path) -> None:
-    from jobs.spark.common import Report
+def test_vacuum_refuses_a_horizon_shorter_than_the_writers(stack: LocalStack, spark: Any,
+                                                           tmp_path: Path) -> None:
+    from jobs.spark.report import Report
     from jobs.spark.vacuum import VacuumOptions, run_vacuum
 
-    settings = make_settings(stack, root_prefix=unique_root())
+    settings = stack_settings(stack)  # LLOG_RETRY_HORIZON_MS: the default hour
     with pytest.raises(ValueError, match="unsafe-short-horizon"):
         run_vacuum(spark, settings, VacuumOptions(retry_horizon_ms=60_000),
                    Report(tmp_path / "r"))
+    # Shorter than what the writers are configured with, though longer than any floor.
+    settings = stack_settings(stack, retry_horizon_ms=3 * 3_600_000)
+    with pytest.raises(ValueError, match="unsafe-short-horizon"):
+        run_vacuum(spark, settings, VacuumOptions(retry_horizon_ms=2 * 3_600_000),
+                   Report(tmp_path / "r2"))
+
+
+def test_vacuum_takes_its_horizon_from_the_writers_setting(
+        stack: LocalStack, spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from jobs.spark.cli import main
+
+    monkeypatch.setenv("LLOG_RETRY_HORIZON_MS", str(2 * 3_600_000))
+    common = ["--stack-json", str(stack_json(stack, tmp_path / "stack.json")),
+              "--root-prefix", unique_root(), "--progress-interval", "0"]
+    assert main(["vacuum", "--report", str(tmp_path / "default"), *common]) == 0
+    summary = read_summary(tmp_path / "default")
+    assert summary["options"]["retry_horizon_ms"] is None  # not given: the setting's
+    assert summary["retry_horizon_ms"] == 2 * 3_600_000
+
+    assert main(["vacuum", "--report", str(tmp_path / "short"), "--retry-horizon", "1h",
+                 *common]) == 2
+    refused = read_summary(tmp_path / "short")
+    assert refused["status"] == "failed"
+    assert "--unsafe-short-horizon" in refused["error"]
+    assert main(["vacuum", "--report", str(tmp_path / "long"), "--retry-horizon", "3h",
+                 *common]) == 0
+    assert read_summary(tmp_path / "long")["retry_horizon_ms"] == 3 * 3_600_000
+
+
+@pytest.mark.parametrize("how", ["index_not_json", "index_newer_encoding",
+                                 "pending_newer_encoding"])
+def test_vacuum_deletes_nothing_while_metadata_does_not_parse(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any,
+        how: str) -> None:
+    from jobs.spark.report import Report
+    from jobs.spark.vacuum import VacuumOptions, run_vacuum
+
+    settings = stack_settings(stack)
+    root, bucket = settings.root_prefix, settings.s3_bucket
+    clean, bad = TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+    async def build(e: Engine) -> None:
+        # The first and the last append of `bad` are the only names of their blobs: one
+        # in its first index entry, one in the pending record of its meta/control.
+        await append(e, [(bad, [b"first"])])
+        for i in range(2):
+            await append(e, [(clean, [b"c%d" % i]), (bad, [b"b%d" % i])])
+        await append(e, [(bad, [b"last"])])
+        await unreadable_metadata(e, bad, how)
+
+    run(settings, build)
+    orphans = {f"{root}/wal-shared/{uuid.uuid4().hex}",
+               f"{root}/{topic}/partitions/1/data/compacted/{uuid.uuid4().hex}"}
+    for k in orphans:
+        s3_client.put_object(Bucket=bucket, Key=k, Body=b"orphan")
+    everything = _keys(s3_client, bucket, root + "/")
+    time.sleep((HORIZON_MS + 1500) / 1000)  # the orphans outgrow the horizon
+
+    outcome = run_vacuum(spark, settings, VacuumOptions(
+        retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
+        Report(tmp_path / "r"))
+    assert _keys(s3_client, bucket, root + "/") == everything  # nothing deleted
+    assert outcome.exit_code == 3, outcome.summary
+    summary = read_summary(tmp_path / "r")
+    assert summary["status"] == "unreadable_metadata"
+    assert summary["reference_scan_complete"] is False
+    assert summary["deleted"]["count"] == 0
+    named = summary["unreadable_partitions"]
+    assert [(p["topic"], p["partition"]) for p in named] == [(topic, 1)]
+    assert named[0]["errors"]
+    decisions = {d["key"]: d for d in table(tmp_path / "r", "decisions")}
+    assert {decisions[k]["reason"] for k in orphans} == {"reference_scan_incomplete"}
+    partitions = {p["partition"]: p for p in table(tmp_path / "r", "partitions")}
+    assert partitions[1]["errors"] and not partitions[0]["errors"]
+
+
+def test_a_partition_that_lost_its_control_record_still_protects_its_objects(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any) -> None:
+    from jobs.spark.report import Report
+    from jobs.spark.vacuum import VacuumOptions, run_vacuum
+
+    settings = stack_settings(stack)
+    root, bucket = settings.root_prefix, settings.s3_bucket
+    tp = TopicPartition(topic, 0)
+
+    async def build(e: Engine) -> set[str]:
+        results = [(await append(e, [(tp, [b"r%d" % i])]))[0] for i in range(3)]
+        # meta/control gone: only the index names the first two blobs (the third was
+        # named by the pending record alone).
+        await e.oxia.delete(e.layout.control(tp), tp.partition_key)
+        return {e.layout.parse_uri(r.wal_uri)[1] for r in results[:2]}
+
+    indexed = run(settings, build)
+    time.sleep((HORIZON_MS + 1500) / 1000)
+    outcome = run_vacuum(spark, settings, VacuumOptions(
+        retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
+        Report(tmp_path / "r"))
+    assert outcome.exit_code == 0, outcome.summary
+    assert outcome.summary["partitions"] == 1
+    decisions = {d["key"]: d for d in table(tmp_path / "r", "decisions")}
+    assert {decisions[k]["reason"] for k in indexed} == {"referenced"}
+    assert indexed <= _keys(s3_client, bucket, root + "/")

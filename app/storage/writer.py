@@ -38,9 +38,7 @@ from app.errors import (
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.cas import Done, Retry, cas_loop
-from app.storage.idempotency import IDEMPOTENCY_FIELD as IDEMPOTENCY_FIELD
-from app.storage.idempotency import IDEMPOTENCY_WINDOW as IDEMPOTENCY_WINDOW
-from app.storage.idempotency import Remembered, remember, remembered
+from app.storage.idempotency import IDEMPOTENCY_FIELD, Remembered, remember, remembered
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import ensure_index_entry, index_entry_put, materialise_pending
 from app.storage.metrics import StoreMetrics

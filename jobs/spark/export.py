@@ -18,11 +18,12 @@ a local (or shared) directory, or any URI pyarrow's filesystems open.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import os
 import sys
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,26 +32,17 @@ from app.errors import LlogError
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.reader import LogReader
-from jobs.spark.common import (
-    EXIT_FINDINGS,
-    EXIT_OK,
-    JobOutcome,
-    Report,
-    base_parser,
-    default_tasks,
-    describe,
-    discover_on_driver,
-    now_ms,
-    open_stores,
-    partition_slices,
-    run_main,
-    settings_payload,
-    task_identity,
-    task_logger,
-)
+from app.storage.records import now_ms
+from jobs.spark.discovery import discover_on_driver
+from jobs.spark.job_settings import settings_payload
+from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
+from jobs.spark.runner import base_parser, entry_point, finish, run_module
+from jobs.spark.session import default_tasks, describe
+from jobs.spark.stores import open_stores
+from jobs.spark.tasks import partition_slices, task_attempt_id, task_identity, task_logger
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 JOB = "export"
 MiB = 1024 * 1024
@@ -123,75 +115,212 @@ def _filesystem(output: str) -> tuple[Any, str]:
     return fs, str(path)
 
 
+@dataclass(frozen=True)
+class PartRange:
+    """One task's work: offsets ``first..last`` of a partition into part file ``index``."""
+
+    index: int
+    topic: str
+    partition: int
+    first: int
+    last: int
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
 def part_name(index: int) -> str:
     return f"part-{index:05d}.parquet"
 
 
-def export_task(payload: Mapping[str, str], output: str,
-                ranges: Iterable[tuple[int, str, int, int, int]]) -> Iterator[tuple[Any, ...]]:
-    """Spark ``mapPartitions`` body: write each range to ``output/part-{index}.parquet``.
+def temp_part_name(index: int, attempt: int) -> str:
+    """The hidden name a part is written under before it is renamed into place.
 
-    Records are read with :class:`LogReader` in batches and written with pyarrow as they
-    come (no per-row serialisation through the JVM); each file is written under a hidden
-    name and renamed when complete, so a retried task simply replaces it.
+    Unique per task attempt: a retried, speculative or zombie attempt of the same task
+    writes its own file, so two attempts never write into (or rename away) each other's
+    temporary file; whichever renames last replaces a whole file with an equal one.
     """
+    return f".{part_name(index)}.attempt-{attempt}.tmp"
+
+
+def _sweep_temporary_parts(fs: Any, base: str) -> None:
+    """Remove what attempts that were killed midway left behind (hidden files, which
+    readers skip anyway); best effort."""
+    import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    for info in fs.get_file_info(pyarrow.fs.FileSelector(base)):
+        if info.base_name.startswith(".part-") and info.base_name.endswith(".tmp"):
+            with contextlib.suppress(OSError):
+                fs.delete_file(info.path)
+
+
+def _schema() -> Any:
     import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    return pa.schema([("topic", pa.string()), ("partition", pa.int32()),
+                      ("offset", pa.int64()), ("value", pa.binary()),
+                      ("value_utf8", pa.string())])
+
+
+async def _batches(reader: LogReader, part: PartRange, batch_records: int
+                   ) -> AsyncIterator[list[tuple[int, bytes]]]:
+    """The range's records in batches, checked to be contiguous from ``first``."""
+    offset = part.first
+    while offset <= part.last:
+        try:
+            result = await reader.read(part.tp, offset, max_records=min(
+                batch_records, part.last - offset + 1), max_bytes=READ_BYTES)
+        except LlogError as exc:
+            raise LlogError(f"{part.tp} offsets {offset}..{part.last}: "
+                            f"{exc.error_type}: {exc}") from exc
+        got = [(at, v) for at, v in result.records if at <= part.last]
+        if not got:
+            raise LlogError(f"{part.tp}: nothing readable at offset {offset} "
+                            f"(high watermark {result.high_watermark})")
+        if got[0][0] != offset or got[-1][0] != offset + len(got) - 1:
+            raise LlogError(f"{part.tp}: offsets from {offset} are not contiguous")
+        yield got
+        offset = got[-1][0] + 1
+
+
+def _record_batch(schema: Any, part: PartRange, got: list[tuple[int, bytes]]) -> Any:
+    import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    values = pa.array([v for _, v in got], pa.binary())
+    try:  # the whole batch at once when it is all valid UTF-8
+        text = values.cast(pa.string())
+    except pa.ArrowInvalid:
+        text = pa.array([_utf8(v) for _, v in got], pa.string())
+    return pa.record_batch([
+        pa.array([part.topic] * len(got), pa.string()),
+        pa.array([part.partition] * len(got), pa.int32()),
+        pa.array([at for at, _ in got], pa.int64()),
+        values,
+        text,
+    ], schema=schema)
+
+
+async def write_part(reader: LogReader, fs: Any, base: str, part: PartRange, attempt: int,
+                     *, batch_records: int = READ_RECORDS) -> tuple[Any, ...]:
+    """Write ``part`` to ``base/part-{index}.parquet``; a row of :data:`FILE_COLUMNS`.
+
+    The file is written under a hidden temporary name and renamed when complete, so the
+    committed name only ever holds a whole file, whichever attempt renamed it last.
+    """
     import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    todo = list(ranges)
+    schema = _schema()
+    tmp = f"{base}/{temp_part_name(part.index, attempt)}"
+    records = size = 0
+    try:
+        with fs.open_output_stream(tmp) as stream, \
+                pq.ParquetWriter(stream, schema, compression="snappy") as writer:
+            async for got in _batches(reader, part, batch_records):
+                writer.write_batch(_record_batch(schema, part, got))
+                records += len(got)
+                size += sum(len(v) for _, v in got)
+        fs.move(tmp, f"{base}/{part_name(part.index)}")
+    except BaseException:
+        with contextlib.suppress(OSError):
+            fs.delete_file(tmp)
+        raise
+    return (part.index, part.topic, part.partition, part.first, part.last, records, size,
+            part_name(part.index))
+
+
+def export_task(payload: Mapping[str, str], output: str,
+                ranges: Iterable[tuple[int, str, int, int, int]]) -> Iterator[tuple[Any, ...]]:
+    """Spark ``mapPartitions`` body: write each range with :func:`write_part`.
+
+    Records are read with :class:`LogReader` in batches and written with pyarrow as they
+    come (no per-row serialisation through the JVM).
+    """
+    todo = [PartRange(*r) for r in ranges]
     logger = task_logger(JOB)
-    schema = pa.schema([("topic", pa.string()), ("partition", pa.int32()),
-                        ("offset", pa.int64()), ("value", pa.binary()),
-                        ("value_utf8", pa.string())])
     fs, base = _filesystem(output)
+    attempt = task_attempt_id()
     out: list[tuple[Any, ...]] = []
 
     async def run() -> None:
         async with open_stores(payload, task_identity(JOB)) as stores:
             reader = LogReader(stores.oxia, stores.s3, stores.layout)
-            for index, topic, partition, first, last in todo:
-                tp = TopicPartition(topic, partition)
-                tmp = f"{base}/.{part_name(index)}.tmp"
-                records = size = 0
-                offset = first
-                with fs.open_output_stream(tmp) as stream, \
-                        pq.ParquetWriter(stream, schema, compression="snappy") as writer:
-                    while offset <= last:
-                        try:
-                            result = await reader.read(tp, offset, max_records=min(
-                                READ_RECORDS, last - offset + 1), max_bytes=READ_BYTES)
-                        except LlogError as exc:
-                            raise LlogError(f"{tp} offsets {offset}..{last}: "
-                                           f"{exc.error_type}: {exc}") from exc
-                        got = [(at, v) for at, v in result.records if at <= last]
-                        if not got:
-                            raise LlogError(f"{tp}: nothing readable at offset {offset} "
-                                           f"(high watermark {result.high_watermark})")
-                        offsets = [at for at, _ in got]
-                        if offsets[0] != offset or offsets[-1] != offset + len(got) - 1:
-                            raise LlogError(f"{tp}: offsets from {offset} are not contiguous")
-                        values = pa.array([v for _, v in got], pa.binary())
-                        try:  # the whole batch at once when it is all valid UTF-8
-                            text = values.cast(pa.string())
-                        except pa.ArrowInvalid:
-                            text = pa.array([_utf8(v) for _, v in got], pa.string())
-                        writer.write_batch(pa.record_batch([
-                            pa.array([topic] * len(got), pa.string()),
-                            pa.array([partition] * len(got), pa.int32()),
-                            pa.array(offsets, pa.int64()),
-                            values,
-                            text,
-                        ], schema=schema))
-                        records += len(got)
-                        size += sum(len(v) for _, v in got)
-                        offset = offsets[-1] + 1
-                fs.move(tmp, f"{base}/{part_name(index)}")
-                out.append((index, topic, partition, first, last, records, size,
-                            part_name(index)))
-                logger.info("exported %s offsets %d..%d", tp, first, last)
+            for part in todo:
+                out.append(await write_part(reader, fs, base, part, attempt))
+                logger.info("exported %s offsets %d..%d", part.tp, part.first, part.last)
 
     anyio.run(run)
     return iter(out)
+
+
+def _select_partitions(settings: Settings, options: ExportOptions) -> list[TopicPartition]:
+    return [
+        tp for tp in discover_on_driver(settings, JOB)
+        if (not options.topics or tp.topic in options.topics)
+        and (not options.partitions or tp.partition in options.partitions)
+    ]
+
+
+def _read_high_watermarks(spark: SparkSession, payload: Mapping[str, str],
+                          partitions: Sequence[TopicPartition], tasks: int
+                          ) -> list[tuple[str, int, int]]:
+    """The export's snapshot, read in a Spark stage: later appends are not exported."""
+    describe(spark, f"export: reading the high watermarks of {len(partitions)} partitions")
+    items = [(tp.topic, tp.partition) for tp in partitions]
+    return spark.sparkContext.parallelize(items, partition_slices(len(items), tasks)) \
+        .mapPartitions(functools.partial(high_watermarks_task, payload)).collect()
+
+
+def _prepare_output(options: ExportOptions) -> tuple[Any, str]:
+    import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    fs, base = _filesystem(options.output)
+    if fs.get_file_info(base).type != pyarrow.fs.FileType.NotFound:
+        if options.mode != "overwrite":
+            raise ValueError(f"{options.output} exists (pass --mode overwrite to replace it)")
+        fs.delete_dir(base)
+    fs.create_dir(base)
+    return fs, base
+
+
+def _write_parts(spark: SparkSession, payload: Mapping[str, str], options: ExportOptions,
+                 ranges: Sequence[tuple[str, int, int, int]], report: Report) -> DataFrame:
+    """One task per range; the tasks' file rows, written to ``report/files``."""
+    fs, base = _prepare_output(options)
+    indexed = [(i, *r) for i, r in enumerate(ranges)]
+    written_rows = spark.sparkContext.parallelize(
+        indexed, max(1, min(len(indexed), MAX_SLICES))
+    ).mapPartitions(functools.partial(export_task, payload, options.output))
+    files = spark.createDataFrame(written_rows, FILE_COLUMNS, verifySchema=False)
+    files_df = spark.read.parquet(report.write_table(files, "files"))
+    _sweep_temporary_parts(fs, base)
+    with fs.open_output_stream(f"{base}/_SUCCESS"):
+        pass
+    return files_df
+
+
+def _per_partition(spark: SparkSession, hws: Sequence[tuple[str, int, int]],
+                   files: DataFrame) -> DataFrame:
+    """High watermark against what the tasks exported, per partition."""
+    from pyspark.sql import functions as F
+
+    return spark.createDataFrame(
+        list(hws), "topic string, partition int, high_watermark long",
+    ).join(files.groupBy("topic", "partition").agg(
+        F.sum("records").alias("records"), F.min("first_offset").alias("first_offset"),
+        F.max("last_offset").alias("last_offset"), F.sum("bytes").alias("bytes"),
+    ), ["topic", "partition"], "left_outer").orderBy("topic", "partition")
+
+
+def _verify_output(spark: SparkSession, output: str) -> tuple[int, int]:
+    """(records, duplicate offsets) of the written files, read back with Spark."""
+    from pyspark.sql import functions as F
+
+    describe(spark, "export: verifying the output")
+    written = spark.read.schema(RECORD_COLUMNS).parquet(output)
+    check = written.agg(F.count("*").alias("n"), F.countDistinct(
+        "topic", "partition", "offset").alias("distinct")).collect()[0]
+    return int(check["n"] or 0), int(check["n"] or 0) - int(check["distinct"] or 0)
 
 
 def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
@@ -204,71 +333,27 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
     tasks = default_tasks(spark, options.tasks)
     payload = settings_payload(settings)
     describe(spark, "export: discovering partitions")
-    partitions = [
-        tp for tp in discover_on_driver(settings, JOB)
-        if (not options.topics or tp.topic in options.topics)
-        and (not options.partitions or tp.partition in options.partitions)
-    ]
-    describe(spark, f"export: reading the high watermarks of {len(partitions)} partitions")
-    items = [(tp.topic, tp.partition) for tp in partitions]
-    hws = spark.sparkContext.parallelize(items, partition_slices(len(items), tasks)) \
-        .mapPartitions(functools.partial(high_watermarks_task, payload)).collect()
+    partitions = _select_partitions(settings, options)
+    hws = _read_high_watermarks(spark, payload, partitions, tasks)
     ranges = plan_ranges(hws, options.from_offset, options.to_offset, options.range_records)
-    planned = spark.createDataFrame(ranges, RANGE_COLUMNS)
-    report.write_table(planned, "ranges")
+    report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
     expected = sum(last - first + 1 for _, _, first, last in ranges)
     describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.output}")
-    import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    fs, base = _filesystem(options.output)
-    if fs.get_file_info(base).type != pyarrow.fs.FileType.NotFound:
-        if options.mode != "overwrite":
-            raise ValueError(f"{options.output} exists (pass --mode overwrite to replace it)")
-        fs.delete_dir(base)
-    fs.create_dir(base)
-    indexed = [(i, *r) for i, r in enumerate(ranges)]
-    written_rows = spark.sparkContext.parallelize(
-        indexed, max(1, min(len(indexed), MAX_SLICES))
-    ).mapPartitions(functools.partial(export_task, payload, options.output))
-    files = spark.createDataFrame(written_rows, FILE_COLUMNS, verifySchema=False)
-    report.write_table(files, "files")
-    with fs.open_output_stream(f"{base}/_SUCCESS"):
-        pass
-
     # Every task checked that its range came out contiguous and complete; the counts
     # per partition come from the tasks' own file list. --verify-output re-reads it all.
-    files_df = spark.read.parquet(report.tables["files"])
-    per_tp = spark.createDataFrame(
-        [(t, p, hw) for t, p, hw in hws], "topic string, partition int, high_watermark long",
-    ).join(files_df.groupBy("topic", "partition").agg(
-        F.sum("records").alias("records"), F.min("first_offset").alias("first_offset"),
-        F.max("last_offset").alias("last_offset"), F.sum("bytes").alias("bytes"),
-    ), ["topic", "partition"], "left_outer").orderBy("topic", "partition")
-    report.write_table(per_tp, "partitions")
-    totals = files_df.agg(F.sum("records").alias("n"), F.sum("bytes").alias("b")).collect()[0]
-    exported = int(totals["n"] or 0)
-    duplicates = 0
+    files = _write_parts(spark, payload, options, ranges, report)
+    report.write_table(_per_partition(spark, hws, files), "partitions")
+    totals = files.agg(F.sum("records").alias("n"), F.sum("bytes").alias("b")).collect()[0]
+    exported, duplicates = int(totals["n"] or 0), 0
     if options.verify_output:
-        describe(spark, "export: verifying the output")
-        written = spark.read.schema(RECORD_COLUMNS).parquet(options.output)
-        check = written.agg(F.count("*").alias("n"), F.countDistinct(
-            "topic", "partition", "offset").alias("distinct")).collect()[0]
-        duplicates = int(check["n"] or 0) - int(check["distinct"] or 0)
-        exported = int(check["n"] or 0)
+        exported, duplicates = _verify_output(spark, options.output)
     ok = exported == expected and duplicates == 0
     finished = now_ms()
     seconds = (finished - started) / 1000
     summary: dict[str, Any] = {
-        "job": JOB,
-        "status": "ok" if ok else "mismatch",
-        "exit_code": EXIT_OK if ok else EXIT_FINDINGS,
-        "started_ms": started,
-        "finished_ms": finished,
-        "duration_s": round(seconds, 3),
-        "root_prefix": settings.root_prefix,
+        **job_header(JOB, "ok" if ok else "mismatch", EXIT_OK if ok else EXIT_FINDINGS,
+                     started, finished, settings, options),
         "output": options.output,
-        "options": {k: (list(v) if isinstance(v, tuple) else v)
-                    for k, v in asdict(options).items()},
         "partitions": len(partitions),
         "ranges": len(ranges),
         "records_expected": expected,
@@ -277,9 +362,7 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
         "bytes_exported": int(totals["b"] or 0),
         "records_per_s": round(exported / seconds, 1) if seconds else None,
     }
-    report.write_summary(summary)
-    describe(spark, f"export: {summary['status']}: {exported}/{expected} records")
-    return JobOutcome(summary, summary["exit_code"])
+    return finish(spark, report, summary, f"{exported}/{expected} records")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -303,20 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def options_from_args(args: argparse.Namespace) -> ExportOptions:
-    return ExportOptions(
-        output=args.output, topics=tuple(args.topics), partitions=tuple(args.partitions),
-        from_offset=args.from_offset, to_offset=args.to_offset,
-        range_records=args.range_records, mode=args.mode, tasks=args.tasks,
-        verify_output=args.verify_output,
-    )
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_export, options_from_args)
+main = entry_point(JOB, build_parser, run_export, ExportOptions)
 
 
 if __name__ == "__main__":
-    from jobs.spark.export import main as _main
-
-    sys.exit(_main())
+    sys.exit(run_module(JOB))

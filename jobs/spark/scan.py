@@ -1,352 +1,33 @@
-"""What audit and vacuum share: object listings, partition snapshots and references.
-
-Listing is cut into key ranges (``wal-shared/{hex}`` prefixes and one ``data/`` prefix
-per partition) so that it runs in Spark tasks; a partition snapshot reads a
-topic-partition's Oxia records in the order that makes its set of references complete
-(see :func:`read_snapshot`).
+"""What audit and vacuum share: the listing taken before any reference is read, and
+the partition scan: every partition's snapshot (:mod:`jobs.spark.snapshot`) handed to
+a job's handler in Spark tasks, computed once, its rows written as report tables.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
-from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+import argparse
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from app.errors import CorruptData, InvalidRequest, LlogError
-from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import OxiaStore, Record
-from app.storage.records import Compaction, CompactionCursor, Control, IndexEntry
-from jobs.spark.common import Stores, open_stores, task_identity, task_logger
+from app.errors import LlogError
+from app.settings import Settings
+from app.storage.keys import TopicPartition
+from jobs.spark.discovery import discover_on_driver
+from jobs.spark.job_settings import settings_payload
+from jobs.spark.listing import list_objects
+from jobs.spark.report import Report
+from jobs.spark.runner import parse_duration_ms
+from jobs.spark.session import computed_once, describe
+from jobs.spark.snapshot import PartitionSnapshot, read_snapshot
+from jobs.spark.stores import Stores, open_stores
+from jobs.spark.tasks import partition_slices, task_identity, task_logger
 
-T = TypeVar("T")
-HEX = "0123456789abcdef"
-INDEX_PAGE = 1000
-SNAPSHOT_ATTEMPTS = 5
-
-OBJECT_COLUMNS = "key string, size long, last_modified_ms long, area string, " \
-                 "topic string, partition int"
-REFERENCE_COLUMNS = "key string, data_key string, topic string, partition int, kind string"
-
-
-# -- running async producers inside a Spark task ---------------------------------------
-
-
-class _ConsumerGone(Exception):
-    """The Spark task stopped reading before the producer finished."""
-
-
-class _Failure:
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
-_DONE = object()
-
-
-def stream_from_async(
-    produce: Callable[[Callable[[list[T]], Awaitable[None]]], Awaitable[None]],
-    *, max_batches: int = 4,
-) -> Iterator[T]:
-    """Run ``produce(emit)`` under ``anyio.run`` in a helper thread and yield what it emits.
-
-    ``emit`` takes a batch (list) and blocks while ``max_batches`` are waiting, so a
-    task streams its rows to Spark with bounded memory. Errors re-raise in the consumer;
-    a consumer that stops early makes the next ``emit`` fail, which ends the producer.
-    """
-    q: queue.Queue[object] = queue.Queue(max_batches)
-    closed = threading.Event()
-
-    def put(item: object) -> None:
-        while not closed.is_set():
-            try:
-                q.put(item, timeout=0.2)
-                return
-            except queue.Full:
-                continue
-        raise _ConsumerGone()
-
-    async def emit(batch: list[T]) -> None:
-        if batch:
-            await anyio.to_thread.run_sync(put, batch)
-
-    async def main() -> None:
-        try:
-            await produce(emit)
-        except BaseException as exc:
-            if not closed.is_set():
-                await anyio.to_thread.run_sync(put, _Failure(exc))
-            return
-        await anyio.to_thread.run_sync(put, _DONE)
-
-    thread = threading.Thread(target=anyio.run, args=(main,), daemon=True,
-                              name="llog-task-loop")
-    thread.start()
-    try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failure):
-                raise item.exc
-            assert isinstance(item, list)
-            yield from item
-    finally:
-        closed.set()
-        thread.join(timeout=60)
-
-
-# -- object listing --------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ListingUnit:
-    """One prefix to list: a slice of ``wal-shared/`` or one partition's ``data/``."""
-
-    area: str  # "wal-shared" | "data"
-    prefix: str
-    topic: str | None = None
-    partition: int | None = None
-
-
-def listing_units(layout: KeyLayout, partitions: Iterable[TopicPartition],
-                  fanout: int) -> list[ListingUnit]:
-    """``wal-shared/`` cut into ``fanout`` (1, 16 or 256) hex prefixes, plus ``data/``.
-
-    Shared blob names are ``uuid4().hex`` (lowercase hex), so the hex prefixes cover all
-    of them; an object under ``wal-shared/`` whose name starts with anything else is
-    never listed, hence never reported or deleted.
-    """
-    base = f"{layout.root}/wal-shared/"
-    if fanout <= 1:
-        heads = [""]
-    elif fanout <= 16:
-        heads = list(HEX)
-    else:
-        heads = [a + b for a in HEX for b in HEX]
-    units = [ListingUnit("wal-shared", base + h) for h in heads]
-    units += [ListingUnit("data", layout.partition_prefix(tp) + "data/", tp.topic,
-                          tp.partition) for tp in sorted(set(partitions))]
-    return units
-
-
-def list_objects_task(payload: Mapping[str, str], job: str,
-                      units: Iterable[ListingUnit]) -> Iterator[tuple[Any, ...]]:
-    """Spark ``mapPartitions`` body: rows of :data:`OBJECT_COLUMNS` for every object."""
-    todo = list(units)
-    logger = task_logger(job)
-
-    async def produce(emit: Callable[[list[tuple[Any, ...]]], Awaitable[None]]) -> None:
-        async with open_stores(payload, task_identity(job)) as stores:
-            listed = 0
-            for unit in todo:
-                page: list[tuple[Any, ...]] = []
-                async for info in stores.s3.list(unit.prefix):
-                    page.append((info.key, info.size, info.last_modified_ms, unit.area,
-                                 unit.topic, unit.partition))
-                    if len(page) >= 1000:
-                        listed += len(page)
-                        await emit(page)
-                        page = []
-                listed += len(page)
-                await emit(page)
-            logger.info("listed %d objects under %d prefixes", listed, len(todo))
-
-    return stream_from_async(produce)
-
-
-# -- partition snapshots ---------------------------------------------------------------
-
-
-@dataclass
-class IndexRow:
-    key: str
-    end: int | None  # None: not a well-formed index key of this partition
-    entry: IndexEntry | None  # None: the value does not parse
-    version: int
-    error: str | None = None
-
-    @property
-    def start(self) -> int | None:
-        if self.end is None or self.entry is None:
-            return None
-        return self.end - self.entry.msg_count + 1
-
-
-@dataclass
-class PartitionSnapshot:
-    tp: TopicPartition
-    control: Control | None = None
-    control_present: bool = False
-    control_version: int | None = None
-    # meta/control read again after the index scan: entries of appends committed during
-    # the scan end above the first read's high watermark, but not above this one's.
-    control_after: Control | None = None
-    cursor: int = 1
-    cursor_present: bool = False
-    compaction: Compaction | None = None
-    compaction_version: int | None = None
-    index: list[IndexRow] = field(default_factory=list)
-    errors: list[tuple[str, str]] = field(default_factory=list)  # (kind, message)
-    stable: bool = True
-    attempts: int = 1
-    # data keys seen by earlier, unstable attempts (and the compaction record read
-    # before the index scan): references too, for vacuum.
-    extra_refs: set[str] = field(default_factory=set)
-
-    @property
-    def high_watermark(self) -> int:
-        return 0 if self.control is None else self.control.sequence_counter
-
-    @property
-    def high_watermark_after(self) -> int:
-        if self.control_after is None:
-            return self.high_watermark
-        return max(self.high_watermark, self.control_after.sequence_counter)
-
-    def references(self) -> list[tuple[str, str]]:
-        """``(data_key, kind)`` of every reference: pending, every index entry (strays
-        included) and the compaction record."""
-        out: list[tuple[str, str]] = []
-        for control in (self.control, self.control_after):
-            if control is not None and control.pending is not None:
-                out.append((control.pending.data_key, "pending"))
-        for row in self.index:
-            if row.entry is not None:
-                out.append((row.entry.data_key, "index"))
-        if self.compaction is not None:
-            out.append((self.compaction.data_key, "compaction"))
-        seen: set[str] = set()
-        unique = []
-        for key, kind in out:
-            if key not in seen:
-                seen.add(key)
-                unique.append((key, kind))
-        unique += [(key, "earlier_read") for key in sorted(self.extra_refs - seen)]
-        return unique
-
-
-async def _get_meta(oxia: OxiaStore, key: str, pk: str) -> Record | None:
-    return await oxia.get(key, pk)
-
-
-async def scan_index(oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition,
-                     page: int = INDEX_PAGE) -> list[IndexRow]:
-    """Every key under the partition's ``index/``, paged (``page`` keys per request)."""
-    rows: list[IndexRow] = []
-    start = layout.index(tp, 0)
-    end = layout.index_scan_end(tp)
-    while True:
-        records = await oxia.range_scan(start, end, tp.partition_key, limit=page)
-        last_end: int | None = None
-        for record in records:
-            offset = layout.index_end_offset(tp, record.key)
-            if offset is None:
-                rows.append(IndexRow(record.key, None, None, record.version_id,
-                                     "not a 20-digit index key"))
-                continue
-            last_end = offset
-            try:
-                entry: IndexEntry | None = IndexEntry.from_json(record.value)
-                error = None
-            except CorruptData as exc:
-                entry, error = None, str(exc)
-            rows.append(IndexRow(record.key, offset, entry, record.version_id, error))
-        if len(records) < page:
-            return rows
-        if last_end is None:
-            raise CorruptData(f"{tp}: a page of {page} malformed index keys; scan stopped")
-        start = layout.index(tp, last_end + 1)
-
-
-def _parse(kind: str, raw: Record | None, parse: Callable[[bytes], T],
-           errors: list[tuple[str, str]]) -> T | None:
-    if raw is None:
-        return None
-    try:
-        return parse(raw.value)
-    except CorruptData as exc:
-        errors.append((kind, str(exc)))
-        return None
-
-
-async def read_snapshot(oxia: OxiaStore, layout: KeyLayout, tp: TopicPartition,
-                        *, attempts: int = SNAPSHOT_ATTEMPTS) -> PartitionSnapshot:
-    """A partition's records, read so that no reference can slip through unseen.
-
-    Order per attempt: cursor and ``meta/compaction``, then ``meta/control``, then the
-    whole ``index/``, then ``meta/control``, cursor and ``meta/compaction`` again.
-
-    - control before index: a pending append is moved to the index (create) before it
-      leaves control (CAS), so it is seen in one place or the other;
-    - compaction around the index scan: a compacted blob is named by ``meta/compaction``
-      from before its index entry is written until after it is, so a compaction that
-      swaps index keys during the scan is seen either way; if the cursor or the
-      compaction record changed, the scan is repeated (all data keys seen in any
-      attempt count as references);
-    - appends committed after the control read reference blobs that were PUT at most
-      the writers' retry horizon earlier: vacuum never deletes objects that young.
-    """
-    pk = tp.partition_key
-    extra: set[str] = set()
-    snap = PartitionSnapshot(tp)
-    for attempt in range(1, attempts + 1):
-        snap = PartitionSnapshot(tp, attempts=attempt)
-        cursor_before = await _get_meta(oxia, layout.compaction_cursor(tp), pk)
-        compaction_before = await _get_meta(oxia, layout.compaction(tp), pk)
-        control_raw = await _get_meta(oxia, layout.control(tp), pk)
-        snap.index = await scan_index(oxia, layout, tp)
-        control_after_raw = await _get_meta(oxia, layout.control(tp), pk)
-        cursor_after = await _get_meta(oxia, layout.compaction_cursor(tp), pk)
-        compaction_after = await _get_meta(oxia, layout.compaction(tp), pk)
-
-        snap.control_present = control_raw is not None
-        snap.control = _parse("bad_control", control_raw, Control.from_json, snap.errors)
-        snap.control_version = None if control_raw is None else control_raw.version_id
-        snap.control_after = _parse("bad_control", control_after_raw, Control.from_json, [])
-        cursor = _parse("bad_cursor", cursor_after, CompactionCursor.from_json, snap.errors)
-        snap.cursor_present = cursor_after is not None
-        snap.cursor = cursor.offset if cursor is not None else 1
-        snap.compaction = _parse("bad_compaction_record", compaction_after,
-                                 Compaction.from_json, snap.errors)
-        snap.compaction_version = (None if compaction_after is None
-                                   else compaction_after.version_id)
-        earlier = _parse("bad_compaction_record", compaction_before, Compaction.from_json, [])
-        if earlier is not None:
-            extra.add(earlier.data_key)
-
-        def version(r: Record | None) -> int | None:
-            return None if r is None else r.version_id
-
-        snap.stable = (version(cursor_before) == version(cursor_after)
-                       and version(compaction_before) == version(compaction_after))
-        if snap.stable or attempt == attempts:
-            break
-        extra |= {key for key, _ in snap.references()}
-    snap.extra_refs = extra
-    return snap
-
-
-def object_key(layout: KeyLayout, data_key: str) -> str | None:
-    """The object key of ``data_key`` when it lies in this deployment's bucket."""
-    try:
-        bucket, key = layout.parse_uri(data_key)
-    except InvalidRequest:
-        return None
-    return key if bucket == layout.bucket else None
-
-
-def reference_rows(layout: KeyLayout, snap: PartitionSnapshot) -> list[tuple[Any, ...]]:
-    """Rows of :data:`REFERENCE_COLUMNS` for a snapshot."""
-    rows = []
-    for data_key, kind in snap.references():
-        key = object_key(layout, data_key)
-        rows.append((key, data_key, snap.tp.topic, snap.tp.partition, kind))
-    return rows
-
+if TYPE_CHECKING:
+    from pyspark import RDD
+    from pyspark.sql import DataFrame, SparkSession
 
 Tagged = tuple[str, tuple[Any, ...]]
 
@@ -407,4 +88,50 @@ def snapshot_task(
     return iter(results)
 
 
+def list_then_discover(spark: SparkSession, settings: Settings, job: str, fanout: int,
+                       tasks: int, report: Report) -> tuple[DataFrame, list[TopicPartition]]:
+    """The object listing, complete before any reference is read, and the partitions to
+    scan: those known before the listing and those created while it ran."""
+    describe(spark, f"{job}: discovering partitions")
+    first = discover_on_driver(settings, job)
+    objects = list_objects(spark, settings, first, fanout, tasks, report, job)
+    return objects, sorted(set(first) | set(discover_on_driver(settings, job)))
 
+
+def _tagged(tag: str) -> Callable[[Tagged], bool]:
+    return lambda row: row[0] == tag
+
+
+def scan_partitions(spark: SparkSession, settings: Settings, job: str,
+                    partitions: Sequence[TopicPartition], tasks: int, concurrency: int,
+                    make_handler: Callable[[Stores], SnapshotHandler],
+                    tables: Mapping[str, tuple[str, str]], report: Report
+                    ) -> dict[str, DataFrame]:
+    """Snapshot and handle every partition in Spark tasks, once; ``tables`` maps a row
+    tag to ``(table name, columns)``. Returns each table, read back from the report."""
+    body = functools.partial(snapshot_task, settings_payload(settings), job, concurrency,
+                             make_handler)
+    items = [(tp.topic, tp.partition) for tp in partitions]
+    tagged: RDD[Tagged] = spark.sparkContext.parallelize(
+        items, partition_slices(len(items), tasks)).mapPartitions(body)
+    computed_once(tagged)  # every table below comes from one and the same scan
+    out: dict[str, DataFrame] = {}
+    for tag, (name, columns) in tables.items():
+        rows = tagged.filter(_tagged(tag)).map(lambda row: row[1])
+        df = spark.createDataFrame(rows, columns, verifySchema=False)
+        out[name] = spark.read.parquet(report.write_table(df, name))
+    tagged.unpersist()
+    return out
+
+
+def add_scan_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the jobs that list objects and scan partitions (audit, vacuum)."""
+    parser.add_argument("--retry-horizon", type=parse_duration_ms, default=None,
+                        dest="retry_horizon_ms",
+                        help="the retry horizon (default: the writers' "
+                             "LLOG_RETRY_HORIZON_MS): vacuum deletes no object younger "
+                             "and refuses a shorter one; audit flags older orphans")
+    parser.add_argument("--listing-fanout", type=int, choices=(1, 16, 256), default=16,
+                        help="wal-shared/ is listed as this many hex key ranges")
+    parser.add_argument("--concurrency", type=int, default=8,
+                        help="partitions scanned concurrently within a task")

@@ -13,11 +13,14 @@ scan, made in the same run after the object was listed, shows that no index entr
 3. Only then are partitions discovered again and every partition's references read
    (Spark tasks, :func:`jobs.spark.scan.read_snapshot`).
 4. An object is deleted only if it is unreferenced, the reference scan of every
-   partition succeeded, it was last modified before the scan start, and it is older
-   than ``--retry-horizon`` (+1 s for second-granular timestamps). Everything else is
+   partition succeeded and found no record this release cannot fully read (fail
+   closed: such a record may name any object; then nothing is deleted and the job
+   exits 3), it was last modified before the scan start, and it is older
+   than the retry horizon (+1 s for second-granular timestamps): the writers' own
+   ``LLOG_RETRY_HORIZON_MS``, or a longer ``--retry-horizon``. Everything else is
    kept, with the reason. Dry run by default; ``--apply`` deletes.
 
-    python -m jobs.spark.vacuum --report /tmp/vacuum [--retry-horizon 1h] [--apply]
+    python -m jobs.spark.vacuum --report /tmp/vacuum [--retry-horizon 2h] [--apply]
 """
 
 from __future__ import annotations
@@ -27,8 +30,8 @@ import contextlib
 import functools
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -36,49 +39,42 @@ import anyio
 from app.errors import LlogError
 from app.settings import Settings
 from app.storage.keys import TopicPartition
-from jobs.spark.audit import list_objects
-from jobs.spark.common import (
+from app.storage.records import now_ms
+from jobs.spark.job_settings import settings_payload
+from jobs.spark.report import (
     EXIT_FAILED,
     EXIT_FINDINGS,
     EXIT_OK,
-    JOBS_PREFIX,
+    EXIT_UNREADABLE_METADATA,
     JobOutcome,
     Report,
-    Stores,
-    base_parser,
-    computed_once,
-    default_tasks,
-    describe,
-    discover_on_driver,
-    now_ms,
-    open_stores,
-    parse_duration_ms,
-    partition_slices,
-    run_async,
-    run_main,
-    settings_payload,
-    task_identity,
-    task_logger,
+    job_header,
 )
+from jobs.spark.runner import base_parser, entry_point, finish, run_module
 from jobs.spark.scan import (
-    REFERENCE_COLUMNS,
-    PartitionSnapshot,
     SnapshotHandler,
     Tagged,
-    reference_rows,
-    snapshot_task,
+    add_scan_arguments,
+    list_then_discover,
+    scan_partitions,
 )
+from jobs.spark.session import default_tasks, describe
+from jobs.spark.snapshot import REFERENCE_COLUMNS, PartitionSnapshot, reference_rows
+from jobs.spark.stores import job_object_key, open_stores
+from jobs.spark.tasks import run_async, task_identity, task_logger
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 JOB = "vacuum"
-MIN_SAFE_HORIZON_MS = 10 * 60_000
 TIMESTAMP_SLACK_MS = 1000  # S3 timestamps may be truncated to the second
 DELETE_CONCURRENCY = 16
 
 STATUS_COLUMNS = ("topic string, partition int, references long, stable boolean, "
-                  "attempts int, error string")
+                  "attempts int, errors array<string>, error string")
+# At most this many unreadable partitions are named in summary.json (all of them are in
+# the partitions table).
+SUMMARY_UNREADABLE = 1000
 DECISION_COLUMNS = (
     "key string, size long, last_modified_ms long, area string, topic string, "
     "partition int, age_ms long, action string, reason string, error string"
@@ -92,7 +88,7 @@ DELETE_FAILED = "delete_failed"
 
 @dataclass(frozen=True)
 class VacuumOptions:
-    retry_horizon_ms: int = 3_600_000
+    retry_horizon_ms: int | None = None  # None: the writers' Settings.retry_horizon_ms
     apply: bool = False
     tasks: int = 0
     listing_fanout: int = 16
@@ -119,16 +115,29 @@ class VacuumHandler(SnapshotHandler):
         refs = reference_rows(self.stores.layout, snap)
         rows: list[Tagged] = [("R", r) for r in refs]
         rows.append(("P", (snap.tp.topic, snap.tp.partition, len(refs), snap.stable,
-                           snap.attempts, None)))
+                           snap.attempts, snap.unreadable(), None)))
         return rows
 
     def on_error(self, tp: TopicPartition, exc: BaseException) -> list[Tagged]:
-        return [("P", (tp.topic, tp.partition, None, None, None,
+        return [("P", (tp.topic, tp.partition, None, None, None, [],
                        f"{type(exc).__name__}: {exc}"))]
 
 
-def make_vacuum_handler(stores: Stores) -> VacuumHandler:
-    return VacuumHandler(stores)
+def retry_horizon(settings: Settings, options: VacuumOptions) -> int:
+    """The horizon of this run: the writers' own setting unless a longer one is asked
+    for. Writers refuse to commit a blob older than half of ``retry_horizon_ms``, so an
+    object older than it can no longer become referenced; a shorter horizon could
+    delete a blob a writer is about to commit."""
+    configured = settings.retry_horizon_ms
+    requested = options.retry_horizon_ms
+    if requested is None:
+        return configured
+    if requested < configured and not options.unsafe_short_horizon:
+        raise ValueError(
+            f"--retry-horizon {requested} ms is shorter than the writers' retry horizon "
+            f"(LLOG_RETRY_HORIZON_MS={configured}): a writer could still commit a blob "
+            "that young. Pass --unsafe-short-horizon only where no writer runs (tests).")
+    return requested
 
 
 def delete_task(payload: Mapping[str, str], complete: bool, scan_started_ms: int,
@@ -181,7 +190,7 @@ def _anchor(settings: Settings, run_id: str, *, remove: bool = False) -> int:
 
     async def run() -> int:
         async with open_stores(payload, task_identity(JOB)) as stores:
-            key = f"{stores.layout.root}/{JOBS_PREFIX}/vacuum/{run_id}/started"
+            key = job_object_key(stores.layout, "vacuum", run_id, "started")
             if remove:
                 await stores.s3.delete(key)
                 return 0
@@ -194,147 +203,163 @@ def _anchor(settings: Settings, run_id: str, *, remove: bool = False) -> int:
     return run_async(run)
 
 
-def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
-               report: Report) -> JobOutcome:
+@dataclass
+class ScanVerdict:
+    """Whether the references read are all there are; nothing is deleted unless so."""
+
+    partitions: int
+    failed: int
+    unstable: int
+    unreadable: int
+    unreadable_partitions: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        # Fail closed: an unreadable record may name any shared blob and any object of
+        # its partition, so the set of references is not known to be complete.
+        return self.failed == 0 and self.unstable == 0 and self.unreadable == 0
+
+
+def scan_verdict(status: DataFrame) -> ScanVerdict:
     from pyspark.sql import functions as F
 
-    if options.retry_horizon_ms < MIN_SAFE_HORIZON_MS and not options.unsafe_short_horizon:
-        raise ValueError(
-            f"--retry-horizon {options.retry_horizon_ms} ms is shorter than "
-            f"{MIN_SAFE_HORIZON_MS} ms; a writer could still commit a blob that young. "
-            "Pass --unsafe-short-horizon only where no writer runs (tests).")
-    started = now_ms()
-    tasks = default_tasks(spark, options.tasks)
-    run_id = uuid.uuid4().hex
-    scan_started = _anchor(settings, run_id)
-    try:
-        describe(spark, f"vacuum: scan started at {scan_started} (S3 clock); "
-                 "discovering partitions")
-        first = discover_on_driver(settings, JOB)
-        objects = list_objects(spark, settings, first, options.listing_fanout, tasks, report,
-                               JOB)
-        listed = objects.count()
-        # References are read only now, after the listing is complete.
-        partitions = sorted(set(first) | set(discover_on_driver(settings, JOB)))
-        describe(spark, f"vacuum: {listed} objects listed; reading the references of "
-                 f"{len(partitions)} partitions")
-        body = functools.partial(snapshot_task, settings_payload(settings), JOB,
-                                 options.concurrency, make_vacuum_handler)
-        items = [(tp.topic, tp.partition) for tp in partitions]
-        tagged = spark.sparkContext.parallelize(
-            items, partition_slices(len(items), tasks)).mapPartitions(body)
-        computed_once(tagged)  # the completeness verdict and the references below come
-        #                        from one and the same scan
-        status_df = spark.createDataFrame(
-            tagged.filter(lambda t: t[0] == "P").map(lambda t: t[1]), STATUS_COLUMNS,
-            verifySchema=False)
-        refs_df = spark.createDataFrame(
-            tagged.filter(lambda t: t[0] == "R").map(lambda t: t[1]), REFERENCE_COLUMNS,
-            verifySchema=False)
-        status = spark.read.parquet(report.write_table(status_df, "partitions"))
-        refs = spark.read.parquet(report.write_table(refs_df, "references"))
-        tagged.unpersist()
-        s = status.agg(
-            F.count("*").alias("n"),
-            F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("failed"),
-            F.sum(F.when(F.col("stable") == F.lit(False), 1).otherwise(0)).alias("unstable"),
-        ).collect()[0]
-        failed, unstable = int(s["failed"] or 0), int(s["unstable"] or 0)
-        complete = failed == 0 and unstable == 0
-        if not complete:
-            describe(spark, f"vacuum: reference scan incomplete ({failed} partitions failed, "
-                     f"{unstable} unstable): nothing will be deleted")
+    s = status.agg(
+        F.count("*").alias("n"),
+        F.sum(F.when(F.col("error").isNotNull(), 1).otherwise(0)).alias("failed"),
+        F.sum(F.when(F.col("stable") == F.lit(False), 1).otherwise(0)).alias("unstable"),
+        F.sum(F.when(F.size("errors") > 0, 1).otherwise(0)).alias("unreadable"),
+    ).collect()[0]
+    named = [
+        {"topic": r["topic"], "partition": r["partition"], "errors": list(r["errors"])}
+        for r in status.where(F.size("errors") > 0).orderBy("topic", "partition")
+        .limit(SUMMARY_UNREADABLE).collect()
+    ]
+    return ScanVerdict(int(s["n"] or 0), int(s["failed"] or 0), int(s["unstable"] or 0),
+                       int(s["unreadable"] or 0), named)
 
-        mode = "deleting" if options.apply else "dry run: deciding"
-        describe(spark, f"vacuum: {mode} (retry horizon {options.retry_horizon_ms} ms)")
-        joined = objects.join(
-            refs.where(F.col("key").isNotNull()).select("key").distinct()
-            .withColumn("referenced", F.lit(True)), "key", "left_outer",
-        ).fillna({"referenced": False})
-        body2 = functools.partial(delete_task, settings_payload(settings), complete,
-                                  scan_started, options.retry_horizon_ms, options.apply)
-        decisions_df = spark.createDataFrame(joined.rdd.mapPartitions(body2), DECISION_COLUMNS,
-                                             verifySchema=False)
-        decisions = spark.read.parquet(report.write_table(decisions_df, "decisions"))
-    finally:
-        # A leftover anchor is a few bytes outside every data prefix.
-        with contextlib.suppress(LlogError):
-            _anchor(settings, run_id, remove=True)
 
-    counts: dict[str, dict[str, int]] = {}
-    for row in decisions.groupBy("action", "reason").agg(
-            F.count("*").alias("n"), F.sum("size").alias("bytes")).collect():
-        counts.setdefault(row["action"], {})[row["reason"]] = int(row["n"])
+def _decide_all(spark: SparkSession, settings: Settings, objects: DataFrame,
+                refs: DataFrame, complete: bool, scan_started: int, horizon: int,
+                apply: bool, report: Report) -> DataFrame:
+    """Decide for (and with ``apply`` delete) every listed object in Spark tasks; the
+    decisions, written to ``report/decisions``."""
+    from pyspark.sql import functions as F
+
+    describe(spark, f"vacuum: {'deleting' if apply else 'dry run: deciding'} "
+             f"(retry horizon {horizon} ms)")
+    joined = objects.join(
+        refs.where(F.col("key").isNotNull()).select("key").distinct()
+        .withColumn("referenced", F.lit(True)), "key", "left_outer",
+    ).fillna({"referenced": False})
+    body = functools.partial(delete_task, settings_payload(settings), complete,
+                             scan_started, horizon, apply)
+    decisions = spark.createDataFrame(joined.rdd.mapPartitions(body), DECISION_COLUMNS,
+                                      verifySchema=False)
+    return spark.read.parquet(report.write_table(decisions, "decisions"))
+
+
+def _tally(decisions: DataFrame) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, int]]]:
+    """(count and bytes per action, count per action and reason)."""
+    from pyspark.sql import functions as F
+
+    reasons: dict[str, dict[str, int]] = {}
+    for row in decisions.groupBy("action", "reason").agg(F.count("*").alias("n")).collect():
+        reasons.setdefault(row["action"], {})[row["reason"]] = int(row["n"])
     totals = {
         row["action"]: {"count": int(row["n"]), "bytes": int(row["bytes"] or 0)}
         for row in decisions.groupBy("action").agg(
             F.count("*").alias("n"), F.sum("size").alias("bytes")).collect()
     }
-    delete_failed = totals.get(DELETE_FAILED, {}).get("count", 0)
-    if not complete:
-        state, code = "incomplete", EXIT_FAILED
-    elif delete_failed:
-        state, code = "delete_failures", EXIT_FINDINGS
-    else:
-        state, code = "ok", EXIT_OK
-    finished = now_ms()
-    summary: dict[str, Any] = {
-        "job": JOB,
-        "status": state,
-        "exit_code": code,
+    return totals, reasons
+
+
+def _status(verdict: ScanVerdict, delete_failed: int) -> tuple[str, int]:
+    if verdict.unreadable:
+        return "unreadable_metadata", EXIT_UNREADABLE_METADATA
+    if not verdict.complete:
+        return "incomplete", EXIT_FAILED
+    if delete_failed:
+        return "delete_failures", EXIT_FINDINGS
+    return "ok", EXIT_OK
+
+
+def _summary(settings: Settings, options: VacuumOptions, horizon: int, started: int,
+             scan_started: int, listed: int, verdict: ScanVerdict,
+             decisions: DataFrame) -> dict[str, Any]:
+    totals, reasons = _tally(decisions)
+    status, code = _status(verdict, totals.get(DELETE_FAILED, {}).get("count", 0))
+    none = {"count": 0, "bytes": 0}
+    return {
+        **job_header(JOB, status, code, started, now_ms(), settings, options),
         "dry_run": not options.apply,
-        "started_ms": started,
         "scan_started_ms": scan_started,
-        "finished_ms": finished,
-        "duration_s": round((finished - started) / 1000, 3),
-        "root_prefix": settings.root_prefix,
-        "bucket": settings.s3_bucket,
-        "options": {k: getattr(options, k) for k in options.__dataclass_fields__},
-        "partitions": int(s["n"] or 0),
-        "partitions_failed": failed,
-        "partitions_unstable": unstable,
-        "reference_scan_complete": complete,
+        "retry_horizon_ms": horizon,
+        "partitions": verdict.partitions,
+        "partitions_failed": verdict.failed,
+        "partitions_unstable": verdict.unstable,
+        "partitions_unreadable": verdict.unreadable,
+        "unreadable_partitions": verdict.unreadable_partitions,
+        "reference_scan_complete": verdict.complete,
         "objects_listed": listed,
         "actions": totals,
-        "reasons": counts,
-        "deleted": totals.get(DELETED, {"count": 0, "bytes": 0}),
-        "would_delete": totals.get(WOULD_DELETE, {"count": 0, "bytes": 0}),
+        "reasons": reasons,
+        "deleted": totals.get(DELETED, none),
+        "would_delete": totals.get(WOULD_DELETE, none),
+        "kept": totals.get(KEEP, none),
     }
-    report.write_summary(summary)
-    describe(spark, f"vacuum: {state}: {summary['deleted']['count']} deleted, "
-             f"{summary['would_delete']['count']} would be deleted, "
-             f"{totals.get(KEEP, {}).get('count', 0)} kept")
-    return JobOutcome(summary, code)
+
+
+def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
+               report: Report) -> JobOutcome:
+    horizon = retry_horizon(settings, options)
+    started = now_ms()
+    tasks = default_tasks(spark, options.tasks)
+    run_id = uuid.uuid4().hex
+    scan_started = _anchor(settings, run_id)
+    try:
+        describe(spark, f"vacuum: scan started at {scan_started} (S3 clock)")
+        objects, partitions = list_then_discover(spark, settings, JOB,
+                                                 options.listing_fanout, tasks, report)
+        listed = objects.count()
+        # References are read only now, after the listing is complete.
+        describe(spark, f"vacuum: {listed} objects listed; reading the references of "
+                 f"{len(partitions)} partitions")
+        tables = scan_partitions(
+            spark, settings, JOB, partitions, tasks, options.concurrency, VacuumHandler,
+            {"P": ("partitions", STATUS_COLUMNS), "R": ("references", REFERENCE_COLUMNS)},
+            report)
+        verdict = scan_verdict(tables["partitions"])
+        if not verdict.complete:
+            describe(spark, f"vacuum: reference scan incomplete ({verdict.failed} partitions "
+                     f"failed, {verdict.unstable} unstable, {verdict.unreadable} with "
+                     "unreadable metadata): nothing will be deleted")
+        decisions = _decide_all(spark, settings, objects, tables["references"],
+                                verdict.complete, scan_started, horizon, options.apply, report)
+    finally:
+        # A leftover anchor is a few bytes outside every data prefix.
+        with contextlib.suppress(LlogError):
+            _anchor(settings, run_id, remove=True)
+    summary = _summary(settings, options, horizon, started, scan_started, listed, verdict,
+                       decisions)
+    return finish(spark, report, summary, f"{summary['deleted']['count']} deleted, "
+                  f"{summary['would_delete']['count']} would be deleted, "
+                  f"{summary['kept']['count']} kept")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = base_parser(JOB, "Delete orphan objects older than the retry horizon "
                               "(dry run unless --apply).")
-    parser.add_argument("--retry-horizon", type=parse_duration_ms, default="1h",
-                        help="only objects older than this may go (default 1h)")
+    add_scan_arguments(parser)
     parser.add_argument("--apply", action="store_true",
                         help="really delete (default: dry run, report only)")
     parser.add_argument("--unsafe-short-horizon", action="store_true",
-                        help=f"allow a horizon below {MIN_SAFE_HORIZON_MS // 60_000} min "
+                        help="allow a horizon shorter than LLOG_RETRY_HORIZON_MS "
                              "(only where no writer is running)")
-    parser.add_argument("--listing-fanout", type=int, choices=(1, 16, 256), default=16)
-    parser.add_argument("--concurrency", type=int, default=8,
-                        help="partitions scanned concurrently within a task")
     return parser
 
 
-def options_from_args(args: argparse.Namespace) -> VacuumOptions:
-    return VacuumOptions(retry_horizon_ms=args.retry_horizon, apply=args.apply,
-                         tasks=args.tasks, listing_fanout=args.listing_fanout,
-                         concurrency=args.concurrency,
-                         unsafe_short_horizon=args.unsafe_short_horizon)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(JOB, build_parser(), argv, run_vacuum, options_from_args)
+main = entry_point(JOB, build_parser, run_vacuum, VacuumOptions)
 
 
 if __name__ == "__main__":
-    from jobs.spark.vacuum import main as _main
-
-    sys.exit(_main())
+    sys.exit(run_module(JOB))

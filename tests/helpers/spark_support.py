@@ -1,5 +1,6 @@
-"""Shared pieces of the Spark job tests: one local[2] SparkSession per test process, and
-store helpers (writing records, injecting faults, a protocol-exact compaction).
+"""Shared pieces of the Spark job tests: one local[2] SparkSession per test process,
+settings and store clients for the session's stack, and store helpers (writing records,
+injecting faults, a protocol-exact compaction).
 
 The session is created on first use and stopped when the process exits, so every
 ``tests/test_spark_*.py`` module shares it whatever order pytest runs them in.
@@ -8,25 +9,31 @@ The session is created on first use and stopped when the process exits, so every
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import shutil
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
+from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
-from app.storage.keys import TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS
+from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
+from app.storage.reader import LogReader
 from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
-from app.storage.writer import CrashPoint
-from tests.conftest import Engine, open_engine
+from app.storage.s3 import S3Store
+from app.storage.writer import CrashPoint, LogWriter
+from jobs.spark.job_settings import settings_from_payload
+from jobs.spark.stores import open_stores
 
 
 def spark_missing_reason() -> str | None:
@@ -50,7 +57,7 @@ def get_spark() -> Any:
     """The process-wide local[2] SparkSession of the tests."""
     global _SESSION
     if _SESSION is None:
-        from jobs.spark.common import build_spark
+        from jobs.spark.session import build_spark
 
         _SESSION = build_spark("llog-spark-tests", "local[2]", {
             "spark.ui.enabled": "false",
@@ -68,6 +75,24 @@ def unique_root() -> str:
     return f"sparktest-{uuid.uuid4().hex[:10]}"
 
 
+def stack_settings(stack: LocalStack, **overrides: Any) -> Settings:
+    """Settings for the session's stack under a root prefix of the test's own, built
+    the way the jobs' tasks build theirs (from ``LLOG_*`` strings)."""
+    env = {**stack.settings_env(), "LLOG_ROOT_PREFIX": unique_root(),
+           "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000"}
+    return settings_from_payload(env, **overrides)
+
+
+def stack_json(stack: LocalStack, path: Path) -> Path:
+    """The stack's connection as ``llog dev`` describes it in ``stack.json``."""
+    env = stack.settings_env()
+    path.write_text(json.dumps({
+        name: env[f"LLOG_{name.upper()}"] for name in (
+            "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
+            "s3_access_key", "s3_secret_key")}))
+    return path
+
+
 def read_summary(report: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads((report / "summary.json").read_text())
     return data
@@ -79,6 +104,26 @@ def table(report: Path, name: str) -> list[dict[str, Any]]:
 
 
 # -- store helpers (async; tests call them through anyio.run) ---------------------------
+
+
+@dataclass
+class Engine:
+    """The jobs' store clients plus a writer and a reader, for setting up a store."""
+
+    settings: Settings
+    layout: KeyLayout
+    oxia: OxiaStore
+    s3: S3Store
+    writer: LogWriter
+    reader: LogReader
+
+
+@contextlib.asynccontextmanager
+async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
+    async with open_stores(settings.as_env(), "spark-tests") as st:
+        writer = LogWriter(st.oxia, st.s3, st.layout, st.metrics, **writer_kwargs)
+        yield Engine(st.settings, st.layout, st.oxia, st.s3, writer,
+                     LogReader(st.oxia, st.s3, st.layout))
 
 
 async def append(e: Engine, groups: Sequence[tuple[TopicPartition, Sequence[bytes]]]
@@ -171,3 +216,44 @@ async def recreate_stray(e: Engine, tp: TopicPartition, end: int, entry: IndexEn
     """A delayed materialising create landing inside a compacted range."""
     await e.oxia.put(e.layout.index(tp, end), entry.to_json(), tp.partition_key,
                      expected_version=EXPECT_NOT_EXISTS)
+
+
+# -- metadata this release cannot read (garbage, or a newer format) ---------------------
+
+
+async def _rewrite_first_index_entry(e: Engine, tp: TopicPartition,
+                                     change: dict[str, Any] | None) -> None:
+    (end, entry, version), *_ = await index_rows(e, tp)
+    value = b"{not json" if change is None else json.dumps(
+        {**entry.to_dict(), **change}).encode()
+    await e.oxia.put(e.layout.index(tp, end), value, tp.partition_key,
+                     expected_version=version)
+
+
+async def _rewrite_pending(e: Engine, tp: TopicPartition, change: dict[str, Any]) -> None:
+    record = await e.oxia.get(e.layout.control(tp), tp.partition_key)
+    assert record is not None
+    control = json.loads(record.value)
+    assert control["pending"] is not None
+    control["pending"].update(change)
+    await e.oxia.put(e.layout.control(tp), json.dumps(control).encode(), tp.partition_key,
+                     expected_version=record.version_id)
+
+
+async def unreadable_metadata(e: Engine, tp: TopicPartition, how: str) -> None:
+    """Make one of ``tp``'s records unreadable to this release, as ``how`` says."""
+    changes: dict[str, Any] = {
+        "index_not_json": lambda: _rewrite_first_index_entry(e, tp, None),
+        "index_newer_encoding": lambda: _rewrite_first_index_entry(
+            e, tp, {"encoding": "bytes-batch-v9"}),
+        "index_unknown_type": lambda: _rewrite_first_index_entry(e, tp, {"type": "SNAPSHOT"}),
+        "index_data_key_not_a_uri": lambda: _rewrite_first_index_entry(
+            e, tp, {"data_key": "wal-shared/0123"}),
+        "pending_newer_encoding": lambda: _rewrite_pending(
+            e, tp, {"encoding": "bytes-batch-v9"}),
+    }
+    await changes[how]()
+
+
+UNREADABLE = ("index_not_json", "index_newer_encoding", "index_unknown_type",
+              "index_data_key_not_a_uri", "pending_newer_encoding")

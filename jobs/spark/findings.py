@@ -1,0 +1,52 @@
+"""What the audit reports: findings with a severity, and the object uses it checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.storage.keys import TopicPartition
+
+CORRUPTION = "corruption"
+WARNING = "warning"
+INFO = "info"
+ERROR = "error"  # the audit itself failed for a partition
+
+FINDING_COLUMNS = (
+    "topic string, partition int, kind string, severity string, first_offset long, "
+    "last_offset long, index_key string, data_key string, age_ms long, size long, "
+    "message string"
+)
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str
+    severity: str
+    message: str
+    first_offset: int | None = None
+    last_offset: int | None = None
+    index_key: str | None = None
+    data_key: str | None = None
+    age_ms: int | None = None
+    size: int | None = None
+
+    def row(self, tp: TopicPartition) -> tuple[Any, ...]:
+        return (tp.topic, tp.partition, self.kind, self.severity, self.first_offset,
+                self.last_offset, self.index_key, self.data_key, self.age_ms, self.size,
+                self.message)
+
+
+@dataclass(frozen=True)
+class ObjectUse:
+    """One reference to check: the object, and the slice and records it should hold."""
+
+    kind: str  # index | stray | pending | compaction
+    data_key: str
+    first: int
+    last: int
+    msg_count: int
+    byte_offset: int | None
+    byte_length: int | None
+    crc32c: int | None
+    index_key: str | None
