@@ -14,7 +14,6 @@ from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.records import Compaction, Control, IndexEntry, Pending
 from jobs.spark import cli
 from jobs.spark.backfill_appends import chunk_key, resume_decision
-from jobs.spark.discovery import parse_partition_key
 from jobs.spark.export import plan_ranges
 from jobs.spark.findings import CORRUPTION
 from jobs.spark.index_analysis import analyse
@@ -161,9 +160,9 @@ def test_listing_units_cover_wal_shared_and_each_data_prefix() -> None:
 
 
 def test_partition_keys_and_durations() -> None:
-    assert parse_partition_key(LAYOUT, "llog/orders/partitions/3/index/" + "0" * 20) == TP
-    assert parse_partition_key(LAYOUT, "llog/orders/partitions/03/meta/control") is None
-    assert parse_partition_key(LAYOUT, "llog/orders/partitions/3/data/x") is None
+    assert LAYOUT.parse_partition_key("llog/orders/partitions/3/index/" + "0" * 20) == TP
+    assert LAYOUT.parse_partition_key("llog/orders/partitions/03/meta/control") is None
+    assert LAYOUT.parse_partition_key("llog/orders/partitions/3/data/x") is None
     assert parse_duration_ms("1h") == 3_600_000
     assert parse_duration_ms("90") == 90_000
     assert parse_duration_ms("250ms") == 250

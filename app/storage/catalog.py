@@ -15,9 +15,14 @@ from app.storage.oxia_store import OxiaStore
 _PARTITION_KEY_DEPTH = 5  # topic / "partitions" / p / a / b below the root
 
 
-async def discover_partitions(oxia: OxiaStore, layout: KeyLayout) -> list[TopicPartition]:
+async def discover_partitions(oxia: OxiaStore, layout: KeyLayout, *,
+                              any_key: bool = False) -> list[TopicPartition]:
+    """Partitions with a ``meta/control`` key; with ``any_key``, partitions with any
+    ``meta/`` or ``index/`` key (a partition that lost its control record still holds
+    references: garbage collection must see it)."""
     low = layout.root + "/"
     high = layout.root + "/~" * _PARTITION_KEY_DEPTH
     keys = await oxia.list_keys(low, high)
-    found = {tp for key in keys if (tp := layout.parse_control_key(key)) is not None}
+    parse = layout.parse_partition_key if any_key else layout.parse_control_key
+    found = {tp for key in keys if (tp := parse(key)) is not None}
     return sorted(found)

@@ -125,12 +125,21 @@ class KeyLayout:
 
     def parse_control_key(self, key: str) -> TopicPartition | None:
         """``{root}/{topic}/partitions/{p}/meta/control`` -> TopicPartition (discovery)."""
-        prefix = self.root + "/"
-        suffix = "/meta/control"
-        if not key.startswith(prefix) or not key.endswith(suffix):
+        if not key.endswith("/meta/control"):
             return None
-        middle = key[len(prefix):-len(suffix)]
-        topic, sep, partition = middle.rpartition("/partitions/")
+        return self.parse_partition_key(key)
+
+    def parse_partition_key(self, key: str) -> TopicPartition | None:
+        """The topic-partition of any ``{root}/{topic}/partitions/{p}/(meta|index)/{name}``
+        key, or None for any other key."""
+        prefix = self.root + "/"
+        if not key.startswith(prefix):
+            return None
+        rest, _, name = key.rpartition("/")
+        middle, _, area = rest.rpartition("/")
+        if area not in ("meta", "index") or not name:
+            return None
+        topic, sep, partition = middle[len(prefix):].rpartition("/partitions/")
         # Only the canonical spelling: ASCII digits, no leading zeros.
         if not sep or not _DIGITS.fullmatch(partition) or str(int(partition)) != partition:
             return None

@@ -1,5 +1,5 @@
-"""Which topic-partitions a job works on: :func:`app.storage.catalog.discover_partitions`,
-with its key filter widened from ``meta/control`` to any ``meta/`` or ``index/`` key.
+"""Which topic-partitions a job works on: :func:`app.storage.catalog.discover_partitions`
+over any ``meta/`` or ``index/`` key, not only ``meta/control``.
 
 The catalog's single listing already returns every per-partition key; a partition whose
 ``meta/control`` was lost but whose index survives is still audited, and still counts as
@@ -17,29 +17,10 @@ from jobs.spark.job_settings import settings_payload
 from jobs.spark.stores import open_stores
 from jobs.spark.tasks import run_async, task_identity
 
-_AREAS = ("meta", "index")
-
-
-class _AnyPartitionKey(KeyLayout):
-    """The layout, for the catalog's listing: every ``meta/`` and ``index/`` key counts
-    as a partition's key, not only ``meta/control``."""
-
-    def parse_control_key(self, key: str) -> TopicPartition | None:
-        rest, _, _name = key.rpartition("/")
-        base, _, area = rest.rpartition("/")
-        if area not in _AREAS:
-            return None
-        return super().parse_control_key(f"{base}/meta/control")
-
-
-def parse_partition_key(layout: KeyLayout, key: str) -> TopicPartition | None:
-    """The topic-partition of any ``{root}/{topic}/partitions/{p}/(meta|index)/…`` key."""
-    return _AnyPartitionKey(layout.root, layout.bucket).parse_control_key(key)
-
 
 async def discover_all(oxia: OxiaStore, layout: KeyLayout) -> list[TopicPartition]:
     """Every topic-partition with any ``meta/`` or ``index/`` key."""
-    return await discover_partitions(oxia, _AnyPartitionKey(layout.root, layout.bucket))
+    return await discover_partitions(oxia, layout, any_key=True)
 
 
 def discover_on_driver(settings: Settings, job: str) -> list[TopicPartition]:
