@@ -64,8 +64,10 @@ DEFAULT_PENDING_REREAD_MS = 15_000  # half of the default compaction minimum ent
 DEFAULT_MAX_CACHED_PARTITIONS = 100_000
 
 
-class CrashPoint(Exception):
-    """Raised by a test hook to stop the writer between two protocol steps."""
+class CrashPoint(BaseException):
+    """Raised by a test hook to stop the writer between two protocol steps, as if the
+    process died there (a BaseException, so no error handling of the writer's catches
+    it)."""
 
 
 @dataclass(frozen=True)
