@@ -9,13 +9,11 @@ The session is created on first use and stopped when the process exits, so every
 from __future__ import annotations
 
 import atexit
-import contextlib
 import importlib.util
 import json
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +24,12 @@ from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
-from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.reader import LogReader
+from app.storage.keys import TopicPartition
+from app.storage.oxia_store import EXPECT_NOT_EXISTS
 from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
-from app.storage.s3 import S3Store
-from app.storage.writer import CrashPoint, LogWriter
+from app.storage.writer import CrashPoint
 from jobs.spark.job_settings import settings_from_payload
-from jobs.spark.stores import open_stores
+from tests.helpers.stack import Engine, open_engine
 
 
 def spark_missing_reason() -> str | None:
@@ -104,26 +100,6 @@ def table(report: Path, name: str) -> list[dict[str, Any]]:
 
 
 # -- store helpers (async; tests call them through anyio.run) ---------------------------
-
-
-@dataclass
-class Engine:
-    """The jobs' store clients plus a writer and a reader, for setting up a store."""
-
-    settings: Settings
-    layout: KeyLayout
-    oxia: OxiaStore
-    s3: S3Store
-    writer: LogWriter
-    reader: LogReader
-
-
-@contextlib.asynccontextmanager
-async def open_engine(settings: Settings, **writer_kwargs: Any) -> AsyncIterator[Engine]:
-    async with open_stores(settings.as_env(), "spark-tests") as st:
-        writer = LogWriter(st.oxia, st.s3, st.layout, st.metrics, **writer_kwargs)
-        yield Engine(st.settings, st.layout, st.oxia, st.s3, writer,
-                     LogReader(st.oxia, st.s3, st.layout))
 
 
 async def append(e: Engine, groups: Sequence[tuple[TopicPartition, Sequence[bytes]]]
