@@ -17,7 +17,10 @@ compare strings:
     ├── RequestError                 the request must change (4xx)
     │   ├── InvalidRequest           400  malformed or invalid input, nothing written
     │   ├── PayloadTooLarge          413  over a size or count limit, nothing written
-    │   └── OffsetOutOfRange         400  fetch offset beyond the high watermark + 1
+    │   ├── OffsetOutOfRange         400  fetch offset outside the log start .. hw + 1
+    │   ├── UnknownTopic             404  no such topic (and auto-create is off)
+    │   ├── UnknownPartition         404  the topic has no such partition
+    │   └── TopicExists              409  a topic of that name exists already
     ├── Unavailable                  503  refused before anything was written; retry
     │   ├── BackPressureRejected          the produce buffer is full
     │   ├── ShuttingDown                  this broker is draining; retry on another
@@ -74,7 +77,32 @@ class PayloadTooLarge(RequestError):
 
 
 class OffsetOutOfRange(RequestError):
-    """The requested offset lies beyond the high watermark + 1."""
+    """The requested offset lies beyond the high watermark + 1, or below the log start
+    (retention removed what precedes it); says where the log starts and ends."""
+
+    def __init__(self, message: str, *, log_start: int | None = None,
+                 high_watermark: int | None = None) -> None:
+        super().__init__(message)
+        self.log_start = log_start
+        self.high_watermark = high_watermark
+
+
+class UnknownTopic(RequestError):
+    """No topic of that name exists (and this broker does not create topics on use)."""
+
+    http_status = 404
+
+
+class UnknownPartition(RequestError):
+    """The topic exists but has no partition of that number."""
+
+    http_status = 404
+
+
+class TopicExists(RequestError):
+    """A topic of that name exists already."""
+
+    http_status = 409
 
 
 # -- refused before writing ----------------------------------------------------------

@@ -15,19 +15,27 @@ from hypothesis import strategies as st
 
 from app.errors import CorruptData, LlogError
 from app.storage.codec import (
+    ENCODING_V1,
+    ENCODING_V2,
     MAGIC,
     MAX_BLOB_PARTITIONS,
     MAX_HEADER_BYTES,
     BlobPart,
     crc32c,
     decode_batch,
+    decode_batch_v2,
+    decode_body,
     decode_shared_blob,
     decode_shared_header,
     encode_batch,
+    encode_batch_v2,
+    encode_body,
     encode_shared_blob,
     encoded_batch_size,
+    v2_parts,
     verify_body,
 )
+from app.storage.log_record import LogRecord, Payload
 
 U32 = struct.Struct(">I")
 PROPS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -520,3 +528,85 @@ def test_shared_blob_bad_created_at_ms_is_corrupt(value: bytes) -> None:
     raw = b'{"version":1,"created_at_ms":' + value + b',"partitions":[]}'
     with pytest.raises(CorruptData):
         decode_shared_header(lls1(raw))
+
+
+# -- bytes-batch-v2 ----------------------------------------------------------------------
+
+_bytes_st = st.binary(max_size=40)
+_header_st = st.tuples(st.text(min_size=1, max_size=8), _bytes_st)
+_log_record_st = st.builds(
+    LogRecord, _bytes_st, st.none() | _bytes_st,
+    st.lists(_header_st, max_size=3).map(tuple),
+    st.none() | st.integers(min_value=-2**63, max_value=2**63 - 1),
+    st.integers(min_value=0, max_value=2**62))
+_payloads_st = st.lists(_bytes_st | _log_record_st, max_size=20)
+
+
+def _normal(p: Payload) -> Payload:
+    """What decoding gives back for ``p``: bytes for a record with nothing but a value."""
+    if isinstance(p, LogRecord) and p.plain and not p.append_time_ms:
+        return p.value
+    return p
+
+
+@PROPS
+@given(_payloads_st)
+def test_v2_round_trips_every_payload(payloads: list[Payload]) -> None:
+    body = encode_batch_v2(payloads)
+    assert decode_batch_v2(body, expected_count=len(payloads)) == [_normal(p) for p in payloads]
+    assert decode_body(body, ENCODING_V2) == [_normal(p) for p in payloads]
+
+
+@PROPS
+@given(_payloads_st.filter(bool), st.data())
+def test_v2_truncated_or_padded_bodies_are_corrupt(payloads: list[Payload],
+                                                    data: st.DataObject) -> None:
+    body = encode_batch_v2(payloads)
+    cut = data.draw(st.integers(min_value=0, max_value=len(body) - 1))
+    with pytest.raises(CorruptData):
+        decode_batch_v2(body[:cut])
+    with pytest.raises(CorruptData):
+        decode_batch_v2(body + b"\x00")
+
+
+def test_v2_byte_level_example() -> None:
+    """The example in docs/protocol.md, byte for byte."""
+    body = encode_batch_v2([b"hi", LogRecord(b"v", b"k", (("h", b"x"),), 5)])
+    assert body.hex() == (
+        "00000002"                                   # two records
+        "0000000b" "00" "0000000000000000" "6869"    # 11 bytes: plain, no time, "hi"
+        "00000021" "07" "0000000000000000"           # 33 bytes: key+headers+timestamp
+        "0000000000000005"                           # timestamp 5
+        "00000001" "6b"                              # key "k"
+        "0001" "0001" "68" "00000001" "78"           # one header: "h" = "x"
+        "76")                                        # value "v"
+
+
+def test_unknown_v2_attributes_and_encodings_are_corrupt() -> None:
+    body = bytearray(encode_batch_v2([LogRecord(b"v", b"k")]))
+    body[8] |= 0x80  # an attribute bit this release does not know
+    with pytest.raises(CorruptData, match="unknown attributes"):
+        decode_batch_v2(bytes(body))
+    with pytest.raises(CorruptData, match="bytes-batch-v9"):
+        decode_body(encode_batch([b"x"]), "bytes-batch-v9")
+
+
+def test_plain_records_keep_the_v1_encoding() -> None:
+    assert encode_body([b"a", b"b"]) == (encode_batch([b"a", b"b"]), ENCODING_V1)
+    body, encoding = encode_body([b"a", LogRecord(b"b", key=b"k")])
+    assert encoding == ENCODING_V2
+    assert decode_body(body, encoding) == [b"a", LogRecord(b"b", key=b"k")]
+
+
+@PROPS
+@given(_payloads_st.filter(bool), st.integers(min_value=1, max_value=2**40))
+def test_v2_parts_give_every_record_its_append_time(payloads: list[Payload],
+                                                    default: int) -> None:
+    for body, encoding in (encode_body(payloads), (encode_batch_v2(payloads), ENCODING_V2)):
+        merged = b"".join([body[:4], *v2_parts(body, encoding, default)])
+        got = decode_batch_v2(merged, len(payloads))
+        for before, after in zip(payloads, got, strict=True):
+            assert isinstance(after, LogRecord)
+            own = before.append_time_ms if isinstance(before, LogRecord) else 0
+            assert after.append_time_ms == (own or default)
+            assert after.value == (before if isinstance(before, bytes) else before.value)

@@ -20,8 +20,11 @@ from app.localstack.stack import LocalStack
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.log_record import LogRecord, Payload
 from app.storage.reader import ReadRequest
-from app.storage.records import Control, IndexEntry, Pending
+from app.storage.records import Control, IndexEntry, Pending, now_ms
+from tests.helpers.clock import FakeClock
+from tests.helpers.compaction import compaction_settings, make_compactor
 from tests.helpers.stack import Engine, make_settings, open_engine
 
 
@@ -333,3 +336,33 @@ async def test_idempotency_keys_within_and_across_appends(engine: Engine,
     assert isinstance(k2, AppendResult) and not k2.duplicate and k2.start_offset == 3
     got = await engine.reader.read(tp, 1)
     assert [v for _, v in got.records] == [b"k1", b"plain", b"k2"]
+
+
+async def test_keys_headers_timestamps_and_append_times_survive_compaction(
+        stack: LocalStack, tp: TopicPartition) -> None:
+    async with open_engine(compaction_settings(stack)) as e:
+        rich: list[Payload] = [LogRecord(b"v1", b"k1", (("h", b"x"), ("h", b"y")), 1234),
+                               b"plain", LogRecord(b"v3", key=b"")]
+        (first,) = await e.writer.append_shared([AppendGroup(tp, rich)])
+        (second,) = await e.writer.append_shared([AppendGroup(tp, [b"p4"])])
+        assert isinstance(first, AppendResult) and isinstance(second, AppendResult)
+        assert second.append_time_ms >= first.append_time_ms > 0
+        before = await e.reader.read(tp, 1)
+        assert [v for _, v in before.records] == [*rich, b"p4"]
+        assert before.append_times == [first.append_time_ms] * 3 + [second.append_time_ms]
+        outcome = await make_compactor(e).compact_once(tp)
+        assert (outcome.start_offset, outcome.end_offset) == (1, 4)
+        after = await e.reader.read(tp, 1)
+        assert after.records == before.records
+        assert after.append_times == before.append_times
+
+
+async def test_append_times_never_go_backwards(stack: LocalStack, tp: TopicPartition) -> None:
+    """A writer whose clock is behind still appends at the partition's latest time."""
+    async with open_engine(make_settings(stack)) as ahead:
+        (late,) = await ahead.writer.append_shared([AppendGroup(tp, [b"a"])])
+    behind = FakeClock(now_ms() - 60_000)
+    async with open_engine(make_settings(stack), clock=behind) as e:
+        (early,) = await e.writer.append_shared([AppendGroup(tp, [b"b"])])
+    assert isinstance(late, AppendResult) and isinstance(early, AppendResult)
+    assert early.append_time_ms == late.append_time_ms

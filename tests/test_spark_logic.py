@@ -128,7 +128,7 @@ def test_vacuum_rule(referenced: bool, complete: bool, modified: int, delete: bo
 
 
 def _control(keys: dict[str, list[Any]]) -> Control:
-    return Control("OPEN", 0, None, {IDEMPOTENCY_FIELD: keys})
+    return Control("OPEN", 0, None, extra={IDEMPOTENCY_FIELD: keys})
 
 
 def test_resume_rule() -> None:

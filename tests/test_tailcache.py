@@ -20,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.storage.keys import TopicPartition
+from app.storage.log_record import LogRecord, Payload
 from app.tailcache import (
     CacheHit,
     FileTailCache,
@@ -510,8 +511,11 @@ def test_indexed_partitions_are_bounded_least_recently_used_first(tmp_path: Path
 
 def test_segment_and_hw_codecs_round_trip() -> None:
     records = [b"", b"a", b"\x00" * 300]
-    data = segment.encode_segment(OTHER, 5, records)
-    assert segment.decode_segment(data, OTHER, 5, 7) == records
+    data = segment.encode_segment(OTHER, 5, records, 1_760_000_000_000)
+    assert segment.decode_segment(data, OTHER, 5, 7) == (records, 1_760_000_000_000)
+    rich: list[Payload] = [b"plain", LogRecord(b"v", b"k", (("h", b"x"),), 7)]
+    assert segment.decode_segment(segment.encode_segment(OTHER, 5, rich, 9), OTHER, 5, 6
+                                  ) == (rich, 9)
     assert segment.decode_segment(data, OTHER, 5, 8) is None  # the name claims another range
     assert segment.decode_segment(data, OTHER, 4, 6) is None
     assert segment.decode_segment(data, TopicPartition(OTHER.topic, 8), 5, 7) is None

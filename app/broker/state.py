@@ -157,7 +157,7 @@ async def _start_batcher(state: BrokerState, tg: anyio.abc.TaskGroup) -> None:
 
     def cache_put(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
         for group, result in committed:
-            cache.put(group.tp, result.start_offset, list(group.records))
+            cache.put(group.tp, result.start_offset, group.records, result.append_time_ms)
 
     async def on_committed(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
         await run_cache_io(cache, cache_put, committed)

@@ -34,10 +34,13 @@ class CompactedBody:
     msg_count: int
     crc32c: int
     chunks: list[list[int]]  # the chunk table (app/storage/chunks.py)
+    first_append_ms: int
+    last_append_ms: int
+    encoding: str = codec.ENCODING_V2
 
 
 async def read_body(s3: S3Store, layout: KeyLayout, item: Span) -> bytes:
-    """The verified bytes-batch-v1 body ``item`` points at."""
+    """The verified body ``item`` points at (any encoding this release reads)."""
     entry = item.entry
     _, key = layout.parse_uri(entry.data_key)
     if entry.byte_offset is not None and entry.byte_length is not None:
@@ -46,7 +49,7 @@ async def read_body(s3: S3Store, layout: KeyLayout, item: Span) -> bytes:
         body = await s3.get(key)
     try:
         codec.verify_body(body, entry.crc32c)
-        codec.decode_batch(body, entry.msg_count)
+        codec.decode_body(body, entry.encoding, entry.msg_count)
     except CorruptData as exc:
         raise CorruptData(f"index entry {item.end} ({entry.data_key}): {exc}") from None
     return body
@@ -78,8 +81,20 @@ async def build_compacted_body(
         raise failures[0]
     total = sum(item.entry.msg_count for item in run)
     if total > MAX_BATCH_RECORDS:
-        raise CorruptData(f"a compacted range of {total} records does not fit bytes-batch-v1")
-    # Every body was decoded above, so its first four bytes are its count and the rest is
-    # exactly its records: concatenating the rest behind the new count is a valid body.
-    merged = b"".join([_U32.pack(total), *(memoryview(b)[4:] for b in bodies)])
-    return CompactedBody(merged, total, codec.crc32c(merged), chunk_table(merged, chunk_bytes))
+        raise CorruptData(f"a compacted range of {total} records does not fit a body")
+    return merge_bodies(run, bodies, chunk_bytes)
+
+
+def merge_bodies(run: Sequence[Span], bodies: list[bytes], chunk_bytes: int
+                 ) -> CompactedBody:
+    """One bytes-batch-v2 body of every record of ``run``, each with its append time
+    (its entry's, for records that carry none), so lookups by time stay exact after
+    compaction. Every body was decoded above, so its structure can be trusted."""
+    total = sum(item.entry.msg_count for item in run)
+    parts: list[bytes | memoryview] = [_U32.pack(total)]
+    for item, body in zip(run, bodies, strict=True):
+        parts += codec.v2_parts(body, item.entry.encoding, item.entry.created_at_ms)
+    merged = b"".join(parts)
+    chunks = chunk_table(merged, chunk_bytes, encoding=codec.ENCODING_V2)
+    times = [item.entry.created_at_ms for item in run]
+    return CompactedBody(merged, total, codec.crc32c(merged), chunks, min(times), max(times))

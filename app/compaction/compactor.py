@@ -42,18 +42,19 @@ from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import materialise_pending
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
 from app.storage.records import (
-    ENCODING,
     Compaction,
     CompactionCursor,
     CompactionState,
+    Control,
     IndexEntry,
     now_ms,
 )
+from app.storage.retention import trim_index
 from app.storage.s3 import S3Store
 from app.storage.spans import Span, index_span
 
 Action = Literal["compacted", "resumed", "advanced_cursor", "abandoned", "nothing_to_do",
-                 "raced"]
+                 "raced", "trimmed"]
 StepHook = Callable[[str], object]
 """Test hook called between protocol steps; it may raise, kill the process, or return an
 awaitable (awaited before the next step) to pause the compactor there."""
@@ -99,7 +100,8 @@ class CompactionOutcome:
     ``action``: ``compacted`` (a new range), ``resumed`` (finished an interrupted run found
     in ``resumed_from``), ``advanced_cursor`` (the entry at the cursor was already
     compacted), ``abandoned`` (dropped a stale ``meta/compaction`` that had changed
-    nothing, or a blob that grew too old to reference), ``nothing_to_do`` (see
+    nothing, or a blob that grew too old to reference), ``trimmed`` (index entries below
+    the log start let go, see app/storage/retention.py), ``nothing_to_do`` (see
     ``reason``) or ``raced`` (another compactor changed the partition under this one;
     nothing was changed by this call's later steps).
     """
@@ -121,7 +123,8 @@ class CompactionOutcome:
     @property
     def did_work(self) -> bool:
         """True if the partition changed, so another call may find more to do."""
-        return self.action in ("compacted", "resumed", "advanced_cursor", "abandoned")
+        return self.action in ("compacted", "resumed", "advanced_cursor", "abandoned",
+                               "trimmed")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -188,9 +191,16 @@ class Compactor:
             if self._metrics is not None:
                 self._metrics.recoveries.labels(record.state).inc()
             return await self._drive(tp, record, version, resumed_from=record.state)
-        # 2. Materialise the pending append, so the index holds every committed offset.
+        # 2. Materialise the pending append, so the index holds every committed offset;
+        # then let go of what retention moved below the log start.
         with self._stage("materialise"):
-            materialised, hw = await self._materialise(tp)
+            materialised, control = await self._materialise(tp)
+        hw = None if control is None else control.sequence_counter
+        if control is not None and control.log_start > 1:
+            with self._stage("trim"):
+                if await trim_index(self._oxia, self._layout, tp, control):
+                    return CompactionOutcome(tp, "trimmed", materialised_pending=materialised,
+                                             cursor=None, high_watermark=hw)
         # 3. Select the run at the cursor.
         with self._stage("select"):
             cursor = await self._read_cursor(tp)
@@ -232,8 +242,10 @@ class Compactor:
             compaction_id=uuid.uuid4().hex, state="WRITING_COMPACTED_INDEX",
             start_offset=start, end_offset=end, msg_count=end - start + 1,
             data_key=self._layout.uri(object_key), tail_entry_start_offset=run[-1].start,
-            encoding=ENCODING, created_at_ms=started, crc32c=merged.crc32c,
+            encoding=merged.encoding, created_at_ms=started, crc32c=merged.crc32c,
             object_bytes=len(merged.body), chunks=merged.chunks,
+            first_append_ms=merged.first_append_ms, last_append_ms=merged.last_append_ms,
+            end_bytes=run[-1].entry.end_bytes,
             extra={"entries": len(run), "bytes": len(merged.body)},
         )
         try:
@@ -424,9 +436,9 @@ class Compactor:
 
     # -- records -----------------------------------------------------------------------
 
-    async def _materialise(self, tp: TopicPartition) -> tuple[bool, int | None]:
-        """Make the pending append an index entry and clear it; returns (done, high
-        watermark).
+    async def _materialise(self, tp: TopicPartition) -> tuple[bool, Control | None]:
+        """Make the pending append an index entry and clear it; returns (done, the
+        control record as last read or written).
 
         A pending append younger than the minimum entry age is left alone: it could not
         be selected anyway, and its next writer materialises it for free, whereas clearing
@@ -437,7 +449,7 @@ class Compactor:
             by="compactor", min_age_ms=self._config.min_entry_age_ms, clock=self._clock)
         if found.done and self._metrics is not None:
             self._metrics.pending_materialised.inc()
-        return found.done, None if found.control is None else found.control.sequence_counter
+        return found.done, found.control
 
     async def _read_compaction(self, tp: TopicPartition) -> tuple[Compaction, int] | None:
         found = await self._oxia.get(self._layout.compaction(tp), tp.partition_key)

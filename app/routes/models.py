@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_v
 
 from app.errors import error_types
 from app.storage.keys import MAX_PARTITION
+from app.storage.log_record import LogRecord, Payload
 
 # Every error_type a response may carry: the engine's tree (app/errors.py) and the few
 # that only the HTTP edge produces.
@@ -66,9 +67,59 @@ class Base64Record(_Strict):
         return base64.b64decode(self.base64, validate=True)
 
 
+Bytes = Annotated[StrictStr | Base64Record, Field(
+    description="A UTF-8 string, or {\"base64\": ...} for arbitrary bytes")]
+
+
+def _to_bytes(value: str | Base64Record) -> bytes:
+    return value.encode() if isinstance(value, str) else value.decoded()
+
+
+class Header(_Strict):
+    name: StrictStr = Field(min_length=1, max_length=256, examples=["trace-id"])
+    value: StrictStr | None = Field(default=None, examples=["4bf92f35"])
+    base64: StrictStr | None = Field(default=None, examples=["AAE="])
+
+    @field_validator("base64")
+    @classmethod
+    def _decodable(cls, value: str | None) -> str | None:
+        if value is not None:
+            Base64Record(base64=value)
+        return value
+
+    def pair(self) -> tuple[str, bytes]:
+        if (self.value is None) == (self.base64 is None):
+            raise ValueError(f"header {self.name!r} needs exactly one of value or base64")
+        if self.value is not None:
+            return self.name, self.value.encode()
+        return self.name, base64.b64decode(self.base64 or "", validate=True)
+
+
+class RecordObject(_Strict):
+    """A record with more than a value: a key, headers, the producer's timestamp."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"value": "order created", "key": "customer-17",
+         "headers": [{"name": "trace-id", "value": "4bf92f35"}],
+         "timestamp_ms": 1760000000000}]})
+
+    value: Bytes
+    key: Bytes | None = None
+    headers: list[Header] | None = None
+    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
+
+    def payload(self) -> Payload:
+        value = _to_bytes(self.value)
+        if self.key is None and not self.headers and self.timestamp_ms is None:
+            return value
+        return LogRecord(value, None if self.key is None else _to_bytes(self.key),
+                         tuple(h.pair() for h in self.headers or ()), self.timestamp_ms)
+
+
 ProduceRecord = Annotated[
-    StrictStr | Base64Record,
-    Field(description="A UTF-8 string, or {\"base64\": ...} for arbitrary bytes"),
+    StrictStr | Base64Record | RecordObject,
+    Field(description="A UTF-8 string, {\"base64\": ...} for arbitrary bytes, or an "
+                      "object with a value and a key, headers or a timestamp"),
 ]
 
 
@@ -82,18 +133,37 @@ class ProduceTopicPartition(_Strict):
 
     @field_validator("records")
     @classmethod
-    def _encodable(cls, records: list[str | Base64Record]) -> list[str | Base64Record]:
+    def _encodable(cls, records: list[str | Base64Record | RecordObject]
+                   ) -> list[str | Base64Record | RecordObject]:
         for i, record in enumerate(records):
-            if isinstance(record, str):
+            texts = [record] if isinstance(record, str) else _texts(record)
+            for text in texts:
                 try:
-                    record.encode()
+                    text.encode()
                 except UnicodeEncodeError:
-                    raise ValueError(f"record {i} is not valid UTF-8 text (a lone "
-                                     "surrogate); send bytes as {\"base64\": ...}") from None
+                    raise ValueError(f"record {i} holds text that is not valid UTF-8 (a "
+                                     "lone surrogate); send bytes as {\"base64\": ...}"
+                                     ) from None
+            if isinstance(record, RecordObject):
+                for header in record.headers or ():
+                    header.pair()
         return records
 
-    def record_bytes(self) -> list[bytes]:
-        return [r.encode() if isinstance(r, str) else r.decoded() for r in self.records]
+    def payloads(self) -> list[Payload]:
+        return [r.encode() if isinstance(r, str) else
+                r.decoded() if isinstance(r, Base64Record) else r.payload()
+                for r in self.records]
+
+
+def _texts(record: Base64Record | RecordObject) -> list[str]:
+    if isinstance(record, Base64Record):
+        return []
+    out = [v for v in (record.value, record.key) if isinstance(v, str)]
+    for header in record.headers or ():
+        out.append(header.name)
+        if header.value is not None:
+            out.append(header.value)
+    return out
 
 
 class ProduceRequest(_Strict):
@@ -144,11 +214,16 @@ class ProduceResponse(BaseModel):
     error_count: int
 
 
+Position = Literal["earliest", "latest"]
+
+
 class ConsumeTopicPartition(_Strict):
     topic: TopicName
     partition: Partition
-    fetch_offset: Annotated[StrictInt, Field(ge=0, examples=[1], description=(
-        "first offset wanted; offsets start at 1 and 0 means from the start"))]
+    fetch_offset: Annotated[StrictInt, Field(ge=0)] | Position = Field(
+        examples=[1, "earliest"], description=(
+            "first offset wanted: a number (offsets start at 1; 0 means the log start), "
+            "\"earliest\" (the log start) or \"latest\" (the next offset to be written)"))
     partition_max_bytes: Annotated[StrictInt, Field(ge=1, examples=[1048576])] | None = None
 
     _topic = field_validator("topic")(_check_topic)
@@ -171,16 +246,79 @@ class ConsumeRequest(_Strict):
     encoding: Literal["auto", "base64"] = "auto"
 
 
+class OffsetsTopicPartition(_Strict):
+    topic: TopicName
+    partition: Partition
+    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = Field(
+        default=None, description="also find the first offset appended at or after this "
+                                  "time (milliseconds since the Unix epoch)")
+
+    _topic = field_validator("topic")(_check_topic)
+
+
+class OffsetsRequest(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [{
+        "topic_partitions": [{"topic": "orders", "partition": 0},
+                             {"topic": "orders", "partition": 1,
+                              "timestamp_ms": 1760000000000}]}]})
+
+    topic_partitions: list[OffsetsTopicPartition] = Field(min_length=1)
+
+
+class OffsetsPartitionResult(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"topic": "orders", "partition": 0, "ok": True, "log_start_offset": 1,
+         "high_watermark": 42},
+        {"topic": "orders", "partition": 1, "ok": True, "log_start_offset": 101,
+         "high_watermark": 250, "offset": 188},
+    ]})
+
+    topic: str
+    partition: int
+    ok: bool
+    log_start_offset: int | None = Field(default=None, description=(
+        "the first offset still readable (retention moves it forward)"))
+    high_watermark: int | None = None
+    offset: int | None = Field(default=None, description=(
+        "with timestamp_ms: the first offset appended at or after that time, or "
+        "high_watermark + 1 when every record is older"))
+    error_type: ErrorType | None = None
+    error: str | None = None
+    retriable: bool | None = None
+
+
+class OffsetsResponse(BaseModel):
+    results: list[OffsetsPartitionResult]
+
+
+class ConsumedHeader(BaseModel):
+    name: str
+    value: str | None = None
+    base64: str | None = None
+
+
 class ConsumedRecord(BaseModel):
-    """``value`` when the bytes are UTF-8 and encoding is auto; otherwise ``base64``."""
+    """``value`` when the bytes are UTF-8 text and encoding is auto; otherwise
+    ``base64`` (likewise ``key``/``key_base64`` and each header). ``append_time_ms`` is
+    when the broker appended the record; ``timestamp_ms`` the producer's, if it gave
+    one."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"offset": 1, "value": "alpha"}, {"offset": 2, "base64": "AAE="},
+        {"offset": 1, "value": "alpha", "append_time_ms": 1760000000000},
+        {"offset": 2, "base64": "AAE=", "append_time_ms": 1760000000000},
+        {"offset": 3, "value": "order created", "key": "customer-17",
+         "headers": [{"name": "trace-id", "value": "4bf92f35"}],
+         "timestamp_ms": 1759999999990, "append_time_ms": 1760000000003},
     ]})
 
     offset: int
     value: str | None = None
     base64: str | None = None
+    key: str | None = None
+    key_base64: str | None = None
+    headers: list[ConsumedHeader] | None = None
+    timestamp_ms: int | None = None
+    append_time_ms: int | None = None
 
 
 class ConsumePartitionResult(BaseModel):
@@ -188,6 +326,7 @@ class ConsumePartitionResult(BaseModel):
     partition: int
     ok: bool
     high_watermark: int | None = None
+    log_start_offset: int | None = None
     next_offset: int | None = None
     records: list[ConsumedRecord] | None = None
     error_type: ErrorType | None = None

@@ -20,6 +20,7 @@ from app.routes.models import (
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload, payload_size
 
 router = APIRouter(tags=["produce"])
 
@@ -80,15 +81,31 @@ def _groups(body: ProduceRequest, s: Settings) -> list[AppendGroup]:
             f"{total} records in one request; the limit is {s.max_records_per_request}")
     groups: list[AppendGroup] = []
     for entry in body.topic_partitions:
-        values = entry.record_bytes()
-        for value in values:
-            if len(value) > s.max_record_bytes:
-                raise PayloadTooLarge(
-                    f"a record of {len(value)} bytes for {entry.topic}:{entry.partition} "
-                    f"exceeds the limit of {s.max_record_bytes} bytes")
-        groups.append(AppendGroup(TopicPartition(entry.topic, entry.partition), values,
-                                  entry.idempotency_key))
+        tp = TopicPartition(entry.topic, entry.partition)
+        payloads = entry.payloads()
+        for payload in payloads:
+            _check_record(tp, payload, s)
+        groups.append(AppendGroup(tp, payloads, entry.idempotency_key))
     return groups
+
+
+def _check_record(tp: TopicPartition, payload: Payload, s: Settings) -> None:
+    size = payload_size(payload)
+    if size > s.max_record_bytes:
+        raise PayloadTooLarge(f"a record of {size} bytes for {tp} exceeds the limit of "
+                              f"{s.max_record_bytes} bytes")
+    if isinstance(payload, bytes):
+        return
+    if payload.key is not None and len(payload.key) > s.max_key_bytes:
+        raise PayloadTooLarge(f"a key of {len(payload.key)} bytes for {tp} exceeds the "
+                              f"limit of {s.max_key_bytes} bytes")
+    if len(payload.headers) > s.max_headers:
+        raise PayloadTooLarge(f"{len(payload.headers)} headers on a record for {tp}; the "
+                              f"limit is {s.max_headers}")
+    header_bytes = sum(len(n.encode()) + len(v) for n, v in payload.headers)
+    if header_bytes > s.max_header_bytes:
+        raise PayloadTooLarge(f"headers of {header_bytes} bytes on a record for {tp} "
+                              f"exceed the limit of {s.max_header_bytes} bytes")
 
 
 def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from app.errors import LlogError
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload, payload_size
 
 
 @dataclass(frozen=True)
@@ -24,12 +25,12 @@ class AppendGroup:
     """
 
     tp: TopicPartition
-    records: Sequence[bytes]
+    records: Sequence[Payload]
     idempotency_key: str | None = None
 
     @property
     def size(self) -> int:
-        return sum(len(r) for r in self.records)
+        return sum(payload_size(r) for r in self.records)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,7 @@ class AppendResult:
     index_key: str
     wal_uri: str
     duplicate: bool = False
+    append_time_ms: int = 0  # the broker's append time of these records
 
 
 AppendOutcome = AppendResult | LlogError

@@ -11,8 +11,10 @@ record-aligned chunks::
 Each row is ``[first_record, byte_offset, crc32c]``: the chunk starts with the record of
 that index in the body (0-based) at that absolute byte offset, and ends where the next
 row starts (the last one at ``object_bytes`` and ``msg_count``). ``crc32c`` covers the
-chunk's bytes, which are ``(u32 length, bytes)`` pairs exactly as in the body. The first
-chunk starts at byte 4, after the body's record count.
+chunk's bytes, which are the body's records exactly as in the body (each starts with
+its u32 length in both encodings). The first chunk starts at byte 4, after the body's
+record count. A bytes-batch-v2 body's rows have a fourth column: the append time of the
+chunk's first record, so a lookup by time finds the chunk without reading the others.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from dataclasses import dataclass
 
 from app.errors import CorruptData
 from app.storage import codec
+from app.storage.log_record import Payload
 
 _U32 = struct.Struct(">I")
+_I64 = struct.Struct(">q")
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 MAX_CHUNKS = 1024  # bounds the index entry: about 30 bytes of JSON per row
 
@@ -39,23 +43,32 @@ class Chunk:
     byte_offset: int
     byte_end: int
     crc32c: int
+    first_append_ms: int | None = None
 
 
-def chunk_table(body: bytes | memoryview, target_bytes: int = DEFAULT_CHUNK_BYTES
-                ) -> list[list[int]]:
-    """Rows for a decoded-valid bytes-batch-v1 ``body``, about ``target_bytes`` each."""
+def chunk_table(body: bytes | memoryview, target_bytes: int = DEFAULT_CHUNK_BYTES, *,
+                encoding: str = codec.ENCODING_V1) -> list[list[int]]:
+    """Rows for a decoded-valid ``body``, about ``target_bytes`` each."""
     view = memoryview(body)
     (count,) = _U32.unpack_from(view, 0)
     target = max(target_bytes, len(view) // MAX_CHUNKS + 1)
+    timed = encoding == codec.ENCODING_V2
     rows: list[list[int]] = []
     start_pos, start_rec, pos = 4, 0, 4
+
+    def row(end: int) -> list[int]:
+        out = [start_rec, start_pos, codec.crc32c(view[start_pos:end])]
+        if timed:
+            out.append(_I64.unpack_from(view, start_pos + 5)[0])  # after length, attrs
+        return out
+
     for i in range(count):
         if pos - start_pos >= target:
-            rows.append([start_rec, start_pos, codec.crc32c(view[start_pos:pos])])
+            rows.append(row(pos))
             start_pos, start_rec = pos, i
         (length,) = _U32.unpack_from(view, pos)
         pos += 4 + length
-    rows.append([start_rec, start_pos, codec.crc32c(view[start_pos:pos])])
+    rows.append(row(pos))
     return rows
 
 
@@ -64,19 +77,20 @@ def parse_chunks(rows: object, msg_count: int, object_bytes: int) -> list[Chunk]
     if not isinstance(rows, list) or not rows or len(rows) > MAX_CHUNKS:
         raise CorruptData("chunk table is not a non-empty list of at most "
                           f"{MAX_CHUNKS} rows")
-    parsed: list[tuple[int, int, int]] = []
+    parsed: list[tuple[int, int, int, int | None]] = []
     for row in rows:
-        if (not isinstance(row, list) or len(row) != 3
+        if (not isinstance(row, list) or len(row) not in (3, 4)
                 or not all(isinstance(v, int) and not isinstance(v, bool) for v in row)):
-            raise CorruptData(f"chunk table row {row!r} is not [record, offset, crc32c]")
-        parsed.append((row[0], row[1], row[2]))
+            raise CorruptData(f"chunk table row {row!r} is not [record, offset, crc32c"
+                              "(, append time)]")
+        parsed.append((row[0], row[1], row[2], row[3] if len(row) == 4 else None))
     out: list[Chunk] = []
-    for i, (first, offset, crc) in enumerate(parsed):
+    for i, (first, offset, crc, appended) in enumerate(parsed):
         end_rec, end_pos = (parsed[i + 1][0], parsed[i + 1][1]) if i + 1 < len(parsed) else (
             msg_count, object_bytes)
         if not (0 <= first < end_rec <= msg_count and 4 <= offset < end_pos <= object_bytes):
             raise CorruptData(f"chunk table row {i} does not fit the object")
-        out.append(Chunk(first, end_rec, offset, end_pos, crc))
+        out.append(Chunk(first, end_rec, offset, end_pos, crc, appended))
     if out[0].first_record != 0 or out[0].byte_offset != 4:
         raise CorruptData("chunk table does not start at the first record")
     return out
@@ -87,21 +101,12 @@ def chunk_index(chunks: Sequence[Chunk], record: int) -> int:
     return bisect.bisect_right([c.first_record for c in chunks], record) - 1
 
 
-def decode_chunk(data: bytes | memoryview, chunk: Chunk) -> list[bytes]:
+def decode_chunk(data: bytes | memoryview, chunk: Chunk, encoding: str) -> list[Payload]:
     """The records of one chunk's bytes, verified against its checksum."""
     codec.verify_body(data, chunk.crc32c)
     view = memoryview(data)
-    records: list[bytes] = []
-    pos, size = 0, len(view)
-    for _ in range(chunk.end_record - chunk.first_record):
-        if pos + 4 > size:
-            raise CorruptData("chunk truncated at a record length")
-        (length,) = _U32.unpack_from(view, pos)
-        pos += 4
-        if length > size - pos:
-            raise CorruptData("chunk record overruns the chunk")
-        records.append(bytes(view[pos:pos + length]))
-        pos += length
-    if pos != size:
-        raise CorruptData(f"chunk has {size - pos} trailing bytes")
+    records, pos = codec.decode_records(view, 0, len(view),
+                                        chunk.end_record - chunk.first_record, encoding)
+    if pos != len(view):
+        raise CorruptData(f"chunk has {len(view) - pos} trailing bytes")
     return records

@@ -16,6 +16,7 @@ from typing import Any
 import google_crc32c
 
 from app.errors import CorruptData
+from app.storage.log_record import LogRecord, Payload
 
 MAGIC = b"LLS1"
 LLS1_VERSION = 1
@@ -30,6 +31,10 @@ def crc32c(data: bytes | memoryview) -> int:
 
 # -- bytes-batch-v1 -------------------------------------------------------------------
 
+ENCODING_V1 = "bytes-batch-v1"
+ENCODING_V2 = "bytes-batch-v2"
+ENCODINGS = (ENCODING_V1, ENCODING_V2)
+
 
 def encoded_batch_size(records: Sequence[bytes]) -> int:
     return 4 + 4 * len(records) + sum(len(r) for r in records)
@@ -43,32 +48,206 @@ def encode_batch(records: Sequence[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def decode_batch(body: bytes | memoryview, expected_count: int | None = None) -> list[bytes]:
-    """Decode one body; its lengths must add up to exactly its size."""
-    view = memoryview(body)
+def _batch_count(view: memoryview, name: str, expected_count: int | None,
+                 min_record: int) -> int:
+    """The record count of a body, bounded by what its bytes can hold."""
     size = len(view)
     if size < 4:
-        raise CorruptData(f"bytes-batch-v1 body of {size} bytes is shorter than its header")
+        raise CorruptData(f"{name} body of {size} bytes is shorter than its header")
     (count,) = _U32.unpack_from(view, 0)
-    # Each record needs at least its 4-byte length: bound the count before allocating.
-    if count > (size - 4) // 4:
-        raise CorruptData(f"bytes-batch-v1 claims {count} records in {size} bytes")
+    # Each record needs at least its fixed fields: bound the count before allocating.
+    if count > (size - 4) // min_record:
+        raise CorruptData(f"{name} claims {count} records in {size} bytes")
     if expected_count is not None and count != expected_count:
-        raise CorruptData(f"bytes-batch-v1 holds {count} records, the index says {expected_count}")
+        raise CorruptData(f"{name} holds {count} records, the index says {expected_count}")
+    return int(count)
+
+
+def decode_records_v1(view: memoryview, pos: int, end: int, count: int
+                      ) -> tuple[list[bytes], int]:
+    """``count`` records from ``pos`` (never reading at or past ``end``); next position."""
     records: list[bytes] = []
-    pos = 4
     for i in range(count):
-        if pos + 4 > size:
+        if pos + 4 > end:
             raise CorruptData(f"bytes-batch-v1 truncated at record {i} length")
         (length,) = _U32.unpack_from(view, pos)
         pos += 4
-        if length > size - pos:
+        if length > end - pos:
             raise CorruptData(f"bytes-batch-v1 record {i} of {length} bytes overruns the body")
         records.append(bytes(view[pos:pos + length]))
         pos += length
-    if pos != size:
-        raise CorruptData(f"bytes-batch-v1 has {size - pos} trailing bytes")
+    return records, pos
+
+
+def decode_batch(body: bytes | memoryview, expected_count: int | None = None) -> list[bytes]:
+    """Decode one bytes-batch-v1 body; its lengths must add up to exactly its size."""
+    view = memoryview(body)
+    count = _batch_count(view, ENCODING_V1, expected_count, 4)
+    records, pos = decode_records_v1(view, 4, len(view), count)
+    if pos != len(view):
+        raise CorruptData(f"bytes-batch-v1 has {len(view) - pos} trailing bytes")
     return records
+
+
+# -- bytes-batch-v2 -------------------------------------------------------------------
+
+_V2_HEAD = struct.Struct(">IBq")  # length, attributes, append_time_ms
+_I64 = struct.Struct(">q")
+_U16 = struct.Struct(">H")
+ATTR_KEY, ATTR_HEADERS, ATTR_TIMESTAMP = 0x01, 0x02, 0x04
+_KNOWN_ATTRS = ATTR_KEY | ATTR_HEADERS | ATTR_TIMESTAMP
+MAX_HEADERS = 0xFFFF
+
+
+def _record_v2(payload: Payload) -> bytes:
+    if isinstance(payload, bytes):
+        return _V2_HEAD.pack(9 + len(payload), 0, 0) + payload
+    attrs, fields = 0, []
+    if payload.timestamp_ms is not None:
+        attrs |= ATTR_TIMESTAMP
+        fields.append(_I64.pack(payload.timestamp_ms))
+    if payload.key is not None:
+        attrs |= ATTR_KEY
+        fields += [_U32.pack(len(payload.key)), payload.key]
+    if payload.headers:
+        attrs |= ATTR_HEADERS
+        fields.append(_U16.pack(len(payload.headers)))
+        for name, value in payload.headers:
+            raw = name.encode()
+            fields += [_U16.pack(len(raw)), raw, _U32.pack(len(value)), value]
+    rest = b"".join([*fields, payload.value])
+    return _V2_HEAD.pack(9 + len(rest), attrs, payload.append_time_ms) + rest
+
+
+def encode_batch_v2(payloads: Sequence[Payload]) -> bytes:
+    return b"".join([_U32.pack(len(payloads)), *(_record_v2(p) for p in payloads)])
+
+
+def _number(view: memoryview, pos: int, end: int, field: struct.Struct, what: str
+            ) -> tuple[int, int]:
+    if pos + field.size > end:
+        raise CorruptData(f"bytes-batch-v2 {what} overruns its record")
+    return int(field.unpack_from(view, pos)[0]), pos + field.size
+
+
+def _bytes(view: memoryview, pos: int, end: int, length: int, what: str
+           ) -> tuple[bytes, int]:
+    if length > end - pos:
+        raise CorruptData(f"bytes-batch-v2 {what} overruns its record")
+    return bytes(view[pos:pos + length]), pos + length
+
+
+def _decode_v2_fields(view: memoryview, pos: int, end: int, attrs: int, append_time: int
+                      ) -> LogRecord:
+    """The fields after a record's fixed head, up to ``end`` (the record's end)."""
+    timestamp = key = None
+    headers: list[tuple[str, bytes]] = []
+    if attrs & ATTR_TIMESTAMP:
+        timestamp, pos = _number(view, pos, end, _I64, "timestamp")
+    if attrs & ATTR_KEY:
+        length, pos = _number(view, pos, end, _U32, "key length")
+        key, pos = _bytes(view, pos, end, length, "key")
+    if attrs & ATTR_HEADERS:
+        count, pos = _number(view, pos, end, _U16, "header count")
+        for _ in range(count):
+            length, pos = _number(view, pos, end, _U16, "header name length")
+            raw, pos = _bytes(view, pos, end, length, "header name")
+            length, pos = _number(view, pos, end, _U32, "header value length")
+            value, pos = _bytes(view, pos, end, length, "header value")
+            try:
+                headers.append((raw.decode(), value))
+            except UnicodeDecodeError:
+                raise CorruptData("bytes-batch-v2 header name is not UTF-8") from None
+    return LogRecord(bytes(view[pos:end]), key, tuple(headers), timestamp, append_time)
+
+
+def decode_records_v2(view: memoryview, pos: int, end: int, count: int
+                      ) -> tuple[list[Payload], int]:
+    """``count`` records from ``pos`` (never reading at or past ``end``); next position.
+    A record with nothing but a value (and no append time of its own) is plain bytes."""
+    records: list[Payload] = []
+    for i in range(count):
+        if pos + _V2_HEAD.size > end:
+            raise CorruptData(f"bytes-batch-v2 truncated at record {i}")
+        length, attrs, append_time = _V2_HEAD.unpack_from(view, pos)
+        record_end = pos + 4 + length
+        if length < 9 or record_end > end:
+            raise CorruptData(f"bytes-batch-v2 record {i} of {length} bytes overruns the body")
+        if attrs & ~_KNOWN_ATTRS:
+            raise CorruptData(f"bytes-batch-v2 record {i} has unknown attributes {attrs:#x}")
+        body = pos + _V2_HEAD.size
+        if attrs == 0:
+            value = bytes(view[body:record_end])
+            records.append(LogRecord(value, append_time_ms=append_time) if append_time
+                           else value)
+        else:
+            records.append(_decode_v2_fields(view, body, record_end, attrs, append_time))
+        pos = record_end
+    return records, pos
+
+
+def decode_batch_v2(body: bytes | memoryview, expected_count: int | None = None
+                    ) -> list[Payload]:
+    view = memoryview(body)
+    count = _batch_count(view, ENCODING_V2, expected_count, _V2_HEAD.size)
+    records, pos = decode_records_v2(view, 4, len(view), count)
+    if pos != len(view):
+        raise CorruptData(f"bytes-batch-v2 has {len(view) - pos} trailing bytes")
+    return records
+
+
+def v2_parts(body: bytes | memoryview, encoding: str, append_time_ms: int
+             ) -> list[bytes | memoryview]:
+    """The records of a decoded-valid ``body`` as bytes-batch-v2 record bytes (without
+    the count), each carrying its append time: its own, or ``append_time_ms`` for one
+    that has none (every bytes-batch-v1 record). Record bytes are not copied."""
+    view = memoryview(body)
+    (count,) = _U32.unpack_from(view, 0)
+    parts: list[bytes | memoryview] = []
+    pos = 4
+    for _ in range(count):
+        (length,) = _U32.unpack_from(view, pos)
+        if encoding == ENCODING_V1:
+            parts += [_V2_HEAD.pack(9 + length, 0, append_time_ms),
+                      view[pos + 4:pos + 4 + length]]
+        else:
+            _, attrs, own = _V2_HEAD.unpack_from(view, pos)
+            parts += [_V2_HEAD.pack(length, attrs, own or append_time_ms),
+                      view[pos + _V2_HEAD.size:pos + 4 + length]]
+        pos += 4 + length
+    return parts
+
+
+# -- by encoding ----------------------------------------------------------------------
+
+
+def encode_body(payloads: Sequence[Payload]) -> tuple[bytes, str]:
+    """The body for ``payloads``: bytes-batch-v1 when every record is plain bytes (as
+    readers of every release expect), bytes-batch-v2 otherwise."""
+    if all(isinstance(p, bytes) for p in payloads):
+        return encode_batch(payloads), ENCODING_V1  # type: ignore[arg-type]
+    return encode_batch_v2(payloads), ENCODING_V2
+
+
+def decode_body(body: bytes | memoryview, encoding: str,
+                expected_count: int | None = None) -> list[Payload]:
+    if encoding == ENCODING_V1:
+        return list(decode_batch(body, expected_count))
+    if encoding == ENCODING_V2:
+        return list(decode_batch_v2(body, expected_count))
+    raise CorruptData(f"encoding {encoding!r} is not one this release reads {ENCODINGS}")
+
+
+def decode_records(view: memoryview, pos: int, end: int, count: int, encoding: str
+                   ) -> tuple[list[Payload], int]:
+    """``count`` records of a body area in ``encoding`` (a chunk of a compacted body)."""
+    if encoding == ENCODING_V1:
+        v1, pos = decode_records_v1(view, pos, end, count)
+        return list(v1), pos
+    if encoding == ENCODING_V2:
+        v2, pos = decode_records_v2(view, pos, end, count)
+        return list(v2), pos
+    raise CorruptData(f"encoding {encoding!r} is not one this release reads {ENCODINGS}")
 
 
 # -- LLS1 shared blob -----------------------------------------------------------------
@@ -84,22 +263,24 @@ class BlobPart:
     body_offset: int
     body_length: int
     crc32c: int
-    encoding: str = "bytes-batch-v1"
+    encoding: str = ENCODING_V1
 
 
 def encode_shared_blob(
-    groups: Sequence[tuple[str, int, Sequence[bytes]]], created_at_ms: int
+    groups: Sequence[tuple[str, int, Sequence[Payload]]], created_at_ms: int
 ) -> tuple[bytes, list[BlobPart]]:
     """Pack one body per (topic, partition, records) group into an LLS1 blob."""
-    bodies = [encode_batch(records) for _, _, records in groups]
+    encoded = [encode_body(records) for _, _, records in groups]
+    bodies = [body for body, _ in encoded]
     # body_offset depends on the header length, which depends on the offsets' digits:
     # iterate until the header length is stable (at most a couple of rounds).
     header_len = 0
     while True:
         parts: list[BlobPart] = []
         pos = 8 + header_len
-        for (topic, partition, records), body in zip(groups, bodies, strict=True):
-            parts.append(BlobPart(topic, partition, len(records), pos, len(body), crc32c(body)))
+        for (topic, partition, records), (body, encoding) in zip(groups, encoded, strict=True):
+            parts.append(BlobPart(topic, partition, len(records), pos, len(body), crc32c(body),
+                                  encoding))
             pos += len(body)
         header = json.dumps(
             {
@@ -203,7 +384,7 @@ def verify_body(body: bytes | memoryview, expected_crc32c: int | None) -> None:
         raise CorruptData(f"crc32c mismatch: stored {expected_crc32c:#010x}, read {actual:#010x}")
 
 
-def decode_shared_blob(blob: bytes | memoryview) -> list[tuple[BlobPart, list[bytes]]]:
+def decode_shared_blob(blob: bytes | memoryview) -> list[tuple[BlobPart, list[Payload]]]:
     """Decode a whole LLS1 blob, verifying every body (audit and tools)."""
     view = memoryview(blob)
     header = decode_shared_header(view)
@@ -211,5 +392,5 @@ def decode_shared_blob(blob: bytes | memoryview) -> list[tuple[BlobPart, list[by
     for part in header.parts:
         body = view[part.body_offset:part.body_offset + part.body_length]
         verify_body(body, part.crc32c)
-        out.append((part, decode_batch(body, part.msg_count)))
+        out.append((part, decode_body(body, part.encoding, part.msg_count)))
     return out

@@ -76,6 +76,10 @@ class KeyLayout:
     def compactor_claim(self, tp: TopicPartition) -> str:
         return self.partition_prefix(tp) + "meta/compactor-claim"
 
+    def topic_record(self, topic: str) -> str:
+        """``{root}/_topics/{topic}``: the topic catalog (two segments deep)."""
+        return f"{self.root}/_topics/{topic}"
+
     def store_identity(self) -> str:
         """``{root}/_meta/store-id``: two segments deep, so no topic's key can be it."""
         return f"{self.root}/_meta/store-id"

@@ -7,6 +7,7 @@ Writers do this as part of their next commit; this standalone form serves compac
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -81,8 +82,7 @@ async def materialise_pending(
                 or pending.created_at_ms > clock() - min_age_ms):
             return Done(Materialised(False, control, found.version_id))
         target[:] = [pending.append_id]
-        cleared = Control(control.log_state, control.sequence_counter, None,
-                          dict(control.extra))
+        cleared = dataclasses.replace(control, pending=None, extra=dict(control.extra))
         # One request: Oxia applies it as one log entry, index entry first.
         created, cas = await oxia.put_group([
             index_entry_put(layout, tp, pending),

@@ -24,6 +24,7 @@ have removed); only then is the error reported. Nothing is ever skipped silently
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +36,7 @@ from app.errors import CorruptData, LlogError, LogGap, ObjectMissing, OffsetOutO
 from app.storage import codec
 from app.storage.chunks import chunk_index, decode_chunk
 from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.log_record import LogRecord, Payload, payload_size
 from app.storage.oxia_store import OxiaStore
 from app.storage.records import CompactionCursor, Control
 from app.storage.s3 import S3Store
@@ -43,7 +45,7 @@ from app.storage.spans import Span, index_span
 _FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
 MAX_STRAYS_SKIPPED = 10_000  # beyond this, an uncovered offset is reported as a gap
 _UNLIMITED = 1 << 62
-Records = list[bytes]
+Records = list[Payload]
 _Job = tuple[Callable[[], Awaitable[None]], list["_Unit"]]
 
 
@@ -58,13 +60,16 @@ class ReadRequest:
 @dataclass
 class ReadResult:
     tp: TopicPartition
-    records: list[tuple[int, bytes]]
+    records: list[tuple[int, Payload]]
     high_watermark: int
     next_offset: int
+    # The broker's append time of each record, in step with ``records``.
+    append_times: list[int] = field(default_factory=list)
+    log_start: int = 1
 
     @property
     def size(self) -> int:
-        return sum(len(v) for _, v in self.records)
+        return sum(payload_size(v) for _, v in self.records)
 
 
 ReadOutcome = ReadResult | LlogError
@@ -102,7 +107,7 @@ class ObjectCache:
         return item[0]
 
     def put(self, key: str, records: Records, part: int = -1) -> None:
-        size = sum(len(r) for r in records) + 64 * len(records)  # + per-record overhead
+        size = sum(payload_size(r) for r in records) + 64 * len(records)  # + overhead
         if size <= self._max // 2:
             self._items[(key, part)] = (records, size)
 
@@ -137,6 +142,7 @@ class _Plan:
     request: ReadRequest
     offset: int
     high_watermark: int
+    log_start: int = 1
     units: list[_Unit] = field(default_factory=list)
 
 
@@ -190,6 +196,21 @@ class LogReader:
                 outcomes[i] = outcome
         return outcomes
 
+    async def span_at(self, tp: TopicPartition, offset: int, control: Control) -> Span:
+        """The span covering ``offset`` (at or below the high watermark)."""
+        return (await self._resolve(tp, offset, control, None, 1, 1))[0]
+
+    async def chunk_records(self, span: Span, chunk: int) -> list[Payload]:
+        """The records of one chunk of a compacted span, as decoded (append times
+        kept); the whole object's for a span without a chunk table."""
+        chunks = span.chunks
+        unit = _Unit(span, span.start, None if chunks is None else (chunk, chunk))
+        await self._fetch([unit])
+        if unit.error is not None:
+            raise unit.error
+        assert unit.records is not None
+        return unit.records
+
     async def _read_round(self, requests: Sequence[ReadRequest], max_bytes: int | None, *,
                           skip_strays: bool, oversized_first: bool) -> list[ReadOutcome]:
         plans = await self._plan_all(requests, max_bytes, skip_strays)
@@ -223,11 +244,15 @@ class LogReader:
         tp = request.tp
         control = await self.read_control(tp)
         hw = 0 if control is None else control.sequence_counter
-        offset = max(request.offset, 1)
-        if offset > hw + 1:
-            raise OffsetOutOfRange(f"{tp}: offset {offset} is beyond the high watermark "
-                                   f"{hw} + 1")
-        plan = _Plan(request, offset, hw)
+        log_start = 1 if control is None else control.log_start
+        offset = request.offset if request.offset >= 1 else log_start  # 0: the log start
+        if offset > hw + 1 or offset < log_start:
+            where = ("beyond the high watermark" if offset > hw + 1 else
+                     "below the log start (retention removed what precedes it)")
+            raise OffsetOutOfRange(
+                f"{tp}: offset {offset} is {where}; the log holds {log_start}..{hw}",
+                log_start=log_start, high_watermark=hw)
+        plan = _Plan(request, offset, hw, log_start)
         if control is None or offset == hw + 1 or (
                 request.max_records is not None and request.max_records <= 0):
             return plan
@@ -351,8 +376,9 @@ class LogReader:
         for unit in group:
             start, length = _slice(unit)
             body = memoryview(data)[start - lo:start - lo + length]
-            codec.verify_body(body, unit.span.entry.crc32c)
-            unit.records = codec.decode_batch(body, unit.span.entry.msg_count)
+            entry = unit.span.entry
+            codec.verify_body(body, entry.crc32c)
+            unit.records = codec.decode_body(body, entry.encoding, entry.msg_count)
 
     async def _fetch_chunks(self, key: str, unit: _Unit) -> None:
         chunks = unit.span.chunks
@@ -364,7 +390,8 @@ class LogReader:
             data = memoryview(await self._s3.get_range(key, lo, hi - lo))
             for i in range(first, last + 1):
                 c = chunks[i]
-                records = decode_chunk(data[c.byte_offset - lo:c.byte_end - lo], c)
+                records = decode_chunk(data[c.byte_offset - lo:c.byte_end - lo], c,
+                                       unit.span.entry.encoding)
                 self.objects.put(key, records, i)
                 cached[i - first] = records
         unit.records = [r for part in cached if part is not None for r in part]
@@ -375,7 +402,7 @@ class LogReader:
         if records is None:
             data = await self._s3.get(key)
             codec.verify_body(data, entry.crc32c)
-            records = codec.decode_batch(data, entry.msg_count)
+            records = codec.decode_body(data, entry.encoding, entry.msg_count)
             self.objects.put(key, records)
         for unit in group:
             if len(records) != unit.span.entry.msg_count:
@@ -450,6 +477,11 @@ def _unit_bytes(unit: _Unit) -> int:
     return unit.span.cost_from(unit.first_offset)
 
 
+def _timeless(record: LogRecord) -> LogRecord:
+    return record if not record.append_time_ms else dataclasses.replace(record,
+                                                                        append_time_ms=0)
+
+
 def _assemble_all(plans: list[_Plan | LlogError], max_bytes: int | None,
                   oversized_first: bool) -> list[ReadOutcome]:
     remaining = [max_bytes if max_bytes is not None else _UNLIMITED]
@@ -470,7 +502,8 @@ def _assemble(plan: _Plan, remaining: list[int], *, first_of_answer: bool) -> Re
     """Records from the plan's offset within the request's budgets and ``remaining``
     (the call's total budget left, shared across plans)."""
     request = plan.request
-    out: list[tuple[int, bytes]] = []
+    out: list[tuple[int, Payload]] = []
+    times: list[int] = []
     size, nxt = 0, plan.offset
     budget = min(request.max_bytes or _UNLIMITED, remaining[0])
     for unit in plan.units:
@@ -481,15 +514,23 @@ def _assemble(plan: _Plan, remaining: list[int], *, first_of_answer: bool) -> Re
         assert unit.records is not None
         if unit.first_offset > nxt:
             break  # a hole after what we have: the next read reports it
+        entry_time = unit.span.entry.created_at_ms
         for i in range(nxt - unit.first_offset, len(unit.records)):
             value = unit.records[i]
+            value_size = payload_size(value)
             may_exceed = first_of_answer and not out
-            if not may_exceed and (size + len(value) > budget or (
+            if not may_exceed and (size + value_size > budget or (
                     request.max_records is not None and len(out) >= request.max_records)):
                 remaining[0] -= size
-                return ReadResult(request.tp, out, plan.high_watermark, nxt)
+                return ReadResult(request.tp, out, plan.high_watermark, nxt, times,
+                                  plan.log_start)
+            appended = entry_time
+            if isinstance(value, LogRecord):  # its time goes with ``times``, not in it
+                appended = value.append_time_ms or entry_time
+                value = value.value if value.plain else _timeless(value)
             out.append((nxt, value))
-            size += len(value)
+            times.append(appended)
+            size += value_size
             nxt += 1
     remaining[0] -= size
-    return ReadResult(request.tp, out, plan.high_watermark, nxt)
+    return ReadResult(request.tp, out, plan.high_watermark, nxt, times, plan.log_start)

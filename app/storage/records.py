@@ -92,6 +92,8 @@ class Pending(_Record):
     byte_length: int | None = _opt()
     created_at_ms: int = 0
     crc32c: int | None = _opt()
+    # The partition's appended body bytes up to and including this append (retention).
+    end_bytes: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -115,6 +117,7 @@ class Pending(_Record):
             created_at_ms=self.created_at_ms,
             crc32c=self.crc32c,
             append_id=self.append_id,
+            end_bytes=self.end_bytes,
         )
 
 
@@ -127,6 +130,14 @@ class Control(_Record):
     log_state: LogState = "OPEN"
     sequence_counter: int = 0
     pending: Pending | None = None
+    # The append time of the newest append: append times never go backwards within a
+    # partition, so a lookup by time can search the index (docs/protocol.md).
+    last_append_ms: int | None = _opt()
+    # The first offset still readable: retention moves it forward (None: 1), and the
+    # appended bytes before it; the body bytes ever appended (retention by bytes).
+    log_start_offset: int | None = _opt()
+    log_start_bytes: int | None = _opt()
+    appended_bytes: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -147,6 +158,10 @@ class Control(_Record):
     def fenced(self) -> bool:
         return self.log_state == "FENCED"
 
+    @property
+    def log_start(self) -> int:
+        return self.log_start_offset or 1
+
 
 @dataclass
 class IndexEntry(_Record):
@@ -163,9 +178,13 @@ class IndexEntry(_Record):
     created_at_ms: int = 0
     crc32c: int | None = _opt()
     append_id: str | None = _opt()
-    # COMPACTED entries: the object's size and its chunk table (app/storage/chunks.py).
+    end_bytes: int | None = _opt()  # the partition's appended bytes up to this entry's end
+    # COMPACTED entries: the object's size and its chunk table (app/storage/chunks.py),
+    # and the append times of its first and last record.
     object_bytes: int | None = _opt()
     chunks: list[list[int]] | None = field(default=None, metadata={"omit_none": True})
+    first_append_ms: int | None = _opt()
+    last_append_ms: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -210,6 +229,9 @@ class Compaction(_Record):
     crc32c: int | None = _opt()
     object_bytes: int | None = _opt()
     chunks: list[list[int]] | None = field(default=None, metadata={"omit_none": True})
+    first_append_ms: int | None = _opt()
+    last_append_ms: int | None = _opt()
+    end_bytes: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def compacted_entry(self) -> IndexEntry:
@@ -218,6 +240,8 @@ class Compaction(_Record):
             type="COMPACTED", msg_count=self.msg_count, data_key=self.data_key,
             encoding=self.encoding, created_at_ms=self.created_at_ms, crc32c=self.crc32c,
             object_bytes=self.object_bytes, chunks=self.chunks,
+            first_append_ms=self.first_append_ms, last_append_ms=self.last_append_ms,
+            end_bytes=self.end_bytes,
         )
 
 

@@ -16,6 +16,7 @@ a conflict.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 import weakref
@@ -40,6 +41,7 @@ from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.idempotency import IDEMPOTENCY_FIELD, Remembered, remember, remembered
 from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.log_record import Payload
 from app.storage.materialise import ensure_index_entry, index_entry_put, materialise_pending
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
@@ -101,7 +103,7 @@ class _PartitionAppend:
         self.size += len(group.records)
 
     @property
-    def records(self) -> list[bytes]:
+    def records(self) -> list[Payload]:
         return [r for m in self.members for r in m.group.records]
 
     def resolve(self, outcomes: list[AppendOutcome | None],
@@ -138,6 +140,7 @@ class _Upload:
     crc32c: int
     count: int
     created_at_ms: int
+    encoding: str
 
 
 @dataclass
@@ -151,14 +154,15 @@ class _Commit:
     # (expected version, start, end) of CAS attempts whose outcome is unknown.
     in_doubt: list[tuple[int, int, int]] = field(default_factory=list)
 
-    def results(self, start: int, data_key: str, index_key: str
+    def results(self, start: int, data_key: str, index_key: str, append_time_ms: int
                 ) -> dict[int, AppendOutcome]:
         """Each group's offsets, for the append committed from ``start``."""
         out: dict[int, AppendOutcome] = {}
         for m in self.part.members:
             first = start + m.first
             n = len(m.group.records)
-            out[m.index] = AppendResult(self.tp, first, first + n - 1, n, index_key, data_key)
+            out[m.index] = AppendResult(self.tp, first, first + n - 1, n, index_key, data_key,
+                                        append_time_ms=append_time_ms)
         return out
 
     def keyed_ranges(self, start: int) -> list[tuple[str, Remembered]]:
@@ -335,7 +339,7 @@ class LogWriter:
 
         async def commit_one(part: _PartitionAppend, body: codec.BlobPart) -> None:
             upload = _Upload(uri, body.body_offset, body.body_length, body.crc32c,
-                             body.msg_count, created)
+                             body.msg_count, created, body.encoding)
             try:
                 result = await self._commit(_Commit(part.tp, part, upload))
             except LlogError as exc:
@@ -413,7 +417,8 @@ class LogWriter:
         pending = current.control.pending
         if pending is not None and pending.append_id == c.append_id:
             return c.results(pending.start_offset, pending.data_key,
-                             self._layout.index(c.tp, pending.end_offset))
+                             self._layout.index(c.tp, pending.end_offset),
+                             pending.created_at_ms)
         keyed = self._keyed_outcomes(c, current.control)
         if keyed is not None:
             return keyed
@@ -421,7 +426,8 @@ class LogWriter:
             won = await self._find_in_doubt(c, current.version)
             if won is not None:
                 return c.results(won, c.upload.data_key,
-                                 self._layout.index(c.tp, won + c.upload.count - 1))
+                                 self._layout.index(c.tp, won + c.upload.count - 1),
+                                 c.upload.created_at_ms)
         return None
 
     def _keyed_outcomes(self, c: _Commit, control: Control
@@ -437,7 +443,8 @@ class LogWriter:
             first = next(m for m in c.part.members if m.index in hits)
             start = hits[first.index].start - first.first
             return c.results(start, c.upload.data_key,
-                             self._layout.index(c.tp, start + c.upload.count - 1))
+                             self._layout.index(c.tp, start + c.upload.count - 1),
+                             c.upload.created_at_ms)
         answered: dict[int, AppendOutcome] = {
             i: r.result(c.tp, self._layout) for i, r in hits.items()}
         rest = c.part.without(answered)
@@ -499,16 +506,23 @@ class LogWriter:
         tp, control = c.tp, current.control
         start = control.sequence_counter + 1
         u = c.upload
+        # Append times never go backwards within a partition (a lookup by time
+        # searches the index), whatever the clocks of the brokers say.
+        appended = max(u.created_at_ms, control.last_append_ms or 0)
+        total_bytes = (control.appended_bytes or 0) + u.byte_length
         mine = Pending(
             append_id=c.append_id, start_offset=start, end_offset=start + u.count - 1,
-            msg_count=u.count, data_key=u.data_key, byte_offset=u.byte_offset,
-            byte_length=u.byte_length, created_at_ms=u.created_at_ms, crc32c=u.crc32c,
+            msg_count=u.count, data_key=u.data_key, encoding=u.encoding,
+            byte_offset=u.byte_offset, byte_length=u.byte_length, created_at_ms=appended,
+            crc32c=u.crc32c, end_bytes=total_bytes,
         )
         extra = dict(control.extra)
         keyed = c.keyed_ranges(start)
         if keyed:
             extra[IDEMPOTENCY_FIELD] = remember(control, keyed)
-        updated = Control(control.log_state, mine.end_offset, mine, extra)
+        updated = dataclasses.replace(control, sequence_counter=mine.end_offset, pending=mine,
+                                      last_append_ms=appended, appended_bytes=total_bytes,
+                                      extra=extra)
         previous = control.pending
         materialise = (previous is not None
                        and self._materialised.get(tp) != previous.append_id)
@@ -533,7 +547,8 @@ class LogWriter:
                 self._metrics.pending_materialised.labels("next_writer").inc()
             self._materialised[tp] = previous.append_id
         self._step("after_pending_cas")
-        return Done(c.results(start, u.data_key, self._layout.index(tp, mine.end_offset)))
+        return Done(c.results(start, u.data_key, self._layout.index(tp, mine.end_offset),
+                              appended))
 
     # -- control cache -----------------------------------------------------------------
 
@@ -562,7 +577,7 @@ class LogWriter:
             c = current.control
             if c.log_state == state:
                 return Done(None)
-            updated = Control(state, c.sequence_counter, c.pending, dict(c.extra))
+            updated = dataclasses.replace(c, log_state=state, extra=dict(c.extra))
             (outcome,) = await self._oxia.put_group([PutSpec(
                 self._layout.control(tp), updated.to_json(), tp.partition_key,
                 current.version)])

@@ -11,10 +11,11 @@ committed at that offset, and offsets are contiguous from the requested one.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload, payload_size
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,11 @@ class CacheHit:
     knows; a caller that learned of a remote write must not trust it).
     """
 
-    records: list[tuple[int, bytes]]
+    records: list[tuple[int, Payload]]
     high_watermark: int
     next_offset: int
+    # In step with ``records``; left out of equality (tests compare records).
+    append_times: list[int] = field(default_factory=list, compare=False)
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,10 @@ class TailCacheStats:
 class TailCache(Protocol):
     """Recent committed records per partition; see the module docstring."""
 
-    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[bytes]) -> None:
-        """Records committed at ``start_offset .. start_offset + len(records) - 1``.
+    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[Payload],
+            append_time_ms: int = 0) -> None:
+        """Records committed at ``start_offset .. start_offset + len(records) - 1``, at
+        ``append_time_ms``.
 
         Raises the known high watermark to the last of them. Never fails the caller for
         a cache problem: the write is already acknowledged.
@@ -135,7 +140,7 @@ def within_budget(count: int, size: int, value_len: int,
     return max_bytes is None or size + value_len <= max_bytes
 
 
-def suffix_within(records: Sequence[bytes], budget: int, overhead_per_record: int = 0,
+def suffix_within(records: Sequence[Payload], budget: int, overhead_per_record: int = 0,
                   fixed_overhead: int = 0) -> int:
     """Index of the first record of the longest suffix that fits in ``budget`` bytes.
 
@@ -146,7 +151,7 @@ def suffix_within(records: Sequence[bytes], budget: int, overhead_per_record: in
     total = fixed_overhead
     i = len(records)
     while i > 0:
-        cost = len(records[i - 1]) + overhead_per_record
+        cost = payload_size(records[i - 1]) + overhead_per_record
         if total + cost > budget:
             break
         total += cost

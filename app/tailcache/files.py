@@ -71,6 +71,7 @@ from typing import NamedTuple
 
 from app.errors import InvalidRequest
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload, payload_size
 from app.tailcache.base import (
     CacheHit,
     Counters,
@@ -324,7 +325,8 @@ class FileTailCache:
 
     # -- writes ---------------------------------------------------------------------------
 
-    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[bytes]) -> None:
+    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[Payload],
+            append_time_ms: int = 0) -> None:
         if start_offset < 1:
             raise ValueError(f"{tp}: offsets start at 1, got {start_offset}")
         if not records:
@@ -338,7 +340,7 @@ class FileTailCache:
                 first = suffix_within(records, self._max_bytes, 4, segment_overhead(tp))
                 kept = (start_offset + first, end) if first < len(records) else None
                 if kept is not None:
-                    self._write_segment(tp, idx, kept, records[first:])
+                    self._write_segment(tp, idx, kept, records[first:], append_time_ms)
                 self._drop_overlapping(tp, idx, start_offset, end, keep=kept)
                 self._raise_hw(tp, idx, end)
             except OSError as exc:
@@ -360,8 +362,8 @@ class FileTailCache:
                 self._warn("note_high_watermark", tp, exc)
 
     def _write_segment(self, tp: TopicPartition, idx: _Index, seg: tuple[int, int],
-                       records: Sequence[bytes]) -> None:
-        data = encode_segment(tp, seg[0], records)
+                       records: Sequence[Payload], append_time_ms: int) -> None:
+        data = encode_segment(tp, seg[0], records, append_time_ms)
         name = segment_name(*seg)
         directory = self._dir(tp)
         self._write_atomic(directory, name, data)
@@ -494,20 +496,24 @@ class FileTailCache:
                 return CacheHit([], hw, offset)
             relisted = True
             seg = idx.find(offset) if self._relist_if_changed(tp, idx, offset) else None
-        out: list[tuple[int, bytes]] = []
+        out: list[tuple[int, Payload]] = []
+        times: list[int] = []
         size = 0
         at = offset
         while seg is not None:
-            values = self._read_segment(tp, idx, seg)
-            if values is None:
+            found = self._read_segment(tp, idx, seg)
+            if found is None:
                 break
+            values, appended = found
             start, end = seg
             for j in range(at - start, len(values)):
                 value = values[j]
-                if not within_budget(len(out), size, len(value), max_records, max_bytes):
-                    return self._hit(tp, idx, out, at)
+                value_size = payload_size(value)
+                if not within_budget(len(out), size, value_size, max_records, max_bytes):
+                    return self._hit(tp, idx, out, at, times)
                 out.append((at, value))
-                size += len(value)
+                times.append(appended)
+                size += value_size
                 at += 1
             seg = idx.find(end + 1)
             if seg is None and not relisted:
@@ -516,7 +522,7 @@ class FileTailCache:
                 hw = self._fresh_hw(tp, idx, at)
                 if hw is not None and at <= hw and self._relist_if_changed(tp, idx, at):
                     seg = idx.find(at)
-        return self._hit(tp, idx, out, at) if out else None
+        return self._hit(tp, idx, out, at, times) if out else None
 
     def _fresh_hw(self, tp: TopicPartition, idx: _Index, offset: int) -> int | None:
         """The hw, re-read from the shared file only if ``offset`` is beyond what this
@@ -526,16 +532,16 @@ class FileTailCache:
             hw = self._load_hw(tp, idx)
         return hw
 
-    def _hit(self, tp: TopicPartition, idx: _Index, out: list[tuple[int, bytes]],
-             next_offset: int) -> CacheHit:
+    def _hit(self, tp: TopicPartition, idx: _Index, out: list[tuple[int, Payload]],
+             next_offset: int, times: list[int]) -> CacheHit:
         # Records another worker wrote can be newer than the hw this process knows.
         self._fresh_hw(tp, idx, next_offset - 1)
         idx.raise_hw(next_offset - 1)
         assert idx.high_watermark is not None
-        return CacheHit(out, idx.high_watermark, next_offset)
+        return CacheHit(out, idx.high_watermark, next_offset, times)
 
     def _read_segment(self, tp: TopicPartition, idx: _Index,
-                      seg: tuple[int, int]) -> list[bytes] | None:
+                      seg: tuple[int, int]) -> tuple[list[Payload], int] | None:
         path = self._dir(tp) / segment_name(*seg)
         data = self._read(path)
         values = None if data is None else decode_segment(data, tp, *seg)

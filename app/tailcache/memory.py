@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 from app.storage.keys import TopicPartition
+from app.storage.log_record import LogRecord, Payload, payload_size
 from app.tailcache.base import (
     CacheHit,
     Counters,
@@ -25,8 +26,9 @@ class _Chunk:
 
     key: int  # global age: chunks with smaller keys were cached earlier
     start: int
-    records: list[bytes]
+    records: list[Payload]
     nbytes: int
+    append_time_ms: int = 0
 
     @property
     def end(self) -> int:
@@ -58,7 +60,7 @@ class _Partition:
             return i
         return None
 
-    def value_at(self, offset: int) -> bytes:
+    def value_at(self, offset: int) -> Payload:
         i = self.find(offset)
         assert i is not None
         chunk = self.chunks[i]
@@ -92,7 +94,8 @@ class MemoryTailCache:
 
     # -- writes ------------------------------------------------------------------------
 
-    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[bytes]) -> None:
+    def put(self, tp: TopicPartition, start_offset: int, records: Sequence[Payload],
+            append_time_ms: int = 0) -> None:
         if start_offset < 1:
             raise ValueError(f"{tp}: offsets start at 1, got {start_offset}")
         if not records:
@@ -103,8 +106,9 @@ class MemoryTailCache:
             part = self._partitions.setdefault(tp, _Partition())
             self._raise_hw(part, start_offset + len(records) - 1)
             # Own the bytes: a caller's bytearray or memoryview could change under us.
-            owned = [r if type(r) is bytes else bytes(r) for r in records]
-            self._merge(tp, part, start_offset, owned)
+            owned: list[Payload] = [r if type(r) is bytes or isinstance(r, LogRecord)
+                                    else bytes(r) for r in records]
+            self._merge(tp, part, start_offset, owned, append_time_ms)
             self._evict()
 
     def note_high_watermark(self, tp: TopicPartition, high_watermark: int) -> None:
@@ -120,7 +124,7 @@ class MemoryTailCache:
             part.high_watermark = high_watermark
 
     def _merge(self, tp: TopicPartition, part: _Partition, start: int,
-               records: Sequence[bytes]) -> None:
+               records: Sequence[Payload], append_time_ms: int) -> None:
         """Add a put to the partition keeping the contiguity invariant.
 
         A put that overlaps the cached run with different bytes means the cached run is
@@ -140,21 +144,23 @@ class MemoryTailCache:
             return  # not even the newest record fits; what is cached stays valid
         kept = list(records[first - start:])
         if not part.chunks:
-            self._add(tp, part, first, kept, at_front=False)
+            self._add(tp, part, first, kept, append_time_ms, at_front=False)
         elif first > part.end or end < part.start:
             self._drop_all(part)
-            self._add(tp, part, first, kept, at_front=False)
+            self._add(tp, part, first, kept, append_time_ms, at_front=False)
         else:  # touches or overlaps, and any overlap was checked equal above
             cur_start, cur_end = part.start, part.end
             if first < cur_start:
-                self._add(tp, part, first, kept[: cur_start - first], at_front=True)
+                self._add(tp, part, first, kept[: cur_start - first], append_time_ms,
+                          at_front=True)
             if end > cur_end:
                 self._add(tp, part, max(first, cur_end), kept[max(first, cur_end) - first:],
-                          at_front=False)
+                          append_time_ms, at_front=False)
 
-    def _add(self, tp: TopicPartition, part: _Partition, start: int, records: list[bytes],
-             *, at_front: bool) -> None:
-        chunk = _Chunk(next(self._keys), start, records, sum(len(r) for r in records))
+    def _add(self, tp: TopicPartition, part: _Partition, start: int, records: list[Payload],
+             append_time_ms: int, *, at_front: bool) -> None:
+        chunk = _Chunk(next(self._keys), start, records,
+                       sum(payload_size(r) for r in records), append_time_ms)
         if at_front:
             part.chunks.insert(0, chunk)
         else:
@@ -204,7 +210,8 @@ class MemoryTailCache:
         if i is None:
             # Records are only ever cached at offsets <= hw, so hw + 1 is never cached.
             return CacheHit([], hw, offset) if offset == hw + 1 else None
-        out: list[tuple[int, bytes]] = []
+        out: list[tuple[int, Payload]] = []
+        times: list[int] = []
         size = 0
         at = offset
         chunks = part.chunks
@@ -213,12 +220,14 @@ class MemoryTailCache:
             values = chunk.records
             for j in range(at - chunk.start, len(values)):
                 value = values[j]
-                if not within_budget(len(out), size, len(value), max_records, max_bytes):
-                    return CacheHit(out, hw, at)
+                value_size = payload_size(value)
+                if not within_budget(len(out), size, value_size, max_records, max_bytes):
+                    return CacheHit(out, hw, at, times)
                 out.append((at, value))
-                size += len(value)
+                times.append(chunk.append_time_ms)
+                size += value_size
                 at += 1
-        return CacheHit(out, hw, at)
+        return CacheHit(out, hw, at, times)
 
     def high_watermark(self, tp: TopicPartition) -> int | None:
         with self._lock:

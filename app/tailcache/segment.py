@@ -11,9 +11,14 @@ for anything it cannot prove right; the cache then misses.
 
 Segment layout (big-endian)::
 
-    magic "LTC1" | version u8 | reserved u8 | topic length u16 | partition u32
-    | start offset u64 | record count u32 | topic bytes | count x length u32
-    | record bytes | crc32c u32 of everything before it
+    magic "LTC1" | version u8 (2) | encoding u8 | topic length u16 | partition u32
+    | start offset u64 | record count u32 | append time ms u64 | topic bytes
+    | records | crc32c u32 of everything before it
+
+``records`` are the record stream of a bytes-batch body in the named encoding (0:
+bytes-batch-v1, 1: bytes-batch-v2; see docs/protocol.md), without its count: the same
+bytes and the same decoder as the log. Version 1 segments (no encoding, no append time)
+are not read: they are misses.
 
 High-watermark layout::
 
@@ -27,13 +32,17 @@ import re
 import struct
 from collections.abc import Sequence
 
-from app.storage.codec import crc32c
+from app.errors import CorruptData
+from app.storage.codec import ENCODING_V1, ENCODING_V2, crc32c, decode_records, encode_body
 from app.storage.keys import OFFSET_DIGITS, TopicPartition
+from app.storage.log_record import Payload
 
 SEGMENT_MAGIC = b"LTC1"
 HW_MAGIC = b"LTHW"
-VERSION = 1
-_SEGMENT_HEAD = struct.Struct(">4sBBHIQI")
+VERSION = 2
+HW_VERSION = 1
+_SEGMENT_HEAD = struct.Struct(">4sBBHIQIQ")
+_ENCODINGS = (ENCODING_V1, ENCODING_V2)
 _HW_HEAD = struct.Struct(">4sBBHIQ")
 _U32 = struct.Struct(">I")
 _CRC = 4
@@ -56,58 +65,56 @@ def parse_segment_name(name: str) -> tuple[int, int] | None:
 
 
 def segment_overhead(tp: TopicPartition) -> int:
-    """Bytes of a segment that are not record bytes, apart from 4 per record."""
+    """Bytes of a segment that are not record bytes, apart from 4 per record (13 in
+    bytes-batch-v2, plus keys and headers)."""
     return _SEGMENT_HEAD.size + len(tp.topic.encode()) + _CRC
 
 
-def encode_segment(tp: TopicPartition, start: int, records: Sequence[bytes]) -> bytes:
+def encode_segment(tp: TopicPartition, start: int, records: Sequence[Payload],
+                   append_time_ms: int) -> bytes:
     topic = tp.topic.encode()
-    parts = [
-        _SEGMENT_HEAD.pack(SEGMENT_MAGIC, VERSION, 0, len(topic), tp.partition, start,
-                           len(records)),
-        topic,
-        b"".join(_U32.pack(len(r)) for r in records),
-        *records,
-    ]
-    body = b"".join(parts)
-    return body + _U32.pack(crc32c(body))
+    body, encoding = encode_body(records)
+    head = _SEGMENT_HEAD.pack(SEGMENT_MAGIC, VERSION, _ENCODINGS.index(encoding), len(topic),
+                              tp.partition, start, len(records), append_time_ms)
+    data = b"".join([head, topic, memoryview(body)[4:]])
+    return data + _U32.pack(crc32c(data))
 
 
-def decode_segment(data: bytes, tp: TopicPartition, start: int, end: int) -> list[bytes] | None:
-    """The records of a segment expected to hold ``tp`` at ``start..end``, or None.
+def decode_segment(data: bytes, tp: TopicPartition, start: int, end: int
+                   ) -> tuple[list[Payload], int] | None:
+    """The records and append time of a segment expected to hold ``tp`` at
+    ``start..end``, or None.
 
-    Every length is checked against the bytes actually present before it is used, and
-    the CRC is checked before any record is trusted.
+    The CRC is checked before any length is trusted, and every length is checked against
+    the bytes actually present by the log's own decoder.
     """
     size = len(data)
     head = _SEGMENT_HEAD.size
     if size < head + _CRC:
         return None
-    magic, version, _, topic_len, partition, first, count = _SEGMENT_HEAD.unpack_from(data, 0)
-    if (magic != SEGMENT_MAGIC or version != VERSION or partition != tp.partition
-            or first != start or count != end - start + 1):
+    magic, version, encoding, topic_len, partition, first, count, appended = (
+        _SEGMENT_HEAD.unpack_from(data, 0))
+    if (magic != SEGMENT_MAGIC or version != VERSION or encoding >= len(_ENCODINGS)
+            or partition != tp.partition or first != start or count != end - start + 1):
         return None
-    lengths_at = head + topic_len
-    values_at = lengths_at + 4 * count
-    if values_at + _CRC > size or data[head:lengths_at] != tp.topic.encode():
+    records_at = head + topic_len
+    if records_at + _CRC > size or data[head:records_at] != tp.topic.encode():
         return None
     (stored_crc,) = _U32.unpack_from(data, size - _CRC)
     if crc32c(memoryview(data)[: size - _CRC]) != stored_crc:
         return None
-    lengths = struct.unpack_from(f">{count}I", data, lengths_at)
-    if values_at + sum(lengths) + _CRC != size:
+    try:
+        records, pos = decode_records(memoryview(data), records_at, size - _CRC, count,
+                                      _ENCODINGS[encoding])
+    except CorruptData:
         return None
-    records: list[bytes] = []
-    pos = values_at
-    for length in lengths:
-        records.append(data[pos:pos + length])
-        pos += length
-    return records
+    return (records, int(appended)) if pos == size - _CRC else None
 
 
 def encode_high_watermark(tp: TopicPartition, high_watermark: int) -> bytes:
     topic = tp.topic.encode()
-    body = _HW_HEAD.pack(HW_MAGIC, VERSION, 0, len(topic), tp.partition, high_watermark) + topic
+    body = _HW_HEAD.pack(HW_MAGIC, HW_VERSION, 0, len(topic), tp.partition,
+                         high_watermark) + topic
     return body + _U32.pack(crc32c(body))
 
 
@@ -118,7 +125,7 @@ def decode_high_watermark(data: bytes, tp: TopicPartition) -> int | None:
     if size != _HW_HEAD.size + len(topic) + _CRC:
         return None
     magic, version, _, topic_len, partition, hw = _HW_HEAD.unpack_from(data, 0)
-    if (magic != HW_MAGIC or version != VERSION or topic_len != len(topic)
+    if (magic != HW_MAGIC or version != HW_VERSION or topic_len != len(topic)
             or partition != tp.partition or data[_HW_HEAD.size:size - _CRC] != topic):
         return None
     (stored_crc,) = _U32.unpack_from(data, size - _CRC)

@@ -31,6 +31,7 @@ import anyio
 from app.errors import LlogError
 from app.settings import Settings
 from app.storage.keys import TopicPartition
+from app.storage.log_record import payload_value
 from app.storage.reader import LogReader
 from app.storage.records import now_ms
 from jobs.spark.discovery import discover_on_driver
@@ -174,7 +175,7 @@ async def _batches(reader: LogReader, part: PartRange, batch_records: int
         except LlogError as exc:
             raise LlogError(f"{part.tp} offsets {offset}..{part.last}: "
                             f"{exc.error_type}: {exc}") from exc
-        got = [(at, v) for at, v in result.records if at <= part.last]
+        got = [(at, payload_value(v)) for at, v in result.records if at <= part.last]
         if not got:
             raise LlogError(f"{part.tp}: nothing readable at offset {offset} "
                             f"(high watermark {result.high_watermark})")

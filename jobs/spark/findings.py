@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from app.storage.codec import ENCODING_V1
 from app.storage.keys import TopicPartition
 
 CORRUPTION = "corruption"
@@ -50,3 +51,4 @@ class ObjectUse:
     byte_length: int | None
     crc32c: int | None
     index_key: str | None
+    encoding: str = ENCODING_V1

@@ -66,11 +66,11 @@ def analyse(snap: PartitionSnapshot, now: int, stale_after_ms: int) -> Analysis:
     if pending is not None and not materialised:
         uses.append(ObjectUse("pending", pending.data_key, pending.start_offset,
                               pending.end_offset, pending.msg_count, pending.byte_offset,
-                              pending.byte_length, pending.crc32c, None))
+                              pending.byte_length, pending.crc32c, None, pending.encoding))
     comp = snap.compaction
     if comp is not None:
         uses.append(ObjectUse("compaction", comp.data_key, comp.start_offset, comp.end_offset,
-                              comp.msg_count, None, None, comp.crc32c, None))
+                              comp.msg_count, None, None, comp.crc32c, None, comp.encoding))
     return Analysis(w.out, uses, [e.row for e in strays], [e.row for e in deletable],
                     materialised)
 
@@ -214,4 +214,5 @@ def _check_compaction(w: _Work) -> None:
 
 def _use(kind: str, e: _Entry) -> ObjectUse:
     return ObjectUse(kind, e.entry.data_key, e.start, e.end, e.entry.msg_count,
-                     e.entry.byte_offset, e.entry.byte_length, e.entry.crc32c, e.row.key)
+                     e.entry.byte_offset, e.entry.byte_length, e.entry.crc32c, e.row.key,
+                     e.entry.encoding)

@@ -149,7 +149,7 @@ class ObjectChecker:
             async with self._limiter:
                 body = await self.stores.s3.get(key)
         codec.verify_body(body, crc)
-        codec.decode_batch(body, use.msg_count)
+        codec.decode_body(body, use.encoding, use.msg_count)
         return Checked(found, len(body), use.msg_count)
 
 

@@ -16,3 +16,14 @@ def consume_body(topic: str, offset: int = 1, partition: int = 0, **extra: Any) 
     body.setdefault("max_wait_ms", 0)
     body.update(extra)
     return body
+
+
+def without_times(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Consumed records without ``append_time_ms`` (checked to be there), for comparing
+    the rest exactly."""
+    out = []
+    for record in records:
+        rest = dict(record)
+        assert isinstance(rest.pop("append_time_ms"), int), record
+        out.append(rest)
+    return out

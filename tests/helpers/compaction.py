@@ -106,7 +106,7 @@ async def assert_compacted(e: Engine, tp: TopicPartition, expected: Expected) ->
         assert key.startswith(e.layout.partition_prefix(tp) + "data/compacted/")
         body = await e.s3.get(key)
         assert entry.crc32c == codec.crc32c(body)
-        assert len(codec.decode_batch(body, entry.msg_count)) == entry.msg_count
+        assert len(codec.decode_body(body, entry.encoding, entry.msg_count)) == entry.msg_count
     rest = entries[len(expected.ranges):]
     assert len(rest) == expected.wal_after and all(x.type == "WAL" for _, x in rest)
     assert await cursor_of(e, tp) == expected.ranges[-1][1] + 1

@@ -1,0 +1,160 @@
+"""The topic catalog: which topics exist, with how many partitions and what retention.
+
+One Oxia record per topic, ``{root}/_topics/{topic}`` (partition key ``_topics``, so the
+whole catalog lives on one shard and lists with one range scan), changed only by
+compare-and-set. A topic's partitions are ``0 … partitions-1``; the count only grows.
+
+Deleting a topic moves the log start of each of its partitions past its high watermark
+(retention to infinity: compaction and vacuum then free its data) and removes the
+record. Offsets are never reused: a topic created again under the same name continues
+where the old one stopped.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from app.errors import CorruptData, InvalidRequest, TopicExists, UnknownTopic, VersionMismatch
+from app.storage.cas import Done, Retry, cas_loop
+from app.storage.keys import KeyLayout, validate_topic
+from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
+from app.storage.records import now_ms
+
+PARTITION_KEY = "_topics"
+MAX_PARTITIONS = 100_000  # per topic
+_ATTEMPTS = 16
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """What an operator sets: None means unlimited (no retention, the broker's limit)."""
+
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    max_record_bytes: int | None = None
+
+    def check(self) -> TopicConfig:
+        for name in ("retention_ms", "retention_bytes", "max_record_bytes"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                      or value < 1):
+                raise InvalidRequest(f"{name} must be a positive integer or null")
+        return self
+
+
+@dataclass(frozen=True)
+class Topic:
+    name: str
+    partitions: int
+    config: TopicConfig
+    created_at_ms: int
+    version: int = -1  # the catalog record's Oxia version
+
+    def to_json(self) -> bytes:
+        return json.dumps({"topic": self.name, "partitions": self.partitions,
+                           "created_at_ms": self.created_at_ms,
+                           **dataclasses.asdict(self.config)}).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes, version: int) -> Topic:
+        try:
+            data: dict[str, Any] = json.loads(raw)
+            topic = cls(str(data["topic"]), int(data["partitions"]), TopicConfig(
+                retention_ms=data.get("retention_ms"),
+                retention_bytes=data.get("retention_bytes"),
+                max_record_bytes=data.get("max_record_bytes")).check(),
+                int(data.get("created_at_ms", 0)), version)
+        except (ValueError, KeyError, TypeError, InvalidRequest) as exc:
+            raise CorruptData(f"a topic catalog record does not parse: {exc}") from None
+        if topic.partitions < 1:
+            raise CorruptData(f"topic {topic.name!r} has {topic.partitions} partitions")
+        return topic
+
+
+def check_partitions(partitions: object) -> int:
+    if (not isinstance(partitions, int) or isinstance(partitions, bool)
+            or not 1 <= partitions <= MAX_PARTITIONS):
+        raise InvalidRequest(f"partitions must be an integer in 1..{MAX_PARTITIONS}")
+    return partitions
+
+
+class TopicCatalog:
+    def __init__(self, oxia: OxiaStore, layout: KeyLayout) -> None:
+        self._oxia = oxia
+        self._layout = layout
+
+    def _key(self, topic: str) -> str:
+        return self._layout.topic_record(validate_topic(topic))
+
+    async def get(self, topic: str) -> Topic | None:
+        found = await self._oxia.get(self._key(topic), PARTITION_KEY)
+        return None if found is None else Topic.from_json(found.value, found.version_id)
+
+    async def list(self) -> list[Topic]:
+        prefix = self._layout.topic_record("")
+        records = await self._oxia.range_scan(prefix, prefix + "~", PARTITION_KEY)
+        return [Topic.from_json(r.value, r.version_id) for r in records
+                if r.key.startswith(prefix)]
+
+    async def create(self, topic: str, partitions: int, config: TopicConfig | None = None
+                     ) -> Topic:
+        """Create ``topic``; :class:`TopicExists` if it does."""
+        made = Topic(validate_topic(topic), check_partitions(partitions),
+                     (config or TopicConfig()).check(), now_ms())
+        try:
+            version = await self._oxia.put(self._key(topic), made.to_json(), PARTITION_KEY,
+                                           expected_version=EXPECT_NOT_EXISTS)
+        except VersionMismatch:
+            raise TopicExists(f"topic {topic!r} exists already") from None
+        return dataclasses.replace(made, version=version)
+
+    async def ensure(self, topic: str, partitions: int) -> Topic:
+        """The topic, created with ``partitions`` if it does not exist (auto-create)."""
+        found = await self.get(topic)
+        if found is not None:
+            return found
+        try:
+            return await self.create(topic, partitions)
+        except TopicExists:
+            again = await self.get(topic)
+            if again is None:
+                raise UnknownTopic(f"topic {topic!r} was deleted while it was created"
+                                   ) from None
+            return again
+
+    async def update(self, topic: str, *, partitions: int | None = None,
+                     config: dict[str, int | None] | None = None) -> Topic:
+        """Grow the partition count and/or change the configuration (by CAS)."""
+
+        async def attempt(_: int) -> Done[Topic] | Retry:
+            current = await self.get(topic)
+            if current is None:
+                raise UnknownTopic(f"topic {topic!r} does not exist")
+            count = current.partitions
+            if partitions is not None:
+                if check_partitions(partitions) < current.partitions:
+                    raise InvalidRequest(f"topic {topic!r} has {current.partitions} "
+                                         "partitions; a topic's partitions only grow")
+                count = partitions
+            settings = dataclasses.replace(current.config, **(config or {})).check()
+            updated = dataclasses.replace(current, partitions=count, config=settings)
+            try:
+                version = await self._oxia.put(self._key(topic), updated.to_json(),
+                                               PARTITION_KEY, expected_version=current.version)
+            except VersionMismatch:
+                return Retry("conflict")
+            return Done(dataclasses.replace(updated, version=version))
+
+        return await cas_loop(attempt, attempts=_ATTEMPTS, what=f"topic {topic}: update")
+
+    async def remove(self, topic: Topic) -> None:
+        """Drop the catalog record (the caller has trimmed the partitions)."""
+        try:
+            await self._oxia.delete(self._key(topic.name), PARTITION_KEY,
+                                    expected_version=topic.version)
+        except VersionMismatch:
+            raise UnknownTopic(f"topic {topic.name!r} changed while it was deleted; "
+                               "try again") from None
