@@ -12,7 +12,7 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from app.broker.state import BrokerState, run_broker
-from app.routes import consume, health, metrics, offsets, produce
+from app.routes import consume, health, metrics, offsets, produce, topics
 from app.routes.errors import BodyLimitMiddleware, install_error_handlers
 from app.settings import Settings
 
@@ -40,7 +40,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.
-    for module in (produce, consume, offsets, health, metrics):
+    for module in (produce, consume, offsets, topics, health, metrics):
         app.router.routes.extend(module.router.routes)
     Instrumentator(
         registry=state.registry,

@@ -91,6 +91,15 @@ class Settings(BaseSettings):
     max_partitions_per_request: int = Field(default=1_000, ge=1, le=100_000)
     max_fetch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
 
+    # Topics: producing to an unknown topic creates it (with this many partitions, or as
+    # many as the partition named needs) and to a partition beyond the count grows it;
+    # off, both are refused (404).
+    auto_create_topics: bool = True
+    auto_create_partitions: int = Field(default=1, ge=1, le=100_000)
+    topic_cache_ttl_s: float = Field(default=5.0, gt=0, le=3600)
+    # How often the compactor applies a topic's retention to a partition.
+    retention_check_interval_s: float = Field(default=60.0, gt=0)
+
     # Compaction.
     compaction_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # Compacted blobs carry a chunk table with a row about every this many bytes, so a

@@ -104,8 +104,10 @@ class ConsumeService:
         used = 0
         misses: list[int] = []
         for i, (f, hit) in enumerate(zip(fetches, hits, strict=True)):
-            if hit is not None and not hit.records and self._watch.is_stale(f.tp):
-                hit = None  # "known empty" is not trustworthy after a remote write
+            if hit is not None and self._watch.is_stale(f.tp):
+                # Another process changed the partition (appended, or moved its log
+                # start): the cache may miss records or hold ones no longer readable.
+                hit = None
             if hit is None:
                 self._metrics.cache.labels("miss").inc()
                 misses.append(i)

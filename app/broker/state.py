@@ -27,6 +27,7 @@ from app.batching.batcher import Batcher
 from app.batching.metrics import BatcherMetrics
 from app.broker.consume import ConsumeService
 from app.broker.metrics import BrokerInfoCollector, ConsumeMetrics, ProduceMetrics
+from app.broker.topics import TopicDirectory
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.compaction.service import run_in_broker
 from app.errors import LlogError
@@ -39,6 +40,8 @@ from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
 from app.storage.s3 import S3Store
+from app.storage.topic_admin import TopicAdmin
+from app.storage.topics import TopicCatalog
 from app.storage.writer import LogWriter
 from app.tailcache import TailCache, open_tail_cache, run_cache_io, store_id_of
 
@@ -59,6 +62,8 @@ class BrokerState:
     writer: LogWriter | None = None
     reader: LogReader | None = None
     cache: TailCache | None = None
+    topics: TopicDirectory | None = None
+    admin: TopicAdmin | None = None
     watch: PartitionWatch = field(default_factory=PartitionWatch)
     s3_usage: S3Usage = field(default_factory=S3Usage)
     failure: str | None = None
@@ -125,6 +130,9 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                                       store_id=store_id,
                                       max_partitions=s.tail_cache_max_partitions)
         stack.callback(state.cache.close)
+        state.topics = TopicDirectory(
+            TopicCatalog(oxia, layout), auto_create=s.auto_create_topics,
+            auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s)
         state.writer = LogWriter(
             oxia, s3, layout, state.store_metrics, max_attempts=s.commit_max_attempts,
             commit_horizon_ms=s.retry_horizon_safe_ms,
@@ -180,6 +188,8 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         oxia, s3, layout, object_cache_bytes=s.read_object_cache_bytes,
         fetch_concurrency=s.read_fetch_concurrency,
         max_concurrent_fetches=s.read_max_concurrent_fetches)
+    assert state.topics is not None
+    state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
     state.consume = ConsumeService(state.reader, state.cache, state.watch,
                                    state.consume_metrics,
                                    max_long_polls=s.max_concurrent_long_polls)

@@ -169,6 +169,10 @@ class Compactor:
     def config(self) -> CompactionConfig:
         return self._config
 
+    @property
+    def s3(self) -> S3Store:
+        return self._s3
+
     async def compact_once(self, tp: TopicPartition) -> CompactionOutcome:
         try:
             outcome = await self._compact_once(tp)

@@ -33,7 +33,10 @@ from app.settings import Settings
 from app.storage.catalog import discover_partitions
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import OxiaStore
+from app.storage.reader import LogReader
 from app.storage.records import CompactionCursor, Control, now_ms
+from app.storage.retention import apply_retention
+from app.storage.topics import Topic, TopicCatalog
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS_PER_VISIT = 16
@@ -86,6 +89,12 @@ class CompactionScheduler:
         self._rng = rng or random.Random()
         self.claims = Claims(oxia, layout, compactor_id, metrics=metrics)
         self._known: set[TopicPartition] = set(parse_targets(settings.compaction_seed_targets))
+        self._catalog = TopicCatalog(oxia, layout)
+        self._topics: dict[str, Topic] = {}
+        self._bootstrapped = False
+        self._retention_due: dict[TopicPartition, float] = {}
+        # Retention lookups read index entries and at most one chunk: no object cache.
+        self._reader = LogReader(oxia, compactor.s3, layout, object_cache_bytes=0)
         self._running: set[TopicPartition] = set()
         self._stopped = False
         self._wakeup: anyio.Event | None = None  # created in run(), inside the event loop
@@ -118,16 +127,52 @@ class CompactionScheduler:
         return self._stopped
 
     async def discover(self) -> int:
-        """Add every partition that has a ``meta/control`` key; returns how many are new."""
+        """Add every partition of the topic catalog; returns how many are new.
+
+        The first discovery also lists the partitions that have a ``meta/control`` key
+        and registers their topics in the catalog: stores written before it existed.
+        """
         try:
-            found = await discover_partitions(self._oxia, self._layout)
+            if not self._bootstrapped:
+                await self._register_listed_topics()
+                self._bootstrapped = True
+            topics = await self._catalog.list()
         except LlogError:
             self._count_discovery("error")
             raise
         self._count_discovery("ok")
-        new = set(found) - self._known
+        self._topics = {t.name: t for t in topics}
+        found = {TopicPartition(t.name, p) for t in topics for p in range(t.partitions)}
+        new = found - self._known
         self.add(found)
         return len(new)
+
+    async def _register_listed_topics(self) -> None:
+        listed = await discover_partitions(self._oxia, self._layout)
+        counts: dict[str, int] = {}
+        for tp in listed:
+            counts[tp.topic] = max(counts.get(tp.topic, 0), tp.partition + 1)
+        for topic, partitions in counts.items():
+            try:
+                await self._catalog.ensure(topic, partitions)
+                await self._catalog.update(topic, min_partitions=partitions)
+            except InvalidRequest as exc:  # beyond the catalog's partition limit
+                log.warning("topic %s is not registered in the catalog: %s", topic, exc)
+
+    async def _apply_retention(self, tp: TopicPartition) -> None:
+        """Move the partition's log start as its topic's retention asks, at most every
+        ``retention_check_interval_s``."""
+        topic = self._topics.get(tp.topic)
+        if topic is None or (topic.config.retention_ms is None
+                             and topic.config.retention_bytes is None):
+            return
+        due = self._retention_due.get(tp, 0.0)
+        if time.monotonic() < due:
+            return
+        await apply_retention(self._reader, self._oxia, self._layout, tp, topic.config,
+                              now_ms())
+        self._retention_due[tp] = (time.monotonic()
+                                   + self._settings.retention_check_interval_s)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -191,6 +236,7 @@ class CompactionScheduler:
                     if not mine:
                         result.busy = True
                     else:
+                        await self._apply_retention(tp)
                         for _ in range(MAX_ROUNDS_PER_VISIT):
                             outcome = await self._compactor.compact_once(tp)
                             result.outcomes.append(outcome)

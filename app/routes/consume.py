@@ -98,21 +98,37 @@ async def consume(
     started = time.monotonic()
     fetches = await _fetches(body, state)
     service = state.consume
-    if service is None:
-        outcomes: list[ReadOutcome] = [
-            RoleDisabled("this broker does not have the read role")] * len(fetches)
-    else:
+    outcomes: list[ReadOutcome] = [
+        RoleDisabled("this broker does not have the read role")] * len(fetches)
+    if service is not None:
+        refused = await _unknown(state, fetches)
+        readable = [f for i, f in enumerate(fetches) if i not in refused]
         answered = await unless_disconnected(request, lambda: service.consume(
-            fetches, max_wait_s=body.max_wait_ms / 1000, min_bytes=body.min_bytes,
-            max_bytes=body.max_bytes))
+            readable, max_wait_s=body.max_wait_ms / 1000, min_bytes=body.min_bytes,
+            max_bytes=body.max_bytes)) if readable else ([],)
         if answered is None:  # the client went away; nobody reads this answer
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        (outcomes,) = answered
+        read = iter(answered[0])
+        outcomes = [refused[i] if i in refused else next(read) for i in range(len(fetches))]
     results = [_result(state, fetch.tp, outcome, body.encoding)
                for fetch, outcome in zip(fetches, outcomes, strict=True)]
     state.consume_metrics.requests.inc()
     state.consume_metrics.latency.observe(time.monotonic() - started)
     return JSONResponse(ConsumeResponse(results=results).model_dump(exclude_none=True))
+
+
+async def _unknown(state: BrokerState, fetches: list[Fetch]) -> dict[int, LlogError]:
+    """The fetches of partitions that do not exist (when topics are not auto-created),
+    by index, with their error."""
+    out: dict[int, LlogError] = {}
+    if state.topics is None:
+        return out
+    for i, fetch in enumerate(fetches):
+        try:
+            await state.topics.check_readable(fetch.tp)
+        except LlogError as exc:
+            out[i] = exc
+    return out
 
 
 async def _fetches(body: ConsumeRequest, state: BrokerState) -> list[Fetch]:

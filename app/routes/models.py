@@ -125,7 +125,10 @@ ProduceRecord = Annotated[
 
 class ProduceTopicPartition(_Strict):
     topic: TopicName
-    partition: Partition
+    partition: Partition | None = Field(default=None, description=(
+        "the partition; omitted, it is chosen from the records' key (every record of the "
+        "entry must carry the same key): Kafka's default partitioner, murmur2 of the key "
+        "modulo the topic's partition count"))
     records: list[ProduceRecord] = Field(min_length=1, examples=[["alpha", {"base64": "AAE="}]])
     idempotency_key: IdempotencyKey | None = None
 
@@ -289,6 +292,69 @@ class OffsetsPartitionResult(BaseModel):
 
 class OffsetsResponse(BaseModel):
     results: list[OffsetsPartitionResult]
+
+
+PositiveLimit = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+
+
+class TopicCreateRequest(_Strict):
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"topic": "orders", "partitions": 12, "retention_ms": 604800000}]})
+
+    topic: TopicName
+    partitions: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1
+    retention_ms: PositiveLimit | None = Field(default=None, description=(
+        "records appended longer ago than this are removed; null keeps them"))
+    retention_bytes: PositiveLimit | None = Field(default=None, description=(
+        "per partition: the oldest records go once more bytes than this were appended "
+        "after them; null keeps them"))
+    max_record_bytes: PositiveLimit | None = Field(default=None, description=(
+        "a lower record size limit for this topic than the broker's"))
+
+    _topic = field_validator("topic")(_check_topic)
+
+
+class TopicUpdateRequest(_Strict):
+    """Only the fields present change; ``null`` clears a limit. Partitions only grow."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"partitions": 24, "retention_ms": None, "retention_bytes": 1073741824}]})
+
+    partitions: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
+    retention_ms: PositiveLimit | None = None
+    retention_bytes: PositiveLimit | None = None
+    max_record_bytes: PositiveLimit | None = None
+
+
+class TopicInfo(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"topic": "orders", "partitions": 12, "retention_ms": 604800000,
+         "retention_bytes": None, "max_record_bytes": None,
+         "created_at_ms": 1760000000000}]})
+
+    topic: str
+    partitions: int
+    retention_ms: int | None
+    retention_bytes: int | None
+    max_record_bytes: int | None
+    created_at_ms: int
+
+
+class PartitionInfo(BaseModel):
+    partition: int
+    log_start_offset: int
+    high_watermark: int
+    retained_bytes: int | None = Field(description=(
+        "body bytes from the log start on (null where not known)"))
+    last_append_ms: int | None
+
+
+class TopicDescription(TopicInfo):
+    partition_states: list[PartitionInfo]
+
+
+class TopicList(BaseModel):
+    topics: list[TopicInfo]
 
 
 class ConsumedHeader(BaseModel):

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 
 from app.broker.state import BrokerState
+from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.routes.deps import broker_state
 from app.routes.models import (
@@ -32,6 +33,8 @@ router = APIRouter(tags=["produce"])
     responses={
         400: {"model": ErrorResponse, "description": "malformed JSON or invalid request"},
         409: {"model": ProduceResponse, "description": "some or all entries failed"},
+        404: {"model": ErrorResponse,
+              "description": "unknown topic or partition (auto-create off)"},
         413: {"model": ErrorResponse, "description": "over a size or count limit"},
         503: {"model": ProduceResponse,
               "description": "every entry refused before anything was written (back-"
@@ -42,11 +45,14 @@ async def produce(
     body: ProduceRequest, state: Annotated[BrokerState, Depends(broker_state)]
 ) -> JSONResponse:
     started = time.monotonic()
-    groups = _groups(body, state.settings)
-    outcomes: list[AppendOutcome]
-    if state.batcher is None:
-        outcomes = [RoleDisabled("this broker does not have the write role")] * len(groups)
+    if state.batcher is None or state.topics is None:
+        outcomes: list[AppendOutcome] = [
+            RoleDisabled("this broker does not have the write role")] * len(
+            body.topic_partitions)
+        groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), [])
+                  for e in body.topic_partitions]
     else:
+        groups = await _groups(body, state.settings, state.topics)
         try:
             outcomes = await state.batcher.submit(groups)
         except LlogError as exc:  # refused as a whole: nothing was written
@@ -70,8 +76,10 @@ async def produce(
                         headers=headers)
 
 
-def _groups(body: ProduceRequest, s: Settings) -> list[AppendGroup]:
-    """The request as append groups, within the configured limits (413 otherwise)."""
+async def _groups(body: ProduceRequest, s: Settings, topics: TopicDirectory
+                  ) -> list[AppendGroup]:
+    """The request as append groups in their partitions, within the configured limits
+    (413 otherwise), or refused as a whole (unknown topic or partition: 404)."""
     if len(body.topic_partitions) > s.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(body.topic_partitions)} entries in one request; the "
                               f"limit is {s.max_partitions_per_request}")
@@ -79,21 +87,25 @@ def _groups(body: ProduceRequest, s: Settings) -> list[AppendGroup]:
     if total > s.max_records_per_request:
         raise PayloadTooLarge(
             f"{total} records in one request; the limit is {s.max_records_per_request}")
-    groups: list[AppendGroup] = []
-    for entry in body.topic_partitions:
-        tp = TopicPartition(entry.topic, entry.partition)
-        payloads = entry.payloads()
+    entries = [(entry, entry.payloads()) for entry in body.topic_partitions]
+    for entry, payloads in entries:  # every limit first: refuse before creating a topic
         for payload in payloads:
-            _check_record(tp, payload, s)
-        groups.append(AppendGroup(tp, payloads, entry.idempotency_key))
+            _check_record(entry.topic, payload, s, s.max_record_bytes)
+    groups: list[AppendGroup] = []
+    for entry, payloads in entries:
+        where = await topics.place(entry.topic, entry.partition, payloads)
+        if where.max_record_bytes is not None:
+            for payload in payloads:
+                _check_record(entry.topic, payload, s, where.max_record_bytes)
+        groups.append(AppendGroup(where.tp, payloads, entry.idempotency_key))
     return groups
 
 
-def _check_record(tp: TopicPartition, payload: Payload, s: Settings) -> None:
+def _check_record(tp: str, payload: Payload, s: Settings, max_record_bytes: int) -> None:
     size = payload_size(payload)
-    if size > s.max_record_bytes:
+    if size > max_record_bytes:
         raise PayloadTooLarge(f"a record of {size} bytes for {tp} exceeds the limit of "
-                              f"{s.max_record_bytes} bytes")
+                              f"{max_record_bytes} bytes")
     if isinstance(payload, bytes):
         return
     if payload.key is not None and len(payload.key) > s.max_key_bytes:

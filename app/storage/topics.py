@@ -125,15 +125,25 @@ class TopicCatalog:
                                    ) from None
             return again
 
+    async def register(self, topic: str, partition: int) -> Topic:
+        """Make sure the catalog knows ``topic`` with at least ``partition + 1``
+        partitions (every path that writes a partition calls this once per process)."""
+        found = await self.ensure(topic, partition + 1)
+        if partition < found.partitions:
+            return found
+        return await self.update(topic, min_partitions=partition + 1)
+
     async def update(self, topic: str, *, partitions: int | None = None,
+                     min_partitions: int | None = None,
                      config: dict[str, int | None] | None = None) -> Topic:
-        """Grow the partition count and/or change the configuration (by CAS)."""
+        """Grow the partition count (to ``partitions``, or to at least
+        ``min_partitions``) and/or change the configuration (by CAS)."""
 
         async def attempt(_: int) -> Done[Topic] | Retry:
             current = await self.get(topic)
             if current is None:
                 raise UnknownTopic(f"topic {topic!r} does not exist")
-            count = current.partitions
+            count = max(current.partitions, check_partitions(min_partitions or 1))
             if partitions is not None:
                 if check_partitions(partitions) < current.partitions:
                     raise InvalidRequest(f"topic {topic!r} has {current.partitions} "

@@ -55,6 +55,7 @@ from app.storage.records import (
     now_ms,
 )
 from app.storage.s3 import S3Store
+from app.storage.topics import TopicCatalog
 
 log = logging.getLogger(__name__)
 
@@ -228,6 +229,7 @@ class LogWriter:
         self._materialised: LRUCache[TopicPartition, str] = LRUCache(max_cached_partitions)
         self._locks: weakref.WeakValueDictionary[TopicPartition, anyio.Lock] = (
             weakref.WeakValueDictionary())
+        self._catalog = TopicCatalog(oxia, layout)
 
     async def __aenter__(self) -> LogWriter:
         return self
@@ -287,6 +289,9 @@ class LogWriter:
                 raise outcome
         if isinstance(created, int):
             self._cache(tp, control, created, written=True)
+        # Whoever writes a partition (a broker, a backfill) keeps the catalog complete,
+        # so compaction and the jobs find every partition there.
+        await self._catalog.register(tp.topic, tp.partition)
         self._initialised[tp] = True
 
     def owns_version(self, tp: TopicPartition, version: int) -> bool:

@@ -98,6 +98,11 @@ class TailCache(Protocol):
 
     def statistics(self) -> TailCacheStats: ...
 
+    def drop(self, tp: TopicPartition) -> None:
+        """Forget every record of ``tp`` (its log start moved past them: a topic was
+        deleted or trimmed by this process)."""
+        ...
+
     def close(self) -> None:
         """Release resources; afterwards puts are ignored and gets miss."""
         ...

@@ -61,6 +61,7 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -571,6 +572,12 @@ class FileTailCache:
                 partitions=sum(1 for i in indexes if i.segments),
                 segments=sum(len(i.segments) for i in indexes),
                 records=sum(i.records() for i in indexes), nbytes=self._estimate)
+
+    def drop(self, tp: TopicPartition) -> None:
+        with self._lock:
+            self._indexes.pop(tp, None)
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self._dir(tp))
 
     def close(self) -> None:
         with self._lock:

@@ -240,6 +240,12 @@ class MemoryTailCache:
                 partitions=sum(1 for p in self._partitions.values() if p.chunks),
                 segments=len(self._age), records=self._records, nbytes=self._bytes)
 
+    def drop(self, tp: TopicPartition) -> None:
+        with self._lock:
+            part = self._partitions.pop(tp, None)
+            if part is not None:
+                self._drop_all(part)
+
     def close(self) -> None:
         with self._lock:
             self._closed = True

@@ -1,0 +1,117 @@
+"""The broker's view of the topic catalog: a bounded cache, auto-create, placement.
+
+Produce and consume look topics up on every request, so the broker keeps what it read
+for ``ttl_s`` (a topic created or grown elsewhere is seen within that time; a partition
+beyond the cached count is looked up again before it is refused). With
+``LLOG_AUTO_CREATE_TOPICS`` on, producing to an unknown topic creates it with
+``LLOG_AUTO_CREATE_PARTITIONS`` partitions (or as many as the partition named needs), and
+producing to a partition beyond the count grows the topic; with it off, both are refused
+(404) and nothing is written.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from cachetools import LRUCache
+
+from app.errors import InvalidRequest, UnknownPartition, UnknownTopic
+from app.storage.keys import TopicPartition
+from app.storage.log_record import LogRecord, Payload
+from app.storage.partitioner import partition_for_key
+from app.storage.topics import MAX_PARTITIONS, Topic, TopicCatalog
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a produce entry goes, and the topic's own record size limit."""
+
+    tp: TopicPartition
+    max_record_bytes: int | None
+
+
+class TopicDirectory:
+    def __init__(self, catalog: TopicCatalog, *, auto_create: bool, auto_partitions: int,
+                 ttl_s: float = 5.0, max_topics: int = 10_000) -> None:
+        self.catalog = catalog
+        self._auto_create = auto_create
+        self._auto_partitions = auto_partitions
+        self._ttl = ttl_s
+        self._cache: LRUCache[str, tuple[Topic | None, float]] = LRUCache(max_topics)
+
+    async def topic(self, name: str, *, fresh: bool = False) -> Topic | None:
+        cached = self._cache.get(name)
+        if cached is not None and not fresh and time.monotonic() - cached[1] < self._ttl:
+            return cached[0]
+        found = await self.catalog.get(name)
+        self._cache[name] = (found, time.monotonic())
+        return found
+
+    def forget(self, name: str) -> None:
+        self._cache.pop(name, None)
+
+    async def place(self, topic: str, partition: int | None, records: list[Payload]
+                    ) -> Placement:
+        """The partition an entry goes to (by its records' key when it names none),
+        creating or growing the topic when auto-create is on; refuses otherwise."""
+        found = await self._existing(topic, partition)
+        if partition is None:
+            partition = partition_for_key(_one_key(topic, records), found.partitions)
+        elif partition >= found.partitions:
+            found = await self._grown(found, partition)
+        return Placement(TopicPartition(topic, partition), found.config.max_record_bytes)
+
+    async def check_readable(self, tp: TopicPartition) -> None:
+        """Refuse a partition that does not exist, unless auto-create makes every
+        partition an (empty) log."""
+        if self._auto_create:
+            return
+        found = await self.topic(tp.topic)
+        if found is None:
+            raise UnknownTopic(f"topic {tp.topic!r} does not exist")
+        if tp.partition >= found.partitions:
+            found = await self.topic(tp.topic, fresh=True) or found
+            if tp.partition >= found.partitions:
+                raise UnknownPartition(f"topic {tp.topic!r} has {found.partitions} "
+                                       f"partitions; there is no partition {tp.partition}")
+
+    async def _existing(self, topic: str, partition: int | None) -> Topic:
+        found = await self.topic(topic)
+        if found is not None:
+            return found
+        if not self._auto_create:
+            raise UnknownTopic(f"topic {topic!r} does not exist; create it first "
+                               "(POST /topics)")
+        wanted = max(self._auto_partitions, (partition or 0) + 1)
+        if wanted > MAX_PARTITIONS:
+            raise InvalidRequest(f"partition {partition} is beyond the {MAX_PARTITIONS} "
+                                 "partitions a topic may have")
+        created = await self.catalog.ensure(topic, wanted)
+        self._cache[topic] = (created, time.monotonic())
+        return created
+
+    async def _grown(self, found: Topic, partition: int) -> Topic:
+        fresh = await self.topic(found.name, fresh=True) or found
+        if partition < fresh.partitions:
+            return fresh
+        if not self._auto_create:
+            raise UnknownPartition(f"topic {found.name!r} has {fresh.partitions} partitions; "
+                                   f"there is no partition {partition}")
+        if partition >= MAX_PARTITIONS:
+            raise InvalidRequest(f"partition {partition} is beyond the {MAX_PARTITIONS} "
+                                 "partitions a topic may have")
+        grown = await self.catalog.update(found.name, min_partitions=partition + 1)
+        self._cache[found.name] = (grown, time.monotonic())
+        return grown
+
+
+def _one_key(topic: str, records: list[Payload]) -> bytes:
+    keys = {r.key if isinstance(r, LogRecord) else None for r in records}
+    if len(keys) != 1 or None in keys:
+        raise InvalidRequest(f"an entry for topic {topic!r} without a partition needs one "
+                             "key on every record (the partition is chosen by the key); "
+                             "send records with other keys as other entries")
+    (key,) = keys
+    assert key is not None
+    return key

@@ -1,0 +1,103 @@
+"""Topics: create, list, describe, update (retention, partitions), delete."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path
+from fastapi.responses import JSONResponse
+
+from app.broker.state import BrokerState
+from app.errors import RoleDisabled
+from app.routes.deps import broker_state
+from app.routes.models import (
+    ErrorResponse,
+    PartitionInfo,
+    TopicCreateRequest,
+    TopicDescription,
+    TopicInfo,
+    TopicList,
+    TopicName,
+    TopicUpdateRequest,
+)
+from app.storage.keys import TopicPartition
+from app.storage.topic_admin import TopicAdmin
+from app.storage.topics import Topic, TopicConfig
+from app.tailcache import run_cache_io
+
+router = APIRouter(tags=["topics"])
+_ERRORS: dict[int | str, dict[str, object]] = {
+    400: {"model": ErrorResponse, "description": "invalid request"},
+    404: {"model": ErrorResponse, "description": "no such topic"},
+}
+PathTopic = Annotated[TopicName, Path(description="the topic's name")]
+
+
+def _admin(state: BrokerState) -> TopicAdmin:
+    if state.admin is None:
+        raise RoleDisabled("this broker does not serve topic administration (it needs the "
+                           "read role)")
+    return state.admin
+
+
+def _info(topic: Topic) -> TopicInfo:
+    c = topic.config
+    return TopicInfo(topic=topic.name, partitions=topic.partitions,
+                     retention_ms=c.retention_ms, retention_bytes=c.retention_bytes,
+                     max_record_bytes=c.max_record_bytes, created_at_ms=topic.created_at_ms)
+
+
+@router.post("/topics", status_code=201, response_model=TopicInfo, summary="Create a topic",
+             responses={**_ERRORS, 409: {"model": ErrorResponse,
+                                         "description": "the topic exists"}})
+async def create_topic(body: TopicCreateRequest,
+                       state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
+    admin = _admin(state)
+    topic = await admin.catalog.create(body.topic, body.partitions, TopicConfig(
+        body.retention_ms, body.retention_bytes, body.max_record_bytes))
+    _forget(state, topic.name)
+    return JSONResponse(_info(topic).model_dump(), status_code=201)
+
+
+@router.get("/topics", response_model=TopicList, summary="List the topics")
+async def list_topics(state: Annotated[BrokerState, Depends(broker_state)]) -> TopicList:
+    return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()])
+
+
+@router.get("/topics/{topic}", response_model=TopicDescription, responses=_ERRORS,
+            summary="A topic and each of its partitions' log start, end and size")
+async def describe_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
+                         ) -> TopicDescription:
+    found, partitions = await _admin(state).describe(topic)
+    return TopicDescription(**_info(found).model_dump(), partition_states=[
+        PartitionInfo(partition=p.partition, log_start_offset=p.log_start,
+                      high_watermark=p.high_watermark, retained_bytes=p.retained_bytes,
+                      last_append_ms=p.last_append_ms) for p in partitions])
+
+
+@router.patch("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
+              summary="Change retention or limits, or add partitions")
+async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
+                       state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
+    changes = {k: getattr(body, k) for k in body.model_fields_set if k != "partitions"}
+    updated = await _admin(state).catalog.update(topic, partitions=body.partitions,
+                                                 config=changes)
+    _forget(state, topic)
+    return _info(updated)
+
+
+@router.delete("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
+               summary="Delete a topic: its records are removed, its offsets never reused")
+async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
+                       ) -> TopicInfo:
+    deleted = await _admin(state).delete(topic)
+    _forget(state, topic)
+    if state.cache is not None:
+        for p in range(deleted.partitions):
+            await run_cache_io(state.cache, state.cache.drop, TopicPartition(topic, p))
+    return _info(deleted)
+
+
+def _forget(state: BrokerState, topic: str) -> None:
+    if state.topics is not None:
+        state.topics.forget(topic)
