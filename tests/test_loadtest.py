@@ -31,7 +31,8 @@ from app.loadtest.scenario import (
     resolved,
 )
 from app.loadtest.summary import build_summary, delta, headline_table
-from app.loadtest.verify import fnv1a64
+from app.loadtest.verify import Findings, fnv1a64
+from app.storage.idempotency import IDEMPOTENCY_WINDOW
 
 SCENARIOS = sorted(p.stem for p in SCENARIO_DIR.iterdir() if p.suffix in (".toml", ".json"))
 
@@ -57,6 +58,29 @@ def test_shipped_scenarios_include_smoke_and_benchmarks() -> None:
     smoke = load_scenario("smoke")
     assert smoke.workload.duration_s <= 5 and smoke.hammer.record_acks
     assert smoke.brokers.count > smoke.routing.owner_set_size  # remaps are observable
+    retries = load_scenario("retries")
+    assert retries.hammer.record_acks and retries.workload.idempotency_keys
+    assert retries.workload.max_retries > 0 and retries.workload.entries_per_request > 1
+    killed = {f.kill_broker for f in retries.faults}
+    assert 0 < len(killed) < retries.routing.owner_set_size  # an owner survives the kills
+
+
+def test_retry_settings_reach_the_hammer(tmp_path: Path) -> None:
+    scenario = load_scenario("retries", dict([parse_override("workload.max_retries=5")]))
+    w = scenario.workload
+    assert w.longest_request_s == w.request_timeout_s * 6 + w.retry_backoff_max_ms * 5 / 1000
+    run = RunDir(tmp_path)
+    manifest = build_manifest(scenario)
+    config = hammer.hammer_config(run, scenario, {"brokers": []}, manifest)
+    assert config["max_retries"] == 5 and config["idempotency_keys"] is True
+    assert (config["retry_backoff_ms"], config["retry_backoff_max_ms"]) == (
+        w.retry_backoff_ms, w.retry_backoff_max_ms)
+    assert config["entries_per_request"] == w.entries_per_request
+    assert config["key_window"] == IDEMPOTENCY_WINDOW == 64  # what the brokers remember
+    assert config["out"]["retry_events"] == rundir.RETRY_EVENTS
+    with pytest.raises(ScenarioError, match="retry_backoff_max_ms"):
+        parse_scenario({"name": "x", "workload": {"retry_backoff_ms": 100,
+                                                  "retry_backoff_max_ms": 10}})
 
 
 def test_overrides_and_errors() -> None:
@@ -235,6 +259,7 @@ def test_summary_reconciles_and_warns(tmp_path: Path) -> None:
     assert summary["reconciliation"]["ok"], summary["warnings"]
     assert summary["warnings"] == []
     assert summary["headline"]["acked_records"] == 500
+    assert summary["headline"]["duplicates"] is None  # no read-back
     assert summary["headline"]["records_per_flush"] == 50
     bad = _fake_run(tmp_path / "bad", 500, 480, 9)
     summary = build_summary(bad, scenario, rundir.read_jsonl(bad / rundir.METRICS))
@@ -254,7 +279,8 @@ def test_summary_warns_of_every_discrepancy_in_order(tmp_path: Path) -> None:
     samples[0]["brokers"]["b2"] = {"up": True, "totals": {"produce_records": 1.0}}
     samples[-1]["brokers"]["b2"] = {"up": False, "error": "refused"}
     scenario = load_scenario("smoke", dict([parse_override("brokers.workers=2")]))
-    verify = {"ok": False, "missing": 1, "mismatched": 2, "log_holes": 3}
+    verify = {"ok": False, "missing": 1, "mismatched": 2, "losses": 3, "duplicates": 4,
+              "log_holes": 3}
     summary = build_summary(run, scenario, samples, {"verify": verify, "note": "kept"})
     assert summary["warnings"] == [
         "broker b2 was not reachable at the final sample; its totals are from its last "
@@ -268,8 +294,10 @@ def test_summary_warns_of_every_discrepancy_in_order(tmp_path: Path) -> None:
         "S3 PUTs (12 ok, 12 total) do not match batcher flushes (10) plus compaction "
         "candidates (0); each flush writes one shared WAL blob, each compaction one blob",
         "produce errors: {'timeout': 2}",
-        "read-back: 1 acknowledged records missing, 2 different, 3 offsets absent from the log",
+        "read-back: 1 acknowledged records missing, 2 different, 4 stored more than once, "
+        "3 offsets absent from the log",
     ]
+    assert (summary["headline"]["duplicates"], summary["headline"]["losses"]) == (4, 3)
     rec = summary["reconciliation"]
     assert list(rec) == [
         "client_acked_records", "broker_accepted_records", "records_diff",
@@ -295,6 +323,35 @@ def test_report_is_self_contained(tmp_path: Path) -> None:
     for external in ("<script src", "<link", "http://", "https://", "@import"):
         assert external not in page.replace('xmlns="http://www.w3.org/2000/svg"', "")
     assert "no data" in line_chart("empty", [("a", [])], "x")
+
+
+def _hashes(*values: bytes) -> dict[int, int]:
+    return {i + 1: fnv1a64(v) for i, v in enumerate(values)}
+
+
+def _acked(stored: dict[int, int], *offsets: int) -> dict[int, tuple[str, str]]:
+    return {o: (f"{stored[o]:016x}", "b1") for o in offsets}
+
+
+def test_read_back_finds_duplicates_losses_and_holes() -> None:
+    stored = _hashes(b"a", b"b", b"c", b"a", b"d")  # "a" at offsets 1 and 4
+    clean = Findings()
+    clean.check("t", 0, _acked(stored, 2, 3, 5), stored)
+    assert clean.counts == {"missing": 0, "mismatched": 0, "duplicates": 0, "log_holes": 0}
+    assert (clean.checked, clean.unacked) == (3, 2)  # "a" twice, never acknowledged
+
+    found = Findings()
+    acked = {**_acked(stored, 1, 2), 3: (f"{fnv1a64(b'x'):016x}", "b2"),
+             7: (f"{fnv1a64(b'e'):016x}", "b3")}
+    found.check("t", 0, acked, {o: v for o, v in stored.items() if o != 5})
+    assert found.counts == {"missing": 1, "mismatched": 1, "duplicates": 1, "log_holes": 3}
+    assert found.examples["duplicates"] == [
+        {"topic": "t", "partition": 0, "offsets": [1, 4], "copies": 2}]
+    assert found.examples["missing"] == [
+        {"topic": "t", "partition": 0, "offset": 7, "acked_by": "b3"}]
+    assert found.examples["mismatched"][0]["offset"] == 3
+    assert found.examples["log_holes"] == [
+        {"topic": "t", "partition": 0, "first": 5, "count": 3}]
 
 
 def test_fnv1a64_matches_the_hammer() -> None:

@@ -10,15 +10,18 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from app.loadtest import rundir
 from app.loadtest.cli import main
+from app.loadtest.hammer import build_hammer, hammer_config, start_hammer
 from app.loadtest.orchestrator import down, run_scenario
 from app.loadtest.routing import owners_by_partition
 from app.loadtest.rundir import RunDir, latest_run_dir, read_json, read_jsonl, ref_alive
-from app.loadtest.scenario import load_scenario
-from app.loadtest.verify import read_acked
+from app.loadtest.scenario import load_scenario, parse_scenario
+from app.loadtest.verify import read_acked, verify_acked
+from tests.helpers.faults import truncating_proxy
 from tests.helpers.stack import BrokerFactory
 
 pytestmark = pytest.mark.stack
@@ -141,6 +144,88 @@ def test_killed_broker_remaps_inside_owner_set_and_loses_no_ack(results: Path) -
         assert run.stack()["status"] == "down"  # `run` stopped the stack it started
     finally:
         down(run)
+
+
+def test_brokers_killed_under_retrying_producers_lose_and_duplicate_nothing(
+        results: Path) -> None:
+    scenario = load_scenario("retries")
+    assert scenario.workload.idempotency_keys and len(scenario.faults) == 2
+    run, summary = run_scenario(scenario, results=results)
+    try:
+        faults = read_jsonl(run / rundir.FAULTS)
+        assert [f["broker"] for f in faults] == ["b1", "b2"]
+        assert all(f["delivered"] for f in faults)
+        produce = summary["client"]["produce"]
+        verify = summary["verify"]
+        assert verify["acked_records"] == produce["acked_records"] > 0
+        assert verify["duplicates"] == 0 and verify["losses"] == 0, verify["examples"]
+        assert verify["log_holes"] == 0 and verify["ok"]
+        assert summary["headline"]["duplicates"] == 0 == summary["headline"]["losses"]
+
+        # Producers retried after the kills, and a retry away from a killed broker went
+        # to another owner.
+        killed_at = {f["broker"]: f["ts"] for f in faults}
+        retries = read_jsonl(run / rundir.RETRY_EVENTS)
+        after_kill = [e for e in retries if e["ts"] >= faults[0]["ts"]]
+        assert after_kill, "no retry after a broker was killed"
+        assert produce["retries"] == len(retries) == summary["headline"]["retries"]
+        for event in after_kill:
+            if event["ts"] >= killed_at.get(event["from"], float("inf")):
+                assert event["to"] != event["from"], event
+        assert produce["acked_entries"] + sum(produce["errors"].values()) == produce["entries"]
+    finally:
+        down(run)
+
+
+def _cut_run(tmp: Path, topic: str, proxy_url: str, direct_url: str, *, keys: bool
+             ) -> tuple[RunDir, dict[str, Any]]:
+    """The hammer against one partition owned by two brokers, the first reached through
+    a proxy that cuts every answer after its headers (the broker has committed by
+    then); returns the run directory and the client summary."""
+    scenario = parse_scenario({
+        "name": "cut", "brokers": {"count": 2}, "topics": [{"name": topic, "partitions": 1}],
+        "workload": {"connections": 1, "duration_s": 1.5, "record_bytes": 64,
+                     "records_per_request": 4, "retry_backoff_ms": 5,
+                     "idempotency_keys": keys},
+        "hammer": {"record_acks": True, "down_backoff_ms": 50}})
+    run = RunDir(tmp)
+    run.logs.mkdir(parents=True)
+    roles = ["write", "read"]
+    stack = {"brokers": [{"id": "b1", "url": proxy_url, "roles": roles},
+                         {"id": "b2", "url": direct_url, "roles": roles}]}
+    manifest = {"partitions": [{"topic": topic, "partition": 0, "owners": ["b1", "b2"],
+                                "readers": ["b2"]}]}
+    proc = start_hammer(build_hammer(), run, hammer_config(run, scenario, stack, manifest))
+    assert proc.wait(timeout=60) == 0, (run.logs / "hammer.log").read_text()
+    return run, read_json(run / rundir.CLIENT_SUMMARY)
+
+
+async def test_an_answer_cut_after_commit_is_retried_by_key_and_stored_once(
+        brokers: BrokerFactory, tmp_path: Path) -> None:
+    first, second = brokers.start(), brokers.start()
+    host, port = first.url.removeprefix("http://").rsplit(":", 1)
+    async with truncating_proxy(host, int(port), body_bytes=0) as proxy_port:
+        proxy = f"http://127.0.0.1:{proxy_port}"
+        runs = {}
+        for keys in (True, False):
+            topic = f"cut-{'keyed' if keys else 'unkeyed'}-{proxy_port}"
+            runs[keys] = await anyio.to_thread.run_sync(
+                lambda k=keys, t=topic: _cut_run(tmp_path / t, t, proxy, second.url, keys=k))
+    for keys, (run, client) in runs.items():
+        produce = client["produce"]
+        cut = produce["retry_reasons"].get("transport_error", 0)
+        assert cut >= 1 and produce["errors"] == {}, produce
+        result = verify_acked(run / rundir.ACKED, second.url)
+        assert result["losses"] == result["log_holes"] == 0
+        assert result["acked_records"] == produce["acked_records"]
+        if keys:
+            # Each cut attempt was committed; its retry was answered with those offsets.
+            assert produce["duplicate_acks"] == cut
+            assert result["duplicates"] == 0 and result["committed_unacked"] == 0, result
+        else:
+            # Without a key the retry writes the entry again: the read-back sees it.
+            assert produce["duplicate_acks"] == 0
+            assert result["duplicates"] == cut * 4 == result["committed_unacked"], result
 
 
 # -- the Grafana dashboard -------------------------------------------------------------

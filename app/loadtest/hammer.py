@@ -21,6 +21,7 @@ from app.loadtest import rundir
 from app.loadtest.rundir import RunDir
 from app.loadtest.scenario import Scenario
 from app.localstack.binaries import DEFAULT_CACHE_DIR, REPO_ROOT
+from app.storage.idempotency import IDEMPOTENCY_WINDOW
 
 HAMMER_SRC = REPO_ROOT / "deploy" / "loadtest" / "hammer"
 LATENCY_SRC = REPO_ROOT / "deploy" / "loadtest" / "latency"  # a module the hammer uses
@@ -99,8 +100,13 @@ def hammer_config(run: RunDir, scenario: Scenario, stack: dict[str, Any],
         "warmup_s": w.warmup_s,
         "record_bytes": w.record_bytes,
         "records_per_request": w.records_per_request,
+        "entries_per_request": w.entries_per_request,
         "request_timeout_s": w.request_timeout_s,
         "max_retries": w.max_retries,
+        "retry_backoff_ms": w.retry_backoff_ms,
+        "retry_backoff_max_ms": w.retry_backoff_max_ms,
+        "idempotency_keys": w.idempotency_keys,
+        "key_window": IDEMPOTENCY_WINDOW,
         "interval_s": scenario.hammer.interval_s,
         "down_backoff_ms": scenario.hammer.down_backoff_ms,
         "consumer": {"enabled": c.enabled, "max_wait_ms": c.max_wait_ms,
@@ -108,6 +114,7 @@ def hammer_config(run: RunDir, scenario: Scenario, stack: dict[str, Any],
                      "max_bytes": c.max_bytes, "drain_timeout_s": c.drain_timeout_s},
         "out": {"dir": str(run.path), "client_intervals": rundir.CLIENT_INTERVALS,
                 "client_summary": rundir.CLIENT_SUMMARY, "remap_events": rundir.REMAP_EVENTS,
+                "retry_events": rundir.RETRY_EVENTS,
                 "acked": rundir.ACKED if scenario.hammer.record_acks else ""},
     }
 

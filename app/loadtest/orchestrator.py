@@ -53,7 +53,7 @@ from app.localstack.stack import LocalStack, StackConfig
 
 COMPOSE_FILE_SD = REPO_ROOT / "deploy" / "prometheus" / "file_sd"
 _ARTIFACTS_OF_A_RUN = (rundir.HAMMER_CONFIG, rundir.CLIENT_INTERVALS, rundir.CLIENT_SUMMARY,
-                       rundir.REMAP_EVENTS, rundir.ACKED, rundir.METRICS,
+                       rundir.REMAP_EVENTS, rundir.RETRY_EVENTS, rundir.ACKED, rundir.METRICS,
                        rundir.METRICS_FINAL, rundir.SUMMARY, rundir.REPORT, rundir.VERIFY,
                        rundir.FAULTS)
 
@@ -342,7 +342,7 @@ def execute(run: RunDir, binary: Path) -> dict[str, Any]:
     faults = _Faults(run, scenario, t0)
     faults.start()
     w = scenario.workload
-    limit = w.duration_s + scenario.consumer.drain_timeout_s + w.request_timeout_s + 60
+    limit = w.duration_s + scenario.consumer.drain_timeout_s + w.longest_request_s + 60
     log(f"hammer running for {w.duration_s:g}s ({w.mode} loop, {w.connections} connections"
         + (f", {w.rate:g} req/s" if w.mode == "open" else "") + ")")
     try:

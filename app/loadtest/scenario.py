@@ -86,8 +86,15 @@ class WorkloadSpec(_Model):
     warmup_s: float = Field(default=0.0, ge=0)
     record_bytes: int = Field(default=1024, ge=32, le=8 * 1024 * 1024)
     records_per_request: int = Field(default=10, ge=1, le=100_000)
+    # Entries (distinct partitions of one owner set) per produce request.
+    entries_per_request: int = Field(default=1, ge=1, le=1000)
     request_timeout_s: float = Field(default=10.0, gt=0)
+    # Attempts after the first for entries whose outcome is unknown or retriable.
     max_retries: int = Field(default=3, ge=0, le=100)
+    retry_backoff_ms: int = Field(default=50, ge=0)
+    retry_backoff_max_ms: int = Field(default=1000, ge=0)
+    # false: entries carry no idempotency key, so a retry may store them twice.
+    idempotency_keys: bool = True
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
@@ -95,7 +102,15 @@ class WorkloadSpec(_Model):
             raise ValueError("workload.rate must be > 0 in open-loop mode")
         if self.warmup_s >= self.duration_s:
             raise ValueError("workload.warmup_s must be shorter than duration_s")
+        if self.retry_backoff_max_ms < self.retry_backoff_ms:
+            raise ValueError("workload.retry_backoff_max_ms must be at least retry_backoff_ms")
         return self
+
+    @property
+    def longest_request_s(self) -> float:
+        """How long one request can take with all its retries."""
+        return (self.request_timeout_s * (self.max_retries + 1)
+                + self.retry_backoff_max_ms * self.max_retries / 1000)
 
 
 class ConsumerSpec(_Model):

@@ -65,13 +65,14 @@ def build_summary(run: RunDir, scenario: Scenario, samples: list[dict[str, Any]]
     verify = extra.get("verify")
     warnings.extend(_failures(client.get("produce", {}), verify))
     remaps = read_jsonl(run / rundir.REMAP_EVENTS)
+    retries = read_jsonl(run / rundir.RETRY_EVENTS)
     return {
         "version": 1,
         "run_id": run.run_id,
         "scenario": scenario.name,
         "description": scenario.description,
         "generated_at": time.time(),
-        "headline": _headline(scenario, client, d, samples, reconciliation),
+        "headline": _headline(scenario, client, d, samples, reconciliation, verify),
         "client": client,
         "brokers": brokers,
         "broker_totals_delta": d,
@@ -79,6 +80,10 @@ def build_summary(run: RunDir, scenario: Scenario, samples: list[dict[str, Any]]
         "verify": verify,
         "remap_events": {"count": len(remaps),
                          "remaps": sum(1 for e in remaps if e.get("event") == "remap")},
+        "retry_events": {"count": len(retries),
+                         "maybe_written_entries": sum(
+                             1 for e in retries for x in e.get("entries", [])
+                             if x.get("maybe_written"))},
         "faults": read_jsonl(run / rundir.FAULTS),
         "collector_samples": len(samples),
         "warnings": warnings,
@@ -200,12 +205,14 @@ def _failures(produce: dict[str, Any], verify: dict[str, Any] | None) -> list[st
     if verify is not None and not verify.get("ok"):
         out.append(f"read-back: {verify.get('missing')} acknowledged records missing, "
                    f"{verify.get('mismatched')} different, "
+                   f"{verify.get('duplicates')} stored more than once, "
                    f"{verify.get('log_holes')} offsets absent from the log")
     return out
 
 
 def _headline(scenario: Scenario, client: dict[str, Any], d: dict[str, Any],
-              samples: list[dict[str, Any]], rec: dict[str, Any]) -> dict[str, Any]:
+              samples: list[dict[str, Any]], rec: dict[str, Any],
+              verify: dict[str, Any] | None) -> dict[str, Any]:
     w = scenario.workload
     produce = client.get("produce", {})
     lat = produce.get("latency_ms", {})
@@ -213,7 +220,7 @@ def _headline(scenario: Scenario, client: dict[str, Any], d: dict[str, Any],
     secs = float(client.get("duration_s") or w.duration_s)
     acked = int(produce.get("acked_records", 0))
     flushes = float(d.get("batcher_flushes", 0))
-    requests = int(produce.get("requests", 0))
+    entries = int(produce.get("entries", 0))
     failed = sum(int(v) for v in produce.get("errors", {}).values())
     cost = float(d.get("s3_estimated_request_cost_usd", 0.0))
     return {
@@ -236,8 +243,14 @@ def _headline(scenario: Scenario, client: dict[str, Any], d: dict[str, Any],
         "produce_max_ms": lat.get("max"),
         "e2e_p50_ms": e2e.get("p50"),
         "e2e_p99_ms": e2e.get("p99"),
-        "failed_requests": failed,
-        "error_rate": _r(failed / requests, 5) if requests else None,
+        "failed_entries": failed,
+        "error_rate": _r(failed / entries, 5) if entries else None,
+        "retries": produce.get("retries"),
+        "duplicate_acks": produce.get("duplicate_acks"),
+        # From the read-back (None without one): acknowledged records stored more than
+        # once, and acknowledged records missing or different.
+        "duplicates": verify.get("duplicates") if verify else None,
+        "losses": verify.get("losses") if verify else None,
         "flushes_per_s": _r(flushes / secs, 1) if secs else None,
         "records_per_flush": _r(acked / flushes, 1) if flushes else None,
         "s3_puts_per_s": _r(d.get("s3_put_total", 0) / secs, 1) if secs else None,
@@ -256,8 +269,8 @@ def _headline(scenario: Scenario, client: dict[str, Any], d: dict[str, Any],
 def artifact_presence(run: RunDir, scenario: Scenario) -> dict[str, bool]:
     names = [rundir.RESOLVED, rundir.STACK, rundir.MANIFEST, rundir.GIT, rundir.ENVIRONMENT,
              rundir.HAMMER_CONFIG, rundir.CLIENT_INTERVALS, rundir.CLIENT_SUMMARY,
-             rundir.REMAP_EVENTS, rundir.METRICS, rundir.METRICS_FINAL, rundir.FILE_SD,
-             rundir.PROMETHEUS, rundir.REPORT, rundir.SUMMARY]
+             rundir.REMAP_EVENTS, rundir.RETRY_EVENTS, rundir.METRICS, rundir.METRICS_FINAL,
+             rundir.FILE_SD, rundir.PROMETHEUS, rundir.REPORT, rundir.SUMMARY]
     stack = run.stack()
     if stack.get("precreated"):
         names.append(rundir.PRECREATE)

@@ -21,8 +21,13 @@ type Config struct {
 	WarmupS           float64           `json:"warmup_s"`
 	RecordBytes       int               `json:"record_bytes"`
 	RecordsPerRequest int               `json:"records_per_request"`
+	EntriesPerRequest int               `json:"entries_per_request"`
 	RequestTimeoutS   float64           `json:"request_timeout_s"`
 	MaxRetries        int               `json:"max_retries"`
+	RetryBackoffMs    int               `json:"retry_backoff_ms"`
+	RetryBackoffMaxMs int               `json:"retry_backoff_max_ms"`
+	IdempotencyKeys   bool              `json:"idempotency_keys"`
+	KeyWindow         int               `json:"key_window"` // keys a partition remembers
 	IntervalS         float64           `json:"interval_s"`
 	DownBackoffMs     int               `json:"down_backoff_ms"`
 	Consumer          ConsumerConfig    `json:"consumer"`
@@ -56,6 +61,7 @@ type OutConfig struct {
 	Intervals   string `json:"client_intervals"`
 	Summary     string `json:"client_summary"`
 	RemapEvents string `json:"remap_events"`
+	RetryEvents string `json:"retry_events"`
 	Acked       string `json:"acked"`
 }
 
@@ -67,29 +73,14 @@ func loadConfig(path string) (*Config, error) {
 		return nil, err
 	}
 	c := &Config{Policy: "round_robin", Mode: "closed", Connections: 1, RecordBytes: 100,
-		RecordsPerRequest: 1, RequestTimeoutS: 10, MaxRetries: 3, IntervalS: 30, DownBackoffMs: 500}
+		RecordsPerRequest: 1, EntriesPerRequest: 1, RequestTimeoutS: 10, MaxRetries: 3,
+		RetryBackoffMs: 50, RetryBackoffMaxMs: 1000, IdempotencyKeys: true, KeyWindow: 64,
+		IntervalS: 30, DownBackoffMs: 500}
 	if err := json.Unmarshal(raw, c); err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	if len(c.Brokers) == 0 || len(c.Partitions) == 0 {
-		return nil, fmt.Errorf("config needs brokers and partitions")
-	}
-	ids := map[string]bool{}
-	for _, b := range c.Brokers {
-		ids[b.ID] = true
-	}
-	for _, p := range c.Partitions {
-		if !topicRe.MatchString(p.Topic) {
-			return nil, fmt.Errorf("invalid topic %q", p.Topic)
-		}
-		if len(p.Owners) == 0 {
-			return nil, fmt.Errorf("%s/%d has an empty owner set", p.Topic, p.Partition)
-		}
-		for _, o := range append(append([]string{}, p.Owners...), p.Readers...) {
-			if !ids[o] {
-				return nil, fmt.Errorf("%s/%d: unknown broker %q", p.Topic, p.Partition, o)
-			}
-		}
+	if err := checkLayout(c); err != nil {
+		return nil, err
 	}
 	switch c.Mode {
 	case "closed":
@@ -103,8 +94,14 @@ func loadConfig(path string) (*Config, error) {
 	if c.Policy != "round_robin" && c.Policy != "least_inflight" {
 		return nil, fmt.Errorf("policy must be round_robin or least_inflight, not %q", c.Policy)
 	}
-	if c.Connections < 1 || c.RecordsPerRequest < 1 || c.RecordBytes < 1 || c.DurationS <= 0 {
-		return nil, fmt.Errorf("connections, records_per_request, record_bytes and duration_s must be positive")
+	if c.Connections < 1 || c.RecordsPerRequest < 1 || c.EntriesPerRequest < 1 ||
+		c.RecordBytes < 1 || c.DurationS <= 0 || c.KeyWindow < 1 {
+		return nil, fmt.Errorf("connections, records_per_request, entries_per_request, " +
+			"record_bytes, duration_s and key_window must be positive")
+	}
+	if c.MaxRetries < 0 || c.RetryBackoffMs < 0 || c.RetryBackoffMaxMs < c.RetryBackoffMs {
+		return nil, fmt.Errorf("max_retries and retry_backoff_ms must be >= 0, " +
+			"retry_backoff_max_ms >= retry_backoff_ms")
 	}
 	if c.IntervalS <= 0 {
 		c.IntervalS = 30
@@ -122,4 +119,29 @@ func loadConfig(path string) (*Config, error) {
 		c.Consumer.DrainTimeoutS = 5
 	}
 	return c, nil
+}
+
+// checkLayout checks that every partition has owners and names only known brokers.
+func checkLayout(c *Config) error {
+	if len(c.Brokers) == 0 || len(c.Partitions) == 0 {
+		return fmt.Errorf("config needs brokers and partitions")
+	}
+	ids := map[string]bool{}
+	for _, b := range c.Brokers {
+		ids[b.ID] = true
+	}
+	for _, p := range c.Partitions {
+		if !topicRe.MatchString(p.Topic) {
+			return fmt.Errorf("invalid topic %q", p.Topic)
+		}
+		if len(p.Owners) == 0 {
+			return fmt.Errorf("%s/%d has an empty owner set", p.Topic, p.Partition)
+		}
+		for _, o := range append(append([]string{}, p.Owners...), p.Readers...) {
+			if !ids[o] {
+				return fmt.Errorf("%s/%d: unknown broker %q", p.Topic, p.Partition, o)
+			}
+		}
+	}
+	return nil
 }

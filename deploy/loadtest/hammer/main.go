@@ -1,7 +1,9 @@
 // Command hammer is the load generator of `llog loadtest`: closed- or open-loop produce
 // against the brokers of a run, routed inside each partition's owner set
 // (routing-manifest.json), with an optional consumer measuring produce-to-consume
-// latency. It writes client-30s.jsonl, client-summary.json, remap-events.jsonl and,
+// latency. Every produce entry carries an idempotency key, so that requests whose
+// outcome is unknown can be retried without storing records twice (retry.go). It writes
+// client-30s.jsonl, client-summary.json, remap-events.jsonl, retry-events.jsonl and,
 // when asked, the acknowledged records (topic, partition, offset, value hash, broker).
 package main
 
@@ -16,6 +18,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -50,9 +54,15 @@ type Stats struct {
 	e2e           *latency.Histogram // produce-to-consume latency
 	e2eInterval   *latency.Histogram
 	statuses      map[string]int64
-	errors        map[string]int64
+	errors        map[string]int64 // failed entries by kind
+	retryReasons  map[string]int64 // entries sent again, by why the attempt before failed
 	requests      atomic.Int64
 	ackedRequests atomic.Int64
+	entries       atomic.Int64 // entries made (each sent at least once)
+	ackedEntries  atomic.Int64
+	duplicateAcks atomic.Int64 // entries acknowledged by a `duplicate: true` answer
+	retriedEnts   atomic.Int64 // entry resends
+	maybeRetries  atomic.Int64 // resends of entries an earlier attempt may have written
 	ackedRecords  atomic.Int64
 	ackedBytes    atomic.Int64
 	failedRecords atomic.Int64
@@ -70,13 +80,24 @@ type Stats struct {
 
 func newStats() *Stats {
 	return &Stats{lat: latency.New(), latInterval: latency.New(), e2e: latency.New(),
-		e2eInterval: latency.New(), statuses: map[string]int64{}, errors: map[string]int64{}}
+		e2eInterval: latency.New(), statuses: map[string]int64{}, errors: map[string]int64{},
+		retryReasons: map[string]int64{}}
 }
 
 func (s *Stats) status(code string) {
 	s.mu.Lock()
 	s.statuses[code]++
 	s.mu.Unlock()
+}
+
+func (s *Stats) retried(why string, maybeWritten bool) {
+	s.mu.Lock()
+	s.retryReasons[why]++
+	s.mu.Unlock()
+	s.retriedEnts.Add(1)
+	if maybeWritten {
+		s.maybeRetries.Add(1)
+	}
 }
 
 func (s *Stats) fail(kind string, records int) {
@@ -93,7 +114,12 @@ type Hammer struct {
 	order     []*Broker
 	produce   []*Route
 	consume   []*Route
+	groups    [][]int // produce partitions (indices) by owner set
+	groupOf   []int   // partition index -> group
+	parts     []partState
 	router    *Router
+	retryLog  *EventLog
+	nonce     string // the producer ids' prefix: hammer start, unix ns, hex
 	stats     *Stats
 	start     time.Time
 	measureAt time.Time
@@ -133,15 +159,54 @@ func run(cfg *Config) error {
 	if err := os.MkdirAll(cfg.Out.Dir, 0o755); err != nil {
 		return err
 	}
-	events := &EventLog{}
-	if p := outPath(cfg, cfg.Out.RemapEvents); p != "" {
-		f, err := os.Create(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		events.f = f
+	events, closeEvents, err := openEventLog(cfg, cfg.Out.RemapEvents)
+	if err != nil {
+		return err
 	}
+	defer closeEvents()
+	retryLog, closeRetries, err := openEventLog(cfg, cfg.Out.RetryEvents)
+	if err != nil {
+		return err
+	}
+	defer closeRetries()
+	h := newHammer(cfg, events, retryLog)
+	flushAcked, err := h.openAcked()
+	if err != nil {
+		return err
+	}
+	defer flushAcked()
+	intervals, err := os.Create(outPath(cfg, cfg.Out.Intervals))
+	if err != nil {
+		return err
+	}
+	defer intervals.Close()
+
+	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer cancel()
+	// Consumers first, positioned at each partition's current end, so they only see
+	// records produced by this run.
+	cons := h.startConsumers()
+	defer cons.stop()
+	h.begin(time.Now())
+	runCtx, stopRun := context.WithDeadline(ctx, h.start.Add(time.Duration(cfg.DurationS*float64(time.Second))))
+	defer stopRun()
+	reporterDone := make(chan struct{})
+	go h.reporter(runCtx, intervals, reporterDone)
+	if cfg.Mode == "open" {
+		h.openLoop(runCtx)
+	} else {
+		h.closedLoop(runCtx)
+	}
+	end := time.Now()
+	cons.drain(time.Duration(cfg.Consumer.DrainTimeoutS * float64(time.Second)))
+	stopRun()
+	<-reporterDone
+	h.writeInterval(intervals, time.Now(), true)
+	return h.writeSummary(end, events)
+}
+
+// newHammer sets up brokers, routes and counters from the configuration.
+func newHammer(cfg *Config, events, retryLog *EventLog) *Hammer {
 	transport := &http.Transport{
 		MaxIdleConns:        4 * (cfg.Connections + 64),
 		MaxIdleConnsPerHost: cfg.Connections + 64,
@@ -149,113 +214,96 @@ func run(cfg *Config) error {
 		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
 	}
 	h := &Hammer{
-		cfg:     cfg,
-		client:  &http.Client{Transport: transport},
-		brokers: map[string]*Broker{},
-		router:  &Router{policy: cfg.Policy, backoff: time.Duration(cfg.DownBackoffMs) * time.Millisecond, events: events},
-		stats:   newStats(),
+		cfg:      cfg,
+		client:   &http.Client{Transport: transport},
+		brokers:  map[string]*Broker{},
+		router:   &Router{policy: cfg.Policy, backoff: time.Duration(cfg.DownBackoffMs) * time.Millisecond, events: events},
+		stats:    newStats(),
+		retryLog: retryLog,
+		maxAcked: make([]atomic.Int64, len(cfg.Partitions)),
+		parts:    make([]partState, len(cfg.Partitions)),
 	}
 	for _, bc := range cfg.Brokers {
 		b := &Broker{ID: bc.ID, URL: bc.URL}
 		h.brokers[bc.ID] = b
 		h.order = append(h.order, b)
 	}
-	h.maxAcked = make([]atomic.Int64, len(cfg.Partitions))
 	for _, p := range cfg.Partitions {
-		owners := make([]*Broker, len(p.Owners))
-		for i, id := range p.Owners {
-			owners[i] = h.brokers[id]
+		readers := p.Readers
+		if len(readers) == 0 {
+			readers = p.Owners
 		}
-		h.produce = append(h.produce, newRoute(p.Topic, p.Partition, owners))
-		readerIDs := p.Readers
-		if len(readerIDs) == 0 {
-			readerIDs = p.Owners
-		}
-		readers := make([]*Broker, len(readerIDs))
-		for i, id := range readerIDs {
-			readers[i] = h.brokers[id]
-		}
-		h.consume = append(h.consume, newRoute(p.Topic, p.Partition, readers))
+		h.produce = append(h.produce, newRoute(p.Topic, p.Partition, h.lookup(p.Owners)))
+		h.consume = append(h.consume, newRoute(p.Topic, p.Partition, h.lookup(readers)))
 	}
-	if p := outPath(cfg, cfg.Out.Acked); p != "" {
-		f, err := os.Create(p)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		h.acked = bufio.NewWriterSize(f, 1<<20)
-		defer func() {
-			h.ackedMu.Lock()
-			h.acked.Flush()
-			h.ackedMu.Unlock()
-		}()
+	h.groups, h.groupOf = ownerSetGroups(h.produce)
+	return h
+}
+
+func (h *Hammer) lookup(ids []string) []*Broker {
+	out := make([]*Broker, len(ids))
+	for i, id := range ids {
+		out[i] = h.brokers[id]
 	}
-	intervals, err := os.Create(outPath(cfg, cfg.Out.Intervals))
+	return out
+}
+
+// begin starts the clock of the run; the producer ids derive from it.
+func (h *Hammer) begin(now time.Time) {
+	h.start = now
+	h.nonce = strconv.FormatInt(now.UnixNano(), 16)
+	h.measureAt = now.Add(time.Duration(h.cfg.WarmupS * float64(time.Second)))
+}
+
+// openAcked opens acked.tsv when asked for; the function returned flushes it.
+func (h *Hammer) openAcked() (func(), error) {
+	p := outPath(h.cfg, h.cfg.Out.Acked)
+	if p == "" {
+		return func() {}, nil
+	}
+	f, err := os.Create(p)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer intervals.Close()
+	h.acked = bufio.NewWriterSize(f, 1<<20)
+	return func() {
+		h.ackedMu.Lock()
+		h.acked.Flush()
+		h.ackedMu.Unlock()
+		f.Close()
+	}, nil
+}
 
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
-	go func() {
-		<-sigs
-		cancel()
-	}()
+func openEventLog(cfg *Config, name string) (*EventLog, func(), error) {
+	p := outPath(cfg, name)
+	if p == "" {
+		return &EventLog{}, func() {}, nil
+	}
+	f, err := os.Create(p)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &EventLog{f: f}, func() { f.Close() }, nil
+}
 
-	// Consumers first, positioned at each partition's current end, so they only see
-	// records produced by this run.
-	var consumers sync.WaitGroup
-	consumeCtx, stopConsumers := context.WithCancel(context.Background())
-	defer stopConsumers()
-	producersDone := make(chan struct{})
-	if cfg.Consumer.Enabled {
-		groups := h.consumerGroups()
-		ready := make(chan struct{}, len(groups))
-		for _, g := range groups {
-			consumers.Add(1)
-			go func(g []int) {
-				defer consumers.Done()
-				h.consumeLoop(consumeCtx, g, ready, producersDone)
-			}(g)
+// ownerSetGroups groups the routes whose owner sets hold the same brokers (in any
+// order): the partitions one produce request may carry together.
+func ownerSetGroups(routes []*Route) ([][]int, []int) {
+	index := map[string]int{}
+	var groups [][]int
+	groupOf := make([]int, len(routes))
+	for i, rt := range routes {
+		key := fmt.Sprint(slices.Sorted(slices.Values(rt.ownerIDs)))
+		g, ok := index[key]
+		if !ok {
+			g = len(groups)
+			index[key] = g
+			groups = append(groups, nil)
 		}
-		for range groups {
-			<-ready
-		}
+		groups[g] = append(groups[g], i)
+		groupOf[i] = g
 	}
-
-	h.start = time.Now()
-	h.measureAt = h.start.Add(time.Duration(cfg.WarmupS * float64(time.Second)))
-	deadline := h.start.Add(time.Duration(cfg.DurationS * float64(time.Second)))
-	runCtx, stopRun := context.WithDeadline(ctx, deadline)
-	defer stopRun()
-
-	reporterDone := make(chan struct{})
-	go h.reporter(runCtx, intervals, reporterDone)
-
-	if cfg.Mode == "open" {
-		h.openLoop(runCtx)
-	} else {
-		h.closedLoop(runCtx)
-	}
-	end := time.Now()
-	close(producersDone)
-	if cfg.Consumer.Enabled {
-		drained := make(chan struct{})
-		go func() { consumers.Wait(); close(drained) }()
-		select {
-		case <-drained:
-		case <-time.After(time.Duration(cfg.Consumer.DrainTimeoutS * float64(time.Second))):
-			stopConsumers()
-			<-drained
-		}
-	}
-	stopRun()
-	<-reporterDone
-	h.writeInterval(intervals, time.Now(), true)
-	return h.writeSummary(end, events)
+	return groups, groupOf
 }
 
 func (h *Hammer) consumerGroups() [][]int {

@@ -6,13 +6,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
-	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -76,181 +74,304 @@ func (h *Hammer) openLoop(ctx context.Context) {
 }
 
 type produceResult struct {
-	Topic       string `json:"topic"`
-	Partition   int    `json:"partition"`
-	OK          bool   `json:"ok"`
-	StartOffset int64  `json:"start_offset"`
-	EndOffset   int64  `json:"end_offset"`
-	Count       int64  `json:"count"`
-	ErrorType   string `json:"error_type"`
+	Topic        string `json:"topic"`
+	Partition    int    `json:"partition"`
+	OK           bool   `json:"ok"`
+	StartOffset  int64  `json:"start_offset"`
+	EndOffset    int64  `json:"end_offset"`
+	Count        int64  `json:"count"`
+	Duplicate    bool   `json:"duplicate"`
+	ErrorType    string `json:"error_type"`
+	Retriable    bool   `json:"retriable"`
+	MaybeWritten bool   `json:"maybe_written"`
 }
 
 type produceResponse struct {
 	Results []produceResult `json:"results"`
 }
 
-func (h *Hammer) buildRecords(worker int, seq int64, now time.Time) [][]byte {
+// entry is one topic-partition entry of a produce request. Its key and records are
+// fixed when it is made, so every attempt sends the same bytes and the broker can
+// recognise a retry of an append it already committed.
+type entry struct {
+	pi           int // index into Hammer.produce
+	topic        string
+	partition    int
+	key          string
+	records      [][]byte
+	size         int
+	body         []byte // the entry as JSON
+	issuedAt     int64  // keys issued to the partition, this one included, when it was made
+	ahead        int64  // other entries of the partition unsettled when it was made
+	maybeWritten bool   // an attempt may have committed it (see retry.go)
+	why          string // why the last attempt did not settle it
+}
+
+// request is the unsettled part of one produce request: its entries share an owner set.
+type request struct {
+	intended time.Time
+	routes   []*Route
+	pending  []*entry
+	ackedAt  time.Time // last acknowledgement of an entry (zero: none)
+}
+
+// recordValues are the entry's records: each value starts with
+// `<send time ns, hex>-<worker>-<seq>-<partition>-<i>-`, unique per record of a run.
+func (h *Hammer) recordValues(worker int, seq int64, partition int, now time.Time) ([][]byte, int) {
 	n := h.cfg.RecordsPerRequest
 	out := make([][]byte, n)
 	ts := strconv.FormatInt(now.UnixNano(), 16)
+	size := 0
 	for i := 0; i < n; i++ {
-		head := fmt.Sprintf("%s-%d-%d-%d-", ts, worker, seq, i)
-		v := make([]byte, max(len(head), h.cfg.RecordBytes))
+		head := fmt.Sprintf("%s-%d-%d-%d-%d-", ts, worker, seq, partition, i)
+		v := bytes.Repeat([]byte{'x'}, max(len(head), h.cfg.RecordBytes))
 		copy(v, head)
-		for j := len(head); j < len(v); j++ {
-			v[j] = 'x'
-		}
 		out[i] = v
+		size += len(v)
+	}
+	return out, size
+}
+
+// idempotencyKey is `<producer>-<seq>-<partition>`, the producer being
+// `<hammer start, unix ns, hex>.<worker>`: unique per entry, also across runs on one stack.
+func (h *Hammer) idempotencyKey(worker int, seq int64, partition int) string {
+	return fmt.Sprintf("%s.%d-%d-%d", h.nonce, worker, seq, partition)
+}
+
+func (h *Hammer) newEntry(pi, worker int, seq int64, now time.Time) *entry {
+	rt := h.produce[pi]
+	e := &entry{pi: pi, topic: rt.Topic, partition: rt.Partition}
+	e.records, e.size = h.recordValues(worker, seq, rt.Partition, now)
+	if h.cfg.IdempotencyKeys {
+		e.key = h.idempotencyKey(worker, seq, rt.Partition)
+	}
+	e.body = entryJSON(e.topic, e.partition, e.key, e.records)
+	st := &h.parts[pi]
+	e.issuedAt = st.issued.Add(1)
+	e.ahead = st.unsettled.Add(1) - 1
+	h.stats.entries.Add(1)
+	return e
+}
+
+// newRequest takes the next partition in rotation and, with entries_per_request > 1,
+// the partitions after it in its owner-set group (each partition at most once).
+func (h *Hammer) newRequest(worker int, seq int64, intended time.Time) *request {
+	first := int(h.nextPart.Add(1)-1) % len(h.produce)
+	group := h.groups[h.groupOf[first]]
+	at := slices.Index(group, first)
+	req := &request{intended: intended}
+	now := time.Now()
+	for j := 0; j < min(h.cfg.EntriesPerRequest, len(group)); j++ {
+		pi := group[(at+j)%len(group)]
+		req.pending = append(req.pending, h.newEntry(pi, worker, seq, now))
+		req.routes = append(req.routes, h.produce[pi])
+	}
+	return req
+}
+
+func entryJSON(topic string, partition int, key string, records [][]byte) []byte {
+	var b bytes.Buffer
+	fmt.Fprintf(&b, `{"topic":%q,"partition":%d`, topic, partition)
+	if key != "" {
+		fmt.Fprintf(&b, `,"idempotency_key":%q`, key)
+	}
+	b.WriteString(`,"records":[`)
+	for i, r := range records {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteByte('"')
+		b.Write(r)
+		b.WriteByte('"')
+	}
+	b.WriteString(`]}`)
+	return b.Bytes()
+}
+
+func requestBody(entries []*entry) []byte {
+	var b bytes.Buffer
+	b.WriteString(`{"topic_partitions":[`)
+	for i, e := range entries {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.Write(e.body)
+	}
+	b.WriteString(`]}`)
+	return b.Bytes()
+}
+
+// produceOnce sends one request and retries what did not settle: the entries the
+// broker could not answer for (or that failed retriably) go again, with their keys and
+// records, preferably to another owner, until they settle or max_retries is spent.
+func (h *Hammer) produceOnce(worker int, seq int64, intended time.Time) {
+	req := h.newRequest(worker, seq, intended)
+	var last *Broker
+	for attempt := 0; ; attempt++ {
+		b := h.router.Pick(req.routes, "produce", last)
+		if attempt > 0 {
+			h.noteRetry(req, attempt, last, b)
+		}
+		out := h.attempt(b, req.pending)
+		h.settle(req, b, out)
+		if len(req.pending) > 0 && attempt >= h.cfg.MaxRetries {
+			h.giveUp(req)
+		}
+		h.dropBeyondWindow(req)
+		if len(req.pending) == 0 {
+			break
+		}
+		time.Sleep(h.backoff(attempt, req.pending, out.retryAfter))
+		last = b
+	}
+	h.finish(req)
+}
+
+// attempt sends the pending entries to b once.
+func (h *Hammer) attempt(b *Broker, pending []*entry) outcome {
+	timeout := time.Duration(h.cfg.RequestTimeoutS * float64(time.Second))
+	b.requests.Add(1)
+	h.stats.requests.Add(1)
+	b.inflight.Add(1)
+	h.stats.inflight.Add(1)
+	status, header, resp, err := h.post(b, "/produce", requestBody(pending), timeout)
+	b.inflight.Add(-1)
+	h.stats.inflight.Add(-1)
+	out := classify(status, header, resp, err, pending)
+	switch {
+	case err == nil:
+		h.router.MarkUp(b)
+		h.stats.status(strconv.Itoa(status))
+	case out.reason == "timeout":
+		h.stats.status(out.reason) // a slow broker is not a dead one
+	default:
+		h.router.MarkDown(b, err.Error())
+		h.stats.status(out.reason)
+	}
+	if out.results == nil || slices.ContainsFunc(out.results, func(r produceResult) bool { return !r.OK }) {
+		b.errors.Add(1)
 	}
 	return out
 }
 
-func (h *Hammer) produceOnce(worker int, seq int64, intended time.Time) {
-	pi := int(h.nextPart.Add(1)-1) % len(h.produce)
-	rt := h.produce[pi]
-	records := h.buildRecords(worker, seq, time.Now())
-	var body bytes.Buffer
-	fmt.Fprintf(&body, `{"topic_partitions":[{"topic":%q,"partition":%d,"records":[`, rt.Topic, rt.Partition)
-	size := 0
-	for i, r := range records {
-		if i > 0 {
-			body.WriteByte(',')
+// settle acknowledges the entries answered ok, fails those that cannot succeed, and
+// keeps the rest pending with the reason they need another attempt.
+func (h *Hammer) settle(req *request, b *Broker, out outcome) {
+	var keep []*entry
+	for i, e := range req.pending {
+		switch {
+		case out.results == nil && out.retriable:
+			e.why = out.reason
+			e.maybeWritten = e.maybeWritten || out.maybeWritten
+			keep = append(keep, e)
+		case out.results == nil:
+			h.fail(e, out.reason)
+		case out.results[i].OK:
+			h.ack(req, e, b, out.results[i])
+		case out.results[i].Retriable:
+			e.why = out.results[i].ErrorType
+			e.maybeWritten = e.maybeWritten || out.results[i].MaybeWritten
+			keep = append(keep, e)
+		default:
+			h.fail(e, out.results[i].ErrorType)
 		}
-		body.WriteByte('"')
-		body.Write(r)
-		body.WriteByte('"')
-		size += len(r)
 	}
-	body.WriteString(`]}]}`)
-	payload := body.Bytes()
-	timeout := time.Duration(h.cfg.RequestTimeoutS * float64(time.Second))
-
-	for attempt := 0; ; attempt++ {
-		b := h.router.Pick(rt, "produce")
-		b.requests.Add(1)
-		h.stats.requests.Add(1)
-		b.inflight.Add(1)
-		h.stats.inflight.Add(1)
-		status, resp, err := h.post(b, "/produce", payload, timeout)
-		b.inflight.Add(-1)
-		h.stats.inflight.Add(-1)
-		if err != nil {
-			if isDialError(err) {
-				h.router.MarkDown(b, err.Error())
-				h.stats.status("connect_error")
-				if attempt < h.cfg.MaxRetries {
-					h.stats.retries.Add(1)
-					continue // never sent: safe to send to another owner
-				}
-				b.errors.Add(1)
-				h.stats.fail("connect_error", len(records))
-				return
-			}
-			// Sent but unanswered: the outcome is unknown, so it is neither acknowledged
-			// nor retried (a retry could store the records twice).
-			kind := "transport_error"
-			if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
-				kind = "timeout"
-			} else {
-				h.router.MarkDown(b, err.Error())
-			}
-			h.stats.status(kind)
-			b.errors.Add(1)
-			h.stats.fail(kind, len(records))
-			return
-		}
-		h.router.MarkUp(b)
-		h.stats.status(strconv.Itoa(status))
-		if status == http.StatusServiceUnavailable && attempt < h.cfg.MaxRetries {
-			h.stats.retries.Add(1)
-			time.Sleep(time.Duration(10*(attempt+1)) * time.Millisecond)
-			continue // back-pressure: nothing was written
-		}
-		var pr produceResponse
-		if status != http.StatusOK && status != http.StatusConflict && status != http.StatusServiceUnavailable {
-			b.errors.Add(1)
-			h.stats.fail("http_"+strconv.Itoa(status), len(records))
-			return
-		}
-		if jerr := json.Unmarshal(resp, &pr); jerr != nil || len(pr.Results) != 1 {
-			b.errors.Add(1)
-			h.stats.fail("bad_response", len(records))
-			return
-		}
-		res := pr.Results[0]
-		if !res.OK {
-			b.errors.Add(1)
-			h.stats.fail(res.ErrorType, len(records))
-			return
-		}
-		done := time.Now()
-		h.ack(pi, rt, b, res, records, size, intended, done)
-		return
-	}
+	req.pending = keep
 }
 
-func (h *Hammer) ack(pi int, rt *Route, b *Broker, res produceResult, records [][]byte, size int,
-	intended, done time.Time) {
-	n := int64(len(records))
+// giveUp fails the entries still pending after the last attempt allowed.
+func (h *Hammer) giveUp(req *request) {
+	for _, e := range req.pending {
+		h.fail(e, e.why)
+	}
+	req.pending = nil
+}
+
+func (h *Hammer) fail(e *entry, kind string) {
+	h.stats.fail(kind, len(e.records))
+	h.parts[e.pi].unsettled.Add(-1)
+}
+
+// ack counts an acknowledged entry once, whether this attempt wrote it or an earlier
+// one did (duplicate: the offsets are those of the first append).
+func (h *Hammer) ack(req *request, e *entry, b *Broker, res produceResult) {
+	n := int64(len(e.records))
+	if res.Count != n || res.EndOffset-res.StartOffset+1 != n || res.StartOffset < 1 {
+		h.fail(e, "bad_offsets")
+		return
+	}
+	h.parts[e.pi].unsettled.Add(-1)
+	done := time.Now()
+	req.ackedAt = done
 	b.acked.Add(n)
-	h.stats.ackedRequests.Add(1)
+	h.stats.ackedEntries.Add(1)
 	h.stats.ackedRecords.Add(n)
-	h.stats.ackedBytes.Add(int64(size))
+	h.stats.ackedBytes.Add(int64(e.size))
+	if res.Duplicate {
+		h.stats.duplicateAcks.Add(1)
+	}
 	for {
-		cur := h.maxAcked[pi].Load()
-		if res.EndOffset <= cur || h.maxAcked[pi].CompareAndSwap(cur, res.EndOffset) {
+		cur := h.maxAcked[e.pi].Load()
+		if res.EndOffset <= cur || h.maxAcked[e.pi].CompareAndSwap(cur, res.EndOffset) {
 			break
 		}
 	}
 	if !done.Before(h.measureAt) {
-		us := done.Sub(intended).Microseconds()
 		h.stats.measuredRecs.Add(n)
-		h.stats.measuredBytes.Add(int64(size))
-		h.stats.mu.Lock()
-		h.stats.lat.Record(us)
-		h.stats.latInterval.Record(us)
-		h.stats.mu.Unlock()
+		h.stats.measuredBytes.Add(int64(e.size))
 	}
-	if h.acked != nil {
-		var buf bytes.Buffer
-		for i, r := range records {
-			f := fnv.New64a()
-			f.Write(r)
-			fmt.Fprintf(&buf, "%s\t%d\t%d\t%016x\t%s\n", rt.Topic, rt.Partition,
-				res.StartOffset+int64(i), f.Sum64(), b.ID)
-		}
-		h.ackedMu.Lock()
-		h.acked.Write(buf.Bytes())
-		h.ackedMu.Unlock()
-	}
+	h.writeAcked(e, res.StartOffset, b)
 }
 
-func (h *Hammer) post(b *Broker, path string, payload []byte, timeout time.Duration) (int, []byte, error) {
+func (h *Hammer) writeAcked(e *entry, start int64, b *Broker) {
+	if h.acked == nil {
+		return
+	}
+	var buf bytes.Buffer
+	for i, r := range e.records {
+		f := fnv.New64a()
+		f.Write(r)
+		fmt.Fprintf(&buf, "%s\t%d\t%d\t%016x\t%s\n", e.topic, e.partition, start+int64(i),
+			f.Sum64(), b.ID)
+	}
+	h.ackedMu.Lock()
+	h.acked.Write(buf.Bytes())
+	h.ackedMu.Unlock()
+}
+
+// finish records the request's latency (intended start to its last acknowledgement)
+// when any of its entries was acknowledged.
+func (h *Hammer) finish(req *request) {
+	if req.ackedAt.IsZero() {
+		return
+	}
+	h.stats.ackedRequests.Add(1)
+	if req.ackedAt.Before(h.measureAt) {
+		return
+	}
+	us := req.ackedAt.Sub(req.intended).Microseconds()
+	h.stats.mu.Lock()
+	h.stats.lat.Record(us)
+	h.stats.latInterval.Record(us)
+	h.stats.mu.Unlock()
+}
+
+func (h *Hammer) post(b *Broker, path string, payload []byte, timeout time.Duration) (int, http.Header, []byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.URL+path, bytes.NewReader(payload))
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
 	defer resp.Body.Close()
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, nil, err
+		return 0, nil, nil, err
 	}
-	return resp.StatusCode, data, nil
-}
-
-func isDialError(err error) bool {
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
+	return resp.StatusCode, resp.Header, data, nil
 }

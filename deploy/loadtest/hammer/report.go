@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"math"
 	"os"
-	"sort"
 	"time"
 
 	"llog.local/loadtest/latency"
@@ -18,6 +17,7 @@ type intervalState struct {
 	records  int64
 	bytes    int64
 	requests int64
+	retries  int64
 	errors   int64
 	consRecs int64
 }
@@ -57,7 +57,8 @@ func (h *Hammer) writeInterval(out *os.File, now time.Time, final bool) {
 	s.e2eInterval = latency.New()
 	s.mu.Unlock()
 	cur := intervalState{at: now, records: s.ackedRecords.Load(), bytes: s.ackedBytes.Load(),
-		requests: s.requests.Load(), errors: h.failedTotal(), consRecs: s.consRecords.Load()}
+		requests: s.requests.Load(), retries: s.retries.Load(), errors: h.failedTotal(),
+		consRecs: s.consRecords.Load()}
 	dt := now.Sub(h.last.at).Seconds()
 	if dt <= 0 {
 		return
@@ -74,6 +75,7 @@ func (h *Hammer) writeInterval(out *os.File, now time.Time, final bool) {
 		"acked_records":       cur.records - h.last.records,
 		"acked_bytes":         cur.bytes - h.last.bytes,
 		"requests":            cur.requests - h.last.requests,
+		"retries":             cur.retries - h.last.retries,
 		"errors":              cur.errors - h.last.errors,
 		"records_per_s":       float64(cur.records-h.last.records) / dt,
 		"mib_per_s":           float64(cur.bytes-h.last.bytes) / dt / (1 << 20),
@@ -89,7 +91,6 @@ func (h *Hammer) writeInterval(out *os.File, now time.Time, final bool) {
 }
 
 func (h *Hammer) writeSummary(end time.Time, events *EventLog) error {
-	s := h.stats
 	cfg := h.cfg
 	measured := end.Sub(h.measureAt).Seconds()
 	if measured <= 0 {
@@ -100,25 +101,6 @@ func (h *Hammer) writeSummary(end time.Time, events *EventLog) error {
 		byBroker[b.ID] = map[string]any{"requests": b.requests.Load(), "acked_records": b.acked.Load(),
 			"errors": b.errors.Load(), "url": b.URL}
 	}
-	s.mu.Lock()
-	statuses := map[string]int64{}
-	for k, v := range s.statuses {
-		statuses[k] = v
-	}
-	errs := map[string]int64{}
-	keys := make([]string, 0, len(s.errors))
-	for k := range s.errors {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		errs[k] = s.errors[k]
-	}
-	lat := summaryMs(s.lat)
-	latBuckets := s.lat.Buckets()
-	e2e := summaryMs(s.e2e)
-	e2eBuckets := s.e2e.Buckets()
-	s.mu.Unlock()
 	summary := map[string]any{
 		"version":      1,
 		"run_id":       cfg.RunID,
@@ -132,37 +114,14 @@ func (h *Hammer) writeSummary(end time.Time, events *EventLog) error {
 		"warmup_s":     cfg.WarmupS,
 		"measured_s":   measured,
 		"record_bytes": cfg.RecordBytes, "records_per_request": cfg.RecordsPerRequest,
-		"partitions": len(cfg.Partitions),
-		"produce": map[string]any{
-			"requests":                s.requests.Load(),
-			"acked_requests":          s.ackedRequests.Load(),
-			"acked_records":           s.ackedRecords.Load(),
-			"acked_bytes":             s.ackedBytes.Load(),
-			"failed_records":          s.failedRecords.Load(),
-			"retries":                 s.retries.Load(),
-			"statuses":                statuses,
-			"errors":                  errs,
-			"records_per_s":           float64(s.measuredRecs.Load()) / measured,
-			"mib_per_s":               float64(s.measuredBytes.Load()) / measured / (1 << 20),
-			"latency_ms":              lat,
-			"latency_histogram_us":    latBuckets,
-			"late_starts":             s.lateStarts.Load(),
-			"max_schedule_lag_ms":     float64(s.scheduleLagUs.Load()) / 1000,
-			"achieved_requests_per_s": float64(s.requests.Load()-s.retries.Load()) / end.Sub(h.start).Seconds(),
-		},
-		"consume": map[string]any{
-			"enabled":                  cfg.Consumer.Enabled,
-			"requests":                 s.consRequests.Load(),
-			"records":                  s.consRecords.Load(),
-			"bytes":                    s.consBytes.Load(),
-			"errors":                   s.consErrors.Load(),
-			"e2e_latency_ms":           e2e,
-			"e2e_latency_histogram_us": e2eBuckets,
-		},
-		"by_broker":          byBroker,
-		"remaps":             h.router.remaps.Load(),
-		"broker_down_events": h.router.downs.Load(),
-		"acked_file":         cfg.Out.Acked,
+		"entries_per_request": cfg.EntriesPerRequest,
+		"partitions":          len(cfg.Partitions),
+		"produce":             h.produceSummary(end, measured),
+		"consume":             h.consumeSummary(),
+		"by_broker":           byBroker,
+		"remaps":              h.router.remaps.Load(),
+		"broker_down_events":  h.router.downs.Load(),
+		"acked_file":          cfg.Out.Acked,
 	}
 	data, err := json.MarshalIndent(summary, "", "  ")
 	if err != nil {
@@ -174,4 +133,64 @@ func (h *Hammer) writeSummary(end time.Time, events *EventLog) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+func copyCounts(m map[string]int64) map[string]int64 {
+	out := make(map[string]int64, len(m))
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}
+
+func (h *Hammer) produceSummary(end time.Time, measured float64) map[string]any {
+	s := h.stats
+	s.mu.Lock()
+	statuses, errs, reasons := copyCounts(s.statuses), copyCounts(s.errors), copyCounts(s.retryReasons)
+	lat := summaryMs(s.lat)
+	latBuckets := s.lat.Buckets()
+	s.mu.Unlock()
+	return map[string]any{
+		"requests":                s.requests.Load(),
+		"acked_requests":          s.ackedRequests.Load(),
+		"entries":                 s.entries.Load(),
+		"acked_entries":           s.ackedEntries.Load(),
+		"acked_records":           s.ackedRecords.Load(),
+		"acked_bytes":             s.ackedBytes.Load(),
+		"failed_records":          s.failedRecords.Load(),
+		"duplicate_acks":          s.duplicateAcks.Load(),
+		"retries":                 s.retries.Load(),
+		"retried_entries":         s.retriedEnts.Load(),
+		"retry_reasons":           reasons,
+		"maybe_written_retries":   s.maybeRetries.Load(),
+		"idempotency_keys":        h.cfg.IdempotencyKeys,
+		"key_window":              h.cfg.KeyWindow,
+		"max_retries":             h.cfg.MaxRetries,
+		"statuses":                statuses,
+		"errors":                  errs,
+		"records_per_s":           float64(s.measuredRecs.Load()) / measured,
+		"mib_per_s":               float64(s.measuredBytes.Load()) / measured / (1 << 20),
+		"latency_ms":              lat,
+		"latency_histogram_us":    latBuckets,
+		"late_starts":             s.lateStarts.Load(),
+		"max_schedule_lag_ms":     float64(s.scheduleLagUs.Load()) / 1000,
+		"achieved_requests_per_s": float64(s.requests.Load()-s.retries.Load()) / end.Sub(h.start).Seconds(),
+	}
+}
+
+func (h *Hammer) consumeSummary() map[string]any {
+	s := h.stats
+	s.mu.Lock()
+	e2e := summaryMs(s.e2e)
+	e2eBuckets := s.e2e.Buckets()
+	s.mu.Unlock()
+	return map[string]any{
+		"enabled":                  h.cfg.Consumer.Enabled,
+		"requests":                 s.consRequests.Load(),
+		"records":                  s.consRecords.Load(),
+		"bytes":                    s.consBytes.Load(),
+		"errors":                   s.consErrors.Load(),
+		"e2e_latency_ms":           e2e,
+		"e2e_latency_histogram_us": e2eBuckets,
+	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,42 +55,29 @@ type Router struct {
 	downs   atomic.Int64
 }
 
-// Pick chooses a broker of the route's owner set; it never leaves the owner set. Owners
-// that are unavailable are skipped, and the first skip of an owner in each of its down
-// periods is logged as a remap event for this partition.
-func (r *Router) Pick(rt *Route, purpose string) *Broker {
+// Pick chooses a broker of the owner set of rts[0] (the routes of one request share
+// their owner set); it never leaves the owner set. Owners that are unavailable are
+// skipped, and the first skip of an owner in each of its down periods is logged as a
+// remap event for every partition of the request. A retry passes the broker of the
+// attempt that failed as avoid: another available owner is preferred to it, since the
+// failure may be that broker's.
+func (r *Router) Pick(rts []*Route, purpose string, avoid *Broker) *Broker {
+	rt := rts[0]
 	now := time.Now().UnixNano()
 	k := len(rt.Owners)
 	start := int(rt.rr.Add(1) % uint64(k))
-	var chosen *Broker
-	var skipped []int
-	if r.policy == "least_inflight" {
-		best := int64(-1)
-		for i := 0; i < k; i++ {
-			j := (start + i) % k
-			b := rt.Owners[j]
-			if !b.available(now) {
-				skipped = append(skipped, j)
-				continue
-			}
-			if n := b.inflight.Load(); best < 0 || n < best {
-				best, chosen = n, b
-			}
-		}
-	} else {
-		for i := 0; i < k; i++ {
-			j := (start + i) % k
-			b := rt.Owners[j]
-			if b.available(now) {
-				chosen = b
-				break
-			}
-			skipped = append(skipped, j)
+	var candidates []*Broker
+	var skipped []*Broker
+	for i := 0; i < k; i++ {
+		if b := rt.Owners[(start+i)%k]; b.available(now) {
+			candidates = append(candidates, b)
+		} else {
+			skipped = append(skipped, b)
 		}
 	}
-	if chosen == nil {
+	if len(candidates) == 0 {
 		// Every owner is down: probe the one whose back-off ends first (still inside the set).
-		chosen = rt.Owners[start]
+		chosen := rt.Owners[start]
 		for _, b := range rt.Owners {
 			if b.downUntil.Load() < chosen.downUntil.Load() {
 				chosen = b
@@ -97,24 +85,65 @@ func (r *Router) Pick(rt *Route, purpose string) *Broker {
 		}
 		return chosen
 	}
-	if len(skipped) > 0 {
-		rt.mu.Lock()
-		for _, j := range skipped {
-			from := rt.Owners[j]
-			ep := from.epoch.Load()
-			if rt.loggedEpo[j] != ep {
-				rt.loggedEpo[j] = ep
-				r.remaps.Add(1)
-				r.events.Write(map[string]any{
-					"event": "remap", "purpose": purpose, "topic": rt.Topic,
-					"partition": rt.Partition, "from": from.ID, "to": chosen.ID,
-					"owner_set": rt.ownerIDs, "reason": "broker_unavailable",
-				})
-			}
-		}
-		rt.mu.Unlock()
+	chosen := r.choose(withoutBroker(candidates, avoid))
+	for _, each := range rts {
+		r.logRemaps(each, skipped, chosen, purpose)
 	}
 	return chosen
+}
+
+// withoutBroker is candidates less avoid, unless that would leave none.
+func withoutBroker(candidates []*Broker, avoid *Broker) []*Broker {
+	if avoid == nil || len(candidates) < 2 {
+		return candidates
+	}
+	out := make([]*Broker, 0, len(candidates))
+	for _, b := range candidates {
+		if b != avoid {
+			out = append(out, b)
+		}
+	}
+	if len(out) == 0 {
+		return candidates
+	}
+	return out
+}
+
+func (r *Router) choose(candidates []*Broker) *Broker {
+	if r.policy != "least_inflight" {
+		return candidates[0]
+	}
+	chosen := candidates[0]
+	for _, b := range candidates[1:] {
+		if b.inflight.Load() < chosen.inflight.Load() {
+			chosen = b
+		}
+	}
+	return chosen
+}
+
+// logRemaps logs each skipped owner once per down period of it, for this route.
+func (r *Router) logRemaps(rt *Route, skipped []*Broker, chosen *Broker, purpose string) {
+	if len(skipped) == 0 {
+		return
+	}
+	rt.mu.Lock()
+	defer rt.mu.Unlock()
+	for j, from := range rt.Owners {
+		if !slices.Contains(skipped, from) {
+			continue
+		}
+		ep := from.epoch.Load()
+		if rt.loggedEpo[j] != ep {
+			rt.loggedEpo[j] = ep
+			r.remaps.Add(1)
+			r.events.Write(map[string]any{
+				"event": "remap", "purpose": purpose, "topic": rt.Topic,
+				"partition": rt.Partition, "from": from.ID, "to": chosen.ID,
+				"owner_set": rt.ownerIDs, "reason": "broker_unavailable",
+			})
+		}
+	}
 }
 
 func (r *Router) MarkDown(b *Broker, reason string) {
