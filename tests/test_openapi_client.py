@@ -61,3 +61,45 @@ def test_generated_models_round_trip_through_the_broker(
         r = http.post("/produce", json={"topic_partitions": []})
         error = m.ErrorResponse.model_validate(r.json())
         assert r.status_code == 400 and error.error_type.value == "InvalidRequest"
+
+
+def test_generated_models_cover_records_topics_and_offsets(
+    broker: Broker, tmp_path: Path, topic: str
+) -> None:
+    with httpx.Client(base_url=broker.url, timeout=30) as http:
+        m = _generate(http.get("/openapi.json").json(), tmp_path)
+        created = http.post("/topics", content=m.TopicCreateRequest(
+            topic=topic, partitions=4, retention_ms=86_400_000).model_dump_json(
+            exclude_none=True), headers={"content-type": "application/json"})
+        assert created.status_code == 201, created.text
+        assert m.TopicInfo.model_validate(created.json()).partitions == 4
+
+        record = m.RecordObject(value="order created", key="customer-17",
+                                headers=[m.Header(name="trace", value="abc")],
+                                timestamp_ms=1_700_000_000_000)
+        request = m.ProduceRequest(topic_partitions=[m.ProduceTopicPartition(
+            topic=topic, records=[record], idempotency_key="order-1")])
+        r = http.post("/produce", content=request.model_dump_json(exclude_none=True),
+                      headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+        (result,) = m.ProduceResponse.model_validate(r.json()).results
+        again = http.post("/produce", content=request.model_dump_json(exclude_none=True),
+                          headers={"content-type": "application/json"})
+        (retried,) = m.ProduceResponse.model_validate(again.json()).results
+        assert retried.duplicate and retried.start_offset == result.start_offset
+
+        query = m.OffsetsRequest(topic_partitions=[m.OffsetsTopicPartition(
+            topic=topic, partition=result.partition, timestamp_ms=0)])
+        r = http.post("/offsets", content=query.model_dump_json(exclude_none=True),
+                      headers={"content-type": "application/json"})
+        (found,) = m.OffsetsResponse.model_validate(r.json()).results
+        assert (found.log_start_offset, found.high_watermark, found.offset) == (1, 1, 1)
+
+        consume = m.ConsumeRequest(topic_partitions=[m.ConsumeTopicPartition(
+            topic=topic, partition=result.partition, fetch_offset="earliest")], max_wait_ms=0)
+        r = http.post("/consume", content=consume.model_dump_json(exclude_none=True),
+                      headers={"content-type": "application/json"})
+        (got,) = m.ConsumeResponse.model_validate(r.json()).results[0].records
+        assert (got.value, got.key, got.timestamp_ms) == ("order created", "customer-17",
+                                                          1_700_000_000_000)
+        assert got.headers[0].name == "trace" and got.append_time_ms > 0

@@ -173,7 +173,11 @@ class ProduceRequest(_Strict):
     model_config = ConfigDict(
         extra="forbid", strict=True,
         json_schema_extra={"examples": [{"topic_partitions": [
-            {"topic": "orders", "partition": 0, "records": ["alpha", {"base64": "AAE="}]}
+            {"topic": "orders", "partition": 0, "records": ["alpha", {"base64": "AAE="}]},
+            {"topic": "orders", "idempotency_key": "order-4711", "records": [
+                {"value": "order created", "key": "customer-17",
+                 "headers": [{"name": "trace-id", "value": "4bf92f35"}],
+                 "timestamp_ms": 1760000000000}]},
         ]}]},
     )
 
