@@ -10,12 +10,8 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING
 
 from app.settings import Settings, SettingsError
-
-if TYPE_CHECKING:
-    from app.localstack.stack import LocalStack
 
 
 def _broker_available() -> bool:
@@ -31,6 +27,7 @@ def cmd_servers_build(_: argparse.Namespace) -> int:
 
 
 def cmd_dev(args: argparse.Namespace) -> int:
+    from app.localstack.dev import DevTopology, start_topology
     from app.localstack.processes import ProcessFailed
     from app.localstack.stack import LocalStack, StackConfig
 
@@ -40,14 +37,21 @@ def cmd_dev(args: argparse.Namespace) -> int:
         data_dir=data_dir, oxia_port=args.oxia_port, s3_port=args.s3_port
     )
     stack = LocalStack(config)
+    topology: DevTopology | None = None
     stop = _event_on_signals()
     try:
         print(f"llog dev: starting Oxia and MinIO (data in {data_dir})", flush=True)
         stack.start()
-        broker_url = _start_dev_broker(stack, data_dir, args.port)
-        path = stack.write_stack_json(broker_url)
+        broker_url = None
+        if _broker_available():
+            topology = start_topology(stack, data_dir, args.port, args.brokers)
+            broker_url = topology.url
+        path = stack.write_stack_json(broker_url, **(topology.describe() if topology else {}))
         print(f"llog dev: Oxia {stack.oxia_address}, S3 {stack.s3_endpoint} "
               f"(bucket {config.bucket})")
+        if topology is not None and topology.proxy is not None:
+            print(f"llog dev: {len(topology.brokers)} brokers behind Caddy: "
+                  + ", ".join(b.url for b in topology.brokers))
         print(f"llog dev: stack description in {path}")
         _print_usage(broker_url)
         print("\nCtrl-C stops everything.", flush=True)
@@ -61,6 +65,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
         return 1
     finally:
         print("llog dev: stopping", flush=True)
+        if topology is not None:
+            topology.stop()
         stack.stop()
 
 
@@ -74,27 +80,6 @@ def _event_on_signals() -> threading.Event:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     return stop
-
-
-def _start_dev_broker(stack: LocalStack, data_dir: Path, port: int) -> str | None:
-    """Start the broker of ``llog dev`` and wait until it is healthy; its URL, or None
-    when this build has no broker."""
-    from app.localstack.broker import broker_process, wait_healthy
-
-    if not _broker_available():
-        return None
-    broker_url = f"http://127.0.0.1:{port}"
-    env = {
-        **stack.settings_env(),
-        "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev"),
-        "LLOG_ROLES": "write,read,compact",
-        "LLOG_TAIL_CACHE_DIR": str(data_dir / "tail-cache"),
-    }
-    broker = broker_process("broker", port, env, data_dir / "logs" / "broker.log")
-    stack.extra["broker"] = broker
-    broker.start()
-    wait_healthy(broker, broker_url)
-    return broker_url
 
 
 def _print_usage(broker_url: str | None) -> None:
@@ -119,6 +104,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     overrides: dict[str, object] = {"host": args.host, "port": args.port}
+    if args.proxy_headers is not None:
+        overrides["proxy_headers"] = args.proxy_headers
+    if args.forwarded_allow_ips is not None:
+        overrides["forwarded_allow_ips"] = args.forwarded_allow_ips
     try:
         settings = Settings.from_env(**overrides)
     except SettingsError as exc:
@@ -134,6 +123,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=args.workers,
         log_level=args.log_level,
+        access_log=args.access_log,
+        proxy_headers=settings.proxy_headers,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
+        timeout_keep_alive=int(settings.keep_alive_s),
+        # After the drain (LLOG_DRAIN_S) the server stops accepting; flushes in flight
+        # and the batcher's last window finish within this.
         timeout_graceful_shutdown=30,
         lifespan="on",
     )
@@ -160,12 +155,20 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
     return loadtest_main(list(args.args))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llog", description="leaderless-log broker tools")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _positive(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 16:
+        raise argparse.ArgumentTypeError("must be between 1 and 16")
+    return value
 
+
+def _add_dev_and_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     dev = sub.add_parser("dev", help="run Oxia, MinIO and a broker on loopback (foreground)")
-    dev.add_argument("--port", type=int, default=8080, help="broker port (default 8080)")
+    dev.add_argument("--port", type=int, default=8080,
+                     help="where clients connect: the broker, or the proxy in front of "
+                          "several (default 8080)")
+    dev.add_argument("--brokers", type=_positive, default=1,
+                     help="brokers to run; more than one run behind Caddy on --port")
     dev.add_argument("--data-dir", default=".llog/dev", help="state directory")
     dev.add_argument("--oxia-port", type=int, default=6648)
     dev.add_argument("--s3-port", type=int, default=9000)
@@ -176,7 +179,23 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8080")))
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
+                       help="log every request with the client's address (default on)")
+    serve.add_argument("--proxy-headers", action=argparse.BooleanOptionalAction,
+                       default=None,
+                       help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips "
+                            "(default on; LLOG_PROXY_HEADERS)")
+    serve.add_argument("--forwarded-allow-ips", default=None,
+                       help="comma-separated proxy addresses to trust, '*' for any "
+                            "(default 127.0.0.1; LLOG_FORWARDED_ALLOW_IPS)")
     serve.set_defaults(func=cmd_serve)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="llog", description="leaderless-log broker tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _add_dev_and_serve(sub)
 
     compactor = sub.add_parser("compactor", help="run the standalone compaction service")
     compactor.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))

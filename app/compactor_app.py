@@ -13,16 +13,17 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 
 from app.compaction.service import CompactorService, run_compactor
+from app.drain import drain_on_sigterm as draining
 from app.routes import health, metrics
 from app.settings import Settings
 
 
-def create_compactor_app(settings: Settings) -> FastAPI:
+def create_compactor_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI:
     service = CompactorService.create(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with run_compactor(service):
+        async with run_compactor(service), draining(drain_on_sigterm, service.drain):
             yield
 
     app = FastAPI(title="leaderless-log compactor", version="0.1.0", lifespan=lifespan,
@@ -39,4 +40,4 @@ def create_compactor_app_from_env() -> FastAPI:
     """Entry point for uvicorn's ``--factory``."""
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return create_compactor_app(Settings.from_env())
+    return create_compactor_app(Settings.from_env(), drain_on_sigterm=True)

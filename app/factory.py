@@ -12,8 +12,9 @@ from fastapi.openapi.utils import get_openapi
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from app.broker.state import BrokerState, run_broker
+from app.drain import drain_on_sigterm as draining
 from app.routes import consume, health, metrics, offsets, produce, topics
-from app.routes.errors import BodyLimitMiddleware, install_error_handlers
+from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
 from app.settings import Settings
 
 API_DESCRIPTION = """Leaderless log broker: append records to topic-partitions with
@@ -21,12 +22,14 @@ API_DESCRIPTION = """Leaderless log broker: append records to topic-partitions w
 partition. See docs/http-api.md."""
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI:
+    """The broker app. ``drain_on_sigterm``: the first SIGTERM drains before the server
+    stops (app/drain.py); set where uvicorn serves it, not for apps run in tests."""
     state = BrokerState.create(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with run_broker(state):
+        async with run_broker(state), draining(drain_on_sigterm, state.drain):
             yield
 
     app = FastAPI(
@@ -48,6 +51,7 @@ def create_app(settings: Settings) -> FastAPI:
         should_group_status_codes=False,
     ).instrument(app, metric_namespace="llog")
     _document_errors_as_400(app)
+    app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
     # Outermost, so an oversized body is refused before anything reads it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     return app
@@ -75,4 +79,4 @@ def _document_errors_as_400(app: FastAPI) -> None:
 def create_app_from_env() -> FastAPI:
     """Entry point for uvicorn's ``--factory`` (each worker builds its own app)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return create_app(Settings.from_env())
+    return create_app(Settings.from_env(), drain_on_sigterm=True)

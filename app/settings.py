@@ -69,6 +69,17 @@ class Settings(BaseSettings):
     roles: Annotated[tuple[Role, ...], NoDecode] = ALL_ROLES
     host: str = "127.0.0.1"
     port: int = Field(default=8080, ge=1, le=65535)
+    # On SIGTERM: how long to keep serving while not ready, so that load balancers stop
+    # sending work first (longer than their health-check interval times fall count).
+    drain_s: float = Field(default=10.0, ge=0, le=600)
+    # Idle keep-alive of client connections. Behind a load balancer it must outlast the
+    # proxy's own idle timeout for upstream connections (60 s in deploy/proxy/), or the
+    # broker may close a connection just as the proxy sends a produce on it.
+    keep_alive_s: float = Field(default=75.0, gt=0, le=3600)
+    # Trust X-Forwarded-For / X-Forwarded-Proto from these addresses (comma separated,
+    # "*" for any): the proxies in front, so logs, quotas and ACLs see the real client.
+    proxy_headers: bool = True
+    forwarded_allow_ips: str = "127.0.0.1"
 
     # Writer.
     commit_max_attempts: int = Field(default=64, ge=1, le=10_000)

@@ -22,6 +22,16 @@ if ! command -v java >/dev/null 2>&1; then
     exit 1
   fi
 fi
+# HAProxy and nginx: the load-balancer tests run the reference configurations through
+# them where they can be installed (skipped with a reason otherwise; Caddy always runs).
+if { ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; } || \
+   { ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; }; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing HAProxy and nginx for the load-balancer tests (apt-get)" >&2
+    { apt-get update -qq && apt-get install -y -qq haproxy nginx >/dev/null; } || \
+      echo "could not install HAProxy/nginx: their load-balancer tests will be skipped" >&2
+  fi
+fi
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 stamp=.venv/.llog-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)

@@ -10,6 +10,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import httpx
 import oxia
 import psutil
 import pytest
@@ -21,7 +22,7 @@ HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["serv
 
 STACK_FIELDS = {
     "broker_url", "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
-    "s3_access_key", "s3_secret_key", "root_prefix", "pids",
+    "s3_access_key", "s3_secret_key", "root_prefix", "pids", "brokers", "proxy",
 }
 
 
@@ -33,11 +34,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start_dev(data_dir: Path, ports: dict[str, int]) -> subprocess.Popen[str]:
+def _start_dev(data_dir: Path, ports: dict[str, int], *more: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "app.cli", "dev", "--data-dir", str(data_dir),
          "--port", str(ports["broker"]), "--oxia-port", str(ports["oxia"]),
-         "--s3-port", str(ports["s3"])],
+         "--s3-port", str(ports["s3"]), *more],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
@@ -100,6 +101,39 @@ def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
             client.close()
     finally:
         _stop(proc)
+
+
+def _produced_by(broker_url: str) -> int:
+    text = httpx.get(f"{broker_url}/metrics/prometheus", timeout=10).text
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith('llog_produce_requests_total{status="200"}'))
+
+
+def test_llog_dev_runs_several_brokers_behind_caddy(tmp_path: Path) -> None:
+    data_dir = tmp_path / "dev"
+    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    proc = _start_dev(data_dir, ports, "--brokers", "2")
+    try:
+        output = _wait_ready(proc)
+        assert "2 brokers behind Caddy" in output
+        stack = json.loads((data_dir / "stack.json").read_text())
+        url = f"http://127.0.0.1:{ports['broker']}"
+        assert stack["broker_url"] == url
+        assert stack["proxy"]["kind"] == "caddy" and stack["proxy"]["url"] == url
+        assert [b["name"] for b in stack["brokers"]] == ["b1", "b2"]
+        assert {b["pid"] for b in stack["brokers"]} | {stack["proxy"]["pid"]} <= set(
+            stack["pids"].values())
+        with httpx.Client(base_url=url, timeout=30) as client:
+            for i in range(20):
+                r = client.post("/produce", json={"topic_partitions": [
+                    {"topic": "dev-lb", "partition": 0, "records": [f"r{i}"]}]})
+                assert r.status_code == 200 and r.json()["results"][0]["ok"]
+        # Round robin: both brokers took produce requests.
+        assert all(_produced_by(b["url"]) > 0 for b in stack["brokers"])
+        pids = stack["pids"]
+    finally:
+        _stop(proc)
+    assert not any(_alive(pid) for pid in pids.values()), "a child outlived llog dev"
 
 
 @pytest.mark.parametrize("command", HELP_COMMANDS, ids=lambda c: " ".join(c) or "llog")

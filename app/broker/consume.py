@@ -60,6 +60,13 @@ class ConsumeService:
         self._watch = watch
         self._metrics = metrics
         self._long_polls = anyio.CapacityLimiter(max_long_polls)
+        self._released = False
+
+    def release(self) -> None:
+        """Answer every parked long-poll now, and wait for none from here on (the broker
+        is draining: consumers should move on to another broker)."""
+        self._released = True
+        self._watch.wake_all()
 
     def statistics(self) -> ConsumeStats:
         return ConsumeStats(int(self._long_polls.borrowed_tokens),
@@ -76,7 +83,7 @@ class ConsumeService:
         deadline = time.monotonic() + max_wait_s
         with self._watch.watching([f.tp for f in fetches]) as waiter:
             outcomes = await self._look(fetches, max_bytes)
-            if max_wait_s <= 0 or _enough(outcomes, min_bytes):
+            if max_wait_s <= 0 or self._released or _enough(outcomes, min_bytes):
                 return outcomes
             try:
                 self._long_polls.acquire_nowait()
@@ -90,7 +97,7 @@ class ConsumeService:
                     waiter.arm()  # before the look: a write landing during it wakes us
                     self._metrics.long_poll_wakeups.inc()
                     outcomes = await self._look(fetches, max_bytes)
-                    if _enough(outcomes, min_bytes):
+                    if self._released or _enough(outcomes, min_bytes):
                         break
                 return outcomes
             finally:

@@ -76,6 +76,15 @@ class BrokerState:
         state._register_collectors()
         return state
 
+    async def drain(self) -> None:
+        """Not ready from now on; answer parked long-polls; keep serving for the drain
+        period while load balancers notice (app/drain.py)."""
+        if self.status == "ok":
+            self.status = "stopping"
+        if self.consume is not None:
+            self.consume.release()
+        await anyio.sleep(self.settings.drain_s)
+
     def identity(self) -> dict[str, Any]:
         s = self.settings
         return {"broker_id": s.broker_id, "host": s.host, "port": s.port}

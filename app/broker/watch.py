@@ -95,6 +95,11 @@ class PartitionWatch:
                           len({w for ws in self._waiters.values() for w in ws}),
                           len(self._changes), self.remote_changes)
 
+    def wake_all(self) -> None:
+        for waiters in self._waiters.values():
+            for waiter in waiters:
+                waiter.wake()
+
     def notify(self, tp: TopicPartition) -> None:
         for waiter in self._waiters.get(tp, ()):
             waiter.wake()

@@ -110,6 +110,14 @@ class CompactorService:
     def identity(self) -> dict[str, Any]:
         return {"compactor_id": self.compactor_id}
 
+    async def drain(self) -> None:
+        """Not ready, and no new compaction starts; the running ones finish (app/drain.py)."""
+        if self.status == "ok":
+            self.status = "stopping"
+        if self.scheduler is not None:
+            self.scheduler.stop()
+        await anyio.sleep(self.settings.drain_s)
+
     def metrics_header(self) -> dict[str, Any]:
         s = self.settings
         return {

@@ -1,4 +1,4 @@
-"""Builds the Oxia and MinIO servers from their pinned Go modules and caches the binaries.
+"""Builds Oxia, MinIO and Caddy from their pinned Go modules and caches the binaries.
 
 Each server has a tiny Go module of ours under ``deploy/servers/<name>/`` whose ``go.mod``
 and ``go.sum`` pin the upstream release. The binary is cached as
@@ -81,7 +81,11 @@ OXIA = ServerModule(
     patch=_oxia_serialised_wal_append, patch_version="serialised-wal-append-1",
 )
 MINIO = ServerModule("minio", "github.com/minio/minio", "github.com/minio/minio")
-SERVERS = (OXIA, MINIO)
+# The load balancer of `llog dev --brokers N` and the load-balancer tests: built like the
+# servers, so a fresh machine needs no root (no OS package) to run it.
+CADDY = ServerModule("caddy", "github.com/caddyserver/caddy/v2/cmd/caddy",
+                     "github.com/caddyserver/caddy/v2")
+SERVERS = (OXIA, MINIO, CADDY)
 
 
 def cache_dir() -> Path:

@@ -19,12 +19,13 @@ def broker_process(
     *,
     workers: int = 1,
     host: str = "127.0.0.1",
+    log_level: str = "warning",
 ) -> ManagedProcess:
     """A `llog serve` child with ``env`` (LLOG_* settings) on top of ours."""
     return ManagedProcess(
         name,
         [sys.executable, "-m", "app.cli", "serve", "--host", host, "--port", str(port),
-         "--workers", str(workers), "--log-level", "warning"],
+         "--workers", str(workers), "--log-level", log_level],
         log_path,
         env={**os.environ, **env},
     )

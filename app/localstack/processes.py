@@ -88,6 +88,12 @@ class ManagedProcess:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self._proc.pid, sig)
 
+    def wait(self, timeout: float) -> int:
+        """The exit code, once the process has exited (``TimeoutExpired`` if not)."""
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} is not started")
+        return self._proc.wait(timeout=timeout)
+
     def kill(self) -> None:
         """SIGKILL the whole process group and reap it (crash simulation)."""
         self.signal(signal.SIGKILL)

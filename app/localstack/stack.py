@@ -230,8 +230,9 @@ class LocalStack:
                 f"listens there or choose another port"
             )
 
-    def describe(self, broker_url: str | None = None) -> dict[str, Any]:
-        """The ``stack.json`` document."""
+    def describe(self, broker_url: str | None = None, **more: Any) -> dict[str, Any]:
+        """The ``stack.json`` document; ``more`` adds fields (the brokers and proxy of
+        ``llog dev``)."""
         c = self.config
         return {
             "broker_url": broker_url,
@@ -244,11 +245,12 @@ class LocalStack:
             "s3_secret_key": c.secret_key,
             "root_prefix": c.root_prefix,
             "pids": self.pids(),
+            **more,
         }
 
-    def write_stack_json(self, broker_url: str | None = None) -> Path:
+    def write_stack_json(self, broker_url: str | None = None, **more: Any) -> Path:
         path = self.config.data_dir / "stack.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(self.describe(broker_url), indent=2) + "\n")
+        tmp.write_text(json.dumps(self.describe(broker_url, **more), indent=2) + "\n")
         tmp.replace(path)
         return path

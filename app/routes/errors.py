@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -122,3 +123,27 @@ class BodyLimitMiddleware:
                                 (b"content-length", str(len(body)).encode()),
                                 (b"connection", b"close")]})
         await send({"type": "http.response.body", "body": body})
+
+
+class CloseWhileDraining:
+    """While the service drains, every answer carries ``Connection: close``: a load
+    balancer then opens a new connection for its next request, which goes to another
+    broker, instead of reusing one this broker is about to close (a request sent on a
+    connection the server closes at that moment is lost: a 502 to the client)."""
+
+    def __init__(self, app: ASGIApp, draining: Callable[[], bool]) -> None:
+        self.app = app
+        self.draining = draining
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.draining():
+            await self.app(scope, receive, send)
+            return
+
+        async def closing_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [h for h in message.get("headers", []) if h[0] != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
+            await send(message)
+
+        await self.app(scope, receive, closing_send)

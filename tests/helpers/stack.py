@@ -65,6 +65,7 @@ class Broker:
     url: str
     process: ManagedProcess
     env: dict[str, str]
+    workers: int = 1
 
 
 class BrokerFactory:
@@ -76,14 +77,16 @@ class BrokerFactory:
         self.tmp = logs.parent
         self.started: list[Broker] = []
 
-    def start(self, *, workers: int = 1, **settings: str) -> Broker:
+    def start(self, *, workers: int = 1, log_level: str = "warning", **settings: str
+              ) -> Broker:
         port = free_port()
         broker_id = settings.pop("broker_id", f"b{len(self.started) + 1}-{port}")
+        # No drain period unless a test asks for one: stopping stays quick.
         env = {**self._stack.settings_env(), "LLOG_BROKER_ID": broker_id,
-               "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000"}
+               "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000", "LLOG_DRAIN_S": "0"}
         env.update({f"LLOG_{k.upper()}": v for k, v in settings.items()})
         proc = broker_process(broker_id, port, env, self._logs / f"{broker_id}.log",
-                              workers=workers)
+                              workers=workers, log_level=log_level)
         url = f"http://127.0.0.1:{port}"
         proc.start()
         try:
@@ -91,9 +94,23 @@ class BrokerFactory:
         except BaseException:
             proc.stop()
             raise
-        broker = Broker(url, proc, env)
+        broker = Broker(url, proc, env, workers)
         self.started.append(broker)
         return broker
+
+    def restart(self, broker: Broker) -> Broker:
+        """Stop ``broker`` gracefully (SIGTERM: it drains first) and start it again on
+        the same port with the same settings."""
+        broker.process.stop(timeout=60)
+        port = int(broker.url.rsplit(":", 1)[1])
+        proc = broker_process(broker.env["LLOG_BROKER_ID"], port, broker.env,
+                              self._logs / f"{broker.env['LLOG_BROKER_ID']}-again.log",
+                              workers=broker.workers)
+        proc.start()
+        wait_healthy(proc, broker.url)
+        again = Broker(broker.url, proc, broker.env, broker.workers)
+        self.started.append(again)
+        return again
 
     def stop_all(self) -> None:
         for broker in self.started:

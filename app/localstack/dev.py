@@ -1,0 +1,116 @@
+"""The topology of ``llog dev``: one Oxia and MinIO stack, then either one broker on the
+broker port, or N brokers on free ports behind Caddy on the broker port.
+
+Caddy is the proxy here because it builds from its pinned Go module like the servers, so a
+fresh machine runs it without root; HAProxy and nginx need OS packages. Its configuration
+is the reference one in ``deploy/proxy/Caddyfile.tmpl``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.localstack.broker import broker_process, wait_healthy
+from app.localstack.processes import ManagedProcess, free_port
+from app.localstack.proxy import ProxyConfig, find_binary, proxy_process, wait_serving
+from app.localstack.stack import LocalStack
+from app.settings import Settings
+
+# Brokers of `llog dev` drain for 2 s on SIGTERM: four of Caddy's 500 ms health checks.
+DEV_DRAIN_S = "2"
+
+
+@dataclass
+class DevBroker:
+    name: str
+    url: str
+    process: ManagedProcess
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "url": self.url, "pid": self.process.pid}
+
+
+@dataclass
+class DevTopology:
+    """What ``llog dev`` runs on top of the stack; ``url`` is where clients go."""
+
+    url: str
+    brokers: list[DevBroker] = field(default_factory=list)
+    proxy: ManagedProcess | None = None
+
+    def processes(self) -> list[ManagedProcess]:
+        found = [b.process for b in self.brokers]
+        return [*found, self.proxy] if self.proxy is not None else found
+
+    def stop(self) -> None:
+        """Brokers drain together (each keeps answering while the proxy moves its
+        clients away), then the proxy stops."""
+        for broker in self.brokers:
+            broker.process.signal(signal.SIGTERM)
+        for broker in self.brokers:
+            broker.process.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+    def describe(self) -> dict[str, Any]:
+        """The ``brokers`` and ``proxy`` fields of stack.json."""
+        proxy = None
+        if self.proxy is not None:
+            proxy = {"kind": "caddy", "url": self.url, "pid": self.proxy.pid}
+        return {"brokers": [b.describe() for b in self.brokers], "proxy": proxy}
+
+
+def _broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
+    return {
+        **stack.settings_env(),
+        "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev")
+        + ("" if name == "broker" else f"-{name}"),
+        "LLOG_ROLES": "write,read,compact",
+        "LLOG_TAIL_CACHE_DIR": str(data_dir / "tail-cache" / name),
+        "LLOG_DRAIN_S": os.environ.get("LLOG_DRAIN_S", DEV_DRAIN_S),
+    }
+
+
+def start_topology(stack: LocalStack, data_dir: Path, port: int, brokers: int
+                   ) -> DevTopology:
+    """Start the brokers (and the proxy when there are several) and wait until clients
+    get answers on ``port``. Every process is also in ``stack.extra``, so
+    ``stack.stop()`` stops whatever :meth:`DevTopology.stop` did not."""
+    if brokers == 1:
+        ports = {"broker": port}
+    else:
+        ports = {f"b{i}": free_port() for i in range(1, brokers + 1)}
+    topology = DevTopology(url=f"http://127.0.0.1:{port}")
+    for name, broker_port in ports.items():
+        url = f"http://127.0.0.1:{broker_port}"
+        proc = broker_process(name, broker_port, _broker_env(stack, data_dir, name),
+                              data_dir / "logs" / f"{name}.log")
+        stack.extra[name] = proc
+        proc.start()
+        topology.brokers.append(DevBroker(name, url, proc))
+    for broker in topology.brokers:
+        wait_healthy(broker.process, broker.url)
+    if brokers > 1:
+        topology.proxy = _start_proxy(stack, data_dir, port, list(ports.values()))
+    return topology
+
+
+def _start_proxy(stack: LocalStack, data_dir: Path, port: int, upstreams: list[int]
+                 ) -> ManagedProcess:
+    binary = find_binary("caddy")
+    assert binary is not None, "Caddy is built from its module; it is never missing"
+    config = ProxyConfig(
+        kind="caddy", listen_port=port,
+        upstreams=[("127.0.0.1", p) for p in upstreams],
+        max_request_bytes=Settings.from_env().max_request_bytes,
+        run_dir=data_dir / "proxy",
+    )
+    proc = proxy_process(config, binary)
+    stack.extra["proxy"] = proc
+    proc.start()
+    wait_serving(proc, config)
+    return proc
