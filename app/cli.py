@@ -161,8 +161,12 @@ def cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llog", description="leaderless-log broker tools")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from app.cli_client import ArgumentParser, add_client_commands, version_text
+
+    parser = ArgumentParser(prog="llog", description="leaderless-log broker tools")
+    parser.add_argument("--version", action="version", version=version_text())
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    add_client_commands(sub)
 
     dev = sub.add_parser("dev", help="run Oxia, MinIO and a broker on loopback (foreground)")
     dev.add_argument("--port", type=int, default=8080, help="broker port (default 8080)")
