@@ -190,7 +190,9 @@ def _value_batches(args: argparse.Namespace) -> Iterator[list[bytes]]:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
-    progress = Progress(sys.stderr, "llog produce")
+    # Offsets printed on the same terminal would be torn by the progress line.
+    progress = Progress(sys.stderr, "llog produce", enabled=sys.stderr.isatty() and not (
+        args.print_offsets and sys.stdout.isatty()))
     with _client(args) as llog:
         try:
             for values in _value_batches(args):
@@ -213,16 +215,23 @@ def _print_batches(batches: Sequence[Any]) -> None:
 # -- consume and tail --------------------------------------------------------------
 
 
-def _start(text: str) -> Start:
-    if text in ("earliest", "latest"):
-        return text  # type: ignore[return-value]
+def _number(text: str, least: int) -> int:
     try:
-        offset = int(text)
+        value = int(text)
     except ValueError:
-        offset = -1
-    if offset < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected earliest, latest or an offset")
-    return offset
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least "
+                                         f"{least}")
+    return value
+
+
+def _start(text: str) -> Start:
+    if text == "earliest":
+        return "earliest"
+    if text == "latest":
+        return "latest"
+    return _number(text, 0)
 
 
 def _text_or_base64(data: bytes, text: str, b64: str) -> dict[str, str]:
@@ -294,15 +303,7 @@ def cmd_tail(args: argparse.Namespace) -> int:
 
 
 def _limit(text: str) -> int | str:
-    if text == "none":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected a positive number or none")
-    return value
+    return text if text == "none" else _number(text, 1)
 
 
 _TOPIC_COLUMNS = ("topic", "partitions", "retention_ms", "retention_bytes", "max_record_bytes")
@@ -440,7 +441,7 @@ def _add_produce(sub: Any) -> None:
 def _add_reading_options(p: argparse.ArgumentParser, wait_ms: int) -> None:
     p.add_argument("topic", metavar="TOPIC")
     p.add_argument("--partition", type=int, default=0, metavar="N")
-    p.add_argument("--count", type=int, default=None, metavar="N",
+    p.add_argument("--count", type=lambda text: _number(text, 1), default=None, metavar="N",
                    help="stop after N records (default: no limit)")
     p.add_argument("--format", choices=("value", "json"), default="value",
                    help="value: each value on a line; json: JSON lines with offset, key, "
@@ -465,7 +466,7 @@ def _add_tail(sub: Any) -> None:
                  description="Print the last records of one partition; with -f, keep "
                              "printing those that arrive.")
     _add_reading_options(p, 10_000)
-    p.add_argument("-n", "--lines", type=int, default=10, metavar="N",
+    p.add_argument("-n", "--lines", type=lambda text: _number(text, 0), default=10, metavar="N",
                    help="how many of the last records to print first")
 
 
