@@ -4,7 +4,7 @@
 # All configuration comes from LLOG_* environment variables (see app/settings.py);
 # the image contains no configuration files.
 
-FROM python:3.11-slim
+FROM python:3.11-slim-bookworm
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
@@ -29,7 +29,8 @@ WORKDIR /home/llog
 
 EXPOSE 8080
 
+# Ready, not merely alive: /health/ready answers 503 while the broker starts or drains.
 HEALTHCHECK --interval=10s --timeout=5s --start-period=20s --retries=3 \
-    CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=3).status == 200 else 1)"]
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health/ready', timeout=3)"]
 
 CMD ["llog", "serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -10,6 +10,7 @@ import sys
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from app.settings import Settings, SettingsError
 
@@ -162,7 +163,7 @@ def _positive(text: str) -> int:
     return value
 
 
-def _add_dev_and_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_dev_and_serve(sub: Any) -> None:
     dev = sub.add_parser("dev", help="run Oxia, MinIO and a broker on loopback (foreground)")
     dev.add_argument("--port", type=int, default=8080,
                      help="where clients connect: the broker, or the proxy in front of "
@@ -192,9 +193,12 @@ def _add_dev_and_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser])
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="llog", description="leaderless-log broker tools")
-    sub = parser.add_subparsers(dest="command", required=True)
+    from app.cli_client import ArgumentParser, add_client_commands, version_text
 
+    parser = ArgumentParser(prog="llog", description="leaderless-log broker tools")
+    parser.add_argument("--version", action="version", version=version_text())
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    add_client_commands(sub)
     _add_dev_and_serve(sub)
 
     compactor = sub.add_parser("compactor", help="run the standalone compaction service")

@@ -9,7 +9,7 @@ if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
   exit 1
 fi
 if ! command -v go >/dev/null 2>&1; then
-  echo "the Go toolchain is needed to build Oxia and MinIO: install Go 1.24+ and retry" >&2
+  echo "the Go toolchain is needed to build Oxia, MinIO and Caddy: install Go 1.26+ and retry" >&2
   exit 1
 fi
 if ! command -v java >/dev/null 2>&1; then

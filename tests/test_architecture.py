@@ -50,6 +50,9 @@ def test_the_engine_knows_nothing_above_it() -> None:
     assert graph["storage"] <= {"errors", "settings"}
     assert graph["errors"] == set()
     assert "broker" not in graph["compaction"] and "routes" not in graph["compaction"]
+    # The client speaks HTTP only, so it can be vendored into any program.
+    assert graph["client"] == set()
+    assert graph["cli_client"] <= {"client"}
 
 
 def test_functions_are_short_or_say_why() -> None:

@@ -35,7 +35,7 @@ def parse_duration_ms(text: str) -> int:
 
 
 def base_parser(job: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"python -m jobs.spark.{job}",
+    parser = argparse.ArgumentParser(prog=f"llog spark {job}",
                                      description=description)
     parser.add_argument("--master", default=None,
                         help="Spark master URL (default local[*]; under spark-submit, "

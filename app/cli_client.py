@@ -1,0 +1,509 @@
+"""``llog produce``, ``llog consume``, ``llog tail`` and ``llog topics``: the broker's
+client on the command line (in the manner of kcat), built on :mod:`app.client`.
+
+Records go to stdout, one a line (``--format value``) or as JSON lines
+(``--format json``); messages and progress go to stderr, progress only when stderr is
+a terminal and the records are not being written to one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import select
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import IO, TYPE_CHECKING, Any, TextIO
+
+from app.client.config import BROKER_URL_ENV, DEFAULT_BROKER_URL, version
+
+if TYPE_CHECKING:
+    from app.client import ConsumedRecord, LlogClient
+    from app.client.models import RecordLike, Start
+
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+READ_CHUNK_BYTES = 1024 * 1024
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Shows each option's default, unless its help already speaks of it."""
+
+    def _format_action(self, action: argparse.Action) -> str:
+        if action.help is None and _has_default(action):
+            action = copy.copy(action)
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "(default" in text or "%(default)" in text or not _has_default(action):
+            return action.help
+        return f"{text} (default: %(default)s)"
+
+
+def _has_default(action: argparse.Action) -> bool:
+    default = action.default
+    return (bool(action.option_strings) and default is not None and default is not False
+            and default is not argparse.SUPPRESS and default != [])
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """The parser of every ``llog`` subcommand: its help shows the defaults.
+
+    ``trailing_values``, when set, names a list that also takes the positional
+    arguments given after options (``llog produce T --key k v1 v2``): argparse fills a
+    ``*`` positional once, at its first chance, and would refuse ``v1 v2``. Values that
+    start with ``-`` follow a ``--``."""
+
+    trailing_values: str | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        if self.trailing_values is None or not rest:
+            return parsed, rest
+        cut = rest.index("--") if "--" in rest else len(rest)
+        values = [a for a in rest[:cut] if not a.startswith("-")] + rest[cut + 1:]
+        getattr(parsed, self.trailing_values).extend(values)
+        return parsed, [a for a in rest[:cut] if a.startswith("-")]
+
+
+def version_text() -> str:
+    return f"llog {version()}"
+
+
+# -- progress ----------------------------------------------------------------------
+
+
+class Progress:
+    """Records/s and MiB/s on a terminal, redrawn in place at most every ``interval_s``;
+    nothing at all anywhere else, and nothing for a transfer shorter than that."""
+
+    def __init__(self, stream: TextIO, label: str, *, enabled: bool | None = None,
+                 clock: Callable[[], float] = time.monotonic, interval_s: float = 0.5) -> None:
+        self._stream = stream
+        self._label = label
+        self._enabled = stream.isatty() if enabled is None else enabled
+        self._clock = clock
+        self._interval_s = interval_s
+        self._started = clock()
+        self._drawn_at: float | None = None
+        self.records = 0
+        self.bytes = 0
+
+    def add(self, records: int, nbytes: int) -> None:
+        self.records += records
+        self.bytes += nbytes
+        if not self._enabled:
+            return
+        now = self._clock()
+        if now - (self._drawn_at or self._started) >= self._interval_s:
+            self._draw(now, end="")
+
+    def finish(self) -> None:
+        if self._enabled and self._drawn_at is not None:
+            self._draw(self._clock(), end="\n")
+
+    def _draw(self, now: float, end: str) -> None:
+        elapsed = max(now - self._started, 1e-9)
+        mib = self.bytes / (1024 * 1024)
+        self._stream.write(f"\r{self._label}: {self.records} records, {mib:.1f} MiB, "
+                           f"{self.records / elapsed:.0f} records/s, "
+                           f"{mib / elapsed:.2f} MiB/s\x1b[K{end}")
+        self._stream.flush()
+        self._drawn_at = now
+
+
+# -- reading values ------------------------------------------------------------------
+
+
+def _ready(fd: int) -> bool:
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def _read_available(fd: int, limit: int) -> bytes:
+    """At least one byte (blocking for it), then whatever else is there at once, up to
+    ``limit``: a pipe fed by a person is sent line by line, a file in large batches."""
+    parts = [os.read(fd, limit)]
+    size = len(parts[0])
+    while parts[-1] and size < limit and _ready(fd):
+        parts.append(os.read(fd, limit - size))
+        size += len(parts[-1])
+    return b"".join(parts)
+
+
+def read_lines(fd: int, limit: int = READ_CHUNK_BYTES) -> Iterator[list[bytes]]:
+    """The lines of ``fd`` (without their newline) in batches, as they become available."""
+    tail = b""
+    while block := _read_available(fd, limit):
+        lines = (tail + block).split(b"\n")
+        tail = lines.pop()
+        if lines:
+            yield lines
+    if tail:
+        yield [tail]
+
+
+# -- produce -----------------------------------------------------------------------
+
+
+def _header(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected NAME=VALUE")
+    return name, value
+
+
+def _records(values: Sequence[bytes], args: argparse.Namespace) -> list[RecordLike]:
+    from app.client import Record
+
+    if args.key is None and not args.header and args.timestamp_ms is None:
+        return list(values)
+    return [Record(v, key=args.key, headers=args.header, timestamp_ms=args.timestamp_ms)
+            for v in values]
+
+
+def _value_batches(args: argparse.Namespace) -> Iterator[list[bytes]]:
+    if args.values:
+        if args.file is not None:
+            raise ValueError("give values as arguments or with --file, not both")
+        yield [os.fsencode(v) for v in args.values]
+        return
+    if args.file is None or args.file == "-":
+        yield from read_lines(sys.stdin.fileno())
+        return
+    with open(args.file, "rb") as source:
+        yield from read_lines(source.fileno())
+
+
+def cmd_produce(args: argparse.Namespace) -> int:
+    # Offsets printed on the same terminal would be torn by the progress line.
+    progress = Progress(sys.stderr, "llog produce", enabled=sys.stderr.isatty() and not (
+        args.print_offsets and sys.stdout.isatty()))
+    with _client(args) as llog:
+        try:
+            for values in _value_batches(args):
+                result = llog.produce(args.topic, _records(values, args),
+                                      partition=args.partition)
+                progress.add(result.count, sum(len(v) for v in values))
+                if args.print_offsets:
+                    _print_batches(result.batches)
+        finally:
+            progress.finish()
+    return 0
+
+
+def _print_batches(batches: Sequence[Any]) -> None:
+    for batch in batches:
+        row = {k: v for k, v in dataclasses.asdict(batch).items() if k != "first_index"}
+        print(json.dumps(row), flush=True)
+
+
+# -- consume and tail --------------------------------------------------------------
+
+
+def _number(text: str, least: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a whole number of at least "
+                                         f"{least}")
+    return value
+
+
+def _start(text: str) -> Start:
+    if text == "earliest":
+        return "earliest"
+    if text == "latest":
+        return "latest"
+    return _number(text, 0)
+
+
+def _text_or_base64(data: bytes, text: str, b64: str) -> dict[str, str]:
+    import base64
+
+    try:
+        return {text: data.decode()}
+    except UnicodeDecodeError:
+        return {b64: base64.b64encode(data).decode()}
+
+
+def record_json(record: ConsumedRecord) -> dict[str, Any]:
+    """A record as one JSON object: the HTTP API's own shape, plus topic and partition;
+    ``key`` (or ``key_base64``), ``headers`` and the times are always present."""
+    out: dict[str, Any] = {"topic": record.topic, "partition": record.partition,
+                           "offset": record.offset}
+    out.update(_text_or_base64(record.value, "value", "base64"))
+    out.update({"key": None} if record.key is None
+               else _text_or_base64(record.key, "key", "key_base64"))
+    out["headers"] = [{"name": n, **_text_or_base64(v, "value", "base64")}
+                      for n, v in record.headers]
+    out["timestamp_ms"] = record.timestamp_ms
+    out["append_time_ms"] = record.append_time_ms
+    return out
+
+
+def _write_record(out: IO[bytes], record: ConsumedRecord, fmt: str) -> None:
+    if fmt == "json":
+        out.write(json.dumps(record_json(record), ensure_ascii=False).encode() + b"\n")
+    else:
+        out.write(record.value + b"\n")
+
+
+def _show(llog: LlogClient, args: argparse.Namespace, start: Start, follow: bool) -> int:
+    out = sys.stdout.buffer
+    progress = Progress(sys.stderr, f"llog {args.command}",
+                        enabled=sys.stderr.isatty() and not sys.stdout.isatty())
+    left = args.count
+    try:
+        for fetched in llog.iter_batches(args.topic, args.partition, start, follow=follow,
+                                         max_wait_ms=args.max_wait_ms):
+            records = fetched.records[:left] if left is not None else fetched.records
+            for record in records:
+                _write_record(out, record, args.format)
+            out.flush()
+            progress.add(len(records), sum(len(r.value) for r in records))
+            if left is not None:
+                left -= len(records)
+                if left <= 0:
+                    break
+    finally:
+        progress.finish()
+    return 0
+
+
+def cmd_consume(args: argparse.Namespace) -> int:
+    with _client(args) as llog:
+        return _show(llog, args, args.start, args.follow)
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    with _client(args) as llog:
+        where = llog.offsets(args.topic, args.partition)
+        start = max(where.log_start_offset, where.high_watermark + 1 - args.lines)
+        return _show(llog, args, start, args.follow)
+
+
+# -- topics ------------------------------------------------------------------------
+
+
+def _limit(text: str) -> int | str:
+    return text if text == "none" else _number(text, 1)
+
+
+_TOPIC_COLUMNS = ("topic", "partitions", "retention_ms", "retention_bytes", "max_record_bytes")
+_PARTITION_COLUMNS = ("partition", "log_start_offset", "high_watermark", "retained_bytes",
+                      "last_append_ms")
+
+
+def _table(rows: Sequence[Any], columns: Sequence[str]) -> str:
+    cells = [[c.upper() for c in columns]] + [
+        ["-" if getattr(r, c) is None else str(getattr(r, c)) for c in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip()
+                     for row in cells)
+
+
+def _print_topics(args: argparse.Namespace, found: Any) -> None:
+    if args.format == "json":
+        data = ([dataclasses.asdict(t) for t in found] if isinstance(found, list)
+                else dataclasses.asdict(found))
+        print(json.dumps(data, indent=2))
+        return
+    rows = found if isinstance(found, list) else [found]
+    print(_table(rows, _TOPIC_COLUMNS))
+    if hasattr(found, "partition_states"):
+        print()
+        print(_table(found.partition_states, _PARTITION_COLUMNS))
+
+
+def _topic_call(llog: LlogClient, args: argparse.Namespace) -> Any:
+    from app.client import UNSET
+
+    action = args.action
+    if action == "list":
+        return llog.list_topics()
+    if action == "create":
+        return llog.create_topic(args.name, args.partitions, retention_ms=args.retention_ms,
+                                 retention_bytes=args.retention_bytes,
+                                 max_record_bytes=args.max_record_bytes)
+    if action == "describe":
+        return llog.describe_topic(args.name)
+    if action == "delete":
+        return llog.delete_topic(args.name)
+    limits: dict[str, object] = {}
+    for name in ("retention_ms", "retention_bytes", "max_record_bytes"):
+        given = getattr(args, name)  # None: not given; "none": clear the limit
+        limits[name] = UNSET if given is None else None if given == "none" else given
+    return llog.update_topic(args.name, partitions=args.partitions, **limits)
+
+
+def cmd_topics(args: argparse.Namespace) -> int:
+    with _client(args) as llog:
+        _print_topics(args, _topic_call(llog, args))
+    return 0
+
+
+# -- running -----------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> LlogClient:
+    from app.client import LlogClient
+
+    return LlogClient(args.broker, timeout_s=args.timeout)
+
+
+def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a client command: its errors become a message and an exit code."""
+    from app.client import LlogError
+
+    name = f"llog {args.command}"
+    try:
+        return command(args)
+    except LlogError as exc:
+        written = sum(b.count for b in exc.produced)
+        note = f" ({written} records were acknowledged before)" if written else ""
+        print(f"{name}: {exc}{note}", file=sys.stderr)
+        return EXIT_FAILED
+    except (ValueError, OSError) as exc:
+        if isinstance(exc, BrokenPipeError):
+            return _reader_left()
+        print(f"{name}: {exc}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, ValueError) else EXIT_FAILED
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _reader_left() -> int:
+    """The reader of stdout went away (``| head``): stop quietly, as cat does."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    with contextlib.suppress(OSError):
+        os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
+# -- the parsers ---------------------------------------------------------------------
+
+def _connection() -> ArgumentParser:
+    common = ArgumentParser(add_help=False)
+    common.add_argument("--broker", metavar="URL",
+                        default=os.environ.get(BROKER_URL_ENV) or DEFAULT_BROKER_URL,
+                        help=f"broker URL, or several separated by commas; "
+                             f"${BROKER_URL_ENV} sets the default")
+    common.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                        help="time limit of one request, beyond a long-poll's wait")
+    return common
+
+
+def _command(sub: Any, name: str, command: Callable[[argparse.Namespace], int],
+             **kwargs: Any) -> ArgumentParser:
+    parser: ArgumentParser = sub.add_parser(name, parents=[_connection()], **kwargs)
+    parser.set_defaults(func=lambda args: run(command, args))
+    return parser
+
+
+def _add_produce(sub: Any) -> None:
+    p = _command(sub, "produce", cmd_produce, help="append records (arguments, stdin or a file)",
+                 description="Append records: the VALUEs, else each line of --file, else "
+                             "each line of stdin. Many records go in one request, each "
+                             "batch with an idempotency key, so retries never duplicate.")
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("values", metavar="VALUE", nargs="*", help="record values")
+    p.trailing_values = "values"
+    p.add_argument("--partition", type=int, default=None, metavar="N",
+                   help="the partition (default: the key's partition with --key, else 0)")
+    p.add_argument("--key", default=None, help="key of every record")
+    p.add_argument("--header", type=_header, action="append", default=[],
+                   metavar="NAME=VALUE", help="a header of every record (repeatable)")
+    p.add_argument("--timestamp-ms", type=int, default=None, metavar="MS",
+                   help="the producer's timestamp of every record")
+    p.add_argument("--file", metavar="PATH", default=None,
+                   help="read values from the lines of PATH ('-': stdin)")
+    p.add_argument("--print-offsets", action="store_true",
+                   help="print each acknowledged batch as a JSON line")
+
+
+def _add_reading_options(p: argparse.ArgumentParser, wait_ms: int) -> None:
+    p.add_argument("topic", metavar="TOPIC")
+    p.add_argument("--partition", type=int, default=0, metavar="N")
+    p.add_argument("--count", type=lambda text: _number(text, 1), default=None, metavar="N",
+                   help="stop after N records (default: no limit)")
+    p.add_argument("--format", choices=("value", "json"), default="value",
+                   help="value: each value on a line; json: JSON lines with offset, key, "
+                        "headers and timestamps")
+    p.add_argument("--max-wait-ms", type=int, default=wait_ms, metavar="MS",
+                   help="longest wait of one long-poll while following")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep waiting for new records (Ctrl-C stops)")
+
+
+def _add_consume(sub: Any) -> None:
+    p = _command(sub, "consume", cmd_consume, help="print records of a partition",
+                 description="Print the records of one partition from --from to the end "
+                             "(with -f: and then those that arrive).")
+    _add_reading_options(p, 10_000)
+    p.add_argument("--from", dest="start", type=_start, default="earliest",
+                   metavar="earliest|latest|OFFSET", help="where to start")
+
+
+def _add_tail(sub: Any) -> None:
+    p = _command(sub, "tail", cmd_tail, help="print the last records (-f: and follow)",
+                 description="Print the last records of one partition; with -f, keep "
+                             "printing those that arrive.")
+    _add_reading_options(p, 10_000)
+    p.add_argument("-n", "--lines", type=lambda text: _number(text, 0), default=10, metavar="N",
+                   help="how many of the last records to print first")
+
+
+def _topic_format() -> ArgumentParser:
+    common = ArgumentParser(add_help=False)
+    common.add_argument("--format", choices=("text", "json"), default="text")
+    return common
+
+
+def _add_topics(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "topics", help="list, create, describe, update or delete topics",
+        description="Topic administration.")
+    p.set_defaults(func=lambda args: run(cmd_topics, args))
+    parents = [_connection(), _topic_format()]
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True,
+                               parser_class=ArgumentParser)
+    actions.add_parser("list", help="the topics", parents=parents)
+    create = actions.add_parser("create", help="create a topic", parents=parents)
+    create.add_argument("name", metavar="TOPIC")
+    create.add_argument("--partitions", type=int, default=1, metavar="N")
+    update = actions.add_parser("update", help="change retention, limits or partitions",
+                                parents=parents,
+                                description="Change only what is given; 'none' clears a "
+                                            "limit; partitions only grow.")
+    update.add_argument("name", metavar="TOPIC")
+    update.add_argument("--partitions", type=int, default=None, metavar="N",
+                        help="grow to N partitions (default: unchanged)")
+    for parser, limit_type, default in ((create, int, "no limit"), (update, _limit, "unchanged")):
+        for flag in ("--retention-ms", "--retention-bytes", "--max-record-bytes"):
+            parser.add_argument(flag, type=limit_type, default=None, metavar="N",
+                                help=f"(default: {default})")
+    for name, text in (("describe", "a topic and its partitions"), ("delete", "delete a topic")):
+        actions.add_parser(name, help=text, parents=parents).add_argument("name", metavar="TOPIC")
+
+
+def add_client_commands(sub: Any) -> None:
+    """Register produce, consume, tail and topics on ``llog``'s subcommands."""
+    for add in (_add_produce, _add_consume, _add_tail, _add_topics):
+        add(sub)

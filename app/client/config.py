@@ -1,0 +1,88 @@
+"""What the sync and the async client share: the brokers, the settings of a client, and
+the translation between httpx and the operations' replies."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from importlib import metadata
+
+import httpx
+
+from app.client.batching import KeySource
+from app.client.ops import Send
+from app.client.retry import ProduceLimits, RetryPolicy
+from app.client.wire import Broken, Reply, parse_retry_after
+
+DEFAULT_BROKER_URL = "http://127.0.0.1:8080"
+BROKER_URL_ENV = "LLOG_BROKER_URL"
+# Failures that prove the request never left: retrying them cannot write twice.
+_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+
+
+def version() -> str:
+    try:
+        return metadata.version("leaderless-log")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def broker_urls(brokers: str | Sequence[str] | None) -> list[str]:
+    """The brokers to use: as given (one URL, a comma-separated list or a sequence),
+    else ``LLOG_BROKER_URL``, else the local default."""
+    if brokers is None:
+        brokers = os.environ.get(BROKER_URL_ENV) or DEFAULT_BROKER_URL
+    given = brokers.split(",") if isinstance(brokers, str) else list(brokers)
+    urls = [u.strip().rstrip("/") for u in given if u.strip()]
+    if not urls:
+        raise ValueError("no broker URL given")
+    for url in urls:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"{url!r} is not an http:// or https:// URL")
+    return urls
+
+
+@dataclass
+class ClientConfig:
+    """Brokers are equal (any serves any partition); the client starts with the first
+    and moves to the next one whenever it pauses to retry."""
+
+    brokers: list[str]
+    timeout_s: float
+    retry: RetryPolicy
+    limits: ProduceLimits
+    keys: KeySource = field(default_factory=KeySource)
+    current: int = 0
+
+    def url(self, path: str) -> str:
+        return self.brokers[self.current % len(self.brokers)] + path
+
+    def next_broker(self) -> None:
+        self.current = (self.current + 1) % len(self.brokers)
+
+    def timeout(self, send: Send) -> httpx.Timeout:
+        return httpx.Timeout(self.timeout_s + send.wait_s, connect=min(self.timeout_s, 10.0))
+
+    def headers(self, send: Send) -> dict[str, str]:
+        return {"content-type": "application/json"} if send.content is not None else {}
+
+
+def user_agent() -> dict[str, str]:
+    return {"user-agent": f"llog-python/{version()}"}
+
+
+def reply_of(response: httpx.Response) -> Reply:
+    try:
+        body = json.loads(response.content) if response.content else None
+    except ValueError:
+        body = None
+    return Reply(status=response.status_code, body=body,
+                 retry_after_s=parse_retry_after(response.headers.get("retry-after")),
+                 text=response.text if body is None else "")
+
+
+def broken_of(exc: httpx.TransportError) -> Broken:
+    return Broken(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
+                  maybe_sent=not isinstance(exc, _NOT_SENT))

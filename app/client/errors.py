@@ -1,0 +1,238 @@
+"""Every error the client raises, as one tree that mirrors the broker's ``error_type``
+names (docs/http-api.md, Errors), plus two of its own for what never reached a broker's
+answer.
+
+Each error carries what a caller needs to act on it:
+
+- ``error_type``: the broker's name for it (for a name this client does not know yet,
+  the nearest class is raised and ``error_type`` keeps the broker's name);
+- ``retriable``: sending the same request again may succeed (the client already did,
+  up to its :class:`~app.client.retry.RetryPolicy`, before raising);
+- ``maybe_written``: for a produce, the records may have been committed although that
+  could not be confirmed;
+- ``status``: the HTTP status of the answer, if there was one;
+- ``topic``/``partition``: for a per-partition failure;
+- ``produced``: for a produce, the batches acknowledged before the failure.
+
+::
+
+    LlogError
+    ├── RequestError                 the request must change
+    │   ├── InvalidRequest           400
+    │   ├── PayloadTooLarge          413
+    │   ├── OffsetOutOfRange         the fetch offset is outside log start .. hw + 1
+    │   ├── UnknownTopic             404
+    │   ├── UnknownPartition         404
+    │   ├── TopicExists              409
+    │   ├── NotFound                 404 (unknown path)
+    │   ├── MethodNotAllowed         405
+    │   └── HTTPError                another 4xx
+    ├── Unavailable                  refused before anything was written; retriable
+    │   ├── BackPressureRejected
+    │   ├── ShuttingDown
+    │   └── RoleDisabled
+    ├── StorageError
+    │   ├── StorageUnavailable       retriable
+    │   ├── CorruptData
+    │   ├── ObjectMissing
+    │   └── LogGap
+    ├── AppendError                  one partition's append was not acknowledged
+    │   ├── PartitionFenced
+    │   ├── CommitConflict           retriable
+    │   ├── CommitExpired            retriable
+    │   └── CommitInDoubt            retriable, maybe written
+    └── ClientError                  no usable answer from a broker
+        ├── TransportError           connection refused, cut or timed out; retriable
+        └── UnexpectedResponse       an answer outside the contract (e.g. a proxy's 502)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.client.models import ProducedBatch
+
+
+class LlogError(Exception):
+    """Base class of every error the client raises."""
+
+    retriable: bool = False
+    maybe_written: bool = False
+
+    def __init__(self, message: str, *, error_type: str | None = None,
+                 status: int | None = None, retriable: bool | None = None,
+                 maybe_written: bool | None = None, retry_after_s: float | None = None,
+                 topic: str | None = None, partition: int | None = None,
+                 details: Sequence[tuple[str, str]] = ()) -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_type = error_type or type(self).__name__
+        self.status = status
+        # The broker's own flags win over the class defaults: it knows the case.
+        if retriable is not None:
+            self.retriable = retriable
+        if maybe_written is not None:
+            self.maybe_written = maybe_written
+        self.retry_after_s = retry_after_s
+        self.topic = topic
+        self.partition = partition
+        self.details = tuple(details)
+        self.produced: tuple[ProducedBatch, ...] = ()
+
+    def __str__(self) -> str:
+        where = f"{self.topic}/{self.partition}: " if self.topic is not None else ""
+        return f"{self.error_type}: {where}{self.message}"
+
+
+class RequestError(LlogError):
+    """The request must change; nothing was written."""
+
+
+class InvalidRequest(RequestError):
+    """Malformed or invalid input."""
+
+
+class PayloadTooLarge(RequestError):
+    """Over a size or count limit of the broker or the topic."""
+
+
+class OffsetOutOfRange(RequestError):
+    """The fetch offset is beyond the high watermark + 1 or below the log start;
+    ``log_start_offset`` and ``high_watermark`` say where the log is."""
+
+    log_start_offset: int | None = None
+    high_watermark: int | None = None
+
+
+class UnknownTopic(RequestError):
+    """No such topic (and the broker does not create topics on use)."""
+
+
+class UnknownPartition(RequestError):
+    """The topic has no partition of that number."""
+
+
+class TopicExists(RequestError):
+    """A topic of that name exists already."""
+
+
+class NotFound(RequestError):
+    """Unknown path: the URL does not point at a leaderless-log broker (or its API)."""
+
+
+class MethodNotAllowed(RequestError):
+    """Wrong method for the path."""
+
+
+class HTTPError(RequestError):
+    """Another refusal by the broker's HTTP layer."""
+
+
+class Unavailable(LlogError):
+    """Refused before anything was written; the same request may be sent again."""
+
+    retriable = True
+
+
+class BackPressureRejected(Unavailable):
+    """The broker's produce buffer is full."""
+
+
+class ShuttingDown(Unavailable):
+    """The broker is draining; another broker will take the request."""
+
+
+class RoleDisabled(Unavailable):
+    """That broker process does not serve the operation."""
+
+
+class StorageError(LlogError):
+    """Oxia or S3 failed, or what they hold does not verify."""
+
+
+class StorageUnavailable(StorageError):
+    """Oxia or S3 failed or timed out; for a produce, nothing was committed."""
+
+    retriable = True
+
+
+class CorruptData(StorageError):
+    """Stored bytes fail to decode or verify."""
+
+
+class ObjectMissing(StorageError):
+    """An object an index entry points at is gone."""
+
+
+class LogGap(StorageError):
+    """No index entry covers a committed offset."""
+
+
+class AppendError(LlogError):
+    """One partition's append was not acknowledged."""
+
+
+class PartitionFenced(AppendError):
+    """An operator disabled appends to the partition."""
+
+
+class CommitConflict(AppendError):
+    """Other writers kept winning the compare-and-set; nothing was committed."""
+
+    retriable = True
+
+
+class CommitExpired(AppendError):
+    """The records waited past the commit horizon; nothing was committed."""
+
+    retriable = True
+
+
+class CommitInDoubt(AppendError):
+    """The broker could not settle whether the records were committed."""
+
+    retriable = True
+    maybe_written = True
+
+
+class ClientError(LlogError):
+    """No usable answer came from a broker."""
+
+
+class TransportError(ClientError):
+    """The connection was refused, cut or timed out. ``maybe_written`` is set when the
+    request may have reached the broker before that."""
+
+    retriable = True
+
+
+class UnexpectedResponse(ClientError):
+    """An answer outside the contract: another status, or a body that is not the
+    documented JSON (a proxy's error page, say). Retriable when the status is 5xx."""
+
+
+def _leaves(cls: type[LlogError]) -> dict[str, type[LlogError]]:
+    out: dict[str, type[LlogError]] = {}
+    for sub in cls.__subclasses__():
+        out[sub.__name__] = sub
+        out.update(_leaves(sub))
+    return out
+
+
+# The broker's error_type names, and the client's own, to their classes.
+ERROR_CLASSES: dict[str, type[LlogError]] = _leaves(LlogError)
+
+
+def error_class(error_type: str | None, status: int | None) -> type[LlogError]:
+    """The class for a broker's ``error_type``; for a name not known here, the nearest
+    class by status (a later broker may add names)."""
+    known = ERROR_CLASSES.get(error_type or "")
+    if known is not None and not issubclass(known, ClientError):
+        return known
+    if status == 503:
+        return Unavailable
+    if status is not None and 400 <= status < 500:
+        return RequestError
+    return LlogError

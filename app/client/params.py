@@ -1,0 +1,51 @@
+"""Arguments both clients take the same way."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+from app.client.models import Record, RecordLike
+
+DEFAULT_FETCH_BYTES: Final = 4 * 1024 * 1024
+# A long-poll well under the broker's ceiling (LLOG_MAX_WAIT_MS_CEILING, 30 s by default).
+DEFAULT_WAIT_MS: Final = 10_000
+
+
+class _Unset:
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()  # "leave as it is", where None means "clear"
+
+
+def as_records(records: Iterable[RecordLike] | RecordLike) -> Iterable[RecordLike]:
+    """One record is a record, not an iterable of characters or byte values."""
+    if isinstance(records, str | bytes | Record):
+        return [records]
+    return records
+
+
+def topic_config(retention_ms: int | None, retention_bytes: int | None,
+                 max_record_bytes: int | None) -> dict[str, int | None]:
+    return {"retention_ms": retention_ms, "retention_bytes": retention_bytes,
+            "max_record_bytes": max_record_bytes}
+
+
+def topic_changes(partitions: int | None, retention_ms: object, retention_bytes: object,
+                  max_record_bytes: object) -> dict[str, int | None]:
+    """The fields of a topic update that were given (``partitions`` when not None, the
+    limits when not :data:`UNSET`), checked to be numbers or None."""
+    wanted: Mapping[str, object] = {
+        "partitions": UNSET if partitions is None else partitions,
+        "retention_ms": retention_ms, "retention_bytes": retention_bytes,
+        "max_record_bytes": max_record_bytes}
+    out: dict[str, int | None] = {}
+    for name, value in wanted.items():
+        if value is UNSET:
+            continue
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"{name} must be an integer or None, not {value!r}")
+        out[name] = value
+    return out
