@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "deploy" / "docker-compose.yml"
 # Published images the stack may pull: pinned versions of projects that still publish.
 ALLOWED_IMAGES = {"prom/prometheus", "grafana/grafana"}
-ALLOWED_BASES = {"python:3.11-slim-bookworm", "golang:1.24-bookworm"}
+ALLOWED_BASES = {"python:3.11-slim-bookworm", "golang:1.26-bookworm"}
 
 
 @dataclass
