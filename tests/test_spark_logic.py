@@ -146,9 +146,12 @@ def test_resume_rule() -> None:
 
 
 def test_export_ranges() -> None:
-    assert plan_ranges([("t", 1, 0), ("t", 0, 25)], 1, None, 10) == [
+    assert plan_ranges([("t", 1, 1, 0), ("t", 0, 1, 25)], 1, None, 10) == [
         ("t", 0, 1, 10), ("t", 0, 11, 20), ("t", 0, 21, 25)]
-    assert plan_ranges([("t", 0, 25)], 5, 12, 100) == [("t", 0, 5, 12)]
+    assert plan_ranges([("t", 0, 1, 25)], 5, 12, 100) == [("t", 0, 5, 12)]
+    # Nothing below the log start; a log emptied by retention has no range at all.
+    assert plan_ranges([("t", 0, 8, 25), ("t", 1, 26, 25)], 1, 12, 100) == [
+        ("t", 0, 8, 12)]
 
 
 def test_listing_units_cover_wal_shared_and_each_data_prefix() -> None:
