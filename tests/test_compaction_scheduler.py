@@ -223,3 +223,29 @@ async def test_compact_once_command(stack: LocalStack, capsys: pytest.CaptureFix
         assert outcome is not None and outcome.action == "nothing_to_do"
         await assert_compacted(e, tp, Expected([(1, 6)]))
         assert await read_all(e, tp) == acked
+
+
+async def test_first_discovery_registers_uncatalogued_data_but_not_deleted_topics(
+        stack: LocalStack) -> None:
+    """Partitions written before the catalog existed get their topic registered; a
+    deleted topic (its partitions emptied, their control records kept) stays deleted."""
+    from app.storage.topic_admin import TopicAdmin
+    from app.storage.topics import TopicCatalog
+
+    settings = isolated_settings(stack)
+    old, deleted = (f"old-{uuid.uuid4().hex[:8]}", f"del-{uuid.uuid4().hex[:8]}")
+    async with open_engine(settings) as e:
+        await append_batches(e.writer, TopicPartition(old, 1), 1, 2)
+        await append_batches(e.writer, TopicPartition(deleted, 0), 1, 2)
+        catalog = TopicCatalog(e.oxia, e.layout)
+        old_topic = await catalog.get(old)
+        assert old_topic is not None
+        await catalog.remove(old_topic)  # as if written before the catalog existed
+        await TopicAdmin(e.oxia, e.layout, e.reader, catalog).delete(deleted)
+
+        scheduler = CompactionScheduler(make_compactor(e), e.oxia, e.layout, settings,
+                                        compactor_id="boot")
+        await scheduler.discover()
+        registered = {t.name: t.partitions for t in await catalog.list()}
+    assert registered.get(old) == 2
+    assert deleted not in registered
