@@ -10,11 +10,13 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_fastapi_instrumentator import Instrumentator
+from pydantic.json_schema import models_json_schema
 
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
 from app.routes import consume, health, metrics, offsets, produce, topics
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
+from app.routes.models import ProduceRequest
 from app.settings import Settings
 
 API_DESCRIPTION = """Leaderless log broker: append records to topic-partitions with
@@ -67,9 +69,14 @@ def _document_errors_as_400(app: FastAPI) -> None:
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     operation.get("responses", {}).pop("422", None)
-            schemas = schema.get("components", {}).get("schemas", {})
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(name, None)
+            # Bodies a route parses itself (so FastAPI does not see them) are named here.
+            _, extra = models_json_schema([(ProduceRequest, "validation")],
+                                          ref_template="#/components/schemas/{model}")
+            for name, model_schema in extra.get("$defs", {}).items():
+                schemas.setdefault(name, model_schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -83,6 +83,10 @@ class Settings(BaseSettings):
 
     # Writer.
     commit_max_attempts: int = Field(default=64, ge=1, le=10_000)
+    # Bodies of new WAL objects: bytes-batch-v3 (columns), or bytes-batch-v1 (and v2 for
+    # records with more than a value), which releases before v3 read: set it during a
+    # rolling upgrade from such a release until every reader understands v3.
+    wal_encoding: Literal["bytes-batch-v3", "bytes-batch-v1"] = "bytes-batch-v3"
 
     # Batcher.
     batch_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1, le=1024 * 1024 * 1024)

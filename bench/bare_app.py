@@ -30,6 +30,7 @@ from app.routes.models import (  # noqa: E402
     ProduceRequest,
     ProduceResponse,
 )
+from app.storage.log_record import payload_size  # noqa: E402
 
 WAL_URI = "s3://leaderless-log-wal/llog/wal-shared/00000000-0000-0000-0000-000000000000"
 
@@ -46,8 +47,8 @@ def create_app() -> FastAPI:
     async def produce(body: ProduceRequest) -> JSONResponse:
         results: list[ProducePartitionResult] = []
         for entry in body.topic_partitions:
-            values = entry.record_bytes()
-            size = sum(len(v) for v in values)  # touch the decoded bytes like the broker
+            values = entry.payloads()
+            size = sum(map(payload_size, values))  # touch the decoded bytes like the broker
             key = (entry.topic, entry.partition)
             start = end_offsets.get(key, 0) + 1
             end = start + len(values) - 1

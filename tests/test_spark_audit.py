@@ -312,7 +312,7 @@ def test_deep_audit_decodes_every_encoding(stack: LocalStack, spark: Any, topic:
     tp, plain = TopicPartition(topic, 0), TopicPartition(topic, 1)
 
     async def build(e: Engine) -> None:
-        # One blob per flush holds tp's body (v1 or v2 in turn) beside plain's (v1).
+        # One blob per flush holds tp's body (v3 or v2 in turn) beside plain's (v3).
         for i in range(8):
             records = sample_records(f"r{i}", 4) if i % 2 else _rec(f"p{i}", 3)
             await append(e, [(tp, records), (plain, _rec(f"q{i}", 2))])
@@ -321,18 +321,17 @@ def test_deep_audit_decodes_every_encoding(stack: LocalStack, spark: Any, topic:
     run(settings, build)
     rows = run(settings, lambda e: index_rows(e, tp))
     assert {(entry.type, entry.encoding) for _, entry, _ in rows} == {
-        ("COMPACTED", "bytes-batch-v2"), ("WAL", "bytes-batch-v1"), ("WAL", "bytes-batch-v2")}
+        ("COMPACTED", "bytes-batch-v2"), ("WAL", "bytes-batch-v3"), ("WAL", "bytes-batch-v2")}
     clean = _audit(spark, settings, tmp_path / "clean", deep=True)
     assert clean.exit_code == 0, clean.summary
     assert clean.summary["records_verified"] == clean.summary["records"] == 12 + 16 + 16
 
-    # v1 bodies whose entries say bytes-batch-v2: the CRC still matches, so only
-    # decoding each body by its entry's encoding tells. (Not the other way round: a v2
-    # body is valid v1, its lengths frame the same records.)
+    # v3 bodies whose entries say bytes-batch-v2: the CRC still matches, so only
+    # decoding each body by its entry's encoding tells.
     async def mislabel(e: Engine) -> list[int]:
         changed = []
         for end, entry, version in rows:
-            if entry.encoding == "bytes-batch-v1" and len(changed) < 2:
+            if entry.encoding == "bytes-batch-v3" and len(changed) < 2:
                 wrong = dataclasses.replace(entry, encoding="bytes-batch-v2",
                                             extra=dict(entry.extra))
                 await e.oxia.put(e.layout.index(tp, end), wrong.to_json(), tp.partition_key,

@@ -402,10 +402,10 @@ def test_backfill_of_rich_records_is_exactly_once_and_round_trips_through_export
     assert [same_fields(p) for _, p, _ in log[0]] == [same_fields(b"before")] + [
         (r["value"], r["key"], tuple((h["name"], h["value"]) for h in r["headers"] or ()),
          r["timestamp_ms"]) for r in rows[:60]]
-    # Rows without key, headers or timestamp stay plain values, in bytes-batch-v1 bodies.
+    # Rows without key, headers or timestamp stay plain values, in bytes-batch-v3 bodies.
     assert [p for _, p, _ in log[1]] == [r["value"] for r in rows[60:]]
     assert all(isinstance(p, bytes) for _, p, _ in log[1])
-    assert run(settings, lambda e: _entry_encodings(e, plain)) == {"bytes-batch-v1"}
+    assert run(settings, lambda e: _entry_encodings(e, plain)) == {"bytes-batch-v3"}
     assert "bytes-batch-v2" in run(settings, lambda e: _entry_encodings(e, mixed))
 
     # The export's output is a backfill input: the same records land in another topic.

@@ -108,7 +108,7 @@ def test_export_carries_keys_headers_timestamps_and_append_times(
 
     async def build(e: Engine) -> dict[int, tuple[Payload, int]]:
         written: dict[int, tuple[Payload, int]] = {}
-        # Plain-only appends (bytes-batch-v1), rich ones (v2) and mixed ones; the first
+        # Plain-only appends (bytes-batch-v3), rich ones (v2 with headers) and mixed; the first
         # six entries are compacted (a v2 body with each record's own append time).
         for i in range(9):
             records = ([f"p{i}-{j}".encode() for j in range(3)] if i % 3 == 0
@@ -124,7 +124,7 @@ def test_export_carries_keys_headers_timestamps_and_append_times(
     written = run(settings, build)
     entries = run(settings, lambda e: index_rows(e, tp))
     assert entries[0][1].type == "COMPACTED" and entries[0][1].encoding == "bytes-batch-v2"
-    assert {entry.encoding for _, entry, _ in entries[1:]} == {"bytes-batch-v1",
+    assert {entry.encoding for _, entry, _ in entries[1:]} == {"bytes-batch-v3",
                                                                "bytes-batch-v2"}
     tail = run(settings, lambda e: read_back(e, trimmed, 4))
 

@@ -6,10 +6,11 @@ import base64
 import dataclasses
 import re
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
@@ -23,9 +24,6 @@ from app.errors import (
 from app.routes.deps import broker_state
 from app.routes.disconnect import unless_disconnected
 from app.routes.models import (
-    ConsumedHeader,
-    ConsumedRecord,
-    ConsumePartitionResult,
     ConsumeRequest,
     ConsumeResponse,
     ErrorResponse,
@@ -36,6 +34,7 @@ from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_value
 from app.storage.offsets import PartitionOffsets
 from app.storage.reader import ReadOutcome, ReadResult
+from app.wire import records as wire
 
 router = APIRouter(tags=["consume"])
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
@@ -60,35 +59,48 @@ def _b64(value: bytes) -> str:
 
 
 def _record(offset: int, payload: Payload, append_time_ms: int | None, encoding: str
-            ) -> ConsumedRecord:
+            ) -> dict[str, Any]:
     """``value`` for text when encoding is auto, ``base64`` for anything else; likewise
-    the key and each header of a record that has them."""
+    the key and each header of a record that has them (as :class:`ConsumedRecord`
+    dumps without its unset fields)."""
     value = payload_value(payload)
     text = _text(value, encoding)
-    out = ConsumedRecord(offset=offset, value=text,
-                         base64=None if text is not None else _b64(value),
-                         append_time_ms=append_time_ms)
+    out: dict[str, Any] = {"offset": offset}
+    if text is not None:
+        out["value"] = text
+    else:
+        out["base64"] = _b64(value)
     if isinstance(payload, LogRecord):
         if payload.key is not None:
             key = _text(payload.key, encoding)
-            out.key, out.key_base64 = key, None if key is not None else _b64(payload.key)
+            if key is not None:
+                out["key"] = key
+            else:
+                out["key_base64"] = _b64(payload.key)
         if payload.headers:
-            out.headers = [_header(n, v, encoding) for n, v in payload.headers]
-        out.timestamp_ms = payload.timestamp_ms
+            out["headers"] = [_header(n, v, encoding) for n, v in payload.headers]
+        if payload.timestamp_ms is not None:
+            out["timestamp_ms"] = payload.timestamp_ms
+    if append_time_ms is not None:
+        out["append_time_ms"] = append_time_ms
     return out
 
 
-def _header(name: str, value: bytes, encoding: str) -> ConsumedHeader:
+def _header(name: str, value: bytes, encoding: str) -> dict[str, str]:
     text = _text(value, encoding)
-    return ConsumedHeader(name=name, value=text,
-                          base64=None if text is not None else _b64(value))
+    return {"name": name, "value": text} if text is not None else {
+        "name": name, "base64": _b64(value)}
 
 
 @router.post(
     "/consume",
     response_model=ConsumeResponse,
     summary="Read records, waiting up to max_wait_ms for min_bytes",
-    responses={400: {"model": ErrorResponse, "description": "invalid request"},
+    responses={200: {"content": {wire.CONTENT_TYPE: {
+                   "schema": {"type": "string", "format": "binary"},
+                   "x-llog-format": "LLR1 (docs/http-api.md, Binary bodies); sent when "
+                                    "the request's Accept names it"}}},
+               400: {"model": ErrorResponse, "description": "invalid request"},
                413: {"model": ErrorResponse, "description": "too many partitions"}},
 )
 async def consume(
@@ -110,11 +122,19 @@ async def consume(
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         read = iter(answered[0])
         outcomes = [refused[i] if i in refused else next(read) for i in range(len(fetches))]
-    results = [_result(state, fetch.tp, outcome, body.encoding)
-               for fetch, outcome in zip(fetches, outcomes, strict=True)]
+    _count(state, outcomes)
+    if wire.wants_binary(request.headers.get("accept", "")):
+        content = wire.build([_binary(f.tp, o) for f, o in zip(fetches, outcomes,
+                                                                strict=True)])
+        media_type = wire.CONTENT_TYPE
+    else:
+        content = orjson.dumps({"results": [
+            _result(fetch.tp, outcome, body.encoding)
+            for fetch, outcome in zip(fetches, outcomes, strict=True)]})
+        media_type = "application/json"
     state.consume_metrics.requests.inc()
     state.consume_metrics.latency.observe(time.monotonic() - started)
-    return JSONResponse(ConsumeResponse(results=results).model_dump(exclude_none=True))
+    return Response(content, media_type=media_type)
 
 
 async def _unknown(state: BrokerState, fetches: list[Fetch]) -> dict[int, LlogError]:
@@ -180,23 +200,43 @@ def _times(result: ReadResult) -> list[int | None]:
     return [None] * len(result.records)
 
 
-def _result(state: BrokerState, tp: TopicPartition, outcome: ReadOutcome, encoding: str
-            ) -> ConsumePartitionResult:
+def _count(state: BrokerState, outcomes: list[ReadOutcome]) -> None:
     metrics = state.consume_metrics
-    if isinstance(outcome, ReadResult):
-        metrics.records.inc(len(outcome.records))
-        metrics.bytes.inc(outcome.size)
-        return ConsumePartitionResult(
-            topic=tp.topic, partition=tp.partition, ok=True,
-            high_watermark=outcome.high_watermark, log_start_offset=outcome.log_start,
-            next_offset=outcome.next_offset,
-            records=[_record(o, v, t, encoding) for (o, v), t in zip(
-                outcome.records, _times(outcome), strict=True)])
-    assert isinstance(outcome, LlogError)
-    metrics.failed_entries.labels(outcome.error_type).inc()
-    bounds = outcome if isinstance(outcome, OffsetOutOfRange) else None
-    return ConsumePartitionResult(
-        topic=tp.topic, partition=tp.partition, ok=False, error_type=outcome.error_type,
-        error=str(outcome), retriable=outcome.retriable,
-        log_start_offset=bounds.log_start if bounds else None,
-        high_watermark=bounds.high_watermark if bounds else None)
+    for outcome in outcomes:
+        if isinstance(outcome, ReadResult):
+            metrics.records.inc(len(outcome.records))
+            metrics.bytes.inc(outcome.size)
+        else:
+            metrics.failed_entries.labels(outcome.error_type).inc()
+
+
+def _error(tp: TopicPartition, outcome: LlogError) -> dict[str, Any]:
+    """A failed partition, as :class:`ConsumePartitionResult` dumps it."""
+    out: dict[str, Any] = {"topic": tp.topic, "partition": tp.partition, "ok": False,
+                           "error_type": outcome.error_type, "error": str(outcome),
+                           "retriable": outcome.retriable}
+    if isinstance(outcome, OffsetOutOfRange):
+        out["log_start_offset"] = outcome.log_start
+        out["high_watermark"] = outcome.high_watermark
+    return out
+
+
+def _result(tp: TopicPartition, outcome: ReadOutcome, encoding: str) -> dict[str, Any]:
+    if not isinstance(outcome, ReadResult):
+        return _error(tp, outcome)
+    return {"topic": tp.topic, "partition": tp.partition, "ok": True,
+            "high_watermark": outcome.high_watermark,
+            "log_start_offset": outcome.log_start, "next_offset": outcome.next_offset,
+            "records": [_record(o, v, t, encoding) for (o, v), t in zip(
+                outcome.records, _times(outcome), strict=True)]}
+
+
+def _binary(tp: TopicPartition, outcome: ReadOutcome) -> wire.Records | wire.Failed:
+    if not isinstance(outcome, ReadResult):
+        return wire.Failed(tp.topic, tp.partition, _error(tp, outcome))
+    records = [v for _, v in outcome.records]
+    first = outcome.records[0][0] if outcome.records else outcome.next_offset
+    times = (outcome.append_times if len(outcome.append_times) == len(records)
+             else [0] * len(records))
+    return wire.Records(tp.topic, tp.partition, outcome.high_watermark, outcome.log_start,
+                        outcome.next_offset, first, records, times)

@@ -94,6 +94,10 @@ class S3Store:
             read_timeout=s.s3_request_timeout_s,
             retries={"max_attempts": s.s3_max_attempts, "mode": "standard"},
             s3={"addressing_style": "path"},
+            # Every body carries its own CRC32C, checked on every read (docs/protocol.md):
+            # no second checksum computed in the event loop for each request.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         )
         self._stack = contextlib.AsyncExitStack()
         session = get_session()

@@ -325,7 +325,8 @@ def backfill_task(payload: Mapping[str, str], params: TaskParams,
         async with open_stores(payload, task_identity(JOB)) as stores:
             recorder = _RecordingS3(stores.s3)
             writer = LogWriter(stores.oxia, cast(S3Store, recorder), stores.layout,
-                               stores.metrics, max_attempts=stores.settings.commit_max_attempts)
+                               stores.metrics, max_attempts=stores.settings.commit_max_attempts,
+                               encoding=stores.settings.wal_encoding)
             async with writer:
                 task = _Task(stores, writer, recorder, params)
                 last_log = time.monotonic()
