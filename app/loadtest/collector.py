@@ -193,6 +193,8 @@ class Collector:
                 refs[name] = stack[name]
         for broker in stack.get("brokers", []):
             refs[f"broker:{broker['id']}"] = broker
+        if isinstance(stack.get("proxy"), dict):
+            refs["proxy"] = stack["proxy"]
         refs.update(self.extra_processes())
         return refs
 
