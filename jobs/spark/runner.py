@@ -103,23 +103,33 @@ def run_main(job: str, parser: argparse.ArgumentParser, argv: Sequence[str] | No
     from pyspark.sql import SparkSession
 
     shared = SparkSession.getActiveSession() is not None  # e.g. called inside a test
-    spark = build_spark(f"llog-{job}", args.master, conf)
+    try:
+        # No Java, or a JVM that does not start: the job could not run (2), never 1,
+        # which says the store has findings.
+        spark = build_spark(f"llog-{job}", args.master, conf)
+    except Exception as exc:
+        job_log.exception("%s: the Spark session did not start", job)
+        return _failed(report, job, started, exc)
     try:
         with Progress(spark, job, args.progress_interval):
             outcome = runner(spark, settings, options_from_args(options_type, args), report)
     except Exception as exc:
         job_log.exception("%s failed", job)
-        report.write_summary({
-            "job": job, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
-            "started_ms": started, "finished_ms": now_ms(), "exit_code": EXIT_FAILED,
-        })
-        return EXIT_FAILED
+        return _failed(report, job, started, exc)
     finally:
         if not shared:
             spark.stop()
     job_log.info("%s finished with exit code %d; report in %s", job, outcome.exit_code,
                  report.directory)
     return outcome.exit_code
+
+
+def _failed(report: Report, job: str, started: int, exc: Exception) -> int:
+    report.write_summary({
+        "job": job, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+        "started_ms": started, "finished_ms": now_ms(), "exit_code": EXIT_FAILED,
+    })
+    return EXIT_FAILED
 
 
 def run_module(job: str) -> int:
