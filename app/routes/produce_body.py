@@ -62,10 +62,10 @@ def _fast(doc: Any) -> list[Entry] | None:
                 or type(records) is not list or not records):
             return None
         try:
-            values = [r.encode() for r in records]
-        except (AttributeError, UnicodeEncodeError):  # not a string, or a lone surrogate
+            values = list(map(str.encode, records))
+        except (TypeError, UnicodeEncodeError):  # not a string, or a lone surrogate
             return None
-        out.append(Entry(topic, partition, key, RecordBatch.of(values)))
+        out.append(Entry(topic, partition, key, RecordBatch.of_values(values)))
     return out
 
 

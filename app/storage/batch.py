@@ -47,6 +47,15 @@ class RecordBatch(Sequence[Payload]):
                    sum(payload_size(p) for p in decoded), None, decoded)
 
     @classmethod
+    def of_values(cls, values: list[bytes]) -> RecordBatch:
+        """Plain records (the common JSON request): no per-record checks needed."""
+        body, lengths = columnar.encode_values(values)
+        layout = columnar.values_columns(body, lengths)
+        decoded: list[Payload] = values  # type: ignore[assignment]  # bytes are payloads
+        return cls(body, columnar.ENCODING_V3, layout.count, layout.payload_bytes, layout,
+                   decoded)
+
+    @classmethod
     def checked(cls, body: bytes | memoryview, encoding: str) -> RecordBatch:
         """A body a client sent, checked as the log's readers will read it (raises
         :class:`CorruptData`). A bytes-batch-v3 body is checked by its columns; v1 and

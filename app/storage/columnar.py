@@ -159,16 +159,29 @@ def decode(c: Columns) -> list[Payload]:
 
 def encodable(payloads: Sequence[Payload]) -> bool:
     """Whether bytes-batch-v3 holds these records (it has no headers column)."""
-    return all(isinstance(p, bytes) or not p.headers for p in payloads)
+    return not any(type(p) is LogRecord and p.headers for p in payloads)
+
+
+def encode_values(values: Sequence[bytes]) -> tuple[bytes, list[int]]:
+    """One body of plain records, and their lengths: a few calls into C."""
+    lengths = list(map(len, values))
+    count = len(lengths)
+    return b"".join([_HEAD.pack(count, 0), struct.pack(f">{count}I", *lengths),
+                     *values]), lengths
+
+
+def values_columns(body: bytes, lengths: list[int]) -> Columns:
+    """The layout of a body :func:`encode_values` made (no need to read it back)."""
+    values_at = _HEAD.size + 4 * len(lengths)
+    return Columns(memoryview(body), len(lengths), _HEAD.size, tuple(lengths), None, None,
+                   None, values_at, len(body), len(body))
 
 
 def encode(payloads: Sequence[Payload]) -> bytes:
     """One body for ``payloads`` (none of them with headers)."""
     count = len(payloads)
-    if all(isinstance(p, bytes) for p in payloads):
-        plain: Sequence[bytes] = payloads  # type: ignore[assignment]
-        return b"".join([_HEAD.pack(count, 0),
-                         struct.pack(f">{count}I", *map(len, plain)), *plain])
+    if not any(type(p) is LogRecord for p in payloads):
+        return encode_values(payloads)[0]  # type: ignore[arg-type]
     records = [p if isinstance(p, LogRecord) else LogRecord(p) for p in payloads]
     columns = 0
     parts: list[bytes] = [b"", struct.pack(f">{count}I", *(len(r.value) for r in records))]
