@@ -103,6 +103,8 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(default=64 * 1024, ge=0)
     max_wait_ms_ceiling: int = Field(default=30_000, ge=0, le=600_000)
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
+    # Server-Sent Events streams open at once per process (GET /topics/{topic}/stream).
+    max_concurrent_streams: int = Field(default=100, ge=1, le=100_000)
     max_partitions_per_request: int = Field(default=1_000, ge=1, le=100_000)
     max_fetch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
 

@@ -55,6 +55,12 @@ class ConsumeMetrics:
             "Consume requests answered without waiting because every long-poll slot was taken",
             registry=registry,
         )
+        self.streams = Counter("llog_stream_connections",
+                               "Event streams, by how they ended (or refused: no slot)",
+                               ["outcome"], registry=registry)
+        self.stream_events = Counter("llog_stream_events",
+                                     "Events sent on streams: records, heartbeat, end, error",
+                                     ["event"], registry=registry)
         self.latency = Histogram(
             "llog_consume_seconds", "Consume latency including long-poll waits",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
