@@ -117,7 +117,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # Workers re-read the environment; make the CLI flags part of it.
     os.environ["LLOG_HOST"] = settings.host
     os.environ["LLOG_PORT"] = str(settings.port)
-    uvicorn.run(
+    config = uvicorn.Config(
         "app.factory:create_app_from_env",
         factory=True,
         host=settings.host,
@@ -133,7 +133,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
         lifespan="on",
     )
-    return 0
+    from app.telemetry.workers import serve
+
+    return serve(config, settings.metrics_dir)
 
 
 def cmd_compactor(args: argparse.Namespace) -> int:

@@ -126,6 +126,16 @@ class Settings(BaseSettings):
 
     # Metrics: how often the stored bytes/objects under the root prefix are re-counted.
     s3_usage_scan_interval_s: float = Field(default=300.0, ge=1.0)
+    # `llog serve --workers N`: where the server's shared metrics directory is created
+    # (none: the system's temporary directory), and how often each worker writes its
+    # point-in-time figures there for the scrapes the other workers answer.
+    metrics_dir: Path | None = None
+    metrics_refresh_interval_s: float = Field(default=1.0, ge=0.05, le=60)
+
+    # Logs: "text" (human) or "json" (one object per line); request ids taken from
+    # X-Request-ID are at most this long (others are replaced by a generated one).
+    log_format: Literal["text", "json"] = "text"
+    request_id_max_length: int = Field(default=128, ge=16, le=1024)
 
     # Load-test runs: a JSON object describing the scenario, exported on /metrics as
     # llog_loadtest_scenario_info (strings) and llog_loadtest_scenario_<key> (numbers).
@@ -187,7 +197,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("s3_access_key", "s3_secret_key", "tail_cache_dir", "loadtest_scenario",
-                     mode="before")
+                     "metrics_dir", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

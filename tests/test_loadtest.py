@@ -151,7 +151,7 @@ def _metrics(records: float, flushes: float, puts: float) -> dict[str, Any]:
         "llog_s3_requests_total": {"op=put,outcome=ok": puts, "op=list,outcome=ok": 1.0},
         "llog_oxia_requests_total": {"op=write_batch,outcome=ok": 3 * flushes},
         "llog_s3_stored_bytes": {"": 1000.0},
-        "llog_s3_estimated_request_cost_usd": {"": 0.01},
+        "llog_s3_estimated_request_cost_usd_total": {"": 0.01},
     }}
 
 
