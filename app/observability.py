@@ -46,6 +46,15 @@ class Service(Protocol):
         ...
 
 
+READY = Figure("ready", "1 while /health/ready answers 200 (status ok), else 0; with "
+                        "several workers, 0 unless every one is", "livemin")
+
+
+def readiness(service: Service) -> dict[str, int]:
+    """The statistics snapshot behind :data:`READY`."""
+    return {"ready": int(service.status == "ok")}
+
+
 @dataclass
 class S3Usage:
     stored_bytes: int = 0

@@ -40,10 +40,12 @@ from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.compaction.service import run_in_broker
 from app.errors import LlogError
 from app.observability import (
+    READY,
     S3_REQUEST_COST,
     S3_USAGE,
     S3Usage,
     Status,
+    readiness,
     request_counts,
     s3_cost_estimate,
 )
@@ -126,6 +128,7 @@ class BrokerState:
         scenario = json.loads(s.loadtest_scenario) if s.loadtest_scenario else None
         self.registry.register(BrokerInfoCollector(info, scenario))
         for prefix, source, figures in (
+            ("llog_broker", lambda: readiness(self), (READY,)),
             ("llog_batcher", lambda: self.batcher.statistics() if self.batcher else None,
              BATCHER_FIGURES),
             ("llog_consume", lambda: self.consume.statistics() if self.consume else None,

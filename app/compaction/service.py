@@ -30,7 +30,15 @@ from prometheus_client.registry import Collector
 from app.compaction.compactor import CompactionConfig, Compactor
 from app.compaction.metrics import CompactionMetrics
 from app.compaction.scheduler import CompactionScheduler, Visit
-from app.observability import S3_REQUEST_COST, S3Usage, Status, request_counts, s3_cost_estimate
+from app.observability import (
+    READY,
+    S3_REQUEST_COST,
+    S3Usage,
+    Status,
+    readiness,
+    request_counts,
+    s3_cost_estimate,
+)
 from app.settings import Settings
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
@@ -104,6 +112,8 @@ class CompactorService:
         store_metrics = StoreMetrics(registry)
         service = cls(settings, registry, store_metrics, CompactionMetrics(registry))
         registry.register(_ServiceInfo(service))
+        registry.register(SnapshotMetrics("llog_compactor", lambda: readiness(service),
+                                          (READY,)))
         # Stored bytes are the brokers' to scan; this process reports its own requests.
         registry.register(SnapshotMetrics("llog_s3", lambda: s3_cost_estimate(
             request_counts(store_metrics.s3_requests), S3Usage()), (S3_REQUEST_COST,)))

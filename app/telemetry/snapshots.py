@@ -14,6 +14,7 @@ Each field says how it combines across the workers of one server:
 - ``livemax``: every worker observes the same thing (the bucket's size, the store's
   compaction lag, a tail cache directory they share); the server's figure is the
   largest over the live workers, that is the worst recent observation.
+- ``livemin``: a condition every worker must meet (being ready): the smallest.
 - ``counter``: a cumulative count kept by the component (cache hits, a cost estimate);
   each worker adds what it counted since its last refresh, so the sum over workers,
   dead ones included, only grows.
@@ -29,7 +30,7 @@ from prometheus_client import Counter, Gauge
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-Combine = Literal["livesum", "livemax", "counter"]
+Combine = Literal["livesum", "livemax", "livemin", "counter"]
 StatisticsSource = Callable[[], Any]
 
 
