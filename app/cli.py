@@ -22,7 +22,7 @@ def _broker_available() -> bool:
 def cmd_servers_build(_: argparse.Namespace) -> int:
     from app.localstack import binaries
 
-    for name, path in binaries.ensure_all().items():
+    for name, path in binaries.ensure_all(tools=True).items():
         print(f"{name}: {path}")
     return 0
 
@@ -231,7 +231,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     servers = sub.add_parser("servers", help="manage the Go-built Oxia and MinIO binaries")
     servers_sub = servers.add_subparsers(dest="servers_command", required=True)
-    build = servers_sub.add_parser("build", help="build (or find cached) server binaries")
+    build = servers_sub.add_parser("build", help="build (or find cached) the server binaries "
+                                                 "and promtool")
     build.set_defaults(func=cmd_servers_build)
     return parser
 
