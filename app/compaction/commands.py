@@ -31,7 +31,10 @@ def serve_compactor(settings: Settings, *, log_level: str = "info") -> int:
     import uvicorn
 
     from app.telemetry.logs import log_config, warn_unknown_variables
+    from app.telemetry.registry import MULTIPROC_ENV
 
+    # One process: it exposes its own registry, never a shared directory.
+    os.environ.pop(MULTIPROC_ENV, None)
     # The factory re-reads the environment: make the CLI's overrides part of it.
     os.environ["LLOG_HOST"] = settings.host
     os.environ["LLOG_PORT"] = str(settings.port)
