@@ -24,6 +24,7 @@ from tests.helpers.stack import Broker, BrokerFactory
 pytestmark = pytest.mark.stack
 LONG_POLL_SLOTS = 7  # per worker, so that the sum over two workers is recognisable
 SCRAPES = 6
+CONCURRENT = 8
 
 
 def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
@@ -66,14 +67,22 @@ def _produce_counts_by_worker(metrics_dir: Path) -> dict[str, float]:
 async def _produce_until_both_workers_served(url: str, topic: str, metrics_dir: Path,
                                              at_least: int) -> int:
     """Produce requests, each on a fresh connection, until both workers served some
-    (and at least ``at_least`` were sent); returns how many were sent."""
+    (and at least ``at_least`` were sent); returns how many were sent. They go in
+    concurrent rounds: a proxy keeps its upstream connections, and opens more only for
+    requests that overlap."""
     sent = 0
+
+    async def one(value: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+            r = await client.post("/produce", json=produce_body(topic, value))
+            assert r.status_code == 200, r.text
+
     with anyio.fail_after(60):
         while sent < at_least or len(_produce_counts_by_worker(metrics_dir)) < 2:
-            async with httpx.AsyncClient(base_url=url, timeout=10) as client:
-                r = await client.post("/produce", json=produce_body(topic, f"r{sent}"))
-                assert r.status_code == 200, r.text
-            sent += 1
+            async with anyio.create_task_group() as tg:
+                for i in range(CONCURRENT):
+                    tg.start_soon(one, f"r{sent + i}")
+            sent += CONCURRENT
     return sent
 
 
@@ -144,6 +153,14 @@ async def test_scrapes_through_a_proxy_agree_with_the_direct_ones(
     broker, metrics_dir = _start(brokers, tmp_path)
     with _caddy_in_front_of(broker, tmp_path / "caddy") as proxied:
         sent = await _produce_until_both_workers_served(proxied, topic, metrics_dir, 20)
-        through_proxy = [_produced(await _scrape(proxied)) for _ in range(SCRAPES)]
+        through_proxy: list[tuple[float, ...]] = []
+
+        async def scrape() -> None:
+            through_proxy.append(_produced(await _scrape(proxied)))
+
+        for _ in range(2):  # overlapping, so the proxy uses several upstream connections
+            async with anyio.create_task_group() as tg:
+                for _ in range(SCRAPES):
+                    tg.start_soon(scrape)
         direct = [_produced(await _scrape(broker.url)) for _ in range(SCRAPES)]
     assert set(through_proxy) == set(direct) == {(sent, sent, sent)}
