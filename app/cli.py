@@ -12,7 +12,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from app.settings import Settings, SettingsError
+from app.settings import CONFIG_FILE_ENV, Settings, SettingsError
+
+COMPACTOR_PORT = 8090
 
 
 def _broker_available() -> bool:
@@ -22,7 +24,7 @@ def _broker_available() -> bool:
 def cmd_servers_build(_: argparse.Namespace) -> int:
     from app.localstack import binaries
 
-    for name, path in binaries.ensure_all().items():
+    for name, path in binaries.ensure_all(tools=True).items():
         print(f"{name}: {path}")
     return 0
 
@@ -98,26 +100,40 @@ def _print_usage(broker_url: str | None) -> None:
           "\"fetch_offset\":1}],\"max_wait_ms\":1000}'")
 
 
+def _settings_for(command: str, args: argparse.Namespace, **overrides: object
+                  ) -> Settings | None:
+    """The settings of a server command (``--config`` and flags given included), or None
+    after printing why they are invalid. Its workers re-read the environment, so the
+    file and the flags that are settings become part of it."""
+    if args.config is not None:
+        os.environ[CONFIG_FILE_ENV] = str(Path(args.config).resolve())
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = Settings.from_env(**given)
+    except SettingsError as exc:
+        print(f"llog {command}: {exc}", file=sys.stderr)
+        return None
+    for name in ("host", "port"):
+        if name in given:
+            os.environ[f"LLOG_{name.upper()}"] = str(getattr(settings, name))
+    return settings
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if not _broker_available():
         print("llog serve: the broker is not part of this build yet", file=sys.stderr)
         return 2
     import uvicorn
 
-    overrides: dict[str, object] = {"host": args.host, "port": args.port}
-    if args.proxy_headers is not None:
-        overrides["proxy_headers"] = args.proxy_headers
-    if args.forwarded_allow_ips is not None:
-        overrides["forwarded_allow_ips"] = args.forwarded_allow_ips
-    try:
-        settings = Settings.from_env(**overrides)
-    except SettingsError as exc:
-        print(f"llog serve: {exc}", file=sys.stderr)
+    from app.telemetry.logs import log_config, warn_unknown_variables
+    from app.telemetry.workers import serve
+
+    settings = _settings_for("serve", args, host=args.host, port=args.port,
+                             proxy_headers=args.proxy_headers,
+                             forwarded_allow_ips=args.forwarded_allow_ips)
+    if settings is None:
         return 2
-    # Workers re-read the environment; make the CLI flags part of it.
-    os.environ["LLOG_HOST"] = settings.host
-    os.environ["LLOG_PORT"] = str(settings.port)
-    uvicorn.run(
+    config = uvicorn.Config(
         "app.factory:create_app_from_env",
         factory=True,
         host=settings.host,
@@ -132,14 +148,20 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # and the batcher's last window finish within this.
         timeout_graceful_shutdown=30,
         lifespan="on",
+        log_config=log_config(settings),  # applied here, and again by each worker
     )
-    return 0
+    warn_unknown_variables(os.environ)  # once, in the supervisor; its logging is set up
+    return serve(config, settings.metrics_dir)
 
 
 def cmd_compactor(args: argparse.Namespace) -> int:
     from app.compaction.commands import serve_compactor
 
-    settings = Settings.from_env(host=args.host, port=args.port)
+    settings = _settings_for("compactor", args, host=args.host, port=args.port)
+    if settings is None:
+        return 2
+    if "port" not in settings.model_fields_set:  # the compactor's own default
+        settings = settings.model_copy(update={"port": COMPACTOR_PORT})
     return serve_compactor(settings, log_level=args.log_level)
 
 
@@ -163,6 +185,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
+    parser.add_argument("--host", default=None,
+                        help="address to listen on (default LLOG_HOST, else 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"port to listen on (default LLOG_PORT, else {default_port})")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="TOML file of settings, named as LLOG_* variables are but in "
+                             "lower case without the prefix; the variables win "
+                             "(default LLOG_CONFIG_FILE)")
+
+
 def _add_dev_and_serve(sub: Any) -> None:
     dev = sub.add_parser("dev", help="run Oxia, MinIO and a broker on loopback (foreground)")
     dev.add_argument("--port", type=int, default=8080,
@@ -176,8 +209,7 @@ def _add_dev_and_serve(sub: Any) -> None:
     dev.set_defaults(func=cmd_dev)
 
     serve = sub.add_parser("serve", help="run the broker against configured Oxia and S3")
-    serve.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8080")))
+    _add_server_arguments(serve, default_port=8080)
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
     serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
@@ -202,8 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_dev_and_serve(sub)
 
     compactor = sub.add_parser("compactor", help="run the standalone compaction service")
-    compactor.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))
-    compactor.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8090")))
+    _add_server_arguments(compactor, default_port=COMPACTOR_PORT)
     compactor.add_argument("--log-level", default="info")
     compactor.set_defaults(func=cmd_compactor)
 
@@ -229,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     servers = sub.add_parser("servers", help="manage the Go-built Oxia and MinIO binaries")
     servers_sub = servers.add_subparsers(dest="servers_command", required=True)
-    build = servers_sub.add_parser("build", help="build (or find cached) server binaries")
+    build = servers_sub.add_parser("build", help="build (or find cached) the server binaries "
+                                                 "and promtool")
     build.set_defaults(func=cmd_servers_build)
     return parser
 

@@ -18,6 +18,7 @@ from app.routes import consume, health, metrics, offsets, produce, stream, topic
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
 from app.routes.models import ProduceRequest
 from app.settings import Settings
+from app.telemetry.request_id import RequestIdMiddleware
 
 API_DESCRIPTION = """Leaderless log broker: append records to topic-partitions with
 `POST /produce`, read them with long-polling `POST /consume`. Any broker serves any
@@ -54,8 +55,10 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     ).instrument(app, metric_namespace="llog")
     _document_errors_as_400(app)
     app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
-    # Outermost, so an oversized body is refused before anything reads it.
+    # Outermost but one, so an oversized body is refused before anything reads it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # Outermost: every answer, refusals included, carries the request's id.
+    app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
     return app
 
 

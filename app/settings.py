@@ -1,4 +1,6 @@
-"""Process configuration: one pydantic-settings model read from ``LLOG_*`` variables.
+"""Process configuration: one pydantic-settings model read from ``LLOG_*`` variables and,
+optionally, a TOML file (``LLOG_CONFIG_FILE``, ``llog serve --config``) with the same
+setting names in lower case; variables win over the file.
 
 Built once at start (``Settings.from_env()``) and passed down explicitly; nothing in the
 package reads the environment on its own.
@@ -6,14 +8,25 @@ package reads the environment on its own.
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import re
 import socket
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 Role = Literal["write", "read", "compact"]
 ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
@@ -25,6 +38,13 @@ RETRY_HORIZON_SAFE_SHARE = 0.5
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _PREFIX = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
+
+CONFIG_FILE_ENV = "LLOG_CONFIG_FILE"
+# LLOG_* variables that are read elsewhere and are no settings.
+NOT_SETTINGS = frozenset({CONFIG_FILE_ENV, "LLOG_BIN_CACHE_DIR", "LLOG_BROKER_URL",
+                          "LLOG_SPARK_LOG_LEVEL"})
+# The TOML file of the Settings being built (from_env sets it around the construction).
+_config_file: ContextVar[Path | None] = ContextVar("llog_config_file", default=None)
 
 
 class SettingsError(ValueError):
@@ -132,6 +152,16 @@ class Settings(BaseSettings):
 
     # Metrics: how often the stored bytes/objects under the root prefix are re-counted.
     s3_usage_scan_interval_s: float = Field(default=300.0, ge=1.0)
+    # `llog serve --workers N`: where the server's shared metrics directory is created
+    # (none: the system's temporary directory), and how often each worker writes its
+    # point-in-time figures there for the scrapes the other workers answer.
+    metrics_dir: Path | None = None
+    metrics_refresh_interval_s: float = Field(default=1.0, ge=0.05, le=60)
+
+    # Logs: "text" (human) or "json" (one object per line); request ids taken from
+    # X-Request-ID are at most this long (others are replaced by a generated one).
+    log_format: Literal["text", "json"] = "text"
+    request_id_max_length: int = Field(default=128, ge=16, le=1024)
 
     # Load-test runs: a JSON object describing the scenario, exported on /metrics as
     # llog_loadtest_scenario_info (strings) and llog_loadtest_scenario_<key> (numbers).
@@ -193,7 +223,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("s3_access_key", "s3_secret_key", "tail_cache_dir", "loadtest_scenario",
-                     mode="before")
+                     "metrics_dir", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
@@ -238,12 +268,47 @@ class Settings(BaseSettings):
         return self
 
     @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then ``LLOG_*`` variables, then the TOML file (if any)."""
+        config_file = _config_file.get()
+        toml = (TomlConfigSettingsSource(settings_cls, toml_file=config_file),) \
+            if config_file is not None else ()
+        return init_settings, env_settings, *toml, dotenv_settings, file_secret_settings
+
+    @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        """Read the environment; raise :class:`SettingsError` naming each bad variable."""
+        """Read the environment and the TOML file ``LLOG_CONFIG_FILE`` names, if any;
+        raise :class:`SettingsError` naming each bad variable, or the file and key of
+        each bad value in the file."""
+        named = os.environ.get(CONFIG_FILE_ENV)
+        config_file = Path(named) if named else None
+        in_file = _read_config_file(config_file) if config_file is not None else {}
+        token = _config_file.set(config_file)
         try:
             return cls(**overrides)  # type: ignore[arg-type]
         except ValidationError as exc:
-            raise SettingsError(describe_validation_error(exc)) from None
+            raise SettingsError(describe_validation_error(
+                exc, config_file, set(in_file) - set(overrides))) from None
+        finally:
+            _config_file.reset(token)
+
+    @classmethod
+    def unknown_variables(cls, environ: Mapping[str, str]) -> list[str]:
+        """A warning for each ``LLOG_*`` variable that names no setting (so it changes
+        nothing), with the closest setting's name when one is close."""
+        known = {f"LLOG_{name.upper()}" for name in cls.model_fields} | NOT_SETTINGS
+        warnings = []
+        for name in sorted(environ):
+            upper = name.upper()
+            if upper.startswith("LLOG_") and upper not in known:
+                close = difflib.get_close_matches(upper, known, n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                warnings.append(f"{name} is not a setting and is ignored{hint}")
+        return warnings
 
     @property
     def retry_horizon_safe_ms(self) -> int:
@@ -267,11 +332,37 @@ class Settings(BaseSettings):
         return env
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError, config_file: Path | None = None,
+                              from_file: set[str] | frozenset[str] = frozenset()) -> str:
+    """One line per problem, naming the variable, or the file and key it came from."""
+    environ = {name.upper() for name in os.environ}
     lines = ["invalid configuration:"]
     for err in exc.errors():
         loc = err.get("loc") or ()
         field = str(loc[0]) if loc else ""
         name = f"LLOG_{field.upper()}" if field else "(settings)"
+        if field in from_file and name not in environ:
+            name = f"{config_file}: {field}"
         lines.append(f"  {name}: {err.get('msg', 'invalid value')}")
     return "\n".join(lines)
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """The settings in a TOML file; a file that cannot be read or parsed, or a key that
+    names no setting, is a :class:`SettingsError` naming the file (and the key)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read the configuration file: "
+                            f"{exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{path}: not a valid TOML file: {exc}") from None
+    fields = set(Settings.model_fields)
+    unknown = []
+    for key in sorted(set(data) - fields):
+        close = difflib.get_close_matches(key, fields, n=1)
+        unknown.append(f"  {path}: {key}: not a setting"
+                       + (f"; did you mean {close[0]}?" if close else ""))
+    if unknown:
+        raise SettingsError("\n".join(["invalid configuration:", *unknown]))
+    return data

@@ -100,7 +100,7 @@ async def test_scheduler_discovers_and_compacts_partitions(stack: LocalStack) ->
         assert all(v.error is None and not v.busy for v in caught_up.visits)
     assert registry.get_sample_value("llog_compaction_runs_total", {"action": "compacted"}) == 3
     assert registry.get_sample_value("llog_compaction_partitions_known") == 3
-    assert registry.get_sample_value("llog_compaction_lag_records_total") == 0
+    assert registry.get_sample_value("llog_compaction_lag_records") == 0
     assert registry.get_sample_value("llog_compaction_claims_total", {"outcome": "acquired"})
     assert registry.get_sample_value("llog_compaction_discoveries_total", {"outcome": "ok"})
     assert registry.get_sample_value("llog_compaction_stage_seconds_count",
@@ -125,11 +125,11 @@ async def test_lag_gauge_keeps_only_the_top_partitions(stack: LocalStack) -> Non
         (0, 1), (1, 2), (2, 3)]
     per_partition = {
         s.labels["partition"]: s.value
-        for m in registry.collect() if m.name == "llog_compaction_lag_records"
+        for m in registry.collect() if m.name == "llog_compaction_partition_lag_records"
         for s in m.samples
     }
     assert per_partition == {"2": 3, "1": 2}  # bounded to the top two
-    assert registry.get_sample_value("llog_compaction_lag_records_total") == 6
+    assert registry.get_sample_value("llog_compaction_lag_records") == 6
     assert registry.get_sample_value("llog_compaction_lag_records_max") == 3
 
 
@@ -193,10 +193,10 @@ async def test_service_serves_health_and_metrics_while_compacting(stack: LocalSt
     assert metrics["llog_compaction_runs_total"]["action=compacted"] == 1
     assert metrics["llog_compaction_records_total"][""] == 6
     assert metrics["llog_s3_requests_total"]["op=put,outcome=ok"] >= 1
-    assert metrics["llog_s3_estimated_request_cost_usd"][""] > 0
+    assert metrics["llog_s3_estimated_request_cost_usd_total"][""] > 0
     assert prometheus.status_code == 200
     text = prometheus.text
-    assert "llog_compaction_lag_records_total 0.0" in text
+    assert "llog_compaction_lag_records 0.0" in text
     assert 'llog_compactor_info{' in text and "llog_compaction_stage_seconds_bucket" in text
 
 

@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.records import Control
@@ -216,12 +218,20 @@ def test_cli_runs_a_job_with_an_llog_dev_stack_json(stack: LocalStack, spark: An
 
     code = main(["audit", "--report", str(tmp_path / "r"), "--stack-json",
                  str(stack_json(stack, tmp_path / "stack.json")), "--root-prefix", unique_root(),
-                 "--progress-interval", "0"])
+                 "--progress-interval", "0", "--metrics-file", str(tmp_path / "audit.prom")])
     assert code == 0
     summary = read_summary(tmp_path / "r")
     assert (summary["status"], summary["partitions"], summary["objects_listed"]) == ("ok", 0, 0)
     assert set(summary["tables"]) == {"objects", "findings", "partitions", "references",
                                       "orphans"}
+    # The outcome for node_exporter's textfile collector, which the alert rules read.
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families((tmp_path / "audit.prom").read_text())
+               for s in f.samples}
+    assert samples[("llog_job_exit_code", (("job_name", "audit"),))] == 0
+    assert samples[("llog_audit_findings", (("finding_severity", "corruption"),))] == 0
+    assert samples[("llog_job_last_run_timestamp_seconds", (("job_name", "audit"),))] == \
+        summary["finished_ms"] / 1000
 
 
 def test_retention_and_the_topic_catalog(stack: LocalStack, spark: Any, topic: str,

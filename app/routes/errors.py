@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -12,6 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import LlogError
+
+log = logging.getLogger(__name__)
 
 
 def error_body(error_type: str, error: str, details: list[dict[str, str]] | None = None
@@ -43,6 +46,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(LlogError)
     async def refused(_: Request, exc: LlogError) -> JSONResponse:
         # A whole request refused by the broker (a limit, a role): its class says how.
+        log.info("request refused: %s: %s", exc.error_type, exc)
         headers = {"Retry-After": "1"} if exc.retriable and exc.http_status == 503 else None
         return JSONResponse(error_body(exc.error_type, str(exc)), status_code=exc.http_status,
                             headers=headers)
