@@ -43,6 +43,8 @@ class Fetch:
 class ConsumeStats:
     long_polls: int
     long_poll_slots: int
+    streams: int
+    stream_slots: int
 
 
 class ConsumeService:
@@ -54,12 +56,16 @@ class ConsumeService:
         metrics: ConsumeMetrics,
         *,
         max_long_polls: int,
+        max_streams: int = 100,
     ) -> None:
         self._reader = reader
         self._cache = cache
         self._watch = watch
         self._metrics = metrics
         self._long_polls = anyio.CapacityLimiter(max_long_polls)
+        # Open event streams (GET /topics/{topic}/stream), which wait without a long-poll
+        # slot: their own limit bounds them.
+        self.stream_slots = anyio.CapacityLimiter(max_streams)
         self._released = False
 
     def release(self) -> None:
@@ -70,7 +76,9 @@ class ConsumeService:
 
     def statistics(self) -> ConsumeStats:
         return ConsumeStats(int(self._long_polls.borrowed_tokens),
-                            int(self._long_polls.total_tokens))
+                            int(self._long_polls.total_tokens),
+                            int(self.stream_slots.borrowed_tokens),
+                            int(self.stream_slots.total_tokens))
 
     @property
     def released(self) -> bool:

@@ -28,6 +28,9 @@ CONSUME_FIGURES = (
     Figure("long_polls", "Consume requests waiting in a long-poll"),
     Figure("long_poll_slots",
            "Long-poll slots (LLOG_MAX_CONCURRENT_LONG_POLLS per worker process)"),
+    Figure("streams", "Open event streams"),
+    Figure("stream_slots",
+           "Event stream slots (LLOG_MAX_CONCURRENT_STREAMS per worker process)"),
 )
 WATCH_FIGURES = (
     Figure("watched_partitions", "Partitions that long-polls wait on"),

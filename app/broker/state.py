@@ -84,8 +84,6 @@ class BrokerState:
     topics: TopicDirectory | None = None
     admin: TopicAdmin | None = None
     watch: PartitionWatch = field(default_factory=PartitionWatch)
-    # Open event streams (GET /topics/{topic}/stream), bounded by a setting.
-    stream_slots: anyio.CapacityLimiter | None = None
     s3_usage: S3Usage = field(default_factory=S3Usage)
     failure: str | None = None
 
@@ -224,10 +222,10 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         max_concurrent_fetches=s.read_max_concurrent_fetches)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
-    state.stream_slots = anyio.CapacityLimiter(s.max_concurrent_streams)
     state.consume = ConsumeService(state.reader, state.cache, state.watch,
                                    state.consume_metrics,
-                                   max_long_polls=s.max_concurrent_long_polls)
+                                   max_long_polls=s.max_concurrent_long_polls,
+                                   max_streams=s.max_concurrent_streams)
     listener = OxiaChangeListener(oxia.client, layout, state.watch, state.writer.owns_version)
     stack.callback(listener.close)
     with anyio.fail_after(30):

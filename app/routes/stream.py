@@ -118,9 +118,9 @@ async def stream(
     if max_bytes > state.settings.max_fetch_bytes:
         raise InvalidRequest(f"max_bytes {max_bytes} exceeds the limit of "
                              f"{state.settings.max_fetch_bytes}")
-    slots = state.stream_slots
-    if state.consume is None or state.reader is None or slots is None:
+    if state.consume is None or state.reader is None:
         raise RoleDisabled("this broker does not have the read role")
+    slots = state.consume.stream_slots
     if state.status == "stopping":
         raise ShuttingDown("the broker is draining; connect to another broker")
     if state.topics is not None:
