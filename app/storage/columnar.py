@@ -170,6 +170,17 @@ def encode_values(values: Sequence[bytes]) -> tuple[bytes, list[int]]:
                      *values]), lengths
 
 
+def encode_timed(payloads: Sequence[Payload], append_times: Sequence[int]) -> bytes | None:
+    """One body of ``payloads`` with an append-time column, or None when one of them is
+    more than a value (then encode LogRecords carrying their times)."""
+    if any(type(p) is LogRecord for p in payloads):
+        return None
+    count = len(payloads)
+    return b"".join([_HEAD.pack(count, APPEND_TIMES),
+                     struct.pack(f">{count}I", *map(len, payloads)),  # type: ignore[arg-type]
+                     struct.pack(f">{count}q", *append_times), *payloads])  # type: ignore[list-item]
+
+
 def values_columns(body: bytes, lengths: list[int]) -> Columns:
     """The layout of a body :func:`encode_values` made (no need to read it back)."""
     values_at = _HEAD.size + 4 * len(lengths)

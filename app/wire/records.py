@@ -77,6 +77,9 @@ def _stamped(records: Sequence[Payload], times: Sequence[int]) -> list[Payload]:
 
 
 def _body(records: Sequence[Payload], times: Sequence[int]) -> tuple[int, bytes]:
+    plain = columnar.encode_timed(records, times)  # the common case: columns as they are
+    if plain is not None:
+        return 3, plain
     stamped = _stamped(records, times)
     if columnar.encodable(stamped):
         return 3, columnar.encode(stamped)
