@@ -253,6 +253,10 @@ class ConsumeRequest(_Strict):
             "topic_partitions": [{"topic": "orders", "partition": 0, "fetch_offset": 1,
                                   "partition_max_bytes": 1048576}],
             "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 4194304,
+        }, {
+            "topic_partitions": [{"topic": "orders", "partition": 0,
+                                  "fetch_offset": "committed"}],
+            "group": "billing", "auto_offset_reset": "earliest", "max_wait_ms": 5000,
         }]},
     )
 
