@@ -65,14 +65,15 @@ class Membership:
         self._settings = settings
         self._partitions_of = partitions_of
         self._clock = clock
-        self._assignments: LRUCache[tuple[str, int], Assignment] = LRUCache(1024)
+        self._assignments: LRUCache[tuple[str, int, int], Assignment] = LRUCache(1024)
         # When this broker last settled a group: heartbeats settle at most this often.
         self._settled: TTLCache[str, bool] = TTLCache(
             maxsize=100_000, ttl=settings.group_min_session_timeout_ms / 2000)
 
     def assignment(self, view: GroupView) -> Assignment:
-        """The group's assignment (cached: a generation never changes its inputs)."""
-        key = (view.record.group, view.generation)
+        """The group's assignment (cached: a generation never changes its inputs; the
+        creation time tells a group from one of the same name in a store reset since)."""
+        key = (view.record.group, view.record.created_at_ms, view.generation)
         found = self._assignments.get(key)
         if found is None:
             found = self._assignments[key] = assign(
