@@ -98,17 +98,16 @@ class Membership:
         member = Member(member_id=uuid.uuid4().hex, topics=self._subscription(topics),
                         session_timeout_ms=self._session(session_timeout_ms),
                         joined_at_ms=self._clock(), client_id=client_id)
-        await self._check_partitions(group, member)
+        await self._check_room(group, member)
         # The lease first: a settle that runs between the two writes sees a fresh lease
         # that no record lists yet and leaves it alone.
         await self._store.put_lease(group, self._lease(member), EXPECT_NOT_EXISTS)
-        maximum = self._settings.group_max_members
 
         def add(live: list[Member]) -> list[Member]:
             others = [m for m in live if m.member_id != member.member_id]
-            if len(others) >= maximum:
+            if len(others) >= self._full():
                 raise GroupFull(f"group {group!r} has {len(others)} members; the limit "
-                                f"is {maximum} (LLOG_GROUP_MAX_MEMBERS)")
+                                f"is {self._full()} (LLOG_GROUP_MAX_MEMBERS)")
             return [*others, member]
 
         try:
@@ -216,15 +215,26 @@ class Membership:
         return Lease(member_id=member.member_id, expires_at_ms=now + member.session_timeout_ms,
                      renewed_at_ms=now, broker_id=self._settings.broker_id)
 
-    async def _check_partitions(self, group: str, member: Member) -> None:
-        """Refuse a subscription that takes the group over LLOG_GROUP_MAX_PARTITIONS."""
+    async def _check_room(self, group: str, member: Member) -> None:
+        """Refuse, before writing anything, a join to a group that is full (after
+        settling it) or that the subscription would take over LLOG_GROUP_MAX_PARTITIONS
+        (the settle itself enforces the member limit, under concurrent joins too)."""
         current = await self.current(group)
+        if current is not None and len(current.record.members) >= self._full():
+            current = await self.settle(group)
+            if current is not None and len(current.record.members) >= self._full():
+                raise GroupFull(f"group {group!r} has {len(current.record.members)} "
+                                f"members; the limit is {self._full()} "
+                                "(LLOG_GROUP_MAX_MEMBERS)")
         topics = set(member.topics) | set(current.record.partitions if current else ())
         total = sum([await self._partitions_of(t) for t in sorted(topics)])
         if total > self._settings.group_max_partitions:
             raise PayloadTooLarge(f"group {group!r} would read {total} partitions; the "
                                   f"limit is {self._settings.group_max_partitions} "
                                   "(LLOG_GROUP_MAX_PARTITIONS)")
+
+    def _full(self) -> int:
+        return self._settings.group_max_members
 
     async def _counts(self, members: list[Member]) -> dict[str, int]:
         topics = sorted({t for m in members for t in m.topics})
