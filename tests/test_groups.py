@@ -21,6 +21,7 @@ from app.groups.offsets import GroupOffsets
 from app.groups.store import GroupStore
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
+from app.wire import records
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import make_settings, open_engine
 
@@ -31,10 +32,17 @@ FAST = {"group_min_session_timeout_ms": 200, "group_session_timeout_ms": 1000}
 
 
 @contextlib.asynccontextmanager
-async def broker(stack: LocalStack, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def broker_app(stack: LocalStack, **overrides: Any
+                     ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     app: FastAPI = create_app(make_settings(stack, **{**FAST, **overrides}))
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
+        yield app, client
+
+
+@contextlib.asynccontextmanager
+async def broker(stack: LocalStack, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    async with broker_app(stack, **overrides) as (_, client):
         yield client
 
 
@@ -241,6 +249,56 @@ async def test_commit_on_consume_needs_the_member_to_own_its_partitions(
         else:
             assert r.status_code == 409 and r.json()["error_type"] == "PartitionNotAssigned"
             assert await _committed(http, group) == {(topic, 0): None, (topic, 1): None}
+
+
+async def test_a_binary_answer_commits_too(
+        stack: LocalStack, topic: str, group: str) -> None:
+    async with broker(stack) as http:
+        await _create(http, topic, 2)
+        for p in (0, 1):
+            await http.post("/produce", json=produce_body(topic, "a", "b", partition=p))
+        member = await _join(http, group, topic)
+        body: dict[str, Any] = {
+            "topic_partitions": [{"topic": topic, "partition": p, "fetch_offset": "committed"}
+                                 for p in (0, 1)],
+            "group": group, "commit": True, "member_id": member["member_id"],
+            "generation": member["generation"], "max_wait_ms": 0}
+        r = await http.post("/consume", json=body, headers={"accept": records.CONTENT_TYPE})
+        assert r.status_code == 200 and r.headers["content-type"] == records.CONTENT_TYPE
+        answers = records.parse(r.content)
+        assert [(a.partition, a.next_offset) for a in answers
+                if isinstance(a, records.Records)] == [(0, 3), (1, 3)]
+        assert await _committed(http, group) == {(topic, 0): 2, (topic, 1): 2}
+
+
+async def test_a_rebalance_during_the_long_poll_fails_the_commit_and_withholds_records(
+        stack: LocalStack, topic: str, group: str) -> None:
+    async with broker_app(stack) as (app, http):
+        await _create(http, topic, 1)
+        member = await _join(http, group, topic)
+        body: dict[str, Any] = {
+            "topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": "committed"}],
+            "group": group, "commit": True, "member_id": member["member_id"],
+            "generation": member["generation"], "max_wait_ms": 20_000}
+        answer: dict[str, Any] = {}
+
+        async def consume() -> None:
+            answer.update(await _ok(await http.post("/consume", json=body)))
+
+        service = app.state.broker.consume
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(consume)
+                parked = False
+                while not parked:  # the request passed its check and waits for records
+                    await anyio.sleep(0.01)
+                    parked = service.statistics().long_polls > 0
+                await _join(http, group, topic)  # a new generation
+                await http.post("/produce", json=produce_body(topic, "a"))  # wakes it
+        (result,) = answer["results"]
+        assert result["ok"] is False and result["error_type"] == "StaleGeneration"
+        assert "records" not in result
+        assert await _committed(http, group) == {(topic, 0): None}
 
 
 async def test_reset_offsets_is_refused_while_a_member_lives(
