@@ -77,6 +77,10 @@ class MemberAssignment(BaseModel):
 
 
 class LeaveResponse(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{
+        "group": "billing", "member_id": "3f0c9d2e8b7a4c1d9e6f5a4b3c2d1e0f", "left": True,
+        "generation": 5}]})
+
     group: str
     member_id: str
     left: bool = Field(description="false when the member was not in the group any more")
