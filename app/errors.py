@@ -20,7 +20,14 @@ compare strings:
     │   ├── OffsetOutOfRange         400  fetch offset outside the log start .. hw + 1
     │   ├── UnknownTopic             404  no such topic (and auto-create is off)
     │   ├── UnknownPartition         404  the topic has no such partition
-    │   └── TopicExists              409  a topic of that name exists already
+    │   ├── TopicExists              409  a topic of that name exists already
+    │   ├── UnknownGroup             404  no such consumer group
+    │   └── GroupConflict            409  the group refuses: the caller's view is out of date
+    │       ├── UnknownMember             not a member (left, or its session expired)
+    │       ├── StaleGeneration           the group has moved on to a newer generation
+    │       ├── PartitionNotAssigned      the partition is not this member's
+    │       ├── GroupNotEmpty             the operation needs a group without live members
+    │       └── GroupFull                 the group has as many members as it may
     ├── Unavailable                  503  refused before anything was written; retry
     │   ├── BackPressureRejected          the produce buffer is full
     │   ├── ShuttingDown                  this broker is draining; retry on another
@@ -103,6 +110,41 @@ class TopicExists(RequestError):
     """A topic of that name exists already."""
 
     http_status = 409
+
+
+class UnknownGroup(RequestError):
+    """No consumer group of that name exists."""
+
+    http_status = 404
+
+
+class GroupConflict(RequestError):
+    """A consumer group refuses the request as it stands; nothing was written."""
+
+    http_status = 409
+
+
+class UnknownMember(GroupConflict):
+    """The member id is not in the group (it left, or its session expired and its
+    partitions moved): join again for a new member id."""
+
+
+class StaleGeneration(GroupConflict):
+    """The request names a generation the group has left behind (or an offset was
+    committed by a newer one): heartbeat to learn the current assignment."""
+
+
+class PartitionNotAssigned(GroupConflict):
+    """The partition is not assigned to this member in this generation."""
+
+
+class GroupNotEmpty(GroupConflict):
+    """The operation (resetting offsets, committing without a member id) needs a group
+    without live members."""
+
+
+class GroupFull(GroupConflict):
+    """The group has ``LLOG_GROUP_MAX_MEMBERS`` members already."""
 
 
 # -- refused before writing ----------------------------------------------------------

@@ -14,7 +14,7 @@ from pydantic.json_schema import models_json_schema
 
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
-from app.routes import consume, health, metrics, offsets, produce, stream, topics
+from app.routes import consume, groups, health, metrics, offsets, produce, stream, topics
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
 from app.routes.models import ProduceRequest
 from app.settings import Settings
@@ -46,7 +46,7 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     install_error_handlers(app)
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.
-    for module in (produce, consume, stream, offsets, topics, health, metrics):
+    for module in (produce, consume, stream, offsets, topics, groups, health, metrics):
         app.router.routes.extend(module.router.routes)
     Instrumentator(
         registry=state.registry,

@@ -137,6 +137,16 @@ class Settings(BaseSettings):
     # How often the compactor applies a topic's retention to a partition.
     retention_check_interval_s: float = Field(default=60.0, gt=0)
 
+    # Consumer groups: a member's session (the default, and the range a join may ask
+    # for), and the bounds of a group and of one page of the group listing.
+    group_session_timeout_ms: int = Field(default=30_000, ge=100, le=3_600_000)
+    group_min_session_timeout_ms: int = Field(default=6_000, ge=100, le=3_600_000)
+    group_max_session_timeout_ms: int = Field(default=300_000, ge=100, le=3_600_000)
+    group_max_members: int = Field(default=1_000, ge=1, le=100_000)
+    group_max_topics: int = Field(default=100, ge=1, le=10_000)
+    group_max_partitions: int = Field(default=10_000, ge=1, le=1_000_000)
+    group_list_max: int = Field(default=1_000, ge=1, le=100_000)
+
     # Compaction.
     compaction_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
     # Compacted blobs carry a chunk table with a row about every this many bytes, so a
@@ -264,6 +274,16 @@ class Settings(BaseSettings):
         if self.batch_buffer_max_bytes < self.batch_max_bytes:
             raise ValueError(
                 "LLOG_BATCH_BUFFER_MAX_BYTES must be at least LLOG_BATCH_MAX_BYTES"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sessions(self) -> Settings:
+        if not (self.group_min_session_timeout_ms <= self.group_session_timeout_ms
+                <= self.group_max_session_timeout_ms):
+            raise ValueError(
+                "LLOG_GROUP_SESSION_TIMEOUT_MS must lie between LLOG_GROUP_MIN_SESSION_"
+                "TIMEOUT_MS and LLOG_GROUP_MAX_SESSION_TIMEOUT_MS"
             )
         return self
 

@@ -103,3 +103,53 @@ def test_generated_models_cover_records_topics_and_offsets(
         assert (got.value, got.key, got.timestamp_ms) == ("order created", "customer-17",
                                                           1_700_000_000_000)
         assert got.headers[0].name == "trace" and got.append_time_ms > 0
+
+
+def test_generated_models_join_a_group_consume_committed_and_commit(
+    broker: Broker, tmp_path: Path, topic: str
+) -> None:
+    headers = {"content-type": "application/json"}
+    group = f"g-{topic}"
+    with httpx.Client(base_url=broker.url, timeout=30) as http:
+        m = _generate(http.get("/openapi.json").json(), tmp_path)
+        produce = m.ProduceRequest(topic_partitions=[m.ProduceTopicPartition(
+            topic=topic, partition=0, records=["a", "b", "c"])])
+        assert http.post("/produce", content=produce.model_dump_json(exclude_none=True),
+                         headers=headers).status_code == 200
+        r = http.post(f"/groups/{group}/join", headers=headers, content=m.JoinRequest(
+            topics=[topic], client_id="generated").model_dump_json(exclude_none=True))
+        assert r.status_code == 200, r.text
+        member = m.MemberAssignment.model_validate(r.json())
+        assert [(a.topic, a.partitions) for a in member.assignment] == [(topic, [0])]
+
+        def consume() -> list[int]:
+            request = m.ConsumeRequest(
+                topic_partitions=[m.ConsumeTopicPartition(
+                    topic=topic, partition=0, fetch_offset="committed")],
+                group=group, max_wait_ms=0)
+            r = http.post("/consume", content=request.model_dump_json(exclude_none=True),
+                          headers=headers)
+            assert r.status_code == 200, r.text
+            (result,) = m.ConsumeResponse.model_validate(r.json()).results
+            return [x.offset for x in result.records]
+
+        assert consume() == [1, 2, 3]
+        commit = m.CommitRequest(member_id=member.member_id, generation=member.generation,
+                                 offsets=[m.CommitOffset(topic=topic, partition=0, offset=2)])
+        r = http.post(f"/groups/{group}/commit", headers=headers,
+                      content=commit.model_dump_json(exclude_none=True))
+        assert r.status_code == 200, r.text
+        (done,) = m.OffsetResults.model_validate(r.json()).results
+        assert done.ok and done.offset == 2
+        assert consume() == [3]
+
+        described = m.GroupDescription.model_validate(http.get(f"/groups/{group}").json())
+        (state,) = described.partitions
+        assert (state.committed_offset, state.high_watermark, state.lag) == (2, 3, 1)
+        assert described.members[0].client_id == "generated"
+        r = http.post(f"/groups/{group}/heartbeat", headers=headers,
+                      content=m.MemberRequest(member_id=member.member_id).model_dump_json())
+        assert m.MemberAssignment.model_validate(r.json()).generation == member.generation
+        r = http.post(f"/groups/{group}/leave", headers=headers,
+                      content=m.MemberRequest(member_id=member.member_id).model_dump_json())
+        assert m.LeaveResponse.model_validate(r.json()).left

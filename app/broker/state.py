@@ -39,6 +39,7 @@ from app.broker.topics import TopicDirectory
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.compaction.service import run_in_broker
 from app.errors import LlogError
+from app.groups.service import GroupService
 from app.observability import (
     READY,
     S3_REQUEST_COST,
@@ -83,6 +84,7 @@ class BrokerState:
     cache: TailCache | None = None
     topics: TopicDirectory | None = None
     admin: TopicAdmin | None = None
+    groups: GroupService | None = None
     watch: PartitionWatch = field(default_factory=PartitionWatch)
     s3_usage: S3Usage = field(default_factory=S3Usage)
     failure: str | None = None
@@ -222,6 +224,13 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         max_concurrent_fetches=s.read_max_concurrent_fetches)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
+    topics = state.topics
+
+    async def partitions_of(topic: str) -> int:
+        found = await topics.topic(topic)
+        return 0 if found is None else found.partitions
+
+    state.groups = GroupService(oxia, layout, state.reader, s, partitions_of)
     state.consume = ConsumeService(state.reader, state.cache, state.watch,
                                    state.consume_metrics,
                                    max_long_polls=s.max_concurrent_long_polls,

@@ -24,6 +24,13 @@ Each error carries what a caller needs to act on it:
     │   ├── UnknownTopic             404
     │   ├── UnknownPartition         404
     │   ├── TopicExists              409
+    │   ├── UnknownGroup             404
+    │   ├── GroupConflict            409: the member's view of its group is out of date
+    │   │   ├── UnknownMember        join again
+    │   │   ├── StaleGeneration      heartbeat for the current assignment
+    │   │   ├── PartitionNotAssigned
+    │   │   ├── GroupNotEmpty
+    │   │   └── GroupFull
     │   ├── NotFound                 404 (unknown path)
     │   ├── MethodNotAllowed         405
     │   └── HTTPError                another 4xx
@@ -116,6 +123,34 @@ class UnknownPartition(RequestError):
 
 class TopicExists(RequestError):
     """A topic of that name exists already."""
+
+
+class UnknownGroup(RequestError):
+    """No consumer group of that name."""
+
+
+class GroupConflict(RequestError):
+    """A consumer group refused: the caller's view of it is out of date."""
+
+
+class UnknownMember(GroupConflict):
+    """Not a member (it left, or its session expired): join again."""
+
+
+class StaleGeneration(GroupConflict):
+    """The group moved on to a newer generation: heartbeat for the assignment."""
+
+
+class PartitionNotAssigned(GroupConflict):
+    """The partition is not this member's in this generation."""
+
+
+class GroupNotEmpty(GroupConflict):
+    """The operation needs a group without live members."""
+
+
+class GroupFull(GroupConflict):
+    """The group has as many members as the broker allows."""
 
 
 class NotFound(RequestError):

@@ -21,7 +21,7 @@ from app.errors import (
     PayloadTooLarge,
     RoleDisabled,
 )
-from app.routes.deps import broker_state
+from app.routes.deps import broker_state, groups_of
 from app.routes.disconnect import unless_disconnected
 from app.routes.models import (
     ConsumeRequest,
@@ -108,12 +108,15 @@ async def consume(
     state: Annotated[BrokerState, Depends(broker_state)],
 ) -> Response:
     started = time.monotonic()
-    fetches = await _fetches(body, state)
+    fetches, refused = await _fetches(body, state)
     service = state.consume
     outcomes: list[ReadOutcome] = [
         RoleDisabled("this broker does not have the read role")] * len(fetches)
     if service is not None:
-        refused = await _unknown(state, fetches)
+        if body.commit:  # a member that may not commit is refused before any wait
+            await groups_of(state).offsets.authorise(
+                _group(body), body.member_id, body.generation, [f.tp for f in fetches])
+        refused.update(await _unknown(state, fetches, refused))
         readable = [f for i, f in enumerate(fetches) if i not in refused]
         answered = await unless_disconnected(request, lambda: service.consume(
             readable, max_wait_s=body.max_wait_ms / 1000, min_bytes=body.min_bytes,
@@ -122,6 +125,8 @@ async def consume(
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         read = iter(answered[0])
         outcomes = [refused[i] if i in refused else next(read) for i in range(len(fetches))]
+    committed = await _commit_delivered(state, body, fetches, outcomes) if body.commit else {}
+    outcomes = [_unless_refused(o, committed.get(i)) for i, o in enumerate(outcomes)]
     _count(state, outcomes)
     if wire.wants_binary(request.headers.get("accept", "")):
         content = wire.build([_binary(f.tp, o) for f, o in zip(fetches, outcomes,
@@ -129,21 +134,24 @@ async def consume(
         media_type = wire.CONTENT_TYPE
     else:
         content = orjson.dumps({"results": [
-            _result(fetch.tp, outcome, body.encoding)
-            for fetch, outcome in zip(fetches, outcomes, strict=True)]})
+            _result(fetch.tp, outcome, body.encoding, committed.get(i))
+            for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]})
         media_type = "application/json"
     state.consume_metrics.requests.inc()
     state.consume_metrics.latency.observe(time.monotonic() - started)
     return Response(content, media_type=media_type)
 
 
-async def _unknown(state: BrokerState, fetches: list[Fetch]) -> dict[int, LlogError]:
+async def _unknown(state: BrokerState, fetches: list[Fetch], refused: dict[int, LlogError]
+                   ) -> dict[int, LlogError]:
     """The fetches of partitions that do not exist (when topics are not auto-created),
-    by index, with their error."""
+    by index, with their error (those ``refused`` already are not looked at)."""
     out: dict[int, LlogError] = {}
     if state.topics is None:
         return out
     for i, fetch in enumerate(fetches):
+        if i in refused:
+            continue
         try:
             await state.topics.check_readable(fetch.tp)
         except LlogError as exc:
@@ -151,20 +159,61 @@ async def _unknown(state: BrokerState, fetches: list[Fetch]) -> dict[int, LlogEr
     return out
 
 
-async def _fetches(body: ConsumeRequest, state: BrokerState) -> list[Fetch]:
+def _group(body: ConsumeRequest) -> str:
+    assert body.group is not None  # the model requires it with committed and commit
+    return body.group
+
+
+async def _fetches(body: ConsumeRequest, state: BrokerState
+                   ) -> tuple[list[Fetch], dict[int, LlogError]]:
     """The request as fetches, within the configured limits (400/413 otherwise), with
-    "earliest" and "latest" resolved to offsets."""
+    "earliest", "latest" and "committed" resolved to offsets; the fetches that could
+    not be resolved, by index, with their error."""
     fetches = _checked(body, state.settings)
-    named = [i for i, e in enumerate(body.topic_partitions) if isinstance(e.fetch_offset, str)]
-    if not named:
-        return fetches
-    found = await lookup_all(state.reader, [(fetches[i].tp, None) for i in named])
-    for i, where in zip(named, found, strict=True):
-        if isinstance(where, PartitionOffsets):
-            offset = (where.log_start if body.topic_partitions[i].fetch_offset == "earliest"
-                      else where.high_watermark + 1)
-            fetches[i] = dataclasses.replace(fetches[i], offset=offset)
-    return fetches
+    refused: dict[int, LlogError] = {}
+    entries = body.topic_partitions
+    named = [i for i, e in enumerate(entries) if e.fetch_offset in ("earliest", "latest")]
+    if named:
+        found = await lookup_all(state.reader, [(fetches[i].tp, None) for i in named])
+        for i, where in zip(named, found, strict=True):
+            if isinstance(where, PartitionOffsets):
+                offset = (where.log_start if entries[i].fetch_offset == "earliest"
+                          else where.high_watermark + 1)
+                fetches[i] = dataclasses.replace(fetches[i], offset=offset)
+    committed = [i for i, e in enumerate(entries) if e.fetch_offset == "committed"]
+    if committed:
+        positions = await groups_of(state).offsets.positions(
+            _group(body), [fetches[i].tp for i in committed], body.auto_offset_reset)
+        for i, position in zip(committed, positions, strict=True):
+            if isinstance(position, LlogError):
+                refused[i] = position
+            else:
+                fetches[i] = dataclasses.replace(fetches[i], offset=position)
+    return fetches, refused
+
+
+async def _commit_delivered(state: BrokerState, body: ConsumeRequest, fetches: list[Fetch],
+                            outcomes: list[ReadOutcome]) -> dict[int, int | LlogError]:
+    """Commit the last record delivered of each partition that delivered any, before
+    the answer leaves (at-most-once); by index, the offset committed or why not."""
+    delivered = [(i, fetch.tp, outcome.next_offset - 1) for i, (fetch, outcome)
+                 in enumerate(zip(fetches, outcomes, strict=True))
+                 if isinstance(outcome, ReadResult) and outcome.records]
+    if not delivered:
+        return {}
+    done: list[int | LlogError]
+    try:
+        done = await groups_of(state).offsets.commit(
+            _group(body), body.member_id, body.generation,
+            [(tp, offset) for _, tp, offset in delivered], check_bounds=False)
+    except LlogError as exc:  # the group changed while the request waited
+        done = [exc] * len(delivered)
+    return {i: outcome for (i, _, _), outcome in zip(delivered, done, strict=True)}
+
+
+def _unless_refused(outcome: ReadOutcome, commit: int | LlogError | None) -> ReadOutcome:
+    """A partition whose commit failed answers the error, not records it did not commit."""
+    return commit if isinstance(commit, LlogError) else outcome
 
 
 def _checked(body: ConsumeRequest, s: Settings) -> list[Fetch]:
@@ -221,14 +270,18 @@ def _error(tp: TopicPartition, outcome: LlogError) -> dict[str, Any]:
     return out
 
 
-def _result(tp: TopicPartition, outcome: ReadOutcome, encoding: str) -> dict[str, Any]:
+def _result(tp: TopicPartition, outcome: ReadOutcome, encoding: str,
+            committed: int | LlogError | None = None) -> dict[str, Any]:
     if not isinstance(outcome, ReadResult):
         return _error(tp, outcome)
-    return {"topic": tp.topic, "partition": tp.partition, "ok": True,
-            "high_watermark": outcome.high_watermark,
-            "log_start_offset": outcome.log_start, "next_offset": outcome.next_offset,
-            "records": [_record(o, v, t, encoding) for (o, v), t in zip(
-                outcome.records, _times(outcome), strict=True)]}
+    out = {"topic": tp.topic, "partition": tp.partition, "ok": True,
+           "high_watermark": outcome.high_watermark,
+           "log_start_offset": outcome.log_start, "next_offset": outcome.next_offset,
+           "records": [_record(o, v, t, encoding) for (o, v), t in zip(
+               outcome.records, _times(outcome), strict=True)]}
+    if isinstance(committed, int):
+        out["committed_offset"] = committed
+    return out
 
 
 def _binary(tp: TopicPartition, outcome: ReadOutcome) -> wire.Records | wire.Failed:
