@@ -104,19 +104,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
-    overrides: dict[str, object] = {"host": args.host, "port": args.port}
-    if args.proxy_headers is not None:
-        overrides["proxy_headers"] = args.proxy_headers
-    if args.forwarded_allow_ips is not None:
-        overrides["forwarded_allow_ips"] = args.forwarded_allow_ips
+    overrides: dict[str, object] = {"host": args.host, "port": args.port,
+                                    "access_log": args.access_log}
+    for name in ("proxy_headers", "forwarded_allow_ips", "ssl_certfile", "ssl_keyfile",
+                 "ssl_ca_certs", "ssl_client_cert"):
+        if getattr(args, name) is not None:
+            overrides[name] = getattr(args, name)
     try:
         settings = Settings.from_env(**overrides)
     except SettingsError as exc:
         print(f"llog serve: {exc}", file=sys.stderr)
         return 2
     # Workers re-read the environment; make the CLI flags part of it.
-    os.environ["LLOG_HOST"] = settings.host
-    os.environ["LLOG_PORT"] = str(settings.port)
+    env = settings.as_env()
+    for name in overrides:
+        os.environ[f"LLOG_{name.upper()}"] = env[f"LLOG_{name.upper()}"]
     uvicorn.run(
         "app.factory:create_app_from_env",
         factory=True,
@@ -124,7 +126,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=args.workers,
         log_level=args.log_level,
-        access_log=args.access_log,
+        # With auth on the app logs each request itself, naming the principal.
+        access_log=settings.access_log and not settings.auth_enabled,
         proxy_headers=settings.proxy_headers,
         forwarded_allow_ips=settings.forwarded_allow_ips,
         timeout_keep_alive=int(settings.keep_alive_s),
@@ -132,8 +135,22 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # and the batcher's last window finish within this.
         timeout_graceful_shutdown=30,
         lifespan="on",
+        **_tls(settings),
     )
     return 0
+
+
+def _tls(s: Settings) -> dict[str, Any]:
+    """uvicorn's TLS options from the settings (none: plain HTTP)."""
+    import ssl
+
+    if s.ssl_certfile is None:
+        return {}
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+            "required": ssl.CERT_REQUIRED}[s.ssl_client_cert]
+    return {"ssl_certfile": str(s.ssl_certfile), "ssl_keyfile": str(s.ssl_keyfile),
+            "ssl_ca_certs": str(s.ssl_ca_certs) if s.ssl_ca_certs else None,
+            "ssl_cert_reqs": reqs}
 
 
 def cmd_compactor(args: argparse.Namespace) -> int:
@@ -189,10 +206,21 @@ def _add_dev_and_serve(sub: Any) -> None:
     serve.add_argument("--forwarded-allow-ips", default=None,
                        help="comma-separated proxy addresses to trust, '*' for any "
                             "(default 127.0.0.1; LLOG_FORWARDED_ALLOW_IPS)")
+    serve.add_argument("--ssl-certfile", default=None,
+                       help="serve HTTPS with this certificate chain (PEM; LLOG_SSL_CERTFILE)")
+    serve.add_argument("--ssl-keyfile", default=None,
+                       help="the certificate's private key (PEM; LLOG_SSL_KEYFILE)")
+    serve.add_argument("--ssl-ca-certs", default=None,
+                       help="CAs that sign client certificates (LLOG_SSL_CA_CERTS)")
+    serve.add_argument("--ssl-client-cert", choices=("none", "optional", "required"),
+                       default=None,
+                       help="ask clients for a certificate (default none; "
+                            "LLOG_SSL_CLIENT_CERT)")
     serve.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.cli_auth import add_auth_commands
     from app.cli_client import ArgumentParser, add_client_commands, version_text
 
     parser = ArgumentParser(prog="llog", description="leaderless-log broker tools")
@@ -200,6 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     add_client_commands(sub)
     _add_dev_and_serve(sub)
+    add_auth_commands(sub)
 
     compactor = sub.add_parser("compactor", help="run the standalone compaction service")
     compactor.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
+from app.auth.rights import Right
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import (
@@ -20,6 +21,7 @@ from app.errors import (
     PayloadTooLarge,
     RoleDisabled,
 )
+from app.routes.access import account, authorize, control_of
 from app.routes.deps import broker_state
 from app.routes.disconnect import unless_disconnected
 from app.routes.models import (
@@ -96,6 +98,7 @@ async def consume(
     state: Annotated[BrokerState, Depends(broker_state)],
 ) -> Response:
     started = time.monotonic()
+    authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
     fetches = await _fetches(body, state)
     service = state.consume
     outcomes: list[ReadOutcome] = [
@@ -112,6 +115,8 @@ async def consume(
         outcomes = [refused[i] if i in refused else next(read) for i in range(len(fetches))]
     results = [_result(state, fetch.tp, outcome, body.encoding)
                for fetch, outcome in zip(fetches, outcomes, strict=True)]
+    if control_of(request) is not None:
+        account(request, consumed=sum(o.size for o in outcomes if isinstance(o, ReadResult)))
     state.consume_metrics.requests.inc()
     state.consume_metrics.latency.observe(time.monotonic() - started)
     return JSONResponse(ConsumeResponse(results=results).model_dump(exclude_none=True))

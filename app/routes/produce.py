@@ -5,18 +5,21 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
+from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
+from app.routes.access import account, authorize, charge_produce, control_of
 from app.routes.deps import broker_state
 from app.routes.models import (
     ErrorResponse,
     ProducePartitionResult,
     ProduceRequest,
     ProduceResponse,
+    ProduceTopicPartition,
 )
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
@@ -42,9 +45,11 @@ router = APIRouter(tags=["produce"])
     },
 )
 async def produce(
-    body: ProduceRequest, state: Annotated[BrokerState, Depends(broker_state)]
+    body: ProduceRequest, request: Request,
+    state: Annotated[BrokerState, Depends(broker_state)]
 ) -> JSONResponse:
     started = time.monotonic()
+    authorize(request, Right.PRODUCE, (e.topic for e in body.topic_partitions))
     if state.batcher is None or state.topics is None:
         outcomes: list[AppendOutcome] = [
             RoleDisabled("this broker does not have the write role")] * len(
@@ -52,13 +57,18 @@ async def produce(
         groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), [])
                   for e in body.topic_partitions]
     else:
-        groups = await _groups(body, state.settings, state.topics)
+        entries = _entries(body, state.settings)
+        charge_produce(request, (payloads for _, payloads in entries))
+        groups = await _place(entries, state.settings, state.topics)
         try:
             outcomes = await state.batcher.submit(groups)
         except LlogError as exc:  # refused as a whole: nothing was written
             outcomes = [exc] * len(groups)
     results = [_result(state, group, outcome)
                for group, outcome in zip(groups, outcomes, strict=True)]
+    if control_of(request) is not None:
+        account(request, produced=sum(g.size for g, o in zip(groups, outcomes, strict=True)
+                                      if isinstance(o, AppendResult) and not o.duplicate))
     errors = sum(not r.ok for r in results)
     headers = {}
     if errors == 0:
@@ -76,10 +86,12 @@ async def produce(
                         headers=headers)
 
 
-async def _groups(body: ProduceRequest, s: Settings, topics: TopicDirectory
-                  ) -> list[AppendGroup]:
-    """The request as append groups in their partitions, within the configured limits
-    (413 otherwise), or refused as a whole (unknown topic or partition: 404)."""
+Entries = list[tuple[ProduceTopicPartition, list[Payload]]]
+
+
+def _entries(body: ProduceRequest, s: Settings) -> Entries:
+    """The request's entries with their records, within the configured limits (413
+    otherwise); nothing is looked up or created yet."""
     if len(body.topic_partitions) > s.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(body.topic_partitions)} entries in one request; the "
                               f"limit is {s.max_partitions_per_request}")
@@ -91,6 +103,12 @@ async def _groups(body: ProduceRequest, s: Settings, topics: TopicDirectory
     for entry, payloads in entries:  # every limit first: refuse before creating a topic
         for payload in payloads:
             _check_record(entry.topic, payload, s, s.max_record_bytes)
+    return entries
+
+
+async def _place(entries: Entries, s: Settings, topics: TopicDirectory) -> list[AppendGroup]:
+    """The entries as append groups in their partitions, or refused as a whole (unknown
+    topic or partition: 404; a topic's own record limit: 413)."""
     groups: list[AppendGroup] = []
     for entry, payloads in entries:
         where = await topics.place(entry.topic, entry.partition, payloads)
