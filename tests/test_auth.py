@@ -383,3 +383,61 @@ async def test_jwks_from_a_url_follows_a_key_rotation(
 async def _hw_after(stack: LocalStack, auth_file: Path, keys: Keys, topic: str) -> int:
     async with auth_app(stack, auth_file) as (_, http):
         return await high_watermark(http, keys.tokens["writer"], topic)
+
+
+# -- CORS and the OpenAPI document -------------------------------------------------------
+
+
+async def test_cors_answers_preflights_and_refusals_carry_its_headers(
+        stack: LocalStack, auth_file: Path) -> None:
+    site = "https://app.example"
+    preflight = {"origin": site, "access-control-request-method": "POST",
+                 "access-control-request-headers": "authorization, content-type"}
+    async with auth_app(stack, auth_file, cors_allow_origins=site) as (_, http):
+        r = await http.options("/produce", headers=preflight)
+        assert r.status_code == 200, r.text
+        assert r.headers["access-control-allow-origin"] == site
+        assert "authorization" in r.headers["access-control-allow-headers"].lower()
+        assert r.headers["access-control-max-age"] == "600"
+        r = await http.options("/produce", headers={**preflight,
+                                                    "origin": "https://elsewhere.example"})
+        assert r.status_code == 400 and "access-control-allow-origin" not in r.headers
+        # A browser can read why it was refused, and when to come back.
+        r = await http.post("/produce", json={}, headers={"origin": site})
+        assert r.status_code == 401 and r.headers["access-control-allow-origin"] == site
+        assert "www-authenticate" in r.headers["access-control-expose-headers"].lower()
+
+
+async def test_cors_is_off_by_default(stack: LocalStack) -> None:
+    app = create_app(make_settings(stack))
+    with anyio.fail_after(60):
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://broker") as http:
+            r = await http.options("/produce", headers={
+                "origin": "https://app.example", "access-control-request-method": "POST"})
+            assert "access-control-allow-origin" not in r.headers
+            schema = (await http.get("/openapi.json")).json()
+            assert "securitySchemes" not in schema.get("components", {})
+            assert "security" not in schema["paths"]["/produce"]["post"]
+
+
+async def test_openapi_declares_the_bearer_scheme_on_protected_operations(
+        stack: LocalStack, auth_file: Path) -> None:
+    async with auth_app(stack, auth_file) as (_, http):
+        schema = (await http.get("/openapi.json")).json()
+    scheme = schema["components"]["securitySchemes"]["bearerAuth"]
+    assert (scheme["type"], scheme["scheme"]) == ("http", "bearer")
+    protected = {(path, method): op for path, ops in schema["paths"].items()
+                 for method, op in ops.items() if "security" in op}
+    assert {("/produce", "post"), ("/consume", "post"), ("/offsets", "post"),
+            ("/topics", "get"), ("/topics", "post"), ("/topics/{topic}", "delete")
+            } <= set(protected)
+    for op in protected.values():
+        assert op["security"] == [{"bearerAuth": []}]
+        for status in ("401", "403", "429"):
+            ref = op["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+            assert ref == "#/components/schemas/ErrorResponse"
+    assert "security" not in schema["paths"]["/health/ready"]["get"]
+    assert "security" not in schema["paths"]["/metrics/prometheus"]["get"]
+    enum = schema["components"]["schemas"]["ErrorResponse"]["properties"]["error_type"]["enum"]
+    assert {"Unauthenticated", "Forbidden", "QuotaExceeded"} <= set(enum)
