@@ -441,3 +441,41 @@ async def test_openapi_declares_the_bearer_scheme_on_protected_operations(
     assert "security" not in schema["paths"]["/metrics/prometheus"]["get"]
     enum = schema["components"]["schemas"]["ErrorResponse"]["properties"]["error_type"]["enum"]
     assert {"Unauthenticated", "Forbidden", "QuotaExceeded"} <= set(enum)
+
+
+# -- the Python client -------------------------------------------------------------------
+
+
+async def test_the_python_client_sends_its_token_and_names_each_refusal(
+        stack: LocalStack, auth_file: Path, keys: Keys, topic: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.client import (
+        NO_RETRIES,
+        AsyncLlogClient,
+        Forbidden,
+        QuotaExceeded,
+        Unauthenticated,
+    )
+
+    async with auth_app(stack, auth_file) as (app, _):
+        transport = httpx.ASGITransport(app=app)
+
+        def client(token: str | None) -> AsyncLlogClient:
+            return AsyncLlogClient("http://broker", token=token, retry=NO_RETRIES,
+                                   transport=transport)
+
+        async with client(keys.tokens["writer"]) as llog:
+            assert (await llog.produce(topic, ["a"])).batches
+        monkeypatch.setenv("LLOG_TOKEN", keys.tokens["reader"])
+        async with client(None) as llog:  # LLOG_TOKEN
+            assert (await llog.offsets(topic)).high_watermark == 1
+            with pytest.raises(Forbidden):
+                await llog.produce(topic, ["b"])
+        async with client(keys.new("stranger")) as llog:
+            with pytest.raises(Unauthenticated):
+                await llog.offsets(topic)
+        async with client(keys.tokens["chatty"]) as llog:
+            await llog.produce(topic, ["c"])
+            with pytest.raises(QuotaExceeded) as refused:
+                await llog.produce(topic, ["d"])
+            assert refused.value.retriable and (refused.value.retry_after_s or 0) >= 1
