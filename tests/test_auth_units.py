@@ -3,20 +3,27 @@ metric labels, the settings that switch it on, the RFC 6750 challenge, `llog aut
 
 from __future__ import annotations
 
+import json
 import tomllib
 from pathlib import Path
 
+import anyio
+import jwt
 import pytest
 
 from app.auth.apikeys import KeyRing, StoredKey, key_id_of, mint
 from app.auth.authfile import AuthFileError, parse
+from app.auth.jwks import JwksError
+from app.auth.jwts import JwtVerifier
 from app.auth.metrics import OTHER, PrincipalLabels
 from app.auth.quotas import Quota, QuotaBook, TokenBucket
 from app.auth.rights import Acl, Names, Right
 from app.cli import main
-from app.errors import Forbidden, QuotaExceeded, Unauthenticated
+from app.errors import Forbidden, QuotaExceeded, Unauthenticated, Unavailable
+from app.localstack.processes import free_port
 from app.routes.errors import error_response
 from app.settings import Settings, SettingsError
+from tests.helpers.auth import AUDIENCE, ISSUER, Issuer, jwks
 
 
 class Clock:
@@ -233,3 +240,59 @@ def test_auth_check_reports_a_broken_file(tmp_path: Path,
     path.write_text("[principals.a]\nadmin = '*'\n")
     assert main(["auth", "check", str(path)]) == 1
     assert "principals.a.admin" in capsys.readouterr().err
+
+
+# -- JWT verification (a key set from a file; no servers) ---------------------------------
+
+
+def _verifier(tmp_path: Path, doc: object, **overrides: object) -> JwtVerifier:
+    path = tmp_path / "jwks.json"
+    path.write_text(json.dumps(doc))
+    values: dict[str, object] = {"auth": "on", "auth_file": tmp_path / "auth.toml",
+                                 "auth_jwks_file": path, "auth_jwt_issuer": ISSUER,
+                                 "auth_jwt_audience": AUDIENCE, "auth_jwks_min_refresh_s": 0}
+    values.update(overrides)
+    return JwtVerifier(Settings.from_env(**values))
+
+
+async def test_a_token_without_key_id_needs_a_single_key(tmp_path: Path) -> None:
+    issuer, other = Issuer(), Issuer()
+    no_kid = {**issuer.jwk()}
+    del no_kid["kid"]
+    token = jwt.encode({"sub": "a", "iss": ISSUER, "aud": AUDIENCE, "exp": 4_000_000_000},
+                       issuer.private, algorithm="RS256")
+    verifier = _verifier(tmp_path, {"keys": [no_kid]})
+    await verifier.refresh()
+    assert await verifier.principal(token) == "a"
+    verifier = _verifier(tmp_path, jwks(issuer, other))
+    await verifier.refresh()
+    with pytest.raises(Unauthenticated, match="a key the issuer does not publish"):
+        await verifier.principal(token)
+
+
+async def test_symmetric_keys_and_other_algorithms_are_not_kept(tmp_path: Path) -> None:
+    issuer = Issuer()
+    secret = {"kty": "oct", "k": "c2VjcmV0", "kid": "s", "alg": "HS256"}
+    verifier = _verifier(tmp_path, {"keys": [secret]})
+    with pytest.raises(JwksError, match="no signing key"):
+        await verifier.refresh()
+    verifier = _verifier(tmp_path, jwks(issuer), auth_jwt_algorithms="ES256")
+    with pytest.raises(JwksError, match="ES256"):
+        await verifier.refresh()
+
+
+async def test_unloadable_keys_answer_503_not_401(tmp_path: Path) -> None:
+    verifier = _verifier(tmp_path, {"keys": []}, auth_jwks_file=None,
+                         auth_jwks_url=f"http://127.0.0.1:{free_port()}/jwks.json",
+                         auth_jwks_timeout_s=2)
+    with anyio.fail_after(10), pytest.raises(Unavailable, match="could not be loaded"):
+        await verifier.principal(Issuer().token("alice"))
+
+
+async def test_the_principal_claim_is_configurable(tmp_path: Path) -> None:
+    issuer = Issuer()
+    verifier = _verifier(tmp_path, jwks(issuer), auth_jwt_principal_claim="client_id")
+    await verifier.refresh()
+    assert await verifier.principal(issuer.token("x", client_id="svc-7")) == "svc-7"
+    with pytest.raises(Unauthenticated, match="lacks the client_id claim"):
+        await verifier.principal(issuer.token("x"))
