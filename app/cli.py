@@ -104,10 +104,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     import uvicorn
 
-    overrides: dict[str, object] = {"host": args.host, "port": args.port,
-                                    "access_log": args.access_log}
-    for name in ("proxy_headers", "forwarded_allow_ips", "ssl_certfile", "ssl_keyfile",
-                 "ssl_ca_certs", "ssl_client_cert"):
+    overrides: dict[str, object] = {"host": args.host, "port": args.port}
+    for name in ("access_log", "proxy_headers", "forwarded_allow_ips", "ssl_certfile",
+                 "ssl_keyfile", "ssl_ca_certs", "ssl_client_cert"):
         if getattr(args, name) is not None:
             overrides[name] = getattr(args, name)
     try:
@@ -197,8 +196,9 @@ def _add_dev_and_serve(sub: Any) -> None:
     serve.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8080")))
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
-    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
-                       help="log every request with the client's address (default on)")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                       help="log every request with the client's address (default on; "
+                            "LLOG_ACCESS_LOG; with auth on, and the principal)")
     serve.add_argument("--proxy-headers", action=argparse.BooleanOptionalAction,
                        default=None,
                        help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips "
