@@ -12,6 +12,7 @@ from typing import Any
 
 from app.auth.apikeys import mint
 from app.auth.authfile import AuthFileError, load
+from app.settings import Settings
 
 _PRINCIPAL = re.compile(r"[!-~]{1,256}")
 
@@ -41,7 +42,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         print("llog auth check: name the file (or set LLOG_AUTH_FILE)", file=sys.stderr)
         return 2
     try:
-        config = load(path)
+        config = load(path, Settings.from_env().auth_file_max_bytes)
     except AuthFileError as exc:
         print(f"llog auth check: {exc}", file=sys.stderr)
         return 1

@@ -111,6 +111,7 @@ class Settings(BaseSettings):
     # Principals, their API key hashes, rights and quotas (TOML), re-read when it changes.
     auth_file: Path | None = None
     auth_reload_interval_s: float = Field(default=5.0, ge=0.1, le=3600)
+    auth_file_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     # /metrics and /metrics/prometheus: open, or for authenticated principals only.
     auth_metrics: Literal["open", "authenticated"] = "open"
     # Principals not named in the auth file (JWT subjects) that get their own metrics
@@ -130,6 +131,8 @@ class Settings(BaseSettings):
     auth_jwks_refresh_s: float = Field(default=300.0, ge=1, le=86_400)
     auth_jwks_min_refresh_s: float = Field(default=30.0, ge=0, le=3600)
     auth_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    # A key set is a few kilobytes: a larger document is refused rather than parsed.
+    auth_jwks_max_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
 
     # Writer.
     commit_max_attempts: int = Field(default=64, ge=1, le=10_000)

@@ -12,7 +12,7 @@ import jwt
 import pytest
 
 from app.auth.apikeys import KeyRing, StoredKey, key_id_of, mint
-from app.auth.authfile import AuthFileError, parse
+from app.auth.authfile import AuthFileError, load, parse
 from app.auth.jwks import JwksError
 from app.auth.jwts import JwtVerifier
 from app.auth.metrics import OTHER, PrincipalLabels
@@ -296,3 +296,11 @@ async def test_the_principal_claim_is_configurable(tmp_path: Path) -> None:
     assert await verifier.principal(issuer.token("x", client_id="svc-7")) == "svc-7"
     with pytest.raises(Unauthenticated, match="lacks the client_id claim"):
         await verifier.principal(issuer.token("x"))
+
+
+def test_an_auth_file_over_its_size_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "auth.toml"
+    path.write_text("[principals.a]\nadmin = ['*']\n" + "# padding\n" * 200)
+    assert load(path, 1 << 20).entry("a").acl.allows(Right.ADMIN, "x")
+    with pytest.raises(AuthFileError, match="larger than 1024 bytes"):
+        load(path, 1024)

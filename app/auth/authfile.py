@@ -28,9 +28,6 @@ from app.auth.apikeys import KeyRing, StoredKey
 from app.auth.quotas import Quota
 from app.auth.rights import Acl, Right
 
-# An operator's file, read whole: larger than this is refused rather than read.
-MAX_AUTH_FILE_BYTES = 16 * 1024 * 1024
-
 Pattern = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!-)+-~]*\*?$",
                                description="a name, or a prefix ending in *")]
 PrincipalName = Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[!-~]+$")]
@@ -122,15 +119,16 @@ def parse(text: str) -> AuthConfig:
     return AuthConfig(principals, default, ring)
 
 
-def load(path: Path) -> AuthConfig:
-    """Read and parse the file (blocking: call it off the event loop)."""
+def load(path: Path, max_bytes: int) -> AuthConfig:
+    """Read and parse the file (blocking: call it off the event loop); a file larger
+    than ``max_bytes`` (LLOG_AUTH_FILE_MAX_BYTES) is refused rather than read."""
     try:
         with path.open("rb") as f:
-            data = f.read(MAX_AUTH_FILE_BYTES + 1)
+            data = f.read(max_bytes + 1)
     except OSError as exc:
         raise AuthFileError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_AUTH_FILE_BYTES:
-        raise AuthFileError(f"{path} is larger than {MAX_AUTH_FILE_BYTES} bytes")
+    if len(data) > max_bytes:
+        raise AuthFileError(f"{path} is larger than {max_bytes} bytes")
     try:
         return parse(data.decode("utf-8"))
     except UnicodeDecodeError:

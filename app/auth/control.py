@@ -48,7 +48,7 @@ class AccessControl:
         self._labels = PrincipalLabels(settings.auth_metrics_max_principals)
         self._config: AuthConfig | None = None
         self.watch = AuthFileWatch(settings.auth_file, settings.auth_reload_interval_s,
-                                   self._apply, self._loaded)
+                                   settings.auth_file_max_bytes, self._apply, self._loaded)
 
     def _apply(self, config: AuthConfig) -> None:
         self._config = config

@@ -20,26 +20,25 @@ from jwt import PyJWK
 from jwt.exceptions import PyJWKError
 
 log = logging.getLogger(__name__)
-# A key set is a few kilobytes; anything far larger is refused rather than parsed.
-MAX_JWKS_BYTES = 1024 * 1024
 
 
 class JwksError(Exception):
     """The key set could not be fetched or holds no usable key."""
 
 
-async def fetch_document(file: Path | None, url: str | None, timeout_s: float
-                         ) -> Mapping[str, Any]:
-    """The JWKS document as JSON, from ``file`` or ``url``."""
+async def fetch_document(file: Path | None, url: str | None, timeout_s: float,
+                         max_bytes: int) -> Mapping[str, Any]:
+    """The JWKS document as JSON, from ``file`` or ``url``; one larger than
+    ``max_bytes`` (LLOG_AUTH_JWKS_MAX_BYTES) is refused rather than parsed."""
     if file is not None:
         try:
-            data = await anyio.to_thread.run_sync(_read_file, file)
+            data = await anyio.to_thread.run_sync(_read_file, file, max_bytes)
         except OSError as exc:
             raise JwksError(f"cannot read {file}: {exc.strerror or exc}") from None
         where = str(file)
     else:
         assert url is not None
-        data = await _download(url, timeout_s)
+        data = await _download(url, timeout_s, max_bytes)
         where = url
     try:
         doc = json.loads(data)
@@ -50,15 +49,15 @@ async def fetch_document(file: Path | None, url: str | None, timeout_s: float
     return doc
 
 
-def _read_file(path: Path) -> bytes:
+def _read_file(path: Path, max_bytes: int) -> bytes:
     with path.open("rb") as f:
-        data = f.read(MAX_JWKS_BYTES + 1)
-    if len(data) > MAX_JWKS_BYTES:
-        raise OSError(f"larger than {MAX_JWKS_BYTES} bytes")
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise OSError(f"larger than {max_bytes} bytes")
     return data
 
 
-async def _download(url: str, timeout_s: float) -> bytes:
+async def _download(url: str, timeout_s: float, max_bytes: int) -> bytes:
     try:
         with anyio.fail_after(timeout_s):
             async with httpx.AsyncClient(timeout=timeout_s) as client, client.stream(
@@ -68,8 +67,8 @@ async def _download(url: str, timeout_s: float) -> bytes:
                 body = bytearray()
                 async for chunk in response.aiter_bytes():
                     body += chunk
-                    if len(body) > MAX_JWKS_BYTES:
-                        raise JwksError(f"{url} sent more than {MAX_JWKS_BYTES} bytes")
+                    if len(body) > max_bytes:
+                        raise JwksError(f"{url} sent more than {max_bytes} bytes")
                 return bytes(body)
     except TimeoutError:
         raise JwksError(f"{url} did not answer within {timeout_s} s") from None

@@ -54,7 +54,8 @@ class JwtVerifier:
         """Fetch the key set; on failure keep the keys held and raise JwksError."""
         s = self._s
         self._fetched_at = self._clock()
-        doc = await fetch_document(s.auth_jwks_file, s.auth_jwks_url, s.auth_jwks_timeout_s)
+        doc = await fetch_document(s.auth_jwks_file, s.auth_jwks_url, s.auth_jwks_timeout_s,
+                                   s.auth_jwks_max_bytes)
         self._keys = signing_keys(doc, s.auth_jwt_algorithms)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED

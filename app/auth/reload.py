@@ -29,11 +29,12 @@ def _stamp(path: Path) -> Stamp:
 
 
 class AuthFileWatch:
-    def __init__(self, path: Path, interval_s: float,
+    def __init__(self, path: Path, interval_s: float, max_bytes: int,
                  apply: Callable[[AuthConfig], None],
                  on_outcome: Callable[[str], None]) -> None:
         self._path = path
         self._interval = interval_s
+        self._max_bytes = max_bytes
         self._apply = apply
         self._on_outcome = on_outcome
         self._stamp: Stamp = None
@@ -55,7 +56,7 @@ class AuthFileWatch:
     async def load_first(self) -> None:
         """The first load: a broken file stops the process (AuthFileError)."""
         self._stamp = await anyio.to_thread.run_sync(_stamp, self._path)
-        self._apply(await anyio.to_thread.run_sync(load, self._path))
+        self._apply(await anyio.to_thread.run_sync(load, self._path, self._max_bytes))
         self._attempt_done("ok")
 
     async def reload(self, *, force: bool = False) -> bool:
@@ -65,7 +66,7 @@ class AuthFileWatch:
             return True
         self._stamp = stamp
         try:
-            config = await anyio.to_thread.run_sync(load, self._path)
+            config = await anyio.to_thread.run_sync(load, self._path, self._max_bytes)
         except AuthFileError as exc:
             log.error("auth file not reloaded, the previous version stays in force: %s", exc)
             self._attempt_done("failed")
