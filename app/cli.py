@@ -113,9 +113,9 @@ def _settings_for(command: str, args: argparse.Namespace, **overrides: object
     except SettingsError as exc:
         print(f"llog {command}: {exc}", file=sys.stderr)
         return None
-    for name in ("host", "port"):
-        if name in given:
-            os.environ[f"LLOG_{name.upper()}"] = str(getattr(settings, name))
+    env = settings.as_env()
+    for name in given:
+        os.environ[f"LLOG_{name.upper()}"] = env[f"LLOG_{name.upper()}"]
     return settings
 
 
@@ -128,9 +128,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from app.telemetry.logs import log_config, warn_unknown_variables
     from app.telemetry.workers import serve
 
-    settings = _settings_for("serve", args, host=args.host, port=args.port,
-                             proxy_headers=args.proxy_headers,
-                             forwarded_allow_ips=args.forwarded_allow_ips)
+    settings = _settings_for(
+        "serve", args, host=args.host, port=args.port,
+        **{name: getattr(args, name) for name in (
+            "access_log", "proxy_headers", "forwarded_allow_ips", "ssl_certfile",
+            "ssl_keyfile", "ssl_ca_certs", "ssl_client_cert")})
     if settings is None:
         return 2
     config = uvicorn.Config(
@@ -140,7 +142,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         port=settings.port,
         workers=args.workers,
         log_level=args.log_level,
-        access_log=args.access_log,
+        # With auth on the app logs each request itself, naming the principal.
+        access_log=settings.access_log and not settings.auth_enabled,
         proxy_headers=settings.proxy_headers,
         forwarded_allow_ips=settings.forwarded_allow_ips,
         timeout_keep_alive=int(settings.keep_alive_s),
@@ -149,9 +152,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=30,
         lifespan="on",
         log_config=log_config(settings),  # applied here, and again by each worker
+        **_tls(settings),
     )
     warn_unknown_variables(os.environ)  # once, in the supervisor; its logging is set up
     return serve(config, settings.metrics_dir)
+
+
+def _tls(s: Settings) -> dict[str, Any]:
+    """uvicorn's TLS options from the settings (none: plain HTTP)."""
+    import ssl
+
+    if s.ssl_certfile is None:
+        return {}
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+            "required": ssl.CERT_REQUIRED}[s.ssl_client_cert]
+    return {"ssl_certfile": str(s.ssl_certfile), "ssl_keyfile": str(s.ssl_keyfile),
+            "ssl_ca_certs": str(s.ssl_ca_certs) if s.ssl_ca_certs else None,
+            "ssl_cert_reqs": reqs}
 
 
 def cmd_compactor(args: argparse.Namespace) -> int:
@@ -212,8 +229,9 @@ def _add_dev_and_serve(sub: Any) -> None:
     _add_server_arguments(serve, default_port=8080)
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
-    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
-                       help="log every request with the client's address (default on)")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                       help="log every request with the client's address (default on; "
+                            "LLOG_ACCESS_LOG; with auth on, and the principal)")
     serve.add_argument("--proxy-headers", action=argparse.BooleanOptionalAction,
                        default=None,
                        help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips "
@@ -221,10 +239,21 @@ def _add_dev_and_serve(sub: Any) -> None:
     serve.add_argument("--forwarded-allow-ips", default=None,
                        help="comma-separated proxy addresses to trust, '*' for any "
                             "(default 127.0.0.1; LLOG_FORWARDED_ALLOW_IPS)")
+    serve.add_argument("--ssl-certfile", default=None,
+                       help="serve HTTPS with this certificate chain (PEM; LLOG_SSL_CERTFILE)")
+    serve.add_argument("--ssl-keyfile", default=None,
+                       help="the certificate's private key (PEM; LLOG_SSL_KEYFILE)")
+    serve.add_argument("--ssl-ca-certs", default=None,
+                       help="CAs that sign client certificates (LLOG_SSL_CA_CERTS)")
+    serve.add_argument("--ssl-client-cert", choices=("none", "optional", "required"),
+                       default=None,
+                       help="ask clients for a certificate (default none; "
+                            "LLOG_SSL_CLIENT_CERT)")
     serve.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.cli_auth import add_auth_commands
     from app.cli_client import ArgumentParser, add_client_commands, version_text
 
     parser = ArgumentParser(prog="llog", description="leaderless-log broker tools")
@@ -232,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     add_client_commands(sub)
     _add_dev_and_serve(sub)
+    add_auth_commands(sub)
 
     compactor = sub.add_parser("compactor", help="run the standalone compaction service")
     _add_server_arguments(compactor, default_port=COMPACTOR_PORT)

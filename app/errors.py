@@ -28,6 +28,10 @@ compare strings:
     │       ├── PartitionNotAssigned      the partition is not this member's
     │       ├── GroupNotEmpty             the operation needs a group without live members
     │       └── GroupFull                 the group has as many members as it may
+    ├── AccessError                  refused by access control at the edge, nothing written
+    │   ├── Unauthenticated          401  no credentials, or invalid ones
+    │   ├── Forbidden                403  the principal lacks the right
+    │   └── QuotaExceeded            429  over the principal's quota; retry after a pause
     ├── Unavailable                  503  refused before anything was written; retry
     │   ├── BackPressureRejected          the produce buffer is full
     │   ├── ShuttingDown                  this broker is draining; retry on another
@@ -145,6 +149,42 @@ class GroupNotEmpty(GroupConflict):
 
 class GroupFull(GroupConflict):
     """The group has ``LLOG_GROUP_MAX_MEMBERS`` members already."""
+
+
+# -- access control ------------------------------------------------------------------
+
+
+class AccessError(LlogError):
+    """Refused by access control before any storage work; nothing was written."""
+
+    http_status = 403
+
+
+class Unauthenticated(AccessError):
+    """No bearer token, or one that does not verify. ``code`` is RFC 6750's ``error``
+    (``invalid_token``, ``invalid_request``), or None when no credentials were sent."""
+
+    http_status = 401
+
+    def __init__(self, message: str, *, code: str | None = "invalid_token") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Forbidden(AccessError):
+    """The principal is authenticated but holds no right for the operation."""
+
+
+class QuotaExceeded(AccessError):
+    """The principal is over its request-rate or produce-bytes quota on this broker
+    process: retry after ``retry_after_s``."""
+
+    retriable = True
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 # -- refused before writing ----------------------------------------------------------

@@ -29,6 +29,10 @@ from pydantic_settings import (
 )
 
 Role = Literal["write", "read", "compact"]
+# JWT signature algorithms a broker may accept: asymmetric only, so a public key can never
+# be used as an HMAC secret ("none" and HS* are refused when the settings are read).
+ASYMMETRIC_JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
+                             "ES256", "ES384", "ES512", "EdDSA")
 ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
 
 # The share of the retry horizon within which a blob must be committed: the rest is the
@@ -65,6 +69,12 @@ class Settings(BaseSettings):
     oxia_request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     oxia_max_threads: int = Field(default=32, ge=1, le=512)
     oxia_max_inflight_writes: int = Field(default=2, ge=1, le=64)
+    # TLS to Oxia: the CA bundle that signs its certificate (none: the system's roots),
+    # and a client certificate and key for servers that require one.
+    oxia_tls: bool = False
+    oxia_tls_ca_file: Path | None = None
+    oxia_tls_cert_file: Path | None = None
+    oxia_tls_key_file: Path | None = None
 
     # Object store.
     s3_endpoint: str | None = "http://127.0.0.1:9000"
@@ -76,6 +86,9 @@ class Settings(BaseSettings):
     s3_max_pool_connections: int = Field(default=64, ge=1, le=1024)
     s3_request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     s3_max_attempts: int = Field(default=5, ge=1, le=20)
+    # A PEM bundle of the CAs that sign the S3 endpoint's certificate (botocore's
+    # ``verify=``); none: the system's trust store.
+    s3_ca_bundle: Path | None = None
 
     root_prefix: str = "llog"
 
@@ -100,6 +113,46 @@ class Settings(BaseSettings):
     # "*" for any): the proxies in front, so logs, quotas and ACLs see the real client.
     proxy_headers: bool = True
     forwarded_allow_ips: str = "127.0.0.1"
+
+    # HTTPS of `llog serve` (uvicorn's ssl options); client certificates are asked for
+    # (optional) or required when ssl_ca_certs names the CAs that sign them.
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_ca_certs: Path | None = None
+    ssl_client_cert: Literal["none", "optional", "required"] = "none"
+    # One access-log line per request; with auth on it names the principal.
+    access_log: bool = True
+    # Browsers on these origins may call the API (CORS); empty: CORS is off.
+    cors_allow_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    cors_max_age_s: int = Field(default=600, ge=0, le=86_400)
+
+    # Access control (docs/operations.md, Security). Off: every endpoint is open.
+    auth: Literal["off", "on"] = "off"
+    # Principals, their API key hashes, rights and quotas (TOML), re-read when it changes.
+    auth_file: Path | None = None
+    auth_reload_interval_s: float = Field(default=5.0, ge=0.1, le=3600)
+    auth_file_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    # /metrics and /metrics/prometheus: open, or for authenticated principals only.
+    auth_metrics: Literal["open", "authenticated"] = "open"
+    # Principals not named in the auth file (JWT subjects) that get their own metrics
+    # label; the others share "other". And how many such principals have quota buckets.
+    auth_metrics_max_principals: int = Field(default=100, ge=0, le=10_000)
+    auth_max_tracked_principals: int = Field(default=10_000, ge=1, le=1_000_000)
+    # JWTs: the issuer's keys (a JWKS file or URL), the claims a token must carry.
+    auth_jwks_file: Path | None = None
+    auth_jwks_url: str | None = None
+    auth_jwt_issuer: str | None = None
+    auth_jwt_audience: str | None = None
+    auth_jwt_algorithms: Annotated[tuple[str, ...], NoDecode] = ASYMMETRIC_JWT_ALGORITHMS
+    auth_jwt_leeway_s: float = Field(default=30.0, ge=0, le=300)
+    auth_jwt_principal_claim: str = Field(default="sub", min_length=1, max_length=128)
+    # The JWKS is fetched again this often, and at most this often when a token names
+    # a key id it does not hold (a rotation); each fetch within the timeout.
+    auth_jwks_refresh_s: float = Field(default=300.0, ge=1, le=86_400)
+    auth_jwks_min_refresh_s: float = Field(default=30.0, ge=0, le=3600)
+    auth_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    # A key set is a few kilobytes: a larger document is refused rather than parsed.
+    auth_jwks_max_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
 
     # Writer.
     commit_max_attempts: int = Field(default=64, ge=1, le=10_000)
@@ -198,7 +251,8 @@ class Settings(BaseSettings):
             return tuple(parts)
         return value
 
-    @field_validator("compaction_seed_targets", mode="before")
+    @field_validator("compaction_seed_targets", "cors_allow_origins", "auth_jwt_algorithms",
+                     mode="before")
     @classmethod
     def _parse_targets(cls, value: object) -> object:
         if isinstance(value, str):
@@ -212,6 +266,24 @@ class Settings(BaseSettings):
             topic, sep, partition = target.rpartition(":")
             if not sep or not topic or not partition.isascii() or not partition.isdigit():
                 raise ValueError(f"{target!r}: expected topic:partition")
+        return value
+
+    @field_validator("auth_jwt_algorithms")
+    @classmethod
+    def _check_algorithms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("at least one algorithm")
+        for alg in value:
+            if alg not in ASYMMETRIC_JWT_ALGORITHMS:
+                raise ValueError(f"{alg!r} is not allowed; choose among "
+                                 + ", ".join(ASYMMETRIC_JWT_ALGORITHMS))
+        return value
+
+    @field_validator("auth_jwks_url")
+    @classmethod
+    def _check_jwks_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("https://", "http://")):
+            raise ValueError("expected an https:// (or http://) URL")
         return value
 
     @field_validator("roles")
@@ -233,7 +305,11 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("s3_access_key", "s3_secret_key", "tail_cache_dir", "loadtest_scenario",
-                     "metrics_dir", mode="before")
+                     "metrics_dir",
+                     "s3_ca_bundle", "oxia_tls_ca_file", "oxia_tls_cert_file",
+                     "oxia_tls_key_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
+                     "auth_file", "auth_jwks_file", "auth_jwks_url", "auth_jwt_issuer",
+                     "auth_jwt_audience", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
@@ -286,6 +362,36 @@ class Settings(BaseSettings):
                 "TIMEOUT_MS and LLOG_GROUP_MAX_SESSION_TIMEOUT_MS"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Settings:
+        oxia_files = (self.oxia_tls_ca_file, self.oxia_tls_cert_file, self.oxia_tls_key_file)
+        if not self.oxia_tls and any(f is not None for f in oxia_files):
+            raise ValueError("LLOG_OXIA_TLS_*_FILE need LLOG_OXIA_TLS=true")
+        if (self.oxia_tls_cert_file is None) != (self.oxia_tls_key_file is None):
+            raise ValueError("LLOG_OXIA_TLS_CERT_FILE and LLOG_OXIA_TLS_KEY_FILE go together")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("LLOG_SSL_CERTFILE and LLOG_SSL_KEYFILE go together")
+        if self.ssl_client_cert != "none" and self.ssl_ca_certs is None:
+            raise ValueError("LLOG_SSL_CLIENT_CERT needs LLOG_SSL_CA_CERTS")
+        if self.auth == "off":
+            return self
+        if self.auth_file is None:
+            raise ValueError("LLOG_AUTH=on needs LLOG_AUTH_FILE (principals and rights)")
+        if self.auth_jwks_file is not None and self.auth_jwks_url is not None:
+            raise ValueError("set one of LLOG_AUTH_JWKS_FILE and LLOG_AUTH_JWKS_URL")
+        if self.jwt_enabled and (self.auth_jwt_issuer is None or self.auth_jwt_audience is None):
+            raise ValueError("JWTs (LLOG_AUTH_JWKS_*) need LLOG_AUTH_JWT_ISSUER and "
+                             "LLOG_AUTH_JWT_AUDIENCE")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth == "on"
+
+    @property
+    def jwt_enabled(self) -> bool:
+        return self.auth_jwks_file is not None or self.auth_jwks_url is not None
 
     @classmethod
     def settings_customise_sources(

@@ -8,10 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 
-from tests.helpers.stack import Broker
+from tests.helpers.auth import Keys
+from tests.helpers.stack import Broker, BrokerFactory
 
 
 def _generate(spec: dict[str, object], tmp_path: Path) -> ModuleType:
@@ -153,3 +155,40 @@ def test_generated_models_join_a_group_consume_committed_and_commit(
         r = http.post(f"/groups/{group}/leave", headers=headers,
                       content=m.MemberRequest(member_id=member.member_id).model_dump_json())
         assert m.LeaveResponse.model_validate(r.json()).left
+def _credentials(spec: dict[str, Any], path: str, method: str, token: str) -> dict[str, str]:
+    """What a generated client sends for an operation: for each HTTP bearer scheme the
+    operation's security requirement names, ``Authorization: Bearer <token>``."""
+    headers: dict[str, str] = {}
+    schemes = spec.get("components", {}).get("securitySchemes", {})
+    for requirement in spec["paths"][path][method].get("security", []):
+        for name in requirement:
+            if (schemes[name]["type"], schemes[name]["scheme"]) == ("http", "bearer"):
+                headers["authorization"] = f"Bearer {token}"
+    return headers
+
+
+def test_a_generated_client_sends_its_token_to_a_broker_with_auth_on(
+    brokers: BrokerFactory, tmp_path: Path, topic: str
+) -> None:
+    keys = Keys()
+    token = keys.new("app")
+    auth_file = tmp_path / "auth.toml"
+    stored = keys.entries["app"]
+    auth_file.write_text(f'[principals.app]\nkeys = ["{stored}"]\nproduce = ["{topic}"]\n')
+    broker = brokers.start(auth="on", auth_file=str(auth_file))
+    with httpx.Client(base_url=broker.url, timeout=30) as http:
+        spec = http.get("/openapi.json").json()
+        m = _generate(spec, tmp_path)
+        body = m.ProduceRequest(topic_partitions=[m.ProduceTopicPartition(
+            topic=topic, partition=0, records=["alpha"])]).model_dump_json(exclude_none=True)
+        credentials = _credentials(spec, "/produce", "post", token)
+        assert credentials, "the document declares no bearer scheme for /produce"
+        r = http.post("/produce", content=body,
+                      headers={"content-type": "application/json", **credentials})
+        assert r.status_code == 200, r.text
+        assert m.ProduceResponse.model_validate(r.json()).results[0].end_offset == 1
+
+        r = http.post("/produce", content=body, headers={"content-type": "application/json"})
+        error = m.ErrorResponse.model_validate(r.json())
+        assert r.status_code == 401 and error.error_type.value == "Unauthenticated"
+        assert r.headers["www-authenticate"] == 'Bearer realm="llog"'

@@ -11,7 +11,13 @@ import httpx
 
 from app.client import group_ops, ops
 from app.client.batching import KeySource
-from app.client.config import ClientConfig, broken_of, broker_urls, reply_of, user_agent
+from app.client.config import (
+    ClientConfig,
+    broken_of,
+    broker_urls,
+    default_headers,
+    reply_of,
+)
 from app.client.errors import LlogError
 from app.client.models import (
     ConsumedRecord,
@@ -53,10 +59,11 @@ class AsyncLlogClient:
 
     def __init__(self, brokers: str | Sequence[str] | None = None, *, timeout_s: float = 30.0,
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
+                 token: str | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
                                     limits or ProduceLimits())
-        self._http = httpx.AsyncClient(headers=user_agent(), transport=transport)
+        self._http = httpx.AsyncClient(headers=default_headers(token), transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -34,6 +34,10 @@ Each error carries what a caller needs to act on it:
     │   ├── NotFound                 404 (unknown path)
     │   ├── MethodNotAllowed         405
     │   └── HTTPError                another 4xx
+    ├── AccessError                  refused by the broker's access control
+    │   ├── Unauthenticated          401  no token, or one that does not verify
+    │   ├── Forbidden                403  the principal lacks the right
+    │   └── QuotaExceeded            429  over the principal's quota; retriable
     ├── Unavailable                  refused before anything was written; retriable
     │   ├── BackPressureRejected
     │   ├── ShuttingDown
@@ -165,6 +169,25 @@ class HTTPError(RequestError):
     """Another refusal by the broker's HTTP layer."""
 
 
+class AccessError(LlogError):
+    """Refused by the broker's access control; nothing was written."""
+
+
+class Unauthenticated(AccessError):
+    """No bearer token, or one the broker does not accept (``token=`` or LLOG_TOKEN)."""
+
+
+class Forbidden(AccessError):
+    """The principal holds no right for a topic or group the request names."""
+
+
+class QuotaExceeded(AccessError):
+    """Over the principal's request or produce-bytes quota on that broker; retried
+    after ``retry_after_s``."""
+
+    retriable = True
+
+
 class Unavailable(LlogError):
     """Refused before anything was written; the same request may be sent again."""
 
@@ -268,6 +291,8 @@ def error_class(error_type: str | None, status: int | None) -> type[LlogError]:
         return known
     if status == 503:
         return Unavailable
+    if status in (401, 403):
+        return AccessError
     if status is not None and 400 <= status < 500:
         return RequestError
     return LlogError

@@ -10,7 +10,13 @@ import httpx
 
 from app.client import group_ops, ops
 from app.client.batching import KeySource
-from app.client.config import ClientConfig, broken_of, broker_urls, reply_of, user_agent
+from app.client.config import (
+    ClientConfig,
+    broken_of,
+    broker_urls,
+    default_headers,
+    reply_of,
+)
 from app.client.consumer import GroupConsumer
 from app.client.errors import LlogError
 from app.client.models import (
@@ -57,10 +63,10 @@ class LlogClient:
 
     def __init__(self, brokers: str | Sequence[str] | None = None, *, timeout_s: float = 30.0,
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 token: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
                                     limits or ProduceLimits())
-        self._http = httpx.Client(headers=user_agent(), transport=transport)
+        self._http = httpx.Client(headers=default_headers(token), transport=transport)
 
     def close(self) -> None:
         self._http.close()

@@ -12,6 +12,7 @@ import orjson
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
 
+from app.auth.rights import Right
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import (
@@ -21,6 +22,7 @@ from app.errors import (
     PayloadTooLarge,
     RoleDisabled,
 )
+from app.routes.access import account, authorize, control_of
 from app.routes.deps import broker_state, groups_of
 from app.routes.disconnect import unless_disconnected
 from app.routes.models import (
@@ -108,6 +110,9 @@ async def consume(
     state: Annotated[BrokerState, Depends(broker_state)],
 ) -> Response:
     started = time.monotonic()
+    authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
+    if body.commit or any(e.fetch_offset == "committed" for e in body.topic_partitions):
+        authorize(request, Right.GROUP, [_group(body)])
     fetches, refused = await _fetches(body, state)
     service = state.consume
     outcomes: list[ReadOutcome] = [
@@ -137,6 +142,8 @@ async def consume(
             _result(fetch.tp, outcome, body.encoding, committed.get(i))
             for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]})
         media_type = "application/json"
+    if control_of(request) is not None:
+        account(request, consumed=sum(o.size for o in outcomes if isinstance(o, ReadResult)))
     state.consume_metrics.requests.inc()
     state.consume_metrics.latency.observe(time.monotonic() - started)
     return Response(content, media_type=media_type)

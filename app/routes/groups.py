@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query
+from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
+from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.errors import (
     InvalidRequest,
@@ -20,6 +21,7 @@ from app.groups.membership import GroupView
 from app.groups.offsets import ResetTarget
 from app.groups.records import Member
 from app.groups.service import GroupService, PartitionLag
+from app.routes.access import authorize, holds, require
 from app.routes.deps import broker_state, groups_of
 from app.routes.group_models import (
     AssignedTopic,
@@ -46,6 +48,9 @@ router = APIRouter(tags=["groups"])
 PathGroup = Annotated[GroupName, Path(description="the consumer group's name")]
 State = Annotated[BrokerState, Depends(broker_state)]
 DEFAULT_PAGE = 100
+# Every route on one group needs the group right on it (403 before any storage work);
+# those that name topics need the consume right on them too, as reading does.
+GROUP_RIGHT = [Depends(require(Right.GROUP, param="group"))]
 
 
 def _errors(*statuses: int) -> dict[int | str, dict[str, object]]:
@@ -75,10 +80,12 @@ def _assignment(service: GroupService, view: GroupView, member: Member) -> Membe
         heartbeat_interval_ms=max(1, member.session_timeout_ms // 3))
 
 
-@router.post("/groups/{group}/join", response_model=MemberAssignment,
+@router.post("/groups/{group}/join", dependencies=GROUP_RIGHT, response_model=MemberAssignment,
              responses=_errors(400, 409, 413),
              summary="Join a group: a member id, the generation and this member's partitions")
-async def join(group: PathGroup, body: JoinRequest, state: State) -> MemberAssignment:
+async def join(group: PathGroup, body: JoinRequest, request: Request, state: State
+               ) -> MemberAssignment:
+    authorize(request, Right.CONSUME, body.topics)
     service = groups_of(state)
     view, member = await service.membership.join(
         group, body.topics, client_id=body.client_id,
@@ -86,7 +93,7 @@ async def join(group: PathGroup, body: JoinRequest, state: State) -> MemberAssig
     return _assignment(service, view, member)
 
 
-@router.post("/groups/{group}/heartbeat", response_model=MemberAssignment,
+@router.post("/groups/{group}/heartbeat", dependencies=GROUP_RIGHT, response_model=MemberAssignment,
              responses=_errors(400, 409),
              summary="Keep a member's session; the current generation and its partitions")
 async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> MemberAssignment:
@@ -95,7 +102,7 @@ async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> Memb
     return _assignment(service, view, member)
 
 
-@router.post("/groups/{group}/leave", response_model=LeaveResponse,
+@router.post("/groups/{group}/leave", dependencies=GROUP_RIGHT, response_model=LeaveResponse,
              responses=_errors(400, 404), summary="Leave a group: its partitions move now")
 async def leave(group: PathGroup, body: MemberRequest, state: State) -> LeaveResponse:
     view, left = await groups_of(state).membership.leave(group, body.member_id)
@@ -117,11 +124,13 @@ def _results(entries: Sequence[tuple[TopicPartition, int | LlogError]]) -> JSONR
                         status_code=status)
 
 
-@router.post("/groups/{group}/commit", response_model=OffsetResults,
+@router.post("/groups/{group}/commit", dependencies=GROUP_RIGHT, response_model=OffsetResults,
              responses={**_errors(400, 413), **_partly(
                  "refused as a whole (error body), or a partition failed (results)")},
              summary="Commit the last offset processed of partitions")
-async def commit(group: PathGroup, body: CommitRequest, state: State) -> JSONResponse:
+async def commit(group: PathGroup, body: CommitRequest, request: Request, state: State
+                 ) -> JSONResponse:
+    authorize(request, Right.CONSUME, (e.topic for e in body.offsets))
     if len(body.offsets) > state.settings.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(body.offsets)} partitions in one request; the limit is "
                               f"{state.settings.max_partitions_per_request}")
@@ -134,6 +143,7 @@ async def commit(group: PathGroup, body: CommitRequest, state: State) -> JSONRes
 @router.get("/groups", response_model=GroupList, responses=_errors(400),
             summary="List the groups, a page at a time")
 async def list_groups(
+    request: Request,
     state: State,
     after: Annotated[GroupName | None, Query(description="the last group of the page before")
                      ] = None,
@@ -147,7 +157,8 @@ async def list_groups(
     return GroupList(next_after=next_after, groups=[GroupSummary(
         group=r.group, generation=r.generation, members=len(r.members),
         topics=sorted({t for m in r.members for t in m.topics}),
-        created_at_ms=r.created_at_ms, updated_at_ms=r.updated_at_ms) for r in page])
+        created_at_ms=r.created_at_ms, updated_at_ms=r.updated_at_ms)
+        for r in page if holds(request, Right.GROUP, r.group)])
 
 
 def _partition(p: PartitionLag) -> GroupPartition:
@@ -160,7 +171,8 @@ def _partition(p: PartitionLag) -> GroupPartition:
         log_start_offset=p.log_start, high_watermark=p.high_watermark, lag=p.lag)
 
 
-@router.get("/groups/{group}", response_model=GroupDescription, responses=_errors(400, 404),
+@router.get("/groups/{group}", dependencies=GROUP_RIGHT, response_model=GroupDescription,
+            responses=_errors(400, 404),
             summary="A group: members, assignment, generation, committed offsets and lag")
 async def describe_group(group: PathGroup, state: State) -> GroupDescription:
     found = await groups_of(state).describe(group)
@@ -196,12 +208,15 @@ async def _targets(state: BrokerState, entries: list[ResetEntry]) -> list[ResetT
     return out
 
 
-@router.post("/groups/{group}/reset-offsets", response_model=OffsetResults,
+@router.post("/groups/{group}/reset-offsets", dependencies=GROUP_RIGHT,
+             response_model=OffsetResults,
              responses={**_errors(400, 404, 413), **_partly(
                  "the group has live members (error body), or a member joined while it "
                  "was reset (results)")},
              summary="Set a group's committed offsets (no member may be live)")
-async def reset_offsets(group: PathGroup, body: ResetRequest, state: State) -> JSONResponse:
+async def reset_offsets(group: PathGroup, body: ResetRequest, request: Request, state: State
+                        ) -> JSONResponse:
+    authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
     service = groups_of(state)
     targets = await _targets(state, body.topic_partitions)
     done = await service.offsets.reset(group, targets)

@@ -14,9 +14,11 @@ import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
+from app.routes.access import account, authorize, charge_produce, control_of
 from app.routes.models import ErrorResponse, ProduceResponse
 from app.routes.produce_body import is_binary, parse_json
 from app.settings import Settings
@@ -60,19 +62,25 @@ async def produce(request: Request) -> Response:
         entries = wire.parse(body, state.settings.max_partitions_per_request)
     else:
         entries = parse_json(body)
+    authorize(request, Right.PRODUCE, (e.topic for e in entries))
     if state.batcher is None or state.topics is None:
         outcomes: list[AppendOutcome] = [
             RoleDisabled("this broker does not have the write role")] * len(entries)
         groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), e.records)
                   for e in entries]
     else:
-        groups = await _groups(entries, state.settings, state.topics)
+        _check_limits(entries, state.settings)  # every limit first: before a topic is made
+        charge_produce(request, sum(e.records.size for e in entries))
+        groups = await _place(entries, state.settings, state.topics)
         try:
             outcomes = await state.batcher.submit(groups)
         except LlogError as exc:  # refused as a whole: nothing was written
             outcomes = [exc] * len(groups)
     results = [_result(state, group, outcome)
                for group, outcome in zip(groups, outcomes, strict=True)]
+    if control_of(request) is not None:
+        account(request, produced=sum(g.size for g, o in zip(groups, outcomes, strict=True)
+                                      if isinstance(o, AppendResult) and not o.duplicate))
     errors = sum(not r["ok"] for r in results)
     headers = {}
     if errors == 0:
@@ -90,10 +98,8 @@ async def produce(request: Request) -> Response:
                     media_type="application/json")
 
 
-async def _groups(entries: list[Entry], s: Settings, topics: TopicDirectory
-                  ) -> list[AppendGroup]:
-    """The request as append groups in their partitions, within the configured limits
-    (413 otherwise), or refused as a whole (unknown topic or partition: 404)."""
+def _check_limits(entries: list[Entry], s: Settings) -> None:
+    """The request within the configured limits (413 otherwise)."""
     if len(entries) > s.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(entries)} entries in one request; the "
                               f"limit is {s.max_partitions_per_request}")
@@ -101,8 +107,14 @@ async def _groups(entries: list[Entry], s: Settings, topics: TopicDirectory
     if total > s.max_records_per_request:
         raise PayloadTooLarge(
             f"{total} records in one request; the limit is {s.max_records_per_request}")
-    for entry in entries:  # every limit first: refuse before creating a topic
+    for entry in entries:
         _check_records(entry.topic, entry.records, s, s.max_record_bytes)
+
+
+async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory
+                 ) -> list[AppendGroup]:
+    """The entries as append groups in their partitions, or refused as a whole (unknown
+    topic or partition: 404; a topic's own record limit: 413)."""
     groups: list[AppendGroup] = []
     for entry in entries:
         where = await topics.place(entry.topic, entry.partition, entry.records)

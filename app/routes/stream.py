@@ -23,9 +23,11 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from app.auth.rights import Right
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import InvalidRequest, LlogError, RoleDisabled, ShuttingDown, Unavailable
+from app.routes.access import authorize
 from app.routes.consume import _record, _times
 from app.routes.models import ErrorResponse
 from app.routes.offsets import lookup_all
@@ -114,6 +116,7 @@ async def stream(
 ) -> StreamingResponse:
     state: BrokerState = request.app.state.broker
     validate_topic(topic)
+    authorize(request, Right.CONSUME, [topic])
     parts = _partitions(partitions)
     if max_bytes > state.settings.max_fetch_bytes:
         raise InvalidRequest(f"max_bytes {max_bytes} exceeds the limit of "

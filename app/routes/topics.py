@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 
+from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.errors import RoleDisabled
+from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
 from app.routes.models import (
     ErrorResponse,
@@ -31,6 +33,8 @@ _ERRORS: dict[int | str, dict[str, object]] = {
     404: {"model": ErrorResponse, "description": "no such topic"},
 }
 PathTopic = Annotated[TopicName, Path(description="the topic's name")]
+# Changing or deleting a topic needs the admin right on it (checked before the handler).
+_ADMIN = [Depends(require(Right.ADMIN, param="topic"))]
 
 
 def _admin(state: BrokerState) -> TopicAdmin:
@@ -50,8 +54,9 @@ def _info(topic: Topic) -> TopicInfo:
 @router.post("/topics", status_code=201, response_model=TopicInfo, summary="Create a topic",
              responses={**_ERRORS, 409: {"model": ErrorResponse,
                                          "description": "the topic exists"}})
-async def create_topic(body: TopicCreateRequest,
+async def create_topic(body: TopicCreateRequest, request: Request,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
+    authorize(request, Right.ADMIN, [body.topic])
     admin = _admin(state)
     topic = await admin.catalog.create(body.topic, body.partitions, TopicConfig(
         body.retention_ms, body.retention_bytes, body.max_record_bytes))
@@ -59,15 +64,20 @@ async def create_topic(body: TopicCreateRequest,
     return JSONResponse(_info(topic).model_dump(), status_code=201)
 
 
-@router.get("/topics", response_model=TopicList, summary="List the topics")
-async def list_topics(state: Annotated[BrokerState, Depends(broker_state)]) -> TopicList:
-    return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()])
+@router.get("/topics", response_model=TopicList,
+            summary="List the topics (with auth on: those the caller holds a right on)")
+async def list_topics(request: Request, state: Annotated[BrokerState, Depends(broker_state)]
+                      ) -> TopicList:
+    return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()
+                             if sees_topic(request, t.name)])
 
 
 @router.get("/topics/{topic}", response_model=TopicDescription, responses=_ERRORS,
             summary="A topic and each of its partitions' log start, end and size")
-async def describe_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
+async def describe_topic(topic: PathTopic, request: Request,
+                         state: Annotated[BrokerState, Depends(broker_state)]
                          ) -> TopicDescription:
+    authorize_describe(request, topic)
     found, partitions = await _admin(state).describe(topic)
     return TopicDescription(**_info(found).model_dump(), partition_states=[
         PartitionInfo(partition=p.partition, log_start_offset=p.log_start,
@@ -76,7 +86,7 @@ async def describe_topic(topic: PathTopic, state: Annotated[BrokerState, Depends
 
 
 @router.patch("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
-              summary="Change retention or limits, or add partitions")
+              dependencies=_ADMIN, summary="Change retention or limits, or add partitions")
 async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
     changes = {k: getattr(body, k) for k in body.model_fields_set if k != "partitions"}
@@ -87,6 +97,7 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
 
 
 @router.delete("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
+               dependencies=_ADMIN,
                summary="Delete a topic: its records are removed, its offsets never reused")
 async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
                        ) -> TopicInfo:

@@ -108,6 +108,8 @@ class S3Store:
                 region_name=s.s3_region,
                 aws_access_key_id=_reveal(s.s3_access_key),
                 aws_secret_access_key=_reveal(s.s3_secret_key),
+                # A private CA's bundle for an https endpoint; None: the system's roots.
+                verify=str(s.s3_ca_bundle) if s.s3_ca_bundle is not None else None,
                 config=config,
             )
         )
