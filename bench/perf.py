@@ -10,6 +10,8 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
 - produce: JSON and binary (LLP1) produce against the JSON ceiling for the same records,
   in two request shapes (4 partitions x 25 records x 1 KiB, 4 x 250 x 100 B), plus the
   largest binary shape for records per second; server CPU per request from /proc.
+- records: what keys and headers cost: JSON produce of the same values plain, with a
+  16-byte key, and with a key and two headers.
 - catchup: one partition of --catchup-mib MiB (1 KiB records, written with binary
   produce) read from offset 1 as fast as the broker answers, JSON and binary (LLR1),
   against the ceiling serving answers of the same size from memory.
@@ -19,7 +21,7 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
 - cost: how Oxia and S3 requests grow with partitions per flush (1, 16, 256) and with
   brokers on one stack (1, 2, 3), and how flushes behave under saturation.
 
-    .venv/bin/python bench/perf.py [--quick] [--sections storage,produce,catchup,latency,cost]
+    .venv/bin/python bench/perf.py [--quick] [--sections storage,produce,records,...]
 
 It measures and prints; it asserts nothing. Results also go to .llog/bench/perf-*.json.
 """
@@ -210,6 +212,31 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+RECORD_KINDS = [("values", []), ("key 16 B", ["-key-bytes", "16"]),
+                ("key + 2 headers", ["-key-bytes", "16", "-headers", "2"])]
+
+
+def records_section(run: Run) -> list[dict[str, Any]]:
+    """What keys and headers cost: JSON produce of the same values with and without."""
+    a = run.args
+    rows = []
+    broker = start_broker(run, "records")
+    try:
+        for shape in SHAPES:
+            for kind, extra in RECORD_KINDS:
+                topic = _topic("r")
+                warm(broker, shape, "json", topic)
+                row = measure(run, [broker], [load_args(
+                    broker.url, topic, shape, "json", a.duration, a.connections) + extra])
+                rows.append({"section": "records", "kind": kind, "shape": shape, **row})
+    finally:
+        stop_server(run, broker)
+    for row in rows:
+        plain = next(r for r in rows if r["shape"] == row["shape"] and r["kind"] == "values")
+        row["ratio"] = row["records_per_s"] / plain["records_per_s"]
+    return rows
+
+
 def catchup_section(run: Run) -> list[dict[str, Any]]:
     a = run.args
     broker = start_broker(run, "catchup")
@@ -361,6 +388,14 @@ def print_report(results: dict[str, Any]) -> None:
                   f"{r['server_cpu_cores']:>7.2f} {_f(r.get('records_per_flush'))} "
                   f"{_f(r.get('flushes_per_s'), '.0f', 7)} {_f(r.get('ratio'), '.2f', 6)} "
                   f"{r['errors']:>6}")
+    recs = [r for r in rows if r["section"] == "records"]
+    if recs:
+        print("\nkeys and headers (JSON produce of the same values; ratio = records/s over "
+              "plain values')")
+        for r in recs:
+            print(f"  {_shape(r['shape']):>10} {r['kind']:>16}: {r['records_per_s']:>10,.0f} "
+                  f"records/s, p50 {r['p50_ms']:.1f} ms, CPU "
+                  f"{_f(r['cpu_us_per_request'], ',.0f', 6)} us/req, ratio {r['ratio']:.2f}")
     cat = [r for r in rows if r["section"] == "catchup"]
     if cat:
         print(f"\ncatch-up read of one partition from offset 1 (1 KiB records, max_bytes "
@@ -410,7 +445,7 @@ def print_report(results: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="storage,produce,catchup,latency,cost")
+    parser.add_argument("--sections", default="storage,produce,records,catchup,latency,cost")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per row")
     parser.add_argument("--connections", type=int, default=32,
                         help="connections of the ceiling and of the other sections")
@@ -439,6 +474,8 @@ def main() -> int:
                 rows += asyncio.run(storage_ceiling.measure_storage(stack, args.duration))
             if "produce" in sections:
                 rows += produce_section(run)
+            if "records" in sections:
+                rows += records_section(run)
             if "catchup" in sections:
                 rows += catchup_section(run)
             if "latency" in sections:

@@ -216,7 +216,7 @@ func (e *e2e) produceOnce(client *http.Client, sent int64) {
 		}
 		entries[i] = entry{partition: int(e.next.Add(1)-1) % e.partitions, records: recs}
 	}
-	body, ctype := requestBody(e.c.format, e.c.topic, entries)
+	body, ctype := requestBody(e.c.format, e.c.topic, entries, extras{e.c.keyBytes, e.c.headers})
 	resp, raw, err := post(context.Background(), client, e.c.url+"/produce", body, ctype, "",
 		1<<20)
 	if resp == nil {
