@@ -47,14 +47,16 @@ def test_generated_models_round_trip_through_the_broker(
                       headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
         produced = m.ProduceResponse.model_validate(r.json())
-        assert produced.results[0].ok and produced.results[0].end_offset == 2
+        # Results are a union discriminated on ok: success and failure are two classes.
+        (written,) = [result.root for result in produced.results]
+        assert isinstance(written, m.ProduceSuccess) and written.end_offset == 2
 
         consume = m.ConsumeRequest(topic_partitions=[m.ConsumeTopicPartition(
             topic=topic, partition=0, fetch_offset=1)], max_wait_ms=0)
         r = http.post("/consume", content=consume.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
         consumed = m.ConsumeResponse.model_validate(r.json())
-        records = consumed.results[0].records
+        records = consumed.results[0].root.records
         assert [(x.offset, x.value, x.base64) for x in records] == [
             (1, "alpha", None), (2, None, "AAE=")]
 
@@ -82,24 +84,24 @@ def test_generated_models_cover_records_topics_and_offsets(
         r = http.post("/produce", content=request.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
-        (result,) = m.ProduceResponse.model_validate(r.json()).results
+        (result,) = [x.root for x in m.ProduceResponse.model_validate(r.json()).results]
         again = http.post("/produce", content=request.model_dump_json(exclude_none=True),
                           headers={"content-type": "application/json"})
-        (retried,) = m.ProduceResponse.model_validate(again.json()).results
+        (retried,) = [x.root for x in m.ProduceResponse.model_validate(again.json()).results]
         assert retried.duplicate and retried.start_offset == result.start_offset
 
         query = m.OffsetsRequest(topic_partitions=[m.OffsetsTopicPartition(
             topic=topic, partition=result.partition, timestamp_ms=0)])
         r = http.post("/offsets", content=query.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
-        (found,) = m.OffsetsResponse.model_validate(r.json()).results
+        (found,) = [x.root for x in m.OffsetsResponse.model_validate(r.json()).results]
         assert (found.log_start_offset, found.high_watermark, found.offset) == (1, 1, 1)
 
         consume = m.ConsumeRequest(topic_partitions=[m.ConsumeTopicPartition(
             topic=topic, partition=result.partition, fetch_offset="earliest")], max_wait_ms=0)
         r = http.post("/consume", content=consume.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
-        (got,) = m.ConsumeResponse.model_validate(r.json()).results[0].records
+        (got,) = m.ConsumeResponse.model_validate(r.json()).results[0].root.records
         assert (got.value, got.key, got.timestamp_ms) == ("order created", "customer-17",
                                                           1_700_000_000_000)
         assert got.headers[0].name == "trace" and got.append_time_ms > 0

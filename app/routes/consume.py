@@ -25,9 +25,10 @@ from app.routes.disconnect import unless_disconnected
 from app.routes.models import (
     ConsumedHeader,
     ConsumedRecord,
-    ConsumePartitionResult,
+    ConsumeFailure,
     ConsumeRequest,
     ConsumeResponse,
+    ConsumeSuccess,
     ErrorResponse,
 )
 from app.routes.offsets import lookup_all
@@ -181,12 +182,12 @@ def _times(result: ReadResult) -> list[int | None]:
 
 
 def _result(state: BrokerState, tp: TopicPartition, outcome: ReadOutcome, encoding: str
-            ) -> ConsumePartitionResult:
+            ) -> ConsumeSuccess | ConsumeFailure:
     metrics = state.consume_metrics
     if isinstance(outcome, ReadResult):
         metrics.records.inc(len(outcome.records))
         metrics.bytes.inc(outcome.size)
-        return ConsumePartitionResult(
+        return ConsumeSuccess(
             topic=tp.topic, partition=tp.partition, ok=True,
             high_watermark=outcome.high_watermark, log_start_offset=outcome.log_start,
             next_offset=outcome.next_offset,
@@ -195,7 +196,7 @@ def _result(state: BrokerState, tp: TopicPartition, outcome: ReadOutcome, encodi
     assert isinstance(outcome, LlogError)
     metrics.failed_entries.labels(outcome.error_type).inc()
     bounds = outcome if isinstance(outcome, OffsetOutOfRange) else None
-    return ConsumePartitionResult(
+    return ConsumeFailure(
         topic=tp.topic, partition=tp.partition, ok=False, error_type=outcome.error_type,
         error=str(outcome), retriable=outcome.retriable,
         log_start_offset=bounds.log_start if bounds else None,

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.observability import Service
-from app.routes.models import HealthResponse
+from app.routes.models import HealthResponse, ServiceStatus
 
 router = APIRouter(tags=["health"])
 _NOT_SERVING: dict[int | str, dict[str, Any]] = {
@@ -28,7 +28,7 @@ def _service(request: Request) -> Service:
 
 
 def _answer(service: Service, ok: bool) -> JSONResponse:
-    body = HealthResponse(status=service.status, started_at_ms=service.started_at_ms,
+    body = HealthResponse(status=ServiceStatus(service.status), started_at_ms=service.started_at_ms,
                           failure=service.failure, **service.identity())
     return JSONResponse(body.model_dump(exclude_none=True), status_code=200 if ok else 503)
 

@@ -12,9 +12,10 @@ from app.errors import LlogError, PayloadTooLarge, RoleDisabled
 from app.routes.deps import broker_state
 from app.routes.models import (
     ErrorResponse,
-    OffsetsPartitionResult,
+    OffsetsFailure,
     OffsetsRequest,
     OffsetsResponse,
+    OffsetsSuccess,
 )
 from app.storage.keys import TopicPartition
 from app.storage.offsets import PartitionOffsets, list_offsets
@@ -69,11 +70,12 @@ async def lookup_all(reader: LogReader | None,
     return out
 
 
-def _result(tp: TopicPartition, found: PartitionOffsets | LlogError) -> OffsetsPartitionResult:
+def _result(tp: TopicPartition, found: PartitionOffsets | LlogError
+            ) -> OffsetsSuccess | OffsetsFailure:
     if isinstance(found, LlogError):
-        return OffsetsPartitionResult(topic=tp.topic, partition=tp.partition, ok=False,
-                                      error_type=found.error_type, error=str(found),
-                                      retriable=found.retriable)
-    return OffsetsPartitionResult(topic=tp.topic, partition=tp.partition, ok=True,
-                                  log_start_offset=found.log_start,
-                                  high_watermark=found.high_watermark, offset=found.for_time)
+        return OffsetsFailure(topic=tp.topic, partition=tp.partition, ok=False,
+                              error_type=found.error_type, error=str(found),
+                              retriable=found.retriable)
+    return OffsetsSuccess(topic=tp.topic, partition=tp.partition, ok=True,
+                          log_start_offset=found.log_start,
+                          high_watermark=found.high_watermark, offset=found.for_time)

@@ -14,9 +14,10 @@ from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.routes.deps import broker_state
 from app.routes.models import (
     ErrorResponse,
-    ProducePartitionResult,
+    ProduceFailure,
     ProduceRequest,
     ProduceResponse,
+    ProduceSuccess,
 )
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
@@ -121,20 +122,20 @@ def _check_record(tp: str, payload: Payload, s: Settings, max_record_bytes: int)
 
 
 def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome
-            ) -> ProducePartitionResult:
+            ) -> ProduceSuccess | ProduceFailure:
     tp = group.tp
     metrics = state.produce_metrics
     if isinstance(outcome, AppendResult):
         if not outcome.duplicate:
             metrics.records.inc(outcome.count)
             metrics.bytes.inc(group.size)
-        return ProducePartitionResult(
+        return ProduceSuccess(
             topic=tp.topic, partition=tp.partition, ok=True,
             start_offset=outcome.start_offset, end_offset=outcome.end_offset,
             count=outcome.count, index_key=outcome.index_key, wal_uri=outcome.wal_uri,
             duplicate=True if outcome.duplicate else None)
     metrics.failed_entries.labels(outcome.error_type).inc()
-    return ProducePartitionResult(
+    return ProduceFailure(
         topic=tp.topic, partition=tp.partition, ok=False, error_type=outcome.error_type,
         error=str(outcome), retriable=outcome.retriable,
         maybe_written=outcome.maybe_written)
