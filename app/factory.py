@@ -5,16 +5,15 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import FastAPI
-from fastapi.openapi.utils import get_openapi
 from prometheus_fastapi_instrumentator import Instrumentator
 
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
 from app.routes import consume, health, metrics, offsets, produce, topics
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
+from app.routes.openapi import install_openapi
 from app.settings import Settings
 
 API_DESCRIPTION = """Leaderless log broker: append records to topic-partitions with
@@ -50,30 +49,11 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
         excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
         should_group_status_codes=False,
     ).instrument(app, metric_namespace="llog")
-    _document_errors_as_400(app)
+    install_openapi(app)
     app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
     # Outermost, so an oversized body is refused before anything reads it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     return app
-
-
-def _document_errors_as_400(app: FastAPI) -> None:
-    """Validation failures answer 400 with ErrorResponse: drop FastAPI's default 422."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version,
-                                 description=app.description, routes=app.routes)
-            for path in schema.get("paths", {}).values():
-                for operation in path.values():
-                    operation.get("responses", {}).pop("422", None)
-            schemas = schema.get("components", {}).get("schemas", {})
-            for name in ("HTTPValidationError", "ValidationError"):
-                schemas.pop(name, None)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app_from_env() -> FastAPI:

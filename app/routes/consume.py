@@ -8,7 +8,7 @@ import re
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
 from app.broker.consume import Fetch
@@ -22,6 +22,7 @@ from app.errors import (
 )
 from app.routes.deps import broker_state
 from app.routes.disconnect import unless_disconnected
+from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
 from app.routes.models import (
     ConsumedHeader,
     ConsumedRecord,
@@ -29,9 +30,9 @@ from app.routes.models import (
     ConsumeRequest,
     ConsumeResponse,
     ConsumeSuccess,
-    ErrorResponse,
 )
 from app.routes.offsets import lookup_all
+from app.routes.openapi import errors, named, response
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_value
@@ -89,12 +90,13 @@ def _header(name: str, value: bytes, encoding: str) -> ConsumedHeader:
     "/consume",
     response_model=ConsumeResponse,
     summary="Read records, waiting up to max_wait_ms for min_bytes",
-    responses={400: {"model": ErrorResponse, "description": "invalid request"},
-               413: {"model": ErrorResponse, "description": "too many partitions"}},
+    responses={**response(200, "each partition's records, or why it could not be read",
+                          ConsumeResponse, CONSUMED_ANSWERS),
+               **errors(400, 413)},
 )
 async def consume(
-    body: ConsumeRequest, request: Request,
-    state: Annotated[BrokerState, Depends(broker_state)],
+    body: Annotated[ConsumeRequest, Body(openapi_examples=named(CONSUME_REQUESTS))],
+    request: Request, state: Annotated[BrokerState, Depends(broker_state)],
 ) -> Response:
     started = time.monotonic()
     fetches = await _fetches(body, state)

@@ -11,14 +11,15 @@ from app.broker.state import BrokerState
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled
 from app.routes.deps import broker_state
 from app.routes.models import (
-    ErrorResponse,
     OffsetsFailure,
     OffsetsRequest,
     OffsetsResponse,
     OffsetsSuccess,
 )
+from app.routes.openapi import errors
+from app.storage import offsets as storage_offsets
 from app.storage.keys import TopicPartition
-from app.storage.offsets import PartitionOffsets, list_offsets
+from app.storage.offsets import PartitionOffsets
 from app.storage.reader import LogReader
 
 router = APIRouter(tags=["offsets"])
@@ -31,11 +32,13 @@ LOOKUP_CONCURRENCY = 16
     response_model=OffsetsResponse,
     response_model_exclude_none=True,
     summary="Log start and high watermark of partitions; the first offset at a time",
-    responses={400: {"model": ErrorResponse, "description": "invalid request"},
-               413: {"model": ErrorResponse, "description": "too many partitions"}},
+    responses={200: {"description": "each partition's offsets, or why they could not be "
+                                    "found"},
+               **errors(400, 413)},
 )
-async def offsets(body: OffsetsRequest, state: Annotated[BrokerState, Depends(broker_state)]
-                  ) -> OffsetsResponse:
+async def list_offsets(body: OffsetsRequest,
+                       state: Annotated[BrokerState, Depends(broker_state)]
+                       ) -> OffsetsResponse:
     s = state.settings
     if len(body.topic_partitions) > s.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(body.topic_partitions)} partitions in one request; the "
@@ -60,7 +63,7 @@ async def lookup_all(reader: LogReader | None,
     async def one(i: int, tp: TopicPartition, at_ms: int | None) -> None:
         async with limiter:
             try:
-                out[i] = await list_offsets(reader, tp, at_ms)
+                out[i] = await storage_offsets.list_offsets(reader, tp, at_ms)
             except LlogError as exc:
                 out[i] = exc
 

@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Body, Depends
 from fastapi.responses import JSONResponse
 
 from app.broker.state import BrokerState
 from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.routes.deps import broker_state
+from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import (
     ErrorResponse,
     ProduceFailure,
@@ -19,6 +20,7 @@ from app.routes.models import (
     ProduceResponse,
     ProduceSuccess,
 )
+from app.routes.openapi import error, errors, named, response
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.keys import TopicPartition
@@ -32,18 +34,22 @@ router = APIRouter(tags=["produce"])
     response_model=ProduceResponse,
     summary="Append records to topic-partitions",
     responses={
-        400: {"model": ErrorResponse, "description": "malformed JSON or invalid request"},
-        409: {"model": ProduceResponse, "description": "some or all entries failed"},
-        404: {"model": ErrorResponse,
-              "description": "unknown topic or partition (auto-create off)"},
-        413: {"model": ErrorResponse, "description": "over a size or count limit"},
-        503: {"model": ProduceResponse,
-              "description": "every entry refused before anything was written (back-"
-                             "pressure, draining, or not a writer); see Retry-After"},
+        **response(200, "every entry was written", ProduceResponse, PRODUCE_WRITTEN),
+        **errors(400),
+        **error(404, description="unknown topic or partition (topics are not created on "
+                                 "use); nothing was written"),
+        **response(409, "some entries failed, and not every one before writing: each "
+                        "result says how; retry only those with ok false",
+                   ProduceResponse, PRODUCE_PARTLY),
+        **errors(413), **error(500, "CorruptData"),
+        **response(503, "nothing was written: every entry was refused before writing "
+                        "(results), or the request as a whole (error body)",
+                   ProduceResponse | ErrorResponse, PRODUCE_REFUSED),
     },
 )
 async def produce(
-    body: ProduceRequest, state: Annotated[BrokerState, Depends(broker_state)]
+    body: Annotated[ProduceRequest, Body(openapi_examples=named(PRODUCE_REQUESTS))],
+    state: Annotated[BrokerState, Depends(broker_state)],
 ) -> JSONResponse:
     started = time.monotonic()
     if state.batcher is None or state.topics is None:

@@ -11,7 +11,6 @@ from app.broker.state import BrokerState
 from app.errors import RoleDisabled
 from app.routes.deps import broker_state
 from app.routes.models import (
-    ErrorResponse,
     PartitionInfo,
     TopicCreateRequest,
     TopicDescription,
@@ -20,16 +19,16 @@ from app.routes.models import (
     TopicName,
     TopicUpdateRequest,
 )
+from app.routes.openapi import error, errors
 from app.storage.keys import TopicPartition
 from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import Topic, TopicConfig
 from app.tailcache import run_cache_io
 
 router = APIRouter(tags=["topics"])
-_ERRORS: dict[int | str, dict[str, object]] = {
-    400: {"model": ErrorResponse, "description": "invalid request"},
-    404: {"model": ErrorResponse, "description": "no such topic"},
-}
+# Every topic operation reads the catalog in Oxia, and needs the read role.
+_STORE = {**error(500, "CorruptData"), **error(503, "RoleDisabled", "StorageUnavailable")}
+_NAMED = {**errors(400), **error(404, "UnknownTopic", description="no such topic"), **_STORE}
 PathTopic = Annotated[TopicName, Path(description="the topic's name")]
 
 
@@ -48,8 +47,9 @@ def _info(topic: Topic) -> TopicInfo:
 
 
 @router.post("/topics", status_code=201, response_model=TopicInfo, summary="Create a topic",
-             responses={**_ERRORS, 409: {"model": ErrorResponse,
-                                         "description": "the topic exists"}})
+             responses={201: {"description": "the topic, created"}, **errors(400),
+                        **error(409, "TopicExists", description="a topic of that name exists"),
+                        **errors(413), **_STORE})
 async def create_topic(body: TopicCreateRequest,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
     admin = _admin(state)
@@ -59,12 +59,14 @@ async def create_topic(body: TopicCreateRequest,
     return JSONResponse(_info(topic).model_dump(), status_code=201)
 
 
-@router.get("/topics", response_model=TopicList, summary="List the topics")
+@router.get("/topics", response_model=TopicList, summary="List the topics",
+            responses={200: {"description": "every topic"}, **_STORE})
 async def list_topics(state: Annotated[BrokerState, Depends(broker_state)]) -> TopicList:
     return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()])
 
 
-@router.get("/topics/{topic}", response_model=TopicDescription, responses=_ERRORS,
+@router.get("/topics/{topic}", response_model=TopicDescription,
+            responses={200: {"description": "the topic and its partitions"}, **_NAMED},
             summary="A topic and each of its partitions' log start, end and size")
 async def describe_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
                          ) -> TopicDescription:
@@ -75,7 +77,9 @@ async def describe_topic(topic: PathTopic, state: Annotated[BrokerState, Depends
                       last_append_ms=p.last_append_ms) for p in partitions])
 
 
-@router.patch("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
+@router.patch("/topics/{topic}", response_model=TopicInfo,
+              responses={200: {"description": "the topic, changed"}, **_NAMED,
+                         **errors(413)},
               summary="Change retention or limits, or add partitions")
 async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
@@ -86,7 +90,8 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
     return _info(updated)
 
 
-@router.delete("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
+@router.delete("/topics/{topic}", response_model=TopicInfo,
+               responses={200: {"description": "the topic as it was"}, **_NAMED},
                summary="Delete a topic: its records are removed, its offsets never reused")
 async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
                        ) -> TopicInfo:
