@@ -12,7 +12,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from app.settings import Settings, SettingsError
+from app.settings import CONFIG_FILE_ENV, Settings, SettingsError
+
+COMPACTOR_PORT = 8090
 
 
 def _broker_available() -> bool:
@@ -22,7 +24,7 @@ def _broker_available() -> bool:
 def cmd_servers_build(_: argparse.Namespace) -> int:
     from app.localstack import binaries
 
-    for name, path in binaries.ensure_all().items():
+    for name, path in binaries.ensure_all(tools=True).items():
         print(f"{name}: {path}")
     return 0
 
@@ -98,33 +100,50 @@ def _print_usage(broker_url: str | None) -> None:
           "\"fetch_offset\":1}],\"max_wait_ms\":1000}'")
 
 
+def _settings_for(command: str, args: argparse.Namespace, **overrides: object
+                  ) -> Settings | None:
+    """The settings of a server command (``--config`` and flags given included), or None
+    after printing why they are invalid. Its workers re-read the environment, so the
+    file and the flags that are settings become part of it."""
+    if args.config is not None:
+        os.environ[CONFIG_FILE_ENV] = str(Path(args.config).resolve())
+    given = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        settings = Settings.from_env(**given)
+    except SettingsError as exc:
+        print(f"llog {command}: {exc}", file=sys.stderr)
+        return None
+    env = settings.as_env()
+    for name in given:
+        os.environ[f"LLOG_{name.upper()}"] = env[f"LLOG_{name.upper()}"]
+    return settings
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if not _broker_available():
         print("llog serve: the broker is not part of this build yet", file=sys.stderr)
         return 2
     import uvicorn
 
-    overrides: dict[str, object] = {"host": args.host, "port": args.port}
-    if args.proxy_headers is not None:
-        overrides["proxy_headers"] = args.proxy_headers
-    if args.forwarded_allow_ips is not None:
-        overrides["forwarded_allow_ips"] = args.forwarded_allow_ips
-    try:
-        settings = Settings.from_env(**overrides)
-    except SettingsError as exc:
-        print(f"llog serve: {exc}", file=sys.stderr)
+    from app.telemetry.logs import log_config, warn_unknown_variables
+    from app.telemetry.workers import serve
+
+    settings = _settings_for(
+        "serve", args, host=args.host, port=args.port,
+        **{name: getattr(args, name) for name in (
+            "access_log", "proxy_headers", "forwarded_allow_ips", "ssl_certfile",
+            "ssl_keyfile", "ssl_ca_certs", "ssl_client_cert")})
+    if settings is None:
         return 2
-    # Workers re-read the environment; make the CLI flags part of it.
-    os.environ["LLOG_HOST"] = settings.host
-    os.environ["LLOG_PORT"] = str(settings.port)
-    uvicorn.run(
+    config = uvicorn.Config(
         "app.factory:create_app_from_env",
         factory=True,
         host=settings.host,
         port=settings.port,
         workers=args.workers,
         log_level=args.log_level,
-        access_log=args.access_log,
+        # With auth on the app logs each request itself, naming the principal.
+        access_log=settings.access_log and not settings.auth_enabled,
         proxy_headers=settings.proxy_headers,
         forwarded_allow_ips=settings.forwarded_allow_ips,
         timeout_keep_alive=int(settings.keep_alive_s),
@@ -132,14 +151,34 @@ def cmd_serve(args: argparse.Namespace) -> int:
         # and the batcher's last window finish within this.
         timeout_graceful_shutdown=30,
         lifespan="on",
+        log_config=log_config(settings),  # applied here, and again by each worker
+        **_tls(settings),
     )
-    return 0
+    warn_unknown_variables(os.environ)  # once, in the supervisor; its logging is set up
+    return serve(config, settings.metrics_dir)
+
+
+def _tls(s: Settings) -> dict[str, Any]:
+    """uvicorn's TLS options from the settings (none: plain HTTP)."""
+    import ssl
+
+    if s.ssl_certfile is None:
+        return {}
+    reqs = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL,
+            "required": ssl.CERT_REQUIRED}[s.ssl_client_cert]
+    return {"ssl_certfile": str(s.ssl_certfile), "ssl_keyfile": str(s.ssl_keyfile),
+            "ssl_ca_certs": str(s.ssl_ca_certs) if s.ssl_ca_certs else None,
+            "ssl_cert_reqs": reqs}
 
 
 def cmd_compactor(args: argparse.Namespace) -> int:
     from app.compaction.commands import serve_compactor
 
-    settings = Settings.from_env(host=args.host, port=args.port)
+    settings = _settings_for("compactor", args, host=args.host, port=args.port)
+    if settings is None:
+        return 2
+    if "port" not in settings.model_fields_set:  # the compactor's own default
+        settings = settings.model_copy(update={"port": COMPACTOR_PORT})
     return serve_compactor(settings, log_level=args.log_level)
 
 
@@ -163,6 +202,17 @@ def _positive(text: str) -> int:
     return value
 
 
+def _add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
+    parser.add_argument("--host", default=None,
+                        help="address to listen on (default LLOG_HOST, else 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None,
+                        help=f"port to listen on (default LLOG_PORT, else {default_port})")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="TOML file of settings, named as LLOG_* variables are but in "
+                             "lower case without the prefix; the variables win "
+                             "(default LLOG_CONFIG_FILE)")
+
+
 def _add_dev_and_serve(sub: Any) -> None:
     dev = sub.add_parser("dev", help="run Oxia, MinIO and a broker on loopback (foreground)")
     dev.add_argument("--port", type=int, default=8080,
@@ -176,12 +226,12 @@ def _add_dev_and_serve(sub: Any) -> None:
     dev.set_defaults(func=cmd_dev)
 
     serve = sub.add_parser("serve", help="run the broker against configured Oxia and S3")
-    serve.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))
-    serve.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8080")))
+    _add_server_arguments(serve, default_port=8080)
     serve.add_argument("--workers", type=int, default=1)
     serve.add_argument("--log-level", default="info")
-    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=True,
-                       help="log every request with the client's address (default on)")
+    serve.add_argument("--access-log", action=argparse.BooleanOptionalAction, default=None,
+                       help="log every request with the client's address (default on; "
+                            "LLOG_ACCESS_LOG; with auth on, and the principal)")
     serve.add_argument("--proxy-headers", action=argparse.BooleanOptionalAction,
                        default=None,
                        help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips "
@@ -189,10 +239,21 @@ def _add_dev_and_serve(sub: Any) -> None:
     serve.add_argument("--forwarded-allow-ips", default=None,
                        help="comma-separated proxy addresses to trust, '*' for any "
                             "(default 127.0.0.1; LLOG_FORWARDED_ALLOW_IPS)")
+    serve.add_argument("--ssl-certfile", default=None,
+                       help="serve HTTPS with this certificate chain (PEM; LLOG_SSL_CERTFILE)")
+    serve.add_argument("--ssl-keyfile", default=None,
+                       help="the certificate's private key (PEM; LLOG_SSL_KEYFILE)")
+    serve.add_argument("--ssl-ca-certs", default=None,
+                       help="CAs that sign client certificates (LLOG_SSL_CA_CERTS)")
+    serve.add_argument("--ssl-client-cert", choices=("none", "optional", "required"),
+                       default=None,
+                       help="ask clients for a certificate (default none; "
+                            "LLOG_SSL_CLIENT_CERT)")
     serve.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from app.cli_auth import add_auth_commands
     from app.cli_client import ArgumentParser, add_client_commands, version_text
 
     parser = ArgumentParser(prog="llog", description="leaderless-log broker tools")
@@ -200,10 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
     add_client_commands(sub)
     _add_dev_and_serve(sub)
+    add_auth_commands(sub)
 
     compactor = sub.add_parser("compactor", help="run the standalone compaction service")
-    compactor.add_argument("--host", default=os.environ.get("LLOG_HOST", "127.0.0.1"))
-    compactor.add_argument("--port", type=int, default=int(os.environ.get("LLOG_PORT", "8090")))
+    _add_server_arguments(compactor, default_port=COMPACTOR_PORT)
     compactor.add_argument("--log-level", default="info")
     compactor.set_defaults(func=cmd_compactor)
 
@@ -229,7 +290,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     servers = sub.add_parser("servers", help="manage the Go-built Oxia and MinIO binaries")
     servers_sub = servers.add_subparsers(dest="servers_command", required=True)
-    build = servers_sub.add_parser("build", help="build (or find cached) server binaries")
+    build = servers_sub.add_parser("build", help="build (or find cached) the server binaries "
+                                                 "and promtool")
     build.set_defaults(func=cmd_servers_build)
     return parser
 

@@ -17,6 +17,7 @@ from app.drain import drain_on_sigterm as draining
 from app.routes import health, metrics
 from app.routes.openapi import install_openapi
 from app.settings import Settings
+from app.telemetry.request_id import RequestIdMiddleware
 
 
 def create_compactor_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI:
@@ -35,6 +36,7 @@ def create_compactor_app(settings: Settings, *, drain_on_sigterm: bool = False) 
     for module in (health, metrics):
         app.router.routes.extend(module.router.routes)
     install_openapi(app)
+    app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
     return app
 
 

@@ -20,7 +20,18 @@ compare strings:
     │   ├── OffsetOutOfRange         400  fetch offset outside the log start .. hw + 1
     │   ├── UnknownTopic             404  no such topic (and auto-create is off)
     │   ├── UnknownPartition         404  the topic has no such partition
-    │   └── TopicExists              409  a topic of that name exists already
+    │   ├── TopicExists              409  a topic of that name exists already
+    │   ├── UnknownGroup             404  no such consumer group
+    │   └── GroupConflict            409  the group refuses: the caller's view is out of date
+    │       ├── UnknownMember             not a member (left, or its session expired)
+    │       ├── StaleGeneration           the group has moved on to a newer generation
+    │       ├── PartitionNotAssigned      the partition is not this member's
+    │       ├── GroupNotEmpty             the operation needs a group without live members
+    │       └── GroupFull                 the group has as many members as it may
+    ├── AccessError                  refused by access control at the edge, nothing written
+    │   ├── Unauthenticated          401  no credentials, or invalid ones
+    │   ├── Forbidden                403  the principal lacks the right
+    │   └── QuotaExceeded            429  over the principal's quota; retry after a pause
     ├── Unavailable                  503  refused before anything was written; retry
     │   ├── BackPressureRejected          the produce buffer is full
     │   ├── ShuttingDown                  this broker is draining; retry on another
@@ -103,6 +114,77 @@ class TopicExists(RequestError):
     """A topic of that name exists already."""
 
     http_status = 409
+
+
+class UnknownGroup(RequestError):
+    """No consumer group of that name exists."""
+
+    http_status = 404
+
+
+class GroupConflict(RequestError):
+    """A consumer group refuses the request as it stands; nothing was written."""
+
+    http_status = 409
+
+
+class UnknownMember(GroupConflict):
+    """The member id is not in the group (it left, or its session expired and its
+    partitions moved): join again for a new member id."""
+
+
+class StaleGeneration(GroupConflict):
+    """The request names a generation the group has left behind (or an offset was
+    committed by a newer one): heartbeat to learn the current assignment."""
+
+
+class PartitionNotAssigned(GroupConflict):
+    """The partition is not assigned to this member in this generation."""
+
+
+class GroupNotEmpty(GroupConflict):
+    """The operation (resetting offsets, committing without a member id) needs a group
+    without live members."""
+
+
+class GroupFull(GroupConflict):
+    """The group has ``LLOG_GROUP_MAX_MEMBERS`` members already."""
+
+
+# -- access control ------------------------------------------------------------------
+
+
+class AccessError(LlogError):
+    """Refused by access control before any storage work; nothing was written."""
+
+    http_status = 403
+
+
+class Unauthenticated(AccessError):
+    """No bearer token, or one that does not verify. ``code`` is RFC 6750's ``error``
+    (``invalid_token``, ``invalid_request``), or None when no credentials were sent."""
+
+    http_status = 401
+
+    def __init__(self, message: str, *, code: str | None = "invalid_token") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class Forbidden(AccessError):
+    """The principal is authenticated but holds no right for the operation."""
+
+
+class QuotaExceeded(AccessError):
+    """The principal is over its request-rate or produce-bytes quota on this broker
+    process: retry after ``retry_after_s``."""
+
+    retriable = True
+    http_status = 429
+
+    def __init__(self, message: str, *, retry_after_s: int) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 # -- refused before writing ----------------------------------------------------------
@@ -201,7 +283,8 @@ class VersionMismatch(Exception):
 
 
 # Classes that only group others: never raised, never named in a response.
-_GROUPS: tuple[type[LlogError], ...] = (RequestError, StorageError, AppendError)
+_GROUPS: tuple[type[LlogError], ...] = (
+    RequestError, GroupConflict, AccessError, StorageError, AppendError)
 
 
 def error_types() -> list[type[LlogError]]:

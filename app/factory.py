@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_fastapi_instrumentator import Instrumentator
 
+from app.auth.control import AccessControl, run_access_control
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
-from app.routes import consume, health, metrics, offsets, produce, topics
+from app.routes import consume, groups, health, metrics, offsets, produce, stream, topics
+from app.routes.access import AccessMiddleware
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
+from app.routes.models import ProduceRequest
 from app.routes.openapi import install_openapi
+from app.routes.openapi_auth import declare_bearer_auth
 from app.settings import Settings
+from app.telemetry.request_id import RequestIdMiddleware
 
 API_DESCRIPTION = """Leaderless log broker: append records to topic-partitions with
 `POST /produce`, read them with long-polling `POST /consume`. Any broker serves any
@@ -25,10 +32,16 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     """The broker app. ``drain_on_sigterm``: the first SIGTERM drains before the server
     stops (app/drain.py); set where uvicorn serves it, not for apps run in tests."""
     state = BrokerState.create(settings)
+    control = AccessControl(settings, state.registry) if settings.auth_enabled else None
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        async with run_broker(state), draining(drain_on_sigterm, state.drain):
+        async with contextlib.AsyncExitStack() as stack:
+            if control is not None:  # first: a broken auth file stops the start
+                await stack.enter_async_context(
+                    run_access_control(control, sighup=drain_on_sigterm))
+            await stack.enter_async_context(run_broker(state))
+            await stack.enter_async_context(draining(drain_on_sigterm, state.drain))
             yield
 
     app = FastAPI(
@@ -39,20 +52,34 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     )
     app.state.broker = state
     app.state.service = state
+    app.state.auth = control
     install_error_handlers(app)
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.
-    for module in (produce, consume, offsets, topics, health, metrics):
+    for module in (produce, consume, stream, offsets, topics, groups, health, metrics):
         app.router.routes.extend(module.router.routes)
+    if control is not None:  # innermost: the HTTP metrics count its refusals
+        app.add_middleware(AccessMiddleware, control=control, log_requests=settings.access_log)
     Instrumentator(
         registry=state.registry,
         excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
         should_group_status_codes=False,
     ).instrument(app, metric_namespace="llog")
-    install_openapi(app)
+    # The produce route parses its body itself, so FastAPI does not name its model.
+    install_openapi(app, extra_models=[ProduceRequest], finish=None if control is None
+                    else functools.partial(declare_bearer_auth, settings=settings))
     app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
-    # Outermost, so an oversized body is refused before anything reads it.
+    # Outside the rest, so an oversized body is refused before anything reads it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # Every answer, refusals included, carries the request's id.
+    app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
+    if settings.cors_allow_origins:  # outermost: preflights and refusals carry CORS headers
+        app.add_middleware(
+            CORSMiddleware, allow_origins=list(settings.cors_allow_origins),
+            allow_methods=["GET", "POST", "PATCH", "DELETE"],
+            allow_headers=["authorization", "content-type", "x-request-id"],
+            expose_headers=["retry-after", "www-authenticate", "x-request-id"],
+            max_age=settings.cors_max_age_s)
     return app
 
 

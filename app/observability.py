@@ -1,21 +1,24 @@
-"""Observability shared by every service of the project (broker, compactor): point-in-time
-statistics exported as gauges, the JSON snapshot of a registry, and the S3 cost estimate.
+"""Observability shared by every service of the project (broker, compactor): the
+``Service`` protocol of the health and metrics routes, the JSON snapshot of gathered
+metric families, and the S3 cost estimate with its figures.
 
-Components expose typed ``statistics()`` snapshots (dataclasses, like anyio's memory
-streams); :class:`StatisticsCollector` turns the numeric fields of each snapshot into
-gauges when Prometheus scrapes, so nothing has to keep gauges up to date.
+Statistics snapshots become metrics in :mod:`app.telemetry.snapshots`; the registry
+that answers a scrape, alone or for all the workers of a server, is
+:class:`app.telemetry.registry.ServiceRegistry`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, is_dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from prometheus_client import CollectorRegistry, Counter
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
+from prometheus_client import Counter
+from prometheus_client.core import Metric
+
+from app.telemetry.registry import ServiceRegistry
+from app.telemetry.snapshots import Figure
 
 # S3 Standard, us-east-1 list prices: an estimate for visibility, not a bill.
 PRICE_PER_1000_PUT_LIST_USD = 0.005
@@ -32,7 +35,7 @@ class Service(Protocol):
     status: Status
     failure: str | None
     started_at_ms: int
-    registry: CollectorRegistry
+    registry: ServiceRegistry
 
     def identity(self) -> dict[str, Any]:
         """Fields that name this process in /health (broker_id, host, port, ...)."""
@@ -43,6 +46,15 @@ class Service(Protocol):
         ...
 
 
+READY = Figure("ready", "1 while /health/ready answers 200 (status ok), else 0; with "
+                        "several workers, 0 unless every one is", "livemin")
+
+
+def readiness(service: Service) -> dict[str, int]:
+    """The statistics snapshot behind :data:`READY`."""
+    return {"ready": int(service.status == "ok")}
+
+
 @dataclass
 class S3Usage:
     stored_bytes: int = 0
@@ -50,31 +62,22 @@ class S3Usage:
     scanned_at_ms: int = 0
 
 
-StatisticsSource = Callable[[], Any]
-
-
-class StatisticsCollector(Collector):
-    """Gauges ``{prefix}_{field}`` from the numeric fields of statistics snapshots,
-    computed at scrape time; a source answering None (not running) adds nothing."""
-
-    def __init__(self, sources: dict[str, tuple[str, StatisticsSource]]) -> None:
-        self._sources = sources
-
-    def collect(self) -> Iterator[Metric]:
-        for prefix, (doc, source) in self._sources.items():
-            snapshot = source()
-            if snapshot is None:
-                continue
-            for name, value in numeric_fields(snapshot).items():
-                yield GaugeMetricFamily(f"{prefix}_{name}", doc, value=value)
-
-
-def numeric_fields(snapshot: Any) -> dict[str, float]:
-    """The numeric fields of a statistics snapshot (labels such as a state are left out)."""
-    values = asdict(snapshot) if is_dataclass(snapshot) and not isinstance(snapshot, type) \
-        else dict(snapshot)
-    return {k: float(v) for k, v in values.items()
-            if isinstance(v, int | float) and not isinstance(v, bool)}
+# The figures of s3_cost_estimate. Stored bytes describe the whole bucket, which every
+# worker scans: the largest recent scan is the server's figure.
+S3_REQUEST_COST = Figure(
+    "estimated_request_cost_usd",
+    "Estimated cost of the S3 requests counted in llog_s3_requests_total (S3 Standard "
+    "us-east-1 list prices)", "counter")
+S3_USAGE = (
+    Figure("stored_bytes", "Bytes stored under the root prefix, as last listed", "livemax"),
+    Figure("stored_objects", "Objects stored under the root prefix, as last listed",
+           "livemax"),
+    Figure("estimated_storage_cost_usd_per_month",
+           "Estimated monthly storage cost of llog_s3_stored_bytes (S3 Standard us-east-1)",
+           "livemax"),
+    Figure("usage_scan_timestamp_seconds",
+           "When the stored bytes were last listed (Unix time; 0: not yet)", "livemax"),
+)
 
 
 def s3_cost_estimate(request_counts: dict[str, float], usage: S3Usage) -> dict[str, float]:
@@ -88,7 +91,7 @@ def s3_cost_estimate(request_counts: dict[str, float], usage: S3Usage) -> dict[s
         "stored_objects": float(usage.stored_objects),
         "estimated_storage_cost_usd_per_month": usage.stored_bytes / 1e9
         * PRICE_PER_GB_MONTH_USD,
-        "usage_scanned_at_ms": float(usage.scanned_at_ms),
+        "usage_scan_timestamp_seconds": usage.scanned_at_ms / 1000,
     }
 
 
@@ -103,10 +106,10 @@ def request_counts(s3_requests: Counter) -> dict[str, float]:
     return counts
 
 
-def json_snapshot(registry: CollectorRegistry, header: dict[str, Any]) -> dict[str, Any]:
-    """Every sample of the registry as ``{metric: {labels: value}}``, after ``header``."""
+def json_snapshot(families: Iterable[Metric], header: dict[str, Any]) -> dict[str, Any]:
+    """Every sample of ``families`` as ``{metric: {labels: value}}``, after ``header``."""
     metrics: dict[str, dict[str, float]] = {}
-    for metric in registry.collect():
+    for metric in families:
         for sample in metric.samples:
             if sample.name.endswith("_created"):
                 continue

@@ -1,4 +1,6 @@
-"""Process configuration: one pydantic-settings model read from ``LLOG_*`` variables.
+"""Process configuration: one pydantic-settings model read from ``LLOG_*`` variables and,
+optionally, a TOML file (``LLOG_CONFIG_FILE``, ``llog serve --config``) with the same
+setting names in lower case; variables win over the file.
 
 Built once at start (``Settings.from_env()``) and passed down explicitly; nothing in the
 package reads the environment on its own.
@@ -6,16 +8,31 @@ package reads the environment on its own.
 
 from __future__ import annotations
 
+import difflib
 import json
+import os
 import re
 import socket
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 
 Role = Literal["write", "read", "compact"]
+# JWT signature algorithms a broker may accept: asymmetric only, so a public key can never
+# be used as an HMAC secret ("none" and HS* are refused when the settings are read).
+ASYMMETRIC_JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
+                             "ES256", "ES384", "ES512", "EdDSA")
 ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
 
 # The share of the retry horizon within which a blob must be committed: the rest is the
@@ -25,6 +42,13 @@ RETRY_HORIZON_SAFE_SHARE = 0.5
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _PREFIX = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
+
+CONFIG_FILE_ENV = "LLOG_CONFIG_FILE"
+# LLOG_* variables that are read elsewhere and are no settings.
+NOT_SETTINGS = frozenset({CONFIG_FILE_ENV, "LLOG_BIN_CACHE_DIR", "LLOG_BROKER_URL",
+                          "LLOG_SPARK_LOG_LEVEL"})
+# The TOML file of the Settings being built (from_env sets it around the construction).
+_config_file: ContextVar[Path | None] = ContextVar("llog_config_file", default=None)
 
 
 class SettingsError(ValueError):
@@ -45,6 +69,12 @@ class Settings(BaseSettings):
     oxia_request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     oxia_max_threads: int = Field(default=32, ge=1, le=512)
     oxia_max_inflight_writes: int = Field(default=2, ge=1, le=64)
+    # TLS to Oxia: the CA bundle that signs its certificate (none: the system's roots),
+    # and a client certificate and key for servers that require one.
+    oxia_tls: bool = False
+    oxia_tls_ca_file: Path | None = None
+    oxia_tls_cert_file: Path | None = None
+    oxia_tls_key_file: Path | None = None
 
     # Object store.
     s3_endpoint: str | None = "http://127.0.0.1:9000"
@@ -56,6 +86,9 @@ class Settings(BaseSettings):
     s3_max_pool_connections: int = Field(default=64, ge=1, le=1024)
     s3_request_timeout_s: float = Field(default=30.0, gt=0, le=600)
     s3_max_attempts: int = Field(default=5, ge=1, le=20)
+    # A PEM bundle of the CAs that sign the S3 endpoint's certificate (botocore's
+    # ``verify=``); none: the system's trust store.
+    s3_ca_bundle: Path | None = None
 
     root_prefix: str = "llog"
 
@@ -81,8 +114,52 @@ class Settings(BaseSettings):
     proxy_headers: bool = True
     forwarded_allow_ips: str = "127.0.0.1"
 
+    # HTTPS of `llog serve` (uvicorn's ssl options); client certificates are asked for
+    # (optional) or required when ssl_ca_certs names the CAs that sign them.
+    ssl_certfile: Path | None = None
+    ssl_keyfile: Path | None = None
+    ssl_ca_certs: Path | None = None
+    ssl_client_cert: Literal["none", "optional", "required"] = "none"
+    # One access-log line per request; with auth on it names the principal.
+    access_log: bool = True
+    # Browsers on these origins may call the API (CORS); empty: CORS is off.
+    cors_allow_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    cors_max_age_s: int = Field(default=600, ge=0, le=86_400)
+
+    # Access control (docs/operations.md, Security). Off: every endpoint is open.
+    auth: Literal["off", "on"] = "off"
+    # Principals, their API key hashes, rights and quotas (TOML), re-read when it changes.
+    auth_file: Path | None = None
+    auth_reload_interval_s: float = Field(default=5.0, ge=0.1, le=3600)
+    auth_file_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    # /metrics and /metrics/prometheus: open, or for authenticated principals only.
+    auth_metrics: Literal["open", "authenticated"] = "open"
+    # Principals not named in the auth file (JWT subjects) that get their own metrics
+    # label; the others share "other". And how many such principals have quota buckets.
+    auth_metrics_max_principals: int = Field(default=100, ge=0, le=10_000)
+    auth_max_tracked_principals: int = Field(default=10_000, ge=1, le=1_000_000)
+    # JWTs: the issuer's keys (a JWKS file or URL), the claims a token must carry.
+    auth_jwks_file: Path | None = None
+    auth_jwks_url: str | None = None
+    auth_jwt_issuer: str | None = None
+    auth_jwt_audience: str | None = None
+    auth_jwt_algorithms: Annotated[tuple[str, ...], NoDecode] = ASYMMETRIC_JWT_ALGORITHMS
+    auth_jwt_leeway_s: float = Field(default=30.0, ge=0, le=300)
+    auth_jwt_principal_claim: str = Field(default="sub", min_length=1, max_length=128)
+    # The JWKS is fetched again this often, and at most this often when a token names
+    # a key id it does not hold (a rotation); each fetch within the timeout.
+    auth_jwks_refresh_s: float = Field(default=300.0, ge=1, le=86_400)
+    auth_jwks_min_refresh_s: float = Field(default=30.0, ge=0, le=3600)
+    auth_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    # A key set is a few kilobytes: a larger document is refused rather than parsed.
+    auth_jwks_max_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+
     # Writer.
     commit_max_attempts: int = Field(default=64, ge=1, le=10_000)
+    # Bodies of new WAL objects: bytes-batch-v3 (columns), or bytes-batch-v1 (and v2 for
+    # records with more than a value), which releases before v3 read: set it during a
+    # rolling upgrade from such a release until every reader understands v3.
+    wal_encoding: Literal["bytes-batch-v3", "bytes-batch-v1"] = "bytes-batch-v3"
 
     # Batcher.
     batch_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1, le=1024 * 1024 * 1024)
@@ -99,6 +176,8 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(default=64 * 1024, ge=0)
     max_wait_ms_ceiling: int = Field(default=30_000, ge=0, le=600_000)
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
+    # Server-Sent Events streams open at once per process (GET /topics/{topic}/stream).
+    max_concurrent_streams: int = Field(default=100, ge=1, le=100_000)
     max_partitions_per_request: int = Field(default=1_000, ge=1, le=100_000)
     max_fetch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
 
@@ -110,6 +189,16 @@ class Settings(BaseSettings):
     topic_cache_ttl_s: float = Field(default=5.0, gt=0, le=3600)
     # How often the compactor applies a topic's retention to a partition.
     retention_check_interval_s: float = Field(default=60.0, gt=0)
+
+    # Consumer groups: a member's session (the default, and the range a join may ask
+    # for), and the bounds of a group and of one page of the group listing.
+    group_session_timeout_ms: int = Field(default=30_000, ge=100, le=3_600_000)
+    group_min_session_timeout_ms: int = Field(default=6_000, ge=100, le=3_600_000)
+    group_max_session_timeout_ms: int = Field(default=300_000, ge=100, le=3_600_000)
+    group_max_members: int = Field(default=1_000, ge=1, le=100_000)
+    group_max_topics: int = Field(default=100, ge=1, le=10_000)
+    group_max_partitions: int = Field(default=10_000, ge=1, le=1_000_000)
+    group_list_max: int = Field(default=1_000, ge=1, le=100_000)
 
     # Compaction.
     compaction_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1024)
@@ -126,6 +215,16 @@ class Settings(BaseSettings):
 
     # Metrics: how often the stored bytes/objects under the root prefix are re-counted.
     s3_usage_scan_interval_s: float = Field(default=300.0, ge=1.0)
+    # `llog serve --workers N`: where the server's shared metrics directory is created
+    # (none: the system's temporary directory), and how often each worker writes its
+    # point-in-time figures there for the scrapes the other workers answer.
+    metrics_dir: Path | None = None
+    metrics_refresh_interval_s: float = Field(default=1.0, ge=0.05, le=60)
+
+    # Logs: "text" (human) or "json" (one object per line); request ids taken from
+    # X-Request-ID are at most this long (others are replaced by a generated one).
+    log_format: Literal["text", "json"] = "text"
+    request_id_max_length: int = Field(default=128, ge=16, le=1024)
 
     # Load-test runs: a JSON object describing the scenario, exported on /metrics as
     # llog_loadtest_scenario_info (strings) and llog_loadtest_scenario_<key> (numbers).
@@ -152,7 +251,8 @@ class Settings(BaseSettings):
             return tuple(parts)
         return value
 
-    @field_validator("compaction_seed_targets", mode="before")
+    @field_validator("compaction_seed_targets", "cors_allow_origins", "auth_jwt_algorithms",
+                     mode="before")
     @classmethod
     def _parse_targets(cls, value: object) -> object:
         if isinstance(value, str):
@@ -166,6 +266,24 @@ class Settings(BaseSettings):
             topic, sep, partition = target.rpartition(":")
             if not sep or not topic or not partition.isascii() or not partition.isdigit():
                 raise ValueError(f"{target!r}: expected topic:partition")
+        return value
+
+    @field_validator("auth_jwt_algorithms")
+    @classmethod
+    def _check_algorithms(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        if not value:
+            raise ValueError("at least one algorithm")
+        for alg in value:
+            if alg not in ASYMMETRIC_JWT_ALGORITHMS:
+                raise ValueError(f"{alg!r} is not allowed; choose among "
+                                 + ", ".join(ASYMMETRIC_JWT_ALGORITHMS))
+        return value
+
+    @field_validator("auth_jwks_url")
+    @classmethod
+    def _check_jwks_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("https://", "http://")):
+            raise ValueError("expected an https:// (or http://) URL")
         return value
 
     @field_validator("roles")
@@ -187,7 +305,11 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("s3_access_key", "s3_secret_key", "tail_cache_dir", "loadtest_scenario",
-                     mode="before")
+                     "metrics_dir",
+                     "s3_ca_bundle", "oxia_tls_ca_file", "oxia_tls_cert_file",
+                     "oxia_tls_key_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
+                     "auth_file", "auth_jwks_file", "auth_jwks_url", "auth_jwt_issuer",
+                     "auth_jwt_audience", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
@@ -231,13 +353,88 @@ class Settings(BaseSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _check_sessions(self) -> Settings:
+        if not (self.group_min_session_timeout_ms <= self.group_session_timeout_ms
+                <= self.group_max_session_timeout_ms):
+            raise ValueError(
+                "LLOG_GROUP_SESSION_TIMEOUT_MS must lie between LLOG_GROUP_MIN_SESSION_"
+                "TIMEOUT_MS and LLOG_GROUP_MAX_SESSION_TIMEOUT_MS"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_security(self) -> Settings:
+        oxia_files = (self.oxia_tls_ca_file, self.oxia_tls_cert_file, self.oxia_tls_key_file)
+        if not self.oxia_tls and any(f is not None for f in oxia_files):
+            raise ValueError("LLOG_OXIA_TLS_*_FILE need LLOG_OXIA_TLS=true")
+        if (self.oxia_tls_cert_file is None) != (self.oxia_tls_key_file is None):
+            raise ValueError("LLOG_OXIA_TLS_CERT_FILE and LLOG_OXIA_TLS_KEY_FILE go together")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError("LLOG_SSL_CERTFILE and LLOG_SSL_KEYFILE go together")
+        if self.ssl_client_cert != "none" and self.ssl_ca_certs is None:
+            raise ValueError("LLOG_SSL_CLIENT_CERT needs LLOG_SSL_CA_CERTS")
+        if self.auth == "off":
+            return self
+        if self.auth_file is None:
+            raise ValueError("LLOG_AUTH=on needs LLOG_AUTH_FILE (principals and rights)")
+        if self.auth_jwks_file is not None and self.auth_jwks_url is not None:
+            raise ValueError("set one of LLOG_AUTH_JWKS_FILE and LLOG_AUTH_JWKS_URL")
+        if self.jwt_enabled and (self.auth_jwt_issuer is None or self.auth_jwt_audience is None):
+            raise ValueError("JWTs (LLOG_AUTH_JWKS_*) need LLOG_AUTH_JWT_ISSUER and "
+                             "LLOG_AUTH_JWT_AUDIENCE")
+        return self
+
+    @property
+    def auth_enabled(self) -> bool:
+        return self.auth == "on"
+
+    @property
+    def jwt_enabled(self) -> bool:
+        return self.auth_jwks_file is not None or self.auth_jwks_url is not None
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls: type[BaseSettings], init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource, dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments, then ``LLOG_*`` variables, then the TOML file (if any)."""
+        config_file = _config_file.get()
+        toml = (TomlConfigSettingsSource(settings_cls, toml_file=config_file),) \
+            if config_file is not None else ()
+        return init_settings, env_settings, *toml, dotenv_settings, file_secret_settings
+
     @classmethod
     def from_env(cls, **overrides: object) -> Settings:
-        """Read the environment; raise :class:`SettingsError` naming each bad variable."""
+        """Read the environment and the TOML file ``LLOG_CONFIG_FILE`` names, if any;
+        raise :class:`SettingsError` naming each bad variable, or the file and key of
+        each bad value in the file."""
+        named = os.environ.get(CONFIG_FILE_ENV)
+        config_file = Path(named) if named else None
+        in_file = _read_config_file(config_file) if config_file is not None else {}
+        token = _config_file.set(config_file)
         try:
             return cls(**overrides)  # type: ignore[arg-type]
         except ValidationError as exc:
-            raise SettingsError(describe_validation_error(exc)) from None
+            raise SettingsError(describe_validation_error(
+                exc, config_file, set(in_file) - set(overrides))) from None
+        finally:
+            _config_file.reset(token)
+
+    @classmethod
+    def unknown_variables(cls, environ: Mapping[str, str]) -> list[str]:
+        """A warning for each ``LLOG_*`` variable that names no setting (so it changes
+        nothing), with the closest setting's name when one is close."""
+        known = {f"LLOG_{name.upper()}" for name in cls.model_fields} | NOT_SETTINGS
+        warnings = []
+        for name in sorted(environ):
+            upper = name.upper()
+            if upper.startswith("LLOG_") and upper not in known:
+                close = difflib.get_close_matches(upper, known, n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                warnings.append(f"{name} is not a setting and is ignored{hint}")
+        return warnings
 
     @property
     def retry_horizon_safe_ms(self) -> int:
@@ -261,11 +458,37 @@ class Settings(BaseSettings):
         return env
 
 
-def describe_validation_error(exc: ValidationError) -> str:
+def describe_validation_error(exc: ValidationError, config_file: Path | None = None,
+                              from_file: set[str] | frozenset[str] = frozenset()) -> str:
+    """One line per problem, naming the variable, or the file and key it came from."""
+    environ = {name.upper() for name in os.environ}
     lines = ["invalid configuration:"]
     for err in exc.errors():
         loc = err.get("loc") or ()
         field = str(loc[0]) if loc else ""
         name = f"LLOG_{field.upper()}" if field else "(settings)"
+        if field in from_file and name not in environ:
+            name = f"{config_file}: {field}"
         lines.append(f"  {name}: {err.get('msg', 'invalid value')}")
     return "\n".join(lines)
+
+
+def _read_config_file(path: Path) -> dict[str, Any]:
+    """The settings in a TOML file; a file that cannot be read or parsed, or a key that
+    names no setting, is a :class:`SettingsError` naming the file (and the key)."""
+    try:
+        data = tomllib.loads(path.read_text())
+    except OSError as exc:
+        raise SettingsError(f"{path}: cannot read the configuration file: "
+                            f"{exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"{path}: not a valid TOML file: {exc}") from None
+    fields = set(Settings.model_fields)
+    unknown = []
+    for key in sorted(set(data) - fields):
+        close = difflib.get_close_matches(key, fields, n=1)
+        unknown.append(f"  {path}: {key}: not a setting"
+                       + (f"; did you mean {close[0]}?" if close else ""))
+    if unknown:
+        raise SettingsError("\n".join(["invalid configuration:", *unknown]))
+    return data

@@ -138,11 +138,12 @@ async def test_workers_share_a_port_and_wake_each_other(
     async with httpx.AsyncClient(base_url=b.url, timeout=30, limits=limits) as client:
 
         async def poll() -> None:
-            r = await client.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
+            r = await client.post("/consume", json=consume_body(topic, 1, max_wait_ms=30000))
             results.append(r.json()["results"][0])
 
-        # Bounded well below max_wait: only a wake-up answers in time.
-        with anyio.fail_after(5):
+        # Bounded well below max_wait (and loose enough for a loaded machine): only a
+        # wake-up answers in time.
+        with anyio.fail_after(15):
             async with anyio.create_task_group() as tg:
                 for _ in range(8):  # spread over both workers by the kernel
                     tg.start_soon(poll)

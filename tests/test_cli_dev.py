@@ -18,7 +18,8 @@ import pytest
 from app.localstack.processes import free_port
 
 HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["servers"],
-                 ["servers", "build"], ["loadtest"], ["loadtest", "run"], ["spark"]]
+                 ["servers", "build"], ["loadtest"], ["loadtest", "run"], ["spark"],
+                 ["auth"], ["auth", "new-key"], ["auth", "check"]]
 
 STACK_FIELDS = {
     "broker_url", "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",

@@ -82,6 +82,16 @@ def test_retry_delay_grows_is_capped_and_honours_retry_after() -> None:
     assert wire.parse_retry_after("2") == 2 and wire.parse_retry_after("soon") is None
 
 
+def test_every_error_type_of_the_broker_has_its_class_in_the_client() -> None:
+    from app.errors import error_types
+    from app.routes.error_types import ERROR_TYPE_NAMES as ERROR_TYPES
+
+    assert {c.__name__ for c in error_types()} <= set(errors.ERROR_CLASSES)
+    assert set(ERROR_TYPES) <= set(errors.ERROR_CLASSES)
+    conflict = wire.reply_error(Reply(409, {"error_type": "StaleGeneration", "error": "g"}))
+    assert isinstance(conflict, errors.GroupConflict) and not conflict.retriable
+
+
 def test_error_bodies_map_to_their_classes() -> None:
     reply = Reply(400, {"error_type": "InvalidRequest", "error": "bad",
                         "details": [{"loc": "topic_partitions.0.topic", "msg": "no"}]})

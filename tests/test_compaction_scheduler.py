@@ -100,7 +100,7 @@ async def test_scheduler_discovers_and_compacts_partitions(stack: LocalStack) ->
         assert all(v.error is None and not v.busy for v in caught_up.visits)
     assert registry.get_sample_value("llog_compaction_runs_total", {"action": "compacted"}) == 3
     assert registry.get_sample_value("llog_compaction_partitions_known") == 3
-    assert registry.get_sample_value("llog_compaction_lag_records_total") == 0
+    assert registry.get_sample_value("llog_compaction_lag_records") == 0
     assert registry.get_sample_value("llog_compaction_claims_total", {"outcome": "acquired"})
     assert registry.get_sample_value("llog_compaction_discoveries_total", {"outcome": "ok"})
     assert registry.get_sample_value("llog_compaction_stage_seconds_count",
@@ -125,11 +125,11 @@ async def test_lag_gauge_keeps_only_the_top_partitions(stack: LocalStack) -> Non
         (0, 1), (1, 2), (2, 3)]
     per_partition = {
         s.labels["partition"]: s.value
-        for m in registry.collect() if m.name == "llog_compaction_lag_records"
+        for m in registry.collect() if m.name == "llog_compaction_partition_lag_records"
         for s in m.samples
     }
     assert per_partition == {"2": 3, "1": 2}  # bounded to the top two
-    assert registry.get_sample_value("llog_compaction_lag_records_total") == 6
+    assert registry.get_sample_value("llog_compaction_lag_records") == 6
     assert registry.get_sample_value("llog_compaction_lag_records_max") == 3
 
 
@@ -193,10 +193,10 @@ async def test_service_serves_health_and_metrics_while_compacting(stack: LocalSt
     assert metrics["llog_compaction_runs_total"]["action=compacted"] == 1
     assert metrics["llog_compaction_records_total"][""] == 6
     assert metrics["llog_s3_requests_total"]["op=put,outcome=ok"] >= 1
-    assert metrics["llog_s3_estimated_request_cost_usd"][""] > 0
+    assert metrics["llog_s3_estimated_request_cost_usd_total"][""] > 0
     assert prometheus.status_code == 200
     text = prometheus.text
-    assert "llog_compaction_lag_records_total 0.0" in text
+    assert "llog_compaction_lag_records 0.0" in text
     assert 'llog_compactor_info{' in text and "llog_compaction_stage_seconds_bucket" in text
 
 
@@ -223,3 +223,29 @@ async def test_compact_once_command(stack: LocalStack, capsys: pytest.CaptureFix
         assert outcome is not None and outcome.action == "nothing_to_do"
         await assert_compacted(e, tp, Expected([(1, 6)]))
         assert await read_all(e, tp) == acked
+
+
+async def test_first_discovery_registers_uncatalogued_data_but_not_deleted_topics(
+        stack: LocalStack) -> None:
+    """Partitions written before the catalog existed get their topic registered; a
+    deleted topic (its partitions emptied, their control records kept) stays deleted."""
+    from app.storage.topic_admin import TopicAdmin
+    from app.storage.topics import TopicCatalog
+
+    settings = isolated_settings(stack)
+    old, deleted = (f"old-{uuid.uuid4().hex[:8]}", f"del-{uuid.uuid4().hex[:8]}")
+    async with open_engine(settings) as e:
+        await append_batches(e.writer, TopicPartition(old, 1), 1, 2)
+        await append_batches(e.writer, TopicPartition(deleted, 0), 1, 2)
+        catalog = TopicCatalog(e.oxia, e.layout)
+        old_topic = await catalog.get(old)
+        assert old_topic is not None
+        await catalog.remove(old_topic)  # as if written before the catalog existed
+        await TopicAdmin(e.oxia, e.layout, e.reader, catalog).delete(deleted)
+
+        scheduler = CompactionScheduler(make_compactor(e), e.oxia, e.layout, settings,
+                                        compactor_id="boot")
+        await scheduler.discover()
+        registered = {t.name: t.partitions for t in await catalog.list()}
+    assert registered.get(old) == 2
+    assert deleted not in registered

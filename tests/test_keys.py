@@ -14,6 +14,9 @@ from app.storage.keys import (
     KeyLayout,
     TopicPartition,
     format_offset,
+    group_partition_key,
+    validate_group,
+    validate_member_id,
     validate_partition,
     validate_topic,
 )
@@ -335,3 +338,34 @@ def test_parse_control_key_rejects_non_canonical_partitions(partition: str) -> N
     tp = LAYOUT.parse_control_key(key)
     # Only a key this layout would itself produce may be discovered.
     assert tp is None or LAYOUT.control(tp) == key
+
+
+def test_group_keys_match_protocol() -> None:
+    assert LAYOUT.group_record("billing") == "llog/_groups/billing"
+    assert LAYOUT.group_lease("billing", "m1") == "llog/_groups/billing/members/m1"
+    assert (LAYOUT.group_offset("billing", ORDERS0)
+            == "llog/_groups/billing/offsets/orders/0000000000")
+    assert group_partition_key("billing") == "_groups/billing"
+    for bad in ("", ".", "..", "a/b", "a:b", "x" * 250, 7):
+        with pytest.raises(InvalidRequest):
+            validate_group(bad)
+    for bad in ("", "a/b", "x" * 65, None):
+        with pytest.raises(InvalidRequest):
+            validate_member_id(bad)
+
+
+@PROPS
+@given(st.sampled_from(["partitions", "meta", "index", "0", "_groups"]) | topics_st,
+       st.sampled_from(["meta", "index", "partitions", "0"]) | topics_st, partitions_st,
+       st.sampled_from(["meta", "index", "0", "control"]) | st.text(TOPIC_ALPHABET, min_size=1,
+                                                                    max_size=64))
+def test_group_keys_are_never_partition_keys(group: str, topic: str, partition: int,
+                                             member: str) -> None:
+    """Discovery lists every key below the root and keeps those that parse as a
+    partition's: a group's never do, whatever its, its topics' and members' names."""
+    tp = TopicPartition(topic, partition)
+    for key in (LAYOUT.group_record(group), LAYOUT.group_lease(group, member),
+                LAYOUT.group_offset(group, tp)):
+        assert LAYOUT.parse_partition_key(key) is None
+    assert LAYOUT.parse_group_offset(group, LAYOUT.group_offset(group, tp)) == tp
+    assert LAYOUT.parse_group_offset(group, LAYOUT.group_lease(group, member)) is None

@@ -189,6 +189,15 @@ def test_buffer_smaller_than_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "LLOG_BATCH_MAX_BYTES" in str(info.value)
 
 
+def test_group_session_outside_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLOG_GROUP_MIN_SESSION_TIMEOUT_MS", "10000")
+    monkeypatch.setenv("LLOG_GROUP_SESSION_TIMEOUT_MS", "5000")
+    with pytest.raises(SettingsError, match="LLOG_GROUP_SESSION_TIMEOUT_MS"):
+        Settings.from_env()
+    monkeypatch.setenv("LLOG_GROUP_SESSION_TIMEOUT_MS", "20000")
+    assert Settings.from_env().group_session_timeout_ms == 20000
+
+
 def test_invalid_override_names_the_variable() -> None:
     with pytest.raises(SettingsError, match="LLOG_OXIA_ADDRESS"):
         Settings.from_env(oxia_address="nope")

@@ -1,14 +1,22 @@
-"""The audit Spark job against real Oxia and MinIO (local[2])."""
+"""The audit Spark job against real Oxia and MinIO (local[2]): the index, objects and
+orphans, retention, the topic catalog and every encoding."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.records import Control
+from app.storage.retention import move_log_start, trim_index
+from app.storage.topic_admin import TopicAdmin
+from app.storage.topics import PARTITION_KEY, TopicCatalog
+from tests.helpers.spark_records import compact_entries, sample_records
 from tests.helpers.spark_support import (
     SPARK_TESTS,
     UNREADABLE,
@@ -210,9 +218,143 @@ def test_cli_runs_a_job_with_an_llog_dev_stack_json(stack: LocalStack, spark: An
 
     code = main(["audit", "--report", str(tmp_path / "r"), "--stack-json",
                  str(stack_json(stack, tmp_path / "stack.json")), "--root-prefix", unique_root(),
-                 "--progress-interval", "0"])
+                 "--progress-interval", "0", "--metrics-file", str(tmp_path / "audit.prom")])
     assert code == 0
     summary = read_summary(tmp_path / "r")
     assert (summary["status"], summary["partitions"], summary["objects_listed"]) == ("ok", 0, 0)
     assert set(summary["tables"]) == {"objects", "findings", "partitions", "references",
                                       "orphans"}
+    # The outcome for node_exporter's textfile collector, which the alert rules read.
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for f in text_string_to_metric_families((tmp_path / "audit.prom").read_text())
+               for s in f.samples}
+    assert samples[("llog_job_exit_code", (("job_name", "audit"),))] == 0
+    assert samples[("llog_audit_findings", (("finding_severity", "corruption"),))] == 0
+    assert samples[("llog_job_last_run_timestamp_seconds", (("job_name", "audit"),))] == \
+        summary["finished_ms"] / 1000
+
+
+def test_retention_and_the_topic_catalog(stack: LocalStack, spark: Any, topic: str,
+                                         tmp_path: Path, s3_client: Any) -> None:
+    settings = stack_settings(stack)
+    kept, gapped, trimmed = (TopicPartition(topic, p) for p in range(3))
+    gone, short, wide = (f"{topic}-{n}" for n in ("gone", "short", "wide"))
+
+    async def build(e: Engine) -> dict[str, Any]:
+        results = {}
+        for tp in (kept, gapped, trimmed):  # five appends of three: 1..3, ..., 13..15
+            results[tp] = [(await append(e, [(tp, _rec(f"{tp.partition}-{i}", 3))]))[0]
+                           for i in range(5)]
+        # kept: the log start inside the third append (7..9), nothing trimmed yet.
+        await move_log_start(e.oxia, e.layout, kept, 8, None)
+        # gapped: a partial trim below the log start, and an entry lost above it.
+        await move_log_start(e.oxia, e.layout, gapped, 7, None)
+        for end in (3, 12):
+            await e.oxia.delete(e.layout.index(gapped, end), gapped.partition_key)
+        # trimmed: retention applied as compaction does (the log start, then the trim).
+        await move_log_start(e.oxia, e.layout, trimmed, 10, None)
+        control = await e.reader.read_control(trimmed)
+        assert control is not None
+        assert await trim_index(e.oxia, e.layout, trimmed, control)
+        # Topics: one deleted, one whose catalog count is short of its data, one with
+        # more partitions than data, and a catalog record that does not parse.
+        catalog = TopicCatalog(e.oxia, e.layout)
+        gone_blob = (await append(e, [(TopicPartition(gone, 0), _rec(gone, 2))]))[0]
+        for p in range(3):
+            await append(e, [(TopicPartition(short, p), _rec(short, 2))])
+        await TopicAdmin(e.oxia, e.layout, e.reader, catalog).delete(gone)
+        registered = await catalog.get(short)
+        assert registered is not None and registered.partitions == 3
+        shrunk = dataclasses.replace(registered, partitions=1)
+        await e.oxia.put(e.layout.topic_record(short), shrunk.to_json(), PARTITION_KEY)
+        await catalog.create(wide, 4)
+        await append(e, [(TopicPartition(wide, 0), _rec("w", 2))])
+        await e.oxia.put(e.layout.topic_record("broken"), b"{not json", PARTITION_KEY)
+        def blob(result: Any) -> str:
+            return str(e.layout.parse_uri(result.wal_uri)[1])
+
+        return {
+            # The blob of an entry wholly below kept's log start goes missing.
+            "lost": blob(results[kept][0]),
+            # Unreferenced: trimmed's entries below its log start, gapped's two deleted
+            # entries, the deleted topic's append.
+            "orphans": {blob(r) for r in results[trimmed][:3]} | {
+                blob(results[gapped][0]), blob(results[gapped][3]), blob(gone_blob)},
+        }
+
+    built = run(settings, build)
+    lost = built["lost"]
+    s3_client.delete_object(Bucket=settings.s3_bucket, Key=lost)
+    outcome = _audit(spark, settings, tmp_path / "r")
+    assert outcome.exit_code == 1, outcome.summary
+    findings = table(tmp_path / "r", "findings")
+    assert {(f["topic"], f["partition"], f["kind"], f["first_offset"], f["last_offset"])
+            for f in findings if f["severity"] == "corruption"} == {
+        (topic, gapped.partition, "gap", 10, 12),
+        (short, 1, "uncatalogued_partition", 1, 2),
+        (short, 2, "uncatalogued_partition", 1, 2),
+        ("broken", None, "bad_topic_record", None, None),
+    }
+    others = {(f["topic"], f["partition"], f["kind"]): f for f in findings
+              if f["severity"] != "corruption"}
+    assert set(others) == {
+        (topic, kept.partition, "below_log_start"),
+        (topic, kept.partition, "trimmable_object_missing"),
+        (topic, gapped.partition, "below_log_start"),
+        (gone, 0, "uncatalogued_empty_partition"),
+    }
+    below = others[(topic, kept.partition, "below_log_start")]
+    assert (below["severity"], below["first_offset"], below["last_offset"]) == ("info", 1, 6)
+    assert others[(topic, kept.partition, "trimmable_object_missing")]["severity"] == "warning"
+    parts = {(p["topic"], p["partition"]): p for p in table(tmp_path / "r", "partitions")}
+    assert [(parts[(topic, p)]["log_start"], parts[(topic, p)]["trimmable"])
+            for p in range(3)] == [(8, 2), (7, 1), (10, 0)]
+    assert [parts[(short, p)]["catalogued"] for p in range(3)] == [True, False, False]
+    summary = outcome.summary
+    assert (summary["trimmable_entries"], summary["partitions_uncatalogued"]) == (3, 3)
+    assert summary["catalog"] == {"topics": 3, "partitions": 3 + 1 + 4, "bad_records": 1}
+    assert {o["key"] for o in table(tmp_path / "r", "orphans")} == built["orphans"]
+
+
+def test_deep_audit_decodes_every_encoding(stack: LocalStack, spark: Any, topic: str,
+                                           tmp_path: Path) -> None:
+    settings = stack_settings(stack)
+    tp, plain = TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+    async def build(e: Engine) -> None:
+        # One blob per flush holds tp's body (v3 or v2 in turn) beside plain's (v3).
+        for i in range(8):
+            records = sample_records(f"r{i}", 4) if i % 2 else _rec(f"p{i}", 3)
+            await append(e, [(tp, records), (plain, _rec(f"q{i}", 2))])
+        await compact_entries(e, tp, 4)  # a v2 compacted body, in chunks
+
+    run(settings, build)
+    rows = run(settings, lambda e: index_rows(e, tp))
+    assert {(entry.type, entry.encoding) for _, entry, _ in rows} == {
+        ("COMPACTED", "bytes-batch-v2"), ("WAL", "bytes-batch-v3"), ("WAL", "bytes-batch-v2")}
+    clean = _audit(spark, settings, tmp_path / "clean", deep=True)
+    assert clean.exit_code == 0, clean.summary
+    assert clean.summary["records_verified"] == clean.summary["records"] == 12 + 16 + 16
+
+    # v3 bodies whose entries say bytes-batch-v2: the CRC still matches, so only
+    # decoding each body by its entry's encoding tells.
+    async def mislabel(e: Engine) -> list[int]:
+        changed = []
+        for end, entry, version in rows:
+            if entry.encoding == "bytes-batch-v3" and len(changed) < 2:
+                wrong = dataclasses.replace(entry, encoding="bytes-batch-v2",
+                                            extra=dict(entry.extra))
+                await e.oxia.put(e.layout.index(tp, end), wrong.to_json(), tp.partition_key,
+                                 expected_version=version)
+                changed.append(end)
+        return changed
+
+    changed = run(settings, mislabel)
+    assert len(changed) == 2
+    shallow = _audit(spark, settings, tmp_path / "shallow")
+    assert shallow.exit_code == 0, shallow.summary
+    deep = _audit(spark, settings, tmp_path / "deep", deep=True)
+    assert deep.exit_code == 1
+    bad = table(tmp_path / "deep", "findings")
+    assert sorted((f["partition"], f["kind"], f["last_offset"]) for f in bad
+                  if f["severity"] == "corruption") == [(0, "corrupt_data", e) for e in changed]

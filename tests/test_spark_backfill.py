@@ -19,9 +19,12 @@ from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload, payload_value
+from tests.helpers.spark_records import read_back, same_fields, sample_records
 from tests.helpers.spark_support import (
     SPARK_TESTS,
     Engine,
+    index_rows,
     open_engine,
     read_summary,
     run,
@@ -58,6 +61,16 @@ def _export(spark: Any, settings: Settings, report: Path, output: Path, **option
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _fence_after_one_record(settings: Settings, tp: TopicPartition) -> None:
+    """``tp`` holds the record ``b"before"`` and refuses appends until unfenced."""
+
+    async def fence(e: Engine) -> None:
+        await e.writer.append_shared([AppendGroup(tp, [b"before"])])
+        await e.writer.fence(tp)
+
+    run(settings, fence)
 
 
 async def _read_all(e: Engine, tp: TopicPartition) -> list[tuple[int, bytes]]:
@@ -304,11 +317,7 @@ def test_a_failed_chunk_stops_its_partition_and_a_rerun_completes_it(
             for i in range(400)]
     _write_jsonl(tmp_path / "in.jsonl", rows)
 
-    async def fence(e: Engine) -> None:
-        await e.writer.append_shared([AppendGroup(fenced, [b"before"])])
-        await e.writer.fence(fenced)
-
-    run(settings, fence)
+    _fence_after_one_record(settings, fenced)
     options = dict(inputs=(str(tmp_path / "in.jsonl"),), topic_column="topic",
                    partition_column="partition", chunk_records=20, tasks=1)
     first = _backfill(spark, settings, tmp_path / "first", **options)
@@ -332,3 +341,119 @@ def test_a_failed_chunk_stops_its_partition_and_a_rerun_completes_it(
     log = run(settings, read)
     assert [v for _, v in log[0]] == [b"before"] + [f"r-0-{i}".encode() for i in range(200)]
     assert [v for _, v in log[1]] == [f"r-1-{i}".encode() for i in range(200)]
+
+
+def _rich_rows(topic: str, partition: int, n: int, plain: bool) -> list[dict[str, Any]]:
+    rows = []
+    for i, record in enumerate(sample_records(f"bf{partition}", n)):
+        if plain:
+            record = payload_value(record)
+        value, key, headers, timestamp = same_fields(record)
+        rows.append({"topic": topic, "partition": partition, "value": value, "key": key,
+                     "headers": [{"name": n, "value": v} for n, v in headers] or (
+                         None if i % 2 else []),
+                     "timestamp_ms": timestamp})
+    return rows
+
+
+async def _entry_encodings(e: Engine, tp: TopicPartition) -> set[str]:
+    control = await e.reader.read_control(tp)
+    assert control is not None
+    pending = {control.pending.encoding} if control.pending is not None else set()
+    return {entry.encoding for _, entry, _ in await index_rows(e, tp)} | pending
+
+
+def test_backfill_of_rich_records_is_exactly_once_and_round_trips_through_export(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    settings = stack_settings(stack)
+    mixed, plain = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    rows = _rich_rows(topic, 0, 60, plain=False) + _rich_rows(topic, 1, 40, plain=True)
+    header = pa.struct([("name", pa.string()), ("value", pa.binary())])
+    pq.write_table(pa.table({
+        "topic": pa.array([r["topic"] for r in rows], pa.string()),
+        "partition": pa.array([r["partition"] for r in rows], pa.int32()),
+        "value": pa.array([r["value"] for r in rows], pa.binary()),
+        "key": pa.array([r["key"] for r in rows], pa.binary()),
+        "headers": pa.array([r["headers"] for r in rows], pa.list_(header)),
+        "timestamp_ms": pa.array([r["timestamp_ms"] for r in rows], pa.int64()),
+    }), tmp_path / "in.parquet")
+
+    _fence_after_one_record(settings, mixed)
+    options = dict(inputs=(str(tmp_path / "in.parquet"),), topic_column="topic",
+                   partition_column="partition", chunk_records=7, marker_every=2)
+    first = _backfill(spark, settings, tmp_path / "first", **options)
+    assert first.exit_code == 1  # the fenced partition's chunks did not commit
+    assert first.summary["records_appended"] == 40
+    run(settings, lambda e: e.writer.unfence(mixed))
+    second = _backfill(spark, settings, tmp_path / "second", **options)
+    assert second.exit_code == 0, second.summary
+    assert second.summary["records_appended"] == 60
+    assert second.summary["statuses"]["skipped_marker"]["records"] == 40
+    third = _backfill(spark, settings, tmp_path / "third", **options)
+    assert (third.exit_code, third.summary["records_appended"]) == (0, 0)
+
+    async def read(e: Engine) -> dict[int, list[tuple[int, Payload, int]]]:
+        return {tp.partition: await read_back(e, tp, 1) for tp in (mixed, plain)}
+
+    log = run(settings, read)
+    assert [same_fields(p) for _, p, _ in log[0]] == [same_fields(b"before")] + [
+        (r["value"], r["key"], tuple((h["name"], h["value"]) for h in r["headers"] or ()),
+         r["timestamp_ms"]) for r in rows[:60]]
+    # Rows without key, headers or timestamp stay plain values, in bytes-batch-v3 bodies.
+    assert [p for _, p, _ in log[1]] == [r["value"] for r in rows[60:]]
+    assert all(isinstance(p, bytes) for _, p, _ in log[1])
+    assert run(settings, lambda e: _entry_encodings(e, plain)) == {"bytes-batch-v3"}
+    assert "bytes-batch-v2" in run(settings, lambda e: _entry_encodings(e, mixed))
+
+    # The export's output is a backfill input: the same records land in another topic.
+    copy = topic + "-copy"
+    _export(spark, settings, tmp_path / "export", tmp_path / "out", topics=(topic,))
+    again = _backfill(spark, settings, tmp_path / "copy", inputs=(str(tmp_path / "out"),),
+                      topic=copy, partition_column="partition", chunk_records=9)
+    assert again.exit_code == 0, again.summary
+
+    async def read_copy(e: Engine) -> dict[int, list[tuple[int, Payload, int]]]:
+        return {p: await read_back(e, TopicPartition(copy, p), 1) for p in (0, 1)}
+
+    copied = run(settings, read_copy)
+    for p in (0, 1):
+        assert [(o, same_fields(r)) for o, r, _ in copied[p]] == [
+            (o, same_fields(r)) for o, r, _ in log[p]]
+
+
+def test_backfill_reads_record_fields_from_json_and_refuses_what_it_cannot_encode(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    import pytest
+
+    settings = stack_settings(stack)
+    tp = TopicPartition(topic, 0)
+    # As the HTTP API spells records: string keys, headers with a value or base64.
+    rows = [{"value": "plain"},
+            {"value": "keyed", "k": "customer-7", "timestamp_ms": 1_760_000_000_000},
+            {"value": "headed", "headers": [{"name": "trace", "value": "4bf9"},
+                                            {"name": "bin", "base64": "AAH/"}]}]
+    _write_jsonl(tmp_path / "in.jsonl", rows)
+    out = _backfill(spark, settings, tmp_path / "bf", inputs=(str(tmp_path / "in.jsonl"),),
+                    topic=topic, key_column="k")
+    assert out.exit_code == 0, out.summary
+    log = run(settings, lambda e: read_back(e, tp, 1))
+    assert [same_fields(p) for _, p, _ in log] == [
+        (b"plain", None, (), None),
+        (b"keyed", b"customer-7", (), 1_760_000_000_000),
+        (b"headed", None, (("trace", b"4bf9"), ("bin", b"\x00\x01\xff")), None)]
+
+    _write_jsonl(tmp_path / "bad.jsonl", [
+        {"value": "a", "headers": [{"name": "h"}]},  # no value
+        {"value": "b", "headers": [{"name": "ok", "value": "v"}]},
+        {"value": "c", "timestamp_ms": -5}])
+    with pytest.raises(ValueError, match="input refused") as refused:
+        _backfill(spark, settings, tmp_path / "bad", inputs=(str(tmp_path / "bad.jsonl"),),
+                  topic=topic + "-bad")
+    assert "header without a name or value" in str(refused.value)
+    assert "negative timestamp_ms" in str(refused.value)
+    with pytest.raises(ValueError, match="'nokey' not in the input"):
+        _backfill(spark, settings, tmp_path / "bad2", inputs=(str(tmp_path / "in.jsonl"),),
+                  topic=topic + "-bad", key_column="nokey")

@@ -15,7 +15,7 @@ from app.storage.records import Compaction, Control, IndexEntry, Pending
 from jobs.spark import cli
 from jobs.spark.backfill_appends import chunk_key, resume_decision
 from jobs.spark.export import plan_ranges
-from jobs.spark.findings import CORRUPTION
+from jobs.spark.findings import CORRUPTION, INFO
 from jobs.spark.index_analysis import analyse
 from jobs.spark.listing import listing_units
 from jobs.spark.runner import parse_duration_ms
@@ -40,10 +40,11 @@ def _compacted(end: int, n: int) -> IndexRow:
 
 
 def _snap(hw: int, rows: list[IndexRow], *, pending: Pending | None = None, cursor: int = 1,
-          compaction: Compaction | None = None) -> PartitionSnapshot:
-    return PartitionSnapshot(TP, control=Control("OPEN", hw, pending), control_present=True,
-                             cursor=cursor, cursor_present=True, compaction=compaction,
-                             index=rows)
+          compaction: Compaction | None = None, log_start: int | None = None
+          ) -> PartitionSnapshot:
+    control = Control("OPEN", hw, pending, log_start_offset=log_start)
+    return PartitionSnapshot(TP, control=control, control_present=True, cursor=cursor,
+                             cursor_present=True, compaction=compaction, index=rows)
 
 
 def _kinds(snap: PartitionSnapshot, stale_after_ms: int = 600_000) -> list[tuple[Any, ...]]:
@@ -109,6 +110,52 @@ def test_a_materialised_pending_is_not_counted_twice() -> None:
     assert ("overlap", CORRUPTION, 4, 6) in _kinds(_snap(6, rows, pending=pending))
 
 
+def test_entries_below_the_log_start_are_trimmable_not_gaps() -> None:
+    # Log start 8: entries ending at 3 and 6 are trimmable, the one holding 7..9
+    # straddles it, and a hole below the log start (4 is missing) is no gap.
+    rows = [_wal(2, 2), _wal(6, 2), _wal(9, 3), _wal(12, 3)]
+    snap = _snap(12, rows, log_start=8, cursor=7)
+    analysis = analyse(snap, NOW, 600_000)
+    assert sorted((f.kind, f.severity, f.first_offset, f.last_offset)
+                  for f in analysis.findings) == [("below_log_start", INFO, 1, 6)]
+    assert [r.end for r in analysis.trimmable] == [2, 6]
+    assert sorted((u.kind, u.last) for u in analysis.uses) == [
+        ("index", 9), ("index", 12), ("trimmable", 2), ("trimmable", 6)]
+    # From the log start on, coverage is checked as before.
+    assert ("gap", CORRUPTION, 10, 12) in _kinds(_snap(12, rows[:3], log_start=8, cursor=7))
+    # A WAL entry wholly below the log start and the cursor is not invariant 4's.
+    assert _kinds(_snap(12, rows, log_start=8, cursor=7)) == [
+        ("below_log_start", INFO, 1, 6)]
+
+
+def test_a_log_emptied_by_retention_needs_no_coverage() -> None:
+    pending = Pending("p1", 10, 12, 3, "s3://bucket/llog/wal-shared/b2", created_at_ms=NOW)
+    assert _kinds(_snap(12, [_wal(9, 3)], pending=pending, log_start=13, cursor=13)) == [
+        ("below_log_start", INFO, 7, 9)]
+    assert ("log_start_beyond_head", CORRUPTION, None, None) in _kinds(
+        _snap(12, [], pending=pending, log_start=14))
+
+
+def test_partitions_with_data_must_be_in_the_catalog() -> None:
+    from jobs.spark.catalog_checks import catalog_finding
+
+    data = _snap(6, [_wal(6, 6)])
+    assert catalog_finding(data, 4) is None  # partition 3 of 4
+    for count in (0, 3):
+        found = catalog_finding(data, count)
+        assert found is not None
+        assert (found.kind, found.severity, found.first_offset, found.last_offset) == (
+            "uncatalogued_partition", CORRUPTION, 1, 6)
+    # A deleted topic's partition: an empty log and its control record.
+    emptied = catalog_finding(_snap(6, [], log_start=7), 0)
+    assert emptied is not None
+    assert (emptied.kind, emptied.severity) == ("uncatalogued_empty_partition", INFO)
+    # Index keys without a control record are data too; no keys at all are not.
+    orphaned = PartitionSnapshot(TP, index=[_wal(3, 3)])
+    assert catalog_finding(orphaned, 0) is not None
+    assert catalog_finding(PartitionSnapshot(TP), 0) is None
+
+
 @pytest.mark.parametrize(
     ("referenced", "complete", "modified", "delete", "reason"),
     [
@@ -146,9 +193,12 @@ def test_resume_rule() -> None:
 
 
 def test_export_ranges() -> None:
-    assert plan_ranges([("t", 1, 0), ("t", 0, 25)], 1, None, 10) == [
+    assert plan_ranges([("t", 1, 1, 0), ("t", 0, 1, 25)], 1, None, 10) == [
         ("t", 0, 1, 10), ("t", 0, 11, 20), ("t", 0, 21, 25)]
-    assert plan_ranges([("t", 0, 25)], 5, 12, 100) == [("t", 0, 5, 12)]
+    assert plan_ranges([("t", 0, 1, 25)], 5, 12, 100) == [("t", 0, 5, 12)]
+    # Nothing below the log start; a log emptied by retention has no range at all.
+    assert plan_ranges([("t", 0, 8, 25), ("t", 1, 26, 25)], 1, 12, 100) == [
+        ("t", 0, 8, 12)]
 
 
 def test_listing_units_cover_wal_shared_and_each_data_prefix() -> None:
@@ -199,3 +249,16 @@ def test_records_this_release_does_not_fully_understand_have_problems() -> None:
         assert any(words in p for p in index_entry_problems(entry)), change
     pending = Pending("p1", 4, 6, 3, "s3://bucket/k", entry_type="COMPACTED")  # type: ignore[arg-type]
     assert pending_problems(pending) == ["entry_type 'COMPACTED' is not 'WAL'"]
+
+
+def test_a_control_record_with_a_log_start_this_release_cannot_use_has_problems() -> None:
+    from jobs.spark.record_checks import control_problems
+
+    assert control_problems(Control("OPEN", 9, None, log_start_offset=4, appended_bytes=90,
+                                    log_start_bytes=30)) == []
+    for change, words in [({"log_start_offset": "4"}, "log_start_offset"),
+                          ({"log_start_offset": 0}, "log_start_offset"),
+                          ({"appended_bytes": 1.5}, "appended_bytes")]:
+        control = Control.from_dict({"log_state": "OPEN", "sequence_counter": 9,
+                                     "pending": None, **change})
+        assert any(words in p for p in control_problems(control)), change

@@ -11,6 +11,8 @@ import pytest
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
+from app.storage.retention import move_log_start, trim_index
+from tests.helpers.spark_records import read_back
 from tests.helpers.spark_support import (
     SPARK_TESTS,
     Engine,
@@ -30,6 +32,10 @@ from tests.helpers.spark_support import (
 pytestmark = SPARK_TESTS
 
 HORIZON_MS = 2000
+
+
+def _two(tag: str) -> list[bytes]:
+    return [f"{tag}-0".encode(), f"{tag}-1".encode()]
 
 
 def _keys(s3_client: Any, bucket: str, prefix: str) -> set[str]:
@@ -229,3 +235,67 @@ def test_a_partition_that_lost_its_control_record_still_protects_its_objects(
     decisions = {d["key"]: d for d in table(tmp_path / "r", "decisions")}
     assert {decisions[k]["reason"] for k in indexed} == {"referenced"}
     assert indexed <= _keys(s3_client, bucket, root + "/")
+
+
+def test_vacuum_after_retention_frees_only_what_no_partition_needs(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any) -> None:
+    from jobs.spark.audit import AuditOptions, run_audit
+    from jobs.spark.report import Report
+    from jobs.spark.vacuum import VacuumOptions, run_vacuum
+
+    settings = stack_settings(stack)
+    root, bucket = settings.root_prefix, settings.s3_bucket
+    a, b = TopicPartition(topic, 0), TopicPartition(topic, 1)
+
+    async def build(e: Engine) -> dict[str, Any]:
+        def key(result: Any) -> str:
+            return str(e.layout.parse_uri(result.wal_uri)[1])
+
+        # Six flushes hold both partitions (two records each); two more hold only a.
+        shared = [await append(e, [(a, _two(f"a{i}")), (b, _two(f"b{i}"))]) for i in range(4)]
+        solo = [(await append(e, [(a, _two(f"a-solo{i}"))]))[0] for i in range(2)]
+        shared += [await append(e, [(a, _two(f"a{i}")), (b, _two(f"b{i}"))])
+                   for i in range(4, 6)]
+        # a keeps only its last two shared flushes; b starts inside its third (offset 6).
+        for tp, start in ((a, shared[4][0].start_offset), (b, 6)):
+            await move_log_start(e.oxia, e.layout, tp, start, None)
+            control = await e.reader.read_control(tp)
+            assert control is not None and control.log_start == start
+            assert await trim_index(e.oxia, e.layout, tp, control)
+        return {
+            # Only the trimmed ranges named these: both partitions' first two flushes
+            # and a's own appends.
+            "freed": {key(s[0]) for s in shared[:2]} | {key(r) for r in solo},
+            # Still named by b (flushes 3 and 4, the third holding b's log start) or by
+            # both partitions (the last two).
+            "kept": {key(s[0]) for s in shared[2:]},
+            "log_starts": {a.partition: shared[4][0].start_offset, b.partition: 6},
+        }
+
+    built = run(settings, build)
+    everything = _keys(s3_client, bucket, root + "/")
+    assert built["freed"] | built["kept"] == everything
+    time.sleep((HORIZON_MS + 1500) / 1000)  # everything outgrows the horizon
+
+    outcome = run_vacuum(spark, settings, VacuumOptions(
+        retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
+        Report(tmp_path / "r"))
+    assert outcome.exit_code == 0, outcome.summary
+    decisions = {d["key"]: d for d in table(tmp_path / "r", "decisions")}
+    assert {k for k, d in decisions.items() if d["action"] == "deleted"} == built["freed"]
+    assert {decisions[k]["reason"] for k in built["kept"]} == {"referenced"}
+    assert _keys(s3_client, bucket, root + "/") == built["kept"]
+
+    async def read(e: Engine) -> dict[int, list[tuple[int, bytes]]]:
+        return {tp.partition: [(o, v) for o, v, _ in await read_back(
+            e, tp, built["log_starts"][tp.partition])] for tp in (a, b)}
+
+    log = run(settings, read)
+    first_a = built["log_starts"][a.partition]
+    assert log[a.partition] == list(zip(range(first_a, first_a + 4),
+                                        _two("a4") + _two("a5"), strict=True))
+    assert log[b.partition] == list(zip(range(6, 13), _two("b2")[1:] + [
+        v for i in range(3, 6) for v in _two(f"b{i}")], strict=True))
+    audit = run_audit(spark, settings, AuditOptions(deep=True), Report(tmp_path / "audit"))
+    assert audit.exit_code == 0, audit.summary
+    assert (audit.summary["trimmable_entries"], audit.summary["orphans"]["count"]) == (0, 0)

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from app.factory import create_app
 from app.localstack.stack import LocalStack
+from app.storage import columnar
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.partitioner import partition_for_key
@@ -157,6 +158,7 @@ async def test_retention_by_bytes_keeps_the_newest_bytes(stack: LocalStack,
                                       TopicConfig(retention_bytes=3 * 1024), 0)
         assert start == 8  # the last three appends stay whole
         described = await e.reader.read_control(tp)
-        assert described is not None and described.log_start_bytes == 7 * 1028
+        body = len(columnar.encode([b"x" * 1020]))  # one append's body
+        assert described is not None and described.log_start_bytes == 7 * body
         catalog = TopicCatalog(e.oxia, e.layout)
         assert (await catalog.get(tp.topic)) is not None  # the writer registered the topic

@@ -51,6 +51,11 @@ class BatcherState(enum.Enum):
     FAILED = "failed"      # the flusher died: every waiter failed, new work refused
 
 
+def _retrieve(future: asyncio.Future[list[AppendOutcome]]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
 @dataclass
 class _Waiter:
     """One ``submit``: its groups and the future its handler awaits."""
@@ -161,6 +166,9 @@ class Batcher:
                 "retry shortly")
         future: asyncio.Future[list[AppendOutcome]] = (
             asyncio.get_running_loop().create_future())
+        # A caller that stopped waiting (cancelled) never reads a failure: mark it read,
+        # so shutting down does not log "exception was never retrieved" for each one.
+        future.add_done_callback(_retrieve)
         self._batch.add(_Waiter(groups, size, future))
         self._wakeup.set()
         # Shielded: once buffered, the records will be committed whether or not this

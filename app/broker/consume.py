@@ -43,6 +43,8 @@ class Fetch:
 class ConsumeStats:
     long_polls: int
     long_poll_slots: int
+    streams: int
+    stream_slots: int
 
 
 class ConsumeService:
@@ -54,12 +56,16 @@ class ConsumeService:
         metrics: ConsumeMetrics,
         *,
         max_long_polls: int,
+        max_streams: int = 100,
     ) -> None:
         self._reader = reader
         self._cache = cache
         self._watch = watch
         self._metrics = metrics
         self._long_polls = anyio.CapacityLimiter(max_long_polls)
+        # Open event streams (GET /topics/{topic}/stream), which wait without a long-poll
+        # slot: their own limit bounds them.
+        self.stream_slots = anyio.CapacityLimiter(max_streams)
         self._released = False
 
     def release(self) -> None:
@@ -70,15 +76,23 @@ class ConsumeService:
 
     def statistics(self) -> ConsumeStats:
         return ConsumeStats(int(self._long_polls.borrowed_tokens),
-                            int(self._long_polls.total_tokens))
+                            int(self._long_polls.total_tokens),
+                            int(self.stream_slots.borrowed_tokens),
+                            int(self.stream_slots.total_tokens))
+
+    @property
+    def released(self) -> bool:
+        return self._released
 
     async def consume(
-        self, fetches: Sequence[Fetch], *, max_wait_s: float, min_bytes: int, max_bytes: int
+        self, fetches: Sequence[Fetch], *, max_wait_s: float, min_bytes: int, max_bytes: int,
+        slot: bool = True,
     ) -> list[ReadOutcome]:
         """Answer a consume request; waits up to ``max_wait_s`` for ``min_bytes``.
 
         When every long-poll slot is taken, the request is answered without waiting
-        rather than refused: the client simply polls again.
+        rather than refused: the client simply polls again. ``slot=False`` waits without
+        one: streams, which their own limit bounds.
         """
         deadline = time.monotonic() + max_wait_s
         with self._watch.watching([f.tp for f in fetches]) as waiter:
@@ -86,7 +100,8 @@ class ConsumeService:
             if max_wait_s <= 0 or self._released or _enough(outcomes, min_bytes):
                 return outcomes
             try:
-                self._long_polls.acquire_nowait()
+                if slot:
+                    self._long_polls.acquire_nowait()
             except anyio.WouldBlock:
                 self._metrics.long_polls_refused.inc()
                 return outcomes
@@ -101,7 +116,8 @@ class ConsumeService:
                         break
                 return outcomes
             finally:
-                self._long_polls.release()
+                if slot:
+                    self._long_polls.release()
 
     async def _look(self, fetches: Sequence[Fetch], max_bytes: int) -> list[ReadOutcome]:
         # Generations first: a remote change arriving while we read keeps it stale.

@@ -1,8 +1,10 @@
-"""The broker's own metrics: produce and consume counters, and its identity.
+"""The broker's own metrics: produce and consume counters, the figures of its
+components' statistics snapshots, and its identity.
 
 Counters and histograms are registered by their owners (store clients, batcher, routes)
-on the app's registry; point-in-time gauges come from statistics snapshots
-(:class:`app.observability.StatisticsCollector`).
+on the app's registry; point-in-time figures come from statistics snapshots
+(:class:`app.telemetry.snapshots.SnapshotMetrics`), each saying how it adds up over the
+workers of one server.
 """
 
 from __future__ import annotations
@@ -13,6 +15,55 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
+
+from app.telemetry.snapshots import Combine, Figure
+
+BATCHER_FIGURES = (
+    Figure("buffered_bytes", "Record bytes buffered for the next flush"),
+    Figure("buffered_waiters", "Produce requests buffered for the next flush"),
+    Figure("inflight_bytes", "Record bytes of the flushes in flight"),
+    Figure("inflight_flushes", "Flushes in flight"),
+)
+CONSUME_FIGURES = (
+    Figure("long_polls", "Consume requests waiting in a long-poll"),
+    Figure("long_poll_slots",
+           "Long-poll slots (LLOG_MAX_CONCURRENT_LONG_POLLS per worker process)"),
+    Figure("streams", "Open event streams"),
+    Figure("stream_slots",
+           "Event stream slots (LLOG_MAX_CONCURRENT_STREAMS per worker process)"),
+)
+WATCH_FIGURES = (
+    Figure("watched_partitions", "Partitions that long-polls wait on"),
+    Figure("waiters", "Long-polls waiting on partitions"),
+    Figure("stale_partitions", "Partitions changed by other writers, remembered"),
+    Figure("remote_changes", "Changes by other writers seen in Oxia notifications",
+           "counter"),
+)
+READ_OBJECT_CACHE_FIGURES = (
+    Figure("items", "Compacted objects and chunks kept between reads"),
+    Figure("bytes", "Bytes of the objects and chunks kept between reads"),
+    Figure("max_bytes", "Budget of the object cache (LLOG_READ_OBJECT_CACHE_BYTES per "
+                        "worker process)"),
+    Figure("hits", "Object cache lookups answered from memory", "counter"),
+    Figure("misses", "Object cache lookups that downloaded", "counter"),
+    Figure("evictions", "Objects and chunks dropped to stay within the budget", "counter"),
+)
+
+
+def tail_cache_figures(shared_dir: bool) -> tuple[Figure, ...]:
+    """A tail cache in a directory shared by the workers is seen the same by each (the
+    largest view is the server's); one in memory belongs to its worker (summed)."""
+    size: Combine = "livemax" if shared_dir else "livesum"
+    return (
+        Figure("partitions", "Partitions with cached records", size),
+        Figure("segments", "Stored pieces of cached records", size),
+        Figure("records", "Cached records", size),
+        Figure("bytes", "Bytes of cached records", size),
+        Figure("hits", "Tail cache lookups answered (records or known empty)", "counter"),
+        Figure("misses", "Tail cache lookups not answered", "counter"),
+        Figure("evictions", "Records dropped to stay within LLOG_TAIL_CACHE_MAX_BYTES",
+               "counter"),
+    )
 
 
 class ProduceMetrics:
@@ -55,6 +106,12 @@ class ConsumeMetrics:
             "Consume requests answered without waiting because every long-poll slot was taken",
             registry=registry,
         )
+        self.streams = Counter("llog_stream_connections",
+                               "Event streams, by how they ended (or refused: no slot)",
+                               ["outcome"], registry=registry)
+        self.stream_events = Counter("llog_stream_events",
+                                     "Events sent on streams: records, heartbeat, end, error",
+                                     ["event"], registry=registry)
         self.latency = Histogram(
             "llog_consume_seconds", "Consume latency including long-poll waits",
             buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
@@ -81,5 +138,16 @@ class BrokerInfoCollector(Collector):
             yield scenario
             for key, value in self._scenario.items():
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    yield GaugeMetricFamily(f"llog_loadtest_scenario_{key}",
+                    name, value = _in_seconds(key, value)
+                    yield GaugeMetricFamily(f"llog_loadtest_scenario_{name}",
                                             f"Load-test scenario setting {key}", value=value)
+
+
+def _in_seconds(key: str, value: float) -> tuple[str, float]:
+    """Times are exported in seconds: ``duration_s`` -> ``duration_seconds``,
+    ``max_delay_ms`` -> ``max_delay_seconds`` (value / 1000)."""
+    if key.endswith("_ms"):
+        return key.removesuffix("_ms") + "_seconds", value / 1000
+    if key.endswith("_s"):
+        return key.removesuffix("_s") + "_seconds", value
+    return key, value

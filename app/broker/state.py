@@ -21,17 +21,35 @@ from typing import Any
 
 import anyio
 import anyio.abc
-from prometheus_client import CollectorRegistry
 
 from app.batching.batcher import Batcher
 from app.batching.metrics import BatcherMetrics
 from app.broker.consume import ConsumeService
-from app.broker.metrics import BrokerInfoCollector, ConsumeMetrics, ProduceMetrics
+from app.broker.metrics import (
+    BATCHER_FIGURES,
+    CONSUME_FIGURES,
+    READ_OBJECT_CACHE_FIGURES,
+    WATCH_FIGURES,
+    BrokerInfoCollector,
+    ConsumeMetrics,
+    ProduceMetrics,
+    tail_cache_figures,
+)
 from app.broker.topics import TopicDirectory
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.compaction.service import run_in_broker
 from app.errors import LlogError
-from app.observability import S3Usage, StatisticsCollector, Status, request_counts, s3_cost_estimate
+from app.groups.service import GroupService
+from app.observability import (
+    READY,
+    S3_REQUEST_COST,
+    S3_USAGE,
+    S3Usage,
+    Status,
+    readiness,
+    request_counts,
+    s3_cost_estimate,
+)
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.identity import store_identity
@@ -44,6 +62,8 @@ from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import TopicCatalog
 from app.storage.writer import LogWriter
 from app.tailcache import TailCache, open_tail_cache, run_cache_io, store_id_of
+from app.telemetry.registry import ServiceRegistry
+from app.telemetry.snapshots import SnapshotMetrics
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +71,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class BrokerState:
     settings: Settings
-    registry: CollectorRegistry
+    registry: ServiceRegistry
     store_metrics: StoreMetrics
     produce_metrics: ProduceMetrics
     consume_metrics: ConsumeMetrics
@@ -64,13 +84,14 @@ class BrokerState:
     cache: TailCache | None = None
     topics: TopicDirectory | None = None
     admin: TopicAdmin | None = None
+    groups: GroupService | None = None
     watch: PartitionWatch = field(default_factory=PartitionWatch)
     s3_usage: S3Usage = field(default_factory=S3Usage)
     failure: str | None = None
 
     @classmethod
     def create(cls, settings: Settings) -> BrokerState:
-        registry = CollectorRegistry()
+        registry = ServiceRegistry.for_this_process()
         state = cls(settings, registry, StoreMetrics(registry), ProduceMetrics(registry),
                     ConsumeMetrics(registry))
         state._register_collectors()
@@ -108,22 +129,23 @@ class BrokerState:
                 "root_prefix": s.root_prefix, "bucket": s.s3_bucket}
         scenario = json.loads(s.loadtest_scenario) if s.loadtest_scenario else None
         self.registry.register(BrokerInfoCollector(info, scenario))
-        self.registry.register(StatisticsCollector({
-            "llog_batcher": ("Produce batcher queue (point in time)",
-                             lambda: self.batcher.statistics() if self.batcher else None),
-            "llog_consume": ("Consume long-polls (point in time)",
-                             lambda: self.consume.statistics() if self.consume else None),
-            "llog_watch": ("Partitions watched by long-polls (point in time)",
-                           self.watch.statistics),
-            "llog_tail_cache": ("Tail cache statistics",
-                                lambda: self.cache.statistics() if self.cache else None),
-            "llog_read_object_cache": (
-                "Compacted objects and chunks kept between reads",
-                lambda: self.reader.objects.statistics() if self.reader else None),
-            "llog_s3": ("S3 usage and estimated cost (S3 Standard us-east-1 list prices)",
-                        lambda: s3_cost_estimate(
-                            request_counts(self.store_metrics.s3_requests), self.s3_usage)),
-        }))
+        for prefix, source, figures in (
+            ("llog_broker", lambda: readiness(self), (READY,)),
+            ("llog_batcher", lambda: self.batcher.statistics() if self.batcher else None,
+             BATCHER_FIGURES),
+            ("llog_consume", lambda: self.consume.statistics() if self.consume else None,
+             CONSUME_FIGURES),
+            ("llog_watch", self.watch.statistics, WATCH_FIGURES),
+            ("llog_tail_cache", lambda: self.cache.statistics() if self.cache else None,
+             tail_cache_figures(s.tail_cache_dir is not None)),
+            ("llog_read_object_cache",
+             lambda: self.reader.objects.statistics() if self.reader else None,
+             READ_OBJECT_CACHE_FIGURES),
+            ("llog_s3", lambda: s3_cost_estimate(
+                request_counts(self.store_metrics.s3_requests), self.s3_usage),
+             (S3_REQUEST_COST, *S3_USAGE)),
+        ):
+            self.registry.register(SnapshotMetrics(prefix, source, figures))
 
 
 @contextlib.asynccontextmanager
@@ -145,7 +167,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
         state.writer = LogWriter(
             oxia, s3, layout, state.store_metrics, max_attempts=s.commit_max_attempts,
             commit_horizon_ms=s.retry_horizon_safe_ms,
-            pending_reread_ms=s.compaction_min_entry_age_ms // 2)
+            pending_reread_ms=s.compaction_min_entry_age_ms // 2, encoding=s.wal_encoding)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
                 await _start_batcher(state, writers)
@@ -157,6 +179,9 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                     await background.start(_watched, state, functools.partial(
                         run_in_broker, s, oxia, s3, state.registry))
                 background.start_soon(_scan_s3_usage, state, s3, s.s3_usage_scan_interval_s)
+                if state.registry.shared_dir is not None:  # for the other workers' scrapes
+                    background.start_soon(state.registry.refresh_every,
+                                          s.metrics_refresh_interval_s)
                 state.status = "ok"
                 try:
                     yield state
@@ -199,9 +224,17 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         max_concurrent_fetches=s.read_max_concurrent_fetches)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
+    topics = state.topics
+
+    async def partitions_of(topic: str) -> int:
+        found = await topics.topic(topic)
+        return 0 if found is None else found.partitions
+
+    state.groups = GroupService(oxia, layout, state.reader, s, partitions_of)
     state.consume = ConsumeService(state.reader, state.cache, state.watch,
                                    state.consume_metrics,
-                                   max_long_polls=s.max_concurrent_long_polls)
+                                   max_long_polls=s.max_concurrent_long_polls,
+                                   max_streams=s.max_concurrent_streams)
     listener = OxiaChangeListener(oxia.client, layout, state.watch, state.writer.owns_version)
     stack.callback(listener.close)
     with anyio.fail_after(30):

@@ -12,6 +12,7 @@ producing to a partition beyond the count grows the topic; with it off, both are
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cachetools import LRUCache
@@ -51,7 +52,7 @@ class TopicDirectory:
     def forget(self, name: str) -> None:
         self._cache.pop(name, None)
 
-    async def place(self, topic: str, partition: int | None, records: list[Payload]
+    async def place(self, topic: str, partition: int | None, records: Sequence[Payload]
                     ) -> Placement:
         """The partition an entry goes to (by its records' key when it names none),
         creating or growing the topic when auto-create is on; refuses otherwise."""
@@ -106,7 +107,7 @@ class TopicDirectory:
         return grown
 
 
-def _one_key(topic: str, records: list[Payload]) -> bytes:
+def _one_key(topic: str, records: Sequence[Payload]) -> bytes:
     keys = {r.key if isinstance(r, LogRecord) else None for r in records}
     if len(keys) != 1 or None in keys:
         raise InvalidRequest(f"an entry for topic {topic!r} without a partition needs one "

@@ -26,8 +26,11 @@ from typing import Any
 
 import anyio
 import anyio.abc
+from cachetools import LRUCache
 
 from app.storage.keys import KeyLayout, TopicPartition
+
+PARSED_KEYS = 100_000  # control keys whose partition the listener remembers
 
 log = logging.getLogger(__name__)
 
@@ -151,6 +154,8 @@ class OxiaChangeListener:
         self._notifications: Any = None
         self._stopping = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        # Control keys come back with every commit: parse each once (bounded).
+        self._parsed: LRUCache[str, TopicPartition | None] = LRUCache(PARSED_KEYS)
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
@@ -179,7 +184,10 @@ class OxiaChangeListener:
             key = n.key()
             if not key.endswith("/meta/control"):
                 continue
-            tp = self._layout.parse_control_key(key)
+            try:
+                tp = self._parsed[key]
+            except KeyError:
+                tp = self._parsed[key] = self._layout.parse_control_key(key)
             if tp is None:
                 continue
             # Fire and forget: this thread never waits for the event loop, so a burst

@@ -3,30 +3,45 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from typing import TypeVar
 
 import anyio
 import httpx
 
-from app.client import ops
+from app.client import group_ops, ops
 from app.client.batching import KeySource
-from app.client.config import ClientConfig, broken_of, broker_urls, reply_of, user_agent
+from app.client.config import (
+    ClientConfig,
+    broken_of,
+    broker_urls,
+    default_headers,
+    reply_of,
+)
+from app.client.errors import LlogError
 from app.client.models import (
     ConsumedRecord,
     Fetched,
+    GroupDescription,
+    GroupMembership,
+    GroupPage,
     PartitionOffsets,
+    Position,
     ProduceResult,
     RecordLike,
+    Resume,
     Start,
     TopicDescription,
     TopicInfo,
+    TopicPartitionKey,
 )
 from app.client.params import (
     DEFAULT_FETCH_BYTES,
     DEFAULT_WAIT_MS,
     UNSET,
     as_records,
+    as_topics,
+    reset_entry,
     topic_changes,
     topic_config,
 )
@@ -44,10 +59,11 @@ class AsyncLlogClient:
 
     def __init__(self, brokers: str | Sequence[str] | None = None, *, timeout_s: float = 30.0,
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
+                 token: str | None = None,
                  transport: httpx.AsyncBaseTransport | None = None) -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
                                     limits or ProduceLimits())
-        self._http = httpx.AsyncClient(headers=user_agent(), transport=transport)
+        self._http = httpx.AsyncClient(headers=default_headers(token), transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -153,3 +169,43 @@ class AsyncLlogClient:
 
     async def delete_topic(self, topic: str) -> TopicInfo:
         return await self._run(ops.delete_topic(topic, self._config.retry))
+
+    # -- consumer groups: the calls of LlogClient (app/client/sync.py), awaited -------
+
+    async def join_group(self, group: str, topics: Iterable[str] | str, *,
+                         client_id: str | None = None, session_timeout_ms: int | None = None
+                         ) -> GroupMembership:
+        return await self._run(group_ops.join(group, as_topics(topics), client_id,
+                                              session_timeout_ms, self._config.retry))
+
+    async def heartbeat(self, group: str, member_id: str) -> GroupMembership:
+        return await self._run(group_ops.heartbeat(group, member_id, self._config.retry))
+
+    async def leave_group(self, group: str, member_id: str) -> bool:
+        return await self._run(group_ops.leave(group, member_id, self._config.retry))
+
+    async def commit_offsets(self, group: str, offsets: Mapping[TopicPartitionKey, int], *,
+                             member: GroupMembership | None = None
+                             ) -> dict[TopicPartitionKey, int]:
+        return await self._run(group_ops.commit(
+            group, offsets, member.member_id if member else None,
+            member.generation if member else None, self._config.retry))
+
+    async def fetch_group(self, group: str, positions: Mapping[TopicPartitionKey, Resume],
+                          *, auto_offset_reset: Position = "earliest", max_wait_ms: int = 0,
+                          max_bytes: int = DEFAULT_FETCH_BYTES) -> list[Fetched | LlogError]:
+        return await self._run(group_ops.fetch(
+            group, positions, reset=auto_offset_reset, max_wait_ms=max_wait_ms,
+            max_bytes=max_bytes, policy=self._config.retry))
+
+    async def list_groups(self, *, after: str | None = None, limit: int = 100) -> GroupPage:
+        return await self._run(group_ops.page(after, limit, self._config.retry))
+
+    async def describe_group(self, group: str) -> GroupDescription:
+        return await self._run(group_ops.describe(group, self._config.retry))
+
+    async def reset_offsets(self, group: str, topic: str, *, partition: int | None = None,
+                            to: Position | None = None, timestamp_ms: int | None = None,
+                            offset: int | None = None) -> dict[TopicPartitionKey, int]:
+        entry = reset_entry(topic, partition, to, timestamp_ms, offset)
+        return await self._run(group_ops.reset(group, [entry], self._config.retry))

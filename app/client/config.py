@@ -18,6 +18,8 @@ from app.client.wire import Broken, Reply, parse_retry_after
 
 DEFAULT_BROKER_URL = "http://127.0.0.1:8080"
 BROKER_URL_ENV = "LLOG_BROKER_URL"
+# The bearer token (an API key or a JWT) for brokers with access control on.
+TOKEN_ENV = "LLOG_TOKEN"
 # Failures that prove the request never left: retrying them cannot write twice.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 
@@ -71,6 +73,16 @@ class ClientConfig:
 
 def user_agent() -> dict[str, str]:
     return {"user-agent": f"llog-python/{version()}"}
+
+
+def default_headers(token: str | None) -> dict[str, str]:
+    """Headers of every request: the user agent, and the bearer token when one is given
+    (else ``LLOG_TOKEN``, when set)."""
+    token = token if token is not None else os.environ.get(TOKEN_ENV) or None
+    headers = user_agent()
+    if token:
+        headers["authorization"] = f"Bearer {token}"
+    return headers
 
 
 def reply_of(response: httpx.Response) -> Reply:

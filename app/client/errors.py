@@ -24,9 +24,20 @@ Each error carries what a caller needs to act on it:
     │   ├── UnknownTopic             404
     │   ├── UnknownPartition         404
     │   ├── TopicExists              409
+    │   ├── UnknownGroup             404
+    │   ├── GroupConflict            409: the member's view of its group is out of date
+    │   │   ├── UnknownMember        join again
+    │   │   ├── StaleGeneration      heartbeat for the current assignment
+    │   │   ├── PartitionNotAssigned
+    │   │   ├── GroupNotEmpty
+    │   │   └── GroupFull
     │   ├── NotFound                 404 (unknown path)
     │   ├── MethodNotAllowed         405
     │   └── HTTPError                another 4xx
+    ├── AccessError                  refused by the broker's access control
+    │   ├── Unauthenticated          401  no token, or one that does not verify
+    │   ├── Forbidden                403  the principal lacks the right
+    │   └── QuotaExceeded            429  over the principal's quota; retriable
     ├── Unavailable                  refused before anything was written; retriable
     │   ├── BackPressureRejected
     │   ├── ShuttingDown
@@ -118,6 +129,34 @@ class TopicExists(RequestError):
     """A topic of that name exists already."""
 
 
+class UnknownGroup(RequestError):
+    """No consumer group of that name."""
+
+
+class GroupConflict(RequestError):
+    """A consumer group refused: the caller's view of it is out of date."""
+
+
+class UnknownMember(GroupConflict):
+    """Not a member (it left, or its session expired): join again."""
+
+
+class StaleGeneration(GroupConflict):
+    """The group moved on to a newer generation: heartbeat for the assignment."""
+
+
+class PartitionNotAssigned(GroupConflict):
+    """The partition is not this member's in this generation."""
+
+
+class GroupNotEmpty(GroupConflict):
+    """The operation needs a group without live members."""
+
+
+class GroupFull(GroupConflict):
+    """The group has as many members as the broker allows."""
+
+
 class NotFound(RequestError):
     """Unknown path: the URL does not point at a leaderless-log broker (or its API)."""
 
@@ -128,6 +167,25 @@ class MethodNotAllowed(RequestError):
 
 class HTTPError(RequestError):
     """Another refusal by the broker's HTTP layer."""
+
+
+class AccessError(LlogError):
+    """Refused by the broker's access control; nothing was written."""
+
+
+class Unauthenticated(AccessError):
+    """No bearer token, or one the broker does not accept (``token=`` or LLOG_TOKEN)."""
+
+
+class Forbidden(AccessError):
+    """The principal holds no right for a topic or group the request names."""
+
+
+class QuotaExceeded(AccessError):
+    """Over the principal's request or produce-bytes quota on that broker; retried
+    after ``retry_after_s``."""
+
+    retriable = True
 
 
 class Unavailable(LlogError):
@@ -233,6 +291,8 @@ def error_class(error_type: str | None, status: int | None) -> type[LlogError]:
         return known
     if status == 503:
         return Unavailable
+    if status in (401, 403):
+        return AccessError
     if status is not None and 400 <= status < 500:
         return RequestError
     return LlogError

@@ -91,6 +91,7 @@ class Fetched:
     next_offset: int
     high_watermark: int
     log_start_offset: int | None = None
+    committed_offset: int | None = None  # a consume with commit: what it committed
 
     @property
     def at_end(self) -> bool:
@@ -132,3 +133,76 @@ class PartitionState:
 @dataclass(frozen=True)
 class TopicDescription(TopicInfo):
     partition_states: tuple[PartitionState, ...] = field(default=())
+
+
+TopicPartitionKey = tuple[str, int]  # (topic, partition)
+Resume = Start | Literal["committed"]
+
+
+@dataclass(frozen=True)
+class GroupMembership:
+    """A member's standing in its group, as a join or a heartbeat answered it: its
+    partitions in this ``generation`` (commits name it)."""
+
+    group: str
+    member_id: str
+    generation: int
+    assignment: tuple[TopicPartitionKey, ...]
+    members: int
+    session_timeout_ms: int
+    heartbeat_interval_ms: int
+
+
+@dataclass(frozen=True)
+class GroupSummary:
+    group: str
+    generation: int
+    members: int
+    topics: tuple[str, ...]
+    created_at_ms: int
+    updated_at_ms: int
+
+
+@dataclass(frozen=True)
+class GroupPage:
+    """One page of groups; ``next_after`` (None on the last page) asks for the next."""
+
+    groups: tuple[GroupSummary, ...]
+    next_after: str | None
+
+
+@dataclass(frozen=True)
+class GroupMember:
+    member_id: str
+    client_id: str | None
+    topics: tuple[str, ...]
+    session_timeout_ms: int
+    joined_at_ms: int
+    expires_at_ms: int | None
+    assignment: tuple[TopicPartitionKey, ...]
+
+
+@dataclass(frozen=True)
+class GroupPartition:
+    """A partition of the group: its owner, the last offset the group processed, and
+    the lag (high watermark minus committed offset)."""
+
+    topic: str
+    partition: int
+    owner: str | None
+    committed_offset: int | None
+    committed_generation: int | None
+    committed_at_ms: int | None
+    log_start_offset: int
+    high_watermark: int
+    lag: int | None
+
+
+@dataclass(frozen=True)
+class GroupDescription:
+    group: str
+    generation: int
+    created_at_ms: int
+    updated_at_ms: int
+    members: tuple[GroupMember, ...]
+    partitions: tuple[GroupPartition, ...]

@@ -63,7 +63,7 @@ def keep_result(op: Op[T], kept: list[T]) -> Follow:
     kept.append((yield from op))
 
 
-def _attempts(send: Callable[[], Send], policy: RetryPolicy,
+def attempts(send: Callable[[], Send], policy: RetryPolicy,
               interpret: Callable[[Outcome], T | LlogError]) -> Op[T]:
     """Send until ``interpret`` makes a result of the outcome; retry what it calls
     retriable, within the policy; raise the rest (and the last error when attempts run
@@ -81,7 +81,7 @@ def _attempts(send: Callable[[], Send], policy: RetryPolicy,
         yield Pause(policy.delay_s(attempt - 1, result.retry_after_s))
 
 
-def _failure(outcome: Outcome, idempotent: bool) -> LlogError:
+def failure(outcome: Outcome, idempotent: bool) -> LlogError:
     """The error of an outcome that is not an answer of the contract's success shape.
 
     A request that may have reached the broker is retried only when repeating it
@@ -95,7 +95,7 @@ def _failure(outcome: Outcome, idempotent: bool) -> LlogError:
     return error
 
 
-def _results(reply: Reply, statuses: tuple[int, ...], expected: int
+def results_of(reply: Reply, statuses: tuple[int, ...], expected: int
              ) -> list[Mapping[str, Any]] | None:
     body = reply.body
     if reply.status not in statuses or not isinstance(body, dict):
@@ -123,9 +123,9 @@ class _ProduceRequest:
     def interpret(self, outcome: Outcome) -> list[ProducedBatch] | LlogError:
         if isinstance(outcome, Broken):
             return wire.broken_error(outcome)  # keyed entries: retrying is safe
-        results = _results(outcome, (200, 409, 503), len(self.pending))
+        results = results_of(outcome, (200, 409, 503), len(self.pending))
         if results is None:
-            return _failure(outcome, idempotent=True)
+            return failure(outcome, idempotent=True)
         failed: list[tuple[_Entry, LlogError]] = []
         for entry, result in zip(self.pending, results, strict=True):
             if result.get("ok"):
@@ -154,7 +154,7 @@ def produce(topic: str, records: Iterable[RecordLike], partition: int | None,
     for entries in plan_requests(topic, records, partition, limits, keys):
         request = _ProduceRequest(entries)
         try:
-            batches = yield from _attempts(request.send, policy, request.interpret)
+            batches = yield from attempts(request.send, policy, request.interpret)
         except LlogError as exc:
             exc.produced = (*produced, *sorted(request.done, key=lambda b: b.first_index))
             raise
@@ -170,11 +170,11 @@ def _one_result(parse: Callable[[Mapping[str, Any]], T]) -> Callable[[Outcome], 
 
     def interpret(outcome: Outcome) -> T | LlogError:
         if isinstance(outcome, Reply):
-            results = _results(outcome, (200,), 1)
+            results = results_of(outcome, (200,), 1)
             if results is not None:
                 (result,) = results
                 return parse(result) if result.get("ok") else wire.entry_error(result, outcome)
-        return _failure(outcome, idempotent=True)
+        return failure(outcome, idempotent=True)
 
     return interpret
 
@@ -186,7 +186,7 @@ def fetch(topic: str, partition: int, offset: Start, *, max_wait_ms: int, max_by
                               "partition_max_bytes": max_bytes}],
         "max_wait_ms": max_wait_ms, "max_bytes": max_bytes})
     send = Send("POST", "/consume", body, wait_s=max_wait_ms / 1000)
-    return (yield from _attempts(lambda: send, policy, _one_result(wire.fetched)))
+    return (yield from attempts(lambda: send, policy, _one_result(wire.fetched)))
 
 
 def follow(topic: str, partition: int, start: Start, *, forever: bool, max_wait_ms: int,
@@ -213,11 +213,11 @@ def offsets(topic: str, partition: int, timestamp_ms: int | None, policy: RetryP
     if timestamp_ms is not None:
         entry["timestamp_ms"] = timestamp_ms
     send = Send("POST", "/offsets", wire.dumps({"topic_partitions": [entry]}))
-    return (yield from _attempts(lambda: send, policy,
+    return (yield from attempts(lambda: send, policy,
                                  _one_result(wire.partition_offsets)))
 
 
-def _call(method: str, path: str, body: Json, policy: RetryPolicy, *, idempotent: bool
+def call(method: str, path: str, body: Json, policy: RetryPolicy, *, idempotent: bool
           ) -> Op[Json]:
     """A request answered with 200 or 201 and a JSON body."""
     send = Send(method, path, None if body is None else wire.dumps(body))
@@ -226,9 +226,9 @@ def _call(method: str, path: str, body: Json, policy: RetryPolicy, *, idempotent
         if isinstance(outcome, Reply) and outcome.status in (200, 201) and isinstance(
                 outcome.body, dict):
             return outcome.body
-        return _failure(outcome, idempotent)
+        return failure(outcome, idempotent)
 
-    return (yield from _attempts(lambda: send, policy, interpret))
+    return (yield from attempts(lambda: send, policy, interpret))
 
 
 def _topic_path(topic: str) -> str:
@@ -239,28 +239,28 @@ def create_topic(topic: str, partitions: int, config: Mapping[str, int | None],
                  policy: RetryPolicy) -> Op[TopicInfo]:
     body = {"topic": topic, "partitions": partitions,
             **{k: v for k, v in config.items() if v is not None}}
-    return wire.topic_info((yield from _call("POST", "/topics", body, policy,
+    return wire.topic_info((yield from call("POST", "/topics", body, policy,
                                              idempotent=False)))
 
 
 def list_topics(policy: RetryPolicy) -> Op[list[TopicInfo]]:
-    body = yield from _call("GET", "/topics", None, policy, idempotent=True)
+    body = yield from call("GET", "/topics", None, policy, idempotent=True)
     return [wire.topic_info(t) for t in body.get("topics") or ()]
 
 
 def describe_topic(topic: str, policy: RetryPolicy) -> Op[TopicDescription]:
-    return wire.topic_description((yield from _call("GET", _topic_path(topic), None, policy,
+    return wire.topic_description((yield from call("GET", _topic_path(topic), None, policy,
                                                     idempotent=True)))
 
 
 def update_topic(topic: str, changes: Mapping[str, int | None], policy: RetryPolicy
                  ) -> Op[TopicInfo]:
     # Setting the same values again changes nothing: safe to repeat.
-    return wire.topic_info((yield from _call("PATCH", _topic_path(topic), dict(changes),
+    return wire.topic_info((yield from call("PATCH", _topic_path(topic), dict(changes),
                                              policy, idempotent=True)))
 
 
 def delete_topic(topic: str, policy: RetryPolicy) -> Op[TopicInfo]:
-    return wire.topic_info((yield from _call("DELETE", _topic_path(topic), None, policy,
+    return wire.topic_info((yield from call("DELETE", _topic_path(topic), None, policy,
                                              idempotent=False)))
 

@@ -49,3 +49,21 @@ def topic_changes(partitions: int | None, retention_ms: object, retention_bytes:
             raise TypeError(f"{name} must be an integer or None, not {value!r}")
         out[name] = value
     return out
+
+
+def as_topics(topics: Iterable[str] | str) -> list[str]:
+    """One topic is a topic, not an iterable of characters."""
+    return [topics] if isinstance(topics, str) else list(topics)
+
+
+def reset_entry(topic: str, partition: int | None, to: str | None, timestamp_ms: int | None,
+                offset: int | None) -> dict[str, object]:
+    """One entry of a reset-offsets request: exactly one of the three targets."""
+    targets = {"to": to, "timestamp_ms": timestamp_ms, "offset": offset}
+    given = {k: v for k, v in targets.items() if v is not None}
+    if len(given) != 1:
+        raise ValueError("give exactly one of to, timestamp_ms and offset")
+    entry: dict[str, object] = {"topic": topic, **given}
+    if partition is not None:
+        entry["partition"] = partition
+    return entry

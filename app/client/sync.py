@@ -3,29 +3,45 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import httpx
 
-from app.client import ops
+from app.client import group_ops, ops
 from app.client.batching import KeySource
-from app.client.config import ClientConfig, broken_of, broker_urls, reply_of, user_agent
+from app.client.config import (
+    ClientConfig,
+    broken_of,
+    broker_urls,
+    default_headers,
+    reply_of,
+)
+from app.client.consumer import GroupConsumer
+from app.client.errors import LlogError
 from app.client.models import (
     ConsumedRecord,
     Fetched,
+    GroupDescription,
+    GroupMembership,
+    GroupPage,
     PartitionOffsets,
+    Position,
     ProduceResult,
     RecordLike,
+    Resume,
     Start,
     TopicDescription,
     TopicInfo,
+    TopicPartitionKey,
 )
 from app.client.params import (
     DEFAULT_FETCH_BYTES,
     DEFAULT_WAIT_MS,
     UNSET,
     as_records,
+    as_topics,
+    reset_entry,
     topic_changes,
     topic_config,
 )
@@ -47,10 +63,10 @@ class LlogClient:
 
     def __init__(self, brokers: str | Sequence[str] | None = None, *, timeout_s: float = 30.0,
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
-                 transport: httpx.BaseTransport | None = None) -> None:
+                 token: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
                                     limits or ProduceLimits())
-        self._http = httpx.Client(headers=user_agent(), transport=transport)
+        self._http = httpx.Client(headers=default_headers(token), transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -168,3 +184,61 @@ class LlogClient:
 
     def delete_topic(self, topic: str) -> TopicInfo:
         return self._run(ops.delete_topic(topic, self._config.retry))
+
+    # -- consumer groups -------------------------------------------------------------
+
+    def join_group(self, group: str, topics: Iterable[str] | str, *,
+                   client_id: str | None = None, session_timeout_ms: int | None = None
+                   ) -> GroupMembership:
+        """Join ``group`` to read ``topics``: a member id, the generation and this
+        member's partitions. Heartbeat at least every ``heartbeat_interval_ms``."""
+        return self._run(group_ops.join(group, as_topics(topics), client_id,
+                                        session_timeout_ms, self._config.retry))
+
+    def heartbeat(self, group: str, member_id: str) -> GroupMembership:
+        """Keep the session; the current generation and this member's partitions.
+        Raises ``UnknownMember`` when the session ended (join again)."""
+        return self._run(group_ops.heartbeat(group, member_id, self._config.retry))
+
+    def leave_group(self, group: str, member_id: str) -> bool:
+        """Leave (its partitions move at once); False if it was no member any more."""
+        return self._run(group_ops.leave(group, member_id, self._config.retry))
+
+    def commit_offsets(self, group: str, offsets: Mapping[TopicPartitionKey, int], *,
+                       member: GroupMembership | None = None) -> dict[TopicPartitionKey, int]:
+        """Commit the last offset processed of each (topic, partition), as ``member``
+        (it must own them in its generation), or without one for a group that has no
+        live members."""
+        return self._run(group_ops.commit(
+            group, offsets, member.member_id if member else None,
+            member.generation if member else None, self._config.retry))
+
+    def fetch_group(self, group: str, positions: Mapping[TopicPartitionKey, Resume], *,
+                    auto_offset_reset: Position = "earliest", max_wait_ms: int = 0,
+                    max_bytes: int = DEFAULT_FETCH_BYTES) -> list[Fetched | LlogError]:
+        """One consume request over several partitions; ``"committed"`` reads on from
+        the group's committed offset. Each partition's answer or its error."""
+        return self._run(group_ops.fetch(group, positions, reset=auto_offset_reset,
+                                         max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                                         policy=self._config.retry))
+
+    def list_groups(self, *, after: str | None = None, limit: int = 100) -> GroupPage:
+        return self._run(group_ops.page(after, limit, self._config.retry))
+
+    def describe_group(self, group: str) -> GroupDescription:
+        return self._run(group_ops.describe(group, self._config.retry))
+
+    def reset_offsets(self, group: str, topic: str, *, partition: int | None = None,
+                      to: Position | None = None, timestamp_ms: int | None = None,
+                      offset: int | None = None) -> dict[TopicPartitionKey, int]:
+        """Set the committed offsets of a group without live members, for one partition
+        or (``partition`` None) every partition of ``topic``: to the ``earliest`` or
+        ``latest``, to a time, or to ``offset`` (the last processed)."""
+        entry = reset_entry(topic, partition, to, timestamp_ms, offset)
+        return self._run(group_ops.reset(group, [entry], self._config.retry))
+
+    def group_consumer(self, group: str, topics: Iterable[str] | str, **options: Any
+                       ) -> GroupConsumer:
+        """A member of ``group`` that consumes its partitions and commits what was
+        processed (at-least-once): see :class:`~app.client.consumer.GroupConsumer`."""
+        return GroupConsumer(self, group, as_topics(topics), **options)

@@ -14,6 +14,12 @@ from app.client.models import (
     Bytesish,
     ConsumedRecord,
     Fetched,
+    GroupDescription,
+    GroupMember,
+    GroupMembership,
+    GroupPage,
+    GroupPartition,
+    GroupSummary,
     PartitionOffsets,
     PartitionState,
     Record,
@@ -130,7 +136,8 @@ def fetched(result: Mapping[str, Any]) -> Fetched:
                                  for r in result.get("records") or ()),
                    next_offset=int(result["next_offset"]),
                    high_watermark=int(result["high_watermark"]),
-                   log_start_offset=result.get("log_start_offset"))
+                   log_start_offset=result.get("log_start_offset"),
+                   committed_offset=result.get("committed_offset"))
 
 
 def partition_offsets(result: Mapping[str, Any]) -> PartitionOffsets:
@@ -156,6 +163,41 @@ def topic_description(obj: Mapping[str, Any]) -> TopicDescription:
     states = tuple(PartitionState(**_pick(p, _PARTITION_FIELDS))
                    for p in obj.get("partition_states") or ())
     return TopicDescription(**_pick(obj, _TOPIC_FIELDS), partition_states=states)
+
+
+def _assigned(topics: Any) -> tuple[tuple[str, int], ...]:
+    return tuple((str(a["topic"]), int(p)) for a in topics or () for p in a["partitions"])
+
+
+def group_membership(obj: Mapping[str, Any]) -> GroupMembership:
+    return GroupMembership(
+        group=str(obj["group"]), member_id=str(obj["member_id"]),
+        generation=int(obj["generation"]), assignment=_assigned(obj.get("assignment")),
+        members=int(obj["members"]), session_timeout_ms=int(obj["session_timeout_ms"]),
+        heartbeat_interval_ms=int(obj["heartbeat_interval_ms"]))
+
+
+_SUMMARY_FIELDS = [f.name for f in fields(GroupSummary)]
+_GROUP_PARTITION_FIELDS = [f.name for f in fields(GroupPartition)]
+_MEMBER_FIELDS = [f.name for f in fields(GroupMember) if f.name not in ("topics", "assignment")]
+
+
+def group_page(obj: Mapping[str, Any]) -> GroupPage:
+    return GroupPage(groups=tuple(
+        GroupSummary(**{**_pick(g, _SUMMARY_FIELDS), "topics": tuple(g.get("topics") or ())})
+        for g in obj.get("groups") or ()), next_after=obj.get("next_after"))
+
+
+def group_description(obj: Mapping[str, Any]) -> GroupDescription:
+    members = tuple(GroupMember(**_pick(m, _MEMBER_FIELDS), topics=tuple(m.get("topics") or ()),
+                                assignment=_assigned(m.get("assignment")))
+                    for m in obj.get("members") or ())
+    partitions = tuple(GroupPartition(**_pick(p, _GROUP_PARTITION_FIELDS))
+                       for p in obj.get("partitions") or ())
+    return GroupDescription(group=str(obj["group"]), generation=int(obj["generation"]),
+                            created_at_ms=int(obj["created_at_ms"]),
+                            updated_at_ms=int(obj["updated_at_ms"]), members=members,
+                            partitions=partitions)
 
 
 def entry_error(result: Mapping[str, Any], reply: Reply) -> errors.LlogError:

@@ -26,15 +26,25 @@ EXIT_BUSY = 3  # another compactor holds the partition's claim
 
 def serve_compactor(settings: Settings, *, log_level: str = "info") -> int:
     """Run the standalone compactor service (HTTP on ``settings.host:port``)."""
+    import logging.config
+
     import uvicorn
 
+    from app.telemetry.logs import log_config, warn_unknown_variables
+    from app.telemetry.registry import MULTIPROC_ENV
+
+    # One process: it exposes its own registry, never a shared directory.
+    os.environ.pop(MULTIPROC_ENV, None)
     # The factory re-reads the environment: make the CLI's overrides part of it.
     os.environ["LLOG_HOST"] = settings.host
     os.environ["LLOG_PORT"] = str(settings.port)
+    logging_config = log_config(settings)
+    logging.config.dictConfig(logging_config)
+    warn_unknown_variables(os.environ)
     uvicorn.run(
         "app.compactor_app:create_compactor_app_from_env",
         factory=True, host=settings.host, port=settings.port, log_level=log_level,
-        timeout_graceful_shutdown=30, lifespan="on",
+        timeout_graceful_shutdown=30, lifespan="on", log_config=logging_config,
     )
     return 0
 

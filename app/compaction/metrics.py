@@ -2,9 +2,14 @@
 
 Counters and the stage histogram are updated by the compactor and the scheduler as they
 work. Per-partition lag is different: a process may know thousands of partitions, so only
-the ``lag_top_n`` most lagging ones get their own labelled series, next to the total and
-the maximum over all of them; those gauges are computed at scrape time from the table the
-scheduler keeps up to date, so a partition that catches up simply drops out.
+the ``lag_top_n`` most lagging ones get their own labelled series
+(``llog_compaction_partition_lag_records``), next to the total and the maximum over all
+of them; they are computed at scrape time from the table the scheduler keeps up to date,
+so a partition that catches up simply drops out.
+
+Every scheduler observes the lag of every partition it visits, claimed by it or not, so
+the lag figures describe the store, not the process: over the workers of one server the
+largest is taken, and the labelled series are those of the worker that answers.
 """
 
 from __future__ import annotations
@@ -19,9 +24,30 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.storage.keys import TopicPartition
+from app.telemetry.snapshots import Figure, SnapshotMetrics
 
 _STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 DEFAULT_LAG_TOP_N = 10
+LAG_FIGURES = (
+    Figure("lag_records", "Records not yet compacted, over every observed partition",
+           "livemax"),
+    Figure("lag_records_max", "Largest number of records not yet compacted in one partition",
+           "livemax"),
+    Figure("partitions_pending", "Observed partitions whose meta/control holds a pending "
+                                 "append", "livemax"),
+    Figure("partitions_known", "Partitions this compactor knows (seeds and discovered)",
+           "livemax"),
+    Figure("active_tasks", "compact_once tasks running now"),
+)
+
+
+@dataclass(frozen=True)
+class CompactionStats:
+    lag_records: int
+    lag_records_max: int
+    partitions_pending: int
+    partitions_known: int
+    active_tasks: int
 
 
 @dataclass(frozen=True)
@@ -89,7 +115,8 @@ class CompactionMetrics:
         self._lag_top_n = lag_top_n
         self.known_partitions = 0
         self.active_tasks = 0
-        registry.register(_LagCollector(self))
+        registry.register(_TopLagCollector(self))
+        registry.register(SnapshotMetrics("llog_compaction", self.statistics, LAG_FIGURES))
 
     def stage(self, name: str) -> _StageTimer:
         return _StageTimer(self.stage_seconds, name)
@@ -102,6 +129,12 @@ class CompactionMetrics:
 
     def lag_table(self) -> dict[TopicPartition, PartitionLag]:
         return dict(self._lag)
+
+    def statistics(self) -> CompactionStats:
+        lags = [lag.records for lag in self._lag.values()]
+        return CompactionStats(sum(lags), max(lags, default=0),
+                               sum(1 for lag in self._lag.values() if lag.pending),
+                               self.known_partitions, self.active_tasks)
 
     def top_lagging(self) -> list[tuple[TopicPartition, PartitionLag]]:
         return heapq.nlargest(self._lag_top_n, self._lag.items(), key=lambda kv: kv[1].records)
@@ -122,34 +155,17 @@ class _StageTimer:
         self._histogram.labels(self._name).observe(time.monotonic() - self._started)
 
 
-class _LagCollector(Collector):
+class _TopLagCollector(Collector):
     def __init__(self, metrics: CompactionMetrics) -> None:
         self._metrics = metrics
 
     def collect(self) -> Iterator[Metric]:
-        m = self._metrics
-        table = m.lag_table()
         per_partition = GaugeMetricFamily(
-            "llog_compaction_lag_records",
+            "llog_compaction_partition_lag_records",
             "Records not yet compacted (high watermark - (cursor - 1)) of the most lagging "
             "partitions only",
             labels=["topic", "partition"],
         )
-        for tp, lag in m.top_lagging():
+        for tp, lag in self._metrics.top_lagging():
             per_partition.add_metric([tp.topic, str(tp.partition)], lag.records)
         yield per_partition
-        lags = [lag.records for lag in table.values()]
-        yield GaugeMetricFamily("llog_compaction_lag_records_total",
-                                "Records not yet compacted, over every observed partition",
-                                value=sum(lags))
-        yield GaugeMetricFamily("llog_compaction_lag_records_max",
-                                "Largest number of records not yet compacted in one partition",
-                                value=max(lags, default=0))
-        yield GaugeMetricFamily("llog_compaction_partitions_pending",
-                                "Observed partitions whose meta/control holds a pending append",
-                                value=sum(1 for lag in table.values() if lag.pending))
-        yield GaugeMetricFamily("llog_compaction_partitions_known",
-                                "Partitions this compactor knows (seeds and discovered)",
-                                value=m.known_partitions)
-        yield GaugeMetricFamily("llog_compaction_active_tasks",
-                                "compact_once tasks running now", value=m.active_tasks)

@@ -148,16 +148,32 @@ class CompactionScheduler:
         return len(new)
 
     async def _register_listed_topics(self) -> None:
+        """Put topics that have partitions in storage but no catalog record (written
+        before the catalog existed) into the catalog. A topic whose partitions hold no
+        records is not registered: that is what a deleted topic leaves behind."""
         listed = await discover_partitions(self._oxia, self._layout)
+        catalogued = {t.name for t in await self._catalog.list()}
         counts: dict[str, int] = {}
+        with_data: set[str] = set()
         for tp in listed:
             counts[tp.topic] = max(counts.get(tp.topic, 0), tp.partition + 1)
+            if tp.topic not in catalogued and tp.topic not in with_data \
+                    and await self._holds_records(tp):
+                with_data.add(tp.topic)
         for topic, partitions in counts.items():
+            if topic not in catalogued and topic not in with_data:
+                continue
             try:
                 await self._catalog.ensure(topic, partitions)
                 await self._catalog.update(topic, min_partitions=partitions)
             except InvalidRequest as exc:  # beyond the catalog's partition limit
                 log.warning("topic %s is not registered in the catalog: %s", topic, exc)
+
+    async def _holds_records(self, tp: TopicPartition) -> bool:
+        control = await self._reader.read_control(tp)
+        if control is None:
+            return False
+        return (control.log_start_offset or 1) <= control.sequence_counter
 
     async def _apply_retention(self, tp: TopicPartition) -> None:
         """Move the partition's log start as its topic's retention asks, at most every

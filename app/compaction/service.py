@@ -24,18 +24,28 @@ from typing import Any
 import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily, Metric
+from prometheus_client.core import InfoMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.compaction.compactor import CompactionConfig, Compactor
 from app.compaction.metrics import CompactionMetrics
 from app.compaction.scheduler import CompactionScheduler, Visit
-from app.observability import S3Usage, Status, request_counts, s3_cost_estimate
+from app.observability import (
+    READY,
+    S3_REQUEST_COST,
+    S3Usage,
+    Status,
+    readiness,
+    request_counts,
+    s3_cost_estimate,
+)
 from app.settings import Settings
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
 from app.storage.s3 import S3Store
+from app.telemetry.registry import ServiceRegistry
+from app.telemetry.snapshots import SnapshotMetrics
 
 log = logging.getLogger(__name__)
 # How long a stopping service lets running compactions finish before cancelling them
@@ -88,7 +98,7 @@ class CompactorService:
     """Everything one ``llog compactor`` process holds while it runs."""
 
     settings: Settings
-    registry: CollectorRegistry
+    registry: ServiceRegistry
     store_metrics: StoreMetrics
     metrics: CompactionMetrics
     started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
@@ -98,9 +108,15 @@ class CompactorService:
 
     @classmethod
     def create(cls, settings: Settings) -> CompactorService:
-        registry = CollectorRegistry()
-        service = cls(settings, registry, StoreMetrics(registry), CompactionMetrics(registry))
-        registry.register(_ServiceCollector(service))
+        registry = ServiceRegistry.for_this_process()
+        store_metrics = StoreMetrics(registry)
+        service = cls(settings, registry, store_metrics, CompactionMetrics(registry))
+        registry.register(_ServiceInfo(service))
+        registry.register(SnapshotMetrics("llog_compactor", lambda: readiness(service),
+                                          (READY,)))
+        # Stored bytes are the brokers' to scan; this process reports its own requests.
+        registry.register(SnapshotMetrics("llog_s3", lambda: s3_cost_estimate(
+            request_counts(store_metrics.s3_requests), S3Usage()), (S3_REQUEST_COST,)))
         return service
 
     @property
@@ -138,8 +154,8 @@ class CompactorService:
         }
 
 
-class _ServiceCollector(Collector):
-    """The service's identity and its S3 request counts with their estimated cost."""
+class _ServiceInfo(Collector):
+    """The service's identity and budgets."""
 
     def __init__(self, service: CompactorService) -> None:
         self._service = service
@@ -157,13 +173,6 @@ class _ServiceCollector(Collector):
             "min_entry_age_ms": str(s.compaction_min_entry_age_ms),
         })
         yield info
-        # Stored bytes are the brokers' to scan; this process reports its own requests.
-        estimate = s3_cost_estimate(request_counts(self._service.store_metrics.s3_requests),
-                                    S3Usage())
-        yield GaugeMetricFamily("llog_s3_estimated_request_cost_usd",
-                                "Estimated cost of this process's S3 requests, counted in "
-                                "llog_s3_requests (S3 Standard us-east-1 list prices)",
-                                value=estimate["estimated_request_cost_usd"])
 
 
 @contextlib.asynccontextmanager

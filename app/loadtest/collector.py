@@ -46,7 +46,7 @@ _SCALARS = {
     "oxia_request_seconds_count": "llog_oxia_request_seconds_count",
     "s3_request_seconds_sum": "llog_s3_request_seconds_sum",
     "s3_request_seconds_count": "llog_s3_request_seconds_count",
-    "s3_estimated_request_cost_usd": "llog_s3_estimated_request_cost_usd",
+    "s3_estimated_request_cost_usd": "llog_s3_estimated_request_cost_usd_total",
     "s3_stored_bytes": "llog_s3_stored_bytes",
     "s3_stored_objects": "llog_s3_stored_objects",
     "s3_estimated_storage_cost_usd_per_month": "llog_s3_estimated_storage_cost_usd_per_month",
@@ -193,6 +193,8 @@ class Collector:
                 refs[name] = stack[name]
         for broker in stack.get("brokers", []):
             refs[f"broker:{broker['id']}"] = broker
+        if isinstance(stack.get("proxy"), dict):
+            refs["proxy"] = stack["proxy"]
         refs.update(self.extra_processes())
         return refs
 

@@ -84,14 +84,33 @@ def build_hammer() -> Path:
     return binary
 
 
+PROXY_ID = "proxy"  # the hammer's one "broker" when a load balancer fronts them all
+
+
+def _targets(stack: dict[str, Any], manifest: dict[str, Any]
+             ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The brokers the hammer sends to and each partition's owners and readers among
+    them: the stack's brokers and the manifest's owner sets, or, behind a proxy, the
+    proxy alone for every partition."""
+    proxy = stack.get("proxy")
+    if not proxy:
+        return ([{"id": b["id"], "url": b["url"], "write": "write" in b["roles"],
+                  "read": "read" in b["roles"]} for b in stack["brokers"]],
+                manifest["partitions"])
+    one = [PROXY_ID]
+    return ([{"id": PROXY_ID, "url": proxy["url"], "write": True, "read": True}],
+            [{"topic": p["topic"], "partition": p["partition"], "owners": one,
+              "readers": one} for p in manifest["partitions"]])
+
+
 def hammer_config(run: RunDir, scenario: Scenario, stack: dict[str, Any],
                   manifest: dict[str, Any]) -> dict[str, Any]:
     w, c = scenario.workload, scenario.consumer
+    brokers, partitions = _targets(stack, manifest)
     return {
         "run_id": run.run_id,
-        "brokers": [{"id": b["id"], "url": b["url"], "write": "write" in b["roles"],
-                     "read": "read" in b["roles"]} for b in stack["brokers"]],
-        "partitions": manifest["partitions"],
+        "brokers": brokers,
+        "partitions": partitions,
         "policy": scenario.routing.policy,
         "mode": w.mode,
         "connections": w.connections,

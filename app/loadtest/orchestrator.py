@@ -49,6 +49,7 @@ from app.loadtest.summary import artifact_presence, build_summary
 from app.loadtest.verify import verify_acked
 from app.localstack.binaries import REPO_ROOT
 from app.localstack.processes import free_port
+from app.localstack.proxy import find_binary
 from app.localstack.stack import LocalStack, StackConfig
 
 COMPOSE_FILE_SD = REPO_ROOT / "deploy" / "prometheus" / "file_sd"
@@ -84,6 +85,13 @@ def _initial_stack(run: RunDir, scenario: Scenario) -> dict[str, Any]:
             "workers": scenario.brokers.workers, "roles": scenario.roles_of(bid),
             "log": str(run.logs / f"broker-{bid}.log"), "status": "pending",
         })
+    proxy = None
+    if scenario.stack.proxy != "none":
+        ports["proxy"] = free_port()
+        proxy = {"kind": scenario.stack.proxy, "port": ports["proxy"],
+                 "url": f"http://127.0.0.1:{ports['proxy']}",
+                 "log": str(run.logs / f"proxy-{scenario.stack.proxy}.log"),
+                 "status": "pending"}
     return {
         "run_id": run.run_id,
         "run_dir": str(run.path),
@@ -100,6 +108,7 @@ def _initial_stack(run: RunDir, scenario: Scenario) -> dict[str, Any]:
         "root_prefix": config.root_prefix,
         "settings_env": local.settings_env(),
         "brokers": brokers,
+        "proxy": proxy,
         "logs": str(run.logs),
     }
 
@@ -154,6 +163,11 @@ def start_supervisor(run: RunDir) -> None:
 
 
 def up(scenario: Scenario, results: Path = DEFAULT_RESULTS) -> RunDir:
+    kind = scenario.stack.proxy
+    # Caddy is built on demand (by the supervisor); the others must be installed.
+    if kind in ("haproxy", "nginx") and find_binary(kind) is None:
+        raise LoadTestError(f"stack.proxy = {kind!r}: {kind} is not installed here "
+                            "(scripts/bootstrap.sh installs it as root with apt-get)")
     run = prepare(scenario, results)
     log(f"run directory {run.path}")
     started = time.monotonic()
@@ -162,7 +176,9 @@ def up(scenario: Scenario, results: Path = DEFAULT_RESULTS) -> RunDir:
     doc = run.stack()
     log(f"stack up in {time.monotonic() - started:.1f}s: Oxia {doc['oxia']['address']}, "
         f"S3 {doc['minio']['endpoint']}, brokers "
-        + ", ".join(f"{b['id']}={b['url']}" for b in doc["brokers"]))
+        + ", ".join(f"{b['id']}={b['url']}" for b in doc["brokers"])
+        + (f"; {doc['proxy']['kind']} in front on {doc['proxy']['url']}"
+           if doc.get("proxy") else ""))
     return run
 
 
@@ -225,17 +241,24 @@ def status(run: RunDir) -> dict[str, Any]:
     brokers = [{"id": b["id"], "url": b["url"], "pid": b.get("pid"),
                 "alive": ref_alive(b), "healthy": _healthy(b["url"]),
                 "recorded_status": b.get("status")} for b in doc.get("brokers", [])]
+    proxy = doc.get("proxy")
+    if isinstance(proxy, dict):
+        proxy = {"kind": proxy["kind"], "url": proxy["url"], "pid": proxy.get("pid"),
+                 "alive": ref_alive(proxy), "healthy": _healthy(proxy["url"])}
     return {"run_id": run.run_id, "run_dir": str(run.path), "scenario": doc.get("scenario"),
             "status": doc.get("status"), "error": doc.get("error"),
             "stack_up": stack_up(run), "processes": processes, "brokers": brokers,
+            "proxy": proxy,
             "oxia": doc.get("oxia", {}).get("address"),
             "s3": doc.get("minio", {}).get("endpoint")}
 
 
 def stack_up(run: RunDir) -> bool:
     doc = run.stack()
+    proxy = doc.get("proxy")
     return doc.get("status") == "up" and ref_alive(doc.get("supervisor")) \
-        and ref_alive(doc.get("oxia")) and ref_alive(doc.get("minio"))
+        and ref_alive(doc.get("oxia")) and ref_alive(doc.get("minio")) \
+        and (proxy is None or ref_alive(proxy))
 
 
 def precreate_run(run: RunDir) -> dict[str, Any]:
@@ -264,6 +287,8 @@ def down(run: RunDir, timeout: float = 60.0) -> dict[str, Any]:
     refs = {name: doc[name] for name in ("supervisor", "oxia", "minio")
             if isinstance(doc.get(name), dict)}
     refs.update({f"broker:{b['id']}": b for b in doc.get("brokers", [])})
+    if isinstance(doc.get("proxy"), dict):
+        refs["proxy"] = doc["proxy"]
     leftovers = {name: ref for name, ref in refs.items() if ref_alive(ref)}
     for ref in leftovers.values():
         kill_ref(ref, signal.SIGTERM)

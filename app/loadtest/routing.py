@@ -7,6 +7,9 @@ candidate list changes only the owner sets it was part of. The hammer reads the 
 sets from ``routing-manifest.json`` (it never recomputes them) and sends a partition's
 requests only to brokers of its set; a broker that becomes unavailable is replaced by
 another member of the same set, never by a global rebalance.
+
+With ``stack.proxy`` the manifest is still written (``proxy`` names the load balancer),
+but the hammer sends every request to the proxy, which chooses the broker itself.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ def build_manifest(scenario: Scenario) -> dict[str, Any]:
         "seed": seed,
         "owner_set_size": size,
         "policy": scenario.routing.policy,
+        "proxy": None if scenario.stack.proxy == "none" else scenario.stack.proxy,
         "brokers": ids,
         "writers": writers,
         "readers": readers,

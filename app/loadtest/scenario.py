@@ -21,6 +21,7 @@ SCENARIO_DIR = REPO_ROOT / "deploy" / "loadtest" / "scenarios"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 RoleName = Literal["write", "read", "compact"]
+ProxyName = Literal["none", "caddy", "haproxy", "nginx"]
 _ALL_ROLES: tuple[RoleName, ...] = ("write", "read", "compact")
 
 
@@ -134,6 +135,9 @@ class StackSpec(_Model):
     startup_timeout_s: float = Field(default=120.0, gt=0)
     # The stack stops itself after this long, in case nobody calls `down`.
     ttl_s: float = Field(default=6 * 3600.0, gt=0)
+    # A load balancer in front of every broker (the reference configuration of
+    # deploy/proxy/): the hammer then sends every request to it, not to owner sets.
+    proxy: ProxyName = "none"
 
 
 class CollectorSpec(_Model):
@@ -193,6 +197,13 @@ class Scenario(_Model):
         if self.routing.owner_set_size > len(writers):
             raise ValueError(f"routing.owner_set_size {self.routing.owner_set_size} exceeds "
                              f"the {len(writers)} broker(s) with the write role")
+        if self.stack.proxy != "none":
+            partial = [b for b in self.broker_ids()
+                       if not {"write", "read"} <= set(self.roles_of(b))]
+            if partial:
+                raise ValueError(f"stack.proxy = {self.stack.proxy!r} sends any request to "
+                                 f"any broker: {', '.join(partial)} need(s) the write and "
+                                 "read roles")
         for fault in self.faults:
             if fault.kill_broker not in ids:
                 raise ValueError(f"faults: no broker {fault.kill_broker!r}")
@@ -223,6 +234,7 @@ class Scenario(_Model):
             "run_id": run_id,
             "mode": w.mode,
             "routing_policy": self.routing.policy,
+            "proxy": self.stack.proxy,
             "topics": ",".join(t.name for t in self.topics),
             "brokers": self.brokers.count,
             "workers": self.brokers.workers,

@@ -1,10 +1,12 @@
-"""The process that owns a run's stack: Oxia, MinIO and the brokers.
+"""The process that owns a run's stack: Oxia, MinIO, the brokers and, with
+``stack.proxy``, the load balancer in front of them.
 
 ``llog loadtest up`` starts it detached (its own session, no parent-death signal), so
 the stack outlives the command that started it. It starts the servers with the same code
 as ``llog dev`` (their children die with it), records every pid in ``stack.json``, then
-waits. SIGTERM (what ``down`` sends) stops the brokers, then MinIO and Oxia. A broker
-that dies (a fault injected by ``run``, or a crash) is recorded and the rest keep going.
+waits. SIGTERM (what ``down`` sends) stops the brokers (they drain while the proxy moves
+its clients away), then the proxy, then MinIO and Oxia. A broker that dies (a fault
+injected by ``run``, or a crash) is recorded and the rest keep going.
 
     python -m app.loadtest.supervisor RUN_DIR
 """
@@ -28,7 +30,13 @@ from app.loadtest.rundir import RunDir, process_ref, write_json
 from app.loadtest.scenario import Scenario, from_resolved
 from app.localstack.broker import broker_process, wait_healthy
 from app.localstack.processes import ManagedProcess
+from app.localstack.proxy import ProxyConfig, find_binary, proxy_process, wait_serving
 from app.localstack.stack import LocalStack, StackConfig
+from app.settings import Settings
+
+
+class ProxyMissing(RuntimeError):
+    """The scenario's proxy is not installed on this machine."""
 
 
 def broker_env(scenario: Scenario, run: RunDir, stack_env: dict[str, str],
@@ -61,6 +69,7 @@ class Supervisor:
         self.stop_event = threading.Event()
         self.local: LocalStack | None = None
         self.brokers: dict[str, ManagedProcess] = {}
+        self.proxy: ManagedProcess | None = None
         self.lock = threading.Lock()
 
     def save(self, **changes: Any) -> None:
@@ -98,6 +107,9 @@ class Supervisor:
             write_json(self.run / rundir.PRECREATE, result)
             self.save(precreated=True)
         self.start_brokers()
+        if self.doc.get("proxy") and not self.stop_event.is_set():
+            self.start_proxy()
+        self.save(status="up", up_at=time.time())
 
     def start_brokers(self) -> None:
         entries = self.doc["brokers"]
@@ -115,7 +127,30 @@ class Supervisor:
         for entry in entries:
             wait_healthy(self.brokers[entry["id"]], entry["url"], timeout=timeout)
             entry["status"] = "up"
-        self.save(brokers=entries, status="up", up_at=time.time())
+        self.save(brokers=entries)
+
+    def start_proxy(self) -> None:
+        """The reference configuration of the scenario's proxy, every broker upstream;
+        up once it answers a readiness check through to a broker."""
+        entry = self.doc["proxy"]
+        binary = find_binary(entry["kind"])
+        if binary is None:
+            raise ProxyMissing(f"stack.proxy = {entry['kind']!r}: {entry['kind']} is not "
+                               "installed here (scripts/bootstrap.sh installs it as root "
+                               "with apt-get)")
+        max_body = self.scenario.brokers.env.get(
+            "LLOG_MAX_REQUEST_BYTES", Settings.model_fields["max_request_bytes"].default)
+        config = ProxyConfig(
+            kind=entry["kind"], listen_port=entry["port"],
+            upstreams=[(b["host"], b["port"]) for b in self.doc["brokers"]],
+            max_request_bytes=int(max_body), run_dir=self.run.stack_data / "proxy")
+        self.proxy = proxy_process(config, binary, Path(entry["log"]))
+        self.proxy.start()
+        entry.update(process_ref(self.proxy.pid), status="starting")
+        self.save(proxy=entry)
+        wait_serving(self.proxy, config, timeout=self.scenario.stack.startup_timeout_s)
+        entry["status"] = "up"
+        self.save(proxy=entry)
 
     def watch(self) -> None:
         deadline = time.monotonic() + self.scenario.stack.ttl_s
@@ -131,7 +166,8 @@ class Supervisor:
                     entry["exited_at"] = time.time()
                     changed = True
             assert self.local is not None
-            for name, proc in (("oxia", self.local.oxia), ("minio", self.local.minio)):
+            for name, proc in (("oxia", self.local.oxia), ("minio", self.local.minio),
+                               ("the proxy", self.proxy)):
                 if proc is not None and not proc.alive() and self.doc.get("status") == "up":
                     self.doc["status"] = "degraded"
                     self.doc["error"] = f"{name} exited"
@@ -148,6 +184,9 @@ class Supervisor:
         for entry in self.doc["brokers"]:
             if entry.get("status") in ("up", "starting"):
                 entry["status"] = "stopped"
+        if self.proxy is not None:  # after the brokers: it served while they drained
+            self.proxy.stop()
+            self.doc["proxy"]["status"] = "stopped"
         if self.local is not None:
             self.local.stop()
 

@@ -1,4 +1,5 @@
-"""Builds Oxia, MinIO and Caddy from their pinned Go modules and caches the binaries.
+"""Builds Oxia, MinIO and Caddy (and promtool, which checks the alert rules) from their
+pinned Go modules and caches the binaries.
 
 Each server has a tiny Go module of ours under ``deploy/servers/<name>/`` whose ``go.mod``
 and ``go.sum`` pin the upstream release. The binary is cached as
@@ -86,6 +87,10 @@ MINIO = ServerModule("minio", "github.com/minio/minio", "github.com/minio/minio"
 CADDY = ServerModule("caddy", "github.com/caddyserver/caddy/v2/cmd/caddy",
                      "github.com/caddyserver/caddy/v2")
 SERVERS = (OXIA, MINIO, CADDY)
+# Prometheus's rule checker, for the tests of deploy/prometheus/alerts.yml.
+PROMTOOL = ServerModule("promtool", "github.com/prometheus/prometheus/cmd/promtool",
+                        "github.com/prometheus/prometheus")
+TOOLS = (PROMTOOL,)
 
 
 def cache_dir() -> Path:
@@ -176,5 +181,6 @@ def _patched_build_dir(go: str, module: ServerModule, env: dict[str, str], base:
     return build
 
 
-def ensure_all(*, log: bool = True) -> dict[str, Path]:
-    return {m.name: ensure_binary(m, log=log) for m in SERVERS}
+def ensure_all(*, log: bool = True, tools: bool = False) -> dict[str, Path]:
+    """The servers' binaries, and with ``tools`` promtool's too (``llog servers build``)."""
+    return {m.name: ensure_binary(m, log=log) for m in (*SERVERS, *(TOOLS if tools else ()))}

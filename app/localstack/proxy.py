@@ -65,7 +65,10 @@ def find_binary(kind: ProxyKind) -> Path | None:
     return Path(found) if found else None
 
 
-def proxy_process(config: ProxyConfig, binary: Path) -> ManagedProcess:
+def proxy_process(config: ProxyConfig, binary: Path, log_path: Path | None = None
+                  ) -> ManagedProcess:
+    """The proxy as a child process; its output goes to ``log_path`` (by default
+    ``proxy.log`` in its run directory)."""
     (config.run_dir / "logs").mkdir(parents=True, exist_ok=True)  # nginx opens it first
     conf = config.run_dir / _FILES[config.kind].removesuffix(".tmpl")
     conf.write_text(render(config))
@@ -74,7 +77,8 @@ def proxy_process(config: ProxyConfig, binary: Path) -> ManagedProcess:
         "haproxy": [str(binary), "-db", "-f", str(conf)],
         "nginx": [str(binary), "-p", str(config.run_dir), "-c", str(conf)],
     }[config.kind]
-    return ManagedProcess(f"proxy-{config.kind}", argv, config.run_dir / "proxy.log")
+    return ManagedProcess(f"proxy-{config.kind}", argv,
+                          log_path or config.run_dir / "proxy.log")
 
 
 def reload(proc: ManagedProcess, config: ProxyConfig) -> None:

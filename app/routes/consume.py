@@ -6,11 +6,13 @@ import base64
 import dataclasses
 import re
 import time
-from typing import Annotated
+from typing import Annotated, Any
 
+import orjson
 from fastapi import APIRouter, Body, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
+from app.auth.rights import Right
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import (
@@ -20,24 +22,19 @@ from app.errors import (
     PayloadTooLarge,
     RoleDisabled,
 )
-from app.routes.deps import broker_state
+from app.routes.access import account, authorize, control_of
+from app.routes.deps import broker_state, groups_of
 from app.routes.disconnect import unless_disconnected
 from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
-from app.routes.models import (
-    ConsumedHeader,
-    ConsumedRecord,
-    ConsumeFailure,
-    ConsumeRequest,
-    ConsumeResponse,
-    ConsumeSuccess,
-)
+from app.routes.models import ConsumeRequest, ConsumeResponse
 from app.routes.offsets import lookup_all
-from app.routes.openapi import errors, named, response
+from app.routes.openapi import GROUP_CONFLICTS, Responses, error, errors, named, response
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_value
 from app.storage.offsets import PartitionOffsets
 from app.storage.reader import ReadOutcome, ReadResult
+from app.wire import records as wire
 
 router = APIRouter(tags=["consume"])
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
@@ -62,49 +59,81 @@ def _b64(value: bytes) -> str:
 
 
 def _record(offset: int, payload: Payload, append_time_ms: int | None, encoding: str
-            ) -> ConsumedRecord:
+            ) -> dict[str, Any]:
     """``value`` for text when encoding is auto, ``base64`` for anything else; likewise
-    the key and each header of a record that has them."""
+    the key and each header of a record that has them (as :class:`ConsumedRecord`
+    dumps without its unset fields)."""
     value = payload_value(payload)
     text = _text(value, encoding)
-    out = ConsumedRecord(offset=offset, value=text,
-                         base64=None if text is not None else _b64(value),
-                         append_time_ms=append_time_ms)
+    out: dict[str, Any] = {"offset": offset}
+    if text is not None:
+        out["value"] = text
+    else:
+        out["base64"] = _b64(value)
     if isinstance(payload, LogRecord):
         if payload.key is not None:
             key = _text(payload.key, encoding)
-            out.key, out.key_base64 = key, None if key is not None else _b64(payload.key)
+            if key is not None:
+                out["key"] = key
+            else:
+                out["key_base64"] = _b64(payload.key)
         if payload.headers:
-            out.headers = [_header(n, v, encoding) for n, v in payload.headers]
-        out.timestamp_ms = payload.timestamp_ms
+            out["headers"] = [_header(n, v, encoding) for n, v in payload.headers]
+        if payload.timestamp_ms is not None:
+            out["timestamp_ms"] = payload.timestamp_ms
+    if append_time_ms is not None:
+        out["append_time_ms"] = append_time_ms
     return out
 
 
-def _header(name: str, value: bytes, encoding: str) -> ConsumedHeader:
+def _header(name: str, value: bytes, encoding: str) -> dict[str, str]:
     text = _text(value, encoding)
-    return ConsumedHeader(name=name, value=text,
-                          base64=None if text is not None else _b64(value))
+    return {"name": name, "value": text} if text is not None else {
+        "name": name, "base64": _b64(value)}
+
+
+def with_binary(answer: Responses) -> Responses:
+    """The answer also in the binary format, for a request whose Accept names it."""
+    ((status, entry),) = answer.items()
+    entry.setdefault("content", {})[wire.CONTENT_TYPE] = {
+        "schema": {"type": "string", "format": "binary"},
+        "x-llog-format": "LLR1 (docs/http-api.md, Binary bodies); sent when the request's "
+                         "Accept names it"}
+    return answer
 
 
 @router.post(
     "/consume",
     response_model=ConsumeResponse,
     summary="Read records, waiting up to max_wait_ms for min_bytes",
-    responses={**response(200, "each partition's records, or why it could not be read",
-                          ConsumeResponse, CONSUMED_ANSWERS),
-               **errors(400, 413)},
+    responses={**with_binary(response(
+                   200, "each partition's records, or why it could not be read",
+                   ConsumeResponse, CONSUMED_ANSWERS)),
+               **errors(400),
+               **error(409, *GROUP_CONFLICTS, description=(
+                   "with commit: the group refuses this member's commit (it left, its "
+                   "generation is stale, or a partition is not its own); nothing was read "
+                   "or committed")),
+               **errors(413), **error(500, "CorruptData"),
+               **error(503, "RoleDisabled", "StorageUnavailable")},
 )
 async def consume(
     body: Annotated[ConsumeRequest, Body(openapi_examples=named(CONSUME_REQUESTS))],
     request: Request, state: Annotated[BrokerState, Depends(broker_state)],
 ) -> Response:
     started = time.monotonic()
-    fetches = await _fetches(body, state)
+    authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
+    if body.commit or any(e.fetch_offset == "committed" for e in body.topic_partitions):
+        authorize(request, Right.GROUP, [_group(body)])
+    fetches, refused = await _fetches(body, state)
     service = state.consume
     outcomes: list[ReadOutcome] = [
         RoleDisabled("this broker does not have the read role")] * len(fetches)
     if service is not None:
-        refused = await _unknown(state, fetches)
+        if body.commit:  # a member that may not commit is refused before any wait
+            await groups_of(state).offsets.authorise(
+                _group(body), body.member_id, body.generation, [f.tp for f in fetches])
+        refused.update(await _unknown(state, fetches, refused))
         readable = [f for i, f in enumerate(fetches) if i not in refused]
         answered = await unless_disconnected(request, lambda: service.consume(
             readable, max_wait_s=body.max_wait_ms / 1000, min_bytes=body.min_bytes,
@@ -113,20 +142,35 @@ async def consume(
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         read = iter(answered[0])
         outcomes = [refused[i] if i in refused else next(read) for i in range(len(fetches))]
-    results = [_result(state, fetch.tp, outcome, body.encoding)
-               for fetch, outcome in zip(fetches, outcomes, strict=True)]
+    committed = await _commit_delivered(state, body, fetches, outcomes) if body.commit else {}
+    outcomes = [_unless_refused(o, committed.get(i)) for i, o in enumerate(outcomes)]
+    _count(state, outcomes)
+    if wire.wants_binary(request.headers.get("accept", "")):
+        content = wire.build([_binary(f.tp, o) for f, o in zip(fetches, outcomes,
+                                                                strict=True)])
+        media_type = wire.CONTENT_TYPE
+    else:
+        content = orjson.dumps({"results": [
+            _result(fetch.tp, outcome, body.encoding, committed.get(i))
+            for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]})
+        media_type = "application/json"
+    if control_of(request) is not None:
+        account(request, consumed=sum(o.size for o in outcomes if isinstance(o, ReadResult)))
     state.consume_metrics.requests.inc()
     state.consume_metrics.latency.observe(time.monotonic() - started)
-    return JSONResponse(ConsumeResponse(results=results).model_dump(exclude_none=True))
+    return Response(content, media_type=media_type)
 
 
-async def _unknown(state: BrokerState, fetches: list[Fetch]) -> dict[int, LlogError]:
+async def _unknown(state: BrokerState, fetches: list[Fetch], refused: dict[int, LlogError]
+                   ) -> dict[int, LlogError]:
     """The fetches of partitions that do not exist (when topics are not auto-created),
-    by index, with their error."""
+    by index, with their error (those ``refused`` already are not looked at)."""
     out: dict[int, LlogError] = {}
     if state.topics is None:
         return out
     for i, fetch in enumerate(fetches):
+        if i in refused:
+            continue
         try:
             await state.topics.check_readable(fetch.tp)
         except LlogError as exc:
@@ -134,20 +178,61 @@ async def _unknown(state: BrokerState, fetches: list[Fetch]) -> dict[int, LlogEr
     return out
 
 
-async def _fetches(body: ConsumeRequest, state: BrokerState) -> list[Fetch]:
+def _group(body: ConsumeRequest) -> str:
+    assert body.group is not None  # the model requires it with committed and commit
+    return body.group
+
+
+async def _fetches(body: ConsumeRequest, state: BrokerState
+                   ) -> tuple[list[Fetch], dict[int, LlogError]]:
     """The request as fetches, within the configured limits (400/413 otherwise), with
-    "earliest" and "latest" resolved to offsets."""
+    "earliest", "latest" and "committed" resolved to offsets; the fetches that could
+    not be resolved, by index, with their error."""
     fetches = _checked(body, state.settings)
-    named = [i for i, e in enumerate(body.topic_partitions) if isinstance(e.fetch_offset, str)]
-    if not named:
-        return fetches
-    found = await lookup_all(state.reader, [(fetches[i].tp, None) for i in named])
-    for i, where in zip(named, found, strict=True):
-        if isinstance(where, PartitionOffsets):
-            offset = (where.log_start if body.topic_partitions[i].fetch_offset == "earliest"
-                      else where.high_watermark + 1)
-            fetches[i] = dataclasses.replace(fetches[i], offset=offset)
-    return fetches
+    refused: dict[int, LlogError] = {}
+    entries = body.topic_partitions
+    named = [i for i, e in enumerate(entries) if e.fetch_offset in ("earliest", "latest")]
+    if named:
+        found = await lookup_all(state.reader, [(fetches[i].tp, None) for i in named])
+        for i, where in zip(named, found, strict=True):
+            if isinstance(where, PartitionOffsets):
+                offset = (where.log_start if entries[i].fetch_offset == "earliest"
+                          else where.high_watermark + 1)
+                fetches[i] = dataclasses.replace(fetches[i], offset=offset)
+    committed = [i for i, e in enumerate(entries) if e.fetch_offset == "committed"]
+    if committed:
+        positions = await groups_of(state).offsets.positions(
+            _group(body), [fetches[i].tp for i in committed], body.auto_offset_reset)
+        for i, position in zip(committed, positions, strict=True):
+            if isinstance(position, LlogError):
+                refused[i] = position
+            else:
+                fetches[i] = dataclasses.replace(fetches[i], offset=position)
+    return fetches, refused
+
+
+async def _commit_delivered(state: BrokerState, body: ConsumeRequest, fetches: list[Fetch],
+                            outcomes: list[ReadOutcome]) -> dict[int, int | LlogError]:
+    """Commit the last record delivered of each partition that delivered any, before
+    the answer leaves (at-most-once); by index, the offset committed or why not."""
+    delivered = [(i, fetch.tp, outcome.next_offset - 1) for i, (fetch, outcome)
+                 in enumerate(zip(fetches, outcomes, strict=True))
+                 if isinstance(outcome, ReadResult) and outcome.records]
+    if not delivered:
+        return {}
+    done: list[int | LlogError]
+    try:
+        done = await groups_of(state).offsets.commit(
+            _group(body), body.member_id, body.generation,
+            [(tp, offset) for _, tp, offset in delivered], check_bounds=False)
+    except LlogError as exc:  # the group changed while the request waited
+        done = [exc] * len(delivered)
+    return {i: outcome for (i, _, _), outcome in zip(delivered, done, strict=True)}
+
+
+def _unless_refused(outcome: ReadOutcome, commit: int | LlogError | None) -> ReadOutcome:
+    """A partition whose commit failed answers the error, not records it did not commit."""
+    return commit if isinstance(commit, LlogError) else outcome
 
 
 def _checked(body: ConsumeRequest, s: Settings) -> list[Fetch]:
@@ -183,23 +268,47 @@ def _times(result: ReadResult) -> list[int | None]:
     return [None] * len(result.records)
 
 
-def _result(state: BrokerState, tp: TopicPartition, outcome: ReadOutcome, encoding: str
-            ) -> ConsumeSuccess | ConsumeFailure:
+def _count(state: BrokerState, outcomes: list[ReadOutcome]) -> None:
     metrics = state.consume_metrics
-    if isinstance(outcome, ReadResult):
-        metrics.records.inc(len(outcome.records))
-        metrics.bytes.inc(outcome.size)
-        return ConsumeSuccess(
-            topic=tp.topic, partition=tp.partition, ok=True,
-            high_watermark=outcome.high_watermark, log_start_offset=outcome.log_start,
-            next_offset=outcome.next_offset,
-            records=[_record(o, v, t, encoding) for (o, v), t in zip(
-                outcome.records, _times(outcome), strict=True)])
-    assert isinstance(outcome, LlogError)
-    metrics.failed_entries.labels(outcome.error_type).inc()
-    bounds = outcome if isinstance(outcome, OffsetOutOfRange) else None
-    return ConsumeFailure(
-        topic=tp.topic, partition=tp.partition, ok=False, error_type=outcome.error_type,
-        error=str(outcome), retriable=outcome.retriable,
-        log_start_offset=bounds.log_start if bounds else None,
-        high_watermark=bounds.high_watermark if bounds else None)
+    for outcome in outcomes:
+        if isinstance(outcome, ReadResult):
+            metrics.records.inc(len(outcome.records))
+            metrics.bytes.inc(outcome.size)
+        else:
+            metrics.failed_entries.labels(outcome.error_type).inc()
+
+
+def _error(tp: TopicPartition, outcome: LlogError) -> dict[str, Any]:
+    """A failed partition, as :class:`ConsumePartitionResult` dumps it."""
+    out: dict[str, Any] = {"topic": tp.topic, "partition": tp.partition, "ok": False,
+                           "error_type": outcome.error_type, "error": str(outcome),
+                           "retriable": outcome.retriable}
+    if isinstance(outcome, OffsetOutOfRange):
+        out["log_start_offset"] = outcome.log_start
+        out["high_watermark"] = outcome.high_watermark
+    return out
+
+
+def _result(tp: TopicPartition, outcome: ReadOutcome, encoding: str,
+            committed: int | LlogError | None = None) -> dict[str, Any]:
+    if not isinstance(outcome, ReadResult):
+        return _error(tp, outcome)
+    out = {"topic": tp.topic, "partition": tp.partition, "ok": True,
+           "high_watermark": outcome.high_watermark,
+           "log_start_offset": outcome.log_start, "next_offset": outcome.next_offset,
+           "records": [_record(o, v, t, encoding) for (o, v), t in zip(
+               outcome.records, _times(outcome), strict=True)]}
+    if isinstance(committed, int):
+        out["committed_offset"] = committed
+    return out
+
+
+def _binary(tp: TopicPartition, outcome: ReadOutcome) -> wire.Records | wire.Failed:
+    if not isinstance(outcome, ReadResult):
+        return wire.Failed(tp.topic, tp.partition, _error(tp, outcome))
+    records = [v for _, v in outcome.records]
+    first = outcome.records[0][0] if outcome.records else outcome.next_offset
+    times = (outcome.append_times if len(outcome.append_times) == len(records)
+             else [0] * len(records))
+    return wire.Records(tp.topic, tp.partition, outcome.high_watermark, outcome.log_start,
+                        outcome.next_offset, first, records, times)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +13,13 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import LlogError
+from app.errors import Forbidden, LlogError, QuotaExceeded, Unauthenticated
+
+REALM = "llog"
+# RFC 6750's error_description allows only these characters.
+_UNQUOTED = re.compile(r"[^\x20\x21\x23-\x5b\x5d-\x7e]")
+
+log = logging.getLogger(__name__)
 
 
 def error_body(error_type: str, error: str, details: list[dict[str, str]] | None = None
@@ -20,6 +28,34 @@ def error_body(error_type: str, error: str, details: list[dict[str, str]] | None
     if details:
         body["details"] = details
     return body
+
+
+def _challenge(exc: LlogError) -> str | None:
+    """The ``WWW-Authenticate`` value for an access refusal (RFC 6750, section 3)."""
+    if isinstance(exc, Unauthenticated):
+        code = exc.code
+    elif isinstance(exc, Forbidden):
+        code = "insufficient_scope"
+    else:
+        return None
+    if code is None:  # no credentials were sent: no error code
+        return f'Bearer realm="{REALM}"'
+    description = _UNQUOTED.sub("?", str(exc))
+    return f'Bearer realm="{REALM}", error="{code}", error_description="{description}"'
+
+
+def error_response(exc: LlogError) -> JSONResponse:
+    """A whole request refused with ``exc``: its class says the status and headers."""
+    headers: dict[str, str] = {}
+    if isinstance(exc, QuotaExceeded):
+        headers["Retry-After"] = str(exc.retry_after_s)
+    elif exc.retriable and exc.http_status == 503:
+        headers["Retry-After"] = "1"
+    challenge = _challenge(exc)
+    if challenge is not None:
+        headers["WWW-Authenticate"] = challenge
+    return JSONResponse(error_body(exc.error_type, str(exc)), status_code=exc.http_status,
+                        headers=headers or None)
 
 
 def _loc(parts: tuple[Any, ...]) -> str:
@@ -42,10 +78,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(LlogError)
     async def refused(_: Request, exc: LlogError) -> JSONResponse:
-        # A whole request refused by the broker (a limit, a role): its class says how.
-        headers = {"Retry-After": "1"} if exc.retriable and exc.http_status == 503 else None
-        return JSONResponse(error_body(exc.error_type, str(exc)), status_code=exc.http_status,
-                            headers=headers)
+        # A whole request refused by the broker (a limit, a role, access control).
+        log.info("request refused: %s: %s", exc.error_type, exc)
+        return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -1,5 +1,6 @@
 """GET /metrics (JSON snapshot) and GET /metrics/prometheus (text exposition), for any
-service (broker or compactor)."""
+service (broker or compactor). Under several workers both answer the server's totals,
+whichever worker serves the request (app/telemetry/registry.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from app.observability import Service, json_snapshot
 from app.routes.models import MetricsSnapshot
+from app.telemetry.registry import Families
 
 router = APIRouter(tags=["metrics"])
 PROMETHEUS_EXAMPLE = """# HELP llog_produce_records_total Records appended
@@ -22,19 +24,20 @@ def _service(request: Request) -> Service:
     return service
 
 
-@router.get("/metrics", summary="Process-local metrics as JSON",
+@router.get("/metrics", summary="The server's metrics as JSON",
             response_model=MetricsSnapshot,
-            responses={200: {"description": "every figure of this process"}})
+            responses={200: {"description": "every figure of this server"}})
 async def metrics(request: Request) -> JSONResponse:
     service = _service(request)
-    return JSONResponse(json_snapshot(service.registry, service.metrics_header()))
+    return JSONResponse(json_snapshot(await service.registry.gather(),
+                                      service.metrics_header()))
 
 
-@router.get("/metrics/prometheus", summary="Process-local metrics, Prometheus text format",
+@router.get("/metrics/prometheus", summary="The server's metrics, Prometheus text format",
             response_class=Response, responses={200: {
-                "description": "every figure of this process, for scraping",
+                "description": "every figure of this server, for scraping",
                 "content": {"text/plain": {"schema": {"type": "string"},
                                            "example": PROMETHEUS_EXAMPLE}}}})
 async def metrics_prometheus(request: Request) -> Response:
-    return Response(generate_latest(_service(request).registry),
-                    media_type=CONTENT_TYPE_LATEST)
+    families = await _service(request).registry.gather()
+    return Response(generate_latest(Families(families)), media_type=CONTENT_TYPE_LATEST)

@@ -9,9 +9,18 @@ from __future__ import annotations
 import base64
 import binascii
 import enum
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 from pydantic.config import JsonDict
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypeAliasType
@@ -255,16 +264,17 @@ class ProduceResponse(BaseModel):
 
 
 # Named, so that a generated client calls it Position.
-Position = TypeAliasType("Position", Literal["earliest", "latest"])
+Position = TypeAliasType("Position", Literal["earliest", "latest", "committed"])
 
 
 class ConsumeTopicPartition(_Strict):
     topic: TopicName
     partition: Partition
     fetch_offset: Annotated[StrictInt, Field(ge=0)] | Position = Field(
-        examples=[1, "earliest"], description=(
+        examples=[1, "earliest", "committed"], description=(
             "first offset wanted: a number (offsets start at 1; 0 means the log start), "
-            "\"earliest\" (the log start) or \"latest\" (the next offset to be written)"))
+            "\"earliest\" (the log start), \"latest\" (the next offset to be written) or "
+            "\"committed\" (one past the group's committed offset; needs group)"))
     partition_max_bytes: Annotated[StrictInt, Field(ge=1, examples=[1048576])] | None = None
 
     _topic = field_validator("topic")(_check_topic)
@@ -277,6 +287,10 @@ class ConsumeRequest(_Strict):
             "topic_partitions": [{"topic": "orders", "partition": 0, "fetch_offset": 1,
                                   "partition_max_bytes": 1048576}],
             "max_wait_ms": 500, "min_bytes": 1, "max_bytes": 4194304,
+        }, {
+            "topic_partitions": [{"topic": "orders", "partition": 0,
+                                  "fetch_offset": "committed"}],
+            "group": "billing", "auto_offset_reset": "earliest", "max_wait_ms": 5000,
         }]},
     )
 
@@ -285,6 +299,34 @@ class ConsumeRequest(_Strict):
     min_bytes: Annotated[StrictInt, Field(ge=0)] = 1
     max_bytes: Annotated[StrictInt, Field(ge=1)] = 4 * 1024 * 1024
     encoding: Literal["auto", "base64"] = "auto"
+    group: Annotated[StrictStr, Field(
+        min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")] | None = Field(
+        default=None, examples=["billing"], description=(
+            "the consumer group whose committed offsets \"committed\" reads and commit "
+            "writes"))
+    member_id: Annotated[StrictStr, Field(
+        min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = Field(
+        default=None, description="with commit: the member committing (with generation)")
+    generation: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
+    auto_offset_reset: Literal["earliest", "latest"] = Field(
+        default="earliest", description=(
+            "where \"committed\" starts when the group committed nothing for the partition, "
+            "or its committed offset is no longer in the log"))
+    commit: StrictBool = Field(default=False, description=(
+        "commit the last offset delivered of each partition before answering: "
+        "at-most-once (a record is committed before the client processes it); for "
+        "at-least-once, commit after processing (POST /groups/{group}/commit)"))
+
+    @model_validator(mode="after")
+    def _group_fields(self) -> Self:
+        committed = any(e.fetch_offset == "committed" for e in self.topic_partitions)
+        if (committed or self.commit) and self.group is None:
+            raise ValueError("fetch_offset \"committed\" and commit need a group")
+        if (self.member_id is None) != (self.generation is None):
+            raise ValueError("member_id and generation go together")
+        if self.member_id is not None and not self.commit:
+            raise ValueError("member_id and generation are for commit")
+        return self
 
 
 class OffsetsTopicPartition(_Strict):
@@ -475,6 +517,8 @@ class ConsumeSuccess(_PartitionResult):
     log_start_offset: int = Field(description="the first offset still readable")
     next_offset: int = Field(description="the offset to fetch next")
     records: list[ConsumedRecord] = Field(description="in offset order, possibly empty")
+    committed_offset: int | Absent = Field(default=None, description=(
+        "with commit: the offset committed for the group (the last record delivered)"))
 
 
 class ConsumeFailure(_Failure):

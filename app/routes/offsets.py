@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Request
 
+from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled
+from app.routes.access import authorize
 from app.routes.deps import broker_state
 from app.routes.models import (
     OffsetsFailure,
@@ -36,9 +38,10 @@ LOOKUP_CONCURRENCY = 16
                                     "found"},
                **errors(400, 413)},
 )
-async def list_offsets(body: OffsetsRequest,
+async def list_offsets(body: OffsetsRequest, request: Request,
                        state: Annotated[BrokerState, Depends(broker_state)]
                        ) -> OffsetsResponse:
+    authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
     s = state.settings
     if len(body.topic_partitions) > s.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(body.topic_partitions)} partitions in one request; the "

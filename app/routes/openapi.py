@@ -13,14 +13,17 @@ without thinking about it:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
 from fastapi.openapi.models import Example
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import APIRoute
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
 
-from app.errors import AppendError, OffsetOutOfRange, error_types
+from app.errors import AppendError, GroupConflict, OffsetOutOfRange, error_types
 from app.routes.error_types import ERROR_TYPE_NAMES, ERROR_TYPES
 from app.routes.models import ErrorResponse
 
@@ -50,6 +53,8 @@ DEFAULT_DESCRIPTIONS = {
 # (their class's status does not apply), so no error status is exemplified with them.
 ENTRY_ONLY = frozenset(c for c in error_types()
                        if issubclass(c, AppendError) or c is OffsetOutOfRange)
+# What a consumer group answers 409 with (a commit, a join, a reset).
+GROUP_CONFLICTS = tuple(c.__name__ for c in error_types() if issubclass(c, GroupConflict))
 SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 
 _MEANING = {info.name: info.meaning for info in ERROR_TYPES}
@@ -127,8 +132,13 @@ def name_operations(routes: list[Any]) -> None:
                                  "rename one handler or give operation_id=")
 
 
-def install_openapi(app: FastAPI) -> None:
-    """Serve the document by these conventions (built once, on first request)."""
+def install_openapi(app: FastAPI, *, extra_models: Sequence[type[BaseModel]] = (),
+                    finish: Callable[[dict[str, Any]], None] | None = None) -> None:
+    """Serve the document by these conventions (built once, on first request).
+
+    ``extra_models``: bodies a route parses itself, which FastAPI does not see, added to
+    the named schemas; ``finish`` changes the built document in place (the bearer
+    scheme with auth on)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
@@ -138,9 +148,15 @@ def install_openapi(app: FastAPI) -> None:
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     _tidy(operation.get("responses", {}))
-            schemas = schema.get("components", {}).get("schemas", {})
+            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
             for name in ("HTTPValidationError", "ValidationError"):
                 schemas.pop(name, None)
+            _, extra = models_json_schema([(m, "validation") for m in extra_models],
+                                          ref_template="#/components/schemas/{model}")
+            for name, model_schema in extra.get("$defs", {}).items():
+                schemas.setdefault(name, model_schema)
+            if finish is not None:
+                finish(schema)
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -1,38 +1,51 @@
-"""POST /produce."""
+"""POST /produce: JSON or the binary envelope in, a JSON answer out.
+
+The body is read and parsed here rather than by FastAPI (app/routes/produce_body.py:
+the common JSON shape without a model, binary envelopes checked by their columns); the
+OpenAPI document still describes it with :class:`ProduceRequest`.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Annotated
+from typing import Any
 
-from fastapi import APIRouter, Body, Depends
-from fastapi.responses import JSONResponse
+import orjson
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
 
+from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
-from app.routes.deps import broker_state
+from app.routes.access import account, authorize, charge_produce, control_of
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
-from app.routes.models import (
-    ErrorResponse,
-    ProduceFailure,
-    ProduceRequest,
-    ProduceResponse,
-    ProduceSuccess,
-)
+from app.routes.models import ErrorResponse, ProduceResponse
 from app.routes.openapi import error, errors, named, response
+from app.routes.produce_body import is_binary, parse_json
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
+from app.storage.batch import RecordBatch
 from app.storage.keys import TopicPartition
-from app.storage.log_record import Payload, payload_size
+from app.storage.log_record import payload_size
+from app.wire import produce as wire
+from app.wire.produce import Entry
 
 router = APIRouter(tags=["produce"])
+
+REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
+    "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"},
+                         "examples": named(PRODUCE_REQUESTS)},
+    wire.CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"},
+                        "x-llog-format": "LLP1 (docs/http-api.md, Binary bodies)"},
+}}}
 
 
 @router.post(
     "/produce",
     response_model=ProduceResponse,
     summary="Append records to topic-partitions",
+    openapi_extra=REQUEST_BODY,
     responses={
         **response(200, "every entry was written", ProduceResponse, PRODUCE_WRITTEN),
         **errors(400),
@@ -47,26 +60,34 @@ router = APIRouter(tags=["produce"])
                    ProduceResponse | ErrorResponse, PRODUCE_REFUSED),
     },
 )
-async def produce(
-    body: Annotated[ProduceRequest, Body(openapi_examples=named(PRODUCE_REQUESTS))],
-    state: Annotated[BrokerState, Depends(broker_state)],
-) -> JSONResponse:
+async def produce(request: Request) -> Response:
     started = time.monotonic()
+    state: BrokerState = request.app.state.broker
+    body = await request.body()
+    if is_binary(request.headers.get("content-type", "")):
+        entries = wire.parse(body, state.settings.max_partitions_per_request)
+    else:
+        entries = parse_json(body)
+    authorize(request, Right.PRODUCE, (e.topic for e in entries))
     if state.batcher is None or state.topics is None:
         outcomes: list[AppendOutcome] = [
-            RoleDisabled("this broker does not have the write role")] * len(
-            body.topic_partitions)
-        groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), [])
-                  for e in body.topic_partitions]
+            RoleDisabled("this broker does not have the write role")] * len(entries)
+        groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), e.records)
+                  for e in entries]
     else:
-        groups = await _groups(body, state.settings, state.topics)
+        _check_limits(entries, state.settings)  # every limit first: before a topic is made
+        charge_produce(request, sum(e.records.size for e in entries))
+        groups = await _place(entries, state.settings, state.topics)
         try:
             outcomes = await state.batcher.submit(groups)
         except LlogError as exc:  # refused as a whole: nothing was written
             outcomes = [exc] * len(groups)
     results = [_result(state, group, outcome)
                for group, outcome in zip(groups, outcomes, strict=True)]
-    errors = sum(not r.ok for r in results)
+    if control_of(request) is not None:
+        account(request, produced=sum(g.size for g, o in zip(groups, outcomes, strict=True)
+                                      if isinstance(o, AppendResult) and not o.duplicate))
+    errors = sum(not r["ok"] for r in results)
     headers = {}
     if errors == 0:
         status = 200
@@ -75,73 +96,91 @@ async def produce(
         headers["Retry-After"] = "1"
     else:
         status = 409
-    response = ProduceResponse(results=results, success_count=len(results) - errors,
-                               error_count=errors)
+    content = orjson.dumps({"results": results, "success_count": len(results) - errors,
+                            "error_count": errors})
     state.produce_metrics.requests.labels(str(status)).inc()
     state.produce_metrics.latency.observe(time.monotonic() - started)
-    return JSONResponse(response.model_dump(exclude_none=True), status_code=status,
-                        headers=headers)
+    return Response(content, status_code=status, headers=headers,
+                    media_type="application/json")
 
 
-async def _groups(body: ProduceRequest, s: Settings, topics: TopicDirectory
-                  ) -> list[AppendGroup]:
-    """The request as append groups in their partitions, within the configured limits
-    (413 otherwise), or refused as a whole (unknown topic or partition: 404)."""
-    if len(body.topic_partitions) > s.max_partitions_per_request:
-        raise PayloadTooLarge(f"{len(body.topic_partitions)} entries in one request; the "
+def _check_limits(entries: list[Entry], s: Settings) -> None:
+    """The request within the configured limits (413 otherwise)."""
+    if len(entries) > s.max_partitions_per_request:
+        raise PayloadTooLarge(f"{len(entries)} entries in one request; the "
                               f"limit is {s.max_partitions_per_request}")
-    total = sum(len(entry.records) for entry in body.topic_partitions)
+    total = sum(e.records.n_records for e in entries)
     if total > s.max_records_per_request:
         raise PayloadTooLarge(
             f"{total} records in one request; the limit is {s.max_records_per_request}")
-    entries = [(entry, entry.payloads()) for entry in body.topic_partitions]
-    for entry, payloads in entries:  # every limit first: refuse before creating a topic
-        for payload in payloads:
-            _check_record(entry.topic, payload, s, s.max_record_bytes)
+    for entry in entries:
+        _check_records(entry.topic, entry.records, s, s.max_record_bytes)
+
+
+async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory
+                 ) -> list[AppendGroup]:
+    """The entries as append groups in their partitions, or refused as a whole (unknown
+    topic or partition: 404; a topic's own record limit: 413)."""
     groups: list[AppendGroup] = []
-    for entry, payloads in entries:
-        where = await topics.place(entry.topic, entry.partition, payloads)
+    for entry in entries:
+        where = await topics.place(entry.topic, entry.partition, entry.records)
         if where.max_record_bytes is not None:
-            for payload in payloads:
-                _check_record(entry.topic, payload, s, where.max_record_bytes)
-        groups.append(AppendGroup(where.tp, payloads, entry.idempotency_key))
+            _check_records(entry.topic, entry.records, s, where.max_record_bytes)
+        groups.append(AppendGroup(where.tp, entry.records, entry.idempotency_key))
     return groups
 
 
-def _check_record(tp: str, payload: Payload, s: Settings, max_record_bytes: int) -> None:
-    size = payload_size(payload)
-    if size > max_record_bytes:
-        raise PayloadTooLarge(f"a record of {size} bytes for {tp} exceeds the limit of "
-                              f"{max_record_bytes} bytes")
-    if isinstance(payload, bytes):
+def _check_records(tp: str, records: RecordBatch, s: Settings, max_record_bytes: int
+                   ) -> None:
+    """Each record within the size limits: by columns for a bytes-batch-v3 body (no
+    step per record), record by record otherwise."""
+    columns = records.columns
+    if columns is not None:
+        largest = max(columns.record_sizes())
+        if largest > max_record_bytes:
+            raise PayloadTooLarge(f"a record of {largest} bytes for {tp} exceeds the limit "
+                                  f"of {max_record_bytes} bytes")
+        if columns.key_lengths is not None and max(columns.key_lengths) > s.max_key_bytes:
+            raise PayloadTooLarge(f"a key of {max(columns.key_lengths)} bytes for {tp} "
+                                  f"exceeds the limit of {s.max_key_bytes} bytes")
         return
-    if payload.key is not None and len(payload.key) > s.max_key_bytes:
-        raise PayloadTooLarge(f"a key of {len(payload.key)} bytes for {tp} exceeds the "
-                              f"limit of {s.max_key_bytes} bytes")
-    if len(payload.headers) > s.max_headers:
-        raise PayloadTooLarge(f"{len(payload.headers)} headers on a record for {tp}; the "
-                              f"limit is {s.max_headers}")
-    header_bytes = sum(len(n.encode()) + len(v) for n, v in payload.headers)
-    if header_bytes > s.max_header_bytes:
-        raise PayloadTooLarge(f"headers of {header_bytes} bytes on a record for {tp} "
-                              f"exceed the limit of {s.max_header_bytes} bytes")
+    for payload in records:
+        size = payload_size(payload)
+        if size > max_record_bytes:
+            raise PayloadTooLarge(f"a record of {size} bytes for {tp} exceeds the limit of "
+                                  f"{max_record_bytes} bytes")
+        if isinstance(payload, bytes):
+            continue
+        if payload.key is not None and len(payload.key) > s.max_key_bytes:
+            raise PayloadTooLarge(f"a key of {len(payload.key)} bytes for {tp} exceeds the "
+                                  f"limit of {s.max_key_bytes} bytes")
+        if len(payload.headers) > s.max_headers:
+            raise PayloadTooLarge(f"{len(payload.headers)} headers on a record for {tp}; "
+                                  f"the limit is {s.max_headers}")
+        header_bytes = sum(len(n.encode()) + len(v) for n, v in payload.headers)
+        if header_bytes > s.max_header_bytes:
+            raise PayloadTooLarge(f"headers of {header_bytes} bytes on a record for {tp} "
+                                  f"exceed the limit of {s.max_header_bytes} bytes")
 
 
 def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome
-            ) -> ProduceSuccess | ProduceFailure:
+            ) -> dict[str, Any]:
+    """One entry of the answer, as :class:`ProducePartitionResult` would dump it."""
     tp = group.tp
     metrics = state.produce_metrics
     if isinstance(outcome, AppendResult):
         if not outcome.duplicate:
             metrics.records.inc(outcome.count)
             metrics.bytes.inc(group.size)
-        return ProduceSuccess(
-            topic=tp.topic, partition=tp.partition, ok=True,
-            start_offset=outcome.start_offset, end_offset=outcome.end_offset,
-            count=outcome.count, index_key=outcome.index_key, wal_uri=outcome.wal_uri,
-            duplicate=True if outcome.duplicate else None)
+        result: dict[str, Any] = {
+            "topic": tp.topic, "partition": tp.partition, "ok": True,
+            "start_offset": outcome.start_offset, "end_offset": outcome.end_offset,
+            "count": outcome.count, "index_key": outcome.index_key,
+            "wal_uri": outcome.wal_uri}
+        if outcome.duplicate:
+            result["duplicate"] = True
+        return result
     metrics.failed_entries.labels(outcome.error_type).inc()
-    return ProduceFailure(
-        topic=tp.topic, partition=tp.partition, ok=False, error_type=outcome.error_type,
-        error=str(outcome), retriable=outcome.retriable,
-        maybe_written=outcome.maybe_written)
+    return {"topic": tp.topic, "partition": tp.partition, "ok": False,
+            "error_type": outcome.error_type, "error": str(outcome),
+            "retriable": outcome.retriable, "maybe_written": outcome.maybe_written}

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path
+from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 
+from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.errors import RoleDisabled
+from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
 from app.routes.models import (
     PartitionInfo,
@@ -30,6 +32,8 @@ router = APIRouter(tags=["topics"])
 _STORE = {**error(500, "CorruptData"), **error(503, "RoleDisabled", "StorageUnavailable")}
 _NAMED = {**errors(400), **error(404, "UnknownTopic", description="no such topic"), **_STORE}
 PathTopic = Annotated[TopicName, Path(description="the topic's name")]
+# Changing or deleting a topic needs the admin right on it (checked before the handler).
+_ADMIN = [Depends(require(Right.ADMIN, param="topic"))]
 
 
 def _admin(state: BrokerState) -> TopicAdmin:
@@ -50,8 +54,9 @@ def _info(topic: Topic) -> TopicInfo:
              responses={201: {"description": "the topic, created"}, **errors(400),
                         **error(409, "TopicExists", description="a topic of that name exists"),
                         **errors(413), **_STORE})
-async def create_topic(body: TopicCreateRequest,
+async def create_topic(body: TopicCreateRequest, request: Request,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
+    authorize(request, Right.ADMIN, [body.topic])
     admin = _admin(state)
     topic = await admin.catalog.create(body.topic, body.partitions, TopicConfig(
         body.retention_ms, body.retention_bytes, body.max_record_bytes))
@@ -59,17 +64,23 @@ async def create_topic(body: TopicCreateRequest,
     return JSONResponse(_info(topic).model_dump(), status_code=201)
 
 
-@router.get("/topics", response_model=TopicList, summary="List the topics",
-            responses={200: {"description": "every topic"}, **_STORE})
-async def list_topics(state: Annotated[BrokerState, Depends(broker_state)]) -> TopicList:
-    return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()])
+@router.get("/topics", response_model=TopicList,
+            summary="List the topics (with auth on: those the caller holds a right on)",
+            responses={200: {"description": "every topic (with auth on: those the caller "
+                                            "holds a right on)"}, **_STORE})
+async def list_topics(request: Request, state: Annotated[BrokerState, Depends(broker_state)]
+                      ) -> TopicList:
+    return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()
+                             if sees_topic(request, t.name)])
 
 
 @router.get("/topics/{topic}", response_model=TopicDescription,
             responses={200: {"description": "the topic and its partitions"}, **_NAMED},
             summary="A topic and each of its partitions' log start, end and size")
-async def describe_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
+async def describe_topic(topic: PathTopic, request: Request,
+                         state: Annotated[BrokerState, Depends(broker_state)]
                          ) -> TopicDescription:
+    authorize_describe(request, topic)
     found, partitions = await _admin(state).describe(topic)
     return TopicDescription(**_info(found).model_dump(), partition_states=[
         PartitionInfo(partition=p.partition, log_start_offset=p.log_start,
@@ -80,7 +91,7 @@ async def describe_topic(topic: PathTopic, state: Annotated[BrokerState, Depends
 @router.patch("/topics/{topic}", response_model=TopicInfo,
               responses={200: {"description": "the topic, changed"}, **_NAMED,
                          **errors(413)},
-              summary="Change retention or limits, or add partitions")
+              dependencies=_ADMIN, summary="Change retention or limits, or add partitions")
 async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
     changes = {k: getattr(body, k) for k in body.model_fields_set if k != "partitions"}
@@ -92,6 +103,7 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
 
 @router.delete("/topics/{topic}", response_model=TopicInfo,
                responses={200: {"description": "the topic as it was"}, **_NAMED},
+               dependencies=_ADMIN,
                summary="Delete a topic: its records are removed, its offsets never reused")
 async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
                        ) -> TopicInfo:

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.errors import LlogError
+from app.storage.batch import records_size
 from app.storage.keys import TopicPartition
-from app.storage.log_record import Payload, payload_size
+from app.storage.log_record import Payload
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,7 @@ class AppendGroup:
 
     @property
     def size(self) -> int:
-        return sum(payload_size(r) for r in self.records)
+        return records_size(self.records)
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,17 @@ are actually there before anything is allocated, and every failure is a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import google_crc32c
+import crc32c as _crc32c
 
 from app.errors import CorruptData
+from app.storage import columnar
 from app.storage.log_record import LogRecord, Payload
 
 MAGIC = b"LLS1"
@@ -25,15 +27,17 @@ MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_BLOB_PARTITIONS = 100_000
 
 
-def crc32c(data: bytes | memoryview) -> int:
-    return int(google_crc32c.value(bytes(data)))
+def crc32c(data: bytes | memoryview, value: int = 0) -> int:
+    """CRC-32C of ``data`` (continuing from ``value``); reads views without copying."""
+    return int(_crc32c.crc32c(data, value))
 
 
 # -- bytes-batch-v1 -------------------------------------------------------------------
 
 ENCODING_V1 = "bytes-batch-v1"
 ENCODING_V2 = "bytes-batch-v2"
-ENCODINGS = (ENCODING_V1, ENCODING_V2)
+ENCODING_V3 = columnar.ENCODING_V3
+ENCODINGS = (ENCODING_V1, ENCODING_V2, ENCODING_V3)
 
 
 def encoded_batch_size(records: Sequence[bytes]) -> int:
@@ -201,6 +205,12 @@ def v2_parts(body: bytes | memoryview, encoding: str, append_time_ms: int
     """The records of a decoded-valid ``body`` as bytes-batch-v2 record bytes (without
     the count), each carrying its append time: its own, or ``append_time_ms`` for one
     that has none (every bytes-batch-v1 record). Record bytes are not copied."""
+    if encoding == ENCODING_V3:  # columns: re-encoded record by record
+        timed = [p if isinstance(p, bytes) or p.append_time_ms else
+                 dataclasses.replace(p, append_time_ms=append_time_ms)
+                 for p in columnar.decode(columnar.read_columns(body))]
+        return [_V2_HEAD.pack(9 + len(p), 0, append_time_ms) + p if isinstance(p, bytes)
+                else _record_v2(p) for p in timed]
     view = memoryview(body)
     (count,) = _U32.unpack_from(view, 0)
     parts: list[bytes | memoryview] = []
@@ -235,18 +245,28 @@ def decode_body(body: bytes | memoryview, encoding: str,
         return list(decode_batch(body, expected_count))
     if encoding == ENCODING_V2:
         return list(decode_batch_v2(body, expected_count))
+    if encoding == ENCODING_V3:
+        layout = columnar.read_columns(body)
+        if expected_count is not None and layout.count != expected_count:
+            raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index "
+                              f"says {expected_count}")
+        return columnar.decode(layout)
     raise CorruptData(f"encoding {encoding!r} is not one this release reads {ENCODINGS}")
 
 
 def decode_records(view: memoryview, pos: int, end: int, count: int, encoding: str
                    ) -> tuple[list[Payload], int]:
-    """``count`` records of a body area in ``encoding`` (a chunk of a compacted body)."""
+    """``count`` records of a body area in ``encoding``: a body without its count (a
+    chunk of a compacted body, or a tail-cache segment). A bytes-batch-v3 area runs to
+    ``end``."""
     if encoding == ENCODING_V1:
         v1, pos = decode_records_v1(view, pos, end, count)
         return list(v1), pos
     if encoding == ENCODING_V2:
         v2, pos = decode_records_v2(view, pos, end, count)
         return list(v2), pos
+    if encoding == ENCODING_V3:
+        return columnar.decode(columnar.read_columns(view, pos, end, count)), end
     raise CorruptData(f"encoding {encoding!r} is not one this release reads {ENCODINGS}")
 
 
@@ -269,19 +289,45 @@ class BlobPart:
 def encode_shared_blob(
     groups: Sequence[tuple[str, int, Sequence[Payload]]], created_at_ms: int
 ) -> tuple[bytes, list[BlobPart]]:
-    """Pack one body per (topic, partition, records) group into an LLS1 blob."""
-    encoded = [encode_body(records) for _, _, records in groups]
-    bodies = [body for body, _ in encoded]
+    """Pack one body per (topic, partition, records) group into an LLS1 blob (the
+    encodings of releases before bytes-batch-v3: tools and tests)."""
+    bodies = []
+    for topic, partition, records in groups:
+        body, encoding = encode_body(records)
+        bodies.append(PartBody(topic, partition, [body], encoding, len(records)))
+    return pack_shared_blob(bodies, created_at_ms)
+
+
+@dataclass(frozen=True)
+class PartBody:
+    """One partition's body for a shared blob, as parts to be joined."""
+
+    topic: str
+    partition: int
+    parts: Sequence[bytes | memoryview]
+    encoding: str
+    count: int
+
+
+def pack_shared_blob(bodies: Sequence[PartBody], created_at_ms: int
+                     ) -> tuple[bytes, list[BlobPart]]:
+    """The LLS1 blob of ``bodies``: their parts are copied once, into the blob."""
+    sums = []
+    for b in bodies:
+        crc, size = 0, 0
+        for part in b.parts:
+            crc = crc32c(part, crc)
+            size += len(part)
+        sums.append((size, crc))
     # body_offset depends on the header length, which depends on the offsets' digits:
     # iterate until the header length is stable (at most a couple of rounds).
     header_len = 0
     while True:
         parts: list[BlobPart] = []
         pos = 8 + header_len
-        for (topic, partition, records), (body, encoding) in zip(groups, encoded, strict=True):
-            parts.append(BlobPart(topic, partition, len(records), pos, len(body), crc32c(body),
-                                  encoding))
-            pos += len(body)
+        for b, (size, crc) in zip(bodies, sums, strict=True):
+            parts.append(BlobPart(b.topic, b.partition, b.count, pos, size, crc, b.encoding))
+            pos += size
         header = json.dumps(
             {
                 "version": LLS1_VERSION,
@@ -293,7 +339,8 @@ def encode_shared_blob(
         if len(header) == header_len:
             break
         header_len = len(header)
-    blob = b"".join([MAGIC, _U32.pack(len(header)), header, *bodies])
+    blob = b"".join([MAGIC, _U32.pack(len(header)), header,
+                     *(part for b in bodies for part in b.parts)])
     return blob, parts
 
 

@@ -10,7 +10,11 @@ from app.errors import InvalidRequest
 MAX_PARTITION = 2**31 - 1
 OFFSET_DIGITS = 20
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
+_MEMBER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGITS = re.compile(r"[0-9]+")
+# Every consumer group's record lives on one shard (one range scan lists them); each
+# group's leases and committed offsets on the shard of its own partition key.
+GROUPS_PARTITION_KEY = "_groups"
 
 
 def validate_topic(topic: object) -> str:
@@ -20,6 +24,27 @@ def validate_topic(topic: object) -> str:
             f"invalid topic {topic!r}: 1..249 characters of [A-Za-z0-9._-], not '.' or '..'"
         )
     return topic
+
+
+def validate_group(group: object) -> str:
+    """Consumer group names follow the topic rule, so they are safe in a key."""
+    if not isinstance(group, str) or not _TOPIC.fullmatch(group) or group in (".", ".."):
+        raise InvalidRequest(
+            f"invalid group {group!r}: 1..249 characters of [A-Za-z0-9._-], not '.' or '..'"
+        )
+    return group
+
+
+def validate_member_id(member_id: object) -> str:
+    if not isinstance(member_id, str) or not _MEMBER_ID.fullmatch(member_id):
+        raise InvalidRequest(f"invalid member_id {member_id!r}: 1..64 characters of "
+                             "[A-Za-z0-9._-]")
+    return member_id
+
+
+def group_partition_key(group: str) -> str:
+    """Oxia routing key of a group's leases and offsets ('/' is in no topic's key)."""
+    return f"{GROUPS_PARTITION_KEY}/{validate_group(group)}"
 
 
 def validate_partition(partition: object) -> int:
@@ -79,6 +104,39 @@ class KeyLayout:
     def topic_record(self, topic: str) -> str:
         """``{root}/_topics/{topic}``: the topic catalog (two segments deep)."""
         return f"{self.root}/_topics/{topic}"
+
+    def groups_prefix(self) -> str:
+        """``{root}/_groups/``: the group records are the keys one segment below it."""
+        return f"{self.root}/_groups/"
+
+    def group_record(self, group: str) -> str:
+        """``{root}/_groups/{group}``: membership and generation (two segments deep)."""
+        return self.groups_prefix() + validate_group(group)
+
+    def group_members_prefix(self, group: str) -> str:
+        return self.group_record(group) + "/members/"
+
+    def group_lease(self, group: str, member_id: str) -> str:
+        return self.group_members_prefix(group) + validate_member_id(member_id)
+
+    def group_offsets_prefix(self, group: str) -> str:
+        return self.group_record(group) + "/offsets/"
+
+    def group_offset(self, group: str, tp: TopicPartition) -> str:
+        return self.group_offsets_prefix(group) + f"{tp.topic}/{tp.partition:010d}"
+
+    def parse_group_offset(self, group: str, key: str) -> TopicPartition | None:
+        """The topic-partition of one of ``group``'s committed-offset keys, else None."""
+        prefix = self.group_offsets_prefix(group)
+        if not key.startswith(prefix):
+            return None
+        topic, sep, digits = key[len(prefix):].partition("/")
+        if not sep or len(digits) != 10 or not _DIGITS.fullmatch(digits):
+            return None
+        try:
+            return TopicPartition(topic, int(digits))
+        except InvalidRequest:
+            return None
 
     def store_identity(self) -> str:
         """``{root}/_meta/store-id``: two segments deep, so no topic's key can be it."""

@@ -8,6 +8,9 @@
   so the assignment thread may retry on a closed channel and die with "Channel closed!".
   The discovery is marked closed first.
 
+- TLS: the client only opens plaintext channels. The same pool opens TLS channels when
+  :func:`connect` is given :class:`TlsFiles` (every channel comes from the pool: the
+  service address and each shard leader's).
 - Deadlines: the client sets none on its calls, so a paused or partitioned server
   blocks a worker thread for ever. :func:`connect` builds the client with a connection
   pool whose channels add a deadline to every request/response call, including those on
@@ -23,6 +26,7 @@ from __future__ import annotations
 import functools
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -99,12 +103,39 @@ class _DeadlineInterceptor(grpc.UnaryUnaryClientInterceptor,
         return continuation(self._details(details), request)
 
 
-class _DeadlinePool(ConnectionPool):
-    """The client's connection pool, with a deadline on every request/response call."""
+@dataclass(frozen=True)
+class TlsFiles:
+    """PEM files for TLS to Oxia: the CAs to trust (None: the system's roots), and a
+    client certificate and key for servers that ask for one."""
 
-    def __init__(self, timeout_s: float) -> None:
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+    def credentials(self) -> grpc.ChannelCredentials:
+        """Reads the files (blocking: call it off the event loop)."""
+
+        def read(path: Path | None) -> bytes | None:
+            return path.read_bytes() if path is not None else None
+
+        return grpc.ssl_channel_credentials(
+            root_certificates=read(self.ca_file), private_key=read(self.key_file),
+            certificate_chain=read(self.cert_file))
+
+
+class _DeadlinePool(ConnectionPool):
+    """The client's connection pool, with a deadline on every request/response call,
+    over TLS when given credentials."""
+
+    def __init__(self, timeout_s: float, credentials: grpc.ChannelCredentials | None) -> None:
         super().__init__()
         self._interceptor = _DeadlineInterceptor(timeout_s)
+        self._credentials = credentials
+
+    def _channel(self, address: str) -> grpc.Channel:
+        if self._credentials is None:
+            return grpc.insecure_channel(address)
+        return grpc.secure_channel(address, self._credentials)
 
     def get(self, address: str) -> Any:
         from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
@@ -112,22 +143,25 @@ class _DeadlinePool(ConnectionPool):
         with self._lock:
             entry = self.connections.get(address)
             if entry is None:
-                channel = grpc.intercept_channel(grpc.insecure_channel(address),
-                                                 self._interceptor)
+                channel = grpc.intercept_channel(self._channel(address), self._interceptor)
                 entry = self.connections[address] = (channel, OxiaClientStub(channel))
             return entry[1]
 
 
-def connect(address: str, *, request_timeout_s: float, **kwargs: Any) -> Client:
-    """``oxia.Client(address, **kwargs)`` whose every request/response call has a deadline.
+def connect(address: str, *, request_timeout_s: float, tls: TlsFiles | None = None,
+            **kwargs: Any) -> Client:
+    """``oxia.Client(address, **kwargs)`` whose every request/response call has a deadline,
+    over TLS when ``tls`` is given.
 
     The client creates its pool in its constructor and opens the channel to ``address``
     at once, so the pool class is swapped for the duration of the construction (under a
     lock: constructions are rare and short).
     """
+    credentials = tls.credentials() if tls is not None else None
     with _CONSTRUCT_LOCK:
         original = oxia.client.ConnectionPool
-        oxia.client.ConnectionPool = functools.partial(_DeadlinePool, request_timeout_s)
+        oxia.client.ConnectionPool = functools.partial(_DeadlinePool, request_timeout_s,
+                                                       credentials)
         try:
             return Client(address, **kwargs)
         finally:

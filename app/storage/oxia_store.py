@@ -59,6 +59,8 @@ class OxiaStore:
                 s.oxia_address, namespace=s.oxia_namespace,
                 session_timeout_ms=s.oxia_session_timeout_ms,
                 client_identifier=self._identity, request_timeout_s=self._timeout,
+                tls=oxia_compat.TlsFiles(s.oxia_tls_ca_file, s.oxia_tls_cert_file,
+                                         s.oxia_tls_key_file) if s.oxia_tls else None,
             )
 
         try:

@@ -94,6 +94,10 @@ class S3Store:
             read_timeout=s.s3_request_timeout_s,
             retries={"max_attempts": s.s3_max_attempts, "mode": "standard"},
             s3={"addressing_style": "path"},
+            # Every body carries its own CRC32C, checked on every read (docs/protocol.md):
+            # no second checksum computed in the event loop for each request.
+            request_checksum_calculation="when_required",
+            response_checksum_validation="when_required",
         )
         self._stack = contextlib.AsyncExitStack()
         session = get_session()
@@ -104,6 +108,8 @@ class S3Store:
                 region_name=s.s3_region,
                 aws_access_key_id=_reveal(s.s3_access_key),
                 aws_secret_access_key=_reveal(s.s3_secret_key),
+                # A private CA's bundle for an https endpoint; None: the system's roots.
+                verify=str(s.s3_ca_bundle) if s.s3_ca_bundle is not None else None,
                 config=config,
             )
         )

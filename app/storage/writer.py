@@ -38,10 +38,10 @@ from app.errors import (
 )
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
+from app.storage.batch import partition_body
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.idempotency import IDEMPOTENCY_FIELD, Remembered, remember, remembered
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.log_record import Payload
 from app.storage.materialise import ensure_index_entry, index_entry_put, materialise_pending
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
@@ -103,9 +103,10 @@ class _PartitionAppend:
         self.members.append(_Member(index, group, self.size))
         self.size += len(group.records)
 
-    @property
-    def records(self) -> list[Payload]:
-        return [r for m in self.members for r in m.group.records]
+    def body(self, encoding: str) -> codec.PartBody:
+        parts, used, count = partition_body([m.group.records for m in self.members],
+                                            encoding)
+        return codec.PartBody(self.tp.topic, self.tp.partition, parts, used, count)
 
     def resolve(self, outcomes: list[AppendOutcome | None],
                 results: dict[int, AppendOutcome]) -> None:
@@ -209,7 +210,12 @@ class LogWriter:
         commit_horizon_ms: int = DEFAULT_COMMIT_HORIZON_MS,
         pending_reread_ms: int = DEFAULT_PENDING_REREAD_MS,
         max_cached_partitions: int = DEFAULT_MAX_CACHED_PARTITIONS,
+        encoding: str = codec.ENCODING_V3,
     ) -> None:
+        if encoding not in (codec.ENCODING_V1, codec.ENCODING_V3):
+            raise ValueError(f"a writer writes {codec.ENCODING_V3} or {codec.ENCODING_V1}, "
+                             f"not {encoding!r}")
+        self._encoding = encoding
         self._oxia = oxia
         self._s3 = s3
         self._layout = layout
@@ -328,8 +334,8 @@ class LogWriter:
                                  ) -> list[_PartitionAppend]:
         """Upload one blob for ``parts`` and commit each; returns what must go again."""
         created = self._clock()
-        blob, bodies = codec.encode_shared_blob(
-            [(p.tp.topic, p.tp.partition, p.records) for p in parts], created)
+        blob, bodies = codec.pack_shared_blob([p.body(self._encoding) for p in parts],
+                                              created)
         key = self._layout.shared_wal_object(uuid.uuid4().hex)
         try:
             await self._s3.put(key, blob)

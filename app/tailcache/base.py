@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from app.storage.batch import RecordBatch
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload, payload_size
 
@@ -155,6 +156,9 @@ def suffix_within(records: Sequence[Payload], budget: int, overhead_per_record: 
     """
     total = fixed_overhead
     i = len(records)
+    if isinstance(records, RecordBatch) and (
+            total + records.size + overhead_per_record * i <= budget):
+        return 0  # all of it fits: no need to look at each record
     while i > 0:
         cost = payload_size(records[i - 1]) + overhead_per_record
         if total + cost > budget:

@@ -341,7 +341,9 @@ class FileTailCache:
                 first = suffix_within(records, self._max_bytes, 4, segment_overhead(tp))
                 kept = (start_offset + first, end) if first < len(records) else None
                 if kept is not None:
-                    self._write_segment(tp, idx, kept, records[first:], append_time_ms)
+                    self._write_segment(tp, idx, kept,
+                                        records[first:] if first else records,
+                                        append_time_ms)
                 self._drop_overlapping(tp, idx, start_offset, end, keep=kept)
                 self._raise_hw(tp, idx, end)
             except OSError as exc:

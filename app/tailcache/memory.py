@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import count
 
+from app.storage.batch import RecordBatch, records_size
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_size
 from app.tailcache.base import (
@@ -26,7 +27,7 @@ class _Chunk:
 
     key: int  # global age: chunks with smaller keys were cached earlier
     start: int
-    records: list[Payload]
+    records: Sequence[Payload]  # a RecordBatch stays encoded until read
     nbytes: int
     append_time_ms: int = 0
 
@@ -105,9 +106,12 @@ class MemoryTailCache:
                 return
             part = self._partitions.setdefault(tp, _Partition())
             self._raise_hw(part, start_offset + len(records) - 1)
-            # Own the bytes: a caller's bytearray or memoryview could change under us.
-            owned: list[Payload] = [r if type(r) is bytes or isinstance(r, LogRecord)
-                                    else bytes(r) for r in records]
+            # Own the bytes: a caller's bytearray or memoryview could change under us
+            # (a batch is kept encoded: its records are decoded when first read).
+            owned: Sequence[Payload] = (
+                records.detached() if isinstance(records, RecordBatch) else
+                [r if type(r) is bytes or isinstance(r, LogRecord) else bytes(r)
+                 for r in records])
             self._merge(tp, part, start_offset, owned, append_time_ms)
             self._evict()
 
@@ -142,7 +146,7 @@ class MemoryTailCache:
         first = start + suffix_within(records, self._max_bytes)
         if first == end:
             return  # not even the newest record fits; what is cached stays valid
-        kept = list(records[first - start:])
+        kept = records if first == start else list(records[first - start:])
         if not part.chunks:
             self._add(tp, part, first, kept, append_time_ms, at_front=False)
         elif first > part.end or end < part.start:
@@ -154,13 +158,17 @@ class MemoryTailCache:
                 self._add(tp, part, first, kept[: cur_start - first], append_time_ms,
                           at_front=True)
             if end > cur_end:
-                self._add(tp, part, max(first, cur_end), kept[max(first, cur_end) - first:],
+                at = max(first, cur_end)
+                # The common case, a put right after the cached run, keeps a batch whole
+                # (slicing one would decode it).
+                self._add(tp, part, at, kept if at == first else kept[at - first:],
                           append_time_ms, at_front=False)
 
-    def _add(self, tp: TopicPartition, part: _Partition, start: int, records: list[Payload],
+    def _add(self, tp: TopicPartition, part: _Partition, start: int,
+             records: Sequence[Payload],
              append_time_ms: int, *, at_front: bool) -> None:
-        chunk = _Chunk(next(self._keys), start, records,
-                       sum(payload_size(r) for r in records), append_time_ms)
+        chunk = _Chunk(next(self._keys), start, records, records_size(records),
+                       append_time_ms)
         if at_front:
             part.chunks.insert(0, chunk)
         else:

@@ -15,10 +15,10 @@ Segment layout (big-endian)::
     | start offset u64 | record count u32 | append time ms u64 | topic bytes
     | records | crc32c u32 of everything before it
 
-``records`` are the record stream of a bytes-batch body in the named encoding (0:
-bytes-batch-v1, 1: bytes-batch-v2; see docs/protocol.md), without its count: the same
-bytes and the same decoder as the log. Version 1 segments (no encoding, no append time)
-are not read: they are misses.
+``records`` are a bytes-batch body in the named encoding (0: bytes-batch-v1, 1:
+bytes-batch-v2, 2: bytes-batch-v3; see docs/protocol.md), without its count: the same
+bytes and the same decoder as the log (a batch that arrives encoded is stored as it
+is). Version 1 segments (no encoding, no append time) are not read: they are misses.
 
 High-watermark layout::
 
@@ -33,7 +33,15 @@ import struct
 from collections.abc import Sequence
 
 from app.errors import CorruptData
-from app.storage.codec import ENCODING_V1, ENCODING_V2, crc32c, decode_records, encode_body
+from app.storage.batch import RecordBatch
+from app.storage.codec import (
+    ENCODING_V1,
+    ENCODING_V2,
+    ENCODING_V3,
+    crc32c,
+    decode_records,
+    encode_body,
+)
 from app.storage.keys import OFFSET_DIGITS, TopicPartition
 from app.storage.log_record import Payload
 
@@ -42,7 +50,7 @@ HW_MAGIC = b"LTHW"
 VERSION = 2
 HW_VERSION = 1
 _SEGMENT_HEAD = struct.Struct(">4sBBHIQIQ")
-_ENCODINGS = (ENCODING_V1, ENCODING_V2)
+_ENCODINGS = (ENCODING_V1, ENCODING_V2, ENCODING_V3)
 _HW_HEAD = struct.Struct(">4sBBHIQ")
 _U32 = struct.Struct(">I")
 _CRC = 4
@@ -73,7 +81,10 @@ def segment_overhead(tp: TopicPartition) -> int:
 def encode_segment(tp: TopicPartition, start: int, records: Sequence[Payload],
                    append_time_ms: int) -> bytes:
     topic = tp.topic.encode()
-    body, encoding = encode_body(records)
+    if isinstance(records, RecordBatch):
+        body, encoding = records.body, records.encoding
+    else:
+        body, encoding = encode_body(records)
     head = _SEGMENT_HEAD.pack(SEGMENT_MAGIC, VERSION, _ENCODINGS.index(encoding), len(topic),
                               tp.partition, start, len(records), append_time_ms)
     data = b"".join([head, topic, memoryview(body)[4:]])

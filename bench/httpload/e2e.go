@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sort"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,34 +16,40 @@ import (
 )
 
 type E2EResult struct {
-	Mode            string         `json:"mode"`
-	URL             string         `json:"url"`
-	Topic           string         `json:"topic"`
-	Partition       int            `json:"partition"`
-	RecordBytes     int            `json:"record_bytes"`
-	MaxWaitMs       int            `json:"max_wait_ms"`
-	WarmupS         float64        `json:"warmup_s"`
-	DurationS       float64        `json:"duration_s"`
-	ElapsedS        float64        `json:"elapsed_s"`
-	Produced        uint64         `json:"produced"`
-	ProduceErrors   uint64         `json:"produce_errors"`
-	LastAckedOffset int64          `json:"last_acked_offset"`
-	Consumed        uint64         `json:"consumed"`
-	ConsumeRequests uint64         `json:"consume_requests"`
-	ConsumeEmpty    uint64         `json:"consume_empty"`
-	ConsumeErrors   uint64         `json:"consume_errors"`
-	Missing         int64          `json:"missing"`
-	Drained         bool           `json:"drained"`
-	ErrorSamples    []string       `json:"error_samples"`
-	ProduceLatency  LatencySummary `json:"produce_latency_ms"`
-	E2ELatency      LatencySummary `json:"e2e_latency_ms"`
-	CPUSeconds      float64        `json:"loadgen_cpu_s"`
-	GoVersion       string         `json:"go_version"`
+	Mode              string         `json:"mode"`
+	URL               string         `json:"url"`
+	ConsumeURL        string         `json:"consume_url"`
+	Topic             string         `json:"topic"`
+	Partitions        int            `json:"partitions"`
+	EntriesPerRequest int            `json:"entries_per_request"`
+	RecordsPerEntry   int            `json:"records_per_entry"`
+	RecordBytes       int            `json:"record_bytes"`
+	Format            string         `json:"format"`
+	RateRequestsPerS  float64        `json:"rate_requests_per_s"`
+	MaxWaitMs         int            `json:"max_wait_ms"`
+	WarmupS           float64        `json:"warmup_s"`
+	DurationS         float64        `json:"duration_s"`
+	ElapsedS          float64        `json:"elapsed_s"`
+	Produced          uint64         `json:"produced"`
+	ProduceRequests   uint64         `json:"produce_requests"`
+	ProduceErrors     uint64         `json:"produce_errors"`
+	Consumed          uint64         `json:"consumed"`
+	ConsumeRequests   uint64         `json:"consume_requests"`
+	ConsumeEmpty      uint64         `json:"consume_empty"`
+	ConsumeErrors     uint64         `json:"consume_errors"`
+	Missing           int64          `json:"missing"`
+	Drained           bool           `json:"drained"`
+	ErrorSamples      []string       `json:"error_samples"`
+	ProduceLatency    LatencySummary `json:"produce_latency_ms"`
+	E2ELatency        LatencySummary `json:"e2e_latency_ms"`
+	CPUSeconds        float64        `json:"loadgen_cpu_s"`
+	GoVersion         string         `json:"go_version"`
 }
 
 type produceResponse struct {
 	Results []struct {
 		OK        bool   `json:"ok"`
+		Partition int    `json:"partition"`
 		EndOffset int64  `json:"end_offset"`
 		ErrorType string `json:"error_type"`
 	} `json:"results"`
@@ -63,65 +70,86 @@ type consumeResponse struct {
 	Results []consumeResult `json:"results"`
 }
 
-const (
-	stampDigits  = 19 // a record starts with its send time: ns since the run began
-	e2ePartition = 0
-)
+// A record starts with its send time: ns since the run began (with -rate, the time its
+// request was due, so queueing in the generator counts too: no coordinated omission).
+const stampDigits = 19
 
-// e2e is one produce-to-consume latency run: the producer sends one record at a time,
-// the consumer long-polls from the start and times each record it sees arrive.
+// e2e is one produce-to-consume latency run: producers send to -url (one request at a
+// time, or -rate requests per second over -connections), one consumer per partition
+// long-polls -consume-url and times each record it sees arrive.
 type e2e struct {
 	c           *config
 	res         *E2EResult
+	partitions  int
 	t0          time.Time
 	measureFrom int64  // stamp: records sent before it are warm-up
 	pad         string // what follows the stamp in each record, to make it c.size bytes
 	samples     errorSamples
-	lastAcked   atomic.Int64 // highest acknowledged offset
+	mu          sync.Mutex // guards the counters and histograms below
+	lastAcked   []atomic.Int64
+	next        atomic.Uint64 // round robin over partitions
 	prodHist    *latency.Histogram
 	consHist    *latency.Histogram
 }
 
 func runE2E(c *config) (*E2EResult, error) {
-	e := &e2e{c: c, t0: time.Now(), measureFrom: int64(c.warmup), prodHist: latency.New(),
+	parts := 1
+	if c.rate > 0 {
+		parts = c.partitions
+	}
+	e := &e2e{c: c, t0: time.Now(), measureFrom: int64(c.warmup), partitions: parts,
+		lastAcked: make([]atomic.Int64, parts), prodHist: latency.New(),
 		consHist: latency.New()}
 	if c.size > stampDigits+1 {
 		e.pad = "-" + asciiRecord(c.size-stampDigits-1, 0)
 	}
 	e.res = &E2EResult{
-		Mode: "e2e", URL: c.url, Topic: c.topic, Partition: e2ePartition, RecordBytes: c.size,
-		MaxWaitMs: c.maxWaitMs, WarmupS: c.warmup.Seconds(), DurationS: c.duration.Seconds(),
+		Mode: "e2e", URL: c.url, ConsumeURL: c.consumeURL, Topic: c.topic, Partitions: parts,
+		EntriesPerRequest: min(c.entries, parts), RecordsPerEntry: 1, RecordBytes: c.size,
+		Format: c.format, RateRequestsPerS: c.rate, MaxWaitMs: c.maxWaitMs,
+		WarmupS: c.warmup.Seconds(), DurationS: c.duration.Seconds(),
 		GoVersion: runtime.Version(),
 	}
+	if c.rate > 0 {
+		e.res.RecordsPerEntry = c.records
+	}
 	var dials dialCounter
-	prodClient := newClient(1, c.timeout, &dials)
+	senders := 1
+	if c.rate > 0 {
+		senders = c.connections
+	}
+	prodClient := newClient(senders, c.timeout, &dials)
 	consTimeout := time.Duration(c.maxWaitMs)*time.Millisecond + 15*time.Second
-	consClient := newClient(1, consTimeout, &dials)
+	consClient := newClient(parts, consTimeout, &dials)
 	defer prodClient.CloseIdleConnections()
 	defer consClient.CloseIdleConnections()
 	cpu0 := cpuSeconds()
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	producerDone, consumerDone := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(consumerDone)
-		e.consume(ctx, consClient, producerDone)
-	}()
-	for end := c.warmup + c.duration; time.Since(e.t0) < end; {
-		e.produceOnce(prodClient)
+	producerDone := make(chan struct{})
+	var consumers sync.WaitGroup
+	for p := 0; p < parts; p++ {
+		consumers.Add(1)
+		go func() {
+			defer consumers.Done()
+			e.consume(ctx, consClient, p, producerDone)
+		}()
 	}
+	e.produce(prodClient, senders)
 	close(producerDone)
+	consumersDone := make(chan struct{})
+	go func() { consumers.Wait(); close(consumersDone) }()
 	select {
-	case <-consumerDone:
+	case <-consumersDone:
 	case <-time.After(c.drain + consTimeout + 5*time.Second):
 		cancel()
-		<-consumerDone
+		<-consumersDone
 	}
 	res := e.res
 	res.ElapsedS = time.Since(e.t0).Seconds()
-	res.LastAckedOffset = e.lastAcked.Load()
 	res.Missing = int64(res.Produced) - int64(res.Consumed)
+	res.Drained = res.Missing == 0
 	res.ProduceLatency = summarize(e.prodHist)
 	res.E2ELatency = summarize(e.consHist)
 	res.ErrorSamples = e.samples.list()
@@ -134,16 +162,63 @@ func (e *e2e) stamp() int64 { return int64(time.Since(e.t0)) } // monotonic
 
 // fail counts a failed request in count, keeps a sample of why, and backs off.
 func (e *e2e) fail(count *uint64, format string, args ...any) {
+	e.mu.Lock()
 	*count++
+	e.mu.Unlock()
 	e.samples.add(fmt.Sprintf(format, args...))
 	time.Sleep(e.c.backoff)
 }
 
-func (e *e2e) produceOnce(client *http.Client) {
-	sent := e.stamp()
-	rec := fmt.Sprintf("%0*d", stampDigits, sent) + e.pad
-	body := produceBody(e.c.topic, e2ePartition, []string{rec})
-	resp, raw, err := postJSON(context.Background(), client, e.c.url+"/produce", body, 1<<20)
+// produce sends until the run ends: back to back, or each request at its due time.
+func (e *e2e) produce(client *http.Client, senders int) {
+	end := int64(e.c.warmup + e.c.duration)
+	if e.c.rate <= 0 {
+		for e.stamp() < end {
+			e.produceOnce(client, e.stamp())
+		}
+		return
+	}
+	due := make(chan int64, 1024)
+	go func() {
+		defer close(due)
+		interval := float64(time.Second) / e.c.rate
+		for i := 0; ; i++ {
+			at := int64(float64(i) * interval)
+			if at >= end {
+				return
+			}
+			if wait := time.Duration(at - e.stamp()); wait > 0 {
+				time.Sleep(wait)
+			}
+			due <- at
+		}
+	}()
+	var wg sync.WaitGroup
+	for i := 0; i < senders; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for at := range due {
+				e.produceOnce(client, at)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func (e *e2e) produceOnce(client *http.Client, sent int64) {
+	rec := []byte(fmt.Sprintf("%0*d", stampDigits, sent) + e.pad)
+	entries := make([]entry, e.res.EntriesPerRequest)
+	for i := range entries {
+		recs := make([][]byte, e.res.RecordsPerEntry)
+		for j := range recs {
+			recs[j] = rec
+		}
+		entries[i] = entry{partition: int(e.next.Add(1)-1) % e.partitions, records: recs}
+	}
+	body, ctype := requestBody(e.c.format, e.c.topic, entries)
+	resp, raw, err := post(context.Background(), client, e.c.url+"/produce", body, ctype, "",
+		1<<20)
 	if resp == nil {
 		e.fail(&e.res.ProduceErrors, "produce: %v", err)
 		return
@@ -153,23 +228,32 @@ func (e *e2e) produceOnce(client *http.Client) {
 	if err == nil && resp.StatusCode == http.StatusOK {
 		err = json.Unmarshal(raw, &pr)
 	}
-	if err != nil || resp.StatusCode != http.StatusOK || len(pr.Results) != 1 ||
-		!pr.Results[0].OK {
+	if err != nil || resp.StatusCode != http.StatusOK || len(pr.Results) != len(entries) {
 		e.fail(&e.res.ProduceErrors, "produce: status %d: %v %.200s", resp.StatusCode, err, raw)
 		return
 	}
-	e.res.Produced++
-	if end := pr.Results[0].EndOffset; end > e.lastAcked.Load() {
-		e.lastAcked.Store(end)
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.res.ProduceRequests++
+	for _, r := range pr.Results {
+		if !r.OK {
+			continue
+		}
+		e.res.Produced += uint64(e.res.RecordsPerEntry)
+		acked := &e.lastAcked[r.Partition%e.partitions]
+		if r.EndOffset > acked.Load() {
+			acked.Store(r.EndOffset)
+		}
 	}
 	if sent >= e.measureFrom {
 		e.prodHist.RecordDuration(took)
 	}
 }
 
-// consume follows the partition from its start until, once the producer is done, it has
-// read past the last acknowledged offset (drained) or c.drain has passed.
-func (e *e2e) consume(ctx context.Context, client *http.Client, producerDone <-chan struct{}) {
+// consume follows one partition from its start until, once the producers are done, it
+// has read past the last acknowledged offset (drained) or c.drain has passed.
+func (e *e2e) consume(ctx context.Context, client *http.Client, partition int,
+	producerDone <-chan struct{}) {
 	fetch := int64(0)
 	var drainDeadline time.Time
 	for {
@@ -181,25 +265,24 @@ func (e *e2e) consume(ctx context.Context, client *http.Client, producerDone <-c
 		default:
 		}
 		if !drainDeadline.IsZero() {
-			last := e.lastAcked.Load()
+			last := e.lastAcked[partition].Load()
 			if fetch > last && last > 0 || last == 0 {
-				e.res.Drained = true
 				return
 			}
 			if time.Now().After(drainDeadline) {
 				return
 			}
 		}
-		fetch = e.consumeOnce(ctx, client, fetch, drainDeadline)
+		fetch = e.consumeOnce(ctx, client, partition, fetch, drainDeadline)
 	}
 }
 
 // consumeOnce long-polls once from fetch and returns the offset to fetch next.
-func (e *e2e) consumeOnce(ctx context.Context, client *http.Client, fetch int64,
-	drainDeadline time.Time) int64 {
+func (e *e2e) consumeOnce(ctx context.Context, client *http.Client, partition int,
+	fetch int64, drainDeadline time.Time) int64 {
 	body, _ := json.Marshal(map[string]any{
 		"topic_partitions": []map[string]any{
-			{"topic": e.c.topic, "partition": e2ePartition, "fetch_offset": fetch},
+			{"topic": e.c.topic, "partition": partition, "fetch_offset": fetch},
 		},
 		"max_wait_ms": e.c.maxWaitMs, "min_bytes": 1,
 	})
@@ -208,8 +291,15 @@ func (e *e2e) consumeOnce(ctx context.Context, client *http.Client, fetch int64,
 		rctx, rcancel = context.WithDeadline(ctx, drainDeadline)
 	}
 	defer rcancel()
+	accept := ""
+	if e.c.format == "binary" {
+		accept = binaryRecordsType
+	}
+	resp, raw, err := post(rctx, client, e.c.consumeURL+"/consume", body, "application/json",
+		accept, 64<<20)
+	e.mu.Lock()
 	e.res.ConsumeRequests++
-	resp, raw, err := postJSON(rctx, client, e.c.url+"/consume", body, 64<<20)
+	e.mu.Unlock()
 	if resp == nil {
 		if ctx.Err() == nil && rctx.Err() == nil { // the drain deadline ends the loop
 			e.fail(&e.res.ConsumeErrors, "consume: %v", err)
@@ -221,31 +311,54 @@ func (e *e2e) consumeOnce(ctx context.Context, client *http.Client, fetch int64,
 		e.fail(&e.res.ConsumeErrors, "consume: status %d: %v %.200s", resp.StatusCode, err, raw)
 		return fetch
 	}
+	values, next, ok := e.decode(raw)
+	if !ok {
+		e.fail(&e.res.ConsumeErrors, "consume: bad body: %.200s", raw)
+		return fetch
+	}
+	e.received(values, now)
+	return max(fetch, next)
+}
+
+// decode gives the record values and the next offset of a one-partition answer.
+func (e *e2e) decode(raw []byte) ([]string, int64, bool) {
+	if e.c.format == "binary" {
+		results, ok := parseLLR1(raw, true)
+		if !ok || len(results) != 1 || !results[0].ok {
+			return nil, 0, false
+		}
+		values := make([]string, len(results[0].values))
+		for i, v := range results[0].values {
+			values[i] = string(v[:min(len(v), stampDigits)])
+		}
+		return values, results[0].nextOffset, true
+	}
 	var cr consumeResponse
-	if err := json.Unmarshal(raw, &cr); err != nil || len(cr.Results) != 1 {
-		e.fail(&e.res.ConsumeErrors, "consume: bad body: %v %.200s", err, raw)
-		return fetch
+	if err := json.Unmarshal(raw, &cr); err != nil || len(cr.Results) != 1 || !cr.Results[0].OK {
+		return nil, 0, false
 	}
-	r := cr.Results[0]
-	if !r.OK {
-		e.fail(&e.res.ConsumeErrors, "consume: %s: %s", r.ErrorType, r.Error)
-		return fetch
+	values := make([]string, len(cr.Results[0].Records))
+	for i, rec := range cr.Results[0].Records {
+		if rec.Value != nil {
+			values[i] = *rec.Value
+		}
 	}
-	e.received(r, now)
-	return max(fetch, r.NextOffset)
+	return values, cr.Results[0].NextOffset, true
 }
 
 // received counts the records of one answer and times the ones sent after the warm-up.
-func (e *e2e) received(r consumeResult, now int64) {
-	if len(r.Records) == 0 {
+func (e *e2e) received(values []string, now int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(values) == 0 {
 		e.res.ConsumeEmpty++
 	}
-	for _, rec := range r.Records {
+	for _, v := range values {
 		e.res.Consumed++
-		if rec.Value == nil || len(*rec.Value) < stampDigits {
+		if len(v) < stampDigits {
 			continue
 		}
-		sent, err := strconv.ParseInt((*rec.Value)[:stampDigits], 10, 64)
+		sent, err := strconv.ParseInt(v[:stampDigits], 10, 64)
 		if err != nil || sent < e.measureFrom {
 			continue
 		}

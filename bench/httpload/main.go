@@ -47,6 +47,14 @@ type config struct {
 	backoff     time.Duration
 	maxWaitMs   int
 	drain       time.Duration
+	entries     int
+	format      string
+	rate        float64
+	consumeURL  string
+	maxBytes    int
+	catchupMiB  int
+	fromOffset  int64
+	totalMiB    int
 }
 
 func main() {
@@ -67,6 +75,18 @@ func main() {
 	flag.IntVar(&c.maxWaitMs, "max-wait-ms", 5000, "e2e mode: consume long-poll max_wait_ms")
 	flag.DurationVar(&c.drain, "drain", 15*time.Second,
 		"e2e mode: how long the consumer may lag behind the producer's last record")
+	flag.IntVar(&c.entries, "entries", 1, "partitions (entries) per produce request")
+	flag.StringVar(&c.format, "format", "json",
+		"json, or binary (produce: the LLP1 envelope; consume: Accept the LLR1 answer)")
+	flag.Float64Var(&c.rate, "rate", 0,
+		"e2e mode: produce requests per second (0: one request at a time, back to back)")
+	flag.StringVar(&c.consumeURL, "consume-url", "",
+		"e2e and catchup modes: the broker consumers read from (default: -url)")
+	flag.IntVar(&c.maxBytes, "max-bytes", 8<<20, "catchup mode: max_bytes per consume request")
+	flag.IntVar(&c.catchupMiB, "catchup-mib", 1024, "catchup mode: MiB of records to read")
+	flag.Int64Var(&c.fromOffset, "from-offset", 1, "catchup mode: the first offset")
+	flag.IntVar(&c.totalMiB, "total-mib", 0,
+		"throughput mode: stop once this many MiB of records are acknowledged (0: -duration)")
 	flag.Parse()
 
 	if err := validate(&c); err != nil {
@@ -80,6 +100,8 @@ func main() {
 		out, err = runThroughput(&c)
 	case "e2e":
 		out, err = runE2E(&c)
+	case "catchup":
+		out, err = runCatchup(&c)
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "httpload: %v\n", err)
@@ -100,8 +122,13 @@ func validate(c *config) error {
 		bad bool
 		why string
 	}{
-		{c.mode != "throughput" && c.mode != "e2e",
-			fmt.Sprintf("-mode must be throughput or e2e, not %q", c.mode)},
+		{c.mode != "throughput" && c.mode != "e2e" && c.mode != "catchup",
+			fmt.Sprintf("-mode must be throughput, e2e or catchup, not %q", c.mode)},
+		{c.entries < 1 || c.entries > c.partitions,
+			"-entries must be between 1 and -partitions"},
+		{c.format != "json" && c.format != "binary", "-format must be json or binary"},
+		{c.rate < 0, "-rate must not be negative"},
+		{c.maxBytes < 1, "-max-bytes must be positive"},
 		{c.connections < 1, "-connections must be at least 1"},
 		{c.duration <= 0, "-duration must be positive"},
 		{c.warmup < 0, "-warmup must not be negative"},
@@ -119,6 +146,10 @@ func validate(c *config) error {
 		}
 	}
 	c.url = strings.TrimRight(c.url, "/")
+	if c.consumeURL == "" {
+		c.consumeURL = c.url
+	}
+	c.consumeURL = strings.TrimRight(c.consumeURL, "/")
 	return nil
 }
 
@@ -154,21 +185,6 @@ func asciiRecord(n int, seed int) string {
 	return string(b)
 }
 
-func produceBody(topic string, partition int, records []string) []byte {
-	type tp struct {
-		Topic     string   `json:"topic"`
-		Partition int      `json:"partition"`
-		Records   []string `json:"records"`
-	}
-	body, err := json.Marshal(map[string][]tp{
-		"topic_partitions": {{Topic: topic, Partition: partition, Records: records}},
-	})
-	if err != nil {
-		panic(err)
-	}
-	return body
-}
-
 func cpuSeconds() float64 {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
@@ -201,15 +217,18 @@ func (e *errorSamples) list() []string {
 	return append([]string{}, e.samples...)
 }
 
-// postJSON sends one JSON body and reads at most limit bytes of the answer. A nil
-// response means the request got no answer.
-func postJSON(ctx context.Context, client *http.Client, url string, body []byte,
-	limit int64) (*http.Response, []byte, error) {
+// post sends one body and reads at most limit bytes of the answer. A nil response means
+// the request got no answer.
+func post(ctx context.Context, client *http.Client, url string, body []byte,
+	contentType, accept string, limit int64) (*http.Response, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
 		panic(err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Content-Type", contentType)
+	if accept != "" {
+		req.Header.Set("Accept", accept)
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return nil, nil, err

@@ -20,6 +20,8 @@ type ThroughputResult struct {
 	Connections       int               `json:"connections"`
 	Partitions        int               `json:"partitions"`
 	RecordsPerRequest int               `json:"records_per_request"`
+	EntriesPerRequest int               `json:"entries_per_request"`
+	Format            string            `json:"format"`
 	RecordBytes       int               `json:"record_bytes"`
 	RequestBodyBytes  int               `json:"request_body_bytes"`
 	DurationS         float64           `json:"duration_s"`
@@ -54,21 +56,28 @@ type worker struct {
 type throughput struct {
 	c        *config
 	url      string
-	bodies   [][]byte // one produce body per partition
+	bodies   [][]byte // one produce body per first partition
+	ctype    string
 	next     atomic.Uint64
 	client   *http.Client
 	samples  errorSamples
 	deadline time.Time
+	acked    atomic.Int64 // record bytes acknowledged, for -total-mib
 }
 
 func runThroughput(c *config) (*ThroughputResult, error) {
 	t := &throughput{c: c, url: c.url + c.path, bodies: make([][]byte, c.partitions)}
 	for p := range t.bodies {
-		recs := make([]string, c.records)
-		for i := range recs {
-			recs[i] = asciiRecord(c.size, p+i)
+		entries := make([]entry, c.entries)
+		for e := range entries {
+			part := (p + e) % c.partitions
+			recs := make([][]byte, c.records)
+			for i := range recs {
+				recs[i] = []byte(asciiRecord(c.size, part+i))
+			}
+			entries[e] = entry{partition: part, records: recs}
 		}
-		t.bodies[p] = produceBody(c.topic, p, recs)
+		t.bodies[p], t.ctype = requestBody(c.format, c.topic, entries)
 	}
 	var dials dialCounter
 	t.client = newClient(c.connections, c.timeout, &dials)
@@ -96,14 +105,16 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 
 func (t *throughput) work(w *worker) {
 	buf := make([]byte, 32*1024)
-	for time.Now().Before(t.deadline) {
+	perRequest := int64(t.c.records * t.c.entries * t.c.size)
+	for time.Now().Before(t.deadline) &&
+		(t.c.totalMiB == 0 || t.acked.Load() < int64(t.c.totalMiB)<<20) {
 		body := t.bodies[(t.next.Add(1)-1)%uint64(len(t.bodies))]
 		t0 := time.Now()
 		req, err := http.NewRequest(http.MethodPost, t.url, bytes.NewReader(body))
 		if err != nil {
 			panic(err)
 		}
-		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Content-Type", t.ctype)
 		resp, err := t.client.Do(req)
 		w.requests++
 		if err != nil {
@@ -124,6 +135,7 @@ func (t *throughput) work(w *worker) {
 		switch resp.StatusCode {
 		case http.StatusOK:
 			w.ok++
+			t.acked.Add(perRequest)
 			w.hist.RecordDuration(time.Since(t0))
 		case http.StatusServiceUnavailable:
 			w.s503++
@@ -146,7 +158,8 @@ func (t *throughput) result(workers []*worker, elapsed float64) *ThroughputResul
 	c := t.c
 	res := &ThroughputResult{
 		Mode: "throughput", URL: t.url, Connections: c.connections, Partitions: c.partitions,
-		RecordsPerRequest: c.records, RecordBytes: c.size, RequestBodyBytes: len(t.bodies[0]),
+		RecordsPerRequest: c.records, EntriesPerRequest: c.entries, Format: c.format,
+		RecordBytes: c.size, RequestBodyBytes: len(t.bodies[0]),
 		DurationS: c.duration.Seconds(), ElapsedS: elapsed, Statuses: map[string]uint64{},
 		GoVersion: runtime.Version(),
 	}
@@ -163,7 +176,7 @@ func (t *throughput) result(workers []*worker, elapsed float64) *ThroughputResul
 		hist.Merge(w.hist)
 	}
 	res.ErrorSamples = t.samples.list()
-	res.RecordsAcked = res.OK * uint64(c.records)
+	res.RecordsAcked = res.OK * uint64(c.records) * uint64(c.entries)
 	res.BytesAcked = res.RecordsAcked * uint64(c.size)
 	res.RequestsPerS = float64(res.OK) / elapsed
 	res.RecordsPerS = float64(res.RecordsAcked) / elapsed

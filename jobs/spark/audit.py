@@ -2,9 +2,13 @@
 
 For every topic-partition (one Spark task handles a slice of them):
 
-- the index entries (strays excluded) and the pending append tile ``1..high watermark``
-  with no gap and no overlap; WAL entries inside a compacted range are reported as
-  **strays** (warnings), as docs/protocol.md defines them, not as corruption;
+- the index entries (strays excluded) and the pending append tile ``log start..high
+  watermark`` with no gap and no overlap; WAL entries inside a compacted range are
+  reported as **strays** (warnings), as docs/protocol.md defines them, not as
+  corruption; entries wholly below the log start are counted as **trimmable** (info:
+  retention moved the log start, compaction has not trimmed them yet);
+- every partition with data belongs to a topic of the catalog that counts it, and
+  every catalog record parses;
 - every object an entry, the pending record or ``meta/compaction`` names exists, and
   every slice lies inside its object; ``--deep`` also fetches and decodes every slice and
   compacted object and checks ``msg_count``, ``crc32c`` and the LLS1 header;
@@ -22,7 +26,7 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -32,6 +36,12 @@ from app.errors import VersionMismatch
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.records import now_ms
+from jobs.spark.catalog_checks import (
+    CatalogView,
+    catalog_finding,
+    read_catalog_on_driver,
+    topic_partitions,
+)
 from jobs.spark.findings import (
     CORRUPTION,
     ERROR,
@@ -41,7 +51,7 @@ from jobs.spark.findings import (
     Finding,
     ObjectUse,
 )
-from jobs.spark.index_analysis import analyse
+from jobs.spark.index_analysis import Analysis, analyse
 from jobs.spark.object_checks import Checked, ObjectChecker
 from jobs.spark.report import EXIT_FAILED, EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
 from jobs.spark.runner import (
@@ -70,7 +80,8 @@ PARTITION_COLUMNS = (
     "topic string, partition int, high_watermark long, cursor long, index_entries long, "
     "strays long, pending_start long, pending_end long, pending_materialised boolean, "
     "compaction_state string, stable boolean, objects_checked long, bytes_verified long, "
-    "records_verified long, corruption long, warnings long, unreadable long, error string"
+    "records_verified long, corruption long, warnings long, unreadable long, error string, "
+    "log_start long, trimmable long, catalogued boolean"
 )
 ORPHAN_COLUMNS = (
     "key string, size long, last_modified_ms long, area string, topic string, "
@@ -94,10 +105,12 @@ class AuditOptions:
 
 
 class AuditHandler(SnapshotHandler):
-    def __init__(self, options: AuditOptions, started_ms: int, stores: Stores) -> None:
+    def __init__(self, options: AuditOptions, started_ms: int, catalog: Mapping[str, int],
+                 stores: Stores) -> None:
         super().__init__(stores)
         self.options = options
         self.started_ms = started_ms
+        self.catalog = catalog  # partitions by topic, read by the driver before the scan
         self.checker = ObjectChecker(stores, options.deep, options.object_concurrency)
 
     async def handle(self, snap: PartitionSnapshot) -> list[Tagged]:
@@ -114,23 +127,25 @@ class AuditHandler(SnapshotHandler):
                 tg.start_soon(check, i, use)
         for r in results:
             findings.extend(r.findings)
+        uncatalogued = await self._catalog_finding(snap)
+        if uncatalogued is not None:
+            findings.append(uncatalogued)
         if self.options.delete_strays:
             findings.extend(await self._delete_strays(tp, analysis.deletable_strays))
         rows: list[Tagged] = [("F", f.row(tp)) for f in findings]
         rows += [("R", r) for r in reference_rows(self.stores.layout, snap)]
-        pending = snap.control.pending if snap.control is not None else None
-        corruption = sum(1 for f in findings if f.severity == CORRUPTION)
-        warnings = sum(1 for f in findings if f.severity == WARNING)
-        rows.append(("P", (
-            tp.topic, tp.partition, snap.high_watermark, snap.cursor, len(snap.index),
-            len(analysis.strays), pending.start_offset if pending else None,
-            pending.end_offset if pending else None, analysis.pending_materialised,
-            snap.compaction.state if snap.compaction else None, snap.stable,
-            len({u.data_key for u in analysis.uses}), sum(r.bytes_verified for r in results),
-            sum(r.records_verified for r in results), corruption, warnings,
-            len(snap.unreadable()), None,
-        )))
+        rows.append(("P", _partition_row(snap, analysis, results, findings,
+                                         uncatalogued is None)))
         return rows
+
+    async def _catalog_finding(self, snap: PartitionSnapshot) -> Finding | None:
+        """Checked against the driver's read of the catalog, and if that does not cover
+        the partition, against the topic's record read now (after the snapshot)."""
+        known = self.catalog.get(snap.tp.topic, 0)
+        if catalog_finding(snap, known) is None:
+            return None
+        now = await topic_partitions(self.stores.oxia, self.stores.layout, snap.tp.topic)
+        return catalog_finding(snap, max(known, now))
 
     async def _delete_strays(self, tp: TopicPartition, strays: Sequence[IndexRow]
                              ) -> list[Finding]:
@@ -152,8 +167,27 @@ class AuditHandler(SnapshotHandler):
         return [
             ("F", Finding("audit_error", ERROR, message).row(tp)),
             ("P", (tp.topic, tp.partition, None, None, None, None, None, None, None, None,
-                   None, None, None, None, None, None, None, message)),
+                   None, None, None, None, None, None, None, message, None, None, None)),
         ]
+
+
+def _partition_row(snap: PartitionSnapshot, analysis: Analysis, results: Sequence[Checked],
+                   findings: Sequence[Finding], catalogued: bool) -> tuple[Any, ...]:
+    """The partition's row of :data:`PARTITION_COLUMNS`."""
+    tp, control = snap.tp, snap.control
+    pending = control.pending if control is not None else None
+    return (
+        tp.topic, tp.partition, snap.high_watermark, snap.cursor, len(snap.index),
+        len(analysis.strays), pending.start_offset if pending else None,
+        pending.end_offset if pending else None, analysis.pending_materialised,
+        snap.compaction.state if snap.compaction else None, snap.stable,
+        len({u.data_key for u in analysis.uses}), sum(r.bytes_verified for r in results),
+        sum(r.records_verified for r in results),
+        sum(1 for f in findings if f.severity == CORRUPTION),
+        sum(1 for f in findings if f.severity == WARNING), len(snap.unreadable()), None,
+        control.log_start if control is not None else None, len(analysis.trimmable),
+        catalogued,
+    )
 
 
 # -- the driver ------------------------------------------------------------------------
@@ -199,6 +233,8 @@ def _partition_totals(parts: DataFrame) -> dict[str, int]:
         F.sum("high_watermark").alias("records"),
         F.sum("index_entries").alias("index_entries"),
         F.sum("strays").alias("strays"),
+        F.sum("trimmable").alias("trimmable_entries"),
+        count_if(F.col("catalogued") == F.lit(False)).alias("partitions_uncatalogued"),
         F.sum("objects_checked").alias("objects_checked"),
         F.sum("bytes_verified").alias("bytes_verified"),
         F.sum("records_verified").alias("records_verified"),
@@ -222,8 +258,8 @@ def _orphan_totals(objects: DataFrame, orphans: DataFrame) -> dict[str, int]:
 
 
 def _summary(settings: Settings, options: AuditOptions, started: int, horizon: int,
-             tables: dict[str, DataFrame], objects: DataFrame, orphans: DataFrame
-             ) -> dict[str, Any]:
+             tables: dict[str, DataFrame], objects: DataFrame, orphans: DataFrame,
+             catalog: CatalogView) -> dict[str, Any]:
     by_kind, by_severity = _findings_by(tables["findings"])
     totals = _partition_totals(tables["partitions"])
     listed = _orphan_totals(objects, orphans)
@@ -239,6 +275,9 @@ def _summary(settings: Settings, options: AuditOptions, started: int, horizon: i
         **totals,
         "findings_by_kind": by_kind,
         "findings_by_severity": by_severity,
+        "catalog": {"topics": len(catalog.partitions),
+                    "partitions": sum(catalog.partitions.values()),
+                    "bad_records": len(catalog.bad)},
         "objects_listed": listed.pop("objects_listed"),
         "objects_bytes": listed.pop("objects_bytes"),
         # an unreadable record may name objects listed here as orphans
@@ -253,16 +292,18 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
     tasks = default_tasks(spark, options.tasks)
     objects, partitions = list_then_discover(spark, settings, JOB, options.listing_fanout,
                                              tasks, report)
+    catalog = read_catalog_on_driver(settings, JOB)  # before any partition is scanned
     describe(spark, f"audit: checking {len(partitions)} partitions"
              f"{' (deep)' if options.deep else ''}")
     tables = scan_partitions(
         spark, settings, JOB, partitions, tasks, options.concurrency,
-        functools.partial(AuditHandler, options, started),
+        functools.partial(AuditHandler, options, started, catalog.partitions),
         {"F": ("findings", FINDING_COLUMNS), "P": ("partitions", PARTITION_COLUMNS),
-         "R": ("references", REFERENCE_COLUMNS)}, report)
+         "R": ("references", REFERENCE_COLUMNS)}, report, extra={"F": catalog.bad})
     horizon = options.retry_horizon_ms or settings.retry_horizon_ms
     orphans = _orphans(spark, objects, tables["references"], started, horizon, report)
-    summary = _summary(settings, options, started, horizon, tables, objects, orphans)
+    summary = _summary(settings, options, started, horizon, tables, objects, orphans,
+                       catalog)
     return finish(spark, report, summary, f"{summary['partitions']} partitions, "
                   f"{summary['findings_by_severity'][CORRUPTION]} corruption findings, "
                   f"{summary['strays']} strays, {summary['orphans']['count']} orphans")

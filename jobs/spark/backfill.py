@@ -6,6 +6,9 @@ partition, so offsets stay contiguous and correct while live brokers append to t
 partitions (a chunk's records get consecutive offsets; other writers' appends may fall
 between two chunks).
 
+Records carry the input's ``key``, ``headers`` and ``timestamp_ms`` columns when it
+has them (the columns export writes); rows without any of them stay plain values.
+
 Order: within a topic-partition, records keep the input order: input files by path,
 then rows in file order.
 
@@ -49,7 +52,13 @@ from jobs.spark.backfill_appends import (
     TaskParams,
     backfill_task,
 )
-from jobs.spark.backfill_input import input_fingerprint, plan_input, read_input
+from jobs.spark.backfill_input import (
+    RECORD_FIELDS,
+    field_options,
+    input_fingerprint,
+    plan_input,
+    read_input,
+)
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
 from jobs.spark.runner import base_parser, entry_point, finish, run_module
@@ -71,6 +80,12 @@ class BackfillOptions:
     input_format: str | None = None  # parquet | json | csv; None: by file extension
     value_column: str = "value"
     value_encoding: str = "auto"  # auto | utf8 | base64 | hex | binary
+    # Record fields: None takes the column of the field's name when the input has one,
+    # "" ignores the field, a name must be a column of the input.
+    key_column: str | None = None
+    key_encoding: str = "auto"  # as value_encoding
+    headers_column: str | None = None
+    timestamp_column: str | None = None
     topic_column: str | None = None
     partition_column: str | None = None
     topic: str | None = None
@@ -118,13 +133,21 @@ def _job_identity(settings: Settings, options: BackfillOptions, df: DataFrame,
                   plan: dict[str, list[int]], started: int) -> str:
     """The job id (given, or a hash of input files, columns, chunking and counts), its
     manifest created; a re-run whose chunking or counts differ is refused."""
-    chunking = {
+    chunking: dict[str, Any] = {
         "value_column": options.value_column, "value_encoding": options.value_encoding,
         "topic_column": options.topic_column, "partition_column": options.partition_column,
         "topic": options.topic, "partition": options.partition,
         "chunk_records": options.chunk_records, "chunk_bytes": options.chunk_bytes,
         "plan": plan,
     }
+    # Only when records carry fields: a job of plain values keeps the identity (and
+    # manifest) it had before record fields existed, so its re-runs still skip.
+    fields = {name: column or name for name, column in field_options(options).items()
+              if name in df.columns}
+    if fields:
+        chunking["record_fields"] = fields
+        if "key" in fields:
+            chunking["key_encoding"] = options.key_encoding
     job_id = options.job_id or hashlib.sha256(json.dumps(
         {"inputs": input_fingerprint(df), **chunking}, sort_keys=True).encode()
     ).hexdigest()[:16]
@@ -147,10 +170,11 @@ def _stage_chunks(spark: SparkSession, df: DataFrame, options: BackfillOptions, 
     from pyspark.sql import functions as F
 
     w = Window.partitionBy("topic", "partition").orderBy("_file", "_block", "_mono")
-    cumulative = F.sum(F.length("value")).over(
+    cumulative = F.sum("_size").over(
         w.rowsBetween(Window.unboundedPreceding, Window.currentRow))
     rn = F.row_number().over(w) - 1
-    before = cumulative - F.length("value")
+    before = cumulative - F.col("_size")
+    fields = [name for name in RECORD_FIELDS if name in df.columns]
     ordered = (
         df.repartition(tasks, "topic", "partition")
         .withColumn("_rn", rn)
@@ -158,7 +182,7 @@ def _stage_chunks(spark: SparkSession, df: DataFrame, options: BackfillOptions, 
             F.floor(F.col("_rn") / F.lit(options.chunk_records)),
             F.floor(before / F.lit(options.chunk_bytes))).cast("long"))
         .sortWithinPartitions("_chunk", "topic", "partition", "_rn")
-        .select("_chunk", "topic", "partition", "value")
+        .select("_chunk", "topic", "partition", "value", *fields)
     )
     ordered.write.mode("overwrite").option("maxRecordsPerFile", 0).parquet(staging)
     return sorted(spark.read.parquet(staging).inputFiles())
@@ -268,6 +292,18 @@ def build_parser() -> argparse.ArgumentParser:
                         choices=("auto", "utf8", "base64", "hex", "binary"),
                         help="how a string value column becomes bytes (auto: binary "
                              "columns as they are, strings as UTF-8)")
+    parser.add_argument("--key-column", default=None,
+                        help="the records' keys (default: the column 'key' if the input "
+                             "has one; '' for none)")
+    parser.add_argument("--key-encoding", default="auto",
+                        choices=("auto", "utf8", "base64", "hex", "binary"),
+                        help="how a string key column becomes bytes (as --value-encoding)")
+    parser.add_argument("--headers-column", default=None,
+                        help="the records' headers, a list of {name, value} (default: the "
+                             "column 'headers' if the input has one; '' for none)")
+    parser.add_argument("--timestamp-column", default=None,
+                        help="the producers' timestamps in ms (default: the column "
+                             "'timestamp_ms' if the input has one; '' for none)")
     parser.add_argument("--topic-column", default=None)
     parser.add_argument("--partition-column", default=None)
     parser.add_argument("--topic", default=None, help="one topic for every row")

@@ -16,6 +16,7 @@ from app.errors import LlogError
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.idempotency import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from app.storage.keys import TopicPartition
+from app.storage.log_record import LogRecord, Payload, payload_size
 from app.storage.records import Control, now_ms
 from app.storage.s3 import S3Store
 from app.storage.writer import LogWriter
@@ -90,11 +91,11 @@ def resume_decision(control: Control | None, key: str, bound: int
 class _Unit:
     tp: TopicPartition
     chunk: int
-    records: list[bytes]
+    records: list[Payload]
 
     @property
     def size(self) -> int:
-        return sum(len(r) for r in self.records)
+        return sum(payload_size(r) for r in self.records)
 
 
 @dataclass
@@ -257,22 +258,43 @@ class _Task:
                 await self.write_marker(tp, state, state.next_chunk)
 
 
-def read_staged(uri: str, batch_rows: int = 8192) -> Iterator[tuple[int, str, int, bytes]]:
-    """Rows ``(chunk, topic, partition, value)`` of one staged Parquet file, in order."""
+_STAGED = ("_chunk", "topic", "partition", "value")
+_FIELDS = ("key", "headers", "timestamp_ms")
+
+
+def payload_of(value: bytes, key: bytes | None = None,
+               headers: list[dict[str, Any]] | None = None,
+               timestamp_ms: int | None = None) -> Payload:
+    """A staged row's record: plain bytes unless it has a key, headers or a timestamp
+    (so plain rows are written as bytes-batch-v1, as a broker writes them)."""
+    if key is None and not headers and timestamp_ms is None:
+        return value
+    return LogRecord(value, key, tuple((h["name"], h["value"]) for h in headers or ()),
+                     timestamp_ms)
+
+
+def read_staged(uri: str, batch_rows: int = 8192) -> Iterator[tuple[int, str, int, Payload]]:
+    """Rows ``(chunk, topic, partition, record)`` of one staged Parquet file, in order."""
     import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
     import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     fs, path = pyarrow.fs.FileSystem.from_uri(uri)
     with fs.open_input_file(path) as fh:
         parquet = pq.ParquetFile(fh)
+        fields = [f for f in _FIELDS if f in parquet.schema_arrow.names]
         for batch in parquet.iter_batches(batch_size=batch_rows,
-                                          columns=["_chunk", "topic", "partition", "value"]):
-            yield from zip(batch.column(0).to_pylist(), batch.column(1).to_pylist(),
-                           batch.column(2).to_pylist(), batch.column(3).to_pylist(),
-                           strict=True)
+                                          columns=[*_STAGED, *fields]):
+            chunks, topics, partitions, values, *rest = (c.to_pylist() for c in batch.columns)
+            if not rest:  # plain values only: no record fields to look at
+                yield from zip(chunks, topics, partitions, values, strict=True)
+                continue
+            extra = [dict(zip(fields, row, strict=True)) for row in zip(*rest, strict=True)]
+            for chunk, topic, partition, value, more in zip(chunks, topics, partitions,
+                                                            values, extra, strict=True):
+                yield chunk, topic, partition, payload_of(value, **more)
 
 
-def _units(rows: Iterable[tuple[int, str, int, bytes]]) -> Iterator[_Unit]:
+def _units(rows: Iterable[tuple[int, str, int, Payload]]) -> Iterator[_Unit]:
     """Group rows sorted by (chunk, topic, partition, position): one unit per chunk."""
     unit: _Unit | None = None
     for chunk, topic, partition, value in rows:
@@ -303,7 +325,8 @@ def backfill_task(payload: Mapping[str, str], params: TaskParams,
         async with open_stores(payload, task_identity(JOB)) as stores:
             recorder = _RecordingS3(stores.s3)
             writer = LogWriter(stores.oxia, cast(S3Store, recorder), stores.layout,
-                               stores.metrics, max_attempts=stores.settings.commit_max_attempts)
+                               stores.metrics, max_attempts=stores.settings.commit_max_attempts,
+                               encoding=stores.settings.wal_encoding)
             async with writer:
                 task = _Task(stores, writer, recorder, params)
                 last_log = time.monotonic()

@@ -8,9 +8,13 @@ every partition's ``[--from-offset, min(--to-offset, high watermark)]`` into ran
 skipped, gaps reported) and writes it with pyarrow to ``{output}/part-{n}.parquet``.
 
 Columns: ``topic`` (string), ``partition`` (int), ``offset`` (long), ``value``
-(binary), ``value_utf8`` (string, null when the value is not valid UTF-8). Part files
-are numbered in (topic, partition, offset) order, rows inside them too. The output is
-a local (or shared) directory, or any URI pyarrow's filesystems open.
+(binary), ``value_utf8`` (string, null when the value is not valid UTF-8), ``key``
+(binary, null when the record has none), ``headers`` (list of ``{name: string, value:
+binary}`` in record order, empty when none), ``timestamp_ms`` (long, the producer's,
+null when none) and ``append_time_ms`` (long, the broker's). Ranges start at each
+partition's log start (retention). Part files are numbered in (topic, partition,
+offset) order, rows inside them too. The output is a local (or shared) directory, or
+any URI pyarrow's filesystems open.
 
     python -m jobs.spark.export --report /tmp/exp --output /tmp/orders.parquet --topic orders
 """
@@ -31,7 +35,7 @@ import anyio
 from app.errors import LlogError
 from app.settings import Settings
 from app.storage.keys import TopicPartition
-from app.storage.log_record import payload_value
+from app.storage.log_record import LogRecord, Payload, payload_value
 from app.storage.reader import LogReader
 from app.storage.records import now_ms
 from jobs.spark.discovery import discover_on_driver
@@ -48,7 +52,8 @@ if TYPE_CHECKING:
 JOB = "export"
 MiB = 1024 * 1024
 RECORD_COLUMNS = ("topic string, partition int, offset long, value binary, "
-                  "value_utf8 string")
+                  "value_utf8 string, key binary, headers array<struct<name:string,"
+                  "value:binary>>, timestamp_ms long, append_time_ms long")
 RANGE_COLUMNS = "topic string, partition int, first_offset long, last_offset long"
 FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, last_offset long, "
                 "records long, bytes long, file string")
@@ -71,26 +76,32 @@ class ExportOptions:
 
 
 def high_watermarks_task(payload: Mapping[str, str], tps: Iterable[tuple[str, int]]
-                         ) -> Iterator[tuple[str, int, int]]:
+                         ) -> Iterator[tuple[str, int, int, int]]:
+    """``(topic, partition, log start, high watermark)`` of each partition."""
     todo = [TopicPartition(t, p) for t, p in tps]
-    out: list[tuple[str, int, int]] = []
+    out: list[tuple[str, int, int, int]] = []
 
     async def run() -> None:
         async with open_stores(payload, task_identity(JOB)) as stores:
             reader = LogReader(stores.oxia, stores.s3, stores.layout)
             for tp in todo:
-                out.append((tp.topic, tp.partition, await reader.high_watermark(tp)))
+                control = await reader.read_control(tp)
+                out.append((tp.topic, tp.partition, 1, 0) if control is None else
+                           (tp.topic, tp.partition, control.log_start,
+                            control.sequence_counter))
 
     anyio.run(run)
     return iter(out)
 
 
-def plan_ranges(high_watermarks: Iterable[tuple[str, int, int]], from_offset: int,
+def plan_ranges(bounds: Iterable[tuple[str, int, int, int]], from_offset: int,
                 to_offset: int | None, range_records: int) -> list[tuple[str, int, int, int]]:
-    """``(topic, partition, first, last)`` ranges of at most ``range_records`` offsets."""
+    """``(topic, partition, first, last)`` ranges of at most ``range_records`` offsets
+    from ``(topic, partition, log start, high watermark)``: nothing below the log start
+    (retention removed it) or above the high watermark."""
     ranges = []
-    for topic, partition, hw in sorted(high_watermarks):
-        first = max(1, from_offset)
+    for topic, partition, log_start, hw in sorted(bounds):
+        first = max(1, log_start, from_offset)
         last = hw if to_offset is None else min(hw, to_offset)
         while first <= last:
             end = min(last, first + range_records - 1)
@@ -159,13 +170,29 @@ def _sweep_temporary_parts(fs: Any, base: str) -> None:
 def _schema() -> Any:
     import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
+    header = pa.struct([("name", pa.string()), ("value", pa.binary())])
     return pa.schema([("topic", pa.string()), ("partition", pa.int32()),
                       ("offset", pa.int64()), ("value", pa.binary()),
-                      ("value_utf8", pa.string())])
+                      ("value_utf8", pa.string()), ("key", pa.binary()),
+                      ("headers", pa.list_(header)), ("timestamp_ms", pa.int64()),
+                      ("append_time_ms", pa.int64())])
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One record as exported: its offset, payload and the broker's append time."""
+
+    offset: int
+    payload: Payload
+    append_time_ms: int
+
+    @property
+    def record(self) -> LogRecord | None:
+        return self.payload if isinstance(self.payload, LogRecord) else None
 
 
 async def _batches(reader: LogReader, part: PartRange, batch_records: int
-                   ) -> AsyncIterator[list[tuple[int, bytes]]]:
+                   ) -> AsyncIterator[list[_Row]]:
     """The range's records in batches, checked to be contiguous from ``first``."""
     offset = part.first
     while offset <= part.last:
@@ -175,30 +202,53 @@ async def _batches(reader: LogReader, part: PartRange, batch_records: int
         except LlogError as exc:
             raise LlogError(f"{part.tp} offsets {offset}..{part.last}: "
                             f"{exc.error_type}: {exc}") from exc
-        got = [(at, payload_value(v)) for at, v in result.records if at <= part.last]
+        got = [_Row(at, v, t) for (at, v), t in zip(result.records, result.append_times,
+                                                     strict=True) if at <= part.last]
         if not got:
             raise LlogError(f"{part.tp}: nothing readable at offset {offset} "
                             f"(high watermark {result.high_watermark})")
-        if got[0][0] != offset or got[-1][0] != offset + len(got) - 1:
+        if got[0].offset != offset or got[-1].offset != offset + len(got) - 1:
             raise LlogError(f"{part.tp}: offsets from {offset} are not contiguous")
         yield got
-        offset = got[-1][0] + 1
+        offset = got[-1].offset + 1
 
 
-def _record_batch(schema: Any, part: PartRange, got: list[tuple[int, bytes]]) -> Any:
+def _headers(row: _Row) -> list[dict[str, Any]]:
+    record = row.record
+    return [] if record is None else [{"name": n, "value": v} for n, v in record.headers]
+
+
+def _field_arrays(schema: Any, got: list[_Row]) -> tuple[Any, Any, Any]:
+    """The ``key``, ``headers`` and ``timestamp_ms`` columns of a batch."""
     import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    values = pa.array([v for _, v in got], pa.binary())
+    headers_type = schema.field("headers").type
+    records = [r.record for r in got]
+    if all(r is None for r in records):  # plain values only: no per-row work
+        no_headers = pa.ListArray.from_arrays(pa.array([0] * (len(got) + 1), pa.int32()),
+                                              pa.array([], headers_type.value_type))
+        return pa.nulls(len(got), pa.binary()), no_headers, pa.nulls(len(got), pa.int64())
+    return (pa.array([None if r is None else r.key for r in records], pa.binary()),
+            pa.array([_headers(r) for r in got], headers_type),
+            pa.array([None if r is None else r.timestamp_ms for r in records], pa.int64()))
+
+
+def _record_batch(schema: Any, part: PartRange, got: list[_Row]) -> Any:
+    import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    values = pa.array([payload_value(r.payload) for r in got], pa.binary())
     try:  # the whole batch at once when it is all valid UTF-8
         text = values.cast(pa.string())
     except pa.ArrowInvalid:
-        text = pa.array([_utf8(v) for _, v in got], pa.string())
+        text = pa.array([_utf8(payload_value(r.payload)) for r in got], pa.string())
     return pa.record_batch([
         pa.array([part.topic] * len(got), pa.string()),
         pa.array([part.partition] * len(got), pa.int32()),
-        pa.array([at for at, _ in got], pa.int64()),
+        pa.array([r.offset for r in got], pa.int64()),
         values,
         text,
+        *_field_arrays(schema, got),
+        pa.array([r.append_time_ms for r in got], pa.int64()),
     ], schema=schema)
 
 
@@ -220,7 +270,7 @@ async def write_part(reader: LogReader, fs: Any, base: str, part: PartRange, att
             async for got in _batches(reader, part, batch_records):
                 writer.write_batch(_record_batch(schema, part, got))
                 records += len(got)
-                size += sum(len(v) for _, v in got)
+                size += sum(len(payload_value(r.payload)) for r in got)
         fs.move(tmp, f"{base}/{part_name(part.index)}")
     except BaseException:
         with contextlib.suppress(OSError):
@@ -262,11 +312,12 @@ def _select_partitions(settings: Settings, options: ExportOptions) -> list[Topic
     ]
 
 
-def _read_high_watermarks(spark: SparkSession, payload: Mapping[str, str],
-                          partitions: Sequence[TopicPartition], tasks: int
-                          ) -> list[tuple[str, int, int]]:
-    """The export's snapshot, read in a Spark stage: later appends are not exported."""
-    describe(spark, f"export: reading the high watermarks of {len(partitions)} partitions")
+def _read_bounds(spark: SparkSession, payload: Mapping[str, str],
+                 partitions: Sequence[TopicPartition], tasks: int
+                 ) -> list[tuple[str, int, int, int]]:
+    """The export's snapshot, read in a Spark stage: log starts and high watermarks
+    (later appends are not exported)."""
+    describe(spark, f"export: reading the log bounds of {len(partitions)} partitions")
     items = [(tp.topic, tp.partition) for tp in partitions]
     return spark.sparkContext.parallelize(items, partition_slices(len(items), tasks)) \
         .mapPartitions(functools.partial(high_watermarks_task, payload)).collect()
@@ -300,13 +351,13 @@ def _write_parts(spark: SparkSession, payload: Mapping[str, str], options: Expor
     return files_df
 
 
-def _per_partition(spark: SparkSession, hws: Sequence[tuple[str, int, int]],
+def _per_partition(spark: SparkSession, bounds: Sequence[tuple[str, int, int, int]],
                    files: DataFrame) -> DataFrame:
-    """High watermark against what the tasks exported, per partition."""
+    """Log start and high watermark against what the tasks exported, per partition."""
     from pyspark.sql import functions as F
 
     return spark.createDataFrame(
-        list(hws), "topic string, partition int, high_watermark long",
+        list(bounds), "topic string, partition int, log_start long, high_watermark long",
     ).join(files.groupBy("topic", "partition").agg(
         F.sum("records").alias("records"), F.min("first_offset").alias("first_offset"),
         F.max("last_offset").alias("last_offset"), F.sum("bytes").alias("bytes"),
@@ -335,15 +386,16 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
     payload = settings_payload(settings)
     describe(spark, "export: discovering partitions")
     partitions = _select_partitions(settings, options)
-    hws = _read_high_watermarks(spark, payload, partitions, tasks)
-    ranges = plan_ranges(hws, options.from_offset, options.to_offset, options.range_records)
+    bounds = _read_bounds(spark, payload, partitions, tasks)
+    ranges = plan_ranges(bounds, options.from_offset, options.to_offset,
+                         options.range_records)
     report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
     expected = sum(last - first + 1 for _, _, first, last in ranges)
     describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.output}")
     # Every task checked that its range came out contiguous and complete; the counts
     # per partition come from the tasks' own file list. --verify-output re-reads it all.
     files = _write_parts(spark, payload, options, ranges, report)
-    report.write_table(_per_partition(spark, hws, files), "partitions")
+    report.write_table(_per_partition(spark, bounds, files), "partitions")
     totals = files.agg(F.sum("records").alias("n"), F.sum("bytes").alias("b")).collect()[0]
     exported, duplicates = int(totals["n"] or 0), 0
     if options.verify_output:

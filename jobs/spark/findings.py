@@ -33,7 +33,11 @@ class Finding:
     size: int | None = None
 
     def row(self, tp: TopicPartition) -> tuple[Any, ...]:
-        return (tp.topic, tp.partition, self.kind, self.severity, self.first_offset,
+        return self.row_at(tp.topic, tp.partition)
+
+    def row_at(self, topic: str, partition: int | None) -> tuple[Any, ...]:
+        """A row of :data:`FINDING_COLUMNS` (``partition`` None: about a whole topic)."""
+        return (topic, partition, self.kind, self.severity, self.first_offset,
                 self.last_offset, self.index_key, self.data_key, self.age_ms, self.size,
                 self.message)
 

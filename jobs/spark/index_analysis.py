@@ -1,6 +1,7 @@
 """The audit's checks of one partition snapshot, pure (no I/O): coverage of
-``1..high watermark``, strays, the pending append, the cursor and the compaction record,
-and the list of objects to check (:class:`ObjectUse`)."""
+``log start..high watermark``, entries wholly below the log start (trimmable), strays,
+the pending append, the cursor and the compaction record, and the list of objects to
+check (:class:`ObjectUse`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,9 @@ class Analysis:
     strays: list[IndexRow]
     deletable_strays: list[IndexRow]  # strays below the cursor: can never matter again
     pending_materialised: bool
+    # Entries wholly below the log start: unreadable, allowed until compaction trims
+    # them (docs/protocol.md, Retention); their objects still count as referenced.
+    trimmable: list[IndexRow] = field(default_factory=list)
 
 
 @dataclass
@@ -49,11 +53,11 @@ def analyse(snap: PartitionSnapshot, now: int, stale_after_ms: int) -> Analysis:
     """Coverage, strays, cursor, pending and compaction checks of one snapshot."""
     w = _Work(snap, now, stale_after_ms)
     _check_records(w)
-    entries = _readable_entries(w)
+    trimmable, entries = _split_log_start(w, _readable_entries(w))
     live, strays = _split_strays(entries)
     deletable = _report_strays(w, strays)
     pending = snap.control.pending if snap.control is not None else None
-    materialised = pending is not None and _materialised(pending, live)
+    materialised = pending is not None and _materialised(pending, live + trimmable)
     spans = [(e.start, e.end, e.row.key) for e in live]
     if pending is not None:
         _check_pending(w, pending, materialised)
@@ -62,7 +66,17 @@ def analyse(snap: PartitionSnapshot, now: int, stale_after_ms: int) -> Analysis:
     _check_tiling(w, spans)
     _check_cursor(w, live)
     _check_compaction(w)
-    uses = [_use("index", e) for e in live] + [_use("stray", e) for e in strays]
+    return Analysis(w.out, _uses(snap, live, strays, trimmable, pending, materialised),
+                    [e.row for e in strays], [e.row for e in deletable], materialised,
+                    [e.row for e in trimmable])
+
+
+def _uses(snap: PartitionSnapshot, live: list[_Entry], strays: list[_Entry],
+          trimmable: list[_Entry], pending: Pending | None, materialised: bool
+          ) -> list[ObjectUse]:
+    """Every object the partition references, with what it should hold."""
+    uses = ([_use("index", e) for e in live] + [_use("stray", e) for e in strays]
+            + [_use("trimmable", e) for e in trimmable])
     if pending is not None and not materialised:
         uses.append(ObjectUse("pending", pending.data_key, pending.start_offset,
                               pending.end_offset, pending.msg_count, pending.byte_offset,
@@ -71,8 +85,23 @@ def analyse(snap: PartitionSnapshot, now: int, stale_after_ms: int) -> Analysis:
     if comp is not None:
         uses.append(ObjectUse("compaction", comp.data_key, comp.start_offset, comp.end_offset,
                               comp.msg_count, None, None, comp.crc32c, None, comp.encoding))
-    return Analysis(w.out, uses, [e.row for e in strays], [e.row for e in deletable],
-                    materialised)
+    return uses
+
+
+def _split_log_start(w: _Work, entries: list[_Entry]) -> tuple[list[_Entry], list[_Entry]]:
+    """(trimmable, the rest): entries ending below the log start are reported together,
+    as one informational finding; they take no part in the other checks."""
+    control = w.snap.control
+    log_start = control.log_start if control is not None else 1
+    if control is not None and log_start > control.sequence_counter + 1:
+        w.add("log_start_beyond_head", CORRUPTION, f"log start {log_start} is beyond the "
+              f"high watermark {control.sequence_counter} + 1")
+    below = [e for e in entries if e.end < log_start]
+    if below:
+        w.add("below_log_start", INFO, f"{len(below)} index entries lie wholly below the "
+              f"log start {log_start}: trimmable (compaction deletes them)",
+              min(e.start for e in below), max(e.end for e in below))
+    return below, [e for e in entries if e.end >= log_start]
 
 
 def _check_records(w: _Work) -> None:
@@ -171,10 +200,14 @@ def _check_pending(w: _Work, pending: Pending, materialised: bool) -> None:
 
 
 def _check_tiling(w: _Work, spans: list[tuple[int, int, str]]) -> None:
-    """``spans`` must tile ``1..high watermark``: no gap, no overlap."""
+    """``spans`` must tile ``log start..high watermark``: no gap, no overlap. What lies
+    below the log start is not read, so only the parts at or above it count."""
     hw = w.snap.high_watermark
-    expected = 1
-    for start, end, where in sorted(spans, key=lambda s: (s[0], -s[1])):
+    log_start = w.snap.control.log_start if w.snap.control is not None else 1
+    expected = log_start
+    clipped = [(max(start, log_start), end, where) for start, end, where in spans
+               if end >= log_start]
+    for start, end, where in sorted(clipped, key=lambda s: (s[0], -s[1])):
         if start > expected:
             w.add("gap", CORRUPTION, f"no entry covers offsets {expected}..{start - 1}",
                   expected, start - 1)
@@ -188,7 +221,8 @@ def _check_tiling(w: _Work, spans: list[tuple[int, int, str]]) -> None:
 
 
 def _check_cursor(w: _Work, live: list[_Entry]) -> None:
-    """Invariant 4: every offset below the cursor is covered by a compacted entry."""
+    """Invariant 4: every offset below the cursor and at or above the log start is
+    covered by a compacted entry (``live`` holds no entry wholly below the log start)."""
     cursor, hw = w.snap.cursor, w.snap.high_watermark
     if cursor > hw + 1:
         w.add("cursor_beyond_head", CORRUPTION,

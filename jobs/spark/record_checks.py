@@ -86,7 +86,13 @@ def pending_problems(pending: Pending) -> list[str]:
 
 def control_problems(control: Control) -> list[str]:
     """Problems of the control record itself; its pending record is checked apart."""
-    return _integers(control, ("sequence_counter",))
+    out = _integers(control, ("sequence_counter",))
+    out += _optional_integers(control, ("log_start_bytes", "appended_bytes",
+                                        "last_append_ms"))
+    start = control.log_start_offset
+    if start is not None and not _is_int(start, 1):
+        out.append(f"log_start_offset {start!r} is not an integer >= 1")
+    return out
 
 
 def compaction_problems(compaction: Compaction) -> list[str]:

@@ -17,6 +17,7 @@ from jobs.spark.job_settings import load_settings
 from jobs.spark.progress import Progress
 from jobs.spark.report import EXIT_FAILED, JobOutcome, Report
 from jobs.spark.session import build_spark, describe, parse_conf
+from jobs.spark.textfile import write_job_metrics
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -55,6 +56,9 @@ def base_parser(job: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--progress-interval", type=float, default=10.0,
                         help="seconds between progress log lines (0: off)")
     parser.add_argument("--log-level", default="INFO")
+    parser.add_argument("--metrics-file", type=Path, default=None,
+                        help="also write the outcome (exit code, time, audit findings) "
+                             "for node_exporter's textfile collector to this file")
     return parser
 
 
@@ -103,23 +107,39 @@ def run_main(job: str, parser: argparse.ArgumentParser, argv: Sequence[str] | No
     from pyspark.sql import SparkSession
 
     shared = SparkSession.getActiveSession() is not None  # e.g. called inside a test
-    spark = build_spark(f"llog-{job}", args.master, conf)
+    try:
+        # No Java, or a JVM that does not start: the job could not run (2), never 1,
+        # which says the store has findings.
+        spark = build_spark(f"llog-{job}", args.master, conf)
+    except Exception as exc:
+        job_log.exception("%s: the Spark session did not start", job)
+        outcome = _failed(report, job, started, exc)
+        if args.metrics_file is not None:
+            write_job_metrics(args.metrics_file, outcome.summary)
+        return outcome.exit_code
     try:
         with Progress(spark, job, args.progress_interval):
             outcome = runner(spark, settings, options_from_args(options_type, args), report)
     except Exception as exc:
         job_log.exception("%s failed", job)
-        report.write_summary({
-            "job": job, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
-            "started_ms": started, "finished_ms": now_ms(), "exit_code": EXIT_FAILED,
-        })
-        return EXIT_FAILED
+        outcome = _failed(report, job, started, exc)
     finally:
         if not shared:
             spark.stop()
+    if args.metrics_file is not None:
+        write_job_metrics(args.metrics_file, outcome.summary)
     job_log.info("%s finished with exit code %d; report in %s", job, outcome.exit_code,
                  report.directory)
     return outcome.exit_code
+
+
+def _failed(report: Report, job: str, started: int, exc: Exception) -> JobOutcome:
+    outcome = JobOutcome({
+        "job": job, "status": "failed", "error": f"{type(exc).__name__}: {exc}",
+        "started_ms": started, "finished_ms": now_ms(), "exit_code": EXIT_FAILED,
+    }, EXIT_FAILED)
+    report.write_summary(outcome.summary)
+    return outcome
 
 
 def run_module(job: str) -> int:

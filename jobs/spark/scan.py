@@ -105,10 +105,12 @@ def _tagged(tag: str) -> Callable[[Tagged], bool]:
 def scan_partitions(spark: SparkSession, settings: Settings, job: str,
                     partitions: Sequence[TopicPartition], tasks: int, concurrency: int,
                     make_handler: Callable[[Stores], SnapshotHandler],
-                    tables: Mapping[str, tuple[str, str]], report: Report
+                    tables: Mapping[str, tuple[str, str]], report: Report,
+                    extra: Mapping[str, Sequence[tuple[Any, ...]]] | None = None
                     ) -> dict[str, DataFrame]:
     """Snapshot and handle every partition in Spark tasks, once; ``tables`` maps a row
-    tag to ``(table name, columns)``. Returns each table, read back from the report."""
+    tag to ``(table name, columns)``, ``extra`` a tag to rows the driver adds to that
+    table. Returns each table, read back from the report."""
     body = functools.partial(snapshot_task, settings_payload(settings), job, concurrency,
                              make_handler)
     items = [(tp.topic, tp.partition) for tp in partitions]
@@ -119,6 +121,8 @@ def scan_partitions(spark: SparkSession, settings: Settings, job: str,
     for tag, (name, columns) in tables.items():
         rows = tagged.filter(_tagged(tag)).map(lambda row: row[1])
         df = spark.createDataFrame(rows, columns, verifySchema=False)
+        if extra and extra.get(tag):
+            df = df.unionByName(spark.createDataFrame(list(extra[tag]), columns))
         out[name] = spark.read.parquet(report.write_table(df, name))
     tagged.unpersist()
     return out

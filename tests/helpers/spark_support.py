@@ -25,6 +25,7 @@ from app.settings import Settings
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload
 from app.storage.oxia_store import EXPECT_NOT_EXISTS
 from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
 from app.storage.writer import CrashPoint
@@ -102,7 +103,7 @@ def table(report: Path, name: str) -> list[dict[str, Any]]:
 # -- store helpers (async; tests call them through anyio.run) ---------------------------
 
 
-async def append(e: Engine, groups: Sequence[tuple[TopicPartition, Sequence[bytes]]]
+async def append(e: Engine, groups: Sequence[tuple[TopicPartition, Sequence[Payload]]]
                  ) -> list[AppendResult]:
     results = await e.writer.append_shared([AppendGroup(tp, list(r)) for tp, r in groups])
     out = []

@@ -1,0 +1,123 @@
+"""Access control of one broker process: who is calling, what they may do, how much.
+
+:class:`AccessControl` is built by ``create_app`` only when ``LLOG_AUTH=on`` and used by
+the HTTP edge (app/routes/access.py); with auth off nothing of it exists, so requests pay
+nothing for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import anyio
+from prometheus_client import CollectorRegistry
+
+from app.auth.apikeys import TOKEN_PREFIX
+from app.auth.authfile import AuthConfig, Entry
+from app.auth.jwts import JwtVerifier
+from app.auth.metrics import AuthMetrics, PrincipalLabels
+from app.auth.quotas import QuotaBook
+from app.auth.reload import AuthFileWatch
+from app.auth.rights import Right
+from app.errors import Forbidden, Unauthenticated
+from app.settings import Settings
+
+# A refusal names at most this many of the names it refuses.
+_SHOWN_NAMES = 10
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    label: str  # its metrics label (app/auth/metrics.py)
+    method: Literal["api-key", "jwt"]
+
+
+class AccessControl:
+    def __init__(self, settings: Settings, registry: CollectorRegistry,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        assert settings.auth_file is not None
+        self.settings = settings
+        self.metrics = AuthMetrics(registry)
+        self.quotas = QuotaBook(settings.auth_max_tracked_principals, clock)
+        self.jwt = JwtVerifier(settings, clock) if settings.jwt_enabled else None
+        self._labels = PrincipalLabels(settings.auth_metrics_max_principals)
+        self._config: AuthConfig | None = None
+        self.watch = AuthFileWatch(settings.auth_file, settings.auth_reload_interval_s,
+                                   settings.auth_file_max_bytes, self._apply, self._loaded)
+
+    def _apply(self, config: AuthConfig) -> None:
+        self._config = config
+
+    def _loaded(self, outcome: str) -> None:
+        self.metrics.reloads.labels(outcome).inc()
+
+    @property
+    def config(self) -> AuthConfig:
+        assert self._config is not None, "the auth file is loaded when the app starts"
+        return self._config
+
+    # -- who ---------------------------------------------------------------------------
+
+    async def authenticate(self, authorization: str | None) -> Principal:
+        """The principal an ``Authorization`` header proves, or Unauthenticated."""
+        scheme, _, token = (authorization or "").partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise Unauthenticated("this endpoint needs Authorization: Bearer <token>", code=None)
+        if token.startswith(TOKEN_PREFIX):
+            name = self.config.keys.principal(token)
+            if name is None:
+                raise Unauthenticated("unknown or revoked API key")
+            return Principal(name, self._labels.label(name, listed=True), "api-key")
+        if self.jwt is None:
+            raise Unauthenticated("the token is not an API key and no JWT issuer is "
+                                  "configured")
+        name = await self.jwt.principal(token)
+        listed = name in self.config.principals
+        return Principal(name, self._labels.label(name, listed=listed), "jwt")
+
+    def entry(self, principal: Principal) -> Entry:
+        return self.config.entry(principal.name)
+
+    # -- what --------------------------------------------------------------------------
+
+    def authorize(self, principal: Principal, right: Right, names: Iterable[str]) -> None:
+        """Forbidden unless the principal holds ``right`` on every name."""
+        denied = self.entry(principal).acl.denied(right, names)
+        if denied:
+            shown = ", ".join(denied[:_SHOWN_NAMES]) + (
+                f" and {len(denied) - _SHOWN_NAMES} more" if len(denied) > _SHOWN_NAMES else "")
+            kind = "consumer group" if right is Right.GROUP else "topic"
+            raise Forbidden(f"{principal.name} may not {right.value} on {kind}"
+                            f"{'s' if len(denied) > 1 else ''} {shown}")
+
+    def sees_topic(self, principal: Principal, topic: str) -> bool:
+        return self.entry(principal).acl.sees_topic(topic)
+
+    # -- how much ----------------------------------------------------------------------
+
+    def charge_request(self, principal: Principal) -> None:
+        self.quotas.charge_request(principal.name, self.entry(principal).quota)
+
+    def charge_bytes(self, principal: Principal, size: int) -> None:
+        self.quotas.charge_bytes(principal.name, self.entry(principal).quota, size)
+
+
+@contextlib.asynccontextmanager
+async def run_access_control(control: AccessControl, *, sighup: bool) -> AsyncIterator[None]:
+    """Load the auth file (a broken one stops the start) and the issuer's keys, then keep
+    both current until the app stops."""
+    await control.watch.load_first()
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(lambda: control.watch.run(sighup=sighup))
+        if control.jwt is not None:
+            await tg.start(control.jwt.run)
+        try:
+            yield
+        finally:
+            tg.cancel_scope.cancel()

@@ -1,0 +1,223 @@
+"""Consumer groups: join, heartbeat, leave, commit, list, describe, reset offsets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.responses import JSONResponse
+
+from app.auth.rights import Right
+from app.broker.state import BrokerState
+from app.errors import (
+    InvalidRequest,
+    LlogError,
+    PayloadTooLarge,
+    UnknownGroup,
+    UnknownTopic,
+)
+from app.groups.membership import GroupView
+from app.groups.offsets import ResetTarget
+from app.groups.records import Member
+from app.groups.service import GroupService, PartitionLag
+from app.routes.access import authorize, holds, require
+from app.routes.deps import broker_state, groups_of
+from app.routes.group_models import (
+    AssignedTopic,
+    CommitRequest,
+    GroupDescription,
+    GroupList,
+    GroupName,
+    GroupPartition,
+    GroupSummary,
+    JoinRequest,
+    LeaveResponse,
+    MemberAssignment,
+    MemberInfo,
+    MemberRequest,
+    OffsetResult,
+    OffsetResults,
+    ResetEntry,
+    ResetRequest,
+)
+from app.routes.models import ErrorResponse
+from app.storage.keys import TopicPartition
+
+router = APIRouter(tags=["groups"])
+PathGroup = Annotated[GroupName, Path(description="the consumer group's name")]
+State = Annotated[BrokerState, Depends(broker_state)]
+DEFAULT_PAGE = 100
+# Every route on one group needs the group right on it (403 before any storage work);
+# those that name topics need the consume right on them too, as reading does.
+GROUP_RIGHT = [Depends(require(Right.GROUP, param="group"))]
+
+
+def _errors(*statuses: int) -> dict[int | str, dict[str, object]]:
+    meaning = {400: "invalid request", 404: "no such group",
+               409: "the group refuses: see error_type", 413: "over a limit"}
+    return {s: {"model": ErrorResponse, "description": meaning[s]} for s in statuses}
+
+
+def _partly(meaning: str) -> dict[int | str, dict[str, object]]:
+    """A 409 that refuses the whole request (error body) or reports partitions
+    (results)."""
+    return {409: {"model": OffsetResults | ErrorResponse, "description": meaning}}
+
+
+def _by_topic(tps: Iterable[TopicPartition]) -> list[AssignedTopic]:
+    topics: dict[str, list[int]] = {}
+    for tp in sorted(tps):
+        topics.setdefault(tp.topic, []).append(tp.partition)
+    return [AssignedTopic(topic=t, partitions=ps) for t, ps in topics.items()]
+
+
+def _assignment(service: GroupService, view: GroupView, member: Member) -> MemberAssignment:
+    return MemberAssignment(
+        group=view.record.group, member_id=member.member_id, generation=view.generation,
+        assignment=_by_topic(service.membership.owned(view, member.member_id)),
+        members=len(view.record.members), session_timeout_ms=member.session_timeout_ms,
+        heartbeat_interval_ms=max(1, member.session_timeout_ms // 3))
+
+
+@router.post("/groups/{group}/join", dependencies=GROUP_RIGHT, response_model=MemberAssignment,
+             responses=_errors(400, 409, 413),
+             summary="Join a group: a member id, the generation and this member's partitions")
+async def join(group: PathGroup, body: JoinRequest, request: Request, state: State
+               ) -> MemberAssignment:
+    authorize(request, Right.CONSUME, body.topics)
+    service = groups_of(state)
+    view, member = await service.membership.join(
+        group, body.topics, client_id=body.client_id,
+        session_timeout_ms=body.session_timeout_ms)
+    return _assignment(service, view, member)
+
+
+@router.post("/groups/{group}/heartbeat", dependencies=GROUP_RIGHT, response_model=MemberAssignment,
+             responses=_errors(400, 409),
+             summary="Keep a member's session; the current generation and its partitions")
+async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> MemberAssignment:
+    service = groups_of(state)
+    view, member = await service.membership.heartbeat(group, body.member_id)
+    return _assignment(service, view, member)
+
+
+@router.post("/groups/{group}/leave", dependencies=GROUP_RIGHT, response_model=LeaveResponse,
+             responses=_errors(400, 404), summary="Leave a group: its partitions move now")
+async def leave(group: PathGroup, body: MemberRequest, state: State) -> LeaveResponse:
+    view, left = await groups_of(state).membership.leave(group, body.member_id)
+    if view is None:
+        raise UnknownGroup(f"group {group!r} does not exist")
+    return LeaveResponse(group=group, member_id=body.member_id, left=left,
+                         generation=view.generation)
+
+
+def _results(entries: Sequence[tuple[TopicPartition, int | LlogError]]) -> JSONResponse:
+    """200 when every partition succeeded, 409 otherwise (each result says how)."""
+    results = [OffsetResult(topic=tp.topic, partition=tp.partition, ok=True, offset=o)
+               if isinstance(o, int) else
+               OffsetResult(topic=tp.topic, partition=tp.partition, ok=False,
+                            error_type=o.error_type, error=str(o), retriable=o.retriable)
+               for tp, o in entries]
+    status = 200 if all(r.ok for r in results) else 409
+    return JSONResponse(OffsetResults(results=results).model_dump(exclude_none=True),
+                        status_code=status)
+
+
+@router.post("/groups/{group}/commit", dependencies=GROUP_RIGHT, response_model=OffsetResults,
+             responses={**_errors(400, 413), **_partly(
+                 "refused as a whole (error body), or a partition failed (results)")},
+             summary="Commit the last offset processed of partitions")
+async def commit(group: PathGroup, body: CommitRequest, request: Request, state: State
+                 ) -> JSONResponse:
+    authorize(request, Right.CONSUME, (e.topic for e in body.offsets))
+    if len(body.offsets) > state.settings.max_partitions_per_request:
+        raise PayloadTooLarge(f"{len(body.offsets)} partitions in one request; the limit is "
+                              f"{state.settings.max_partitions_per_request}")
+    offsets = [(TopicPartition(e.topic, e.partition), e.offset) for e in body.offsets]
+    done = await groups_of(state).offsets.commit(group, body.member_id, body.generation,
+                                                offsets)
+    return _results([(tp, o) for (tp, _), o in zip(offsets, done, strict=True)])
+
+
+@router.get("/groups", response_model=GroupList, responses=_errors(400),
+            summary="List the groups, a page at a time")
+async def list_groups(
+    request: Request,
+    state: State,
+    after: Annotated[GroupName | None, Query(description="the last group of the page before")
+                     ] = None,
+    limit: Annotated[int, Query(ge=1, description="groups per page, at most "
+                                "LLOG_GROUP_LIST_MAX")] = DEFAULT_PAGE,
+) -> GroupList:
+    if limit > state.settings.group_list_max:
+        raise InvalidRequest(f"limit {limit} exceeds LLOG_GROUP_LIST_MAX "
+                             f"({state.settings.group_list_max})")
+    page, next_after = await groups_of(state).page(after, limit)
+    return GroupList(next_after=next_after, groups=[GroupSummary(
+        group=r.group, generation=r.generation, members=len(r.members),
+        topics=sorted({t for m in r.members for t in m.topics}),
+        created_at_ms=r.created_at_ms, updated_at_ms=r.updated_at_ms)
+        for r in page if holds(request, Right.GROUP, r.group)])
+
+
+def _partition(p: PartitionLag) -> GroupPartition:
+    c = p.committed
+    return GroupPartition(
+        topic=p.tp.topic, partition=p.tp.partition, owner=p.owner,
+        committed_offset=c.offset if c else None,
+        committed_generation=c.generation if c else None,
+        committed_at_ms=c.committed_at_ms if c else None,
+        log_start_offset=p.log_start, high_watermark=p.high_watermark, lag=p.lag)
+
+
+@router.get("/groups/{group}", dependencies=GROUP_RIGHT, response_model=GroupDescription,
+            responses=_errors(400, 404),
+            summary="A group: members, assignment, generation, committed offsets and lag")
+async def describe_group(group: PathGroup, state: State) -> GroupDescription:
+    found = await groups_of(state).describe(group)
+    record, leases = found.view.record, found.view.leases or {}
+    return GroupDescription(
+        group=record.group, generation=record.generation, created_at_ms=record.created_at_ms,
+        updated_at_ms=record.updated_at_ms,
+        members=[MemberInfo(
+            member_id=m.member_id, client_id=m.client_id, topics=list(m.topics),
+            session_timeout_ms=m.session_timeout_ms, joined_at_ms=m.joined_at_ms,
+            expires_at_ms=lease.value.expires_at_ms if (lease := leases.get(m.member_id))
+            else None, assignment=_by_topic(found.assignment.get(m.member_id, ())))
+            for m in record.members],
+        partitions=[_partition(p) for p in found.partitions])
+
+
+async def _targets(state: BrokerState, entries: list[ResetEntry]) -> list[ResetTarget]:
+    """One target per partition; an entry without a partition names them all."""
+    out: list[ResetTarget] = []
+    for e in entries:
+        if e.partition is not None:
+            partitions = [e.partition]
+        else:
+            topic = await state.topics.topic(e.topic) if state.topics else None
+            if topic is None:
+                raise UnknownTopic(f"topic {e.topic!r} does not exist")
+            partitions = list(range(topic.partitions))
+        out.extend(ResetTarget(TopicPartition(e.topic, p), e.to, e.timestamp_ms, e.offset)
+                   for p in partitions)
+        if len(out) > state.settings.max_partitions_per_request:
+            raise PayloadTooLarge(f"more than {state.settings.max_partitions_per_request} "
+                                  "partitions in one request")
+    return out
+
+
+@router.post("/groups/{group}/reset-offsets", dependencies=GROUP_RIGHT,
+             response_model=OffsetResults,
+             responses={**_errors(400, 404, 413), **_partly(
+                 "the group has live members (error body), or a member joined while it "
+                 "was reset (results)")},
+             summary="Set a group's committed offsets (no member may be live)")
+async def reset_offsets(group: PathGroup, body: ResetRequest, request: Request, state: State
+                        ) -> JSONResponse:
+    authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
+    service = groups_of(state)
+    targets = await _targets(state, body.topic_partitions)
+    done = await service.offsets.reset(group, targets)
+    return _results([(t.tp, o) for t, o in zip(targets, done, strict=True)])

@@ -1,0 +1,221 @@
+"""GET /topics/{topic}/stream: records as Server-Sent Events, for browsers and `curl -N`.
+
+One ``records`` event per batch a read returns for one partition, its ``id`` the next
+offset of every partition of the stream (``0:17,1:4``), so an EventSource that
+reconnects with ``Last-Event-ID`` resumes exactly where it stopped. While nothing
+arrives, a comment line every ``heartbeat_ms`` keeps proxies and the browser from
+closing the connection. The next read starts only after the previous event was handed
+to the connection, so a slow reader is paced by the socket, not buffered: one read of at
+most ``max_bytes`` is all a stream holds. A draining broker ends its streams with an
+``end`` event (the client reconnects elsewhere); an error a client must act on (an
+offset below the log start, say) is an ``error`` event, and the stream ends.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
+
+import anyio
+import orjson
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from app.auth.rights import Right
+from app.broker.consume import Fetch
+from app.broker.state import BrokerState
+from app.errors import InvalidRequest, LlogError, RoleDisabled, ShuttingDown, Unavailable
+from app.routes.access import authorize
+from app.routes.consume import _record, _times
+from app.routes.models import ErrorResponse
+from app.routes.offsets import lookup_all
+from app.storage.keys import TopicPartition, validate_topic
+from app.storage.offsets import PartitionOffsets
+from app.storage.reader import ReadResult
+
+router = APIRouter(tags=["consume"])
+MAX_STREAM_PARTITIONS = 256
+_POSITION = re.compile(r"(\d{1,10}):(\d{1,19})")
+
+
+def _partitions(raw: str) -> list[int]:
+    try:
+        parts = [int(p) for p in raw.split(",")]
+    except ValueError:
+        raise InvalidRequest(f"partitions {raw!r}: a comma-separated list of "
+                             "partition numbers") from None
+    if not parts or len(parts) > MAX_STREAM_PARTITIONS or len(set(parts)) != len(parts):
+        raise InvalidRequest(f"partitions: 1 to {MAX_STREAM_PARTITIONS} distinct partitions")
+    if any(not 0 <= p < 2**31 for p in parts):
+        raise InvalidRequest("partitions are 0 .. 2147483647")
+    return parts
+
+
+def _resume(last_event_id: str, partitions: list[int]) -> dict[int, int]:
+    """Next offsets from a ``Last-Event-ID`` this stream sent."""
+    found: dict[int, int] = {}
+    for item in last_event_id.split(","):
+        m = _POSITION.fullmatch(item.strip())
+        if m is None:
+            raise InvalidRequest(f"Last-Event-ID {last_event_id!r} is not one this "
+                                 "stream sent")
+        found[int(m.group(1))] = int(m.group(2))
+    if set(found) != set(partitions):
+        raise InvalidRequest("Last-Event-ID names other partitions than the stream")
+    return found
+
+
+async def _starts(state: BrokerState, topic: str, partitions: list[int], start: str
+                  ) -> dict[int, int]:
+    if start.isdigit():
+        return dict.fromkeys(partitions, max(1, int(start)))
+    if start not in ("earliest", "latest"):
+        raise InvalidRequest(f"from {start!r}: earliest, latest or an offset")
+    assert state.reader is not None
+    found = await lookup_all(state.reader, [(TopicPartition(topic, p), None)
+                                            for p in partitions])
+    out: dict[int, int] = {}
+    for p, where in zip(partitions, found, strict=True):
+        if not isinstance(where, PartitionOffsets):
+            raise where
+        out[p] = where.log_start if start == "earliest" else where.high_watermark + 1
+    return out
+
+
+def _event(kind: str, data: Any, event_id: str | None = None) -> bytes:
+    head = f"id: {event_id}\n" if event_id is not None else ""
+    return f"{head}event: {kind}\n".encode() + b"data: " + orjson.dumps(data) + b"\n\n"
+
+
+def _position(offsets: dict[int, int]) -> str:
+    return ",".join(f"{p}:{o}" for p, o in offsets.items())
+
+
+@router.get(
+    "/topics/{topic}/stream",
+    summary="Follow partitions as Server-Sent Events (text/event-stream)",
+    response_class=StreamingResponse,
+    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                     "description": "records, heartbeat comments, end and error events"},
+               400: {"model": ErrorResponse, "description": "invalid parameters"},
+               503: {"model": ErrorResponse,
+                     "description": "every stream slot is taken, or the broker drains"}},
+)
+async def stream(
+    request: Request,
+    topic: str,
+    partitions: Annotated[str, Query(description="comma-separated partitions")] = "0",
+    start: Annotated[str, Query(alias="from", description="earliest, latest or an offset")
+                     ] = "latest",
+    encoding: Annotated[str, Query(pattern="^(auto|base64)$")] = "auto",
+    max_bytes: Annotated[int, Query(ge=1)] = 1024 * 1024,
+    heartbeat_ms: Annotated[int, Query(ge=1000, le=60_000)] = 15_000,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> StreamingResponse:
+    state: BrokerState = request.app.state.broker
+    validate_topic(topic)
+    authorize(request, Right.CONSUME, [topic])
+    parts = _partitions(partitions)
+    if max_bytes > state.settings.max_fetch_bytes:
+        raise InvalidRequest(f"max_bytes {max_bytes} exceeds the limit of "
+                             f"{state.settings.max_fetch_bytes}")
+    if state.consume is None or state.reader is None:
+        raise RoleDisabled("this broker does not have the read role")
+    slots = state.consume.stream_slots
+    if state.status == "stopping":
+        raise ShuttingDown("the broker is draining; connect to another broker")
+    if state.topics is not None:
+        for p in parts:
+            await state.topics.check_readable(TopicPartition(topic, p))
+    offsets = (_resume(last_event_id, parts) if last_event_id
+               else await _starts(state, topic, parts, start))
+    try:
+        slots.acquire_on_behalf_of_nowait(request)
+    except anyio.WouldBlock:
+        state.consume_metrics.streams.labels("refused").inc()
+        raise Unavailable(f"all {state.settings.max_concurrent_streams} stream slots are "
+                          "taken; retry shortly or on another broker") from None
+    ending = _Ending()
+    return _EventStream(
+        _follow(state, topic, offsets, encoding, max_bytes, heartbeat_ms / 1000, ending),
+        release=lambda: _release(state, slots, request, ending),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+class _Ending:
+    """How a stream ended, for the metrics: closed by the client (or the server
+    stopping) unless the stream itself ended it."""
+
+    outcome = "closed"
+
+
+def _release(state: BrokerState, slots: anyio.CapacityLimiter, holder: object,
+             ending: _Ending) -> None:
+    slots.release_on_behalf_of(holder)
+    state.consume_metrics.streams.labels(ending.outcome).inc()
+
+
+class _EventStream(StreamingResponse):
+    """Gives the stream slot back however the response ends, even when the client left
+    before the first event (the generator's own cleanup would then never run)."""
+
+    def __init__(self, content: AsyncIterator[bytes], *, release: Callable[[], None],
+                 media_type: str, headers: dict[str, str]) -> None:
+        super().__init__(content, media_type=media_type, headers=headers)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encoding: str,
+                  max_bytes: int, heartbeat_s: float, ending: _Ending
+                  ) -> AsyncIterator[bytes]:
+    """The events of one stream, each read only after the previous was sent."""
+    metrics = state.consume_metrics
+    yield b"retry: 1000\n\n"
+    while True:
+        if state.status != "ok" or state.consume is None or state.consume.released:
+            metrics.stream_events.labels("end").inc()
+            ending.outcome = "ended"
+            yield _event("end", {"reason": "the broker is draining; reconnect (with "
+                                           "Last-Event-ID) to another broker"})
+            return
+        fetches = [Fetch(TopicPartition(topic, p), o) for p, o in offsets.items()]
+        results = await state.consume.consume(fetches, max_wait_s=heartbeat_s, min_bytes=1,
+                                              max_bytes=max_bytes, slot=False)
+        sent = False
+        for fetch, result in zip(fetches, results, strict=True):
+            if isinstance(result, LlogError):
+                metrics.stream_events.labels("error").inc()
+                ending.outcome = "error"
+                yield _event("error", {"partition": fetch.tp.partition,
+                                       "error_type": result.error_type,
+                                       "error": str(result), "retriable": result.retriable})
+                return
+            if result.records:
+                sent = True
+                yield _records_event(fetch.tp.partition, result, offsets, encoding)
+                metrics.stream_events.labels("records").inc()
+                metrics.records.inc(len(result.records))
+                metrics.bytes.inc(result.size)
+        if not sent:
+            metrics.stream_events.labels("heartbeat").inc()
+            yield b": heartbeat\n\n"
+
+
+def _records_event(partition: int, result: ReadResult, offsets: dict[int, int],
+                   encoding: str) -> bytes:
+    offsets[partition] = result.next_offset
+    return _event("records", {
+        "partition": partition, "next_offset": result.next_offset,
+        "high_watermark": result.high_watermark,
+        "records": [_record(o, v, t, encoding)
+                    for (o, v), t in zip(result.records, _times(result), strict=True)]},
+        _position(offsets))

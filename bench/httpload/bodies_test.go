@@ -1,0 +1,47 @@
+package main
+
+import (
+	"encoding/binary"
+	"testing"
+)
+
+// The binary bodies match what the broker reads (tests/test_binary_api.py checks the
+// Python side of the same layouts).
+func TestLLP1AndV3Layout(t *testing.T) {
+	body := llp1("t", []entry{{partition: 2, records: [][]byte{[]byte("ab"), []byte("c")}}})
+	want := []byte("LLP1\x00\x00\x00\x01\x00\x01t\x00\x00\x00\x02\x00\x03" +
+		"\x00\x00\x00\x10" + "\x00\x00\x00\x02\x00" + "\x00\x00\x00\x02\x00\x00\x00\x01" +
+		"abc")
+	if string(body) != string(want) {
+		t.Fatalf("llp1:\n got %q\nwant %q", body, want)
+	}
+}
+
+func TestParseLLR1(t *testing.T) {
+	be := binary.BigEndian
+	v3body := v3([][]byte{[]byte("xy"), []byte("z")})
+	answer := []byte("LLR1")
+	answer = be.AppendUint32(answer, 2)
+	answer = append(be.AppendUint16(answer, 1), 't')
+	answer = append(be.AppendUint32(answer, 0), 1)
+	for _, v := range []uint64{5, 1, 4, 2} {
+		answer = be.AppendUint64(answer, v)
+	}
+	answer = append(answer, 3)
+	answer = append(be.AppendUint32(answer, uint32(len(v3body))), v3body...)
+	answer = append(be.AppendUint16(answer, 1), 't')
+	answer = append(be.AppendUint32(answer, 1), 0)
+	answer = append(be.AppendUint32(answer, 2), "{}"...)
+	results, ok := parseLLR1(answer, true)
+	if !ok || len(results) != 2 {
+		t.Fatalf("parse failed: %v %v", ok, results)
+	}
+	r := results[0]
+	if !r.ok || r.nextOffset != 4 || r.highWater != 5 || r.records != 2 || r.recordBytes != 3 ||
+		string(r.values[0]) != "xy" || results[1].ok || results[1].err != "{}" {
+		t.Fatalf("unexpected %+v", results)
+	}
+	if _, ok := parseLLR1(answer[:len(answer)-1], false); ok {
+		t.Fatal("a truncated answer parsed")
+	}
+}

@@ -1,0 +1,446 @@
+"""The broker against the ceiling of its HTTP layer, measured in one run.
+
+Starts real Oxia and MinIO on free ports, the ceiling app (bench/ceiling_app.py: FastAPI
+and uvicorn as the broker runs them, orjson, every record walked, no storage) and
+`llog serve` brokers (one process, one uvicorn worker each), and drives them with the Go
+load generator (bench/httpload). Sections, each printed as a table with its settings:
+
+- produce: JSON and binary (LLP1) produce against the JSON ceiling for the same records,
+  in two request shapes (4 partitions x 25 records x 1 KiB, 4 x 250 x 100 B), plus the
+  largest binary shape for records per second; server CPU per request from /proc.
+- catchup: one partition of --catchup-mib MiB (1 KiB records, written with binary
+  produce) read from offset 1 as fast as the broker answers, JSON and binary (LLR1),
+  against the ceiling serving answers of the same size from memory.
+- latency: a second broker; produce to one, long-poll the other, paced at a quarter of
+  the measured maximum; produce and produce-to-consume percentiles against the batch
+  window.
+- cost: how Oxia and S3 requests grow with partitions per flush (1, 16, 256) and with
+  brokers on one stack (1, 2, 3), and how flushes behave under saturation.
+
+    .venv/bin/python bench/perf.py [--quick] [--sections produce,catchup,latency,cost]
+
+It measures and prints; it asserts nothing. Results also go to .llog/bench/perf-*.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+for path in (ROOT, ROOT / "bench"):
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
+
+import http_bench as hb  # noqa: E402
+
+from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
+from app.localstack.processes import ManagedProcess, free_port  # noqa: E402
+from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
+
+MiB = 1024 * 1024
+SHAPES = [(4, 25, 1024), (4, 250, 100)]  # entries x records x bytes per request
+MAX_SHAPE = (4, 1000, 100)
+
+
+@dataclass
+class Server:
+    name: str
+    url: str
+    proc: ManagedProcess
+    metrics: bool  # a broker answers GET /metrics
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    stack: LocalStack
+    logs: Path
+    servers: list[Server] = field(default_factory=list)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.proc.stop(timeout=20)
+
+
+def _serve(run: Run, server: Server) -> Server:
+    server.proc.start()
+    wait_healthy(server.proc, server.url, timeout=60)
+    run.servers.append(server)
+    return server
+
+
+def start_ceiling(run: Run, record_bytes: int) -> Server:
+    port = free_port()
+    proc = ManagedProcess(
+        f"ceiling-{record_bytes}",
+        [sys.executable, str(ROOT / "bench" / "ceiling_app.py"), "--port", str(port),
+         "--record-bytes", str(record_bytes)],
+        run.logs / f"ceiling-{record_bytes}.log", env={**os.environ}, cwd=ROOT)
+    return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc, metrics=False))
+
+
+def start_broker(run: Run, name: str, **settings: str) -> Server:
+    port = free_port()
+    env = {**run.stack.settings_env(), "LLOG_BROKER_ID": f"perf-{name}",
+           "LLOG_ROLES": "write,read", "LLOG_DRAIN_S": "0",
+           "LLOG_BATCH_MAX_DELAY_MS": str(run.args.window_ms)}
+    env.update({f"LLOG_{k.upper()}": v for k, v in settings.items()})
+    proc = broker_process(f"broker-{name}", port, env, run.logs / f"broker-{name}.log")
+    return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc, metrics=True))
+
+
+def stop_server(run: Run, server: Server) -> None:
+    server.proc.stop(timeout=20)
+    run.servers.remove(server)
+
+
+# -- one measured load -----------------------------------------------------------------
+
+
+def load_args(url: str, topic: str, shape: tuple[int, int, int], fmt: str, seconds: float,
+              connections: int, partitions: int | None = None) -> list[str]:
+    entries, records, size = shape
+    return ["-mode", "throughput", "-url", url, "-topic", topic, "-format", fmt,
+            "-connections", str(connections), "-partitions", str(partitions or entries),
+            "-entries", str(entries), "-records", str(records), "-size", str(size),
+            "-duration", f"{seconds}s", "-timeout", "30s"]
+
+
+def measure(run: Run, servers: list[Server], per_server_args: list[list[str]]
+            ) -> dict[str, Any]:
+    """Run one load generator per server at once; figures summed over the servers."""
+    import subprocess
+
+    befores = [hb.get_json(f"{s.url}/metrics") if s.metrics else {} for s in servers]
+    cpu0 = [hb.cpu_seconds(s.proc.pid) for s in servers]
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([str(hb.LOADGEN_BIN), *a], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for a in per_server_args]
+    loads = []
+    for p in procs:
+        out, err = p.communicate(timeout=run.args.duration * 4 + 120)
+        if p.returncode != 0:
+            raise hb.BenchError(f"the load generator failed: {err.strip()[-500:]}")
+        loads.append(json.loads(out))
+    wall = time.monotonic() - t0
+    afters = [hb.get_json(f"{s.url}/metrics") if s.metrics else {} for s in servers]
+    cpu = sum(hb.cpu_seconds(s.proc.pid) - c for s, c in zip(servers, cpu0, strict=True))
+    requests = sum(x["ok"] for x in loads)
+    row: dict[str, Any] = {
+        "records_per_s": sum(x["records_per_s"] for x in loads),
+        "mib_per_s": sum(x["mib_per_s"] for x in loads),
+        "requests_per_s": sum(x["requests_per_s"] for x in loads),
+        "p50_ms": max(x["latency_ms"]["p50_ms"] for x in loads),
+        "p99_ms": max(x["latency_ms"]["p99_ms"] for x in loads),
+        "errors": sum(x["errors"] + x["other_status"] + x["status_503"] for x in loads),
+        "server_cpu_cores": cpu / wall,
+        "cpu_us_per_request": cpu / requests * 1e6 if requests else None,
+        "loads": loads,
+    }
+    if all(s.metrics for s in servers):
+        deltas = [hb.metric_deltas(b, a) for b, a in zip(befores, afters, strict=True)]
+        total = {k: sum(d.get(k, 0.0) for d in deltas) for k in deltas[0]}
+        flushes = total["flushes"]
+        row.update({
+            "flushes_per_s": flushes / wall,
+            "records_per_flush": total["produce_records"] / flushes if flushes else None,
+            "partitions_per_flush": total["flush_partitions"] / flushes if flushes else None,
+            "oxia_requests_per_flush": total["oxia_requests"] / flushes if flushes else None,
+            "s3_requests_per_flush": total["s3_requests"] / flushes if flushes else None,
+            "oxia_requests_per_s": total["oxia_requests"] / wall,
+            "s3_puts_per_s": total["s3_put"] / wall,
+        })
+    return row
+
+
+def _topic(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def warm(server: Server, shape: tuple[int, int, int], fmt: str, topic: str) -> None:
+    hb.run_loadgen(load_args(server.url, topic, shape, fmt, 1.0, 8), timeout=120)
+
+
+# -- sections --------------------------------------------------------------------------
+
+
+def produce_section(run: Run) -> list[dict[str, Any]]:
+    a = run.args
+    rows = []
+    broker = start_broker(run, "produce")
+    try:
+        for shape in [*SHAPES, MAX_SHAPE]:
+            ceiling = start_ceiling(run, shape[2])
+            try:
+                targets = [("ceiling", ceiling, "json")] if shape != MAX_SHAPE else []
+                targets += [("broker", broker, "json"), ("broker", broker, "binary")]
+                for kind, server, fmt in targets:
+                    topic = _topic("p")
+                    warm(server, shape, fmt, topic)
+                    row = measure(run, [server], [load_args(
+                        server.url, topic, shape, fmt, a.duration, a.connections)])
+                    rows.append({"section": "produce", "target": kind, "format": fmt,
+                                 "shape": shape, **row})
+            finally:
+                stop_server(run, ceiling)
+    finally:
+        stop_server(run, broker)
+    for row in rows:
+        ceiling_row = next((r for r in rows if r["target"] == "ceiling"
+                            and r["shape"][2] == row["shape"][2]), None)
+        if ceiling_row and ceiling_row["records_per_s"]:
+            row["ratio"] = row["records_per_s"] / ceiling_row["records_per_s"]
+    return rows
+
+
+def catchup_section(run: Run) -> list[dict[str, Any]]:
+    a = run.args
+    broker = start_broker(run, "catchup")
+    ceiling = start_ceiling(run, 1024)
+    topic = _topic("c")
+    rows: list[dict[str, Any]] = []
+    try:
+        filled = hb.run_loadgen(
+            [*load_args(broker.url, topic, (1, 256, 1024), "binary", 3600, 8, 1),
+             "-total-mib", str(a.catchup_mib)], timeout=3600)
+        rows.append({"section": "catchup", "target": "fill", "format": "binary",
+                     "mib": filled["bytes_acked"] / MiB, "mib_per_s": filled["mib_per_s"]})
+        for kind, server in (("ceiling", ceiling), ("broker", broker)):
+            for fmt in ("binary", "json"):
+                cpu0 = hb.cpu_seconds(server.proc.pid)
+                t0 = time.monotonic()
+                out = hb.run_loadgen(
+                    ["-mode", "catchup", "-url", server.url, "-topic", topic,
+                     "-format", fmt, "-max-bytes", str(a.fetch_bytes),
+                     "-catchup-mib", str(a.catchup_mib), "-timeout", "60s"], timeout=3600)
+                cpu = (hb.cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+                rows.append({"section": "catchup", "target": kind, "format": fmt,
+                             "mib_per_s": out["mib_per_s"], "records_per_s": out["records_per_s"],
+                             "requests": out["requests"], "caught_up": out["caught_up"],
+                             "p50_ms": out["latency_ms"]["p50_ms"],
+                             "p99_ms": out["latency_ms"]["p99_ms"], "errors": out["errors"],
+                             "server_cpu_cores": cpu, "mib": out["record_bytes"] / MiB})
+    finally:
+        stop_server(run, ceiling)
+        stop_server(run, broker)
+    for row in rows:
+        ref = next((r for r in rows if r["target"] == "ceiling"
+                    and r["format"] == row["format"]), None)
+        if row["target"] == "broker" and ref and ref["mib_per_s"]:
+            row["ratio"] = row["mib_per_s"] / ref["mib_per_s"]
+    return rows
+
+
+def latency_section(run: Run, produce_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    a = run.args
+    rows = []
+    writer = start_broker(run, "lat-writer")
+    reader = start_broker(run, "lat-reader")
+    try:
+        for fmt in ("json", "binary"):
+            shape = SHAPES[0]
+            best = next((r for r in produce_rows if r["target"] == "broker"
+                         and r["format"] == fmt and tuple(r["shape"]) == shape), None)
+            if best is None:
+                topic = _topic("m")
+                warm(writer, shape, fmt, topic)
+                best = measure(run, [writer], [load_args(writer.url, topic, shape, fmt,
+                                                         a.duration, a.connections)])
+            rate = best["requests_per_s"] / 4
+            topic = _topic("l")
+            warm(writer, shape, fmt, topic)
+            out = hb.run_loadgen(
+                ["-mode", "e2e", "-url", writer.url, "-consume-url", reader.url,
+                 "-topic", topic, "-format", fmt, "-rate", f"{rate:.1f}",
+                 "-connections", str(a.connections), "-partitions", str(shape[0]),
+                 "-entries", str(shape[0]), "-records", str(shape[1]), "-size", str(shape[2]),
+                 "-duration", f"{a.duration}s", "-warmup", "1s", "-max-wait-ms", "5000",
+                 "-drain", "15s", "-timeout", "30s"], timeout=a.duration + 120)
+            rows.append({"section": "latency", "format": fmt, "shape": shape,
+                         "rate_requests_per_s": rate, "max_requests_per_s":
+                         best["requests_per_s"], "window_ms": a.window_ms,
+                         "produce": out["produce_latency_ms"], "e2e": out["e2e_latency_ms"],
+                         "produced": out["produced"], "consumed": out["consumed"],
+                         "missing": out["missing"],
+                         "errors": out["produce_errors"] + out["consume_errors"]})
+    finally:
+        stop_server(run, reader)
+        stop_server(run, writer)
+    return rows
+
+
+def cost_section(run: Run) -> list[dict[str, Any]]:
+    a = run.args
+    rows = []
+    shape = (1, 25, 1024)
+    broker = start_broker(run, "cost")
+    try:
+        for partitions in (1, 16, 256):
+            topic = _topic("f")
+            warm(broker, (1, 1, 16), "binary", topic)
+            row = measure(run, [broker], [load_args(broker.url, topic, shape, "binary",
+                                                    a.duration, a.connections, partitions)])
+            rows.append({"section": "cost", "kind": "partitions", "partitions": partitions,
+                         "brokers": 1, "connections": a.connections, **row})
+        for connections in (4, a.connections, a.connections * 4):
+            topic = _topic("s")
+            warm(broker, shape, "binary", topic)
+            row = measure(run, [broker], [load_args(broker.url, topic, (4, 25, 1024),
+                                                    "binary", a.duration, connections, 16)])
+            rows.append({"section": "cost", "kind": "saturation", "partitions": 16,
+                         "brokers": 1, "connections": connections, **row})
+    finally:
+        stop_server(run, broker)
+    for count in (1, 2, 3):
+        brokers = [start_broker(run, f"cost{count}-{i}") for i in range(count)]
+        try:
+            topic = _topic("b")
+            for b in brokers:
+                warm(b, (1, 1, 16), "binary", topic)
+            per = max(1, a.connections // count)
+            row = measure(run, brokers, [load_args(b.url, topic, (4, 25, 1024), "binary",
+                                                   a.duration, per, 16) for b in brokers])
+            rows.append({"section": "cost", "kind": "brokers", "partitions": 16,
+                         "brokers": count, "connections": per * count, **row})
+        finally:
+            for b in brokers:
+                stop_server(run, b)
+    return rows
+
+
+# -- report ----------------------------------------------------------------------------
+
+
+def _f(value: Any, spec: str = ",.0f", width: int = 9) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def _shape(shape: Any) -> str:
+    e, r, s = shape
+    return f"{e}x{r}x{s if s < 1024 else str(s // 1024) + 'K'}"
+
+
+def print_report(results: dict[str, Any]) -> None:
+    s, m = results["settings"], results["machine"]
+    print(f"\nllog performance: {m['nproc']} CPUs ({m['cpu_model']}), Python {m['python']}, "
+          f"load average {m['loadavg_start'][0]:.2f} at start; real Oxia + MinIO on "
+          f"loopback; brokers: 1 process, 1 uvicorn worker, batch window "
+          f"{s['window_ms']} ms; {s['connections']} connections, {s['duration']} s per row")
+    rows = results["rows"]
+    prod = [r for r in rows if r["section"] == "produce"]
+    if prod:
+        print("\nproduce (closed loop; shape = entries x records x bytes per request; ratio "
+              "= records/s over the JSON ceiling's for the same record size)")
+        print(f"{'shape':>10} {'target':>8} {'format':>6} {'records/s':>10} {'MiB/s':>7} "
+              f"{'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>10} {'srv CPU':>7} "
+              f"{'rec/flush':>9} {'flush/s':>7} {'ratio':>6} {'errors':>6}")
+        for r in prod:
+            print(f"{_shape(r['shape']):>10} {r['target']:>8} {r['format']:>6} "
+                  f"{r['records_per_s']:>10,.0f} {r['mib_per_s']:>7.1f} {r['p50_ms']:>7.1f} "
+                  f"{r['p99_ms']:>7.1f} {_f(r['cpu_us_per_request'], ',.0f', 10)} "
+                  f"{r['server_cpu_cores']:>7.2f} {_f(r.get('records_per_flush'))} "
+                  f"{_f(r.get('flushes_per_s'), '.0f', 7)} {_f(r.get('ratio'), '.2f', 6)} "
+                  f"{r['errors']:>6}")
+    cat = [r for r in rows if r["section"] == "catchup"]
+    if cat:
+        print(f"\ncatch-up read of one partition from offset 1 (1 KiB records, max_bytes "
+              f"{s['fetch_bytes'] // MiB} MiB per request; ratio = MiB/s over the ceiling's "
+              "in the same format)")
+        for r in cat:
+            if r["target"] == "fill":
+                print(f"  written first: {r['mib']:,.0f} MiB at {r['mib_per_s']:.1f} MiB/s "
+                      "(binary produce)")
+                continue
+            print(f"  {r['target']:>8} {r['format']:>6}: {r['mib_per_s']:8.1f} MiB/s "
+                  f"{r['records_per_s']:>10,.0f} records/s, p50 {r['p50_ms']:.1f} ms, p99 "
+                  f"{r['p99_ms']:.1f} ms per answer, srv CPU {r['server_cpu_cores']:.2f}, "
+                  f"ratio {_f(r.get('ratio'), '.2f', 4)}, errors {r['errors']}")
+    lat = [r for r in rows if r["section"] == "latency"]
+    if lat:
+        print("\nlatency below saturation (a quarter of the measured maximum; produce to "
+              "one broker, consume from another)")
+        for r in lat:
+            p, e = r["produce"], r["e2e"]
+            print(f"  {r['format']:>6} {_shape(r['shape'])} at {r['rate_requests_per_s']:.0f} "
+                  f"req/s (max {r['max_requests_per_s']:.0f}): produce p50 {p['p50_ms']:.1f} "
+                  f"p99 {p['p99_ms']:.1f} ms (target <= {r['window_ms'] + 20}); "
+                  f"produce-to-consume p50 {e['p50_ms']:.1f} p99 {e['p99_ms']:.1f} ms "
+                  f"(target <= {r['window_ms'] + 30}); missing {r['missing']}, "
+                  f"errors {r['errors']}")
+    cost = [r for r in rows if r["section"] == "cost"]
+    if cost:
+        print("\ncost (binary produce, 1 KiB records): Oxia and S3 requests per flush")
+        print(f"{'kind':>10} {'parts':>5} {'brokers':>7} {'conns':>5} {'records/s':>10} "
+              f"{'flush/s':>7} {'rec/flush':>9} {'parts/flush':>11} {'Oxia/flush':>10} "
+              f"{'S3/flush':>8} {'Oxia/s':>7} {'PUT/s':>6}")
+        for r in cost:
+            print(f"{r['kind']:>10} {r['partitions']:>5} {r['brokers']:>7} "
+                  f"{r['connections']:>5} {r['records_per_s']:>10,.0f} "
+                  f"{_f(r.get('flushes_per_s'), '.0f', 7)} {_f(r.get('records_per_flush'))} "
+                  f"{_f(r.get('partitions_per_flush'), '.1f', 11)} "
+                  f"{_f(r.get('oxia_requests_per_flush'), '.1f', 10)} "
+                  f"{_f(r.get('s3_requests_per_flush'), '.1f', 8)} "
+                  f"{_f(r.get('oxia_requests_per_s'), '.0f', 7)} "
+                  f"{_f(r.get('s3_puts_per_s'), '.0f', 6)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sections", default="produce,catchup,latency,cost")
+    parser.add_argument("--duration", type=float, default=10.0, help="seconds per row")
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--window-ms", type=int, default=5, help="LLOG_BATCH_MAX_DELAY_MS")
+    parser.add_argument("--catchup-mib", type=int, default=1024)
+    parser.add_argument("--fetch-bytes", type=int, default=8 * MiB,
+                        help="max_bytes of each catch-up request")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 s per row, 128 MiB catch-up: a smoke run")
+    args = parser.parse_args()
+    if args.quick:
+        args.duration, args.catchup_mib = 2.0, 128
+    sections = set(args.sections.split(","))
+    hb.build_loadgen()
+    started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    with tempfile.TemporaryDirectory(prefix="llog-perf-") as tmp:
+        stack = LocalStack(StackConfig.ephemeral(Path(tmp)))
+        stack.start()
+        run = Run(args, stack, Path(tmp) / "logs")
+        rows: list[dict[str, Any]] = []
+        try:
+            if "produce" in sections:
+                rows += produce_section(run)
+            if "catchup" in sections:
+                rows += catchup_section(run)
+            if "latency" in sections:
+                rows += latency_section(run, [r for r in rows if r["section"] == "produce"])
+            if "cost" in sections:
+                rows += cost_section(run)
+        finally:
+            run.stop()
+            stack.stop()
+    results = {"settings": {k: v for k, v in vars(args).items()},
+               "machine": {**hb.machine_info(), "loadavg_end": list(os.getloadavg())},
+               "platform": platform.platform(), "rows": rows}
+    for row in rows:
+        row.pop("loads", None)
+    out = hb.OUT_DIR / f"perf-{started}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(results, indent=2, default=str))
+    print_report(results)
+    print(f"\nresults: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
