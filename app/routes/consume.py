@@ -28,7 +28,15 @@ from app.routes.disconnect import unless_disconnected
 from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
 from app.routes.models import ConsumeRequest, ConsumeResponse
 from app.routes.offsets import lookup_all
-from app.routes.openapi import GROUP_CONFLICTS, Responses, error, errors, named, response
+from app.routes.openapi import (
+    COMMIT_REFUSALS,
+    Responses,
+    error,
+    errors,
+    named,
+    response,
+    store_errors,
+)
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_value
@@ -110,12 +118,11 @@ def with_binary(answer: Responses) -> Responses:
                    200, "each partition's records, or why it could not be read",
                    ConsumeResponse, CONSUMED_ANSWERS)),
                **errors(400),
-               **error(409, *GROUP_CONFLICTS, description=(
+               **error(409, *COMMIT_REFUSALS, description=(
                    "with commit: the group refuses this member's commit (it left, its "
                    "generation is stale, or a partition is not its own); nothing was read "
                    "or committed")),
-               **errors(413), **error(500, "CorruptData"),
-               **error(503, "RoleDisabled", "StorageUnavailable")},
+               **errors(413), **store_errors()},
 )
 async def consume(
     body: Annotated[ConsumeRequest, Body(openapi_examples=named(CONSUME_REQUESTS))],

@@ -12,6 +12,7 @@ without thinking about it:
 
 from __future__ import annotations
 
+import copy
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -23,7 +24,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from app.errors import AppendError, GroupConflict, OffsetOutOfRange, error_types
+from app.errors import AppendError, OffsetOutOfRange, error_types
 from app.routes.error_types import ERROR_TYPE_NAMES, ERROR_TYPES
 from app.routes.models import ErrorResponse
 
@@ -53,8 +54,10 @@ DEFAULT_DESCRIPTIONS = {
 # (their class's status does not apply), so no error status is exemplified with them.
 ENTRY_ONLY = frozenset(c for c in error_types()
                        if issubclass(c, AppendError) or c is OffsetOutOfRange)
-# What a consumer group answers 409 with (a commit, a join, a reset).
-GROUP_CONFLICTS = tuple(c.__name__ for c in error_types() if issubclass(c, GroupConflict))
+# Why a consumer group refuses a commit (409), nothing written: the caller's view of it
+# is out of date, or it has live members and the caller is none of them.
+COMMIT_REFUSALS = ("UnknownMember", "StaleGeneration", "PartitionNotAssigned",
+                   "GroupNotEmpty")
 SNAKE_CASE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 
 _MEANING = {info.name: info.meaning for info in ERROR_TYPES}
@@ -93,6 +96,12 @@ def error(status: int, *error_type: str, description: str | None = None) -> Resp
         raise ValueError(f"not error types: {sorted(unknown)}")
     return response(status, description or DEFAULT_DESCRIPTIONS[status], ErrorResponse,
                     {name: error_example(name) for name in names or ("HTTPError",)})
+
+
+def store_errors() -> Responses:
+    """The 500 and 503 of an operation that reads or writes Oxia (and needs the read
+    role): a stored record that does not verify; no role, or the store unreachable."""
+    return {**error(500, "CorruptData"), **error(503, "RoleDisabled", "StorageUnavailable")}
 
 
 def errors(*statuses: int) -> Responses:
@@ -143,8 +152,11 @@ def install_openapi(app: FastAPI, *, extra_models: Sequence[type[BaseModel]] = (
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             name_operations(app.routes)
-            schema = get_openapi(title=app.title, version=app.version,
-                                 description=app.description, routes=app.routes)
+            # A copy: FastAPI's document shares objects with the routes' declarations,
+            # which every app of this process shares, and the steps below change it.
+            schema = copy.deepcopy(get_openapi(title=app.title, version=app.version,
+                                               description=app.description,
+                                               routes=app.routes))
             for path in schema.get("paths", {}).values():
                 for operation in path.values():
                     _tidy(operation.get("responses", {}))

@@ -1,6 +1,6 @@
 """The OpenAPI document with auth on: the bearer scheme, on every protected operation,
-with the 401, 403, 429 and 503 answers it may give, so a generated client sends the
-token and knows the refusals.
+with the 401, 403 and 429 answers it may give (and 503 with JWTs: the issuer's key set
+could not be loaded), so a generated client sends the token and knows the refusals.
 
 They are declared only with auth on: with it off no request is ever refused this way,
 and the document says only what the broker answers."""
@@ -57,13 +57,15 @@ def declare_bearer_auth(schema: dict[str, Any], settings: Settings) -> None:
         "type": "http", "scheme": "bearer",
         "description": "An API key (llog_…, from `llog auth new-key`) or a JWT from the "
                        "configured issuer (docs/operations.md, Security)"}
+    # Only a JWT issuer's key set can fail to load.
+    statuses = [s for s in _REFUSALS if s != "503" or settings.jwt_enabled]
     for path, operations in schema.get("paths", {}).items():
         if path in open_paths:
             continue
         for operation in operations.values():
             operation["security"] = [{SCHEME: []}]
             responses = operation.setdefault("responses", {})
-            for status in _REFUSALS:
+            for status in statuses:
                 answer = refusal(status)
                 declared = responses.setdefault(status, answer)
                 if declared is not answer:

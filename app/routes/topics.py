@@ -21,7 +21,7 @@ from app.routes.models import (
     TopicName,
     TopicUpdateRequest,
 )
-from app.routes.openapi import error, errors
+from app.routes.openapi import error, errors, store_errors
 from app.storage.keys import TopicPartition
 from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import Topic, TopicConfig
@@ -29,7 +29,7 @@ from app.tailcache import run_cache_io
 
 router = APIRouter(tags=["topics"])
 # Every topic operation reads the catalog in Oxia, and needs the read role.
-_STORE = {**error(500, "CorruptData"), **error(503, "RoleDisabled", "StorageUnavailable")}
+_STORE = store_errors()
 _NAMED = {**errors(400), **error(404, "UnknownTopic", description="no such topic"), **_STORE}
 PathTopic = Annotated[TopicName, Path(description="the topic's name")]
 # Changing or deleting a topic needs the admin right on it (checked before the handler).
