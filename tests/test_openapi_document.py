@@ -34,8 +34,10 @@ BROKER_OPERATIONS = {
     "produce", "consume", "stream", "list_offsets", "create_topic", "list_topics",
     "describe_topic", "update_topic", "delete_topic", "join_group", "heartbeat",
     "leave_group", "commit_offsets", "list_groups", "describe_group", "reset_offsets",
-    "health", "ready", "live", "metrics", "metrics_prometheus"}
-COMPACTOR_OPERATIONS = {"health", "ready", "live", "metrics", "metrics_prometheus"}
+    "check_health", "check_readiness", "check_liveness", "get_metrics",
+    "get_prometheus_metrics"}
+COMPACTOR_OPERATIONS = {"check_health", "check_readiness", "check_liveness", "get_metrics",
+                        "get_prometheus_metrics"}
 
 
 def _broker_spec() -> dict[str, Any]:

@@ -54,7 +54,7 @@ def _answer(service: Service, ok: bool) -> JSONResponse:
 @router.get("/health", response_model=HealthResponse,
             responses=_READINESS,
             summary="Readiness (the same as /health/ready)")
-async def health(request: Request) -> JSONResponse:
+async def check_health(request: Request) -> JSONResponse:
     service = _service(request)
     return _answer(service, service.status == "ok")
 
@@ -62,7 +62,7 @@ async def health(request: Request) -> JSONResponse:
 @router.get("/health/ready", response_model=HealthResponse,
             responses=_READINESS,
             summary="200 while the service takes work; 503 starting, draining or failed")
-async def ready(request: Request) -> JSONResponse:
+async def check_readiness(request: Request) -> JSONResponse:
     service = _service(request)
     return _answer(service, service.status == "ok")
 
@@ -71,6 +71,6 @@ async def ready(request: Request) -> JSONResponse:
             responses=_answers("the process works", "a background loop failed: restart it",
                                "failed"),
             summary="200 while the process works; 503 once a background loop failed")
-async def live(request: Request) -> JSONResponse:
+async def check_liveness(request: Request) -> JSONResponse:
     service = _service(request)
     return _answer(service, service.status != "failed")

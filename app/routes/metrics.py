@@ -27,7 +27,7 @@ def _service(request: Request) -> Service:
 @router.get("/metrics", summary="The server's metrics as JSON",
             response_model=MetricsSnapshot,
             responses={200: {"description": "every figure of this server"}})
-async def metrics(request: Request) -> JSONResponse:
+async def get_metrics(request: Request) -> JSONResponse:
     service = _service(request)
     return JSONResponse(json_snapshot(await service.registry.gather(),
                                       service.metrics_header()))
@@ -38,6 +38,6 @@ async def metrics(request: Request) -> JSONResponse:
                 "description": "every figure of this server, for scraping",
                 "content": {"text/plain": {"schema": {"type": "string"},
                                            "example": PROMETHEUS_EXAMPLE}}}})
-async def metrics_prometheus(request: Request) -> Response:
+async def get_prometheus_metrics(request: Request) -> Response:
     families = await _service(request).registry.gather()
     return Response(generate_latest(Families(families)), media_type=CONTENT_TYPE_LATEST)
