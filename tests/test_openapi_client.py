@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+from openapi_spec_validator import validate
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
@@ -225,8 +226,10 @@ def generated_client(url: str, where: Path, package: str) -> Iterator[SimpleName
     """The client openapi-python-client generates from the broker's /openapi.json (any
     warning but the binary body's fails), imported as ``package``; its modules are
     forgotten again afterwards. No formatting pass: nothing to run it with."""
+    document = httpx.get(f"{url}/openapi.json", timeout=30).text
+    validate(json.loads(document))  # the document as served is valid OpenAPI
     source = where / "openapi.json"
-    source.write_text(httpx.get(f"{url}/openapi.json", timeout=30).text)
+    source.write_text(document)
     config = where / "generator.yaml"
     config.write_text("post_hooks: []\n")
     done = subprocess.run(

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import anyio
 import orjson
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -126,7 +126,7 @@ def _position(offsets: dict[int, int]) -> str:
 )
 async def stream(
     request: Request,
-    topic: str,
+    topic: Annotated[str, Path(description="the topic's name")],
     partitions: Annotated[str, Query(description="comma-separated partitions")] = "0",
     start: Annotated[str, Query(alias="from", description="earliest, latest or an offset")
                      ] = "latest",
