@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from app.compaction.service import CompactorService, run_compactor
 from app.drain import drain_on_sigterm as draining
 from app.routes import health, metrics
+from app.routes.openapi import install_openapi
 from app.settings import Settings
 from app.telemetry.request_id import RequestIdMiddleware
 
@@ -34,6 +35,7 @@ def create_compactor_app(settings: Settings, *, drain_on_sigterm: bool = False) 
     app.state.service = service
     for module in (health, metrics):
         app.router.routes.extend(module.router.routes)
+    install_openapi(app)
     app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
     return app
 

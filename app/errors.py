@@ -282,8 +282,15 @@ class VersionMismatch(Exception):
     """A conditional put or delete found another version (internal to the engine)."""
 
 
+# Classes that only group others: never raised, never named in a response.
+_GROUPS: tuple[type[LlogError], ...] = (
+    RequestError, GroupConflict, AccessError, StorageError, AppendError)
+
+
 def error_types() -> list[type[LlogError]]:
-    """Every concrete error class, in tree order (documentation and the OpenAPI enum)."""
+    """Every class a response may name as its ``error_type``, in tree order (the
+    documentation and the OpenAPI enum): all but the groups, so ``Unavailable``, which is
+    raised itself as well as through its subclasses, is one of them."""
     out: list[type[LlogError]] = []
 
     def walk(cls: type[LlogError]) -> None:
@@ -292,4 +299,4 @@ def error_types() -> list[type[LlogError]]:
             walk(sub)
 
     walk(LlogError)
-    return [c for c in out if not c.__subclasses__()]
+    return [c for c in out if c not in _GROUPS]

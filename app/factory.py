@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.openapi.utils import get_openapi
 from prometheus_fastapi_instrumentator import Instrumentator
-from pydantic.json_schema import models_json_schema
 
 from app.auth.control import AccessControl, run_access_control
 from app.broker.state import BrokerState, run_broker
@@ -20,6 +18,7 @@ from app.routes import consume, groups, health, metrics, offsets, produce, strea
 from app.routes.access import AccessMiddleware
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
 from app.routes.models import ProduceRequest
+from app.routes.openapi import install_openapi
 from app.routes.openapi_auth import declare_bearer_auth
 from app.settings import Settings
 from app.telemetry.request_id import RequestIdMiddleware
@@ -66,7 +65,9 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
         excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
         should_group_status_codes=False,
     ).instrument(app, metric_namespace="llog")
-    _customise_openapi(app, settings)
+    # The produce route parses its body itself, so FastAPI does not name its model.
+    install_openapi(app, extra_models=[ProduceRequest], finish=None if control is None
+                    else functools.partial(declare_bearer_auth, settings=settings))
     app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
     # Outside the rest, so an oversized body is refused before anything reads it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
@@ -80,33 +81,6 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
             expose_headers=["retry-after", "www-authenticate", "x-request-id"],
             max_age=settings.cors_max_age_s)
     return app
-
-
-def _customise_openapi(app: FastAPI, settings: Settings) -> None:
-    """Validation failures answer 400 with ErrorResponse: drop FastAPI's default 422.
-    With auth on, declare the bearer scheme and the refusals it brings."""
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = get_openapi(title=app.title, version=app.version,
-                                 description=app.description, routes=app.routes)
-            for path in schema.get("paths", {}).values():
-                for operation in path.values():
-                    operation.get("responses", {}).pop("422", None)
-            schemas = schema.setdefault("components", {}).setdefault("schemas", {})
-            for name in ("HTTPValidationError", "ValidationError"):
-                schemas.pop(name, None)
-            # Bodies a route parses itself (so FastAPI does not see them) are named here.
-            _, extra = models_json_schema([(ProduceRequest, "validation")],
-                                          ref_template="#/components/schemas/{model}")
-            for name, model_schema in extra.get("$defs", {}).items():
-                schemas.setdefault(name, model_schema)
-            if settings.auth_enabled:
-                declare_bearer_auth(schema, settings)
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
 
 
 def create_app_from_env() -> FastAPI:

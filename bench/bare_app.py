@@ -26,9 +26,9 @@ from fastapi import FastAPI  # noqa: E402
 from fastapi.responses import JSONResponse  # noqa: E402
 
 from app.routes.models import (  # noqa: E402
-    ProducePartitionResult,
     ProduceRequest,
     ProduceResponse,
+    ProduceSuccess,
 )
 from app.storage.log_record import payload_size  # noqa: E402
 
@@ -45,19 +45,19 @@ def create_app() -> FastAPI:
 
     @app.post("/produce", response_model=ProduceResponse)
     async def produce(body: ProduceRequest) -> JSONResponse:
-        results: list[ProducePartitionResult] = []
+        results: list[ProduceSuccess] = []
         for entry in body.topic_partitions:
             values = entry.payloads()
             size = sum(map(payload_size, values))  # touch the decoded bytes like the broker
-            key = (entry.topic, entry.partition)
+            key = (entry.topic, entry.partition or 0)
             start = end_offsets.get(key, 0) + 1
             end = start + len(values) - 1
             end_offsets[key] = end
-            results.append(ProducePartitionResult(
-                topic=entry.topic, partition=entry.partition, ok=True,
+            results.append(ProduceSuccess(
+                topic=entry.topic, partition=key[1], ok=True,
                 start_offset=start, end_offset=end, count=len(values),
-                index_key=f"llog/{entry.topic}/partitions/{entry.partition}/index/{end:020d}",
-                wal_uri=WAL_URI if size >= 0 else None,
+                index_key=f"llog/{entry.topic}/partitions/{key[1]}/index/{end:020d}",
+                wal_uri=WAL_URI if size >= 0 else "",
             ))
         response = ProduceResponse(results=results, success_count=len(results), error_count=0)
         return JSONResponse(response.model_dump(exclude_none=True), status_code=200)

@@ -459,12 +459,15 @@ async def test_openapi_declares_the_bearer_scheme_on_protected_operations(
             } <= set(protected)
     for op in protected.values():
         assert op["security"] == [{"bearerAuth": []}]
-        for status in ("401", "403", "429"):
-            ref = op["responses"][status]["content"]["application/json"]["schema"]["$ref"]
+        for status, header in (("401", "WWW-Authenticate"), ("403", "WWW-Authenticate"),
+                               ("429", "Retry-After")):
+            answer = op["responses"][status]
+            ref = answer["content"]["application/json"]["schema"]["$ref"]
             assert ref == "#/components/schemas/ErrorResponse"
+            assert answer["headers"][header]["required"] is True
     assert "security" not in schema["paths"]["/health/ready"]["get"]
     assert "security" not in schema["paths"]["/metrics/prometheus"]["get"]
-    enum = schema["components"]["schemas"]["ErrorResponse"]["properties"]["error_type"]["enum"]
+    enum = schema["components"]["schemas"]["ErrorType"]["enum"]
     assert {"Unauthenticated", "Forbidden", "QuotaExceeded"} <= set(enum)
 
 

@@ -84,7 +84,7 @@ def test_retry_delay_grows_is_capped_and_honours_retry_after() -> None:
 
 def test_every_error_type_of_the_broker_has_its_class_in_the_client() -> None:
     from app.errors import error_types
-    from app.routes.models import ERROR_TYPES
+    from app.routes.error_types import ERROR_TYPE_NAMES as ERROR_TYPES
 
     assert {c.__name__ for c in error_types()} <= set(errors.ERROR_CLASSES)
     assert set(ERROR_TYPES) <= set(errors.ERROR_CLASSES)

@@ -9,7 +9,7 @@ import time
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import Response
 
 from app.auth.rights import Right
@@ -25,12 +25,18 @@ from app.errors import (
 from app.routes.access import account, authorize, control_of
 from app.routes.deps import broker_state, groups_of
 from app.routes.disconnect import unless_disconnected
-from app.routes.models import (
-    ConsumeRequest,
-    ConsumeResponse,
-    ErrorResponse,
-)
+from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
+from app.routes.models import ConsumeRequest, ConsumeResponse
 from app.routes.offsets import lookup_all
+from app.routes.openapi import (
+    COMMIT_REFUSALS,
+    Responses,
+    error,
+    errors,
+    named,
+    response,
+    store_errors,
+)
 from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_value
@@ -94,20 +100,33 @@ def _header(name: str, value: bytes, encoding: str) -> dict[str, str]:
         "name": name, "base64": _b64(value)}
 
 
+def with_binary(answer: Responses) -> Responses:
+    """The answer also in the binary format, for a request whose Accept names it."""
+    ((status, entry),) = answer.items()
+    entry.setdefault("content", {})[wire.CONTENT_TYPE] = {
+        "schema": {"type": "string", "format": "binary"},
+        "x-llog-format": "LLR1 (docs/http-api.md, Binary bodies); sent when the request's "
+                         "Accept names it"}
+    return answer
+
+
 @router.post(
     "/consume",
     response_model=ConsumeResponse,
     summary="Read records, waiting up to max_wait_ms for min_bytes",
-    responses={200: {"content": {wire.CONTENT_TYPE: {
-                   "schema": {"type": "string", "format": "binary"},
-                   "x-llog-format": "LLR1 (docs/http-api.md, Binary bodies); sent when "
-                                    "the request's Accept names it"}}},
-               400: {"model": ErrorResponse, "description": "invalid request"},
-               413: {"model": ErrorResponse, "description": "too many partitions"}},
+    responses={**with_binary(response(
+                   200, "each partition's records, or why it could not be read",
+                   ConsumeResponse, CONSUMED_ANSWERS)),
+               **errors(400),
+               **error(409, *COMMIT_REFUSALS, description=(
+                   "with commit: the group refuses this member's commit (it left, its "
+                   "generation is stale, or a partition is not its own); nothing was read "
+                   "or committed")),
+               **errors(413), **store_errors()},
 )
 async def consume(
-    body: ConsumeRequest, request: Request,
-    state: Annotated[BrokerState, Depends(broker_state)],
+    body: Annotated[ConsumeRequest, Body(openapi_examples=named(CONSUME_REQUESTS))],
+    request: Request, state: Annotated[BrokerState, Depends(broker_state)],
 ) -> Response:
     started = time.monotonic()
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))

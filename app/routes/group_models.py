@@ -6,8 +6,17 @@ from __future__ import annotations
 from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic.config import JsonDict
+from typing_extensions import TypeAliasType
 
-from app.routes.models import ErrorType, Partition, TopicName, _check_topic, _Strict
+from app.routes.models import (
+    Partition,
+    TopicName,
+    _check_topic,
+    _Failure,
+    _PartitionResult,
+    _Strict,
+)
 
 GroupName = Annotated[StrictStr, Field(
     min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$",
@@ -115,24 +124,39 @@ class CommitRequest(_Strict):
         return self
 
 
-class OffsetResult(BaseModel):
-    """One per partition, in request order; ``ok`` says which fields are set."""
+COMMITTED: JsonDict = {"topic": "orders", "partition": 0, "ok": True, "offset": 41}
+STALE: JsonDict = {
+    "topic": "orders", "partition": 1, "ok": False, "error_type": "StaleGeneration",
+    "error": "orders:1 was committed by generation 5 of group 'billing'; this commit is of "
+             "generation 4", "retriable": False}
 
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"topic": "orders", "partition": 0, "ok": True, "offset": 41},
-        {"topic": "orders", "partition": 1, "ok": False, "error_type": "StaleGeneration",
-         "error": "orders:1 was committed by generation 5 of group 'billing'"}]})
 
-    topic: str
-    partition: int
-    ok: bool
-    offset: int | None = Field(default=None, description="the committed offset")
-    error_type: ErrorType | None = None
-    error: str | None = None
-    retriable: bool | None = None
+class OffsetSuccess(_PartitionResult):
+    """A partition whose committed offset is now ``offset``."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [COMMITTED]})
+
+    ok: Literal[True] = Field(description="true: the offset is committed")
+    offset: int = Field(description="the committed offset (the last processed)")
+
+
+class OffsetFailure(_Failure):
+    """A partition whose offset was not committed; the others' were."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [STALE]})
+
+
+OffsetResult = TypeAliasType("OffsetResult", Annotated[
+    OffsetSuccess | OffsetFailure,
+    Field(discriminator="ok", description="A partition's commit, told by its ok")])
 
 
 class OffsetResults(BaseModel):
+    """One result per partition, in request order."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"results": [COMMITTED]}, {"results": [COMMITTED, STALE]}]})
+
     results: list[OffsetResult]
 
 

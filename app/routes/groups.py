@@ -24,6 +24,8 @@ from app.groups.service import GroupService, PartitionLag
 from app.routes.access import authorize, holds, require
 from app.routes.deps import broker_state, groups_of
 from app.routes.group_models import (
+    COMMITTED,
+    STALE,
     AssignedTopic,
     CommitRequest,
     GroupDescription,
@@ -36,12 +38,22 @@ from app.routes.group_models import (
     MemberAssignment,
     MemberInfo,
     MemberRequest,
-    OffsetResult,
+    OffsetFailure,
     OffsetResults,
+    OffsetSuccess,
     ResetEntry,
     ResetRequest,
 )
 from app.routes.models import ErrorResponse
+from app.routes.openapi import (
+    COMMIT_REFUSALS,
+    Responses,
+    error,
+    error_example,
+    errors,
+    response,
+    store_errors,
+)
 from app.storage.keys import TopicPartition
 
 router = APIRouter(tags=["groups"])
@@ -53,17 +65,17 @@ DEFAULT_PAGE = 100
 GROUP_RIGHT = [Depends(require(Right.GROUP, param="group"))]
 
 
-def _errors(*statuses: int) -> dict[int | str, dict[str, object]]:
-    meaning = {400: "invalid request", 404: "no such group",
-               409: "the group refuses: see error_type", 413: "over a limit"}
-    return {s: {"model": ErrorResponse, "description": meaning[s]} for s in statuses}
+# Every group operation reads and writes the group in Oxia, and needs the read role.
+_STORE = store_errors()
+_UNKNOWN = error(404, "UnknownGroup", description="no such group")
 
 
-def _partly(meaning: str) -> dict[int | str, dict[str, object]]:
+def _partly(description: str, *error_type: str) -> Responses:
     """A 409 that refuses the whole request (error body) or reports partitions
-    (results)."""
-    return {409: {"model": OffsetResults | ErrorResponse, "description": meaning}}
-
+    (results), with an example of each."""
+    return response(409, description, OffsetResults | ErrorResponse, {
+        "a partition failed": {"results": [COMMITTED, STALE]},
+        **{name: error_example(name) for name in error_type}})
 
 def _by_topic(tps: Iterable[TopicPartition]) -> list[AssignedTopic]:
     topics: dict[str, list[int]] = {}
@@ -81,10 +93,12 @@ def _assignment(service: GroupService, view: GroupView, member: Member) -> Membe
 
 
 @router.post("/groups/{group}/join", dependencies=GROUP_RIGHT, response_model=MemberAssignment,
-             responses=_errors(400, 409, 413),
+             responses={200: {"description": "this member's id, generation and partitions"},
+                        **errors(400), **error(409, "GroupFull", description="the group is full"),
+                        **errors(413), **_STORE},
              summary="Join a group: a member id, the generation and this member's partitions")
-async def join(group: PathGroup, body: JoinRequest, request: Request, state: State
-               ) -> MemberAssignment:
+async def join_group(group: PathGroup, body: JoinRequest, request: Request, state: State
+                     ) -> MemberAssignment:
     authorize(request, Right.CONSUME, body.topics)
     service = groups_of(state)
     view, member = await service.membership.join(
@@ -94,7 +108,12 @@ async def join(group: PathGroup, body: JoinRequest, request: Request, state: Sta
 
 
 @router.post("/groups/{group}/heartbeat", dependencies=GROUP_RIGHT, response_model=MemberAssignment,
-             responses=_errors(400, 409),
+             responses={200: {"description": "the current generation and this member's "
+                                             "partitions"},
+                        **errors(400), **error(
+                            409, "UnknownMember", description=(
+                                "not a member (it left, or its session expired): join "
+                                "again")), **errors(413), **_STORE},
              summary="Keep a member's session; the current generation and its partitions")
 async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> MemberAssignment:
     service = groups_of(state)
@@ -103,8 +122,10 @@ async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> Memb
 
 
 @router.post("/groups/{group}/leave", dependencies=GROUP_RIGHT, response_model=LeaveResponse,
-             responses=_errors(400, 404), summary="Leave a group: its partitions move now")
-async def leave(group: PathGroup, body: MemberRequest, state: State) -> LeaveResponse:
+             responses={200: {"description": "whether the member was in the group"},
+                        **errors(400), **_UNKNOWN, **errors(413), **_STORE},
+             summary="Leave a group: its partitions move now")
+async def leave_group(group: PathGroup, body: MemberRequest, state: State) -> LeaveResponse:
     view, left = await groups_of(state).membership.leave(group, body.member_id)
     if view is None:
         raise UnknownGroup(f"group {group!r} does not exist")
@@ -114,22 +135,26 @@ async def leave(group: PathGroup, body: MemberRequest, state: State) -> LeaveRes
 
 def _results(entries: Sequence[tuple[TopicPartition, int | LlogError]]) -> JSONResponse:
     """200 when every partition succeeded, 409 otherwise (each result says how)."""
-    results = [OffsetResult(topic=tp.topic, partition=tp.partition, ok=True, offset=o)
-               if isinstance(o, int) else
-               OffsetResult(topic=tp.topic, partition=tp.partition, ok=False,
-                            error_type=o.error_type, error=str(o), retriable=o.retriable)
-               for tp, o in entries]
+    results: list[OffsetSuccess | OffsetFailure] = [
+        OffsetSuccess(topic=tp.topic, partition=tp.partition, ok=True, offset=o)
+        if isinstance(o, int) else
+        OffsetFailure(topic=tp.topic, partition=tp.partition, ok=False,
+                      error_type=o.error_type, error=str(o), retriable=o.retriable)
+        for tp, o in entries]
     status = 200 if all(r.ok for r in results) else 409
     return JSONResponse(OffsetResults(results=results).model_dump(exclude_none=True),
                         status_code=status)
 
 
 @router.post("/groups/{group}/commit", dependencies=GROUP_RIGHT, response_model=OffsetResults,
-             responses={**_errors(400, 413), **_partly(
-                 "refused as a whole (error body), or a partition failed (results)")},
+             responses={200: {"description": "every partition's offset is committed"},
+                        **errors(400), **_partly(
+                            "refused as a whole, nothing written (error body), or a "
+                            "partition failed (results)", *COMMIT_REFUSALS),
+                        **errors(413), **_STORE},
              summary="Commit the last offset processed of partitions")
-async def commit(group: PathGroup, body: CommitRequest, request: Request, state: State
-                 ) -> JSONResponse:
+async def commit_offsets(group: PathGroup, body: CommitRequest, request: Request,
+                         state: State) -> JSONResponse:
     authorize(request, Right.CONSUME, (e.topic for e in body.offsets))
     if len(body.offsets) > state.settings.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(body.offsets)} partitions in one request; the limit is "
@@ -140,7 +165,10 @@ async def commit(group: PathGroup, body: CommitRequest, request: Request, state:
     return _results([(tp, o) for (tp, _), o in zip(offsets, done, strict=True)])
 
 
-@router.get("/groups", response_model=GroupList, responses=_errors(400),
+@router.get("/groups", response_model=GroupList,
+            responses={200: {"description": "a page of groups (with auth on: those the "
+                                            "caller holds the group right on)"},
+                       **errors(400), **_STORE},
             summary="List the groups, a page at a time")
 async def list_groups(
     request: Request,
@@ -172,7 +200,8 @@ def _partition(p: PartitionLag) -> GroupPartition:
 
 
 @router.get("/groups/{group}", dependencies=GROUP_RIGHT, response_model=GroupDescription,
-            responses=_errors(400, 404),
+            responses={200: {"description": "the group settled now"}, **errors(400),
+                       **_UNKNOWN, **_STORE},
             summary="A group: members, assignment, generation, committed offsets and lag")
 async def describe_group(group: PathGroup, state: State) -> GroupDescription:
     found = await groups_of(state).describe(group)
@@ -210,9 +239,14 @@ async def _targets(state: BrokerState, entries: list[ResetEntry]) -> list[ResetT
 
 @router.post("/groups/{group}/reset-offsets", dependencies=GROUP_RIGHT,
              response_model=OffsetResults,
-             responses={**_errors(400, 404, 413), **_partly(
-                 "the group has live members (error body), or a member joined while it "
-                 "was reset (results)")},
+             responses={200: {"description": "every partition's offset is set"},
+                        **errors(400),
+                        **error(404, "UnknownTopic", description=(
+                            "an entry without a partition names an unknown topic")),
+                        **_partly("the group has live members, nothing written (error "
+                                  "body), or a member joined while it was reset (results)",
+                                  "GroupNotEmpty"),
+                        **errors(413), **_STORE},
              summary="Set a group's committed offsets (no member may be live)")
 async def reset_offsets(group: PathGroup, body: ResetRequest, request: Request, state: State
                         ) -> JSONResponse:

@@ -9,17 +9,35 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from app.observability import Service
-from app.routes.models import HealthResponse
+from app.routes.models import HealthResponse, ServiceStatus
+from app.routes.openapi import Responses, response
 
 router = APIRouter(tags=["health"])
-_NOT_SERVING: dict[int | str, dict[str, Any]] = {
-    503: {"model": HealthResponse, "description": "not serving"}}
+_SERVING = {"broker_id": "broker-1", "host": "127.0.0.1", "port": 8080,
+            "started_at_ms": 1760000000000}
+_STATES = {
+    "ok": {"status": "ok", **_SERVING},
+    "starting": {"status": "starting", **_SERVING},
+    "draining for shutdown": {"status": "stopping", **_SERVING},
+    "failed": {"status": "failed", **_SERVING,
+               "failure": "the produce batcher stopped: StorageUnavailable(...)"},
+}
+
+
+def _answers(serving: str, not_serving: str, *down: str) -> Responses:
+    """The 200 and 503 of a health endpoint, with an example of each state it covers."""
+    return {**response(200, serving, HealthResponse,
+                       {k: v for k, v in _STATES.items() if k not in down}),
+            **response(503, not_serving, HealthResponse, {k: _STATES[k] for k in down},
+                       retry_after=False)}
+
+
+_READINESS = _answers("taking work", "starting, draining or failed", "starting",
+                      "draining for shutdown", "failed")
 
 
 def _service(request: Request) -> Service:
@@ -28,27 +46,31 @@ def _service(request: Request) -> Service:
 
 
 def _answer(service: Service, ok: bool) -> JSONResponse:
-    body = HealthResponse(status=service.status, started_at_ms=service.started_at_ms,
+    body = HealthResponse(status=ServiceStatus(service.status), started_at_ms=service.started_at_ms,
                           failure=service.failure, **service.identity())
     return JSONResponse(body.model_dump(exclude_none=True), status_code=200 if ok else 503)
 
 
-@router.get("/health", response_model=HealthResponse, responses=_NOT_SERVING,
+@router.get("/health", response_model=HealthResponse,
+            responses=_READINESS,
             summary="Readiness (the same as /health/ready)")
-async def health(request: Request) -> JSONResponse:
+async def check_health(request: Request) -> JSONResponse:
     service = _service(request)
     return _answer(service, service.status == "ok")
 
 
-@router.get("/health/ready", response_model=HealthResponse, responses=_NOT_SERVING,
+@router.get("/health/ready", response_model=HealthResponse,
+            responses=_READINESS,
             summary="200 while the service takes work; 503 starting, draining or failed")
-async def ready(request: Request) -> JSONResponse:
+async def check_readiness(request: Request) -> JSONResponse:
     service = _service(request)
     return _answer(service, service.status == "ok")
 
 
-@router.get("/health/live", response_model=HealthResponse, responses=_NOT_SERVING,
+@router.get("/health/live", response_model=HealthResponse,
+            responses=_answers("the process works", "a background loop failed: restart it",
+                               "failed"),
             summary="200 while the process works; 503 once a background loop failed")
-async def live(request: Request) -> JSONResponse:
+async def check_liveness(request: Request) -> JSONResponse:
     service = _service(request)
     return _answer(service, service.status != "failed")

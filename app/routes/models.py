@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import enum
 from typing import Annotated, Literal, Self
 
 from pydantic import (
@@ -20,18 +21,17 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic.config import JsonDict
+from pydantic.json_schema import SkipJsonSchema
+from typing_extensions import TypeAliasType
 
-from app.errors import error_types
+from app.routes.error_types import ErrorType
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
 
-# Every error_type a response may carry: the engine's tree (app/errors.py) and the few
-# that only the HTTP edge produces.
-EDGE_ERROR_TYPES = ("NotFound", "MethodNotAllowed", "HTTPError")
-ERROR_TYPES = sorted({c.__name__ for c in error_types()} | set(EDGE_ERROR_TYPES))
-ErrorType = Annotated[StrictStr, Field(
-    json_schema_extra={"enum": ERROR_TYPES},
-    description="A stable name from the documented list (docs/http-api.md, Errors)")]
+# An answer's field that is left out when it does not apply: answers are sent without
+# their None fields, so the document says "optional", never "null".
+Absent = SkipJsonSchema[None]
 IdempotencyKey = Annotated[StrictStr, Field(
     min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$",
     description="1..128 printable ASCII characters, chosen by the client: a retry with "
@@ -193,44 +193,78 @@ class ProduceRequest(_Strict):
     topic_partitions: list[ProduceTopicPartition] = Field(min_length=1)
 
 
-class ProducePartitionResult(BaseModel):
-    """One entry per request entry, in request order; ``ok`` says which fields are set."""
+class _PartitionResult(BaseModel):
+    topic: str = Field(examples=["orders"])
+    partition: int = Field(examples=[0])
+
+
+class _Failure(_PartitionResult):
+    ok: Literal[False] = Field(description="false: this entry failed, error_type says why")
+    error_type: ErrorType
+    error: str = Field(description="what went wrong, for people")
+    retriable: bool = Field(description="sending the same entry again may succeed")
+
+
+PRODUCED: JsonDict = {
+    "topic": "orders", "partition": 0, "ok": True, "start_offset": 1, "end_offset": 2,
+    "count": 2, "index_key": "llog/orders/partitions/0/index/00000000000000000002",
+    "wal_uri": "s3://leaderless-log-wal/llog/wal-shared/3f6c2a0e"}
+FENCED: JsonDict = {
+    "topic": "audit", "partition": 3, "ok": False, "error_type": "PartitionFenced",
+    "error": "audit/3 is fenced; appends are refused", "retriable": False,
+    "maybe_written": False}
+
+
+class ProduceSuccess(_PartitionResult):
+    """A written entry: its records are durable and readable at these offsets."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"topic": "orders", "partition": 0, "ok": True, "start_offset": 1, "end_offset": 2,
-         "count": 2, "index_key": "llog/orders/partitions/0/index/00000000000000000002",
-         "wal_uri": "s3://leaderless-log-wal/llog/wal-shared/3f2a"},
-        {"topic": "orders", "partition": 1, "ok": False, "error_type": "PartitionFenced",
-         "error": "orders:1 is fenced: appends are refused"},
-    ]})
+        PRODUCED, {**PRODUCED, "duplicate": True}]})
 
-    topic: str
-    partition: int
-    ok: bool
-    start_offset: int | None = None
-    end_offset: int | None = None
-    count: int | None = None
-    index_key: str | None = None
-    wal_uri: str | None = None
-    duplicate: bool | None = Field(default=None, description=(
-        "true when the idempotency key was committed before: these are the offsets of "
-        "that first append, and nothing was written now"))
-    error_type: ErrorType | None = None
-    error: str | None = None
-    retriable: bool | None = Field(default=None, description=(
-        "on errors: sending the same entry again may succeed"))
-    maybe_written: bool | None = Field(default=None, description=(
-        "on errors: the records may have been committed although it could not be "
-        "confirmed; retry with the same idempotency_key to be sure of one copy"))
+    ok: Literal[True] = Field(description="true: the records are written")
+    start_offset: int = Field(description="the offset of the entry's first record")
+    end_offset: int = Field(description="the offset of the entry's last record")
+    count: int = Field(description="how many records the entry holds")
+    index_key: str = Field(description=(
+        "Oxia key of the index entry of the append holding the records; informational"))
+    wal_uri: str = Field(description="the shared WAL object holding the records; "
+                                     "informational")
+    duplicate: bool | Absent = Field(default=None, description=(
+        "present and true when the idempotency key was committed before: these are the "
+        "offsets of that first append, and nothing was written now"))
+
+
+class ProduceFailure(_Failure):
+    """A failed entry: not written, unless ``maybe_written`` (``CommitInDoubt``)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [FENCED]})
+
+    maybe_written: bool = Field(description=(
+        "the records may have been committed although it could not be confirmed; retry "
+        "with the same idempotency_key to be sure of one copy"))
+
+
+ProducePartitionResult = TypeAliasType("ProducePartitionResult", Annotated[
+    ProduceSuccess | ProduceFailure,
+    Field(discriminator="ok", description="An entry's outcome, told by its ok")])
 
 
 class ProduceResponse(BaseModel):
-    results: list[ProducePartitionResult]
+    """Each entry's outcome; entries succeed or fail independently."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"results": [PRODUCED], "success_count": 1, "error_count": 0},
+        {"results": [PRODUCED, FENCED], "success_count": 1, "error_count": 1},
+    ]})
+
+    results: list[ProducePartitionResult] = Field(description=(
+        "one per request entry, in request order"))
     success_count: int
     error_count: int
 
 
-Position = Literal["earliest", "latest", "committed"]
+# Named, so that a generated client calls it Position.
+Position = TypeAliasType("Position", Literal["earliest", "latest", "committed"])
 
 
 class ConsumeTopicPartition(_Strict):
@@ -314,7 +348,7 @@ class OffsetsRequest(_Strict):
     topic_partitions: list[OffsetsTopicPartition] = Field(min_length=1)
 
 
-class OffsetsPartitionResult(BaseModel):
+class OffsetsSuccess(_PartitionResult):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"topic": "orders", "partition": 0, "ok": True, "log_start_offset": 1,
          "high_watermark": 42},
@@ -322,21 +356,31 @@ class OffsetsPartitionResult(BaseModel):
          "high_watermark": 250, "offset": 188},
     ]})
 
-    topic: str
-    partition: int
-    ok: bool
-    log_start_offset: int | None = Field(default=None, description=(
+    ok: Literal[True] = Field(description="true: the partition could be looked up")
+    log_start_offset: int = Field(description=(
         "the first offset still readable (retention moves it forward)"))
-    high_watermark: int | None = None
-    offset: int | None = Field(default=None, description=(
+    high_watermark: int = Field(description="the last committed offset (0: empty)")
+    offset: int | Absent = Field(default=None, description=(
         "with timestamp_ms: the first offset appended at or after that time, or "
         "high_watermark + 1 when every record is older"))
-    error_type: ErrorType | None = None
-    error: str | None = None
-    retriable: bool | None = None
+
+
+class OffsetsFailure(_Failure):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"topic": "orders", "partition": 9, "ok": False, "error_type": "UnknownPartition",
+         "error": "topic 'orders' has 4 partitions", "retriable": False}]})
+
+
+OffsetsPartitionResult = TypeAliasType("OffsetsPartitionResult", Annotated[
+    OffsetsSuccess | OffsetsFailure,
+    Field(discriminator="ok", description="A partition's offsets, told by its ok")])
 
 
 class OffsetsResponse(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"results": [
+        {"topic": "orders", "partition": 0, "ok": True, "log_start_offset": 1,
+         "high_watermark": 42}]}]})
+
     results: list[OffsetsPartitionResult]
 
 
@@ -364,7 +408,7 @@ class TopicUpdateRequest(_Strict):
     """Only the fields present change; ``null`` clears a limit. Partitions only grow."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"partitions": 24, "retention_ms": None, "retention_bytes": 1073741824}]})
+        {"partitions": 24, "retention_bytes": 1073741824}]})
 
     partitions: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
     retention_ms: PositiveLimit | None = None
@@ -372,11 +416,17 @@ class TopicUpdateRequest(_Strict):
     max_record_bytes: PositiveLimit | None = None
 
 
+# No example holds a null: FastAPI leaves None values out of the whole document.
+TOPIC: JsonDict = {"topic": "orders", "partitions": 12, "retention_ms": 604800000,
+                   "retention_bytes": 1073741824, "max_record_bytes": 1048576,
+                   "created_at_ms": 1760000000000}
+PARTITION_STATE: JsonDict = {
+    "partition": 0, "log_start_offset": 1, "high_watermark": 42, "retained_bytes": 4096,
+    "last_append_ms": 1760000000000}
+
+
 class TopicInfo(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"examples": [
-        {"topic": "orders", "partitions": 12, "retention_ms": 604800000,
-         "retention_bytes": None, "max_record_bytes": None,
-         "created_at_ms": 1760000000000}]})
+    model_config = ConfigDict(json_schema_extra={"examples": [TOPIC]})
 
     topic: str
     partitions: int
@@ -387,6 +437,8 @@ class TopicInfo(BaseModel):
 
 
 class PartitionInfo(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [PARTITION_STATE]})
+
     partition: int
     log_start_offset: int
     high_watermark: int
@@ -396,17 +448,27 @@ class PartitionInfo(BaseModel):
 
 
 class TopicDescription(TopicInfo):
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {**TOPIC, "partitions": 1, "partition_states": [PARTITION_STATE]}]})
+
     partition_states: list[PartitionInfo]
 
 
 class TopicList(BaseModel):
+    model_config = ConfigDict(json_schema_extra={"examples": [{"topics": [TOPIC]}]})
+
     topics: list[TopicInfo]
 
 
 class ConsumedHeader(BaseModel):
+    """A header: ``value`` when it is text (and encoding is auto), else ``base64``."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"name": "trace-id", "value": "4bf92f35"}, {"name": "bin", "base64": "AAE="}]})
+
     name: str
-    value: str | None = None
-    base64: str | None = None
+    value: str | Absent = None
+    base64: str | Absent = None
 
 
 class ConsumedRecord(BaseModel):
@@ -424,41 +486,77 @@ class ConsumedRecord(BaseModel):
     ]})
 
     offset: int
-    value: str | None = None
-    base64: str | None = None
-    key: str | None = None
-    key_base64: str | None = None
-    headers: list[ConsumedHeader] | None = None
-    timestamp_ms: int | None = None
-    append_time_ms: int | None = None
+    value: str | Absent = None
+    base64: str | Absent = None
+    key: str | Absent = None
+    key_base64: str | Absent = None
+    headers: list[ConsumedHeader] | Absent = None
+    timestamp_ms: int | Absent = None
+    append_time_ms: int | Absent = None
 
 
-class ConsumePartitionResult(BaseModel):
-    topic: str
-    partition: int
-    ok: bool
-    high_watermark: int | None = None
-    log_start_offset: int | None = None
-    next_offset: int | None = None
-    records: list[ConsumedRecord] | None = None
-    committed_offset: int | None = Field(default=None, description=(
+CONSUMED: JsonDict = {
+    "topic": "orders", "partition": 0, "ok": True, "high_watermark": 2,
+    "log_start_offset": 1, "next_offset": 3, "records": [
+        {"offset": 1, "value": "alpha", "append_time_ms": 1760000000000},
+        {"offset": 2, "base64": "AAE=", "append_time_ms": 1760000000000}]}
+OUT_OF_RANGE: JsonDict = {
+    "topic": "orders", "partition": 1, "ok": False, "error_type": "OffsetOutOfRange",
+    "error": "offset 9 of orders/1 is beyond the high watermark 5 + 1", "retriable": False,
+    "log_start_offset": 1, "high_watermark": 5}
+
+
+class ConsumeSuccess(_PartitionResult):
+    """A partition that could be read (possibly with no records yet)."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [CONSUMED]})
+
+    ok: Literal[True] = Field(description="true: the partition could be read")
+    high_watermark: int = Field(description=(
+        "the last committed offset when the partition was read (0: empty)"))
+    log_start_offset: int = Field(description="the first offset still readable")
+    next_offset: int = Field(description="the offset to fetch next")
+    records: list[ConsumedRecord] = Field(description="in offset order, possibly empty")
+    committed_offset: int | Absent = Field(default=None, description=(
         "with commit: the offset committed for the group (the last record delivered)"))
-    error_type: ErrorType | None = None
-    error: str | None = None
-    retriable: bool | None = None
+
+
+class ConsumeFailure(_Failure):
+    """A partition that could not be read; the others are answered as usual."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [OUT_OF_RANGE]})
+
+    log_start_offset: int | Absent = Field(default=None, description=(
+        "with OffsetOutOfRange: where the log starts"))
+    high_watermark: int | Absent = Field(default=None, description=(
+        "with OffsetOutOfRange: where the log ends"))
+
+
+ConsumePartitionResult = TypeAliasType("ConsumePartitionResult", Annotated[
+    ConsumeSuccess | ConsumeFailure,
+    Field(discriminator="ok", description="A partition's outcome, told by its ok")])
 
 
 class ConsumeResponse(BaseModel):
-    results: list[ConsumePartitionResult]
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"results": [CONSUMED]}, {"results": [CONSUMED, OUT_OF_RANGE]}]})
+
+    results: list[ConsumePartitionResult] = Field(description=(
+        "one per requested partition, in request order"))
 
 
 class ErrorDetail(BaseModel):
-    loc: str
+    """One problem with the request: where it is and what is wrong there."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"loc": "topic_partitions.0.partition", "msg": "Input should be a valid integer"}]})
+
+    loc: str = Field(description="a dot-separated path into the request body")
     msg: str
 
 
 class ErrorResponse(BaseModel):
-    """Body of 400, 404, 413 and whole-request 503 answers."""
+    """The body of an answer refusing the whole request (4xx, and whole-request 5xx)."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [{
         "error_type": "InvalidRequest", "error": "invalid request body",
@@ -467,8 +565,19 @@ class ErrorResponse(BaseModel):
     }]})
 
     error_type: ErrorType
-    error: str
-    details: list[ErrorDetail] | None = None
+    error: str = Field(description="what went wrong, for people")
+    details: list[ErrorDetail] | Absent = Field(default=None, description=(
+        "with InvalidRequest: one item per problem"))
+
+
+class ServiceStatus(enum.StrEnum):
+    """``ok``: taking work; ``starting``; ``stopping``: draining for shutdown; ``failed``:
+    a background loop failed."""
+
+    OK = "ok"
+    STARTING = "starting"
+    STOPPING = "stopping"
+    FAILED = "failed"
 
 
 class HealthResponse(BaseModel):
@@ -480,10 +589,26 @@ class HealthResponse(BaseModel):
         "started_at_ms": 1760000000000,
     }]})
 
-    status: Literal["ok", "starting", "stopping", "failed"]
+    status: ServiceStatus
     started_at_ms: int
-    broker_id: str | None = None
-    compactor_id: str | None = None
-    host: str | None = None
-    port: int | None = None
-    failure: str | None = None
+    broker_id: str | Absent = None
+    compactor_id: str | Absent = None
+    host: str | Absent = None
+    port: int | Absent = None
+    failure: str | Absent = None
+
+
+class MetricsSnapshot(BaseModel):
+    """Process-local figures: the service's identity and settings, then every sample as
+    ``{metric: {labels: value}}`` (labels ``k=v`` joined by commas, ``""`` without)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"examples": [{
+        "broker_id": "broker-1", "roles": ["write", "read", "compact"], "status": "ok",
+        "started_at_ms": 1760000000000,
+        "batch": {"max_bytes": 4194304, "max_delay_ms": 5, "buffer_max_bytes": 67108864},
+        "metrics": {"llog_produce_records_total": {"": 2.0},
+                    "llog_s3_requests_total": {"op=put,outcome=ok": 1.0}}}]})
+
+    status: ServiceStatus
+    started_at_ms: int
+    metrics: dict[str, dict[str, float]]

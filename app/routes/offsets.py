@@ -13,13 +13,15 @@ from app.errors import LlogError, PayloadTooLarge, RoleDisabled
 from app.routes.access import authorize
 from app.routes.deps import broker_state
 from app.routes.models import (
-    ErrorResponse,
-    OffsetsPartitionResult,
+    OffsetsFailure,
     OffsetsRequest,
     OffsetsResponse,
+    OffsetsSuccess,
 )
+from app.routes.openapi import errors
+from app.storage import offsets as storage_offsets
 from app.storage.keys import TopicPartition
-from app.storage.offsets import PartitionOffsets, list_offsets
+from app.storage.offsets import PartitionOffsets
 from app.storage.reader import LogReader
 
 router = APIRouter(tags=["offsets"])
@@ -32,11 +34,13 @@ LOOKUP_CONCURRENCY = 16
     response_model=OffsetsResponse,
     response_model_exclude_none=True,
     summary="Log start and high watermark of partitions; the first offset at a time",
-    responses={400: {"model": ErrorResponse, "description": "invalid request"},
-               413: {"model": ErrorResponse, "description": "too many partitions"}},
+    responses={200: {"description": "each partition's offsets, or why they could not be "
+                                    "found"},
+               **errors(400, 413)},
 )
-async def offsets(body: OffsetsRequest, request: Request,
-                  state: Annotated[BrokerState, Depends(broker_state)]) -> OffsetsResponse:
+async def list_offsets(body: OffsetsRequest, request: Request,
+                       state: Annotated[BrokerState, Depends(broker_state)]
+                       ) -> OffsetsResponse:
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
     s = state.settings
     if len(body.topic_partitions) > s.max_partitions_per_request:
@@ -62,7 +66,7 @@ async def lookup_all(reader: LogReader | None,
     async def one(i: int, tp: TopicPartition, at_ms: int | None) -> None:
         async with limiter:
             try:
-                out[i] = await list_offsets(reader, tp, at_ms)
+                out[i] = await storage_offsets.list_offsets(reader, tp, at_ms)
             except LlogError as exc:
                 out[i] = exc
 
@@ -72,11 +76,12 @@ async def lookup_all(reader: LogReader | None,
     return out
 
 
-def _result(tp: TopicPartition, found: PartitionOffsets | LlogError) -> OffsetsPartitionResult:
+def _result(tp: TopicPartition, found: PartitionOffsets | LlogError
+            ) -> OffsetsSuccess | OffsetsFailure:
     if isinstance(found, LlogError):
-        return OffsetsPartitionResult(topic=tp.topic, partition=tp.partition, ok=False,
-                                      error_type=found.error_type, error=str(found),
-                                      retriable=found.retriable)
-    return OffsetsPartitionResult(topic=tp.topic, partition=tp.partition, ok=True,
-                                  log_start_offset=found.log_start,
-                                  high_watermark=found.high_watermark, offset=found.for_time)
+        return OffsetsFailure(topic=tp.topic, partition=tp.partition, ok=False,
+                              error_type=found.error_type, error=str(found),
+                              retriable=found.retriable)
+    return OffsetsSuccess(topic=tp.topic, partition=tp.partition, ok=True,
+                          log_start_offset=found.log_start,
+                          high_watermark=found.high_watermark, offset=found.for_time)

@@ -19,7 +19,9 @@ from app.broker.state import BrokerState
 from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.routes.access import account, authorize, charge_produce, control_of
+from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import ErrorResponse, ProduceResponse
+from app.routes.openapi import error, errors, named, response
 from app.routes.produce_body import is_binary, parse_json
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
@@ -32,7 +34,8 @@ from app.wire.produce import Entry
 router = APIRouter(tags=["produce"])
 
 REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
-    "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"}},
+    "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"},
+                         "examples": named(PRODUCE_REQUESTS)},
     wire.CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"},
                         "x-llog-format": "LLP1 (docs/http-api.md, Binary bodies)"},
 }}}
@@ -44,14 +47,17 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     summary="Append records to topic-partitions",
     openapi_extra=REQUEST_BODY,
     responses={
-        400: {"model": ErrorResponse, "description": "malformed JSON or invalid request"},
-        409: {"model": ProduceResponse, "description": "some or all entries failed"},
-        404: {"model": ErrorResponse,
-              "description": "unknown topic or partition (auto-create off)"},
-        413: {"model": ErrorResponse, "description": "over a size or count limit"},
-        503: {"model": ProduceResponse,
-              "description": "every entry refused before anything was written (back-"
-                             "pressure, draining, or not a writer); see Retry-After"},
+        **response(200, "every entry was written", ProduceResponse, PRODUCE_WRITTEN),
+        **errors(400),
+        **error(404, description="unknown topic or partition (topics are not created on "
+                                 "use); nothing was written"),
+        **response(409, "some entries failed, and not every one before writing: each "
+                        "result says how; retry only those with ok false",
+                   ProduceResponse, PRODUCE_PARTLY),
+        **errors(413), **error(500, "CorruptData"),
+        **response(503, "nothing was written: every entry was refused before writing "
+                        "(results), or the request as a whole (error body)",
+                   ProduceResponse | ErrorResponse, PRODUCE_REFUSED),
     },
 )
 async def produce(request: Request) -> Response:

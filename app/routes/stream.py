@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 import anyio
 import orjson
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Path, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -29,13 +29,27 @@ from app.broker.state import BrokerState
 from app.errors import InvalidRequest, LlogError, RoleDisabled, ShuttingDown, Unavailable
 from app.routes.access import authorize
 from app.routes.consume import _record, _times
-from app.routes.models import ErrorResponse
 from app.routes.offsets import lookup_all
+from app.routes.openapi import error, errors
 from app.storage.keys import TopicPartition, validate_topic
 from app.storage.offsets import PartitionOffsets
 from app.storage.reader import ReadResult
 
 router = APIRouter(tags=["consume"])
+EVENTS_EXAMPLE = """retry: 1000
+
+id: 0:3
+event: records
+data: {"partition":0,"next_offset":3,"high_watermark":2,"records":[{"offset":1,\
+"value":"alpha","append_time_ms":1760000000000},{"offset":2,"base64":"AAE=",\
+"append_time_ms":1760000000000}]}
+
+: heartbeat
+
+event: end
+data: {"reason":"the broker is draining; reconnect (with Last-Event-ID) to another broker"}
+
+"""
 MAX_STREAM_PARTITIONS = 256
 _POSITION = re.compile(r"(\d{1,10}):(\d{1,19})")
 
@@ -97,15 +111,22 @@ def _position(offsets: dict[int, int]) -> str:
     "/topics/{topic}/stream",
     summary="Follow partitions as Server-Sent Events (text/event-stream)",
     response_class=StreamingResponse,
-    responses={200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
-                     "description": "records, heartbeat comments, end and error events"},
-               400: {"model": ErrorResponse, "description": "invalid parameters"},
-               503: {"model": ErrorResponse,
-                     "description": "every stream slot is taken, or the broker drains"}},
+    responses={200: {"description": "records, heartbeat comments, end and error events",
+                     "content": {"text/event-stream": {"schema": {"type": "string"},
+                                                       "example": EVENTS_EXAMPLE}}},
+               **errors(400),
+               **error(404, "UnknownTopic", "UnknownPartition", description=(
+                   "an unknown topic or partition (topics are not created on use)")),
+               **error(500, "CorruptData"),
+               **error(503, "Unavailable", "ShuttingDown", "RoleDisabled",
+                       "StorageUnavailable", description=(
+                           "every stream slot is taken, the broker drains, lacks the read "
+                           "role or cannot reach its store: retry after Retry-After, or "
+                           "on another broker"))},
 )
 async def stream(
     request: Request,
-    topic: str,
+    topic: Annotated[str, Path(description="the topic's name")],
     partitions: Annotated[str, Query(description="comma-separated partitions")] = "0",
     start: Annotated[str, Query(alias="from", description="earliest, latest or an offset")
                      ] = "latest",

@@ -13,7 +13,6 @@ from app.errors import RoleDisabled
 from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
 from app.routes.models import (
-    ErrorResponse,
     PartitionInfo,
     TopicCreateRequest,
     TopicDescription,
@@ -22,16 +21,16 @@ from app.routes.models import (
     TopicName,
     TopicUpdateRequest,
 )
+from app.routes.openapi import error, errors, store_errors
 from app.storage.keys import TopicPartition
 from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import Topic, TopicConfig
 from app.tailcache import run_cache_io
 
 router = APIRouter(tags=["topics"])
-_ERRORS: dict[int | str, dict[str, object]] = {
-    400: {"model": ErrorResponse, "description": "invalid request"},
-    404: {"model": ErrorResponse, "description": "no such topic"},
-}
+# Every topic operation reads the catalog in Oxia, and needs the read role.
+_STORE = store_errors()
+_NAMED = {**errors(400), **error(404, "UnknownTopic", description="no such topic"), **_STORE}
 PathTopic = Annotated[TopicName, Path(description="the topic's name")]
 # Changing or deleting a topic needs the admin right on it (checked before the handler).
 _ADMIN = [Depends(require(Right.ADMIN, param="topic"))]
@@ -52,8 +51,9 @@ def _info(topic: Topic) -> TopicInfo:
 
 
 @router.post("/topics", status_code=201, response_model=TopicInfo, summary="Create a topic",
-             responses={**_ERRORS, 409: {"model": ErrorResponse,
-                                         "description": "the topic exists"}})
+             responses={201: {"description": "the topic, created"}, **errors(400),
+                        **error(409, "TopicExists", description="a topic of that name exists"),
+                        **errors(413), **_STORE})
 async def create_topic(body: TopicCreateRequest, request: Request,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
     authorize(request, Right.ADMIN, [body.topic])
@@ -65,14 +65,17 @@ async def create_topic(body: TopicCreateRequest, request: Request,
 
 
 @router.get("/topics", response_model=TopicList,
-            summary="List the topics (with auth on: those the caller holds a right on)")
+            summary="List the topics (with auth on: those the caller holds a right on)",
+            responses={200: {"description": "every topic (with auth on: those the caller "
+                                            "holds a right on)"}, **_STORE})
 async def list_topics(request: Request, state: Annotated[BrokerState, Depends(broker_state)]
                       ) -> TopicList:
     return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()
                              if sees_topic(request, t.name)])
 
 
-@router.get("/topics/{topic}", response_model=TopicDescription, responses=_ERRORS,
+@router.get("/topics/{topic}", response_model=TopicDescription,
+            responses={200: {"description": "the topic and its partitions"}, **_NAMED},
             summary="A topic and each of its partitions' log start, end and size")
 async def describe_topic(topic: PathTopic, request: Request,
                          state: Annotated[BrokerState, Depends(broker_state)]
@@ -85,7 +88,9 @@ async def describe_topic(topic: PathTopic, request: Request,
                       last_append_ms=p.last_append_ms) for p in partitions])
 
 
-@router.patch("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
+@router.patch("/topics/{topic}", response_model=TopicInfo,
+              responses={200: {"description": "the topic, changed"}, **_NAMED,
+                         **errors(413)},
               dependencies=_ADMIN, summary="Change retention or limits, or add partitions")
 async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
@@ -96,7 +101,8 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
     return _info(updated)
 
 
-@router.delete("/topics/{topic}", response_model=TopicInfo, responses=_ERRORS,
+@router.delete("/topics/{topic}", response_model=TopicInfo,
+               responses={200: {"description": "the topic as it was"}, **_NAMED},
                dependencies=_ADMIN,
                summary="Delete a topic: its records are removed, its offsets never reused")
 async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
