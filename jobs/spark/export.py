@@ -27,7 +27,6 @@ import functools
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -36,9 +35,13 @@ from app.settings import Settings
 from app.storage.log_record import payload_value
 from app.storage.reader import LogReader
 from app.storage.records import now_ms
+from jobs.spark.export_delta import run_delta_export
 from jobs.spark.export_read import (
     JOB,
+    MAX_SLICES,
+    RANGE_COLUMNS,
     READ_RECORDS,
+    ExportOptions,
     PartRange,
     plan_ranges,
     read_batches,
@@ -61,23 +64,8 @@ __all__ = ["ExportOptions", "PartRange", "plan_ranges", "run_export", "write_par
 RECORD_COLUMNS = ("topic string, partition int, offset long, value binary, "
                   "value_utf8 string, key binary, headers array<struct<name:string,"
                   "value:binary>>, timestamp_ms long, append_time_ms long")
-RANGE_COLUMNS = "topic string, partition int, first_offset long, last_offset long"
 FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, last_offset long, "
                 "records long, bytes long, file string")
-MAX_SLICES = 10_000
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    output: str
-    topics: tuple[str, ...] = ()
-    partitions: tuple[int, ...] = ()
-    from_offset: int = 1
-    to_offset: int | None = None
-    range_records: int = 100_000
-    mode: str = "errorifexists"
-    tasks: int = 0
-    verify_output: bool = False
 
 
 def _filesystem(output: str) -> tuple[Any, str]:
@@ -170,26 +158,26 @@ def export_task(payload: Mapping[str, str], output: str,
 
 
 
-def _prepare_output(options: ExportOptions) -> tuple[Any, str]:
+def _prepare_output(output: str, mode: str) -> tuple[Any, str]:
     import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    fs, base = _filesystem(options.output)
+    fs, base = _filesystem(output)
     if fs.get_file_info(base).type != pyarrow.fs.FileType.NotFound:
-        if options.mode != "overwrite":
-            raise ValueError(f"{options.output} exists (pass --mode overwrite to replace it)")
+        if mode != "overwrite":
+            raise ValueError(f"{output} exists (pass --mode overwrite to replace it)")
         fs.delete_dir(base)
     fs.create_dir(base)
     return fs, base
 
 
-def _write_parts(spark: SparkSession, payload: Mapping[str, str], options: ExportOptions,
+def _write_parts(spark: SparkSession, payload: Mapping[str, str], output: str, mode: str,
                  ranges: Sequence[tuple[str, int, int, int]], report: Report) -> DataFrame:
     """One task per range; the tasks' file rows, written to ``report/files``."""
-    fs, base = _prepare_output(options)
+    fs, base = _prepare_output(output, mode)
     indexed = [(i, *r) for i, r in enumerate(ranges)]
     written_rows = spark.sparkContext.parallelize(
         indexed, max(1, min(len(indexed), MAX_SLICES))
-    ).mapPartitions(functools.partial(export_task, payload, options.output))
+    ).mapPartitions(functools.partial(export_task, payload, output))
     files = spark.createDataFrame(written_rows, FILE_COLUMNS, verifySchema=False)
     files_df = spark.read.parquet(report.write_table(files, "files"))
     _sweep_temporary_parts(fs, base)
@@ -228,6 +216,11 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
 
     if options.range_records < 1:
         raise ValueError("--range-records must be positive")
+    if options.format == "delta":
+        return run_delta_export(spark, settings, options, report)
+    if options.output is None:
+        raise ValueError("--format parquet needs --output")
+    output = options.output
     started = now_ms()
     tasks = default_tasks(spark, options.tasks)
     payload = settings_payload(settings)
@@ -238,22 +231,22 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
                          options.range_records)
     report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
     expected = sum(last - first + 1 for _, _, first, last in ranges)
-    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.output}")
+    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {output}")
     # Every task checked that its range came out contiguous and complete; the counts
     # per partition come from the tasks' own file list. --verify-output re-reads it all.
-    files = _write_parts(spark, payload, options, ranges, report)
+    files = _write_parts(spark, payload, output, options.mode, ranges, report)
     report.write_table(_per_partition(spark, bounds, files), "partitions")
     totals = files.agg(F.sum("records").alias("n"), F.sum("bytes").alias("b")).collect()[0]
     exported, duplicates = int(totals["n"] or 0), 0
     if options.verify_output:
-        exported, duplicates = _verify_output(spark, options.output)
+        exported, duplicates = _verify_output(spark, output)
     ok = exported == expected and duplicates == 0
     finished = now_ms()
     seconds = (finished - started) / 1000
     summary: dict[str, Any] = {
         **job_header(JOB, "ok" if ok else "mismatch", EXIT_OK if ok else EXIT_FINDINGS,
                      started, finished, settings, options),
-        "output": options.output,
+        "output": output,
         "partitions": len(partitions),
         "ranges": len(ranges),
         "records_expected": expected,
@@ -266,8 +259,14 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = base_parser(JOB, "Export topic-partition offset ranges to Parquet.")
-    parser.add_argument("--output", required=True, help="Parquet dataset to write")
+    parser = base_parser(JOB, "Export topic-partition offset ranges to Parquet files, or "
+                              "append them to a Delta Lake table.")
+    parser.add_argument("--format", choices=("parquet", "delta"), default="parquet",
+                        help="parquet: a dataset of part files (--output); delta: append "
+                             "what the table does not hold yet to a Delta table (--table)")
+    parser.add_argument("--output", help="--format parquet: the Parquet dataset to write")
+    parser.add_argument("--table", help="--format delta: the table, s3://bucket/prefix on "
+                                        "the store's S3 endpoint, or a local path")
     parser.add_argument("--topic", action="append", default=[], dest="topics",
                         help="topic to export (repeatable; default: all)")
     parser.add_argument("--partition", action="append", type=int, default=[],

@@ -27,6 +27,25 @@ JOB = "export"
 MiB = 1024 * 1024
 READ_RECORDS = 5000
 READ_BYTES = 8 * MiB
+RANGE_COLUMNS = "topic string, partition int, first_offset long, last_offset long"
+MAX_SLICES = 10_000
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """The export's options (one per command-line option of the same name)."""
+
+    output: str | None = None
+    topics: tuple[str, ...] = ()
+    partitions: tuple[int, ...] = ()
+    from_offset: int = 1
+    to_offset: int | None = None
+    range_records: int = 100_000
+    mode: str = "errorifexists"
+    tasks: int = 0
+    verify_output: bool = False
+    format: str = "parquet"
+    table: str | None = None
+
 
 def high_watermarks_task(payload: Mapping[str, str], tps: Iterable[tuple[str, int]]
                          ) -> Iterator[tuple[str, int, int, int]]:

@@ -1,0 +1,199 @@
+"""export --format delta against real Oxia and MinIO: a Delta table on the store's S3
+that each run extends with exactly the records past its high-water offsets, also after a
+run that crashed between writing its data files and committing them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.localstack.stack import LocalStack
+from app.settings import Settings
+from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload
+from app.storage.retention import move_log_start
+from jobs.spark.delta_table import app_id
+from jobs.spark.export_delta import resume_bounds
+from tests.helpers.spark_records import export_row, sample_records
+from tests.helpers.spark_support import SPARK_TESTS, Engine, append, run, stack_settings
+
+Written = dict[tuple[int, int], tuple[Payload, int]]
+pytestmark = SPARK_TESTS
+
+
+def test_resume_bounds_start_past_the_table_and_count_what_retention_took() -> None:
+    held = {TopicPartition("a", 0): 10, TopicPartition("a", 1): 2}
+    bounds = [("a", 0, 1, 15), ("a", 1, 6, 9), ("a", 2, 1, 0), ("a", 3, 4, 3)]
+    resumed, lost = resume_bounds(bounds, held)
+    # a-0 resumes at 11; a-1 held 1..2 but retention starts the log at 6: 3..5 are gone;
+    # a-2 is empty; a-3 is empty with its log start past offsets never written.
+    assert resumed == [("a", 0, 11, 15), ("a", 1, 6, 9), ("a", 2, 1, 0), ("a", 3, 4, 3)]
+    assert lost == 3 + 3
+
+
+def _produce(settings: Settings, topic: str, tag: str, written: Written) -> None:
+    async def go(e: Engine) -> None:
+        for p in (0, 1):
+            for i in range(3):
+                records = sample_records(f"{tag}-{p}-{i}", 3 + p)
+                (result,) = await append(e, [(TopicPartition(topic, p), records)])
+                for offset, record in enumerate(records, result.start_offset):
+                    written[(p, offset)] = (record, result.append_time_ms)
+
+    run(settings, go)
+
+
+def _export(spark: Any, settings: Settings, table: str, tmp_path: Path, name: str,
+            topic: str) -> dict[str, Any]:
+    from jobs.spark.export import ExportOptions, run_export
+    from jobs.spark.report import Report
+
+    outcome = run_export(spark, settings, ExportOptions(
+        format="delta", table=table, topics=(topic,), range_records=5),
+        Report(tmp_path / name))
+    assert outcome.exit_code == 0, outcome.summary
+    return outcome.summary
+
+
+def _open(settings: Settings, table: str) -> Any:
+    from deltalake import DeltaTable
+
+    from jobs.spark.delta_location import table_location
+
+    location = table_location(table, settings)
+    return DeltaTable(location.uri, storage_options=location.storage_options)
+
+
+def _rows(table: Any) -> list[dict[str, Any]]:
+    rows = table.to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: (r["partition"], r["offset"]))
+
+
+def _expected(topic: str, written: Written) -> list[dict[str, Any]]:
+    return [export_row(topic, p, o, record, at)
+            for (p, o), (record, at) in sorted(written.items())]
+
+
+def _without_date(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    from jobs.spark.delta_files import append_date
+
+    for row in rows:
+        assert str(row.pop("append_date")) == append_date(row["append_time_ms"])
+    return rows
+
+
+def _spark_check(spark: Any, table: Any) -> tuple[int, int]:
+    """(rows, distinct (topic, partition, offset)) of the table's current snapshot,
+    counted by Spark SQL over the files the Delta log references."""
+    df = spark.createDataFrame(table.to_pyarrow_table().select(
+        ["topic", "partition", "offset", "append_date"]))
+    df.createOrReplaceTempView("llog_delta")
+    row = spark.sql("SELECT count(*) AS n, count(DISTINCT topic, partition, offset) AS d "
+                    "FROM llog_delta").collect()[0]
+    return int(row["n"]), int(row["d"])
+
+
+def _table_uri(settings: Settings) -> str:
+    return f"s3://{settings.s3_bucket}/{settings.root_prefix}/lake/events"
+
+
+@pytest.mark.timeout(180)
+def test_incremental_exports_hold_every_record_once(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    settings = stack_settings(stack)
+    table_uri, written = _table_uri(settings), Written()
+    _produce(settings, topic, "a", written)
+    first = _export(spark, settings, table_uri, tmp_path, "r1", topic)
+    assert first["records_exported"] == len(written) == 21 and first["table_version"] == 1
+    after_first = dict(written)
+    _produce(settings, topic, "b", written)
+    second = _export(spark, settings, table_uri, tmp_path, "r2", topic)
+    assert second["records_exported"] == 21 and second["table_version"] == 2
+    idle = _export(spark, settings, table_uri, tmp_path, "r3", topic)
+    assert idle["records_exported"] == 0 and idle["table_version"] == 2
+    assert not idle["committed"]
+
+    table = _open(settings, table_uri)
+    assert _without_date(_rows(table)) == _expected(topic, written)
+    assert _spark_check(spark, table) == (42, 42)
+    assert table.metadata().partition_columns == ["topic", "append_date"]
+    # The high-water offsets live in the table, committed with the data.
+    assert table.transaction_version(app_id(TopicPartition(topic, 0))) == 18
+    assert table.transaction_version(app_id(TopicPartition(topic, 1))) == 24
+    # Time travel: version 1 is the first export, exactly.
+    table.load_as_version(1)
+    assert _without_date(_rows(table)) == _expected(topic, after_first)
+    assert [h["operation"] for h in _open(settings, table_uri).history()] == [
+        "WRITE", "WRITE", "CREATE TABLE"]
+
+
+@pytest.mark.timeout(180)
+def test_a_crash_before_the_commit_is_re_run_without_duplicates(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import jobs.spark.export_delta as export_delta
+    from jobs.spark.delta_files import delta_task
+
+    settings = stack_settings(stack)
+    table_uri, written = _table_uri(settings), Written()
+    _produce(settings, topic, "a", written)
+    _export(spark, settings, table_uri, tmp_path, "r1", topic)
+    _produce(settings, topic, "b", written)
+
+    def crash(*args: Any, **kwargs: Any) -> int:
+        raise RuntimeError("the driver died after the data files were written")
+
+    monkeypatch.setattr(export_delta, "commit", crash)
+    with pytest.raises(RuntimeError, match="driver died"):
+        _export(spark, settings, table_uri, tmp_path, "crashed", topic)
+    monkeypatch.undo()
+    assert delta_task is export_delta.delta_task  # the files were written for real
+    assert len(_rows(_open(settings, table_uri))) == 21  # nothing of the crashed run
+
+    # Retention moves partition 1's log start into what the table holds: no effect.
+    run(settings, lambda e: move_log_start(e.oxia, e.layout, TopicPartition(topic, 1), 5,
+                                          None))
+    rerun = _export(spark, settings, table_uri, tmp_path, "r2", topic)
+    assert rerun["records_exported"] == 21 and rerun["records_lost_to_retention"] == 0
+    table = _open(settings, table_uri)
+    assert _without_date(_rows(table)) == _expected(topic, written)
+    assert _spark_check(spark, table) == (42, 42)
+    assert _orphans(settings, table_uri, table) > 0  # left for Delta's VACUUM
+
+
+def _orphans(settings: Settings, table_uri: str, table: Any) -> int:
+    """Data files under the table that its log does not reference."""
+    import pyarrow.fs
+
+    from jobs.spark.delta_location import filesystem, table_location
+
+    location = table_location(table_uri, settings)
+    fs = filesystem(location, settings)
+    listed = {i.path[len(location.base_path) + 1:] for i in fs.get_file_info(
+        pyarrow.fs.FileSelector(location.base_path, recursive=True))
+        if i.path.endswith(".parquet") and "/_delta_log/" not in i.path}
+    prefix = table.table_uri.rstrip("/") + "/"
+    referenced = {uri[len(prefix):] for uri in table.file_uris()}
+    assert referenced <= listed
+    return len(listed - referenced)
+
+
+
+def test_a_commit_never_lands_on_a_table_another_export_moved(stack: LocalStack) -> None:
+    from deltalake.exceptions import CommitFailedError
+
+    from jobs.spark.delta_location import table_location
+    from jobs.spark.delta_table import commit, open_table
+
+    settings = stack_settings(stack)
+    location = table_location(_table_uri(settings), settings)
+    first, second = open_table(location), open_table(location)
+    tp = TopicPartition("t", 0)
+    assert commit(first, [], {tp: 5}, {}) == 1
+    # The second read the table before the first committed: its plan is stale, so its
+    # commit is refused (conditional PUT of version 1), not retried onto version 2.
+    with pytest.raises(CommitFailedError):
+        commit(second, [], {tp: 7}, {})
+    assert _open(settings, _table_uri(settings)).transaction_version(app_id(tp)) == 5
