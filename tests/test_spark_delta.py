@@ -17,7 +17,15 @@ from app.storage.retention import move_log_start
 from jobs.spark.delta_table import app_id
 from jobs.spark.export_delta import resume_bounds
 from tests.helpers.spark_records import export_row, sample_records
-from tests.helpers.spark_support import SPARK_TESTS, Engine, append, run, stack_settings
+from tests.helpers.spark_support import (
+    SPARK_TESTS,
+    Engine,
+    append,
+    read_summary,
+    run,
+    stack_json,
+    stack_settings,
+)
 
 Written = dict[tuple[int, int], tuple[Payload, int]]
 pytestmark = SPARK_TESTS
@@ -155,8 +163,16 @@ def test_a_crash_before_the_commit_is_re_run_without_duplicates(
     # Retention moves partition 1's log start into what the table holds: no effect.
     run(settings, lambda e: move_log_start(e.oxia, e.layout, TopicPartition(topic, 1), 5,
                                           None))
-    rerun = _export(spark, settings, table_uri, tmp_path, "r2", topic)
+    # The re-run through the command line, as an operator would run it.
+    from jobs.spark.export import main
+
+    assert main(["--report", str(tmp_path / "r2"), "--root-prefix", settings.root_prefix,
+                 "--stack-json", str(stack_json(stack, tmp_path / "stack.json")),
+                 "--format", "delta", "--table", table_uri, "--topic", topic,
+                 "--range-records", "5"]) == 0
+    rerun = read_summary(tmp_path / "r2")
     assert rerun["records_exported"] == 21 and rerun["records_lost_to_retention"] == 0
+    assert rerun["table_version"] == 2 and rerun["committed"]
     table = _open(settings, table_uri)
     assert _without_date(_rows(table)) == _expected(topic, written)
     assert _spark_check(spark, table) == (42, 42)

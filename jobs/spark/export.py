@@ -1,4 +1,5 @@
-"""export: topic-partition offset ranges to Parquet.
+"""export: topic-partition offset ranges to Parquet (this module), or appended to a Delta
+Lake table (``--format delta``: :mod:`jobs.spark.export_delta`).
 
 The driver discovers the partitions, a first Spark stage reads their high watermarks
 (the export's snapshot: records appended later are not exported), and the driver cuts
@@ -17,6 +18,7 @@ offset) order, rows inside them too. The output is a local (or shared) directory
 any URI pyarrow's filesystems open.
 
     python -m jobs.spark.export --report /tmp/exp --output /tmp/orders.parquet --topic orders
+    python -m jobs.spark.export --report /tmp/exp --format delta --table s3://lake/events
 """
 
 from __future__ import annotations
