@@ -39,6 +39,55 @@ def test_resume_bounds_start_past_the_table_and_count_what_retention_took() -> N
     # a-2 is empty; a-3 is empty with its log start past offsets never written.
     assert resumed == [("a", 0, 11, 15), ("a", 1, 6, 9), ("a", 2, 1, 0), ("a", 3, 4, 3)]
     assert lost == 3 + 3
+    # --from-offset: offsets below it are skipped on purpose, not lost.
+    assert resume_bounds([("a", 0, 1, 15)], {}, from_offset=12) == ([("a", 0, 12, 15)], 0)
+
+
+def test_table_locations_and_foreign_tables_are_refused(tmp_path: Path) -> None:
+    import pyarrow as pa
+    from deltalake import DeltaTable, write_deltalake
+
+    from jobs.spark.delta_location import table_location
+    from jobs.spark.delta_table import open_table, table_schema
+
+    settings = Settings(s3_endpoint="http://127.0.0.1:9000", s3_access_key="k",
+                        s3_secret_key="s")
+    s3 = table_location("s3a://lake/llog/events/", settings)
+    assert (s3.uri, s3.base_path) == ("s3://lake/llog/events", "lake/llog/events")
+    assert s3.storage_options["aws_conditional_put"] == "etag"
+    assert s3.storage_options["AWS_ALLOW_HTTP"] == "true"
+    for bad in ("s3://lake", "s3://lake/", "gs://lake/events", "http://x/y"):
+        with pytest.raises(ValueError, match="--table"):
+            table_location(bad, settings)
+    other = tmp_path / "other"
+    write_deltalake(str(other), pa.table({"topic": ["a"], "append_date": ["x"], "n": [1]}),
+                    partition_by=["topic", "append_date"])
+    with pytest.raises(ValueError, match="columns are not the export's"):
+        open_table(table_location(str(other), settings))
+    expiring = tmp_path / "expiring"
+    DeltaTable.create(str(expiring), table_schema(), partition_by=["topic", "append_date"],
+                      configuration={"delta.setTransactionRetentionDuration": "interval 1 day"})
+    with pytest.raises(ValueError, match="setTransactionRetentionDuration"):
+        open_table(table_location(str(expiring), settings))
+    created = open_table(table_location(str(tmp_path / "new"), settings))
+    assert created.version() == 0 and open_table(
+        table_location(str(tmp_path / "new"), settings)).version() == 0
+
+
+def test_options_of_the_other_format_are_refused(spark: Any, tmp_path: Path) -> None:
+    from jobs.spark.export import ExportOptions, run_export
+    from jobs.spark.report import Report
+
+    settings, report = Settings(), Report(tmp_path / "r")
+    for options, message in [
+        (ExportOptions(format="delta"), "needs --table"),
+        (ExportOptions(format="delta", table="t", output="o"), "for --format parquet"),
+        (ExportOptions(format="delta", table="t", verify_output=True), "--format parquet"),
+        (ExportOptions(output="o", table="t"), "--table is for --format delta"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            run_export(spark, settings, options, report)
+    assert not (tmp_path / "t").exists()
 
 
 def test_spark_reads_pack_small_files_and_skip_files_by_partition_values() -> None:

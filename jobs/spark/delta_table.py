@@ -54,11 +54,27 @@ def open_table(location: TableLocation) -> DeltaTable:
                           partition_by=PARTITION_BY, name="llog export",
                           storage_options=location.storage_options)
     table = DeltaTable(location.uri, storage_options=location.storage_options)
-    if list(table.metadata().partition_columns) != PARTITION_BY:
-        raise ValueError(f"{location.uri} is a Delta table partitioned by "
-                         f"{table.metadata().partition_columns}, not by {PARTITION_BY}: "
-                         "not a table this export writes")
+    check_table(location.uri, table)
     return table
+
+
+def check_table(uri: str, table: DeltaTable) -> None:
+    """Refuse a table this export does not write: other partition columns or columns,
+    or transaction ids that expire (the high-water offsets must never be forgotten)."""
+    metadata = table.metadata()
+    if list(metadata.partition_columns) != PARTITION_BY:
+        raise ValueError(f"{uri} is a Delta table partitioned by "
+                         f"{metadata.partition_columns}, not by {PARTITION_BY}: "
+                         "not a table this export writes")
+    from deltalake import Schema
+
+    if table.schema() != Schema.from_arrow(table_schema()):
+        raise ValueError(f"{uri}: the table's columns are not the export's "
+                         f"({', '.join(f.name for f in table.schema().fields)})")
+    if metadata.configuration.get("delta.setTransactionRetentionDuration"):
+        raise ValueError(f"{uri} sets delta.setTransactionRetentionDuration: its per-"
+                         "partition high-water offsets could expire and records be "
+                         "exported twice; unset it")
 
 
 def high_waters(table: DeltaTable, partitions: Iterable[TopicPartition]

@@ -220,8 +220,8 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
         raise ValueError("--range-records must be positive")
     if options.format == "delta":
         return run_delta_export(spark, settings, options, report)
-    if options.output is None:
-        raise ValueError("--format parquet needs --output")
+    if options.output is None or options.table is not None:
+        raise ValueError("--format parquet needs --output (--table is for --format delta)")
     output = options.output
     started = now_ms()
     tasks = default_tasks(spark, options.tasks)

@@ -40,13 +40,14 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 def resume_bounds(bounds: Sequence[tuple[str, int, int, int]],
-                  held: Mapping[TopicPartition, int]
+                  held: Mapping[TopicPartition, int], from_offset: int = 1
                   ) -> tuple[list[tuple[str, int, int, int]], int]:
-    """Each partition's bounds starting past what the table holds, and how many offsets
-    retention removed before any export read them."""
+    """Each partition's bounds starting past what the table holds (and at
+    ``from_offset`` or later), and how many offsets retention removed before any export
+    read them."""
     resumed, lost = [], 0
     for topic, partition, log_start, hw in bounds:
-        start = held.get(TopicPartition(topic, partition), 0) + 1
+        start = max(from_offset, held.get(TopicPartition(topic, partition), 0) + 1)
         lost += max(0, min(log_start, hw + 1) - start)
         resumed.append((topic, partition, max(log_start, start), hw))
     return resumed, lost
@@ -78,13 +79,15 @@ def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOpt
     """The job (see the module's docstring); exit 1 when the files do not hold the plan."""
     if options.table is None:
         raise ValueError("--format delta needs --table (s3://bucket/prefix or a path)")
+    if options.output is not None or options.verify_output:
+        raise ValueError("--output and --verify-output are for --format parquet")
     started, payload = now_ms(), settings_payload(settings)
     table = open_table(table_location(options.table, settings))
     describe(spark, "export: discovering partitions")
     partitions = select_partitions(settings, options.topics, options.partitions)
     bounds, lost = resume_bounds(
         read_bounds(spark, payload, partitions, default_tasks(spark, options.tasks)),
-        high_waters(table, partitions))
+        high_waters(table, partitions), options.from_offset)
     ranges = plan_ranges(bounds, options.from_offset, options.to_offset,
                          options.range_records)
     report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
