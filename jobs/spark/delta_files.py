@@ -12,6 +12,7 @@ its ``add`` action, so readers skip files by offset and time.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import uuid
@@ -128,7 +129,10 @@ async def write_range(reader: LogReader, fs: Any, base: str, part: PartRange,
             f.stream.close()
     except BaseException:
         for f in files.values():  # never committed: Delta's VACUUM removes what is left
-            f.stream.close()
+            with contextlib.suppress(Exception):
+                f.writer.close()
+            with contextlib.suppress(Exception):
+                f.stream.close()
         raise
     return [(part.index, part.topic, part.partition, part.first, part.last, f.records,
              f.bytes, f.path, fs.get_file_info(f"{base}/{f.path}").size, date, f.stats())
