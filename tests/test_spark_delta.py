@@ -56,7 +56,8 @@ def test_table_locations_and_foreign_tables_are_refused(tmp_path: Path) -> None:
     assert (s3.uri, s3.base_path) == ("s3://lake/llog/events", "lake/llog/events")
     assert s3.storage_options["aws_conditional_put"] == "etag"
     assert s3.storage_options["AWS_ALLOW_HTTP"] == "true"
-    for bad in ("s3://lake", "s3://lake/", "gs://lake/events", "http://x/y"):
+    inside = f"s3://{settings.s3_bucket}/{settings.root_prefix}/lake"
+    for bad in ("s3://lake", "s3://lake/", "gs://lake/events", "http://x/y", inside):
         with pytest.raises(ValueError, match="--table"):
             table_location(bad, settings)
     other = tmp_path / "other"
@@ -189,7 +190,7 @@ def _spark_rows(spark: Any, stack: LocalStack, tmp_path: Path, table: str,
 
 
 def _table_uri(settings: Settings) -> str:
-    return f"s3://{settings.s3_bucket}/{settings.root_prefix}/lake/events"
+    return f"s3://{settings.s3_bucket}/{settings.root_prefix}-lake/events"
 
 
 @pytest.mark.timeout(180)

@@ -41,8 +41,15 @@ def table_location(table: str, settings: Settings) -> TableLocation:
         if not parts.netloc or parts.path.strip("/") == "":
             raise ValueError(f"--table {table}: give a bucket and a prefix "
                              "(s3://bucket/prefix)")
-        return TableLocation(f"s3://{parts.netloc}/{parts.path.strip('/')}",
-                             _s3_options(settings), True)
+        prefix = parts.path.strip("/")
+        if parts.netloc == settings.s3_bucket and (
+                prefix == settings.root_prefix or prefix.startswith(f"{settings.root_prefix}/")):
+            # The store's own keys: vacuum deletes unreferenced objects under a
+            # partition's data/ prefix, and a table must never be mistaken for log data.
+            raise ValueError(f"--table {table}: inside the store's root prefix "
+                             f"({settings.s3_bucket}/{settings.root_prefix}/); use "
+                             "another prefix or bucket")
+        return TableLocation(f"s3://{parts.netloc}/{prefix}", _s3_options(settings), True)
     if "://" in table:
         raise ValueError(f"--table {table}: only s3:// URIs and local paths are supported")
     return TableLocation(os.path.abspath(table), {}, False)
