@@ -306,3 +306,26 @@ def test_a_commit_never_lands_on_a_table_another_export_moved(stack: LocalStack)
     with pytest.raises(CommitFailedError):
         commit(second, [], {tp: 7}, {})
     assert _open(settings, _table_uri(settings)).transaction_version(app_id(tp)) == 5
+
+
+def test_a_failed_range_commits_nothing_of_the_run(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path, s3_client: Any) -> None:
+    settings = stack_settings(stack)
+    table_uri, written = _table_uri(settings), Written()
+    _produce(settings, topic, "a", written)
+    _export(spark, settings, table_uri, tmp_path, "r1", topic)
+    lost_tp, kept_tp = TopicPartition(topic, 1), TopicPartition(topic, 0)
+
+    async def more(e: Engine) -> str:
+        await append(e, [(kept_tp, sample_records("k", 4))])
+        (result,) = await append(e, [(lost_tp, sample_records("l", 4))])
+        return str(result.wal_uri.split("/", 3)[3])
+
+    # The new blob of partition 1 disappears: its range cannot be read.
+    s3_client.delete_object(Bucket=settings.s3_bucket, Key=run(settings, more))
+    with pytest.raises(Exception, match=f"{lost_tp} offsets 13..16: ObjectMissing"):
+        _export(spark, settings, table_uri, tmp_path, "r2", topic)
+    table = _open(settings, table_uri)
+    # Partition 0's range was written, but nothing of the failed run is in the table.
+    assert table.version() == 1 and len(_rows(table)) == 21
+    assert table.transaction_version(app_id(kept_tp)) == 9
