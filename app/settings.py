@@ -89,6 +89,11 @@ class Settings(BaseSettings):
     # A PEM bundle of the CAs that sign the S3 endpoint's certificate (botocore's
     # ``verify=``); none: the system's trust store.
     s3_ca_bundle: Path | None = None
+    # Uploads carry the body's CRC32C (x-amz-checksum-crc32c), which the store verifies
+    # before it stores anything. SigV4 payload signing hashes every body with SHA-256 on
+    # both sides as well; it adds tamper-proofing only on plain-HTTP links.
+    s3_put_checksum: bool = True
+    s3_sign_payload: bool = False
 
     root_prefix: str = "llog"
 
@@ -165,7 +170,7 @@ class Settings(BaseSettings):
     batch_max_bytes: int = Field(default=4 * 1024 * 1024, ge=1, le=1024 * 1024 * 1024)
     batch_max_delay_ms: int = Field(default=5, ge=0, le=60_000)
     batch_buffer_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
-    batch_max_inflight: int = Field(default=8, ge=1, le=256)
+    batch_max_inflight: int = Field(default=4, ge=1, le=256)
 
     # Request limits.
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)

@@ -5,9 +5,13 @@ and uvicorn as the broker runs them, orjson, every record walked, no storage) an
 `llog serve` brokers (one process, one uvicorn worker each), and drives them with the Go
 load generator (bench/httpload). Sections, each printed as a table with its settings:
 
+- storage: the storage ceiling (bench/storage_ceiling.py): S3 PUTs of a flush's sizes
+  and Oxia writes through the broker's own clients, with no broker running.
 - produce: JSON and binary (LLP1) produce against the JSON ceiling for the same records,
   in two request shapes (4 partitions x 25 records x 1 KiB, 4 x 250 x 100 B), plus the
   largest binary shape for records per second; server CPU per request from /proc.
+- records: what keys and headers cost: JSON produce of the same values plain, with a
+  16-byte key, and with a key and two headers.
 - catchup: one partition of --catchup-mib MiB (1 KiB records, written with binary
   produce) read from offset 1 as fast as the broker answers, JSON and binary (LLR1),
   against the ceiling serving answers of the same size from memory.
@@ -17,7 +21,7 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
 - cost: how Oxia and S3 requests grow with partitions per flush (1, 16, 256) and with
   brokers on one stack (1, 2, 3), and how flushes behave under saturation.
 
-    .venv/bin/python bench/perf.py [--quick] [--sections produce,catchup,latency,cost]
+    .venv/bin/python bench/perf.py [--quick] [--sections storage,produce,records,...]
 
 It measures and prints; it asserts nothing. Results also go to .llog/bench/perf-*.json.
 """
@@ -25,6 +29,7 @@ It measures and prints; it asserts nothing. Results also go to .llog/bench/perf-
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import platform
@@ -42,6 +47,7 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 import http_bench as hb  # noqa: E402
+import storage_ceiling  # noqa: E402
 
 from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
 from app.localstack.processes import ManagedProcess, free_port  # noqa: E402
@@ -182,15 +188,18 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
         for shape in [*SHAPES, MAX_SHAPE]:
             ceiling = start_ceiling(run, shape[2])
             try:
-                targets = [("ceiling", ceiling, "json")] if shape != MAX_SHAPE else []
-                targets += [("broker", broker, "json"), ("broker", broker, "binary")]
-                for kind, server, fmt in targets:
+                targets = ([("ceiling", ceiling, "json", a.connections)]
+                           if shape != MAX_SHAPE else [])
+                # The broker batches: its throughput grows with the requests in flight.
+                targets += [("broker", broker, fmt, conns) for conns in a.broker_connections
+                            for fmt in ("json", "binary")]
+                for kind, server, fmt, conns in targets:
                     topic = _topic("p")
                     warm(server, shape, fmt, topic)
                     row = measure(run, [server], [load_args(
-                        server.url, topic, shape, fmt, a.duration, a.connections)])
+                        server.url, topic, shape, fmt, a.duration, conns)])
                     rows.append({"section": "produce", "target": kind, "format": fmt,
-                                 "shape": shape, **row})
+                                 "shape": shape, "connections": conns, **row})
             finally:
                 stop_server(run, ceiling)
     finally:
@@ -200,6 +209,31 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
                             and r["shape"][2] == row["shape"][2]), None)
         if ceiling_row and ceiling_row["records_per_s"]:
             row["ratio"] = row["records_per_s"] / ceiling_row["records_per_s"]
+    return rows
+
+
+RECORD_KINDS = [("values", []), ("key 16 B", ["-key-bytes", "16"]),
+                ("key + 2 headers", ["-key-bytes", "16", "-headers", "2"])]
+
+
+def records_section(run: Run) -> list[dict[str, Any]]:
+    """What keys and headers cost: JSON produce of the same values with and without."""
+    a = run.args
+    rows = []
+    broker = start_broker(run, "records")
+    try:
+        for shape in SHAPES:
+            for kind, extra in RECORD_KINDS:
+                topic = _topic("r")
+                warm(broker, shape, "json", topic)
+                row = measure(run, [broker], [load_args(
+                    broker.url, topic, shape, "json", a.duration, a.connections) + extra])
+                rows.append({"section": "records", "kind": kind, "shape": shape, **row})
+    finally:
+        stop_server(run, broker)
+    for row in rows:
+        plain = next(r for r in rows if r["shape"] == row["shape"] and r["kind"] == "values")
+        row["ratio"] = row["records_per_s"] / plain["records_per_s"]
     return rows
 
 
@@ -249,8 +283,9 @@ def latency_section(run: Run, produce_rows: list[dict[str, Any]]) -> list[dict[s
     try:
         for fmt in ("json", "binary"):
             shape = SHAPES[0]
-            best = next((r for r in produce_rows if r["target"] == "broker"
-                         and r["format"] == fmt and tuple(r["shape"]) == shape), None)
+            best = max((r for r in produce_rows if r["target"] == "broker"
+                        and r["format"] == fmt and tuple(r["shape"]) == shape),
+                       key=lambda r: r["requests_per_s"], default=None)
             if best is None:
                 topic = _topic("m")
                 warm(writer, shape, fmt, topic)
@@ -341,16 +376,26 @@ def print_report(results: dict[str, Any]) -> None:
     if prod:
         print("\nproduce (closed loop; shape = entries x records x bytes per request; ratio "
               "= records/s over the JSON ceiling's for the same record size)")
-        print(f"{'shape':>10} {'target':>8} {'format':>6} {'records/s':>10} {'MiB/s':>7} "
+        print(f"{'shape':>10} {'target':>8} {'format':>6} {'conns':>5} {'records/s':>10} "
+              f"{'MiB/s':>7} "
               f"{'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>10} {'srv CPU':>7} "
               f"{'rec/flush':>9} {'flush/s':>7} {'ratio':>6} {'errors':>6}")
         for r in prod:
             print(f"{_shape(r['shape']):>10} {r['target']:>8} {r['format']:>6} "
-                  f"{r['records_per_s']:>10,.0f} {r['mib_per_s']:>7.1f} {r['p50_ms']:>7.1f} "
+                  f"{r.get('connections', s['connections']):>5} {r['records_per_s']:>10,.0f} "
+                  f"{r['mib_per_s']:>7.1f} {r['p50_ms']:>7.1f} "
                   f"{r['p99_ms']:>7.1f} {_f(r['cpu_us_per_request'], ',.0f', 10)} "
                   f"{r['server_cpu_cores']:>7.2f} {_f(r.get('records_per_flush'))} "
                   f"{_f(r.get('flushes_per_s'), '.0f', 7)} {_f(r.get('ratio'), '.2f', 6)} "
                   f"{r['errors']:>6}")
+    recs = [r for r in rows if r["section"] == "records"]
+    if recs:
+        print("\nkeys and headers (JSON produce of the same values; ratio = records/s over "
+              "plain values')")
+        for r in recs:
+            print(f"  {_shape(r['shape']):>10} {r['kind']:>16}: {r['records_per_s']:>10,.0f} "
+                  f"records/s, p50 {r['p50_ms']:.1f} ms, CPU "
+                  f"{_f(r['cpu_us_per_request'], ',.0f', 6)} us/req, ratio {r['ratio']:.2f}")
     cat = [r for r in rows if r["section"] == "catchup"]
     if cat:
         print(f"\ncatch-up read of one partition from offset 1 (1 KiB records, max_bytes "
@@ -377,6 +422,9 @@ def print_report(results: dict[str, Any]) -> None:
                   f"produce-to-consume p50 {e['p50_ms']:.1f} p99 {e['p99_ms']:.1f} ms "
                   f"(target <= {r['window_ms'] + 30}); missing {r['missing']}, "
                   f"errors {r['errors']}")
+    storage = [r for r in rows if r["section"] == "storage"]
+    if storage:
+        storage_ceiling.print_storage(storage)
     cost = [r for r in rows if r["section"] == "cost"]
     if cost:
         print("\ncost (binary produce, 1 KiB records): Oxia and S3 requests per flush")
@@ -397,9 +445,12 @@ def print_report(results: dict[str, Any]) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="produce,catchup,latency,cost")
+    parser.add_argument("--sections", default="storage,produce,records,catchup,latency,cost")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per row")
-    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--connections", type=int, default=32,
+                        help="connections of the ceiling and of the other sections")
+    parser.add_argument("--broker-connections", default="32,128",
+                        help="connections of the produce rows of the broker (a list)")
     parser.add_argument("--window-ms", type=int, default=5, help="LLOG_BATCH_MAX_DELAY_MS")
     parser.add_argument("--catchup-mib", type=int, default=1024)
     parser.add_argument("--fetch-bytes", type=int, default=8 * MiB,
@@ -407,6 +458,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="2 s per row, 128 MiB catch-up: a smoke run")
     args = parser.parse_args()
+    args.broker_connections = [int(c) for c in str(args.broker_connections).split(",")]
     if args.quick:
         args.duration, args.catchup_mib = 2.0, 128
     sections = set(args.sections.split(","))
@@ -418,8 +470,12 @@ def main() -> int:
         run = Run(args, stack, Path(tmp) / "logs")
         rows: list[dict[str, Any]] = []
         try:
+            if "storage" in sections:
+                rows += asyncio.run(storage_ceiling.measure_storage(stack, args.duration))
             if "produce" in sections:
                 rows += produce_section(run)
+            if "records" in sections:
+                rows += records_section(run)
             if "catchup" in sections:
                 rows += catchup_section(run)
             if "latency" in sections:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import psutil
 import pytest
 
 from app.localstack.processes import free_port
+from tests.helpers.auth import Keys
 
 HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["servers"],
                  ["servers", "build"], ["loadtest"], ["loadtest", "run"], ["spark"],
@@ -35,12 +37,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start_dev(data_dir: Path, ports: dict[str, int], *more: str) -> subprocess.Popen[str]:
+def _start_dev(data_dir: Path, ports: dict[str, int], *more: str,
+               env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "app.cli", "dev", "--data-dir", str(data_dir),
          "--port", str(ports["broker"]), "--oxia-port", str(ports["oxia"]),
          "--s3-port", str(ports["s3"]), *more],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -143,3 +147,40 @@ def test_every_command_answers_help(command: list[str]) -> None:
                             capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(f"usage: {' '.join(['llog', *command])}")
+
+
+def test_llog_dev_with_access_control_serves_groups_to_a_token(tmp_path: Path) -> None:
+    """LLOG_AUTH=on turns access control on for the brokers of ``llog dev``."""
+    keys = Keys()
+    keys.new("app")
+    stored = keys.entries["app"]
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(f'[principals.app]\nkeys = ["{stored}"]\n'
+                         'produce = ["dev-*"]\nconsume = ["dev-*"]\ngroup = ["dev-*"]\n')
+    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    proc = _start_dev(tmp_path / "dev", ports,
+                      env={"LLOG_AUTH": "on", "LLOG_AUTH_FILE": str(auth_file)})
+    token = {"authorization": f"Bearer {keys.tokens['app']}"}
+    produce = {"topic_partitions": [{"topic": "dev-auth", "partition": 0,
+                                     "records": ["a", "b"]}]}
+    try:
+        _wait_ready(proc)
+        with httpx.Client(base_url=f"http://127.0.0.1:{ports['broker']}", timeout=30) as http:
+            refused = http.post("/produce", json=produce)
+            assert refused.status_code == 401, refused.text
+            assert refused.json()["error_type"] == "Unauthenticated"
+            assert http.post("/produce", json=produce, headers=token).status_code == 200
+            r = http.post("/groups/dev-g/join", json={"topics": ["dev-auth"]}, headers=token)
+            assert r.status_code == 200, r.text
+            r = http.post("/consume", headers=token, json={
+                "topic_partitions": [{"topic": "dev-auth", "partition": 0,
+                                      "fetch_offset": "committed"}],
+                "group": "dev-g", "max_wait_ms": 0, "commit": True,
+                "member_id": r.json()["member_id"], "generation": r.json()["generation"]})
+            assert r.status_code == 200, r.text
+            assert [x["value"] for x in r.json()["results"][0]["records"]] == ["a", "b"]
+            described = http.get("/groups/dev-g", headers=token).json()
+            assert described["partitions"][0]["committed_offset"] == 2
+            assert http.get("/groups/other", headers=token).status_code == 403
+    finally:
+        _stop(proc)

@@ -235,7 +235,10 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
                                    state.consume_metrics,
                                    max_long_polls=s.max_concurrent_long_polls,
                                    max_streams=s.max_concurrent_streams)
-    listener = OxiaChangeListener(oxia.client, layout, state.watch, state.writer.owns_version)
+    # A change seen while this process's own write of it is in flight is decided when
+    # that write returns; a foreign one then wakes the partition's waiters.
+    state.writer.own.on_foreign = state.watch.notify_remote
+    listener = OxiaChangeListener(oxia.client, layout, state.watch, state.writer.own.claims)
     stack.callback(listener.close)
     with anyio.fail_after(30):
         await tg.start(_watched, state, listener.run)

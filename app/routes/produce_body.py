@@ -1,10 +1,10 @@
 """A produce request's body as append entries, each with its records encoded once.
 
-JSON bodies take a fast path (orjson, and checks written for the common shape: records
-that are strings) that accepts exactly what the :class:`ProduceRequest` model accepts or
-steps aside: anything else -- base64 or record objects, or any mistake -- goes through
-the model, which also words the 400. Binary bodies are the ``LLP1`` envelope
-(app/wire/produce.py).
+JSON bodies take a fast path (orjson, and checks written for the common shapes: records
+that are strings, or objects whose value, key and headers are strings) that accepts
+exactly what the :class:`ProduceRequest` model accepts or steps aside: anything else --
+base64, or any mistake -- goes through the model, which also words the 400. Binary
+bodies are the ``LLP1`` envelope (app/wire/produce.py).
 """
 
 from __future__ import annotations
@@ -20,12 +20,16 @@ from pydantic import ValidationError
 from app.routes.models import ProduceRequest
 from app.storage.batch import RecordBatch
 from app.storage.keys import MAX_PARTITION
+from app.storage.log_record import LogRecord, Payload
 from app.wire import produce as wire
 from app.wire.produce import Entry
 
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _KEY = re.compile(r"[\x21-\x7e]{1,128}")
 _ENTRY_FIELDS = frozenset({"topic", "partition", "records", "idempotency_key"})
+_RECORD_FIELDS = frozenset({"value", "key", "headers", "timestamp_ms"})
+_MAX_TIMESTAMP = 2**63 - 1
+_MAX_HEADER_NAME = 256
 
 
 def is_binary(content_type: str) -> bool:
@@ -63,10 +67,62 @@ def _fast(doc: Any) -> list[Entry] | None:
             return None
         try:
             values = list(map(str.encode, records))
-        except (TypeError, UnicodeEncodeError):  # not a string, or a lone surrogate
+        except UnicodeEncodeError:  # a lone surrogate: the model words the 400
             return None
+        except TypeError:  # not all strings: record objects, perhaps
+            payloads = _payloads(records)
+            if payloads is None:
+                return None
+            out.append(Entry(topic, partition, key, RecordBatch.of(payloads)))
+            continue
         out.append(Entry(topic, partition, key, RecordBatch.of_values(values)))
     return out
+
+
+def _payloads(records: list[Any]) -> list[Payload] | None:
+    """Strings and record objects whose value, key and header values are strings, as
+    the model's ``payloads()`` would make them; None for anything else."""
+    out: list[Payload] = []
+    try:
+        for r in records:
+            if type(r) is str:
+                out.append(r.encode())
+                continue
+            if type(r) is not dict or not r.keys() <= _RECORD_FIELDS:
+                return None
+            value, key = r.get("value"), r.get("key")
+            headers, ts = r.get("headers"), r.get("timestamp_ms")
+            if (type(value) is not str or (key is not None and type(key) is not str)
+                    or (ts is not None and (type(ts) is not int
+                                            or not 0 <= ts <= _MAX_TIMESTAMP))):
+                return None
+            pairs = _headers(headers) if headers is not None else ()
+            if pairs is None:
+                return None
+            if key is None and not pairs and ts is None:
+                out.append(value.encode())
+            else:
+                out.append(LogRecord(value.encode(), None if key is None else key.encode(),
+                                     pairs, ts))
+    except UnicodeEncodeError:  # a lone surrogate: the model words the 400
+        return None
+    return out
+
+
+def _headers(headers: Any) -> tuple[tuple[str, bytes], ...] | None:
+    if type(headers) is not list:
+        return None
+    pairs = []
+    for h in headers:
+        if type(h) is not dict or h.keys() != {"name", "value"}:
+            return None
+        name, value = h["name"], h["value"]
+        if (type(name) is not str or type(value) is not str
+                or not 1 <= len(name) <= _MAX_HEADER_NAME):
+            return None
+        name.encode()  # a lone surrogate raises here, as the model refuses it
+        pairs.append((name, value.encode()))
+    return tuple(pairs)
 
 
 def _through_model(body: bytes) -> list[Entry]:

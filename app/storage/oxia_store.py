@@ -224,8 +224,9 @@ class OxiaStore:
 class _PutCoalescer:
     """Group commit for Oxia puts: concurrent puts share one Write request per shard.
 
-    The first caller that finds a free flusher slot becomes a flusher: it takes whatever
-    is queued (its own put included), sends one request per shard, hands every waiter
+    The first caller that finds a free flusher slot becomes a flusher: it lets the loop
+    turn once (so puts started together arrive), takes whatever is queued (its own put
+    included), sends one request per shard, hands every waiter
     its own outcome, and repeats while more is queued. Under load the batches grow by
     themselves; alone, a put costs what it did before. Each put keeps its own status, so
     one CAS failing never affects another in the same request.
@@ -238,17 +239,25 @@ class _PutCoalescer:
         self._max_inflight = max_inflight
         self._queue: list[_QueuedGroup] = []
         self._flushers = 0
+        self._collecting = False  # a flusher is letting the puts of this turn arrive
 
     async def put_group(self, puts: list[PutSpec]) -> list[int | Exception]:
         future: asyncio.Future[list[int | Exception]] = (
             asyncio.get_running_loop().create_future())
         self._queue.append(_QueuedGroup(puts, future))
-        if self._flushers < self._max_inflight:
+        if not self._collecting and self._flushers < self._max_inflight:
             self._flushers += 1
             try:
                 # Shielded: other callers' results depend on this flush (each request
                 # carries a deadline, so the shield is bounded).
                 with anyio.CancelScope(shield=True):
+                    # One turn of the event loop first: puts started together (the
+                    # partitions of one produce flush) then share one request.
+                    self._collecting = True
+                    try:
+                        await asyncio.sleep(0)
+                    finally:
+                        self._collecting = False
                     while self._queue:
                         await self._flush(self._take())
             finally:

@@ -11,6 +11,7 @@ engine's :class:`~app.errors.StorageUnavailable` and :class:`~app.errors.ObjectM
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import random
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import anyio
+import crc32c
 from aiobotocore.config import AioConfig
 from aiobotocore.session import get_session
 from botocore.exceptions import BotoCoreError, ClientError
@@ -93,9 +95,11 @@ class S3Store:
             connect_timeout=min(10.0, s.s3_request_timeout_s),
             read_timeout=s.s3_request_timeout_s,
             retries={"max_attempts": s.s3_max_attempts, "mode": "standard"},
-            s3={"addressing_style": "path"},
+            # Unsigned payloads (unless LLOG_S3_SIGN_PAYLOAD): the CRC32C sent with each
+            # upload protects its integrity, and SHA-256 over every body costs both sides.
+            s3={"addressing_style": "path", "payload_signing_enabled": s.s3_sign_payload},
             # Every body carries its own CRC32C, checked on every read (docs/protocol.md):
-            # no second checksum computed in the event loop for each request.
+            # botocore computes none; uploads send one computed here (_checksum).
             request_checksum_calculation="when_required",
             response_checksum_validation="when_required",
         )
@@ -141,9 +145,17 @@ class S3Store:
             self._metrics.s3_requests.labels(op, outcome).inc()
             self._metrics.s3_latency.labels(op).observe(time.monotonic() - started)
 
+    def _checksum(self, body: bytes) -> dict[str, str]:
+        """The upload's CRC32C for the store to verify (LLOG_S3_PUT_CHECKSUM)."""
+        if not self._settings.s3_put_checksum:
+            return {}
+        return {"ChecksumCRC32C": base64.b64encode(
+            crc32c.crc32c(body).to_bytes(4, "big")).decode()}
+
     async def put(self, key: str, body: bytes) -> None:
         async with self._request("put", key):
-            await self._client.put_object(Bucket=self.bucket, Key=key, Body=body)
+            await self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
+                                          **self._checksum(body))
         self._metrics.s3_bytes.labels("out").inc(len(body))
 
     async def create_if_absent(self, key: str, body: bytes, *, attempts: int = 8) -> bool:
@@ -156,8 +168,8 @@ class S3Store:
             try:
                 async with self._request("put", key):
                     await self._client.put_object(
-                        Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*"
-                    )
+                        Bucket=self.bucket, Key=key, Body=body, IfNoneMatch="*",
+                        **self._checksum(body))
             except _PreconditionFailed:
                 return False
             except _ConditionalConflict:

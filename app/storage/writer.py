@@ -44,6 +44,7 @@ from app.storage.idempotency import IDEMPOTENCY_FIELD, Remembered, remember, rem
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import ensure_index_entry, index_entry_put, materialise_pending
 from app.storage.metrics import StoreMetrics
+from app.storage.own_writes import OwnWrites
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
 from app.storage.records import (
     Compaction,
@@ -229,9 +230,9 @@ class LogWriter:
         self._initialised: LRUCache[TopicPartition, bool] = LRUCache(max_cached_partitions)
         self._controls: LRUCache[TopicPartition, _CachedControl] = LRUCache(
             max_cached_partitions)
-        # The control version this process wrote last, per partition: only these are
-        # "our own" changes (a version merely read after a conflict is someone else's).
-        self._written: LRUCache[TopicPartition, int] = LRUCache(max_cached_partitions)
+        # The control versions this process wrote: only these are "our own" changes (a
+        # version merely read after a conflict is someone else's).
+        self.own = OwnWrites(max_cached_partitions)
         self._materialised: LRUCache[TopicPartition, str] = LRUCache(max_cached_partitions)
         self._locks: weakref.WeakValueDictionary[TopicPartition, anyio.Lock] = (
             weakref.WeakValueDictionary())
@@ -284,26 +285,26 @@ class LogWriter:
         if tp in self._initialised:
             return
         control = Control()
-        created, cursor = await self._oxia.put_group([
+        created, cursor = await self._put_control(tp, [
             PutSpec(self._layout.control(tp), control.to_json(), tp.partition_key,
                     EXPECT_NOT_EXISTS),
             PutSpec(self._layout.compaction_cursor(tp), CompactionCursor(offset=1).to_json(),
                     tp.partition_key, EXPECT_NOT_EXISTS),
-        ])
+        ], control_at=0)
         for outcome in (created, cursor):  # "exists" means initialised already
             if isinstance(outcome, Exception) and not isinstance(outcome, VersionMismatch):
                 raise outcome
         if isinstance(created, int):
-            self._cache(tp, control, created, written=True)
+            self._cache(tp, control, created)
         # Whoever writes a partition (a broker, a backfill) keeps the catalog complete,
         # so compaction and the jobs find every partition there.
         await self._catalog.register(tp.topic, tp.partition)
         self._initialised[tp] = True
 
     def owns_version(self, tp: TopicPartition, version: int) -> bool:
-        """True if ``version`` of the partition's control record is this process's last
-        own write (change notifications for it need not wake anyone)."""
-        return self._written.get(tp) == version
+        """True if ``version`` of the partition's control record is one of this
+        process's recent own writes (change notifications for it need not wake anyone)."""
+        return self.own.owns(tp, version)
 
     async def fence(self, tp: TopicPartition) -> None:
         await self._set_state(tp, "FENCED")
@@ -319,11 +320,14 @@ class LogWriter:
         """
         self._step("before_materialise")
         async with self._lock(tp):
-            done = await materialise_pending(
-                self._oxia, self._layout, tp, attempts=self._max_attempts,
-                metrics=self._metrics, by="repair", clock=self._clock)
-            if done.control is not None and done.version is not None:
-                self._cache(tp, done.control, done.version, written=done.done)
+            with self.own.writing(tp):
+                done = await materialise_pending(
+                    self._oxia, self._layout, tp, attempts=self._max_attempts,
+                    metrics=self._metrics, by="repair", clock=self._clock)
+                if done.control is not None and done.version is not None:
+                    self._cache(tp, done.control, done.version)
+                    if done.done:
+                        self.own.wrote(tp, done.version)
         self._step("after_materialise")
         return done.done
 
@@ -540,7 +544,7 @@ class LogWriter:
         puts = [index_entry_put(self._layout, tp, previous)] if materialise and previous else []
         puts.append(PutSpec(self._layout.control(tp), updated.to_json(), tp.partition_key,
                             current.version))
-        outcomes = await self._oxia.put_group(puts)
+        outcomes = await self._put_control(tp, puts, control_at=len(puts) - 1)
         outcome = outcomes[-1]
         if isinstance(outcome, VersionMismatch):
             self._metrics.cas_conflicts.inc()
@@ -551,7 +555,7 @@ class LogWriter:
             self._controls.pop(tp, None)
             return Retry("in_doubt")
         # Committed: the records are durable and readable from here on.
-        self._cache(tp, updated, outcome, written=True)
+        self._cache(tp, updated, outcome)
         if materialise and previous is not None:
             await ensure_index_entry(self._oxia, self._layout, tp, previous, outcomes[0])
             if isinstance(outcomes[0], int):
@@ -563,11 +567,20 @@ class LogWriter:
 
     # -- control cache -----------------------------------------------------------------
 
-    def _cache(self, tp: TopicPartition, control: Control, version: int, *,
-               written: bool) -> None:
+    def _cache(self, tp: TopicPartition, control: Control, version: int) -> None:
         self._controls[tp] = _CachedControl(control, version)
-        if written:
-            self._written[tp] = version
+
+    async def _put_control(self, tp: TopicPartition, puts: list[PutSpec], *,
+                           control_at: int) -> list[int | Exception]:
+        """``puts``, of which ``puts[control_at]`` writes the partition's control record:
+        the version it returns is remembered as this process's own before the
+        notifications held meanwhile are decided (:mod:`app.storage.own_writes`)."""
+        with self.own.writing(tp):
+            outcomes = await self._oxia.put_group(puts)
+            version = outcomes[control_at]
+            if isinstance(version, int):
+                self.own.wrote(tp, version)
+            return outcomes
 
     async def _read_control(self, tp: TopicPartition) -> _CachedControl | None:
         record = await self._oxia.get(self._layout.control(tp), tp.partition_key)
@@ -589,14 +602,14 @@ class LogWriter:
             if c.log_state == state:
                 return Done(None)
             updated = dataclasses.replace(c, log_state=state, extra=dict(c.extra))
-            (outcome,) = await self._oxia.put_group([PutSpec(
+            (outcome,) = await self._put_control(tp, [PutSpec(
                 self._layout.control(tp), updated.to_json(), tp.partition_key,
-                current.version)])
+                current.version)], control_at=0)
             if isinstance(outcome, VersionMismatch):
                 return Retry("conflict")
             if isinstance(outcome, Exception):
                 raise outcome
-            self._cache(tp, updated, outcome, written=True)
+            self._cache(tp, updated, outcome)
             return Done(None)
 
         async with self._lock(tp):

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"io"
+	"strconv"
 )
 
 const (
@@ -18,23 +19,57 @@ type entry struct {
 	records   [][]byte
 }
 
+// extras are what each record carries besides its value (JSON bodies only).
+type extras struct {
+	keyBytes int
+	headers  int
+}
+
+type header struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+type keyedRecord struct {
+	Value   string   `json:"value"`
+	Key     string   `json:"key,omitempty"`
+	Headers []header `json:"headers,omitempty"`
+}
+
+// jsonRecords are the records as JSON: plain strings, or objects with a key and headers.
+func jsonRecords(records [][]byte, x extras) []any {
+	out := make([]any, len(records))
+	for j, r := range records {
+		if x.keyBytes == 0 && x.headers == 0 {
+			out[j] = string(r)
+			continue
+		}
+		rec := keyedRecord{Value: string(r)}
+		if x.keyBytes > 0 {
+			rec.Key = asciiRecord(x.keyBytes, j)
+		}
+		for h := 0; h < x.headers; h++ {
+			rec.Headers = append(rec.Headers, header{Name: "h" + strconv.Itoa(h),
+				Value: asciiRecord(16, j+h)})
+		}
+		out[j] = rec
+	}
+	return out
+}
+
 // requestBody is a produce body of entries in the chosen format, and its content type.
-func requestBody(format, topic string, entries []entry) ([]byte, string) {
+func requestBody(format, topic string, entries []entry, x extras) ([]byte, string) {
 	if format == "binary" {
 		return llp1(topic, entries), binaryProduceType
 	}
 	type tp struct {
-		Topic     string   `json:"topic"`
-		Partition int      `json:"partition"`
-		Records   []string `json:"records"`
+		Topic     string `json:"topic"`
+		Partition int    `json:"partition"`
+		Records   []any  `json:"records"`
 	}
 	out := make([]tp, len(entries))
 	for i, e := range entries {
-		recs := make([]string, len(e.records))
-		for j, r := range e.records {
-			recs[j] = string(r)
-		}
-		out[i] = tp{Topic: topic, Partition: e.partition, Records: recs}
+		out[i] = tp{Topic: topic, Partition: e.partition, Records: jsonRecords(e.records, x)}
 	}
 	body, err := json.Marshal(map[string][]tp{"topic_partitions": out})
 	if err != nil {

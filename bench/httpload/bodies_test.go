@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"encoding/binary"
+	"encoding/json"
 	"testing"
 )
 
@@ -43,5 +45,30 @@ func TestParseLLR1(t *testing.T) {
 	}
 	if _, ok := parseLLR1(answer[:len(answer)-1], false); ok {
 		t.Fatal("a truncated answer parsed")
+	}
+}
+
+func TestJSONRecordsCarryKeysAndHeaders(t *testing.T) {
+	body, ctype := requestBody("json", "t", []entry{{partition: 1,
+		records: [][]byte{[]byte("v0"), []byte("v1")}}}, extras{keyBytes: 4, headers: 2})
+	if ctype != "application/json" {
+		t.Fatalf("content type %q", ctype)
+	}
+	var doc struct {
+		TopicPartitions []struct {
+			Records []keyedRecord `json:"records"`
+		} `json:"topic_partitions"`
+	}
+	if err := json.Unmarshal(body, &doc); err != nil {
+		t.Fatal(err)
+	}
+	recs := doc.TopicPartitions[0].Records
+	if len(recs) != 2 || recs[1].Value != "v1" || len(recs[1].Key) != 4 ||
+		len(recs[1].Headers) != 2 || len(recs[1].Headers[0].Value) != 16 {
+		t.Fatalf("records %+v", recs)
+	}
+	plain, _ := requestBody("json", "t", []entry{{records: [][]byte{[]byte("v")}}}, extras{})
+	if !bytes.Contains(plain, []byte(`"records":["v"]`)) {
+		t.Fatalf("plain body %s", plain)
 	}
 }

@@ -55,6 +55,8 @@ type config struct {
 	catchupMiB  int
 	fromOffset  int64
 	totalMiB    int
+	keyBytes    int // a key of this many bytes on every record (JSON bodies)
+	headers     int // this many headers on every record (JSON bodies)
 }
 
 func main() {
@@ -76,6 +78,9 @@ func main() {
 	flag.DurationVar(&c.drain, "drain", 15*time.Second,
 		"e2e mode: how long the consumer may lag behind the producer's last record")
 	flag.IntVar(&c.entries, "entries", 1, "partitions (entries) per produce request")
+	flag.IntVar(&c.keyBytes, "key-bytes", 0, "a key of this many bytes on every record (json)")
+	flag.IntVar(&c.headers, "headers", 0,
+		"headers on every record, each a 16-byte value (json)")
 	flag.StringVar(&c.format, "format", "json",
 		"json, or binary (produce: the LLP1 envelope; consume: Accept the LLR1 answer)")
 	flag.Float64Var(&c.rate, "rate", 0,
@@ -127,6 +132,9 @@ func validate(c *config) error {
 		{c.entries < 1 || c.entries > c.partitions,
 			"-entries must be between 1 and -partitions"},
 		{c.format != "json" && c.format != "binary", "-format must be json or binary"},
+		{c.keyBytes < 0 || c.headers < 0, "-key-bytes and -headers must not be negative"},
+		{(c.keyBytes > 0 || c.headers > 0) && c.format != "json",
+			"-key-bytes and -headers need -format json"},
 		{c.rate < 0, "-rate must not be negative"},
 		{c.maxBytes < 1, "-max-bytes must be positive"},
 		{c.connections < 1, "-connections must be at least 1"},

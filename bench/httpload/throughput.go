@@ -77,7 +77,7 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 			}
 			entries[e] = entry{partition: part, records: recs}
 		}
-		t.bodies[p], t.ctype = requestBody(c.format, c.topic, entries)
+		t.bodies[p], t.ctype = requestBody(c.format, c.topic, entries, extras{c.keyBytes, c.headers})
 	}
 	var dials dialCounter
 	t.client = newClient(c.connections, c.timeout, &dials)

@@ -1,0 +1,61 @@
+"""Uploads carry their CRC32C for the store to verify, signed or unsigned, on the real
+MinIO: what the store keeps is what was sent, and a body that does not match the
+checksum it came with is refused and not stored."""
+
+from __future__ import annotations
+
+import base64
+import uuid
+from typing import Any
+
+import crc32c
+import pytest
+
+from app.errors import LlogError
+from app.localstack.stack import LocalStack
+from app.storage.metrics import StoreMetrics
+from app.storage.s3 import S3Store
+from tests.helpers.stack import make_settings
+
+pytestmark = pytest.mark.stack
+
+
+async def _stored_checksum(s3: S3Store, key: str) -> str | None:
+    head: dict[str, Any] = await s3._client.head_object(
+        Bucket=s3.bucket, Key=key, ChecksumMode="ENABLED")
+    found: str | None = head.get("ChecksumCRC32C")
+    return found
+
+
+@pytest.mark.parametrize("sign_payload", [False, True], ids=["unsigned", "signed"])
+async def test_uploads_carry_their_crc32c(stack: LocalStack, sign_payload: bool) -> None:
+    body = uuid.uuid4().bytes * 40_000
+    expected = base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode()
+    settings = make_settings(stack, s3_sign_payload=sign_payload)
+    async with S3Store(settings, StoreMetrics()) as s3:
+        key, created = f"t/{uuid.uuid4().hex}", f"t/{uuid.uuid4().hex}"
+        await s3.put(key, body)
+        assert await s3.create_if_absent(created, body)
+        assert await s3.get(key) == body
+        assert await _stored_checksum(s3, key) == expected
+        assert await _stored_checksum(s3, created) == expected
+
+
+async def test_a_body_that_does_not_match_its_checksum_is_refused(stack: LocalStack) -> None:
+    settings = make_settings(stack, s3_max_attempts=1)
+    async with S3Store(settings, StoreMetrics()) as s3:
+        key = f"t/{uuid.uuid4().hex}"
+        real = s3._checksum
+        s3._checksum = lambda body: real(body + b"!")  # type: ignore[method-assign]
+        with pytest.raises(LlogError):
+            await s3.put(key, b"the body as sent")
+        assert await s3.head(key) is None
+
+
+async def test_without_the_checksum_uploads_still_work(stack: LocalStack) -> None:
+    settings = make_settings(stack, s3_put_checksum=False)
+    async with S3Store(settings, StoreMetrics()) as s3:
+        key = f"t/{uuid.uuid4().hex}"
+        await s3.put(key, b"plain")
+        assert await s3.get(key) == b"plain"
+        assert await _stored_checksum(s3, key) is None
