@@ -1,4 +1,5 @@
-"""export: topic-partition offset ranges to Parquet.
+"""export: topic-partition offset ranges to Parquet (this module), or appended to a Delta
+Lake table (``--format delta``: :mod:`jobs.spark.export_delta`).
 
 The driver discovers the partitions, a first Spark stage reads their high watermarks
 (the export's snapshot: records appended later are not exported), and the driver cuts
@@ -17,6 +18,7 @@ offset) order, rows inside them too. The output is a local (or shared) directory
 any URI pyarrow's filesystems open.
 
     python -m jobs.spark.export --report /tmp/exp --output /tmp/orders.parquet --topic orders
+    python -m jobs.spark.export --report /tmp/exp --format delta --table s3://lake/events
 """
 
 from __future__ import annotations
@@ -26,95 +28,46 @@ import contextlib
 import functools
 import os
 import sys
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from app.errors import LlogError
 from app.settings import Settings
-from app.storage.keys import TopicPartition
-from app.storage.log_record import LogRecord, Payload, payload_value
+from app.storage.log_record import payload_value
 from app.storage.reader import LogReader
 from app.storage.records import now_ms
-from jobs.spark.discovery import discover_on_driver
+from jobs.spark.export_delta import run_delta_export
+from jobs.spark.export_read import (
+    JOB,
+    MAX_SLICES,
+    RANGE_COLUMNS,
+    READ_RECORDS,
+    ExportOptions,
+    PartRange,
+    plan_ranges,
+    read_batches,
+    read_bounds,
+    record_batch,
+    record_schema,
+    select_partitions,
+)
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
 from jobs.spark.runner import base_parser, entry_point, finish, run_module
 from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import open_stores
-from jobs.spark.tasks import partition_slices, task_attempt_id, task_identity, task_logger
+from jobs.spark.tasks import task_attempt_id, task_identity, task_logger
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-JOB = "export"
-MiB = 1024 * 1024
+__all__ = ["ExportOptions", "PartRange", "plan_ranges", "run_export", "write_part"]
 RECORD_COLUMNS = ("topic string, partition int, offset long, value binary, "
                   "value_utf8 string, key binary, headers array<struct<name:string,"
                   "value:binary>>, timestamp_ms long, append_time_ms long")
-RANGE_COLUMNS = "topic string, partition int, first_offset long, last_offset long"
 FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, last_offset long, "
                 "records long, bytes long, file string")
-READ_RECORDS = 5000
-READ_BYTES = 8 * MiB
-MAX_SLICES = 10_000
-
-
-@dataclass(frozen=True)
-class ExportOptions:
-    output: str
-    topics: tuple[str, ...] = ()
-    partitions: tuple[int, ...] = ()
-    from_offset: int = 1
-    to_offset: int | None = None
-    range_records: int = 100_000
-    mode: str = "errorifexists"
-    tasks: int = 0
-    verify_output: bool = False
-
-
-def high_watermarks_task(payload: Mapping[str, str], tps: Iterable[tuple[str, int]]
-                         ) -> Iterator[tuple[str, int, int, int]]:
-    """``(topic, partition, log start, high watermark)`` of each partition."""
-    todo = [TopicPartition(t, p) for t, p in tps]
-    out: list[tuple[str, int, int, int]] = []
-
-    async def run() -> None:
-        async with open_stores(payload, task_identity(JOB)) as stores:
-            reader = LogReader(stores.oxia, stores.s3, stores.layout)
-            for tp in todo:
-                control = await reader.read_control(tp)
-                out.append((tp.topic, tp.partition, 1, 0) if control is None else
-                           (tp.topic, tp.partition, control.log_start,
-                            control.sequence_counter))
-
-    anyio.run(run)
-    return iter(out)
-
-
-def plan_ranges(bounds: Iterable[tuple[str, int, int, int]], from_offset: int,
-                to_offset: int | None, range_records: int) -> list[tuple[str, int, int, int]]:
-    """``(topic, partition, first, last)`` ranges of at most ``range_records`` offsets
-    from ``(topic, partition, log start, high watermark)``: nothing below the log start
-    (retention removed it) or above the high watermark."""
-    ranges = []
-    for topic, partition, log_start, hw in sorted(bounds):
-        first = max(1, log_start, from_offset)
-        last = hw if to_offset is None else min(hw, to_offset)
-        while first <= last:
-            end = min(last, first + range_records - 1)
-            ranges.append((topic, partition, first, end))
-            first = end + 1
-    return ranges
-
-
-def _utf8(value: bytes) -> str | None:
-    try:
-        return value.decode("utf-8")
-    except UnicodeDecodeError:
-        return None
 
 
 def _filesystem(output: str) -> tuple[Any, str]:
@@ -126,20 +79,6 @@ def _filesystem(output: str) -> tuple[Any, str]:
     fs, path = pyarrow.fs.FileSystem.from_uri(output)
     return fs, str(path)
 
-
-@dataclass(frozen=True)
-class PartRange:
-    """One task's work: offsets ``first..last`` of a partition into part file ``index``."""
-
-    index: int
-    topic: str
-    partition: int
-    first: int
-    last: int
-
-    @property
-    def tp(self) -> TopicPartition:
-        return TopicPartition(self.topic, self.partition)
 
 
 def part_name(index: int) -> str:
@@ -167,90 +106,6 @@ def _sweep_temporary_parts(fs: Any, base: str) -> None:
                 fs.delete_file(info.path)
 
 
-def _schema() -> Any:
-    import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    header = pa.struct([("name", pa.string()), ("value", pa.binary())])
-    return pa.schema([("topic", pa.string()), ("partition", pa.int32()),
-                      ("offset", pa.int64()), ("value", pa.binary()),
-                      ("value_utf8", pa.string()), ("key", pa.binary()),
-                      ("headers", pa.list_(header)), ("timestamp_ms", pa.int64()),
-                      ("append_time_ms", pa.int64())])
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One record as exported: its offset, payload and the broker's append time."""
-
-    offset: int
-    payload: Payload
-    append_time_ms: int
-
-    @property
-    def record(self) -> LogRecord | None:
-        return self.payload if isinstance(self.payload, LogRecord) else None
-
-
-async def _batches(reader: LogReader, part: PartRange, batch_records: int
-                   ) -> AsyncIterator[list[_Row]]:
-    """The range's records in batches, checked to be contiguous from ``first``."""
-    offset = part.first
-    while offset <= part.last:
-        try:
-            result = await reader.read(part.tp, offset, max_records=min(
-                batch_records, part.last - offset + 1), max_bytes=READ_BYTES)
-        except LlogError as exc:
-            raise LlogError(f"{part.tp} offsets {offset}..{part.last}: "
-                            f"{exc.error_type}: {exc}") from exc
-        got = [_Row(at, v, t) for (at, v), t in zip(result.records, result.append_times,
-                                                     strict=True) if at <= part.last]
-        if not got:
-            raise LlogError(f"{part.tp}: nothing readable at offset {offset} "
-                            f"(high watermark {result.high_watermark})")
-        if got[0].offset != offset or got[-1].offset != offset + len(got) - 1:
-            raise LlogError(f"{part.tp}: offsets from {offset} are not contiguous")
-        yield got
-        offset = got[-1].offset + 1
-
-
-def _headers(row: _Row) -> list[dict[str, Any]]:
-    record = row.record
-    return [] if record is None else [{"name": n, "value": v} for n, v in record.headers]
-
-
-def _field_arrays(schema: Any, got: list[_Row]) -> tuple[Any, Any, Any]:
-    """The ``key``, ``headers`` and ``timestamp_ms`` columns of a batch."""
-    import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    headers_type = schema.field("headers").type
-    records = [r.record for r in got]
-    if all(r is None for r in records):  # plain values only: no per-row work
-        no_headers = pa.ListArray.from_arrays(pa.array([0] * (len(got) + 1), pa.int32()),
-                                              pa.array([], headers_type.value_type))
-        return pa.nulls(len(got), pa.binary()), no_headers, pa.nulls(len(got), pa.int64())
-    return (pa.array([None if r is None else r.key for r in records], pa.binary()),
-            pa.array([_headers(r) for r in got], headers_type),
-            pa.array([None if r is None else r.timestamp_ms for r in records], pa.int64()))
-
-
-def _record_batch(schema: Any, part: PartRange, got: list[_Row]) -> Any:
-    import pyarrow as pa  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    values = pa.array([payload_value(r.payload) for r in got], pa.binary())
-    try:  # the whole batch at once when it is all valid UTF-8
-        text = values.cast(pa.string())
-    except pa.ArrowInvalid:
-        text = pa.array([_utf8(payload_value(r.payload)) for r in got], pa.string())
-    return pa.record_batch([
-        pa.array([part.topic] * len(got), pa.string()),
-        pa.array([part.partition] * len(got), pa.int32()),
-        pa.array([r.offset for r in got], pa.int64()),
-        values,
-        text,
-        *_field_arrays(schema, got),
-        pa.array([r.append_time_ms for r in got], pa.int64()),
-    ], schema=schema)
-
 
 async def write_part(reader: LogReader, fs: Any, base: str, part: PartRange, attempt: int,
                      *, batch_records: int = READ_RECORDS) -> tuple[Any, ...]:
@@ -261,14 +116,14 @@ async def write_part(reader: LogReader, fs: Any, base: str, part: PartRange, att
     """
     import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    schema = _schema()
+    schema = record_schema()
     tmp = f"{base}/{temp_part_name(part.index, attempt)}"
     records = size = 0
     try:
         with fs.open_output_stream(tmp) as stream, \
                 pq.ParquetWriter(stream, schema, compression="snappy") as writer:
-            async for got in _batches(reader, part, batch_records):
-                writer.write_batch(_record_batch(schema, part, got))
+            async for got in read_batches(reader, part, batch_records):
+                writer.write_batch(record_batch(schema, part, got))
                 records += len(got)
                 size += sum(len(payload_value(r.payload)) for r in got)
         fs.move(tmp, f"{base}/{part_name(part.index)}")
@@ -304,45 +159,27 @@ def export_task(payload: Mapping[str, str], output: str,
     return iter(out)
 
 
-def _select_partitions(settings: Settings, options: ExportOptions) -> list[TopicPartition]:
-    return [
-        tp for tp in discover_on_driver(settings, JOB)
-        if (not options.topics or tp.topic in options.topics)
-        and (not options.partitions or tp.partition in options.partitions)
-    ]
 
-
-def _read_bounds(spark: SparkSession, payload: Mapping[str, str],
-                 partitions: Sequence[TopicPartition], tasks: int
-                 ) -> list[tuple[str, int, int, int]]:
-    """The export's snapshot, read in a Spark stage: log starts and high watermarks
-    (later appends are not exported)."""
-    describe(spark, f"export: reading the log bounds of {len(partitions)} partitions")
-    items = [(tp.topic, tp.partition) for tp in partitions]
-    return spark.sparkContext.parallelize(items, partition_slices(len(items), tasks)) \
-        .mapPartitions(functools.partial(high_watermarks_task, payload)).collect()
-
-
-def _prepare_output(options: ExportOptions) -> tuple[Any, str]:
+def _prepare_output(output: str, mode: str) -> tuple[Any, str]:
     import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    fs, base = _filesystem(options.output)
+    fs, base = _filesystem(output)
     if fs.get_file_info(base).type != pyarrow.fs.FileType.NotFound:
-        if options.mode != "overwrite":
-            raise ValueError(f"{options.output} exists (pass --mode overwrite to replace it)")
+        if mode != "overwrite":
+            raise ValueError(f"{output} exists (pass --mode overwrite to replace it)")
         fs.delete_dir(base)
     fs.create_dir(base)
     return fs, base
 
 
-def _write_parts(spark: SparkSession, payload: Mapping[str, str], options: ExportOptions,
+def _write_parts(spark: SparkSession, payload: Mapping[str, str], output: str, mode: str,
                  ranges: Sequence[tuple[str, int, int, int]], report: Report) -> DataFrame:
     """One task per range; the tasks' file rows, written to ``report/files``."""
-    fs, base = _prepare_output(options)
+    fs, base = _prepare_output(output, mode)
     indexed = [(i, *r) for i, r in enumerate(ranges)]
     written_rows = spark.sparkContext.parallelize(
         indexed, max(1, min(len(indexed), MAX_SLICES))
-    ).mapPartitions(functools.partial(export_task, payload, options.output))
+    ).mapPartitions(functools.partial(export_task, payload, output))
     files = spark.createDataFrame(written_rows, FILE_COLUMNS, verifySchema=False)
     files_df = spark.read.parquet(report.write_table(files, "files"))
     _sweep_temporary_parts(fs, base)
@@ -381,32 +218,37 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
 
     if options.range_records < 1:
         raise ValueError("--range-records must be positive")
+    if options.format == "delta":
+        return run_delta_export(spark, settings, options, report)
+    if options.output is None or options.table is not None:
+        raise ValueError("--format parquet needs --output (--table is for --format delta)")
+    output = options.output
     started = now_ms()
     tasks = default_tasks(spark, options.tasks)
     payload = settings_payload(settings)
     describe(spark, "export: discovering partitions")
-    partitions = _select_partitions(settings, options)
-    bounds = _read_bounds(spark, payload, partitions, tasks)
+    partitions = select_partitions(settings, options.topics, options.partitions)
+    bounds = read_bounds(spark, payload, partitions, tasks)
     ranges = plan_ranges(bounds, options.from_offset, options.to_offset,
                          options.range_records)
     report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
     expected = sum(last - first + 1 for _, _, first, last in ranges)
-    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.output}")
+    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {output}")
     # Every task checked that its range came out contiguous and complete; the counts
     # per partition come from the tasks' own file list. --verify-output re-reads it all.
-    files = _write_parts(spark, payload, options, ranges, report)
+    files = _write_parts(spark, payload, output, options.mode, ranges, report)
     report.write_table(_per_partition(spark, bounds, files), "partitions")
     totals = files.agg(F.sum("records").alias("n"), F.sum("bytes").alias("b")).collect()[0]
     exported, duplicates = int(totals["n"] or 0), 0
     if options.verify_output:
-        exported, duplicates = _verify_output(spark, options.output)
+        exported, duplicates = _verify_output(spark, output)
     ok = exported == expected and duplicates == 0
     finished = now_ms()
     seconds = (finished - started) / 1000
     summary: dict[str, Any] = {
         **job_header(JOB, "ok" if ok else "mismatch", EXIT_OK if ok else EXIT_FINDINGS,
                      started, finished, settings, options),
-        "output": options.output,
+        "output": output,
         "partitions": len(partitions),
         "ranges": len(ranges),
         "records_expected": expected,
@@ -419,8 +261,14 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = base_parser(JOB, "Export topic-partition offset ranges to Parquet.")
-    parser.add_argument("--output", required=True, help="Parquet dataset to write")
+    parser = base_parser(JOB, "Export topic-partition offset ranges to Parquet files, or "
+                              "append them to a Delta Lake table.")
+    parser.add_argument("--format", choices=("parquet", "delta"), default="parquet",
+                        help="parquet: a dataset of part files (--output); delta: append "
+                             "what the table does not hold yet to a Delta table (--table)")
+    parser.add_argument("--output", help="--format parquet: the Parquet dataset to write")
+    parser.add_argument("--table", help="--format delta: the table, s3://bucket/prefix on "
+                                        "the store's S3 endpoint, or a local path")
     parser.add_argument("--topic", action="append", default=[], dest="topics",
                         help="topic to export (repeatable; default: all)")
     parser.add_argument("--partition", action="append", type=int, default=[],

@@ -1,0 +1,114 @@
+"""export --format delta: append what the store holds past the table's high-water offsets
+to a Delta table, partitioned by topic and the UTC date of the append time.
+
+The driver opens (or creates) the table and reads, per topic-partition, the last offset
+it holds (its transaction version, :mod:`jobs.spark.delta_table`); reads the log bounds
+in a Spark stage; plans ranges from ``max(log start, held + 1)`` to the high watermark;
+runs one Spark task per range that writes data files (:mod:`jobs.spark.delta_files`);
+and commits every file with the new high-water offsets in one Delta commit. Offsets
+retention removed before they were exported are counted (``records_lost_to_retention``),
+never waited for.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from app.settings import Settings
+from app.storage.keys import TopicPartition
+from app.storage.records import now_ms
+from jobs.spark.delta_files import DATA_FILE_COLUMNS, delta_task
+from jobs.spark.delta_location import table_location
+from jobs.spark.delta_table import commit, high_waters, open_table
+from jobs.spark.export_read import (
+    JOB,
+    MAX_SLICES,
+    RANGE_COLUMNS,
+    ExportOptions,
+    plan_ranges,
+    read_bounds,
+    select_partitions,
+)
+from jobs.spark.job_settings import settings_payload
+from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
+from jobs.spark.runner import finish
+from jobs.spark.session import default_tasks, describe
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+def resume_bounds(bounds: Sequence[tuple[str, int, int, int]],
+                  held: Mapping[TopicPartition, int], from_offset: int = 1
+                  ) -> tuple[list[tuple[str, int, int, int]], int]:
+    """Each partition's bounds starting past what the table holds (and at
+    ``from_offset`` or later), and how many offsets retention removed before any export
+    read them."""
+    resumed, lost = [], 0
+    for topic, partition, log_start, hw in bounds:
+        start = max(from_offset, held.get(TopicPartition(topic, partition), 0) + 1)
+        lost += max(0, min(log_start, hw + 1) - start)
+        resumed.append((topic, partition, max(log_start, start), hw))
+    return resumed, lost
+
+
+def _write_files(spark: SparkSession, payload: Mapping[str, str], table: str,
+                 ranges: Sequence[tuple[str, int, int, int]], report: Report
+                 ) -> list[dict[str, Any]]:
+    """One task per range; the data files they wrote (also ``report/files``)."""
+    indexed = [(i, *r) for i, r in enumerate(ranges)]
+    rows = spark.sparkContext.parallelize(
+        indexed, max(1, min(len(indexed), MAX_SLICES))
+    ).mapPartitions(functools.partial(delta_task, payload, table))
+    files = spark.read.parquet(report.write_table(
+        spark.createDataFrame(rows, DATA_FILE_COLUMNS, verifySchema=False), "files"))
+    return [row.asDict() for row in files.collect()]
+
+
+def _new_high_waters(files: Sequence[Mapping[str, Any]]) -> dict[TopicPartition, int]:
+    out: dict[TopicPartition, int] = {}
+    for row in files:
+        tp = TopicPartition(row["topic"], row["partition"])
+        out[tp] = max(out.get(tp, 0), int(row["last_offset"]))
+    return out
+
+
+def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOptions,
+                     report: Report) -> JobOutcome:
+    """The job (see the module's docstring); exit 1 when the files do not hold the plan."""
+    if options.table is None:
+        raise ValueError("--format delta needs --table (s3://bucket/prefix or a path)")
+    if options.output is not None or options.verify_output:
+        raise ValueError("--output and --verify-output are for --format parquet")
+    started, payload = now_ms(), settings_payload(settings)
+    table = open_table(table_location(options.table, settings))
+    describe(spark, "export: discovering partitions")
+    partitions = select_partitions(settings, options.topics, options.partitions)
+    bounds, lost = resume_bounds(
+        read_bounds(spark, payload, partitions, default_tasks(spark, options.tasks)),
+        high_waters(table, partitions), options.from_offset)
+    ranges = plan_ranges(bounds, options.from_offset, options.to_offset,
+                         options.range_records)
+    report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
+    expected = sum(last - first + 1 for _, _, first, last in ranges)
+    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.table}")
+    files = _write_files(spark, payload, options.table, ranges, report) if ranges else []
+    exported = sum(int(f["records"]) for f in files)
+    ok = exported == expected
+    version = table.version()
+    if ok and files:  # a mismatch commits nothing: the table stays as it was
+        version = commit(table, files, _new_high_waters(files),
+                         {"llog.job": JOB, "llog.root_prefix": settings.root_prefix})
+    finished = now_ms()
+    summary: dict[str, Any] = {
+        **job_header(JOB, "ok" if ok else "mismatch", EXIT_OK if ok else EXIT_FINDINGS,
+                     started, finished, settings, options),
+        "table": options.table, "table_version": version, "committed": ok and bool(files),
+        "partitions": len(partitions), "ranges": len(ranges), "data_files": len(files),
+        "records_expected": expected, "records_exported": exported,
+        "records_lost_to_retention": lost,
+        "bytes_exported": sum(int(f["bytes"]) for f in files),
+    }
+    return finish(spark, report, summary, f"{exported}/{expected} records, "
+                                          f"table version {version}")
