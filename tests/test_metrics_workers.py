@@ -23,6 +23,7 @@ from tests.helpers.stack import Broker, BrokerFactory
 
 pytestmark = pytest.mark.stack
 LONG_POLL_SLOTS = 7  # per worker, so that the sum over two workers is recognisable
+MAX_CONCURRENT = 64
 SCRAPES = 6
 CONCURRENT = 8
 
@@ -71,18 +72,22 @@ async def _produce_until_both_workers_served(url: str, topic: str, metrics_dir: 
     concurrent rounds: a proxy keeps its upstream connections, and opens more only for
     requests that overlap."""
     sent = 0
+    concurrent = CONCURRENT
 
     async def one(value: str) -> None:
-        async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as client:
             r = await client.post("/produce", json=produce_body(topic, value))
             assert r.status_code == 200, r.text
 
-    with anyio.fail_after(60):
+    with anyio.fail_after(120):
         while sent < at_least or len(_produce_counts_by_worker(metrics_dir)) < 2:
             async with anyio.create_task_group() as tg:
-                for i in range(CONCURRENT):
+                for i in range(concurrent):
                     tg.start_soon(one, f"r{sent + i}")
-            sent += CONCURRENT
+            sent += concurrent
+            # A proxy reuses the upstream connections it has (all of them may have gone
+            # to one worker): more overlapping requests make it open new ones.
+            concurrent = min(2 * concurrent, MAX_CONCURRENT)
     return sent
 
 
