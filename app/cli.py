@@ -37,7 +37,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
     config = StackConfig(
-        data_dir=data_dir, oxia_port=args.oxia_port, s3_port=args.s3_port
+        data_dir=data_dir, oxia_port=args.oxia_port, s3_port=args.s3_port,
+        **_cluster_options(args),
     )
     stack = LocalStack(config)
     topology: DevTopology | None = None
@@ -52,6 +53,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
         path = stack.write_stack_json(broker_url, **(topology.describe() if topology else {}))
         print(f"llog dev: Oxia {stack.oxia_address}, S3 {stack.s3_endpoint} "
               f"(bucket {config.bucket})")
+        if stack.topology():
+            print(f"llog dev: {stack.topology()}")
         if topology is not None and topology.proxy is not None:
             print(f"llog dev: {len(topology.brokers)} brokers behind Caddy: "
                   + ", ".join(b.url for b in topology.brokers))
@@ -59,9 +62,8 @@ def cmd_dev(args: argparse.Namespace) -> int:
         _print_usage(broker_url)
         print("\nCtrl-C stops everything.", flush=True)
         while not stop.wait(0.5):
-            for proc in [stack.oxia, stack.minio, *stack.extra.values()]:
-                if proc is not None:
-                    proc.check_alive()
+            for proc in stack.processes().values():
+                proc.check_alive()
         return 0
     except ProcessFailed as exc:
         print(f"llog dev: {exc}", file=sys.stderr)
@@ -71,6 +73,18 @@ def cmd_dev(args: argparse.Namespace) -> int:
         if topology is not None:
             topology.stop()
         stack.stop()
+
+
+def _cluster_options(args: argparse.Namespace) -> dict[str, Any]:
+    """StackConfig fields for ``--oxia-cluster N`` and ``--minio-drives N``."""
+    from app.localstack.oxia_cluster import OxiaClusterConfig
+
+    out: dict[str, Any] = {"s3_drives": args.s3_drives}
+    if args.oxia_cluster:
+        out["oxia_cluster"] = OxiaClusterConfig(
+            servers=args.oxia_cluster, replication=min(3, args.oxia_cluster),
+            shards=args.oxia_shards)
+    return out
 
 
 def _event_on_signals() -> threading.Event:
@@ -202,6 +216,14 @@ def _positive(text: str) -> int:
     return value
 
 
+def _drives(text: str) -> int:
+    """One drive, or an erasure set MinIO accepts that survives losing one (4 to 16)."""
+    value = _positive(text)
+    if 1 < value < 4:
+        raise argparse.ArgumentTypeError("must be 1, or 4 to 16 (an erasure set)")
+    return value
+
+
 def _add_server_arguments(parser: argparse.ArgumentParser, default_port: int) -> None:
     parser.add_argument("--host", default=None,
                         help="address to listen on (default LLOG_HOST, else 127.0.0.1)")
@@ -223,6 +245,16 @@ def _add_dev_and_serve(sub: Any) -> None:
     dev.add_argument("--data-dir", default=".llog/dev", help="state directory")
     dev.add_argument("--oxia-port", type=int, default=6648)
     dev.add_argument("--s3-port", type=int, default=9000)
+    dev.add_argument("--oxia-cluster", type=_positive, default=None, metavar="N",
+                     help="run Oxia as a cluster: its coordinator and N data servers "
+                          "(replication factor min(N, 3)) on consecutive ports from "
+                          "--oxia-port; default: one standalone server")
+    dev.add_argument("--oxia-shards", type=_positive, default=4,
+                     help="shards of the Oxia cluster (default 4)")
+    dev.add_argument("--minio-drives", "--s3-drives", dest="s3_drives", type=_drives,
+                     default=1, metavar="N",
+                     help="MinIO drives; 4 or more are erasure coded and survive the loss "
+                          "of a drive (default 1)")
     dev.set_defaults(func=cmd_dev)
 
     serve = sub.add_parser("serve", help="run the broker against configured Oxia and S3")

@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     oxia_namespace: str = "default"
     oxia_session_timeout_ms: int = Field(default=15_000, ge=2_000, le=300_000)
     oxia_request_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    # How long a commit keeps retrying, from its first unanswered request, while an Oxia
+    # shard elects a new leader, before the produce fails (503, or in doubt).
+    oxia_outage_s: float = Field(default=10.0, ge=0, le=300)
     oxia_max_threads: int = Field(default=32, ge=1, le=512)
     oxia_max_inflight_writes: int = Field(default=2, ge=1, le=64)
     # TLS to Oxia: the CA bundle that signs its certificate (none: the system's roots),
@@ -322,8 +325,10 @@ class Settings(BaseSettings):
     @field_validator("oxia_address")
     @classmethod
     def _check_address(cls, value: str) -> str:
-        if not _HOST_PORT.fullmatch(value):
-            raise ValueError("expected host:port")
+        # Several servers of one cluster, comma separated: any of them serves the shard
+        # assignments (app/storage/oxia_discovery.py).
+        if not all(_HOST_PORT.fullmatch(a) for a in value.split(",")):
+            raise ValueError("expected host:port, or several separated by commas")
         return value
 
     @field_validator("s3_bucket")

@@ -8,21 +8,22 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import oxia
 import pytest
 import pytest_asyncio
 
 from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
-from app.storage import oxia_compat  # noqa: F401  (fixes a client start-up race)
+from app.storage import oxia_compat
 from app.storage.keys import TopicPartition
 from tests.helpers.stack import Broker, BrokerFactory, Engine, make_settings, open_engine
+from tests.helpers.topology import stack_overrides
 
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     data_dir = tmp_path_factory.mktemp("stack")
-    with LocalStack(StackConfig.ephemeral(data_dir)) as running:
+    # LLOG_TEST_OXIA_CLUSTER=3, LLOG_TEST_S3_DRIVES=4: the same tests against clusters.
+    with LocalStack(StackConfig.ephemeral(data_dir, **stack_overrides())) as running:
         yield running
 
 
@@ -55,7 +56,8 @@ def s3_client(stack: LocalStack) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def oxia_client(stack: LocalStack) -> Iterator[Any]:
-    client = oxia.Client(stack.oxia_address, session_timeout_ms=3000)
+    client = oxia_compat.connect(stack.oxia_address, session_timeout_ms=3000,
+                                 request_timeout_s=10)
     yield client
     client.close()
 

@@ -70,3 +70,28 @@ async def test_a_claim_that_cannot_be_read_back_is_settled_next_time(
         assert await _holder(b, tp) is None
         async with theirs.held(tp) as held:
             assert held
+
+
+async def test_a_session_the_server_lost_is_replaced_at_the_next_claim(
+        stack: LocalStack, tp: TopicPartition) -> None:
+    """The server ends the session (as it does when a stalled process misses its
+    keep-alives) while the client still counts on it: the claim under it is gone, and
+    the next claim is taken under a new session at once instead of failing until the
+    client's own keep-alive check gives up on the old one."""
+    from oxia.internal.proto.io.streamnative.oxia import proto as pb
+
+    settings = make_settings(stack, oxia_session_timeout_ms=30_000)
+    async with open_engine(settings) as a, open_engine(settings) as b:
+        claims = Claims(a.oxia, a.layout, "a")
+        assert await claims.acquire(tp) is not None
+        client = a.oxia.client
+        shard = client._service_discovery.get_shard(tp.partition_key).shard
+        lost = client._session_manager.get_session(shard)
+        client._service_discovery.get_stub(shard).close_session(
+            pb.CloseSessionRequest(shard=shard, session_id=lost.session_id()))
+        assert await _holder(b, tp) is None  # the claim went with the session
+        async with claims.held(tp) as held:
+            assert held
+            assert await _holder(b, tp) == "a"
+        assert client._session_manager.get_session(shard).session_id() != lost.session_id()
+        assert lost.is_closed()  # its keep-alives stopped

@@ -167,7 +167,8 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
         state.writer = LogWriter(
             oxia, s3, layout, state.store_metrics, max_attempts=s.commit_max_attempts,
             commit_horizon_ms=s.retry_horizon_safe_ms,
-            pending_reread_ms=s.compaction_min_entry_age_ms // 2, encoding=s.wal_encoding)
+            pending_reread_ms=s.compaction_min_entry_age_ms // 2, encoding=s.wal_encoding,
+            outage_s=s.oxia_outage_s)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
                 await _start_batcher(state, writers)

@@ -6,7 +6,8 @@ beyond the cached count is looked up again before it is refused). With
 ``LLOG_AUTO_CREATE_TOPICS`` on, producing to an unknown topic creates it with
 ``LLOG_AUTO_CREATE_PARTITIONS`` partitions (or as many as the partition named needs), and
 producing to a partition beyond the count grows the topic; with it off, both are refused
-(404) and nothing is written.
+(404) and nothing is written. While the catalog cannot be read (its Oxia shard is
+electing a leader), a topic read in the last ``STALE_IF_UNREACHABLE_S`` is used as it was.
 """
 
 from __future__ import annotations
@@ -17,11 +18,14 @@ from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from app.errors import InvalidRequest, UnknownPartition, UnknownTopic
+from app.errors import InvalidRequest, StorageUnavailable, UnknownPartition, UnknownTopic
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
 from app.storage.partitioner import partition_for_key
 from app.storage.topics import MAX_PARTITIONS, Topic, TopicCatalog
+
+# How long a topic read before is used while the catalog cannot be read.
+STALE_IF_UNREACHABLE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -45,7 +49,16 @@ class TopicDirectory:
         cached = self._cache.get(name)
         if cached is not None and not fresh and time.monotonic() - cached[1] < self._ttl:
             return cached[0]
-        found = await self.catalog.get(name)
+        try:
+            found = await self.catalog.get(name)
+        except StorageUnavailable:
+            # The catalog lives on one Oxia shard: while that shard elects a leader, a
+            # topic read shortly before is still good (its partitions only grow), so
+            # produce and consume to every topic do not stop with it.
+            if (cached is None or cached[0] is None
+                    or time.monotonic() - cached[1] > STALE_IF_UNREACHABLE_S):
+                raise
+            return cached[0]
         self._cache[name] = (found, time.monotonic())
         return found
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ import anyio
 import anyio.abc
 from cachetools import LRUCache
 
+from app.storage import oxia_notifications
 from app.storage.keys import KeyLayout, TopicPartition
 
 PARSED_KEYS = 100_000  # control keys whose partition the listener remembers
@@ -116,6 +118,15 @@ class PartitionWatch:
         self._changes[tp] = self._changes.get(tp, 0) + 1
         self.notify(tp)
 
+    def distrust_all(self) -> None:
+        """Every partition is stale until read again, and every long-poll looks again:
+        changes by others may have gone unreported (the notification streams were
+        down; what they replay on their return is delivered as well)."""
+        self._changes.clear()
+        self._seen_epoch.clear()
+        self._epoch += 1
+        self.wake_all()
+
     def generation(self, tp: TopicPartition) -> tuple[int, int]:
         """Capture before reading ``tp``; hand to :meth:`refreshed` after the read."""
         return self._epoch, self._changes.get(tp, 0)
@@ -160,7 +171,8 @@ class OxiaChangeListener:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         self._loop = asyncio.get_running_loop()
-        self._notifications = await anyio.to_thread.run_sync(self._client.get_notifications)
+        self._notifications = await anyio.to_thread.run_sync(functools.partial(
+            oxia_notifications.notifications, self._client, on_resumed=self._resumed))
         task_status.started()
         try:
             await anyio.to_thread.run_sync(self._consume, abandon_on_cancel=True)
@@ -197,6 +209,13 @@ class OxiaChangeListener:
                 self._loop.call_soon_threadsafe(self._deliver, tp, n.version_id())
             except RuntimeError:  # the event loop is closed: shutting down
                 return
+
+    def _resumed(self) -> None:
+        """The streams were reopened after a failure or a leader change (their thread)."""
+        loop = self._loop
+        if loop is not None and not self._stopping.is_set():
+            with contextlib.suppress(RuntimeError):  # the event loop is closed
+                loop.call_soon_threadsafe(self._watch.distrust_all)
 
     def _deliver(self, tp: TopicPartition, version: int | None) -> None:
         if version is not None and self._is_own(tp, version):

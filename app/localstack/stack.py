@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.localstack import binaries
+from app.localstack.oxia_cluster import OxiaCluster, OxiaClusterConfig
 from app.localstack.processes import (
     ManagedProcess,
     ProcessFailed,
@@ -37,6 +38,10 @@ class StackConfig:
     root_prefix: str = "llog"
     oxia_namespace: str = "default"
     oxia_shards: int = 1
+    # None: one `oxia standalone`; else Oxia's coordinator and data servers (its module).
+    oxia_cluster: OxiaClusterConfig | None = None
+    # MinIO drives: 1 is a plain directory; 4 or more, erasure coding across them.
+    s3_drives: int = 1
     startup_timeout_s: float = 60.0
 
     @classmethod
@@ -52,10 +57,14 @@ class LocalStack:
     config: StackConfig
     oxia: ManagedProcess | None = None
     minio: ManagedProcess | None = None
+    oxia_cluster: OxiaCluster | None = None
     extra: dict[str, ManagedProcess] = field(default_factory=dict)
 
     @property
     def oxia_address(self) -> str:
+        """Where clients find Oxia: with a cluster, every data server, comma separated."""
+        if self.oxia_cluster is not None:
+            return self.oxia_cluster.service_address
         return f"{self.config.host}:{self.config.oxia_port}"
 
     @property
@@ -92,6 +101,8 @@ class LocalStack:
         for proc in [*self.extra.values(), self.minio, self.oxia]:
             if proc is not None:
                 proc.stop()
+        if self.oxia_cluster is not None:
+            self.oxia_cluster.stop()
 
     def __enter__(self) -> LocalStack:
         self.start()
@@ -100,18 +111,28 @@ class LocalStack:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
+    def processes(self) -> dict[str, ManagedProcess]:
+        """Every server process of the stack (and ``extra``), by name."""
+        out = {"oxia": self.oxia, "minio": self.minio}
+        if self.oxia_cluster is not None:
+            out.update(self.oxia_cluster.processes())
+        return {name: p for name, p in {**out, **self.extra}.items() if p is not None}
+
     def pids(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for name, proc in [("oxia", self.oxia), ("minio", self.minio), *self.extra.items()]:
-            if proc is not None and proc.alive():
-                out[name] = proc.pid
-        return out
+        return {name: p.pid for name, p in self.processes().items() if p.alive()}
 
     # -- Oxia ------------------------------------------------------------------------
 
     def _start_oxia(self, binary: Path) -> None:
         c = self.config
         base = c.data_dir / "oxia"
+        if c.oxia_cluster is not None:
+            self.oxia_cluster = OxiaCluster(
+                binary, base, c.data_dir / "logs", c.oxia_cluster, host=c.host,
+                first_port=c.oxia_port, namespace=c.oxia_namespace,
+                startup_timeout_s=c.startup_timeout_s)
+            self.oxia_cluster.start()
+            return
         metrics_port = c.oxia_metrics_port or free_port(c.host)
         self.oxia = ManagedProcess(
             "oxia",
@@ -157,8 +178,19 @@ class LocalStack:
 
     # -- MinIO -----------------------------------------------------------------------
 
+    def minio_drives(self) -> list[Path]:
+        """MinIO's drive directories: one, or ``s3_drives`` erasure-coded ones."""
+        base = self.config.data_dir / "minio"
+        if self.config.s3_drives == 1:
+            return [base]
+        return [base / f"drive{i}" for i in range(1, self.config.s3_drives + 1)]
+
     def _start_minio(self, binary: Path) -> None:
         c = self.config
+        drives = str(c.data_dir / "minio")
+        if c.s3_drives > 1:
+            # MinIO's own ellipsis notation: one erasure set over drive1 ... driveN.
+            drives = str(c.data_dir / "minio" / f"drive{{1...{c.s3_drives}}}")
         console = c.s3_console_port or free_port(c.host)
         env = {
             "PATH": "/usr/bin:/bin",
@@ -175,7 +207,7 @@ class LocalStack:
             [
                 str(binary),
                 "server",
-                str(c.data_dir / "minio"),
+                drives,
                 "--address", f"{c.host}:{c.s3_port}",
                 "--console-address", f"{c.host}:{console}",
                 "--quiet",
@@ -193,7 +225,10 @@ class LocalStack:
         )
 
     def _minio_live(self) -> bool:
-        url = f"{self.s3_endpoint}/minio/health/live"
+        # Erasure coded, the process is live before its drives are formatted; the
+        # cluster check answers 200 once writes reach a quorum of drives.
+        check = "cluster" if self.config.s3_drives > 1 else "live"
+        url = f"{self.s3_endpoint}/minio/health/{check}"
         with urllib.request.urlopen(url, timeout=1) as resp:
             return bool(resp.status == 200)
 
@@ -245,8 +280,35 @@ class LocalStack:
             "s3_secret_key": c.secret_key,
             "root_prefix": c.root_prefix,
             "pids": self.pids(),
+            **self._cluster_fields(),
             **more,
         }
+
+    def _cluster_fields(self) -> dict[str, Any]:
+        """Only with a cluster topology: the Oxia servers and the MinIO drives."""
+        c, out = self.config, dict[str, Any]()
+        if self.oxia_cluster is not None and c.oxia_cluster is not None:
+            out["oxia_cluster"] = {
+                "servers": [{"name": n.name, "public": n.public, "internal": n.internal}
+                            for n in self.oxia_cluster.nodes],
+                "coordinator": self.oxia_cluster.coordinator_address,
+                "replication_factor": c.oxia_cluster.replication,
+                "shards": c.oxia_cluster.shards,
+            }
+        if c.s3_drives > 1:
+            out["s3_drives"] = [str(d) for d in self.minio_drives()]
+        return out
+
+    def topology(self) -> str:
+        """One line on the cluster topology, empty for single servers."""
+        c, parts = self.config, []
+        if c.oxia_cluster is not None:
+            parts.append(f"Oxia cluster of {c.oxia_cluster.servers} data servers, "
+                         f"replication factor {c.oxia_cluster.replication}, "
+                         f"{c.oxia_cluster.shards} shards")
+        if c.s3_drives > 1:
+            parts.append(f"MinIO erasure coded over {c.s3_drives} drives")
+        return "; ".join(parts)
 
     def write_stack_json(self, broker_url: str | None = None, **more: Any) -> Path:
         path = self.config.data_dir / "stack.json"

@@ -12,13 +12,17 @@ only the step itself, so each caller writes one attempt and :func:`cas_loop` dri
 
 After ``attempts`` attempts without a :class:`Done` the loop raises
 :class:`~app.errors.CommitConflict`. Attempts and retries are counted per operation.
+
+:class:`Outage` paces the attempts of a step that Oxia does not answer (a shard electing
+a new leader), within a time budget.
 """
 
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
 import anyio
@@ -62,3 +66,27 @@ async def cas_loop(attempt: Attempt[T], *, attempts: int, what: str,
             await anyio.sleep(random.uniform(0, min(MAX_BACKOFF_S, _BACKOFF_STEP_S * n)))
     raise CommitConflict(f"{what}: gave up after {attempts} compare-and-set attempts "
                          "(other writers kept changing the record)")
+
+
+@dataclass
+class Outage:
+    """Paces retries while a store does not answer: :meth:`pause` after each failure
+    sleeps a growing pause and says whether to try again, until ``budget_s`` has passed
+    since the first failure."""
+
+    budget_s: float
+    first_pause_s: float = 0.05
+    max_pause_s: float = 1.0
+    since: float | None = None
+    _pause: float = field(default=0.0, repr=False)
+
+    async def pause(self) -> bool:
+        now = time.monotonic()
+        if self.since is None:
+            self.since, self._pause = now, self.first_pause_s
+        left = self.since + self.budget_s - now
+        if left <= 0:
+            return False
+        await anyio.sleep(min(self._pause, left))
+        self._pause = min(self._pause * 2, self.max_pause_s)
+        return True

@@ -16,7 +16,17 @@
   pool whose channels add a deadline to every request/response call, including those on
   the channel to the service address, which the client opens while it is constructed.
   The long-lived streams (shard assignments, notifications, session keep-alives) are
-  left alone.
+  left alone; instead every channel pings its server, so a stream to a server that
+  stalled ends within ``KEEPALIVE_S + KEEPALIVE_TIMEOUT_S``. The channels also try to
+  reconnect to a server that went away at least every second (gRPC's default pause
+  grows to two minutes), so a restarted server that leads a shard again is used at once.
+- Lost sessions: the client keeps using a session the server has expired (the process
+  stalled, or its keep-alives went unanswered) until its own keep-alive check gives up
+  on it, so ephemeral puts fail meanwhile. :func:`put_ephemeral` drops such a session
+  and creates the record again under a new one.
+- Leader changes: :func:`connect` also gives the client a
+  :class:`~app.storage.oxia_discovery.FailoverDiscovery`, which follows every shard
+  assignment update and takes them from any of several service addresses.
 
 :func:`install` is idempotent and runs when this module loads.
 """
@@ -34,6 +44,8 @@ import oxia.client
 from oxia.client import Client
 from oxia.internal.connection_pool import ConnectionPool
 from oxia.internal.service_discovery import ServiceDiscovery
+
+from app.storage.oxia_discovery import FailoverDiscovery
 
 _LOCK = threading.Lock()
 _SLOT = "_llog_init_barrier"
@@ -71,6 +83,23 @@ def _closing_discovery_first(close: Any) -> Any:
 _DEADLINE_METHODS = ("/Write", "/Read", "/List", "/RangeScan", "/CreateSession",
                      "/KeepAlive", "/CloseSession")
 _CONSTRUCT_LOCK = threading.Lock()
+# A stalled server (a stopped process, a network cut) keeps its connections open and
+# silent: without pings, the streams on them (shard assignments, notifications) wait for
+# ever. Pings every KEEPALIVE_S on idle connections too, answered within
+# KEEPALIVE_TIMEOUT_S, end them; Oxia's servers refuse pings more often than every 5 s.
+KEEPALIVE_S = 6
+KEEPALIVE_TIMEOUT_S = 2
+# gRPC waits up to 120 s between reconnection attempts to a server that went away; a
+# restarted Oxia server may lead a shard again within seconds.
+_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+    ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),
+    ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_S * 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
 
 
 @dataclass(frozen=True)
@@ -134,8 +163,8 @@ class _DeadlinePool(ConnectionPool):
 
     def _channel(self, address: str) -> grpc.Channel:
         if self._credentials is None:
-            return grpc.insecure_channel(address)
-        return grpc.secure_channel(address, self._credentials)
+            return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
+        return grpc.secure_channel(address, self._credentials, options=_CHANNEL_OPTIONS)
 
     def get(self, address: str) -> Any:
         from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub
@@ -151,21 +180,23 @@ class _DeadlinePool(ConnectionPool):
 def connect(address: str, *, request_timeout_s: float, tls: TlsFiles | None = None,
             **kwargs: Any) -> Client:
     """``oxia.Client(address, **kwargs)`` whose every request/response call has a deadline,
-    over TLS when ``tls`` is given.
+    over TLS when ``tls`` is given, and whose shard assignments follow leader changes;
+    ``address`` may list several servers, comma separated.
 
-    The client creates its pool in its constructor and opens the channel to ``address``
-    at once, so the pool class is swapped for the duration of the construction (under a
-    lock: constructions are rare and short).
+    The client creates its pool and discovery in its constructor and opens the channel
+    to ``address`` at once, so both classes are swapped for the duration of the
+    construction (under a lock: constructions are rare and short).
     """
     credentials = tls.credentials() if tls is not None else None
     with _CONSTRUCT_LOCK:
-        original = oxia.client.ConnectionPool
+        pool, discovery = oxia.client.ConnectionPool, oxia.client.ServiceDiscovery
         oxia.client.ConnectionPool = functools.partial(_DeadlinePool, request_timeout_s,
                                                        credentials)
+        oxia.client.ServiceDiscovery = FailoverDiscovery
         try:
             return Client(address, **kwargs)
         finally:
-            oxia.client.ConnectionPool = original
+            oxia.client.ConnectionPool, oxia.client.ServiceDiscovery = pool, discovery
 
 
 def install() -> None:
@@ -176,3 +207,37 @@ def install() -> None:
 
 
 install()
+
+
+def put_ephemeral(client: Client, key: str, value: bytes, partition_key: str,
+                  expected_version: int | None) -> int:
+    """An ephemeral put (its version; raises as ``Client.put`` does). A session the
+    server no longer has is dropped from the client, and the put is sent again once
+    under a new session: nothing was written by the refused one."""
+    from oxia.internal.proto.io.streamnative.oxia import proto as pb
+
+    for attempt in range(2):
+        shard, stub = client._service_discovery.get_leader(key, partition_key)
+        session = client._session_manager.get_session(shard)
+        request = pb.PutRequest(key=key, value=value, partition_key=partition_key,
+                                expected_version_id=expected_version,
+                                session_id=session.session_id(),
+                                client_identity=session.client_identifier())
+        result = stub.write(pb.WriteRequest(shard=shard, puts=[request])).puts[0]
+        if result.status == pb.Status.SESSION_DOES_NOT_EXIST and attempt == 0:
+            _drop_session(client, session)
+            continue
+        oxia.client._check_status(result.status)
+        return int(result.version.version_id)
+    raise AssertionError("unreachable")
+
+
+def _drop_session(client: Client, session: Any) -> None:
+    """Forget ``session`` (if it is still the shard's current one) and stop its
+    keep-alives; the server has no such session, so there is nothing to close there."""
+    manager = client._session_manager
+    with manager.lock:
+        if manager.sessions_by_shard.get(session.shard_id()) is session:
+            del manager.sessions_by_shard[session.shard_id()]
+    session._closed = True
+    session._stop_event.set()

@@ -107,7 +107,7 @@ class OxiaStore:
             raise
         except Exception as exc:  # gRPC errors, the client's own ("No shard found", ...)
             outcome = "error"
-            raise StorageUnavailable(f"Oxia {op} failed: {type(exc).__name__}: {exc}") from exc
+            raise StorageUnavailable(f"Oxia {op} failed: {describe(exc)}") from exc
         finally:
             self._metrics.oxia_requests.labels(op, outcome).inc()
             self._metrics.oxia_latency.labels(op).observe(time.monotonic() - started)
@@ -155,11 +155,8 @@ class OxiaStore:
             return outcome
 
         def run() -> int:
-            _, version = self._client.put(
-                key, value, partition_key=partition_key,
-                expected_version_id=expected_version, ephemeral=ephemeral,
-            )
-            return int(version.version_id())
+            return oxia_compat.put_ephemeral(self._client, key, value, partition_key,
+                                             expected_version)
 
         op = "put" if expected_version is None else "cas"
         return await self._call(op, run)
@@ -331,6 +328,13 @@ class _QueuedGroup:
     future: asyncio.Future[list[int | Exception]]
 
 
+def describe(exc: BaseException) -> str:
+    """A gRPC error as its status and details (its repr is a page of debug text)."""
+    if isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None)):
+        return f"{exc.code().name}: {exc.details()}"
+    return f"{type(exc).__name__}: {exc}"
+
+
 def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
     """One Write request per shard for ``batch`` (runs in a worker thread)."""
     from oxia.internal.proto.io.streamnative.oxia import proto as pb
@@ -351,7 +355,8 @@ def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
             response = stub.write(request)
         except grpc.RpcError as exc:
             for i in indexes:
-                out[i] = StorageUnavailable(f"Oxia write to shard {shard} failed: {exc}")
+                out[i] = StorageUnavailable(
+                    f"Oxia write to shard {shard} failed: {describe(exc)}")
             continue
         for i, result in zip(indexes, response.puts, strict=True):
             if result.status == pb.Status.OK:

@@ -39,7 +39,7 @@ from app.errors import (
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import partition_body
-from app.storage.cas import Done, Retry, cas_loop
+from app.storage.cas import Done, Outage, Retry, cas_loop
 from app.storage.idempotency import IDEMPOTENCY_FIELD, Remembered, remember, remembered
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import ensure_index_entry, index_entry_put, materialise_pending
@@ -66,6 +66,8 @@ MAX_UPLOAD_ROUNDS = 3
 DEFAULT_COMMIT_HORIZON_MS = 1_800_000  # half of the default retry horizon
 DEFAULT_PENDING_REREAD_MS = 15_000  # half of the default compaction minimum entry age
 DEFAULT_MAX_CACHED_PARTITIONS = 100_000
+# How long a commit keeps trying while Oxia does not answer (a shard electing a leader).
+DEFAULT_OUTAGE_S = 10.0
 
 
 class CrashPoint(BaseException):
@@ -156,6 +158,7 @@ class _Commit:
     append_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # (expected version, start, end) of CAS attempts whose outcome is unknown.
     in_doubt: list[tuple[int, int, int]] = field(default_factory=list)
+    outage: Outage = field(default_factory=lambda: Outage(DEFAULT_OUTAGE_S))
 
     def results(self, start: int, data_key: str, index_key: str, append_time_ms: int
                 ) -> dict[int, AppendOutcome]:
@@ -212,6 +215,7 @@ class LogWriter:
         pending_reread_ms: int = DEFAULT_PENDING_REREAD_MS,
         max_cached_partitions: int = DEFAULT_MAX_CACHED_PARTITIONS,
         encoding: str = codec.ENCODING_V3,
+        outage_s: float = DEFAULT_OUTAGE_S,
     ) -> None:
         if encoding not in (codec.ENCODING_V1, codec.ENCODING_V3):
             raise ValueError(f"a writer writes {codec.ENCODING_V3} or {codec.ENCODING_V1}, "
@@ -227,6 +231,7 @@ class LogWriter:
         self._clock = clock
         self._commit_horizon_ms = commit_horizon_ms
         self._pending_reread_ms = pending_reread_ms
+        self._outage_s = outage_s
         self._initialised: LRUCache[TopicPartition, bool] = LRUCache(max_cached_partitions)
         self._controls: LRUCache[TopicPartition, _CachedControl] = LRUCache(
             max_cached_partitions)
@@ -356,7 +361,8 @@ class LogWriter:
             upload = _Upload(uri, body.body_offset, body.body_length, body.crc32c,
                              body.msg_count, created, body.encoding)
             try:
-                result = await self._commit(_Commit(part.tp, part, upload))
+                result = await self._commit(_Commit(part.tp, part, upload,
+                                                    outage=Outage(self._outage_s)))
             except LlogError as exc:
                 part.fail(outcomes, exc)
                 return
@@ -386,10 +392,41 @@ class LogWriter:
 
     async def _commit(self, c: _Commit) -> dict[int, AppendOutcome] | _Reupload:
         async with self._lock(c.tp):
-            await self.ensure_partition(c.tp)
-            return await cas_loop(
-                lambda n: self._attempt(c), attempts=self._max_attempts,
-                what=f"{c.tp}: commit", retries=self._metrics.cas_retries, op="commit")
+            while True:
+                try:
+                    await self.ensure_partition(c.tp)
+                    break
+                except StorageUnavailable:
+                    if not await c.outage.pause():
+                        raise
+            try:
+                return await cas_loop(
+                    lambda n: self._attempt_through_outage(c), attempts=self._max_attempts,
+                    what=f"{c.tp}: commit", retries=self._metrics.cas_retries, op="commit")
+            except (StorageUnavailable, CommitConflict) as exc:
+                if c.in_doubt:  # an unanswered CAS may yet have landed: never "not written"
+                    raise CommitInDoubt(f"{exc}; an earlier commit attempt of these records "
+                                        "went unanswered, so they may have been written"
+                                        ) from exc
+                raise
+
+    async def _attempt_through_outage(self, c: _Commit
+                                      ) -> Done[dict[int, AppendOutcome] | _Reupload] | Retry:
+        """:meth:`_attempt`, repeated after a growing pause while Oxia does not answer
+        (a shard electing a new leader), for up to ``outage_s`` from the first failure:
+        the blob is uploaded, only the commit is missing, and the next answered attempt
+        settles whatever an unanswered one did."""
+        try:
+            outcome = await self._attempt(c)
+        except StorageUnavailable:
+            if not await c.outage.pause():
+                raise
+            return Retry("unavailable")
+        unanswered = isinstance(outcome, Retry) and outcome.reason == "in_doubt"
+        if unanswered and not await c.outage.pause():
+            raise StorageUnavailable(f"{c.tp}: Oxia did not answer the commit within "
+                                     f"{self._outage_s} s")
+        return outcome
 
     async def _attempt(self, c: _Commit) -> Done[dict[int, AppendOutcome] | _Reupload] | Retry:
         """One CAS attempt, as named steps; see the module docstring."""

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from app.localstack.broker import broker_process, wait_healthy
 from app.localstack.processes import ManagedProcess, free_port
-from app.localstack.stack import LocalStack
+from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
@@ -115,3 +115,20 @@ class BrokerFactory:
     def stop_all(self) -> None:
         for broker in self.started:
             broker.process.stop()
+
+
+@contextlib.contextmanager
+def broker_factory(stack: LocalStack, logs: Path) -> Iterator[BrokerFactory]:
+    """A :class:`BrokerFactory` whose brokers are stopped on exit."""
+    factory = BrokerFactory(stack, logs)
+    try:
+        yield factory
+    finally:
+        factory.stop_all()
+
+
+@contextlib.contextmanager
+def own_stack(data_dir: Path, **config: Any) -> Iterator[LocalStack]:
+    """A stack of a test module's own (``config``: :class:`StackConfig` fields)."""
+    with LocalStack(StackConfig.ephemeral(data_dir, **config)) as running:
+        yield running

@@ -1,0 +1,116 @@
+"""Change notifications for the ``oxia`` client that follow a shard to its new leader.
+
+The client's own ``Notifications`` (0.2.x) keeps one stream per shard, opened to the
+leader of the moment, and opens new ones only when a stream fails. A leader that stops
+answering without closing its connections (a stalled process, a network cut) leaves its
+stream silent for good, even after the coordinator has moved the shard to another
+server; the changes made there are then never reported, and a broker whose tail cache
+trusts the silence serves "nothing new" for ever. It also waits without a bound for
+each new stream's first message, and pauses up to 60 s between attempts.
+
+:class:`FollowingNotifications` reopens every stream, from the last offset each shard
+reported (nothing is skipped), whenever a stream ends or the shard assignments name
+another leader; it bounds the wait for first messages and pauses at most
+:data:`MAX_RETRY_PAUSE_S`. After streams are reopened it calls ``on_resumed``: what
+happened while they were down has been replayed, but a caller that cached "no change"
+answers may want to check them again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from oxia.internal.notifications import Notifications
+from oxia.internal.proto.io.streamnative.oxia import proto as pb
+
+from app.storage.oxia_discovery import FailoverDiscovery
+
+log = logging.getLogger(__name__)
+
+FIRST_RETRY_PAUSE_S = 0.1
+MAX_RETRY_PAUSE_S = 1.0
+FIRST_MESSAGE_TIMEOUT_S = 10.0
+LEADER_CHECK_INTERVAL_S = 0.25
+
+
+class FollowingNotifications(Notifications):
+    """Iterate it as ``client.get_notifications()``; ``close()`` ends it."""
+
+    def __init__(self, discovery: FailoverDiscovery, *,
+                 on_resumed: Callable[[], None] | None = None) -> None:
+        self._on_resumed = on_resumed
+        self.resumptions = 0  # times the streams were reopened after a failure
+        super().__init__(discovery)
+
+    def _coordinator_loop(self) -> None:
+        pause = FIRST_RETRY_PAUSE_S
+        interrupted = False
+        while not self._closed:
+            failed = threading.Event()
+            try:
+                leaders = self._service_discovery.leaders()
+                self._open_streams(failed)
+                self._ready.set()
+                if interrupted:
+                    self._resumed()
+                interrupted, pause = False, FIRST_RETRY_PAUSE_S
+                self._watch(failed, leaders)
+            except threading.BrokenBarrierError:
+                pass  # a stream failed, or was silent, before its first message
+            except Exception as exc:  # no leader yet, a channel error: try again
+                if not self._closed:
+                    log.warning("Oxia notification streams failed: %s", exc)
+            if self._closed:
+                return
+            interrupted = True
+            self._teardown_workers()
+            time.sleep(pause)
+            pause = min(pause * 2, MAX_RETRY_PAUSE_S)
+
+    def _open_streams(self, failed: threading.Event) -> None:
+        """One stream and worker per shard; returns once each has its first message."""
+        shards = self._service_discovery.get_all_shards()
+        barrier = threading.Barrier(len(shards) + 1)
+        threads, streams = [], []
+        for shard, stub in shards:
+            stream = stub.get_notifications(pb.NotificationsRequest(
+                shard=shard, start_offset_exclusive=self._last_notification.get(shard)))
+            thread = threading.Thread(target=self._worker, args=(stream, barrier, failed),
+                                      daemon=True, name=f"oxia-notifications-{shard}")
+            threads.append(thread)
+            streams.append(stream)
+            thread.start()
+        with self._lock:
+            self._threads, self._streams = threads, streams
+        try:
+            barrier.wait(FIRST_MESSAGE_TIMEOUT_S)
+        except threading.BrokenBarrierError:
+            barrier.abort()
+            raise
+
+    def _watch(self, failed: threading.Event, leaders: dict[int, str]) -> None:
+        """Until a stream ends, the client closes, or a shard has another leader."""
+        while not failed.wait(LEADER_CHECK_INTERVAL_S):
+            if self._closed or self._service_discovery.leaders() != leaders:
+                return
+
+    def _resumed(self) -> None:
+        self.resumptions += 1
+        if self._on_resumed is not None:
+            try:
+                self._on_resumed()
+            except Exception:
+                log.exception("on_resumed callback failed")
+
+
+def notifications(client: Any, *, on_resumed: Callable[[], None] | None = None
+                  ) -> FollowingNotifications:
+    """Change notifications of a client built by :func:`app.storage.oxia_compat.connect`."""
+    discovery = client._service_discovery
+    if not isinstance(discovery, FailoverDiscovery):
+        raise TypeError("the client was not built by oxia_compat.connect")
+    return FollowingNotifications(discovery, on_resumed=on_resumed)

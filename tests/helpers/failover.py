@@ -1,0 +1,310 @@
+"""Steady produce and consume load through brokers while a server fails, and the checks
+that nothing acknowledged was lost.
+
+Producers behave as a careful client does: every entry carries an idempotency key; an
+entry the broker may have written (``maybe_written``, or no answer at all) is sent again
+with the same key; an entry the broker says it did not write (retriable, not
+``maybe_written``) is sent again with a *new* key. So a broker that wrongly says
+"nothing was written" leaves a second copy in the log, which :meth:`FailoverLoad.verify`
+reports. Consumers long-poll every partition through every broker from offset 1 and
+check each offset follows the previous one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import anyio.abc
+import httpx
+
+from app.localstack.stack import LocalStack
+from app.storage.keys import TopicPartition
+from tests.helpers.bodies import consume_body
+from tests.helpers.stack import make_settings, open_engine
+
+RETRY_PAUSE_S = 0.05
+
+
+@dataclass
+class Produce:
+    """One entry, from its first send to its acknowledgement."""
+
+    producer: str
+    started: float
+    acked: float = 0.0
+    attempts: int = 0
+
+
+@dataclass
+class Figures:
+    """Produce latency around a failure at ``failed_at`` (monotonic seconds)."""
+
+    first_ack_after_s: float
+    window_s: float
+    during: list[float]
+    before: list[float]
+    errors: dict[str, int]
+
+    @staticmethod
+    def _p(values: list[float], q: float) -> float:
+        if not values:
+            return 0.0
+        ordered = sorted(values)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    def summary(self) -> dict[str, Any]:
+        ms = 1000
+        return {
+            "first_ack_after_failure_ms": round(self.first_ack_after_s * ms),
+            "window_s": self.window_s,
+            "produces_in_window": len(self.during),
+            "p50_ms_before": round(self._p(self.before, 0.5) * ms, 1),
+            "p99_ms_before": round(self._p(self.before, 0.99) * ms, 1),
+            "p50_ms_during": round(self._p(self.during, 0.5) * ms, 1),
+            "p99_ms_during": round(self._p(self.during, 0.99) * ms, 1),
+            "max_ms_during": round(max(self.during, default=0.0) * ms, 1),
+            "failed_attempts": self.errors,
+        }
+
+
+@dataclass
+class FailoverLoad:
+    urls: list[str]
+    topic: str
+    partitions: int
+    producers_per_broker: int = 2
+    pause_s: float = 0.01
+    acked: dict[tuple[int, int], str] = field(default_factory=dict)
+    produces: list[Produce] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    problems: list[str] = field(default_factory=list)
+    # (broker index, partition) -> offset -> value, as each consumer saw them.
+    consumed: dict[tuple[int, int], dict[int, str]] = field(default_factory=dict)
+    consume_errors: Counter[str] = field(default_factory=Counter)
+
+    def __post_init__(self) -> None:
+        self._stopping = anyio.Event()
+        self._progress = anyio.Event()
+        self._final: dict[int, int] | None = None
+        self._drained = anyio.Event()
+        self._running_consumers = 0
+        self._rng = random.Random(7)
+
+    # -- progress ----------------------------------------------------------------------
+
+    @property
+    def acknowledged(self) -> int:
+        return sum(1 for p in self.produces if p.acked)
+
+    async def wait_acked(self, count: int) -> None:
+        """Until ``count`` entries are acknowledged (callers bound it)."""
+        while self.acknowledged < count:
+            self._progress = anyio.Event()
+            await self._progress.wait()
+
+    def acked_since(self, since: float) -> Counter[str]:
+        """Acknowledged entries first sent at or after ``since``, per producer."""
+        return Counter(p.producer for p in self.produces if p.acked and p.started >= since)
+
+    def figures(self, failed_at: float, window_s: float) -> Figures:
+        """Latency of entries first sent in ``window_s`` after the failure, against
+        those sent in the same time before it."""
+        acked = [p for p in self.produces if p.acked]
+        after = [p.acked for p in acked if p.acked >= failed_at and p.started >= failed_at]
+        return Figures(
+            first_ack_after_s=(min(after) - failed_at) if after else float("inf"),
+            window_s=window_s,
+            during=[p.acked - p.started for p in acked
+                    if failed_at <= p.started < failed_at + window_s],
+            before=[p.acked - p.started for p in acked
+                    if failed_at - window_s <= p.started < failed_at],
+            errors=dict(self.errors),
+        )
+
+    # -- producers -----------------------------------------------------------------------
+
+    async def _producer(self, client: httpx.AsyncClient, name: str) -> None:
+        i = 0
+        while not self._stopping.is_set():
+            i += 1
+            p = self._rng.randrange(self.partitions)
+            values = [f"{name}-{i}-{j}" for j in range(self._rng.randint(1, 3))]
+            await self._until_acked(client, name, i, p, values)
+            await anyio.sleep(self.pause_s)
+
+    async def _until_acked(self, client: httpx.AsyncClient, name: str, i: int, p: int,
+                           values: list[str]) -> None:
+        produce = Produce(name, time.monotonic())
+        self.produces.append(produce)
+        key = 0
+        while True:
+            produce.attempts += 1
+            entry = {"topic": self.topic, "partition": p, "records": values,
+                     "idempotency_key": f"{name}-{i}-{key}"}
+            try:
+                r = await client.post("/produce", json={"topic_partitions": [entry]})
+            except httpx.TransportError as exc:  # no answer: it may have been written
+                self.errors[f"transport:{type(exc).__name__}"] += 1
+                await anyio.sleep(RETRY_PAUSE_S)
+                continue
+            result = self._result(r)
+            if result.get("ok"):
+                self._record(produce, p, result, values)
+                return
+            self.errors[result.get("error_type", f"http:{r.status_code}")] += 1
+            if not result.get("retriable"):
+                self.problems.append(f"not retriable: {r.status_code} {result}")
+                raise AssertionError(self.problems[-1])
+            if not result.get("maybe_written"):
+                key += 1  # the broker says nothing was written: a new key proves it
+            await anyio.sleep(float(r.headers.get("retry-after", RETRY_PAUSE_S)))
+
+    @staticmethod
+    def _result(r: httpx.Response) -> dict[str, Any]:
+        body = r.json()
+        if "results" in body:
+            return dict(body["results"][0])
+        # Refused as a whole: with 503 nothing was written, and it may be sent again.
+        return {**body, "retriable": r.status_code == 503}
+
+    def _record(self, produce: Produce, p: int, result: dict[str, Any],
+                values: list[str]) -> None:
+        offsets = range(result["start_offset"], result["end_offset"] + 1)
+        for offset, value in zip(offsets, values, strict=True):
+            earlier = self.acked.setdefault((p, offset), value)
+            if earlier != value:
+                self.problems.append(f"partition {p} offset {offset} acknowledged for "
+                                     f"{earlier!r} and {value!r}")
+        produce.acked = time.monotonic()
+        self._progress.set()
+
+    # -- consumers ------------------------------------------------------------------------
+
+    async def _consumer(self, client: httpx.AsyncClient, broker: int, p: int) -> None:
+        self._running_consumers += 1
+        try:
+            await self._consume(client, broker, p)
+        finally:
+            self._running_consumers -= 1
+            if not self._running_consumers:
+                self._drained.set()
+
+    async def _consume(self, client: httpx.AsyncClient, broker: int, p: int) -> None:
+        seen = self.consumed.setdefault((broker, p), {})
+        offset = 1
+        while True:
+            if self._final is not None and offset > self._final[p]:
+                return
+            try:
+                r = await client.post("/consume", json=consume_body(
+                    self.topic, offset, p, max_wait_ms=1000))
+            except httpx.TransportError as exc:
+                self.consume_errors[f"transport:{type(exc).__name__}"] += 1
+                await anyio.sleep(RETRY_PAUSE_S)
+                continue
+            result = self._result(r)
+            if r.status_code != 200 or not result.get("ok"):
+                self.consume_errors[result.get("error_type", f"http:{r.status_code}")] += 1
+                await anyio.sleep(RETRY_PAUSE_S)
+                continue
+            for record in result["records"]:
+                if record["offset"] != offset:
+                    self.problems.append(f"broker {broker} partition {p}: offset "
+                                         f"{record['offset']} where {offset} was due")
+                seen[record["offset"]] = record["value"]
+                offset = record["offset"] + 1
+
+    # -- the run ---------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def running(self, stack: LocalStack, *, drain_s: float = 60.0
+                      ) -> AsyncIterator[FailoverLoad]:
+        """Producers and consumers run inside; on exit producers finish their entry, and
+        consumers catch up with what storage holds (within ``drain_s``)."""
+        async with contextlib.AsyncExitStack() as stack_:
+            clients = [await stack_.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=60)) for url in self.urls]
+            async with anyio.create_task_group() as consumers:
+                for b, client in enumerate(clients):
+                    for p in range(self.partitions):
+                        consumers.start_soon(self._consumer, client, b, p)
+                async with anyio.create_task_group() as producers:
+                    for b, client in enumerate(clients):
+                        for n in range(self.producers_per_broker):
+                            producers.start_soon(self._producer, client, f"b{b}p{n}")
+                    yield self
+                    self._stopping.set()
+                self._final = await high_watermarks(stack, self.topic, self.partitions)
+                with anyio.move_on_after(drain_s):  # consumers end once past the marks
+                    await self._drained.wait()
+                if not self._drained.is_set():
+                    behind = {k: (max(v, default=0), self._final[k[1]])
+                              for k, v in self.consumed.items()
+                              if max(v, default=0) < self._final[k[1]]}
+                    raise AssertionError(f"consumers (broker, partition): (offset reached, "
+                                         f"high watermark) after {drain_s} s: {behind}; "
+                                         f"consume errors {dict(self.consume_errors)}")
+
+    async def assert_all_served_since(self, since: float) -> None:
+        """Every producer had entries acknowledged after ``since`` (so did each broker),
+        and every broker is alive and ready: none needed a restart."""
+        producers = {f"b{b}p{n}" for b in range(len(self.urls))
+                     for n in range(self.producers_per_broker)}
+        assert producers <= set(self.acked_since(since)), self.acked_since(since)
+        async with httpx.AsyncClient(timeout=5) as client:
+            for url in self.urls:
+                assert (await client.get(f"{url}/health/ready")).status_code == 200
+
+    async def verify(self, stack: LocalStack) -> dict[int, int]:
+        """Storage against the acknowledgements and every consumer; returns the high
+        watermark of each partition."""
+        stored = await read_all(stack, self.topic, self.partitions)
+        problems = list(self.problems)
+        values = Counter(v for records in stored.values() for v in records.values())
+        problems += [f"{v!r} stored {n} times" for v, n in values.items() if n > 1]
+        unacked = set(values) - set(self.acked.values())
+        problems += [f"{v!r} stored but never acknowledged" for v in sorted(unacked)]
+        for (p, offset), value in self.acked.items():
+            if stored[p].get(offset) != value:
+                problems.append(f"partition {p} offset {offset}: acknowledged {value!r}, "
+                                f"stored {stored[p].get(offset)!r}")
+        for (b, p), seen in self.consumed.items():
+            if seen != stored[p]:
+                problems.append(f"broker {b} partition {p}: consumed {len(seen)} records, "
+                                f"storage holds {len(stored[p])}")
+        assert not problems, "\n".join(problems[:20])
+        return {p: len(records) for p, records in stored.items()}
+
+
+async def high_watermarks(stack: LocalStack, topic: str, partitions: int) -> dict[int, int]:
+    async with open_engine(make_settings(stack)) as e:
+        return {p: (await e.reader.read(TopicPartition(topic, p), 1, max_records=1)
+                    ).high_watermark for p in range(partitions)}
+
+
+async def read_all(stack: LocalStack, topic: str, partitions: int
+                   ) -> dict[int, dict[int, str]]:
+    """Every partition from offset 1, straight from storage; offsets must be contiguous."""
+    out: dict[int, dict[int, str]] = {}
+    async with open_engine(make_settings(stack)) as e:
+        for p in range(partitions):
+            records: dict[int, str] = {}
+            offset = 1
+            while True:
+                result = await e.reader.read(TopicPartition(topic, p), offset)
+                for o, payload in result.records:
+                    assert o == offset, f"partition {p}: offset {o} where {offset} was due"
+                    assert isinstance(payload, bytes)
+                    records[o] = payload.decode()
+                    offset += 1
+                if offset > result.high_watermark:
+                    break
+            out[p] = records
+    return out

@@ -1,0 +1,209 @@
+"""Brokers on a replicated Oxia cluster (coordinator, three data servers, replication
+factor 3, four shards) while a data server is killed and started again."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from app.compaction.claims import Claims
+from app.errors import StorageUnavailable
+from app.localstack.oxia_cluster import OxiaClusterConfig
+from app.localstack.stack import LocalStack
+from app.storage import oxia_compat
+from app.storage.keys import TopicPartition
+from app.storage.records import CompactorClaim
+from tests.helpers.failover import FailoverLoad
+from tests.helpers.stack import (
+    BrokerFactory,
+    Engine,
+    broker_factory,
+    make_settings,
+    open_engine,
+    own_stack,
+)
+
+pytestmark = [pytest.mark.stack, pytest.mark.cluster]
+
+PARTITIONS = 8
+# Compaction runs all the time, so compactors hold ephemeral claims when a server dies.
+BROKER = {"compaction_min_entry_age_ms": "500", "compaction_interval_s": "0.3",
+          "compaction_discovery_interval_s": "1", "oxia_request_timeout_s": "5"}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    with own_stack(tmp_path_factory.mktemp("oxia-cluster"),
+                   oxia_cluster=OxiaClusterConfig.on_free_ports(3)) as running:
+        yield running
+
+
+@pytest.fixture
+def cluster_brokers(cluster: LocalStack, tmp_path: Path) -> Iterator[BrokerFactory]:
+    with broker_factory(cluster, tmp_path / "logs") as factory:
+        yield factory
+
+
+def leaders(stack: LocalStack, topic: str, partitions: int) -> Counter[int]:
+    """How many of the topic's partitions each data server leads (by node index)."""
+    assert stack.oxia_cluster is not None
+    nodes = [n.public for n in stack.oxia_cluster.nodes]
+    client = oxia_compat.connect(stack.oxia_address, request_timeout_s=5)
+    try:
+        discovery = client._service_discovery
+        return Counter(nodes.index(discovery._assignments[
+            discovery.get_shard(f"{topic}:{p}").shard].leader) for p in range(partitions))
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("failure", ["kill", "pause"])
+async def test_a_data_server_lost_and_back_under_load_loses_nothing(
+        cluster: LocalStack, cluster_brokers: BrokerFactory, topic: str, failure: str) -> None:
+    """``kill``: SIGKILL, then started again on its data. ``pause``: SIGSTOP, then
+    SIGCONT: its connections stay open and silent, so calls end at their deadline and the
+    coordinator notices only by its health checks."""
+    assert cluster.oxia_cluster is not None
+    b1, b2 = cluster_brokers.start(**BROKER), cluster_brokers.start(**BROKER)
+    victim, _ = leaders(cluster, topic, PARTITIONS).most_common(1)[0]
+    load = FailoverLoad([b1.url, b2.url], topic, PARTITIONS)
+    with anyio.fail_after(150):
+        async with load.running(cluster):
+            await load.wait_acked(150)
+            failed_at = time.monotonic()
+            if failure == "kill":
+                cluster.oxia_cluster.kill(victim)
+            else:
+                cluster.oxia_cluster.pause(victim)
+            await load.wait_acked(load.acknowledged + 150)
+            # The server stays down well past the brokers' session timeout (3 s).
+            await anyio.sleep(max(0.0, failed_at + 6 - time.monotonic()))
+            down_for = time.monotonic() - failed_at
+            if failure == "kill":
+                cluster.oxia_cluster.restart(victim)
+            else:
+                cluster.oxia_cluster.resume(victim)
+            await anyio.to_thread.run_sync(cluster.oxia_cluster.wait_ready)
+            restarted_at = time.monotonic()
+            await load.wait_acked(load.acknowledged + 150)
+        marks = await load.verify(cluster)
+    figures = load.figures(failed_at, window_s=5.0).summary()
+    print(json.dumps({f"oxia_server_{failure}": figures, "down_s": round(down_for, 1),
+                      "records": sum(marks.values()), "consume_errors": load.consume_errors}))
+    # Both brokers, never restarted, kept serving through the failure and after it.
+    await load.assert_all_served_since(restarted_at)
+    assert b1.process.alive() and b2.process.alive()
+    assert figures["first_ack_after_failure_ms"] < 10_000
+
+
+def _leader_index(stack: LocalStack, client: Any, partition_key: str) -> int:
+    assert stack.oxia_cluster is not None
+    discovery = client._service_discovery
+    leader = discovery.leaders()[discovery.get_shard(partition_key).shard]
+    return [n.public for n in stack.oxia_cluster.nodes].index(leader)
+
+
+async def _seconds_until(probe: Any) -> float:
+    """Poll ``probe()`` (a coroutine function) until true; the seconds it took. What it
+    waits for happens inside the Oxia servers, which report it to no one: callers bound
+    it with ``anyio.fail_after``."""
+    started = time.monotonic()
+    while True:
+        if await probe():
+            return time.monotonic() - started
+        await anyio.sleep(0.1)
+
+
+@dataclass
+class Compactors:
+    """Two compactors' claims on one partition, the first holding it at ``version``;
+    ``victim`` is the data server leading the partition's shard."""
+
+    engine: Engine
+    mine: Claims
+    theirs: Claims
+    version: int
+    victim: int
+
+    async def holder(self, tp: TopicPartition) -> CompactorClaim | None:
+        found = await self.engine.oxia.get(self.engine.layout.compactor_claim(tp),
+                                           tp.partition_key)
+        return CompactorClaim.from_json(found.value) if found is not None else None
+
+
+@contextlib.asynccontextmanager
+async def compactors(stack: LocalStack, tp: TopicPartition) -> AsyncIterator[Compactors]:
+    settings = make_settings(stack, oxia_request_timeout_s=2)
+    async with open_engine(settings) as a, open_engine(settings) as b:
+        mine, theirs = Claims(a.oxia, a.layout, "a"), Claims(b.oxia, b.layout, "b")
+        version = await mine.acquire(tp)
+        assert version is not None
+        yield Compactors(b, mine, theirs, version,
+                         _leader_index(stack, b.oxia.client, tp.partition_key))
+
+
+async def test_a_claim_outlives_its_leaders_death(cluster: LocalStack,
+                                                 tp: TopicPartition) -> None:
+    """Sessions are replicated with the shard: a new leader keeps them, so a compactor's
+    claim stays its own while another server takes over."""
+    assert cluster.oxia_cluster is not None
+    async with compactors(cluster, tp) as c:
+        cluster.oxia_cluster.kill(c.victim)
+        try:
+            async def moved() -> bool:
+                return _leader_index(cluster, c.engine.oxia.client,
+                                     tp.partition_key) != c.victim
+            with anyio.fail_after(30):
+                await _seconds_until(moved)
+            # Well past the session timeout (3 s): the keep-alives reach the new leader.
+            await anyio.sleep(4)
+            found = await c.engine.oxia.get(c.engine.layout.compactor_claim(tp),
+                                            tp.partition_key)
+            assert found is not None and found.version_id == c.version
+            assert await c.theirs.acquire(tp) is None  # still busy
+            await c.mine.release(tp, c.version)
+            assert await c.holder(tp) is None
+        finally:
+            cluster.oxia_cluster.restart(c.victim)
+            await anyio.to_thread.run_sync(cluster.oxia_cluster.wait_ready)
+
+
+async def test_a_claim_lost_with_its_session_goes_to_the_next_compactor(
+        cluster: LocalStack, tp: TopicPartition) -> None:
+    """A leader that stalls longer than the session timeout takes the compactor's
+    session with it (its keep-alives go unanswered until the client gives the session
+    up, and the new leader expires it): the claim is gone, another compactor takes it,
+    and the first one's release leaves the new claim alone; the first compactor claims
+    again later under a new session."""
+    assert cluster.oxia_cluster is not None
+    async with compactors(cluster, tp) as c:
+        cluster.oxia_cluster.pause(c.victim)
+        try:
+            async def taken_over() -> bool:
+                try:
+                    return await c.theirs.acquire(tp) is not None
+                except StorageUnavailable:
+                    return False
+            with anyio.fail_after(60):
+                lost_after = await _seconds_until(taken_over)
+        finally:
+            cluster.oxia_cluster.resume(c.victim)
+        await c.mine.release(tp, c.version)  # conditional on our version: theirs survives
+        taken = await c.holder(tp)
+        assert taken is not None and taken.compactor_id == "b"
+        found = await c.engine.oxia.get(c.engine.layout.compactor_claim(tp), tp.partition_key)
+        assert found is not None
+        await c.theirs.release(tp, found.version_id)
+        async with c.mine.held(tp) as held:  # a new session for the first compactor
+            assert held
+    await anyio.to_thread.run_sync(cluster.oxia_cluster.wait_ready)
+    print(json.dumps({"claim_taken_over_after_s": round(lost_after, 1)}))
