@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import contextlib
 import json
+import queue
+import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -19,7 +22,7 @@ from app.compaction.claims import Claims
 from app.errors import StorageUnavailable
 from app.localstack.oxia_cluster import OxiaClusterConfig
 from app.localstack.stack import LocalStack
-from app.storage import oxia_compat
+from app.storage import oxia_compat, oxia_notifications
 from app.storage.keys import TopicPartition
 from app.storage.records import CompactorClaim
 from tests.helpers.failover import FailoverLoad
@@ -40,8 +43,10 @@ BROKER = {"compaction_min_entry_age_ms": "500", "compaction_interval_s": "0.3",
           "compaction_discovery_interval_s": "1", "oxia_request_timeout_s": "5"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    # A cluster per test: each one kills, stalls or restarts servers, and the next must
+    # not start from a cluster still electing leaders or expiring sessions.
     with own_stack(tmp_path_factory.mktemp("oxia-cluster"),
                    oxia_cluster=OxiaClusterConfig.on_free_ports(3)) as running:
         yield running
@@ -97,8 +102,10 @@ async def test_a_data_server_lost_and_back_under_load_loses_nothing(
             await load.wait_acked(load.acknowledged + 150)
         marks = await load.verify(cluster)
     figures = load.figures(failed_at, window_s=5.0).summary()
+    back = load.figures(restarted_at, window_s=5.0).summary()
     print(json.dumps({f"oxia_server_{failure}": figures, "down_s": round(down_for, 1),
-                      "records": sum(marks.values()), "consume_errors": load.consume_errors}))
+                      "back": back, "records": sum(marks.values()),
+                      "consume_errors": load.consume_errors}))
     # Both brokers, never restarted, kept serving through the failure and after it.
     await load.assert_all_served_since(restarted_at)
     assert b1.process.alive() and b2.process.alive()
@@ -193,7 +200,9 @@ async def test_a_claim_lost_with_its_session_goes_to_the_next_compactor(
                     return await c.theirs.acquire(tp) is not None
                 except StorageUnavailable:
                     return False
-            with anyio.fail_after(60):
+            # The session expires after its timeout (3 s), once a new leader is elected:
+            # seconds when the machine is idle, much longer on a loaded one.
+            with anyio.fail_after(180):
                 lost_after = await _seconds_until(taken_over)
         finally:
             cluster.oxia_cluster.resume(c.victim)
@@ -207,3 +216,26 @@ async def test_a_claim_lost_with_its_session_goes_to_the_next_compactor(
             assert held
     await anyio.to_thread.run_sync(cluster.oxia_cluster.wait_ready)
     print(json.dumps({"claim_taken_over_after_s": round(lost_after, 1)}))
+
+
+def test_notification_streams_resume_while_shards_are_idle(cluster: LocalStack) -> None:
+    """Streams reopened from their offsets send nothing until their shard changes: the
+    reopened streams deliver at once, though every other shard stays idle (waiting for a
+    first message from each would hold the active shard's stream back for good)."""
+    client = oxia_compat.connect(cluster.oxia_address, request_timeout_s=5)
+    resumed = threading.Event()
+    notes = oxia_notifications.notifications(client, on_resumed=resumed.set)
+    seen: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [seen.put(n.key()) for n in notes], daemon=True).start()
+    key = f"notes/{uuid.uuid4().hex}"
+    try:
+        client.put(key, b"0")
+        assert seen.get(timeout=10) == key
+        notes._teardown_workers()  # as a failed stream does: the streams are reopened
+        assert resumed.wait(5)
+        for i in range(1, 4):
+            client.put(key, str(i).encode())
+        assert [seen.get(timeout=5) for _ in range(3)] == [key] * 3
+    finally:
+        notes.close()
+        client.close()

@@ -10,7 +10,8 @@ each new stream's first message, and pauses up to 60 s between attempts.
 
 :class:`FollowingNotifications` reopens every stream, from the last offset each shard
 reported (nothing is skipped), whenever a stream ends or the shard assignments name
-another leader; it bounds the wait for first messages and pauses at most
+another leader; it bounds the wait for first messages (and waits for none from resumed
+streams, which send nothing while their shard is idle) and pauses at most
 :data:`MAX_RETRY_PAUSE_S`. After streams are reopened it calls ``on_resumed``: what
 happened while they were down has been replayed, but a caller that cached "no change"
 answers may want to check them again.
@@ -72,14 +73,22 @@ class FollowingNotifications(Notifications):
             pause = min(pause * 2, MAX_RETRY_PAUSE_S)
 
     def _open_streams(self, failed: threading.Event) -> None:
-        """One stream and worker per shard; returns once each has its first message."""
+        """One stream and worker per shard; returns once each stream opened without an
+        offset has its first message.
+
+        A stream opened without an offset starts with an empty message at the shard's
+        commit offset; one resumed from an offset sends nothing until the shard changes,
+        so an idle shard would never pass a barrier: its worker gets one of its own."""
         shards = self._service_discovery.get_all_shards()
-        barrier = threading.Barrier(len(shards) + 1)
+        offsets = {shard: self._last_notification.get(shard) for shard, _ in shards}
+        fresh = sum(1 for offset in offsets.values() if offset is None)
+        barrier = threading.Barrier(fresh + 1)
         threads, streams = [], []
         for shard, stub in shards:
             stream = stub.get_notifications(pb.NotificationsRequest(
-                shard=shard, start_offset_exclusive=self._last_notification.get(shard)))
-            thread = threading.Thread(target=self._worker, args=(stream, barrier, failed),
+                shard=shard, start_offset_exclusive=offsets[shard]))
+            waits = barrier if offsets[shard] is None else threading.Barrier(1)
+            thread = threading.Thread(target=self._worker, args=(stream, waits, failed),
                                       daemon=True, name=f"oxia-notifications-{shard}")
             threads.append(thread)
             streams.append(stream)
