@@ -241,7 +241,7 @@ class Settings(BaseSettings):
     # Reader: compacted and legacy objects kept in memory between reads, and how many
     # object downloads run at once (per consume request and per process).
     read_object_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
-    read_fetch_concurrency: int = Field(default=8, ge=1, le=256)
+    read_fetch_concurrency: int = Field(default=32, ge=1, le=256)
     read_max_concurrent_fetches: int = Field(default=64, ge=1, le=4096)
 
     # Tail cache.

@@ -23,8 +23,8 @@ import anyio
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import PartitionWatch
 from app.errors import LlogError
+from app.storage import runs
 from app.storage.keys import TopicPartition
-from app.storage.log_record import Payload, payload_size
 from app.storage.reader import LogReader, ReadOutcome, ReadRequest, ReadResult
 from app.tailcache import CacheHit, TailCache, run_cache_io
 
@@ -136,12 +136,12 @@ class ConsumeService:
                 misses.append(i)
                 continue
             self._metrics.cache.labels("hit" if hit.records else "tail").inc()
-            kept = _within(hit.records, max_bytes - used, first_of_answer=used == 0)
-            used += sum(payload_size(v) for _, v in kept)
+            kept = runs.within(hit.records, max_bytes - used, first_of_answer=used == 0)
+            used += runs.records_bytes(kept)
             if len(kept) == len(hit.records):
                 next_offset = hit.next_offset
             else:
-                next_offset = kept[-1][0] + 1 if kept else max(f.offset, 1)
+                next_offset = runs.next_offset(kept) or max(f.offset, 1)
             outcomes[i] = ReadResult(f.tp, kept, hit.high_watermark, next_offset,
                                      hit.append_times[:len(kept)])
         if misses:
@@ -185,24 +185,9 @@ def _note_all(cache: TailCache, learned: list[tuple[TopicPartition, int]]) -> No
         cache.note_high_watermark(tp, hw)
 
 
-def _within(records: list[tuple[int, Payload]], budget: int, *, first_of_answer: bool
-            ) -> list[tuple[int, Payload]]:
-    """The leading records that fit ``budget`` (the first of the answer always does)."""
-    kept: list[tuple[int, Payload]] = []
-    size = 0
-    for offset, value in records:
-        value_size = payload_size(value)
-        if size + value_size > budget and not (first_of_answer and not kept):
-            break
-        kept.append((offset, value))
-        size += value_size
-    return kept
-
-
 def _enough(outcomes: Sequence[ReadOutcome], min_bytes: int) -> bool:
     if all(isinstance(o, LlogError) for o in outcomes):
         return True  # nothing to wait for
     # A record counts at least one byte, so an empty record still satisfies min_bytes=1.
-    gathered = sum(max(payload_size(v), 1) for o in outcomes if isinstance(o, ReadResult)
-                   for _, v in o.records)
+    gathered = sum(runs.counted_bytes(o.records) for o in outcomes if isinstance(o, ReadResult))
     return gathered >= min_bytes

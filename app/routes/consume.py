@@ -37,7 +37,9 @@ from app.routes.openapi import (
     response,
     store_errors,
 )
+from app.routes.parts_response import PartsResponse
 from app.settings import Settings
+from app.storage import runs
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_value
 from app.storage.offsets import PartitionOffsets
@@ -152,20 +154,21 @@ async def consume(
     committed = await _commit_delivered(state, body, fetches, outcomes) if body.commit else {}
     outcomes = [_unless_refused(o, committed.get(i)) for i, o in enumerate(outcomes)]
     _count(state, outcomes)
+    response: Response
     if wire.wants_binary(request.headers.get("accept", "")):
-        content = wire.build([_binary(f.tp, o) for f, o in zip(fetches, outcomes,
-                                                                strict=True)])
-        media_type = wire.CONTENT_TYPE
+        response = PartsResponse(wire.build_parts([
+            _binary(f.tp, o) for f, o in zip(fetches, outcomes, strict=True)]),
+            media_type=wire.CONTENT_TYPE)
     else:
-        content = orjson.dumps({"results": [
+        response = Response(orjson.dumps({"results": [
             _result(fetch.tp, outcome, body.encoding, committed.get(i))
-            for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]})
-        media_type = "application/json"
+            for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]}),
+            media_type="application/json")
     if control_of(request) is not None:
         account(request, consumed=sum(o.size for o in outcomes if isinstance(o, ReadResult)))
     state.consume_metrics.requests.inc()
     state.consume_metrics.latency.observe(time.monotonic() - started)
-    return Response(content, media_type=media_type)
+    return response
 
 
 async def _unknown(state: BrokerState, fetches: list[Fetch], refused: dict[int, LlogError]
@@ -313,9 +316,9 @@ def _result(tp: TopicPartition, outcome: ReadOutcome, encoding: str,
 def _binary(tp: TopicPartition, outcome: ReadOutcome) -> wire.Records | wire.Failed:
     if not isinstance(outcome, ReadResult):
         return wire.Failed(tp.topic, tp.partition, _error(tp, outcome))
-    records = [v for _, v in outcome.records]
-    first = outcome.records[0][0] if outcome.records else outcome.next_offset
-    times = (outcome.append_times if len(outcome.append_times) == len(records)
-             else [0] * len(records))
+    first = runs.first_offset(outcome.records)
+    n = len(outcome.records)
+    times = outcome.append_times if len(outcome.append_times) == n else [0] * n
     return wire.Records(tp.topic, tp.partition, outcome.high_watermark, outcome.log_start,
-                        outcome.next_offset, first, records, times)
+                        outcome.next_offset, outcome.next_offset if first is None else first,
+                        runs.payloads(outcome.records), times)

@@ -234,35 +234,47 @@ _FILL = {KEYS: struct.Struct(">i").pack(NO_KEY),
 def join(bodies: Sequence[Columns]) -> list[bytes | memoryview]:
     """The parts of one body holding the records of ``bodies`` in order (a column one
     of them lacks is filled with its "none" value); record bytes are not copied."""
-    columns = 0
-    for c in bodies:
-        columns |= c.columns
-    raw = [_column_bytes(c) for c in bodies]
-    parts: list[bytes | memoryview] = [_HEAD.pack(sum(c.count for c in bodies), columns)]
-    parts += [c.view[c.lengths_at:c.lengths_at + 4 * c.count] for c in bodies]
-    for flag in (KEYS, TIMESTAMPS, APPEND_TIMES):
-        if columns & flag:
-            parts += [r[flag] if flag in r else _FILL[flag] * c.count
-                      for c, r in zip(bodies, raw, strict=True)]
-    parts += [c.view[c.values_at:c.keys_at] for c in bodies]
-    if columns & KEYS:
-        parts += [c.view[c.keys_at:c.end] for c in bodies]
-    return parts
+    return join_cuts([(c, 0, c.count) for c in bodies])
 
 
 def cut(c: Columns, first: int, stop: int) -> list[bytes | memoryview]:
     """The parts of a body holding records ``first .. stop - 1`` of ``c``."""
-    count = stop - first
-    parts: list[bytes | memoryview] = [
-        _HEAD.pack(count, c.columns),
-        c.view[c.lengths_at + 4 * first:c.lengths_at + 4 * stop]]
-    for flag, column in _column_bytes(c).items():
-        width = 4 if flag == KEYS else 8
-        parts.append(column[width * first:width * stop])
-    starts = _starts(c.value_lengths[:stop], c.values_at)
-    parts.append(c.view[starts[first]:starts[stop]])
-    if c.key_lengths is not None:
-        key_at = list(accumulate((max(k, 0) for k in c.key_lengths[:stop]),
-                                 initial=c.keys_at))
-        parts.append(c.view[key_at[first]:key_at[stop]])
+    return join_cuts([(c, first, stop)])
+
+
+def join_cuts(cuts: Sequence[tuple[Columns, int, int]],
+              append_times: Sequence[int] | None = None) -> list[bytes | memoryview]:
+    """The parts of one body holding records ``first .. stop - 1`` of each body, in
+    order; record bytes are not copied. With ``append_times`` (one per record), its
+    append-time column holds them instead of the bodies' own."""
+    columns = 0
+    for c, _, _ in cuts:
+        columns |= c.columns
+    if append_times is not None:
+        columns |= APPEND_TIMES
+    count = sum(stop - first for _, first, stop in cuts)
+    raw = [_column_bytes(c) for c, _, _ in cuts]
+    parts: list[bytes | memoryview] = [_HEAD.pack(count, columns)]
+    parts += [c.view[c.lengths_at + 4 * first:c.lengths_at + 4 * stop]
+              for c, first, stop in cuts]
+    for flag, width in ((KEYS, 4), (TIMESTAMPS, 8), (APPEND_TIMES, 8)):
+        if not columns & flag:
+            continue
+        if flag == APPEND_TIMES and append_times is not None:
+            parts.append(struct.pack(f">{count}q", *append_times))
+            continue
+        parts += [r[flag][width * first:width * stop] if flag in r
+                  else _FILL[flag] * (stop - first)
+                  for (_, first, stop), r in zip(cuts, raw, strict=True)]
+    for c, first, stop in cuts:
+        lengths = c.value_lengths
+        at = c.values_at + sum(lengths[:first])
+        parts.append(c.view[at:at + sum(lengths[first:stop])])
+    if columns & KEYS:
+        for c, first, stop in cuts:
+            keys = c.key_lengths
+            if keys is not None:  # a missing key (-1) takes no bytes: add its count back
+                at = c.keys_at + sum(keys[:first]) + keys[:first].count(NO_KEY)
+                span = keys[first:stop]
+                parts.append(c.view[at:at + sum(span) + span.count(NO_KEY)])
     return parts

@@ -24,7 +24,6 @@ have removed); only then is the error reported. Nothing is ever skipped silently
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,12 +32,14 @@ import anyio
 from cachetools import LRUCache
 
 from app.errors import CorruptData, LlogError, LogGap, ObjectMissing, OffsetOutOfRange
-from app.storage import codec
+from app.storage import codec, columnar
+from app.storage.batch import RecordBatch
 from app.storage.chunks import chunk_index, decode_chunk
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.log_record import LogRecord, Payload, payload_size
-from app.storage.oxia_store import OxiaStore
+from app.storage.log_record import Payload, payload_size
+from app.storage.oxia_store import OxiaStore, Record
 from app.storage.records import CompactionCursor, Control
+from app.storage.runs import Run, RunRecords, records_bytes, take
 from app.storage.s3 import S3Store
 from app.storage.spans import Span, index_span
 
@@ -60,7 +61,7 @@ class ReadRequest:
 @dataclass
 class ReadResult:
     tp: TopicPartition
-    records: list[tuple[int, Payload]]
+    records: Sequence[tuple[int, Payload]]  # RunRecords, read from the log
     high_watermark: int
     next_offset: int
     # The broker's append time of each record, in step with ``records``.
@@ -69,7 +70,7 @@ class ReadResult:
 
     @property
     def size(self) -> int:
-        return sum(payload_size(v) for _, v in self.records)
+        return records_bytes(self.records)
 
 
 ReadOutcome = ReadResult | LlogError
@@ -133,7 +134,7 @@ class _Unit:
     span: Span
     first_offset: int
     chunk_range: tuple[int, int] | None = None  # first and last chunk, for chunked blobs
-    records: Records | None = None
+    records: Sequence[Payload] | None = None  # a RecordBatch for a bytes-batch-v3 slice
     error: LlogError | None = None
 
 
@@ -148,7 +149,7 @@ class _Plan:
 
 class LogReader:
     def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout, *,
-                 object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 8,
+                 object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 32,
                  max_concurrent_fetches: int = 64) -> None:
         self._oxia = oxia
         self._s3 = s3
@@ -209,7 +210,7 @@ class LogReader:
         if unit.error is not None:
             raise unit.error
         assert unit.records is not None
-        return unit.records
+        return list(unit.records)
 
     async def _read_round(self, requests: Sequence[ReadRequest], max_bytes: int | None, *,
                           skip_strays: bool, oversized_first: bool) -> list[ReadOutcome]:
@@ -242,7 +243,11 @@ class LogReader:
     async def _plan(self, request: ReadRequest, budget: int | None,
                     skip_strays: bool) -> _Plan:
         tp = request.tp
-        control = await self.read_control(tp)
+        page: list[Record] | None = None
+        if request.offset >= 1 and (request.max_records is None or request.max_records > 0):
+            control, page = await self._control_and_page(tp, request.offset)
+        else:
+            control = await self.read_control(tp)
         hw = 0 if control is None else control.sequence_counter
         log_start = 1 if control is None else control.log_start
         offset = request.offset if request.offset >= 1 else log_start  # 0: the log start
@@ -258,7 +263,7 @@ class LogReader:
             return plan
         stray_floor = await self._cursor(tp) if skip_strays else 1
         spans = await self._resolve(tp, offset, control, budget, request.max_records,
-                                    stray_floor)
+                                    stray_floor, page if offset == request.offset else None)
         plan.units = _units(spans, offset, budget)
         return plan
 
@@ -266,9 +271,35 @@ class LogReader:
         record = await self._oxia.get(self._layout.compaction_cursor(tp), tp.partition_key)
         return 1 if record is None else CompactionCursor.from_json(record.value).offset
 
+    async def _control_and_page(self, tp: TopicPartition, offset: int
+                                ) -> tuple[Control | None, list[Record]]:
+        """The control record and the first index page from ``offset``, read at once: a
+        read of new records costs one Oxia round trip less. The page may predate the
+        control record; :meth:`_index_from` reads on where it falls short."""
+        control: Control | None = None
+        page: list[Record] = []
+
+        async def read_control() -> None:
+            nonlocal control
+            control = await self.read_control(tp)
+
+        async def read_page() -> None:
+            nonlocal page
+            page = await self._index_page(tp, offset, _FIRST_PAGE)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read_control)
+            tg.start_soon(read_page)
+        return control, page
+
+    async def _index_page(self, tp: TopicPartition, start: int, limit: int) -> list[Record]:
+        return await self._oxia.range_scan(self._layout.index(tp, start),
+                                           self._layout.index_scan_end(tp),
+                                           tp.partition_key, limit=limit)
+
     async def _resolve(self, tp: TopicPartition, offset: int, control: Control,
-                       budget: int | None, max_records: int | None, stray_floor: int
-                       ) -> list[Span]:
+                       budget: int | None, max_records: int | None, stray_floor: int,
+                       first_page: list[Record] | None = None) -> list[Span]:
         """Contiguous spans from ``offset`` until the budgets or the high watermark.
 
         WAL spans ending below ``stray_floor`` (the compaction cursor, on a second look)
@@ -285,7 +316,7 @@ class LogReader:
                 max_records is None or nxt - offset < max_records)
 
         if pending is None or not pending.covers(nxt):
-            async for span in self._index_from(tp, offset):
+            async for span in self._index_from(tp, offset, first_page):
                 if span.end < nxt:
                     continue
                 if span.start > nxt or (span.is_wal and span.end < stray_floor):
@@ -306,22 +337,29 @@ class LogReader:
                          f"{hw}; {skipped} stray entries skipped)")
         return spans
 
-    async def _index_from(self, tp: TopicPartition, offset: int) -> AsyncIterator[Span]:
-        """The partition's index entries from key ``index/{offset}`` on, in pages."""
+    async def _index_from(self, tp: TopicPartition, offset: int,
+                          first_page: list[Record] | None = None) -> AsyncIterator[Span]:
+        """The partition's index entries from key ``index/{offset}`` on, in pages.
+
+        ``first_page``, read from ``offset`` beside the control record, may be older
+        than it: when it falls short, the scan goes on from where it ended (the caller
+        stops once it reaches the high watermark)."""
         start, limit = offset, _FIRST_PAGE
         while True:
-            records = await self._oxia.range_scan(
-                self._layout.index(tp, start), self._layout.index_scan_end(tp),
-                tp.partition_key, limit=limit)
+            prefetched = first_page is not None
+            records = first_page if first_page is not None else \
+                await self._index_page(tp, start, limit)
+            first_page = None
             for record in records:
                 span = index_span(self._layout, tp, record.key, record.value,
                                   record.version_id)
                 if span is not None:
                     yield span
                     start = span.end + 1
-            if len(records) < limit:
+            if len(records) < limit and not prefetched:
                 return
-            limit = _PAGE
+            if len(records) >= limit:
+                limit = _PAGE
 
     # -- fetching (S3) -----------------------------------------------------------------
 
@@ -378,7 +416,7 @@ class LogReader:
             body = memoryview(data)[start - lo:start - lo + length]
             entry = unit.span.entry
             codec.verify_body(body, entry.crc32c)
-            unit.records = codec.decode_body(body, entry.encoding, entry.msg_count)
+            unit.records = _batch(body, entry.encoding, entry.msg_count)
 
     async def _fetch_chunks(self, key: str, unit: _Unit) -> None:
         chunks = unit.span.chunks
@@ -409,6 +447,18 @@ class LogReader:
                 raise CorruptData(f"{key} holds {len(records)} records, the index says "
                                   f"{unit.span.entry.msg_count}")
             unit.records = records
+
+
+def _batch(body: memoryview, encoding: str, count: int) -> Sequence[Payload]:
+    """A checked body's records: a bytes-batch-v3 body stays in its columns (an answer
+    takes runs of them as they are, app/storage/runs.py), others are decoded."""
+    if encoding != columnar.ENCODING_V3:
+        return codec.decode_body(body, encoding, count)
+    layout = columnar.read_columns(body)
+    if layout.count != count:
+        raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index says "
+                          f"{count}")
+    return RecordBatch(body, encoding, count, layout.payload_bytes, layout)
 
 
 def _min(a: int | None, b: int | None) -> int | None:
@@ -477,11 +527,6 @@ def _unit_bytes(unit: _Unit) -> int:
     return unit.span.cost_from(unit.first_offset)
 
 
-def _timeless(record: LogRecord) -> LogRecord:
-    return record if not record.append_time_ms else dataclasses.replace(record,
-                                                                        append_time_ms=0)
-
-
 def _assemble_all(plans: list[_Plan | LlogError], max_bytes: int | None,
                   oversized_first: bool) -> list[ReadOutcome]:
     remaining = [max_bytes if max_bytes is not None else _UNLIMITED]
@@ -500,37 +545,32 @@ def _assemble_all(plans: list[_Plan | LlogError], max_bytes: int | None,
 
 def _assemble(plan: _Plan, remaining: list[int], *, first_of_answer: bool) -> ReadResult:
     """Records from the plan's offset within the request's budgets and ``remaining``
-    (the call's total budget left, shared across plans)."""
+    (the call's total budget left, shared across plans), as runs of the fetched bodies."""
     request = plan.request
-    out: list[tuple[int, Payload]] = []
-    times: list[int] = []
-    size, nxt = 0, plan.offset
+    taken: list[Run] = []
+    size, count, nxt = 0, 0, plan.offset
     budget = min(request.max_bytes or _UNLIMITED, remaining[0])
     for unit in plan.units:
         if unit.error is not None:
-            if out:
+            if taken:
                 break  # serve what precedes it; the next read reports the error
             raise unit.error
         assert unit.records is not None
         if unit.first_offset > nxt:
             break  # a hole after what we have: the next read reports it
-        entry_time = unit.span.entry.created_at_ms
-        for i in range(nxt - unit.first_offset, len(unit.records)):
-            value = unit.records[i]
-            value_size = payload_size(value)
-            may_exceed = first_of_answer and not out
-            if not may_exceed and (size + value_size > budget or (
-                    request.max_records is not None and len(out) >= request.max_records)):
-                remaining[0] -= size
-                return ReadResult(request.tp, out, plan.high_watermark, nxt, times,
-                                  plan.log_start)
-            appended = entry_time
-            if isinstance(value, LogRecord):  # its time goes with ``times``, not in it
-                appended = value.append_time_ms or entry_time
-                value = value.value if value.plain else _timeless(value)
-            out.append((nxt, value))
-            times.append(appended)
-            size += value_size
-            nxt += 1
+        first = nxt - unit.first_offset
+        if first >= len(unit.records):
+            continue
+        run, used = take(unit.records, first, nxt, unit.span.entry.created_at_ms,
+                         budget=budget - size,
+                         max_records=None if request.max_records is None
+                         else request.max_records - count,
+                         may_exceed=first_of_answer and count == 0)
+        taken.append(run)
+        size, count, nxt = size + used, count + len(run), nxt + len(run)
+        if run.stop < len(unit.records):
+            break  # a budget is spent
     remaining[0] -= size
-    return ReadResult(request.tp, out, plan.high_watermark, nxt, times, plan.log_start)
+    records = RunRecords(taken, size)
+    return ReadResult(request.tp, records, plan.high_watermark, nxt, records.times(),
+                      plan.log_start)

@@ -29,7 +29,7 @@ class CacheHit:
     knows; a caller that learned of a remote write must not trust it).
     """
 
-    records: list[tuple[int, Payload]]
+    records: Sequence[tuple[int, Payload]]  # RunRecords from the memory cache
     high_watermark: int
     next_offset: int
     # In step with ``records``; left out of equality (tests compare records).

@@ -11,13 +11,13 @@ from itertools import count
 
 from app.storage.batch import RecordBatch, records_size
 from app.storage.keys import TopicPartition
-from app.storage.log_record import LogRecord, Payload, payload_size
+from app.storage.log_record import LogRecord, Payload
+from app.storage.runs import Run, RunRecords, take
 from app.tailcache.base import (
     CacheHit,
     Counters,
     TailCacheStats,
     suffix_within,
-    within_budget,
 )
 
 
@@ -218,24 +218,19 @@ class MemoryTailCache:
         if i is None:
             # Records are only ever cached at offsets <= hw, so hw + 1 is never cached.
             return CacheHit([], hw, offset) if offset == hw + 1 else None
-        out: list[tuple[int, Payload]] = []
-        times: list[int] = []
-        size = 0
-        at = offset
-        chunks = part.chunks
-        for ci in range(i, len(chunks)):
-            chunk = chunks[ci]
-            values = chunk.records
-            for j in range(at - chunk.start, len(values)):
-                value = values[j]
-                value_size = payload_size(value)
-                if not within_budget(len(out), size, value_size, max_records, max_bytes):
-                    return CacheHit(out, hw, at, times)
-                out.append((at, value))
-                times.append(chunk.append_time_ms)
-                size += value_size
-                at += 1
-        return CacheHit(out, hw, at, times)
+        runs: list[Run] = []
+        size, taken, at = 0, 0, offset
+        for chunk in part.chunks[i:]:
+            run, used = take(chunk.records, at - chunk.start, at, chunk.append_time_ms,
+                             budget=None if max_bytes is None else max_bytes - size,
+                             max_records=None if max_records is None else max_records - taken,
+                             may_exceed=taken == 0)
+            runs.append(run)
+            size, taken, at = size + used, taken + len(run), at + len(run)
+            if run.stop < len(chunk.records):
+                break  # a budget is spent
+        records = RunRecords(runs, size)
+        return CacheHit(records, hw, at, records.times())
 
     def high_watermark(self, tp: TopicPartition) -> int | None:
         with self._lock:

@@ -35,6 +35,7 @@ import orjson
 from app.errors import CorruptData
 from app.storage import codec, columnar
 from app.storage.log_record import LogRecord, Payload
+from app.storage.runs import RunPayloads
 
 CONTENT_TYPE = "application/vnd.llog.records"
 MAGIC = b"LLR1"
@@ -43,6 +44,7 @@ _TOPIC = struct.Struct(">H")
 _PARTITION_OK = struct.Struct(">IB")
 _OK = struct.Struct(">qqqqBI")
 _U32 = struct.Struct(">I")
+_SEND_ALONE = 64 * 1024  # parts at least this large are sent as they are
 
 
 def wants_binary(accept: str) -> bool:
@@ -76,18 +78,30 @@ def _stamped(records: Sequence[Payload], times: Sequence[int]) -> list[Payload]:
             for p, at in zip(records, times, strict=True)]
 
 
-def _body(records: Sequence[Payload], times: Sequence[int]) -> tuple[int, bytes]:
+def _body(records: Sequence[Payload], times: Sequence[int]
+          ) -> tuple[int, Sequence[bytes | memoryview]]:
+    if isinstance(records, RunPayloads):  # runs of stored bodies: cut, not decoded
+        cuts = records.records.v3_cuts()
+        if cuts is not None:
+            return 3, columnar.join_cuts(cuts, times)
     plain = columnar.encode_timed(records, times)  # the common case: columns as they are
     if plain is not None:
-        return 3, plain
+        return 3, [plain]
     stamped = _stamped(records, times)
     if columnar.encodable(stamped):
-        return 3, columnar.encode(stamped)
-    return 2, codec.encode_batch_v2(stamped)
+        return 3, [columnar.encode(stamped)]
+    return 2, [codec.encode_batch_v2(stamped)]
 
 
 def build(results: Sequence[Records | Failed]) -> bytes:
-    parts: list[bytes] = [_HEAD.pack(MAGIC, len(results))]
+    return b"".join(build_parts(results))
+
+
+def build_parts(results: Sequence[Records | Failed]) -> list[bytes | memoryview]:
+    """The answer as parts to send one after the other: record bytes stay views of the
+    bodies they were cut from (an answer of many MiB is not copied into one buffer);
+    the small parts between them are joined."""
+    parts: list[bytes | memoryview] = [_HEAD.pack(MAGIC, len(results))]
     for r in results:
         topic = r.topic.encode()
         parts += [_TOPIC.pack(len(topic)), topic,
@@ -95,11 +109,27 @@ def build(results: Sequence[Records | Failed]) -> bytes:
         if isinstance(r, Records):
             encoding, body = _body(r.records, r.append_times)
             parts += [_OK.pack(r.high_watermark, r.log_start_offset, r.next_offset,
-                               r.first_offset, encoding, len(body)), body]
+                               r.first_offset, encoding, sum(map(len, body))), *body]
         else:
             error = orjson.dumps(r.error)
             parts += [_U32.pack(len(error)), error]
-    return b"".join(parts)
+    return _coalesced(parts)
+
+
+def _coalesced(parts: list[bytes | memoryview]) -> list[bytes | memoryview]:
+    out: list[bytes | memoryview] = []
+    small: list[bytes | memoryview] = []
+    for part in parts:
+        if len(part) < _SEND_ALONE:
+            small.append(part)
+            continue
+        if small:
+            out.append(b"".join(small))
+            small = []
+        out.append(part)
+    if small:
+        out.append(b"".join(small))
+    return out
 
 
 def parse(body: bytes) -> list[Records | Failed]:

@@ -1,0 +1,35 @@
+"""A response whose body is sent as the parts it was built from.
+
+A binary consume answer of many MiB is mostly views of the object-store bodies its
+records were cut from; joining them into one buffer would copy every byte once more
+(and fault in a fresh allocation of the answer's size) only for the server to write it
+out. The parts go to the server one message at a time instead, with the total length
+declared up front.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
+
+
+class PartsResponse(Response):
+    def __init__(self, parts: Sequence[bytes | memoryview], media_type: str,
+                 status_code: int = 200) -> None:
+        self._parts = [p for p in parts if len(p)]
+        super().__init__(b"", status_code=status_code, media_type=media_type)
+        length = str(sum(len(p) for p in self._parts)).encode()
+        self.raw_headers = [(k, length if k == b"content-length" else v)
+                            for k, v in self.raw_headers]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        last = len(self._parts) - 1
+        if last < 0:
+            await send({"type": "http.response.body", "body": b""})
+            return
+        for i, part in enumerate(self._parts):
+            await send({"type": "http.response.body", "body": part, "more_body": i < last})
