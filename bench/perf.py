@@ -14,7 +14,8 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   16-byte key, and with a key and two headers.
 - catchup: one partition of --catchup-mib MiB (1 KiB records, written with binary
   produce) read from offset 1 as fast as the broker answers, JSON and binary (LLR1),
-  against the ceiling serving answers of the same size from memory.
+  against the ceiling serving answers of the same size from memory; then the partition
+  is compacted (`llog compact-once` until nothing is left) and read again.
 - latency: a second broker; produce to one, long-poll the other, paced at a quarter of
   the measured maximum; produce and produce-to-consume percentiles against the batch
   window.
@@ -249,30 +250,60 @@ def catchup_section(run: Run) -> list[dict[str, Any]]:
              "-total-mib", str(a.catchup_mib)], timeout=3600)
         rows.append({"section": "catchup", "target": "fill", "format": "binary",
                      "mib": filled["bytes_acked"] / MiB, "mib_per_s": filled["mib_per_s"]})
-        for kind, server in (("ceiling", ceiling), ("broker", broker)):
+        for kind, server in (("ceiling", ceiling), ("broker", broker), ("compacted", broker)):
+            if kind == "compacted":
+                rows.append(compact_all(run, topic))
             for fmt in ("binary", "json"):
-                cpu0 = hb.cpu_seconds(server.proc.pid)
-                t0 = time.monotonic()
-                out = hb.run_loadgen(
-                    ["-mode", "catchup", "-url", server.url, "-topic", topic,
-                     "-format", fmt, "-max-bytes", str(a.fetch_bytes),
-                     "-catchup-mib", str(a.catchup_mib), "-timeout", "60s"], timeout=3600)
-                cpu = (hb.cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
-                rows.append({"section": "catchup", "target": kind, "format": fmt,
-                             "mib_per_s": out["mib_per_s"], "records_per_s": out["records_per_s"],
-                             "requests": out["requests"], "caught_up": out["caught_up"],
-                             "p50_ms": out["latency_ms"]["p50_ms"],
-                             "p99_ms": out["latency_ms"]["p99_ms"], "errors": out["errors"],
-                             "server_cpu_cores": cpu, "mib": out["record_bytes"] / MiB})
+                rows.append(catchup_row(run, server, kind, fmt, topic))
     finally:
         stop_server(run, ceiling)
         stop_server(run, broker)
     for row in rows:
         ref = next((r for r in rows if r["target"] == "ceiling"
-                    and r["format"] == row["format"]), None)
-        if row["target"] == "broker" and ref and ref["mib_per_s"]:
+                    and r["format"] == row.get("format")), None)
+        if row["target"] in ("broker", "compacted") and ref and ref["mib_per_s"]:
             row["ratio"] = row["mib_per_s"] / ref["mib_per_s"]
     return rows
+
+
+def catchup_row(run: Run, server: Server, kind: str, fmt: str, topic: str
+                ) -> dict[str, Any]:
+    a = run.args
+    cpu0 = hb.cpu_seconds(server.proc.pid)
+    t0 = time.monotonic()
+    out = hb.run_loadgen(
+        ["-mode", "catchup", "-url", server.url, "-topic", topic,
+         "-format", fmt, "-max-bytes", str(a.fetch_bytes),
+         "-catchup-mib", str(a.catchup_mib), "-timeout", "60s"], timeout=3600)
+    cpu = (hb.cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+    return {"section": "catchup", "target": kind, "format": fmt,
+            "mib_per_s": out["mib_per_s"], "records_per_s": out["records_per_s"],
+            "requests": out["requests"], "caught_up": out["caught_up"],
+            "p50_ms": out["latency_ms"]["p50_ms"],
+            "p99_ms": out["latency_ms"]["p99_ms"], "errors": out["errors"],
+            "server_cpu_cores": cpu, "mib": out["record_bytes"] / MiB}
+
+
+def compact_all(run: Run, topic: str) -> dict[str, Any]:
+    """Compact partition 0 of ``topic`` until nothing is left (``llog compact-once``)."""
+    import subprocess
+
+    env = {**os.environ, **run.stack.settings_env(), "LLOG_COMPACTION_MIN_ENTRY_AGE_MS": "0",
+           "LLOG_COMPACTION_MAX_BYTES": str(256 * MiB)}
+    t0 = time.monotonic()
+    passes, compacted = 0, 0
+    while passes < 1000:
+        done = subprocess.run([sys.executable, "-m", "app.cli", "compact-once", "--topic",
+                               topic, "--partition", "0"], env=env, cwd=ROOT, check=True,
+                              capture_output=True, text=True, timeout=600)
+        outcome = json.loads(done.stdout.strip().splitlines()[-1])
+        passes += 1
+        compacted += outcome.get("bytes", 0)
+        if outcome.get("action") not in ("compacted", "resumed", "advanced_cursor",
+                                         "abandoned"):
+            break
+    return {"section": "catchup", "target": "compact", "passes": passes,
+            "mib": compacted / MiB, "seconds": time.monotonic() - t0}
 
 
 def latency_section(run: Run, produce_rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -406,7 +437,11 @@ def print_report(results: dict[str, Any]) -> None:
                 print(f"  written first: {r['mib']:,.0f} MiB at {r['mib_per_s']:.1f} MiB/s "
                       "(binary produce)")
                 continue
-            print(f"  {r['target']:>8} {r['format']:>6}: {r['mib_per_s']:8.1f} MiB/s "
+            if r["target"] == "compact":
+                print(f"  then compacted: {r['mib']:,.0f} MiB in {r['passes']} passes of "
+                      f"llog compact-once, {r['seconds']:.1f} s; read again:")
+                continue
+            print(f"  {r['target']:>9} {r['format']:>6}: {r['mib_per_s']:8.1f} MiB/s "
                   f"{r['records_per_s']:>10,.0f} records/s, p50 {r['p50_ms']:.1f} ms, p99 "
                   f"{r['p99_ms']:.1f} ms per answer, srv CPU {r['server_cpu_cores']:.2f}, "
                   f"ratio {_f(r.get('ratio'), '.2f', 4)}, errors {r['errors']}")

@@ -14,6 +14,7 @@ from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup
 from app.storage.keys import TopicPartition
 from app.storage.metrics import StoreMetrics
+from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader, ReadRequest, ReadResult
 from app.storage.records import IndexEntry
 from app.storage.s3 import S3Store
@@ -129,6 +130,22 @@ async def test_a_truncated_body_is_a_retriable_storage_error(stack: LocalStack,
                 with anyio.fail_after(30):
                     (outcome,) = await reader.read_many([ReadRequest(tp, 1)])
         assert isinstance(outcome, StorageUnavailable) and outcome.retriable
+
+
+async def test_oxia_unreachable_is_a_retriable_error_of_the_partition(
+        stack: LocalStack, tp: TopicPartition) -> None:
+    """The control record and the first index page are read at once: when Oxia fails,
+    the partition's outcome is the storage error, as a sequential read's would be."""
+    settings = compaction_settings(stack)
+    async with open_engine(settings) as e:
+        await e.writer.append_shared([AppendGroup(tp, [b"a", b"b"])])
+        closed = OxiaStore(settings, StoreMetrics())  # never connected: every call fails
+        reader = LogReader(closed, e.s3, e.layout)
+        with anyio.fail_after(30):
+            outcomes = await reader.read_many([ReadRequest(tp, 1), ReadRequest(tp, 0)])
+        assert all(isinstance(o, StorageUnavailable) and o.retriable for o in outcomes)
+        (served,) = await _fresh_reader(e).read_many([ReadRequest(tp, 2)])
+        assert isinstance(served, ReadResult) and [v for _, v in served.records] == [b"b"]
 
 
 async def test_a_read_racing_compaction_and_vacuum_plans_again(

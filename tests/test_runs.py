@@ -159,3 +159,15 @@ def test_keys_are_cut_with_their_records() -> None:
             body = b"".join(columnar.join_cuts([(layout, first, stop)]))
             assert columnar.decode(columnar.read_columns(body)) == \
                 columnar.decode(layout)[first:stop]
+
+
+@PROPS
+@given(bodies)
+def test_pieces_are_the_records_of_their_bodies_in_order(stored: list[list[Payload]]) -> None:
+    pieces = runs.Pieces([_batch(p, True) for p in stored])
+    flat = [r for p in stored for r in columnar.decode(columnar.read_columns(
+        columnar.encode(p)))]
+    assert list(pieces) == flat
+    assert len(pieces) == len(flat)
+    assert runs.pieces_of(pieces) == pieces.pieces
+    assert runs.pieces_of(flat) == [flat]

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from app.errors import CorruptData
-from app.storage import codec
+from app.storage import codec, columnar
+from app.storage.batch import RecordBatch
 from app.storage.log_record import Payload
 
 _U32 = struct.Struct(">I")
@@ -99,6 +100,18 @@ def parse_chunks(rows: object, msg_count: int, object_bytes: int) -> list[Chunk]
 def chunk_index(chunks: Sequence[Chunk], record: int) -> int:
     """Index of the chunk holding record number ``record`` (0-based in the body)."""
     return bisect.bisect_right([c.first_record for c in chunks], record) - 1
+
+
+def chunk_records(data: bytes | memoryview, chunk: Chunk, encoding: str
+                  ) -> Sequence[Payload]:
+    """The records of one chunk's bytes, verified against its checksum; a
+    bytes-batch-v3 chunk stays in its columns (decoded on first use)."""
+    if encoding != columnar.ENCODING_V3:
+        return decode_chunk(data, chunk, encoding)
+    codec.verify_body(data, chunk.crc32c)
+    count = chunk.end_record - chunk.first_record
+    layout = columnar.read_columns(data, 0, len(data), count)
+    return RecordBatch(data, encoding, count, layout.payload_bytes, layout)
 
 
 def decode_chunk(data: bytes | memoryview, chunk: Chunk, encoding: str) -> list[Payload]:

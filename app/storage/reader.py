@@ -24,6 +24,7 @@ have removed); only then is the error reported. Nothing is ever skipped silently
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -33,20 +34,20 @@ from cachetools import LRUCache
 
 from app.errors import CorruptData, LlogError, LogGap, ObjectMissing, OffsetOutOfRange
 from app.storage import codec, columnar
-from app.storage.batch import RecordBatch
-from app.storage.chunks import chunk_index, decode_chunk
+from app.storage.batch import RecordBatch, records_size
+from app.storage.chunks import chunk_index, chunk_records
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.log_record import Payload, payload_size
+from app.storage.log_record import Payload
 from app.storage.oxia_store import OxiaStore, Record
 from app.storage.records import CompactionCursor, Control
-from app.storage.runs import Run, RunRecords, records_bytes, take
+from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
 from app.storage.s3 import S3Store
 from app.storage.spans import Span, index_span
 
 _FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
 MAX_STRAYS_SKIPPED = 10_000  # beyond this, an uncovered offset is reported as a gap
 _UNLIMITED = 1 << 62
-Records = list[Payload]
+Records = Sequence[Payload]
 _Job = tuple[Callable[[], Awaitable[None]], list["_Unit"]]
 
 
@@ -108,7 +109,11 @@ class ObjectCache:
         return item[0]
 
     def put(self, key: str, records: Records, part: int = -1) -> None:
-        size = sum(payload_size(r) for r in records) + 64 * len(records)  # + overhead
+        # Decoded records cost their bytes and an object each; a body kept in its
+        # columns costs its bytes, and as much again once someone decodes it.
+        size = records_size(records) + 64 * len(records)
+        if isinstance(records, RecordBatch):
+            size += len(records.body)
         if size <= self._max // 2:
             self._items[(key, part)] = (records, size)
 
@@ -272,24 +277,32 @@ class LogReader:
         return 1 if record is None else CompactionCursor.from_json(record.value).offset
 
     async def _control_and_page(self, tp: TopicPartition, offset: int
-                                ) -> tuple[Control | None, list[Record]]:
+                                ) -> tuple[Control | None, list[Record] | None]:
         """The control record and the first index page from ``offset``, read at once: a
         read of new records costs one Oxia round trip less. The page may predate the
         control record; :meth:`_index_from` reads on where it falls short."""
         control: Control | None = None
-        page: list[Record] = []
+        page: list[Record] | None = None
+        failed: LlogError | None = None
 
         async def read_control() -> None:
-            nonlocal control
-            control = await self.read_control(tp)
+            nonlocal control, failed
+            try:
+                control = await self.read_control(tp)
+            except LlogError as exc:  # the read fails as a sequential one would
+                failed = exc
+                tg.cancel_scope.cancel()
 
         async def read_page() -> None:
             nonlocal page
-            page = await self._index_page(tp, offset, _FIRST_PAGE)
+            with contextlib.suppress(LlogError):  # the walk reads it again
+                page = await self._index_page(tp, offset, _FIRST_PAGE)
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_control)
             tg.start_soon(read_page)
+        if failed is not None:
+            raise failed
         return control, page
 
     async def _index_page(self, tp: TopicPartition, start: int, limit: int) -> list[Record]:
@@ -428,11 +441,11 @@ class LogReader:
             data = memoryview(await self._s3.get_range(key, lo, hi - lo))
             for i in range(first, last + 1):
                 c = chunks[i]
-                records = decode_chunk(data[c.byte_offset - lo:c.byte_end - lo], c,
-                                       unit.span.entry.encoding)
+                records = chunk_records(data[c.byte_offset - lo:c.byte_end - lo], c,
+                                        unit.span.entry.encoding)
                 self.objects.put(key, records, i)
                 cached[i - first] = records
-        unit.records = [r for part in cached if part is not None for r in part]
+        unit.records = Pieces([part for part in cached if part is not None])
 
     async def _fetch_whole(self, key: str, group: list[_Unit]) -> None:
         entry = group[0].span.entry
@@ -558,17 +571,22 @@ def _assemble(plan: _Plan, remaining: list[int], *, first_of_answer: bool) -> Re
         assert unit.records is not None
         if unit.first_offset > nxt:
             break  # a hole after what we have: the next read reports it
-        first = nxt - unit.first_offset
-        if first >= len(unit.records):
-            continue
-        run, used = take(unit.records, first, nxt, unit.span.entry.created_at_ms,
-                         budget=budget - size,
-                         max_records=None if request.max_records is None
-                         else request.max_records - count,
-                         may_exceed=first_of_answer and count == 0)
-        taken.append(run)
-        size, count, nxt = size + used, count + len(run), nxt + len(run)
-        if run.stop < len(unit.records):
+        at = unit.first_offset
+        spent = False
+        for piece in pieces_of(unit.records):  # the chunks of a compacted blob
+            if at + len(piece) > nxt:
+                run, used = take(piece, nxt - at, nxt, unit.span.entry.created_at_ms,
+                                 budget=budget - size,
+                                 max_records=None if request.max_records is None
+                                 else request.max_records - count,
+                                 may_exceed=first_of_answer and count == 0)
+                taken.append(run)
+                size, count, nxt = size + used, count + len(run), nxt + len(run)
+                spent = run.stop < len(piece)
+                if spent:
+                    break
+            at += len(piece)
+        if spent:
             break  # a budget is spent
     remaining[0] -= size
     records = RunRecords(taken, size)

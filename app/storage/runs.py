@@ -99,6 +99,35 @@ def take(records: Sequence[Payload], first: int, offset: int, append_time_ms: in
         (cumulative[n - 1] if n else 0)
 
 
+class Pieces(Sequence[Payload]):
+    """The records of consecutive bodies as one sequence (the chunks of a compacted
+    blob): an answer takes runs of each piece."""
+
+    __slots__ = ("_flat", "pieces")
+
+    def __init__(self, pieces: list[Sequence[Payload]]) -> None:
+        self.pieces = pieces
+        self._flat: list[Payload] | None = None
+
+    def __len__(self) -> int:
+        return sum(len(p) for p in self.pieces)
+
+    @overload
+    def __getitem__(self, index: int) -> Payload: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[Payload]: ...
+
+    def __getitem__(self, index: int | slice) -> Payload | Sequence[Payload]:
+        if self._flat is None:
+            self._flat = [r for piece in self.pieces for r in piece]
+        return self._flat[index]
+
+
+def pieces_of(records: Sequence[Payload]) -> list[Sequence[Payload]]:
+    return records.pieces if isinstance(records, Pieces) else [records]
+
+
 class RunRecords(Sequence[Pair]):
     """An answer's records as runs: a ``Sequence[(offset, payload)]`` that decodes on
     first use, with its size, append times and offsets known without decoding."""
