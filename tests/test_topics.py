@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -104,6 +105,35 @@ async def test_auto_create_grows_a_topic_to_the_partition_named(stack: LocalStac
         assert (await http.get(f"/topics/{topic}")).json()["partitions"] == 2
         await http.post("/produce", json=produce_body(topic, "x", partition=6))
         assert (await http.get(f"/topics/{topic}")).json()["partitions"] == 7
+
+
+async def test_writes_to_many_new_partitions_at_once_grow_the_topic_without_a_fight(
+        stack: LocalStack, topic: str) -> None:
+    """Producers to 64 partitions of a topic that has one: the requests that grow it take
+    turns in a broker, each turn growing it as far as anyone waiting wants, so every
+    write lands and the topic record is not fought over (compare-and-set conflicts)."""
+    app: FastAPI = create_app(make_settings(stack))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://broker") as http:
+        await _produce_to(http, topic, 0)
+        registry = app.state.broker.registry
+
+        def conflicts() -> float:
+            return registry.get_sample_value(
+                "llog_oxia_puts_total", {"op": "cas", "outcome": "conflict"}) or 0.0
+
+        before = conflicts()
+        async with anyio.create_task_group() as tg:
+            for p in range(1, 64):
+                tg.start_soon(_produce_to, http, topic, p)
+        assert (await http.get(f"/topics/{topic}")).json()["partitions"] == 64
+        assert conflicts() - before < 10
+
+
+async def _produce_to(http: httpx.AsyncClient, topic: str, partition: int) -> None:
+    r = await http.post("/produce", json=produce_body(topic, f"p{partition}",
+                                                       partition=partition))
+    assert r.status_code == 200, r.text
 
 
 async def test_records_without_a_partition_go_where_their_key_says(stack: LocalStack,

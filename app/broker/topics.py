@@ -115,7 +115,7 @@ class TopicDirectory:
         if partition >= MAX_PARTITIONS:
             raise InvalidRequest(f"partition {partition} is beyond the {MAX_PARTITIONS} "
                                  "partitions a topic may have")
-        grown = await self.catalog.update(found.name, min_partitions=partition + 1)
+        grown = await self.catalog.grow(found.name, partition + 1)
         self._cache[found.name] = (grown, time.monotonic())
         return grown
 

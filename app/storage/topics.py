@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from dataclasses import dataclass
 from typing import Any
+
+import anyio
+from cachetools import LRUCache
 
 from app.errors import CorruptData, InvalidRequest, TopicExists, UnknownTopic, VersionMismatch
 from app.storage.cas import Done, Retry, cas_loop
@@ -82,9 +86,15 @@ def check_partitions(partitions: object) -> int:
 
 
 class TopicCatalog:
-    def __init__(self, oxia: OxiaStore, layout: KeyLayout) -> None:
+    def __init__(self, oxia: OxiaStore, layout: KeyLayout, *,
+                 max_growing: int = 10_000) -> None:
         self._oxia = oxia
         self._layout = layout
+        # Growth of a topic's partition count, one compare-and-set at a time per topic
+        # (see grow): the locks, and the most partitions any waiter wants.
+        self._grow_locks: weakref.WeakValueDictionary[str, anyio.Lock] = (
+            weakref.WeakValueDictionary())
+        self._wanted: LRUCache[str, int] = LRUCache(max_growing)
 
     def _key(self, topic: str) -> str:
         return self._layout.topic_record(validate_topic(topic))
@@ -131,7 +141,23 @@ class TopicCatalog:
         found = await self.ensure(topic, partition + 1)
         if partition < found.partitions:
             return found
-        return await self.update(topic, min_partitions=partition + 1)
+        return await self.grow(topic, partition + 1)
+
+    async def grow(self, topic: str, min_partitions: int) -> Topic:
+        """The topic with at least ``min_partitions`` partitions.
+
+        Writers to many new partitions of one topic all want its one record changed: at
+        once, their compare-and-sets would mostly fail and retry against each other. In
+        this process they take turns instead, and a turn grows the topic to the most any
+        waiter wants, so a burst costs one write, and the waiters after it one read."""
+        check_partitions(min_partitions)
+        self._wanted[topic] = max(self._wanted.get(topic, 0), min_partitions)
+        lock = self._grow_locks.get(topic)
+        if lock is None:
+            lock = self._grow_locks[topic] = anyio.Lock()
+        async with lock:
+            target = max(self._wanted.pop(topic, 0), min_partitions)
+            return await self.update(topic, min_partitions=target)
 
     async def update(self, topic: str, *, partitions: int | None = None,
                      min_partitions: int | None = None,
@@ -144,6 +170,8 @@ class TopicCatalog:
             if current is None:
                 raise UnknownTopic(f"topic {topic!r} does not exist")
             count = max(current.partitions, check_partitions(min_partitions or 1))
+            if partitions is None and config is None and count == current.partitions:
+                return Done(current)  # as large as wanted already: nothing to write
             if partitions is not None:
                 if check_partitions(partitions) < current.partitions:
                     raise InvalidRequest(f"topic {topic!r} has {current.partitions} "
