@@ -128,7 +128,7 @@ def main() -> int:
         stack = LocalStack(StackConfig.ephemeral(Path(tmp) / "stack", oxia_shards=1))
         stack.start()
         try:
-            address = stack.config.oxia_address
+            address = stack.oxia_address
             print(f"single-put Oxia writes, {args.writes} per row, {args.concurrency} at a "
                   "time, one Oxia server on loopback; CPU = this process, threads included")
             for _ in range(args.rounds):
