@@ -47,6 +47,11 @@ class RecordBatch(Sequence[Payload]):
                    sum(payload_size(p) for p in decoded), None, decoded)
 
     @classmethod
+    def of_columns(cls, body: bytes | memoryview, layout: columnar.Columns) -> RecordBatch:
+        """A checked bytes-batch-v3 body, kept in its columns (decoded on first use)."""
+        return cls(body, columnar.ENCODING_V3, layout.count, layout.payload_bytes, layout)
+
+    @classmethod
     def of_values(cls, values: list[bytes]) -> RecordBatch:
         """Plain records (the common JSON request): no per-record checks needed."""
         body, lengths = columnar.encode_values(values)
@@ -64,7 +69,7 @@ class RecordBatch(Sequence[Payload]):
             layout = columnar.read_columns(body)
             if layout.append_times is not None:
                 raise CorruptData("append times are the broker's to set")
-            return cls(body, encoding, layout.count, layout.payload_bytes, layout)
+            return cls.of_columns(body, layout)
         decoded = codec.decode_body(body, encoding)
         if any(not isinstance(p, bytes) and p.append_time_ms for p in decoded):
             raise CorruptData("append times are the broker's to set")

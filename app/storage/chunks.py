@@ -109,9 +109,8 @@ def chunk_records(data: bytes | memoryview, chunk: Chunk, encoding: str
     if encoding != columnar.ENCODING_V3:
         return decode_chunk(data, chunk, encoding)
     codec.verify_body(data, chunk.crc32c)
-    count = chunk.end_record - chunk.first_record
-    layout = columnar.read_columns(data, 0, len(data), count)
-    return RecordBatch(data, encoding, count, layout.payload_bytes, layout)
+    layout = columnar.read_columns(data, 0, len(data), chunk.end_record - chunk.first_record)
+    return RecordBatch.of_columns(data, layout)
 
 
 def decode_chunk(data: bytes | memoryview, chunk: Chunk, encoding: str) -> list[Payload]:

@@ -471,7 +471,7 @@ def _batch(body: memoryview, encoding: str, count: int) -> Sequence[Payload]:
     if layout.count != count:
         raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index says "
                           f"{count}")
-    return RecordBatch(body, encoding, count, layout.payload_bytes, layout)
+    return RecordBatch.of_columns(body, layout)
 
 
 def _min(a: int | None, b: int | None) -> int | None:

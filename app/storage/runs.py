@@ -161,7 +161,7 @@ class RunRecords(Sequence[Pair]):
 
     def counted_bytes(self) -> int:
         """Bytes toward ``min_bytes``: an empty record counts one."""
-        return self.size + sum(list(run.sizes()).count(0) for run in self.runs)
+        return self.size + sum(run.sizes().count(0) for run in self.runs)
 
     def within(self, budget: int, *, first_of_answer: bool) -> RunRecords:
         """The leading records within ``budget`` bytes (with ``first_of_answer``, the
