@@ -112,11 +112,14 @@ async def test_a_data_server_lost_and_back_under_load_loses_nothing(
     assert figures["first_ack_after_failure_ms"] < 10_000
 
 
-def _leader_index(stack: LocalStack, client: Any, partition_key: str) -> int:
+def _leader_index(stack: LocalStack, client: Any, partition_key: str) -> int | None:
+    """The data server leading the key's shard, as the client last heard; None while the
+    shard has no leader (its assignment names none during an election)."""
     assert stack.oxia_cluster is not None
     discovery = client._service_discovery
     leader = discovery.leaders()[discovery.get_shard(partition_key).shard]
-    return [n.public for n in stack.oxia_cluster.nodes].index(leader)
+    publics = [n.public for n in stack.oxia_cluster.nodes]
+    return publics.index(leader) if leader in publics else None
 
 
 async def _seconds_until(probe: Any) -> float:
@@ -154,8 +157,9 @@ async def compactors(stack: LocalStack, tp: TopicPartition) -> AsyncIterator[Com
         mine, theirs = Claims(a.oxia, a.layout, "a"), Claims(b.oxia, b.layout, "b")
         version = await mine.acquire(tp)
         assert version is not None
-        yield Compactors(b, mine, theirs, version,
-                         _leader_index(stack, b.oxia.client, tp.partition_key))
+        victim = _leader_index(stack, b.oxia.client, tp.partition_key)
+        assert victim is not None
+        yield Compactors(b, mine, theirs, version, victim)
 
 
 async def test_a_claim_outlives_its_leaders_death(cluster: LocalStack,
@@ -167,8 +171,8 @@ async def test_a_claim_outlives_its_leaders_death(cluster: LocalStack,
         cluster.oxia_cluster.kill(c.victim)
         try:
             async def moved() -> bool:
-                return _leader_index(cluster, c.engine.oxia.client,
-                                     tp.partition_key) != c.victim
+                leader = _leader_index(cluster, c.engine.oxia.client, tp.partition_key)
+                return leader is not None and leader != c.victim
             with anyio.fail_after(30):
                 await _seconds_until(moved)
             # Well past the session timeout (3 s): the keep-alives reach the new leader.
