@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_fastapi_instrumentator import Instrumentator
+from prometheus_fastapi_instrumentator import metrics as http_metrics
+from starlette.middleware import Middleware
 
 from app.auth.control import AccessControl, run_access_control
 from app.broker.state import BrokerState, run_broker
@@ -17,6 +19,7 @@ from app.drain import drain_on_sigterm as draining
 from app.routes import consume, groups, health, metrics, offsets, produce, stream, topics
 from app.routes.access import AccessMiddleware
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
+from app.routes.hot_lane import HotLane
 from app.routes.models import ProduceRequest
 from app.routes.openapi import install_openapi
 from app.routes.openapi_auth import declare_bearer_auth
@@ -58,21 +61,41 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     # an included router costs a route-resolution layer on every request.
     for module in (produce, consume, stream, offsets, topics, groups, health, metrics):
         app.router.routes.extend(module.router.routes)
-    if control is not None:  # innermost: the HTTP metrics count its refusals
-        app.add_middleware(AccessMiddleware, control=control, log_requests=settings.access_log)
-    Instrumentator(
-        registry=state.registry,
-        excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
-        should_group_status_codes=False,
-    ).instrument(app, metric_namespace="llog")
     # The produce route parses its body itself, so FastAPI does not name its model.
     install_openapi(app, extra_models=[ProduceRequest], finish=None if control is None
                     else functools.partial(declare_bearer_auth, settings=settings))
-    app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
-    # Outside the rest, so an oversized body is refused before anything reads it.
-    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
-    # Every answer, refusals included, carries the request's id.
-    app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
+    _install_middleware(app, settings, state, control)
+    return app
+
+
+def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
+                        control: AccessControl | None) -> None:
+    """From the innermost: access control, HTTP metrics, the edge (request id, body
+    limit, draining), the hot lane (app/routes/hot_lane.py: produce served by the same
+    pieces without the framework's layers), CORS."""
+    access = (Middleware(AccessMiddleware, control=control, log_requests=settings.access_log)
+              if control is not None else None)
+    if access is not None:  # innermost: the HTTP metrics count its refusals
+        app.add_middleware(access.cls, *access.args, **access.kwargs)
+    instrumentator = Instrumentator(
+        registry=state.registry,
+        excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
+        should_group_status_codes=False,
+    )
+    # Made here rather than by the middleware, so that the hot lane records the same series.
+    instrumentator.add(http_metrics.default(metric_namespace="llog", registry=state.registry))
+    instrumentator.instrument(app, metric_namespace="llog")
+    edge = [
+        # Every answer, refusals included, carries the request's id.
+        Middleware(RequestIdMiddleware, max_length=settings.request_id_max_length),
+        # Outside the rest, so an oversized body is refused before anything reads it.
+        Middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes),
+        Middleware(CloseWhileDraining, draining=lambda: state.status == "stopping"),
+    ]
+    for middleware in reversed(edge):  # added innermost first
+        app.add_middleware(middleware.cls, *middleware.args, **middleware.kwargs)
+    app.add_middleware(HotLane, routes={"/produce": produce.produce}, edge=edge,
+                       access=access, instrumentations=instrumentator.instrumentations)
     if settings.cors_allow_origins:  # outermost: preflights and refusals carry CORS headers
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_allow_origins),
@@ -80,7 +103,6 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
             allow_headers=["authorization", "content-type", "x-request-id"],
             expose_headers=["retry-after", "www-authenticate", "x-request-id"],
             max_age=settings.cors_max_age_s)
-    return app
 
 
 def create_app_from_env() -> FastAPI:

@@ -116,6 +116,26 @@ async def through_grpc_aio(address: str, writes: int, concurrency: int, pb: Any,
         return await _timed(writes, concurrency, write)
 
 
+async def through_grpc_aio_betterproto(address: str, writes: int, concurrency: int
+                                       ) -> dict[str, float]:
+    """grpc.aio with the ``oxia`` package's own (pure-Python) messages: no stubs to build."""
+    import grpc
+    from oxia.internal.proto.io.streamnative.oxia import proto as pb
+
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary("/io.streamnative.oxia.proto.OxiaClient/Write",
+                                   request_serializer=pb.WriteRequest.SerializeToString,
+                                   response_deserializer=pb.WriteResponse.FromString)
+
+        async def write(key: str) -> None:
+            answer = await call(pb.WriteRequest(shard=0, puts=[pb.PutRequest(
+                key=key, value=VALUE, partition_key="bench")]), timeout=10)
+            if answer.puts[0].status != pb.Status.OK:
+                raise RuntimeError(f"write refused: {answer}")
+
+        return await _timed(writes, concurrency, write)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,7 +156,10 @@ def main() -> int:
                         ("oxia package, worker threads",
                          through_package(address, args.writes, args.concurrency)),
                         ("grpc.aio, C protobuf",
-                         through_grpc_aio(address, args.writes, args.concurrency, pb, pbg))):
+                         through_grpc_aio(address, args.writes, args.concurrency, pb, pbg)),
+                        ("grpc.aio, the package's messages",
+                         through_grpc_aio_betterproto(address, args.writes,
+                                                      args.concurrency))):
                     row = asyncio.run(run)
                     print(f"  {name:30s} {row['writes_per_s']:8,.0f} writes/s "
                           f"{row['cpu_us_per_write']:7,.0f} us CPU per write")

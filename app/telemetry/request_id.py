@@ -12,8 +12,10 @@ served).
 
 from __future__ import annotations
 
+import itertools
+import os
 import re
-import uuid
+from collections.abc import Iterator
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -31,17 +33,25 @@ def accepted_id(value: bytes | None, max_length: int) -> str | None:
     return text if _ALLOWED.fullmatch(text) else None
 
 
+def id_generator() -> Iterator[str]:
+    """Fresh ids: 32 hex digits, a random prefix per generator and a counter. Unique
+    enough to trace by, and no system call per request (a UUID4 takes one)."""
+    prefix = os.urandom(8).hex()
+    return (f"{prefix}{n:016x}" for n in itertools.count())
+
+
 class RequestIdMiddleware:
     def __init__(self, app: ASGIApp, max_length: int) -> None:
         self.app = app
         self.max_length = max_length
+        self._fresh = id_generator()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         given = next((v for k, v in scope.get("headers", ()) if k == HEADER), None)
-        request_id = accepted_id(given, self.max_length) or uuid.uuid4().hex
+        request_id = accepted_id(given, self.max_length) or next(self._fresh)
         token = REQUEST_FIELDS.set({"request_id": request_id, "method": scope.get("method", ""),
                                     "path": scope.get("path", "")})
 

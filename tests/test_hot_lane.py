@@ -1,0 +1,131 @@
+"""The hot lane (app/routes/hot_lane.py): POST /produce served by a short chain that keeps
+every behaviour of the full stack: request ids, the body limit, access control, the
+app's error answers and the HTTP metrics (counted once)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from prometheus_client import CollectorRegistry
+from prometheus_fastapi_instrumentator import metrics as http_metrics
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from app.errors import UnknownTopic
+from app.factory import create_app
+from app.localstack.stack import LocalStack
+from app.routes.errors import BodyLimitMiddleware, install_error_handlers
+from app.routes.hot_lane import HotLane
+from app.telemetry.request_id import RequestIdMiddleware
+from tests.helpers.bodies import consume_body, produce_body
+from tests.helpers.stack import make_settings
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    return registry.get_sample_value(name, labels) or 0.0
+
+
+class _Inner:
+    """The rest of the app: records what reached it."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.seen.append((scope["method"], scope["path"]))
+        await JSONResponse({"from": "app"})(scope, receive, send)
+
+
+async def _answer(request: Request) -> Response:
+    body = await request.body()
+    if body == b"unknown":
+        raise UnknownTopic("topic nope does not exist")
+    if body == b"bug":
+        raise RuntimeError("a bug")
+    return JSONResponse({"from": "lane", "bytes": len(body)})
+
+
+@contextlib.asynccontextmanager
+async def _lane(registry: CollectorRegistry) -> AsyncIterator[tuple[httpx.AsyncClient, _Inner]]:
+    inner = _Inner()
+    app = FastAPI()
+    install_error_handlers(app)
+    app.router.routes.clear()
+    instrumentation = http_metrics.default(metric_namespace="t", registry=registry)
+    assert instrumentation is not None
+    lane = HotLane(inner, routes={"/produce": _answer}, access=None,
+                   edge=[Middleware(RequestIdMiddleware, max_length=64),
+                         Middleware(BodyLimitMiddleware, max_bytes=100)],
+                   instrumentations=[instrumentation])
+
+    async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
+        scope["app"] = app  # as Starlette sets it before its middleware runs
+        await lane(scope, receive, send)
+
+    transport = httpx.ASGITransport(app=asgi, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://lane") as client:
+        yield client, inner
+
+
+async def test_only_posts_to_a_hot_path_take_the_lane() -> None:
+    registry = CollectorRegistry()
+    async with _lane(registry) as (client, inner):
+        served = await client.post("/produce", content=b"abc")
+        assert served.json() == {"from": "lane", "bytes": 3}
+        for method, path in (("GET", "/produce"), ("POST", "/produce/"),
+                             ("POST", "/consume")):
+            r = await client.request(method, path)
+            assert r.json() == {"from": "app"}, (method, path)
+    assert inner.seen == [("GET", "/produce"), ("POST", "/produce/"), ("POST", "/consume")]
+
+
+async def test_the_lane_keeps_the_edge_errors_and_metrics() -> None:
+    registry = CollectorRegistry()
+    async with _lane(registry) as (client, _):
+        ok = await client.post("/produce", content=b"abc", headers={"X-Request-ID": "r-1"})
+        refused = await client.post("/produce", content=b"unknown")
+        too_big = await client.post("/produce", content=b"x" * 101)
+        bug = await client.post("/produce", content=b"bug")
+    assert ok.status_code == 200 and ok.headers["x-request-id"] == "r-1"
+    assert refused.status_code == 404
+    assert refused.json()["error_type"] == "UnknownTopic"
+    assert "x-request-id" in refused.headers
+    assert too_big.status_code == 413 and too_big.json()["error_type"] == "PayloadTooLarge"
+    assert bug.status_code == 500  # not taken by a handler: the server's error answer
+    for status, count in (("200", 1), ("404", 1), ("500", 1),
+                          ("413", 0)):  # refused at the edge, as in the stack
+        assert _sample(registry, "t_http_requests_total", method="POST", status=status,
+                       handler="/produce") == count, status
+    assert _sample(registry, "t_http_request_size_bytes_sum", handler="/produce") == 3 + 7 + 3
+    assert _sample(registry, "t_http_response_size_bytes_count", handler="/produce") == 3
+
+
+@pytest.mark.stack
+async def test_the_broker_counts_a_produce_once_with_the_same_labels(
+        stack: LocalStack, topic: str) -> None:
+    app = create_app(make_settings(stack))
+    registry = app.state.broker.registry
+    before = {s: _sample(registry, "llog_http_requests_total", method="POST", status=s,
+                         handler="/produce") for s in ("200", "400")}
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
+        written = await client.post("/produce", json=produce_body(topic, "a"),
+                                    headers={"X-Request-ID": "hot-1"})
+        invalid = await client.post("/produce", content=b"{", headers={
+            "content-type": "application/json"})
+        consumed = await client.post("/consume", json=consume_body(topic))
+    assert written.status_code == 200 and written.headers["x-request-id"] == "hot-1"
+    assert invalid.status_code == 400 and invalid.json()["error_type"] == "InvalidRequest"
+    assert consumed.status_code == 200
+    after: dict[str, Any] = {s: _sample(registry, "llog_http_requests_total", method="POST",
+                                        status=s, handler="/produce") for s in before}
+    assert {s: after[s] - before[s] for s in before} == {"200": 1, "400": 1}
+    assert _sample(registry, "llog_http_requests_total", method="POST", status="200",
+                   handler="/consume") >= 1
