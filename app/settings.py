@@ -213,6 +213,12 @@ class Settings(BaseSettings):
     # Compacted blobs carry a chunk table with a row about every this many bytes, so a
     # reader fetches only the chunks it needs (app/storage/chunks.py).
     compaction_chunk_bytes: int = Field(default=1024 * 1024, ge=4096)
+    # Compacted blobs: bytes-batch-v3 bodies, one per chunk, which a read cuts without
+    # decoding (bytes-batch-v2 when a record has headers); or bytes-batch-v2 always, which
+    # releases before bytes-batch-v3-chunked read: set it during a rolling upgrade from
+    # such a release until every reader understands the new encoding.
+    compaction_encoding: Literal["bytes-batch-v3-chunked", "bytes-batch-v2"] = (
+        "bytes-batch-v3-chunked")
     compaction_max_entries: int = Field(default=1000, ge=2)
     compaction_min_entries: int = Field(default=2, ge=2)
     compaction_min_entry_age_ms: int = Field(default=30_000, ge=0)

@@ -327,11 +327,15 @@ def test_deep_audit_decodes_every_encoding(stack: LocalStack, spark: Any, topic:
             records = sample_records(f"r{i}", 4) if i % 2 else _rec(f"p{i}", 3)
             await append(e, [(tp, records), (plain, _rec(f"q{i}", 2))])
         await compact_entries(e, tp, 4)  # a v2 compacted body, in chunks
+        await compact_entries(e, plain, 4)  # no headers: bytes-batch-v3-chunked
 
     run(settings, build)
     rows = run(settings, lambda e: index_rows(e, tp))
     assert {(entry.type, entry.encoding) for _, entry, _ in rows} == {
         ("COMPACTED", "bytes-batch-v2"), ("WAL", "bytes-batch-v3"), ("WAL", "bytes-batch-v2")}
+    assert {(entry.type, entry.encoding) for _, entry, _ in run(
+        settings, lambda e: index_rows(e, plain))} == {
+        ("COMPACTED", "bytes-batch-v3-chunked"), ("WAL", "bytes-batch-v3")}
     clean = _audit(spark, settings, tmp_path / "clean", deep=True)
     assert clean.exit_code == 0, clean.summary
     assert clean.summary["records_verified"] == clean.summary["records"] == 12 + 16 + 16

@@ -36,6 +36,7 @@ from app.compaction.assemble import build_compacted_body
 from app.compaction.metrics import CompactionMetrics
 from app.errors import CorruptData, LlogError, LogGap, VersionMismatch
 from app.settings import Settings
+from app.storage import codec
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.chunks import DEFAULT_CHUNK_BYTES
 from app.storage.keys import KeyLayout, TopicPartition
@@ -80,6 +81,7 @@ class CompactionConfig:
     fetch_concurrency: int = 16
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     commit_horizon_ms: int = 1_800_000
+    encoding: str = codec.ENCODING_V3_CHUNKED
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompactionConfig:
@@ -90,6 +92,7 @@ class CompactionConfig:
             min_entry_age_ms=settings.compaction_min_entry_age_ms,
             chunk_bytes=settings.compaction_chunk_bytes,
             commit_horizon_ms=settings.retry_horizon_safe_ms,
+            encoding=settings.compaction_encoding,
         )
 
 
@@ -232,7 +235,7 @@ class Compactor:
         with self._stage("read_write_blob"):
             merged = await build_compacted_body(
                 self._s3, self._layout, run, concurrency=self._config.fetch_concurrency,
-                chunk_bytes=self._config.chunk_bytes)
+                chunk_bytes=self._config.chunk_bytes, encoding=self._config.encoding)
             object_key = self._layout.compacted_object(tp, uuid.uuid4().hex)
             await self._s3.put(object_key, merged.body)
         await self._step("after_compacted_put")

@@ -38,6 +38,10 @@ ENCODING_V1 = "bytes-batch-v1"
 ENCODING_V2 = "bytes-batch-v2"
 ENCODING_V3 = columnar.ENCODING_V3
 ENCODINGS = (ENCODING_V1, ENCODING_V2, ENCODING_V3)
+# COMPACTED entries only: a count, then bytes-batch-v3 bodies back to back, one per row
+# of the entry's chunk table (docs/protocol.md, Encodings).
+ENCODING_V3_CHUNKED = "bytes-batch-v3-chunked"
+ENTRY_ENCODINGS = (*ENCODINGS, ENCODING_V3_CHUNKED)
 
 
 def encoded_batch_size(records: Sequence[bytes]) -> int:
@@ -205,10 +209,12 @@ def v2_parts(body: bytes | memoryview, encoding: str, append_time_ms: int
     """The records of a decoded-valid ``body`` as bytes-batch-v2 record bytes (without
     the count), each carrying its append time: its own, or ``append_time_ms`` for one
     that has none (every bytes-batch-v1 record). Record bytes are not copied."""
-    if encoding == ENCODING_V3:  # columns: re-encoded record by record
+    if encoding in (ENCODING_V3, ENCODING_V3_CHUNKED):  # re-encoded record by record
+        bodies = (chunked_bodies(body) if encoding == ENCODING_V3_CHUNKED
+                  else [columnar.read_columns(body)])
         timed = [p if isinstance(p, bytes) or p.append_time_ms else
                  dataclasses.replace(p, append_time_ms=append_time_ms)
-                 for p in columnar.decode(columnar.read_columns(body))]
+                 for c in bodies for p in columnar.decode(c)]
         return [_V2_HEAD.pack(9 + len(p), 0, append_time_ms) + p if isinstance(p, bytes)
                 else _record_v2(p) for p in timed]
     view = memoryview(body)
@@ -239,6 +245,29 @@ def encode_body(payloads: Sequence[Payload]) -> tuple[bytes, str]:
     return encode_batch_v2(payloads), ENCODING_V2
 
 
+def chunked_bodies(body: bytes | memoryview, expected_count: int | None = None
+                   ) -> list[columnar.Columns]:
+    """The checked bytes-batch-v3 bodies of a bytes-batch-v3-chunked body, in order."""
+    view = memoryview(body)
+    if len(view) < 4:
+        raise CorruptData("bytes-batch-v3-chunked body is shorter than its count")
+    (total,) = _U32.unpack_from(view, 0)
+    if expected_count is not None and total != expected_count:
+        raise CorruptData(f"bytes-batch-v3-chunked holds {total} records, the index says "
+                          f"{expected_count}")
+    out: list[columnar.Columns] = []
+    pos, seen = 4, 0
+    while pos < len(view):
+        end = columnar.body_end(view, pos)
+        out.append(columnar.read_columns(view, pos, end))
+        seen += out[-1].count
+        pos = end
+    if seen != total:
+        raise CorruptData(f"bytes-batch-v3-chunked bodies hold {seen} records, its count "
+                          f"says {total}")
+    return out
+
+
 def decode_body(body: bytes | memoryview, encoding: str,
                 expected_count: int | None = None) -> list[Payload]:
     if encoding == ENCODING_V1:
@@ -251,7 +280,10 @@ def decode_body(body: bytes | memoryview, encoding: str,
             raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index "
                               f"says {expected_count}")
         return columnar.decode(layout)
-    raise CorruptData(f"encoding {encoding!r} is not one this release reads {ENCODINGS}")
+    if encoding == ENCODING_V3_CHUNKED:
+        return [p for c in chunked_bodies(body, expected_count) for p in columnar.decode(c)]
+    raise CorruptData(f"encoding {encoding!r} is not one this release reads "
+                      f"{ENTRY_ENCODINGS}")
 
 
 def decode_records(view: memoryview, pos: int, end: int, count: int, encoding: str

@@ -127,6 +127,28 @@ def read_columns(body: bytes | memoryview, pos: int = 0, end: int | None = None,
                    pos + value_bytes, end)
 
 
+def body_end(body: bytes | memoryview, pos: int = 0) -> int:
+    """Where the bytes-batch-v3 body starting at ``pos`` ends, from its header and length
+    columns (a body among others, as in a chunked compacted blob); checked only as far as
+    its extent: :func:`read_columns` of ``[pos, end)`` checks the rest."""
+    view = memoryview(body)
+    if len(view) - pos < _HEAD.size:
+        raise CorruptData("bytes-batch-v3 body is shorter than its header")
+    count, columns = _HEAD.unpack_from(view, pos)
+    if columns & ~_KNOWN:
+        raise CorruptData(f"bytes-batch-v3 has unknown columns {columns:#x}")
+    at: int = pos + _HEAD.size
+    values, at = _table(view, at, count, "I", len(view), "value length")
+    extent = sum(values)
+    if columns & KEYS:
+        keys, at = _table(view, at, count, "i", len(view), "key length")
+        extent += sum(keys) + keys.count(NO_KEY)
+    at += 8 * int(count) * (bool(columns & TIMESTAMPS) + bool(columns & APPEND_TIMES))
+    if at + extent > len(view):
+        raise CorruptData("bytes-batch-v3 body overruns what holds it")
+    return at + extent
+
+
 def _starts(lengths: Sequence[int], at: int) -> list[int]:
     return list(accumulate(lengths, initial=at))
 

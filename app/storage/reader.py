@@ -141,6 +141,8 @@ class _Unit:
     chunk_range: tuple[int, int] | None = None  # first and last chunk, for chunked blobs
     records: Sequence[Payload] | None = None  # a RecordBatch for a bytes-batch-v3 slice
     error: LlogError | None = None
+    # Each chunk's records, as cached or fetched (chunked blobs; whole once all are in).
+    chunks: list[Sequence[Payload] | None] | None = None
 
 
 @dataclass
@@ -392,6 +394,10 @@ class LogReader:
         async with anyio.create_task_group() as tg:
             for job, group in self._jobs(units):
                 tg.start_soon(run, job, group)
+        for unit in units:
+            parts = unit.chunks
+            if parts is not None and unit.error is None and unit.records is None:
+                unit.records = Pieces([part for part in parts if part is not None])
 
     def _jobs(self, units: list[_Unit]) -> list[_Job]:
         slices: dict[str, list[_Unit]] = {}
@@ -402,7 +408,7 @@ class LogReader:
             if unit.span.entry.byte_offset is not None:
                 slices.setdefault(key, []).append(unit)
             elif unit.chunk_range is not None:
-                jobs.append((functools.partial(self._fetch_chunks, key, unit), [unit]))
+                jobs.extend(self._chunk_jobs(key, unit))
             else:
                 wholes.setdefault(key, []).append(unit)
         for key, group in slices.items():
@@ -431,21 +437,34 @@ class LogReader:
             codec.verify_body(body, entry.crc32c)
             unit.records = _batch(body, entry.encoding, entry.msg_count)
 
-    async def _fetch_chunks(self, key: str, unit: _Unit) -> None:
+    def _chunk_jobs(self, key: str, unit: _Unit) -> list[_Job]:
+        """One ranged GET for the unit's chunks that are not cached (a previous read's
+        last chunk often is: its answer ended inside it)."""
         chunks = unit.span.chunks
         assert chunks is not None and unit.chunk_range is not None
         first, last = unit.chunk_range
-        cached = [self.objects.get(key, i) for i in range(first, last + 1)]
-        if any(c is None for c in cached):
-            lo, hi = chunks[first].byte_offset, chunks[last].byte_end
-            data = memoryview(await self._s3.get_range(key, lo, hi - lo))
-            for i in range(first, last + 1):
-                c = chunks[i]
-                records = chunk_records(data[c.byte_offset - lo:c.byte_end - lo], c,
-                                        unit.span.entry.encoding)
-                self.objects.put(key, records, i)
-                cached[i - first] = records
-        unit.records = Pieces([part for part in cached if part is not None])
+        unit.chunks = [self.objects.get(key, i) for i in range(first, last + 1)]
+        missing = [i for i in range(first, last + 1) if unit.chunks[i - first] is None]
+        if not missing:
+            return []
+        return [(functools.partial(self._fetch_chunks, key, unit, missing[0], missing[-1]),
+                 [unit])]
+
+    async def _fetch_chunks(self, key: str, unit: _Unit, first: int, last: int) -> None:
+        """Chunks ``first .. last`` of a unit's blob, in one ranged GET, into its parts."""
+        chunks = unit.span.chunks
+        assert chunks is not None and unit.chunks is not None and unit.chunk_range is not None
+        lo, hi = chunks[first].byte_offset, chunks[last].byte_end
+        data = memoryview(await self._s3.get_range(key, lo, hi - lo))
+        encoding = unit.span.entry.encoding
+        for i in range(first, last + 1):
+            c = chunks[i]
+            body = data[c.byte_offset - lo:c.byte_end - lo]
+            if encoding in _KEPT_AS_COLUMNS and len(body) != len(data):
+                body = memoryview(bytes(body))  # a cached chunk must not pin the range
+            records = chunk_records(body, c, encoding)
+            self.objects.put(key, records, i)
+            unit.chunks[i - unit.chunk_range[0]] = records
 
     async def _fetch_whole(self, key: str, group: list[_Unit]) -> None:
         entry = group[0].span.entry
@@ -460,6 +479,10 @@ class LogReader:
                 raise CorruptData(f"{key} holds {len(records)} records, the index says "
                                   f"{unit.span.entry.msg_count}")
             unit.records = records
+
+
+# Chunks whose records stay views of their bytes (the others are decoded into copies).
+_KEPT_AS_COLUMNS = (columnar.ENCODING_V3, codec.ENCODING_V3_CHUNKED)
 
 
 def _batch(body: memoryview, encoding: str, count: int) -> Sequence[Payload]:

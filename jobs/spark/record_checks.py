@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import get_args
 
 from app.errors import InvalidRequest
-from app.storage.codec import ENCODINGS
+from app.storage.codec import ENTRY_ENCODINGS
 from app.storage.keys import KeyLayout
 from app.storage.records import (
     Compaction,
@@ -50,8 +50,8 @@ def _optional_integers(record: object, names: tuple[str, ...]) -> list[str]:
 
 def _data_problems(data_key: object, encoding: object, crc32c: object) -> list[str]:
     out = []
-    if encoding not in ENCODINGS:
-        out.append(f"encoding {encoding!r} is not one this release reads {ENCODINGS}")
+    if encoding not in ENTRY_ENCODINGS:
+        out.append(f"encoding {encoding!r} is not one this release reads {ENTRY_ENCODINGS}")
     if crc32c is not None and not _is_int(crc32c, 0, _U32_MAX):
         out.append(f"crc32c {crc32c!r} is not an unsigned 32-bit integer")
     if not isinstance(data_key, str):
