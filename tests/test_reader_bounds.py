@@ -196,3 +196,42 @@ async def test_strays_never_surface_as_errors(stack: LocalStack, tp: TopicPartit
         assert (outcome.start_offset, outcome.end_offset) == (1, 121)
         await _install_strays(e, tp, strays)
         assert await read_all(e, tp) == {**acked, 121: b"r-0-0"}
+
+
+def _range_gets(e: Engine) -> float:
+    value = e.metrics.registry.get_sample_value(
+        "llog_s3_requests_total", {"op": "range_get", "outcome": "ok"})
+    return value or 0.0
+
+
+async def test_a_read_inside_a_compacted_blob_reads_the_next_chunks_ahead(
+        stack: LocalStack, tp: TopicPartition) -> None:
+    settings = compaction_settings(stack, compaction_chunk_bytes=4096)
+    async with open_engine(settings) as e:
+        acked = await _compacted_partition(e, tp, batches=40, per_batch=50,
+                                           chunk_bytes=4096)
+        (compacted,) = [x for _, x in await index_entries(e, tp) if x.type == "COMPACTED"]
+        _, key = e.layout.parse_uri(compacted.data_key)
+        reader = LogReader(e.oxia, e.s3, e.layout, read_ahead=2)
+        async with anyio.create_task_group() as tg:
+            reader.ahead.run_in(tg)
+            offset, got, probes, served = 1, {}, 0, 0
+            while offset <= compacted.msg_count:
+                page = await reader.read(tp, offset, max_bytes=8192)
+                await reader.ahead.wait(key)  # what was started for the next read is in
+                got.update(page.records)
+                offset = page.next_offset
+                if offset <= compacted.msg_count:
+                    # The next read finds its first chunk cached: no GET of its own.
+                    gets = _range_gets(e)
+                    nxt = await reader.read(tp, offset, max_bytes=1)
+                    assert nxt.records and nxt.records[0][0] == offset
+                    probes += 1
+                    served += _range_gets(e) == gets
+                    await reader.ahead.wait(key)
+            tg.cancel_scope.cancel()
+        stats = reader.ahead.statistics()
+    assert got == acked
+    assert stats.started > 10 and stats.failed == 0 and stats.inflight == 0
+    assert served == probes > 10
+

@@ -50,6 +50,15 @@ READ_OBJECT_CACHE_FIGURES = (
 )
 
 
+READ_AHEAD_FIGURES = (
+    Figure("inflight", "Compacted blobs being read ahead (the chunks after a read)"),
+    Figure("max_inflight", "Most blobs read ahead at once (LLOG_READ_AHEAD_MAX_INFLIGHT)"),
+    Figure("started", "Read-aheads started", "counter"),
+    Figure("failed", "Read-aheads that failed (the next read fetched for itself)",
+           "counter"),
+)
+
+
 def tail_cache_figures(shared_dir: bool) -> tuple[Figure, ...]:
     """A tail cache in a directory shared by the workers is seen the same by each (the
     largest view is the server's); one in memory belongs to its worker (summed)."""

@@ -39,6 +39,7 @@ from app.storage.chunks import chunk_index, chunk_records
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
 from app.storage.oxia_store import OxiaStore, Record
+from app.storage.read_ahead import ReadAhead
 from app.storage.records import CompactionCursor, Control
 from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
 from app.storage.s3 import S3Store
@@ -117,6 +118,10 @@ class ObjectCache:
         if size <= self._max // 2:
             self._items[(key, part)] = (records, size)
 
+    def holds(self, key: str, part: int = -1) -> bool:
+        """Whether the cache has it (not counted as a lookup)."""
+        return (key, part) in self._items
+
     def statistics(self) -> ObjectCacheStats:
         items = self._items
         evictions = items.evictions if isinstance(items, _CountingLRU) else 0
@@ -157,13 +162,16 @@ class _Plan:
 class LogReader:
     def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout, *,
                  object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 32,
-                 max_concurrent_fetches: int = 64) -> None:
+                 max_concurrent_fetches: int = 64, read_ahead: int = 0) -> None:
         self._oxia = oxia
         self._s3 = s3
         self._layout = layout
         self.objects = ObjectCache(object_cache_bytes)
         self._fetch_concurrency = fetch_concurrency
         self._process_fetches = anyio.CapacityLimiter(max_concurrent_fetches)
+        # Chunks after a read stopped inside a compacted blob (app/storage/read_ahead.py),
+        # once given a task group; ``read_ahead`` blobs at most at once.
+        self.ahead = ReadAhead(read_ahead)
 
     async def read_control(self, tp: TopicPartition) -> Control | None:
         record = await self._oxia.get(self._layout.control(tp), tp.partition_key)
@@ -224,6 +232,8 @@ class LogReader:
         plans = await self._plan_all(requests, max_bytes, skip_strays)
         units = [u for p in plans if isinstance(p, _Plan) for u in p.units]
         await self._fetch(units)
+        for unit in units:
+            self._read_on(unit)
         return _assemble_all(plans, max_bytes, oversized_first)
 
     # -- planning (Oxia) ---------------------------------------------------------------
@@ -451,7 +461,21 @@ class LogReader:
                  [unit])]
 
     async def _fetch_chunks(self, key: str, unit: _Unit, first: int, last: int) -> None:
-        """Chunks ``first .. last`` of a unit's blob, in one ranged GET, into its parts."""
+        """Chunks ``first .. last`` of a unit's blob into its parts: those a read-ahead
+        under way brings from the cache once it has, the rest with one ranged GET."""
+        assert unit.chunks is not None and unit.chunk_range is not None
+        await self.ahead.wait(key)
+        base = unit.chunk_range[0]
+        for i in range(first, last + 1):
+            if unit.chunks[i - base] is None:
+                unit.chunks[i - base] = self.objects.get(key, i)
+        missing = [i for i in range(first, last + 1) if unit.chunks[i - base] is None]
+        if missing:
+            await self._get_chunks(key, unit, missing[0], missing[-1])
+
+    async def _get_chunks(self, key: str, unit: _Unit, first: int, last: int) -> None:
+        """Chunks ``first .. last`` of a unit's blob, in one ranged GET, into its parts
+        and the object cache."""
         chunks = unit.span.chunks
         assert chunks is not None and unit.chunks is not None and unit.chunk_range is not None
         lo, hi = chunks[first].byte_offset, chunks[last].byte_end
@@ -465,6 +489,29 @@ class LogReader:
             records = chunk_records(body, c, encoding)
             self.objects.put(key, records, i)
             unit.chunks[i - unit.chunk_range[0]] = records
+
+    def _read_on(self, unit: _Unit) -> None:
+        """After a read that stopped inside a compacted blob: fetch as many bytes of the
+        chunks that follow in the background, for the next read."""
+        chunks = unit.span.chunks
+        if chunks is None or unit.chunk_range is None or unit.error is not None:
+            return
+        first, last = unit.chunk_range
+        start = last + 1
+        if start >= len(chunks):
+            return
+        size = chunks[last].byte_end - chunks[first].byte_offset
+        end = start
+        while end + 1 < len(chunks) and chunks[end].byte_end - chunks[start].byte_offset < size:
+            end += 1
+        key = unit.span.object_key(self._layout)
+        missing = [i for i in range(start, end + 1) if not self.objects.holds(key, i)]
+        if not missing:
+            return
+        ahead = _Unit(unit.span, unit.span.start + chunks[start].first_record, (start, end))
+        ahead.chunks = [None] * (end - start + 1)
+        self.ahead.start(key, functools.partial(self._get_chunks, key, ahead, missing[0],
+                                                missing[-1]))
 
     async def _fetch_whole(self, key: str, group: list[_Unit]) -> None:
         entry = group[0].span.entry
