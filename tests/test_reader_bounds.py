@@ -49,14 +49,20 @@ async def _compacted_partition(e: Engine, tp: TopicPartition, *, batches: int,
     return acked
 
 
+async def _one_chunked_blob(e: Engine, tp: TopicPartition
+                            ) -> tuple[dict[int, bytes], IndexEntry]:
+    """A partition compacted into one blob of 4 KiB chunks: what was written, its entry."""
+    acked = await _compacted_partition(e, tp, batches=40, per_batch=50, chunk_bytes=4096)
+    (compacted,) = [x for _, x in await index_entries(e, tp) if x.type == "COMPACTED"]
+    return acked, compacted
+
+
 async def test_catch_up_through_a_compacted_blob_fetches_what_it_returns(
         stack: LocalStack, tp: TopicPartition) -> None:
     settings = compaction_settings(stack, compaction_chunk_bytes=4096)
     async with open_engine(settings) as e:
-        acked = await _compacted_partition(e, tp, batches=40, per_batch=50,
-                                           chunk_bytes=4096)
-        entries = await index_entries(e, tp)
-        (end, compacted), = [(end, x) for end, x in entries if x.type == "COMPACTED"]
+        acked, compacted = await _one_chunked_blob(e, tp)
+        end = compacted.msg_count
         assert compacted.object_bytes is not None and compacted.object_bytes > 150_000
         assert compacted.chunks is not None and len(compacted.chunks) > 30
 
@@ -208,9 +214,7 @@ async def test_a_read_inside_a_compacted_blob_reads_the_next_chunks_ahead(
         stack: LocalStack, tp: TopicPartition) -> None:
     settings = compaction_settings(stack, compaction_chunk_bytes=4096)
     async with open_engine(settings) as e:
-        acked = await _compacted_partition(e, tp, batches=40, per_batch=50,
-                                           chunk_bytes=4096)
-        (compacted,) = [x for _, x in await index_entries(e, tp) if x.type == "COMPACTED"]
+        acked, compacted = await _one_chunked_blob(e, tp)
         _, key = e.layout.parse_uri(compacted.data_key)
         reader = LogReader(e.oxia, e.s3, e.layout, read_ahead=2)
         async with anyio.create_task_group() as tg:
