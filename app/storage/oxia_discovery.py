@@ -15,6 +15,13 @@ can change its leader:
 whenever a stream ends) and pauses at most :data:`MAX_RETRY_PAUSE_S` between attempts.
 A shard whose assignment names no leader (an election is under way) fails its calls
 with :class:`NoLeader` at once instead of opening a channel to an empty address.
+
+A server that stalls (a paused process, a network cut) keeps its stream open and sends
+nothing, so the new leaders elected meanwhile are never heard of until gRPC's pings
+give up on it, which can take a minute. A call to a shard leader that times out or
+finds it unreachable therefore calls :meth:`FailoverDiscovery.refresh`: the stream is
+dropped and the assignments read again from the next server, at most every
+:data:`MIN_REFRESH_INTERVAL_S`.
 """
 
 from __future__ import annotations
@@ -32,6 +39,11 @@ log = logging.getLogger(__name__)
 
 FIRST_RETRY_PAUSE_S = 0.1
 MAX_RETRY_PAUSE_S = 1.0
+MIN_REFRESH_INTERVAL_S = 2.0
+_ASSIGNMENTS = "/io.streamnative.oxia.proto.OxiaClient/GetShardAssignments"
+# gRPC outcomes of a call to a shard leader that suggest it is gone or stalled.
+STALE_LEADER_CODES = frozenset({grpc.StatusCode.DEADLINE_EXCEEDED,
+                                grpc.StatusCode.UNAVAILABLE})
 
 
 class NoLeader(Exception):
@@ -58,6 +70,9 @@ class FailoverDiscovery(ServiceDiscovery):
         self._lock = threading.Lock()
         self._ready = threading.Event()
         self.updates = 0  # assignment messages applied (tests and diagnostics)
+        self.refreshes = 0  # streams dropped by refresh() (tests and diagnostics)
+        self._stream: Any = None
+        self._refreshed_at = float("-inf")
         self._thread = threading.Thread(target=self.get_assignments, daemon=True,
                                          name="oxia-assignments")
         self._thread.start()
@@ -72,8 +87,13 @@ class FailoverDiscovery(ServiceDiscovery):
         while not self._closed:
             address = self._addresses[turn % len(self._addresses)]
             try:
-                stream = self._connection_pool.get(address).get_shard_assignments(
-                    pb.ShardAssignmentsRequest(namespace=self._namespace))
+                # The call itself rather than the stub's generator: refresh() cancels it.
+                stream = self._connection_pool.get(address)._channel.unary_stream(
+                    _ASSIGNMENTS, pb.ShardAssignmentsRequest.SerializeToString,
+                    pb.ShardAssignments.FromString,
+                )(pb.ShardAssignmentsRequest(namespace=self._namespace))
+                with self._lock:
+                    self._stream = stream
                 for message in stream:
                     self._parse_assignments(message.namespaces[self._namespace])
                     self.updates += 1
@@ -91,6 +111,20 @@ class FailoverDiscovery(ServiceDiscovery):
             turn += 1
             time.sleep(pause)
             pause = min(pause * 2, MAX_RETRY_PAUSE_S)
+
+    def refresh(self) -> None:
+        """Drop the assignments stream, so that they are read again from the next server
+        (a call to a leader timed out or found it unreachable: the stream may come from
+        a stalled server that sends no updates). At most every MIN_REFRESH_INTERVAL_S."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._refreshed_at < MIN_REFRESH_INTERVAL_S or self._stream is None:
+                return
+            self._refreshed_at = now
+            stream, self._stream = self._stream, None
+            self.refreshes += 1
+        log.info("Oxia call to a shard leader failed: reading shard assignments again")
+        stream.cancel()
 
     def leaders(self) -> dict[int, str]:
         """The leader of each shard, as last assigned ("" while one is elected)."""

@@ -25,6 +25,7 @@ from app.errors import StorageUnavailable, VersionMismatch
 from app.settings import Settings
 from app.storage import oxia_compat
 from app.storage.metrics import StoreMetrics
+from app.storage.oxia_discovery import STALE_LEADER_CODES
 
 T = TypeVar("T")
 EXPECT_NOT_EXISTS = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
@@ -101,12 +102,15 @@ class OxiaStore:
             raise VersionMismatch() from None
         except TimeoutError as exc:
             outcome = "error"
+            _suspect_leaders(self._client)
             raise StorageUnavailable(f"Oxia {op} timed out") from exc
         except StorageUnavailable:
             outcome = "error"
             raise
         except Exception as exc:  # gRPC errors, the client's own ("No shard found", ...)
             outcome = "error"
+            if _stale_leader(exc):
+                _suspect_leaders(self._client)
             raise StorageUnavailable(f"Oxia {op} failed: {describe(exc)}") from exc
         finally:
             self._metrics.oxia_requests.labels(op, outcome).inc()
@@ -335,6 +339,20 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _stale_leader(exc: BaseException) -> bool:
+    """Whether a call failed as a call to a dead or stalled leader does."""
+    return (isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None))
+            and exc.code() in STALE_LEADER_CODES)
+
+
+def _suspect_leaders(client: Any) -> None:
+    """Have the shard assignments read again (app/storage/oxia_discovery.py): the
+    leader that failed may have been replaced without this client hearing of it."""
+    refresh = getattr(getattr(client, "_service_discovery", None), "refresh", None)
+    if refresh is not None:
+        refresh()
+
+
 def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
     """One Write request per shard for ``batch`` (runs in a worker thread)."""
     from oxia.internal.proto.io.streamnative.oxia import proto as pb
@@ -354,6 +372,8 @@ def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
         try:
             response = stub.write(request)
         except grpc.RpcError as exc:
+            if _stale_leader(exc):
+                _suspect_leaders(client)
             for i in indexes:
                 out[i] = StorageUnavailable(
                     f"Oxia write to shard {shard} failed: {describe(exc)}")
