@@ -155,11 +155,7 @@ def _columns_of(body: bytes, encoding: str, count: int) -> list[columnar.Columns
     """A body's records as checked columns (bodies in bytes-batch-v3 are only read; others
     are decoded and put in columns), or None when a record has headers."""
     if encoding == codec.ENCODING_V3:
-        layout = columnar.read_columns(body)
-        if layout.count != count:
-            raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index "
-                              f"says {count}")
-        return [layout]
+        return [columnar.read_counted(body, count)]
     if encoding == codec.ENCODING_V3_CHUNKED:
         return codec.chunked_bodies(body, count)
     records = codec.decode_body(body, encoding, count)

@@ -275,11 +275,8 @@ def decode_body(body: bytes | memoryview, encoding: str,
     if encoding == ENCODING_V2:
         return list(decode_batch_v2(body, expected_count))
     if encoding == ENCODING_V3:
-        layout = columnar.read_columns(body)
-        if expected_count is not None and layout.count != expected_count:
-            raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index "
-                              f"says {expected_count}")
-        return columnar.decode(layout)
+        return columnar.decode(columnar.read_columns(body) if expected_count is None
+                               else columnar.read_counted(body, expected_count))
     if encoding == ENCODING_V3_CHUNKED:
         return [p for c in chunked_bodies(body, expected_count) for p in columnar.decode(c)]
     raise CorruptData(f"encoding {encoding!r} is not one this release reads "

@@ -127,6 +127,16 @@ def read_columns(body: bytes | memoryview, pos: int = 0, end: int | None = None,
                    pos + value_bytes, end)
 
 
+def read_counted(body: bytes | memoryview, count: int) -> Columns:
+    """:func:`read_columns` of a whole body that must hold ``count`` records (what its
+    index entry or chunk table says)."""
+    layout = read_columns(body)
+    if layout.count != count:
+        raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index says "
+                          f"{count}")
+    return layout
+
+
 def body_end(body: bytes | memoryview, pos: int = 0) -> int:
     """Where the bytes-batch-v3 body starting at ``pos`` ends, from its header and length
     columns (a body among others, as in a chunked compacted blob); checked only as far as

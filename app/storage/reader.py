@@ -448,28 +448,27 @@ class LogReader:
             unit.records = _batch(body, entry.encoding, entry.msg_count)
 
     def _chunk_jobs(self, key: str, unit: _Unit) -> list[_Job]:
-        """One ranged GET for the unit's chunks that are not cached (a previous read's
-        last chunk often is: its answer ended inside it)."""
-        chunks = unit.span.chunks
-        assert chunks is not None and unit.chunk_range is not None
+        """A job for the unit's chunks unless the cache holds them all (a previous
+        read's last chunk often is cached: its answer ended inside it)."""
+        assert unit.chunk_range is not None
         first, last = unit.chunk_range
         unit.chunks = [self.objects.get(key, i) for i in range(first, last + 1)]
-        missing = [i for i in range(first, last + 1) if unit.chunks[i - first] is None]
-        if not missing:
+        if all(part is not None for part in unit.chunks):
             return []
-        return [(functools.partial(self._fetch_chunks, key, unit, missing[0], missing[-1]),
-                 [unit])]
+        return [(functools.partial(self._fetch_chunks, key, unit), [unit])]
 
-    async def _fetch_chunks(self, key: str, unit: _Unit, first: int, last: int) -> None:
-        """Chunks ``first .. last`` of a unit's blob into its parts: those a read-ahead
-        under way brings from the cache once it has, the rest with one ranged GET."""
+    async def _fetch_chunks(self, key: str, unit: _Unit) -> None:
+        """The unit's chunks not yet in its parts: those a read-ahead under way brings
+        from the cache once it has, the rest with one ranged GET."""
         assert unit.chunks is not None and unit.chunk_range is not None
         await self.ahead.wait(key)
-        base = unit.chunk_range[0]
-        for i in range(first, last + 1):
-            if unit.chunks[i - base] is None:
-                unit.chunks[i - base] = self.objects.get(key, i)
-        missing = [i for i in range(first, last + 1) if unit.chunks[i - base] is None]
+        first = unit.chunk_range[0]
+        missing = []
+        for i, part in enumerate(unit.chunks, first):
+            if part is None:
+                unit.chunks[i - first] = self.objects.get(key, i)
+                if unit.chunks[i - first] is None:
+                    missing.append(i)
         if missing:
             await self._get_chunks(key, unit, missing[0], missing[-1])
 
@@ -537,11 +536,7 @@ def _batch(body: memoryview, encoding: str, count: int) -> Sequence[Payload]:
     takes runs of them as they are, app/storage/runs.py), others are decoded."""
     if encoding != columnar.ENCODING_V3:
         return codec.decode_body(body, encoding, count)
-    layout = columnar.read_columns(body)
-    if layout.count != count:
-        raise CorruptData(f"bytes-batch-v3 holds {layout.count} records, the index says "
-                          f"{count}")
-    return RecordBatch.of_columns(body, layout)
+    return RecordBatch.of_columns(body, columnar.read_counted(body, count))
 
 
 def _min(a: int | None, b: int | None) -> int | None:
