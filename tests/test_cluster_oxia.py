@@ -210,6 +210,14 @@ async def test_a_claim_lost_with_its_session_goes_to_the_next_compactor(
                 lost_after = await _seconds_until(taken_over)
         finally:
             cluster.oxia_cluster.resume(c.victim)
+        # The resumed server may take part in an election: wait until the cluster and the
+        # client both know a leader for the partition's shard again.
+        await anyio.to_thread.run_sync(cluster.oxia_cluster.wait_ready)
+
+        async def led() -> bool:
+            return _leader_index(cluster, c.engine.oxia.client, tp.partition_key) is not None
+        with anyio.fail_after(30):
+            await _seconds_until(led)
         await c.mine.release(tp, c.version)  # conditional on our version: theirs survives
         taken = await c.holder(tp)
         assert taken is not None and taken.compactor_id == "b"
