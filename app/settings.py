@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     # both sides as well; it adds tamper-proofing only on plain-HTTP links.
     s3_put_checksum: bool = True
     s3_sign_payload: bool = False
+    # GETs, ranged GETs and WAL uploads are signed and sent by the broker itself
+    # (app/storage/s3_lean.py) rather than through botocore's request pipeline, when an
+    # endpoint and static keys are set.
+    s3_lean_requests: bool = True
 
     root_prefix: str = "llog"
 

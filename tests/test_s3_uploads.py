@@ -27,11 +27,13 @@ async def _stored_checksum(s3: S3Store, key: str) -> str | None:
     return found
 
 
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "botocore"])
 @pytest.mark.parametrize("sign_payload", [False, True], ids=["unsigned", "signed"])
-async def test_uploads_carry_their_crc32c(stack: LocalStack, sign_payload: bool) -> None:
+async def test_uploads_carry_their_crc32c(stack: LocalStack, sign_payload: bool,
+                                          lean: bool) -> None:
     body = uuid.uuid4().bytes * 40_000
     expected = base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode()
-    settings = make_settings(stack, s3_sign_payload=sign_payload)
+    settings = make_settings(stack, s3_sign_payload=sign_payload, s3_lean_requests=lean)
     async with S3Store(settings, StoreMetrics()) as s3:
         key, created = f"t/{uuid.uuid4().hex}", f"t/{uuid.uuid4().hex}"
         await s3.put(key, body)
@@ -41,12 +43,14 @@ async def test_uploads_carry_their_crc32c(stack: LocalStack, sign_payload: bool)
         assert await _stored_checksum(s3, created) == expected
 
 
-async def test_a_body_that_does_not_match_its_checksum_is_refused(stack: LocalStack) -> None:
-    settings = make_settings(stack, s3_max_attempts=1)
+@pytest.mark.parametrize("lean", [True, False], ids=["lean", "botocore"])
+async def test_a_body_that_does_not_match_its_checksum_is_refused(stack: LocalStack,
+                                                                 lean: bool) -> None:
+    settings = make_settings(stack, s3_max_attempts=1, s3_lean_requests=lean)
     async with S3Store(settings, StoreMetrics()) as s3:
         key = f"t/{uuid.uuid4().hex}"
-        real = s3._checksum
-        s3._checksum = lambda body: real(body + b"!")  # type: ignore[method-assign]
+        real = s3._crc32c
+        s3._crc32c = lambda body: real(body + b"!")  # type: ignore[method-assign]
         with pytest.raises(LlogError):
             await s3.put(key, b"the body as sent")
         assert await s3.head(key) is None

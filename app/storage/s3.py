@@ -30,7 +30,9 @@ from pydantic import SecretStr
 
 from app.errors import ObjectMissing, StorageUnavailable
 from app.settings import Settings
+from app.storage import s3_lean
 from app.storage.metrics import StoreMetrics
+from app.storage.s3_lean import LeanS3, S3Status
 
 
 @dataclass(frozen=True)
@@ -53,27 +55,34 @@ class _ConditionalConflict(Exception):
 
 
 def _translate(op: str, key: str, exc: BaseException) -> BaseException:
-    """The one place where the S3 client's exceptions become the engine's."""
+    """The one place where the S3 clients' exceptions become the engine's."""
     where = f"S3 {op} {key}"
     if isinstance(exc, ClientError):
         status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
         code = str(exc.response.get("Error", {}).get("Code", ""))
-        if status == 412 or code == "PreconditionFailed":
-            return _PreconditionFailed()
-        if status == 409 and code != "BucketAlreadyExists":
-            return _ConditionalConflict()
-        if code in ("NoSuchKey", "404", "NotFound") or status == 404:
-            return ObjectMissing(f"{where}: the object does not exist")
-        if code == "InvalidRange" or status == 416:
-            return ObjectMissing(f"{where}: the range lies outside the object")
-        return StorageUnavailable(f"{where} failed: {exc}")
+        return _answered(where, status, code, exc)
+    if isinstance(exc, S3Status):  # the lean path's final answers
+        return _answered(where, exc.status, exc.code, exc)
     # BotoCoreError: connection, timeout and retry exhaustion. aiohttp's errors (a body
     # cut short is a ClientPayloadError) and timeouts surface while a body streams.
     return StorageUnavailable(f"{where} failed: {type(exc).__name__}: {exc}")
 
 
-_CLIENT_ERRORS = (ClientError, BotoCoreError, aiohttp.ClientError, asyncio.TimeoutError,
-                  OSError)
+def _answered(where: str, status: int, code: str, exc: BaseException) -> BaseException:
+    """The engine's error for an answer the store gave."""
+    if status == 412 or code == "PreconditionFailed":
+        return _PreconditionFailed()
+    if status == 409 and code != "BucketAlreadyExists":
+        return _ConditionalConflict()
+    if code in ("NoSuchKey", "404", "NotFound") or status == 404:
+        return ObjectMissing(f"{where}: the object does not exist")
+    if code == "InvalidRange" or status == 416:
+        return ObjectMissing(f"{where}: the range lies outside the object")
+    return StorageUnavailable(f"{where} failed: {exc}")
+
+
+_CLIENT_ERRORS = (ClientError, BotoCoreError, S3Status, aiohttp.ClientError,
+                  asyncio.TimeoutError, OSError)
 _OUTCOMES: dict[type[BaseException], str] = {
     _PreconditionFailed: "exists", _ConditionalConflict: "conflict", ObjectMissing: "missing",
 }
@@ -101,6 +110,7 @@ class S3Store:
         self._metrics = metrics
         self.bucket = settings.s3_bucket
         self._client: Any = None
+        self._lean: LeanS3 | None = None  # GET, ranged GET and PUT when usable
         self._stack: contextlib.AsyncExitStack | None = None
 
     async def __aenter__(self) -> S3Store:
@@ -134,6 +144,8 @@ class S3Store:
         )
         for operation in ("PutObject", "UploadPart"):
             self._client.meta.events.register(f"before-send.s3.{operation}", _send_bytes)
+        if s3_lean.usable(s):
+            self._lean = await self._stack.enter_async_context(LeanS3(s))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -141,6 +153,7 @@ class S3Store:
             await self._stack.aclose()
             self._stack = None
             self._client = None
+            self._lean = None
 
     @contextlib.asynccontextmanager
     async def _request(self, op: str, key: str) -> AsyncIterator[None]:
@@ -162,17 +175,23 @@ class S3Store:
             self._metrics.s3_requests.labels(op, outcome).inc()
             self._metrics.s3_latency.labels(op).observe(time.monotonic() - started)
 
-    def _checksum(self, body: bytes) -> dict[str, str]:
+    def _crc32c(self, body: bytes) -> str | None:
         """The upload's CRC32C for the store to verify (LLOG_S3_PUT_CHECKSUM)."""
         if not self._settings.s3_put_checksum:
-            return {}
-        return {"ChecksumCRC32C": base64.b64encode(
-            crc32c.crc32c(body).to_bytes(4, "big")).decode()}
+            return None
+        return base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode()
+
+    def _checksum(self, body: bytes) -> dict[str, str]:
+        checksum = self._crc32c(body)
+        return {} if checksum is None else {"ChecksumCRC32C": checksum}
 
     async def put(self, key: str, body: bytes) -> None:
         async with self._request("put", key):
-            await self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
-                                          **self._checksum(body))
+            if self._lean is not None:
+                await self._lean.put(key, body, self._crc32c(body))
+            else:
+                await self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
+                                              **self._checksum(body))
         self._metrics.s3_bytes.labels("out").inc(len(body))
 
     async def create_if_absent(self, key: str, body: bytes, *, attempts: int = 8) -> bool:
@@ -212,13 +231,17 @@ class S3Store:
         return data
 
     async def _read(self, op: str, key: str, byte_range: str | None) -> bytes:
+        data: bytes
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if byte_range is not None:
             kwargs["Range"] = byte_range
         async with self._request(op, key):
-            resp = await self._client.get_object(**kwargs)
-            async with resp["Body"] as stream:
-                data: bytes = await stream.read()
+            if self._lean is not None:
+                data = await self._lean.get(key, byte_range)
+            else:
+                resp = await self._client.get_object(**kwargs)
+                async with resp["Body"] as stream:
+                    data = await stream.read()
         self._metrics.s3_bytes.labels("in").inc(len(data))
         return data
 
