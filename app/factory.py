@@ -71,8 +71,8 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
 def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
                         control: AccessControl | None) -> None:
     """From the innermost: access control, HTTP metrics, the edge (request id, body
-    limit, draining), the hot lane (app/routes/hot_lane.py: produce served by the same
-    pieces without the framework's layers), CORS."""
+    limit, draining), the hot lane (app/routes/hot_lane.py: produce and consume served by
+    the same pieces without the framework's layers), CORS."""
     access = (Middleware(AccessMiddleware, control=control, log_requests=settings.access_log)
               if control is not None else None)
     if access is not None:  # innermost: the HTTP metrics count its refusals
@@ -94,7 +94,8 @@ def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
     ]
     for middleware in reversed(edge):  # added innermost first
         app.add_middleware(middleware.cls, *middleware.args, **middleware.kwargs)
-    app.add_middleware(HotLane, routes={"/produce": produce.produce}, edge=edge,
+    app.add_middleware(HotLane, routes={"/produce": produce.produce,
+                                        "/consume": consume.consume_in_lane}, edge=edge,
                        access=access, instrumentations=instrumentator.instrumentations)
     if settings.cors_allow_origins:  # outermost: preflights and refusals carry CORS headers
         app.add_middleware(

@@ -1,4 +1,5 @@
-"""The hot lane (app/routes/hot_lane.py): POST /produce served by a short chain that keeps
+"""The hot lane (app/routes/hot_lane.py): POST /produce and /consume served by short chains
+that keep
 every behaviour of the full stack: request ids, the body limit, access control, the
 app's error answers and the HTTP metrics (counted once)."""
 
@@ -108,24 +109,27 @@ async def test_the_lane_keeps_the_edge_errors_and_metrics() -> None:
 
 
 @pytest.mark.stack
-async def test_the_broker_counts_a_produce_once_with_the_same_labels(
+async def test_the_broker_counts_a_produce_and_a_consume_once_with_the_same_labels(
         stack: LocalStack, topic: str) -> None:
     app = create_app(make_settings(stack))
     registry = app.state.broker.registry
-    before = {s: _sample(registry, "llog_http_requests_total", method="POST", status=s,
-                         handler="/produce") for s in ("200", "400")}
+    counts = [(s, h) for s in ("200", "400") for h in ("/produce", "/consume")]
+    before = {(s, h): _sample(registry, "llog_http_requests_total", method="POST", status=s,
+                              handler=h) for s, h in counts}
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
         written = await client.post("/produce", json=produce_body(topic, "a"),
                                     headers={"X-Request-ID": "hot-1"})
         invalid = await client.post("/produce", content=b"{", headers={
             "content-type": "application/json"})
-        consumed = await client.post("/consume", json=consume_body(topic))
+        consumed = await client.post("/consume", json=consume_body(topic),
+                                     headers={"X-Request-ID": "hot-2"})
+        refused = await client.post("/consume", json={"topic_partitions": []})
     assert written.status_code == 200 and written.headers["x-request-id"] == "hot-1"
     assert invalid.status_code == 400 and invalid.json()["error_type"] == "InvalidRequest"
-    assert consumed.status_code == 200
-    after: dict[str, Any] = {s: _sample(registry, "llog_http_requests_total", method="POST",
-                                        status=s, handler="/produce") for s in before}
-    assert {s: after[s] - before[s] for s in before} == {"200": 1, "400": 1}
-    assert _sample(registry, "llog_http_requests_total", method="POST", status="200",
-                   handler="/consume") >= 1
+    assert consumed.status_code == 200 and consumed.headers["x-request-id"] == "hot-2"
+    assert consumed.json()["results"][0]["records"][0]["value"] == "a"
+    assert refused.status_code == 400 and refused.json()["error_type"] == "InvalidRequest"
+    after: dict[Any, Any] = {k: _sample(registry, "llog_http_requests_total", method="POST",
+                                        status=k[0], handler=k[1]) for k in before}
+    assert {k: after[k] - before[k] for k in before} == {k: 1 for k in before}

@@ -26,6 +26,7 @@ from app.routes.access import account, authorize, control_of
 from app.routes.deps import broker_state, groups_of
 from app.routes.disconnect import unless_disconnected
 from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
+from app.routes.json_body import read_body
 from app.routes.models import ConsumeRequest, ConsumeResponse
 from app.routes.offsets import lookup_all
 from app.routes.openapi import (
@@ -130,6 +131,18 @@ async def consume(
     body: Annotated[ConsumeRequest, Body(openapi_examples=named(CONSUME_REQUESTS))],
     request: Request, state: Annotated[BrokerState, Depends(broker_state)],
 ) -> Response:
+    return await serve(body, request, state)
+
+
+async def consume_in_lane(request: Request) -> Response:
+    """The same route, served by the hot lane (app/routes/hot_lane.py): the body read
+    into its model as FastAPI would."""
+    body = read_body(ConsumeRequest, await request.body(),
+                     request.headers.get("content-type"))
+    return await serve(body, request, request.app.state.broker)
+
+
+async def serve(body: ConsumeRequest, request: Request, state: BrokerState) -> Response:
     started = time.monotonic()
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
     if body.commit or any(e.fetch_offset == "committed" for e in body.topic_partitions):

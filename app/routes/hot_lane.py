@@ -1,10 +1,12 @@
-"""The hot lane: ``POST /produce`` served by a short chain instead of the whole stack.
+"""The hot lane: ``POST /produce`` and ``POST /consume`` served by short chains instead of
+the whole stack.
 
 A request to the app passes about fifteen ASGI layers: the framework's error, exception,
 exit-stack, body-limit and telemetry middlewares, the router (which matches the path
 against every route), FastAPI's request handler, and the HTTP metrics middleware, which
 matches the route once more to name it. For produce, the request the broker serves most,
-they cost about a third of its CPU (docs/performance.md).
+they cost about a third of its CPU (docs/performance.md), and about as much of a small
+consume answer's.
 
 :class:`HotLane` sits outside them and serves the hot routes itself, through a chain
 built from the same pieces the stack uses, in the same order:
