@@ -52,12 +52,17 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away first"
 
 # C0 controls other than tab, newline and carriage return mark bytes as binary.
 _BINARY = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+_CONTROLS = bytes([*range(0x00, 0x09), 0x0B, 0x0C, *range(0x0E, 0x20), 0x7F])
 
 
 def _text(value: bytes, encoding: str) -> str | None:
     """The bytes as text, when encoding is auto and they are UTF-8 without controls."""
     if encoding != "auto":
         return None
+    if value.isascii():  # the common case, checked in C: a fifth of the regex's time
+        if len(value.translate(None, _CONTROLS)) != len(value):
+            return None
+        return value.decode("ascii")
     try:
         text = value.decode("utf-8")
     except UnicodeDecodeError:
