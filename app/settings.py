@@ -253,7 +253,8 @@ class Settings(BaseSettings):
     read_object_cache_bytes: int = Field(default=256 * 1024 * 1024, ge=0)
     read_fetch_concurrency: int = Field(default=32, ge=1, le=256)
     read_max_concurrent_fetches: int = Field(default=64, ge=1, le=4096)
-    # Compacted blobs read ahead at once (the chunks after a read, for the next); 0: never.
+    # Compacted blobs read ahead at once (the chunks after a read, for the next), and as
+    # many lookups made ahead of a catch-up's next read (app/storage/plan_ahead.py); 0: never.
     read_ahead_max_inflight: int = Field(default=8, ge=0, le=1024)
 
     # Tail cache.

@@ -57,6 +57,16 @@ READ_AHEAD_FIGURES = (
     Figure("failed", "Read-aheads that failed (the next read fetched for itself)",
            "counter"),
 )
+PLAN_AHEAD_FIGURES = (
+    Figure("kept", "Lookups (control record, first index page) made ahead of a "
+                   "consumer's next read, under way or done"),
+    Figure("max_kept", "Most lookups kept ahead (LLOG_READ_AHEAD_MAX_INFLIGHT)"),
+    Figure("started", "Lookups made ahead", "counter"),
+    Figure("taken", "Reads that took a lookup made ahead instead of reading Oxia",
+           "counter"),
+    Figure("failed", "Lookups made ahead that failed (the read looked up for itself)",
+           "counter"),
+)
 
 
 def tail_cache_figures(shared_dir: bool) -> tuple[Figure, ...]:

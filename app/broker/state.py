@@ -28,6 +28,7 @@ from app.broker.consume import ConsumeService
 from app.broker.metrics import (
     BATCHER_FIGURES,
     CONSUME_FIGURES,
+    PLAN_AHEAD_FIGURES,
     READ_AHEAD_FIGURES,
     READ_OBJECT_CACHE_FIGURES,
     WATCH_FIGURES,
@@ -145,6 +146,9 @@ class BrokerState:
             ("llog_read_ahead",
              lambda: self.reader.ahead.statistics() if self.reader else None,
              READ_AHEAD_FIGURES),
+            ("llog_plan_ahead",
+             lambda: self.reader.plans.statistics() if self.reader else None,
+             PLAN_AHEAD_FIGURES),
             ("llog_s3", lambda: s3_cost_estimate(
                 request_counts(self.store_metrics.s3_requests), self.s3_usage),
              (S3_REQUEST_COST, *S3_USAGE)),
@@ -228,7 +232,7 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         fetch_concurrency=s.read_fetch_concurrency,
         max_concurrent_fetches=s.read_max_concurrent_fetches,
         read_ahead=s.read_ahead_max_inflight)
-    state.reader.ahead.run_in(tg)
+    state.reader.run_ahead_in(tg)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
     topics = state.topics

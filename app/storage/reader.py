@@ -39,6 +39,7 @@ from app.storage.chunks import chunk_index, chunk_records
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
 from app.storage.oxia_store import OxiaStore, Record
+from app.storage.plan_ahead import PlanAhead
 from app.storage.read_ahead import ReadAhead
 from app.storage.records import CompactionCursor, Control
 from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
@@ -172,6 +173,13 @@ class LogReader:
         # Chunks after a read stopped inside a compacted blob (app/storage/read_ahead.py),
         # once given a task group; ``read_ahead`` blobs at most at once.
         self.ahead = ReadAhead(read_ahead)
+        # The Oxia reads of a catch-up's next read (app/storage/plan_ahead.py), as many.
+        self.plans = PlanAhead(read_ahead)
+
+    def run_ahead_in(self, group: anyio.abc.TaskGroup) -> None:
+        """Read and plan ahead (chunks, lookups) in ``group`` from now on."""
+        self.ahead.run_in(group)
+        self.plans.run_in(group)
 
     async def read_control(self, tp: TopicPartition) -> Control | None:
         record = await self._oxia.get(self._layout.control(tp), tp.partition_key)
@@ -234,7 +242,18 @@ class LogReader:
         await self._fetch(units)
         for unit in units:
             self._read_on(unit)
-        return _assemble_all(plans, max_bytes, oversized_first)
+        outcomes = _assemble_all(plans, max_bytes, oversized_first)
+        for request, outcome in zip(requests, outcomes, strict=True):
+            self._plan_on(request.tp, outcome)
+        return outcomes
+
+    def _plan_on(self, tp: TopicPartition, outcome: ReadOutcome) -> None:
+        """After an answer that stopped below the high watermark: look up its next offset
+        in the background, for the consumer's next read."""
+        if (isinstance(outcome, ReadResult) and outcome.records
+                and outcome.next_offset <= outcome.high_watermark):
+            nxt = outcome.next_offset
+            self.plans.start(tp, nxt, functools.partial(self._look_up, tp, nxt))
 
     # -- planning (Oxia) ---------------------------------------------------------------
 
@@ -290,6 +309,13 @@ class LogReader:
 
     async def _control_and_page(self, tp: TopicPartition, offset: int
                                 ) -> tuple[Control | None, list[Record] | None]:
+        """The control record and the first index page from ``offset``: looked up ahead
+        of this read (:meth:`_plan_on`), or now."""
+        ahead = await self.plans.take(tp, offset)
+        return ahead if ahead is not None else await self._look_up(tp, offset)
+
+    async def _look_up(self, tp: TopicPartition, offset: int
+                       ) -> tuple[Control | None, list[Record] | None]:
         """The control record and the first index page from ``offset``, read at once: a
         read of new records costs one Oxia round trip less. The page may predate the
         control record; :meth:`_index_from` reads on where it falls short."""
