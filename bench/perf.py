@@ -326,27 +326,36 @@ def latency_section(run: Run, produce_rows: list[dict[str, Any]]) -> list[dict[s
                 warm(writer, shape, fmt, topic)
                 best = measure(run, [writer], [load_args(writer.url, topic, shape, fmt,
                                                          a.duration, a.connections)])
-            rate = best["requests_per_s"] / 4
-            topic = _topic("l")
-            warm(writer, shape, fmt, topic)
-            out = hb.run_loadgen(
-                ["-mode", "e2e", "-url", writer.url, "-consume-url", reader.url,
-                 "-topic", topic, "-format", fmt, "-rate", f"{rate:.1f}",
-                 "-connections", str(a.connections), "-partitions", str(shape[0]),
-                 "-entries", str(shape[0]), "-records", str(shape[1]), "-size", str(shape[2]),
-                 "-duration", f"{a.duration}s", "-warmup", "1s", "-max-wait-ms", "5000",
-                 "-drain", "15s", "-timeout", "30s"], timeout=a.duration + 120)
-            rows.append({"section": "latency", "format": fmt, "shape": shape,
-                         "rate_requests_per_s": rate, "max_requests_per_s":
-                         best["requests_per_s"], "window_ms": a.window_ms,
-                         "produce": out["produce_latency_ms"], "e2e": out["e2e_latency_ms"],
-                         "produced": out["produced"], "consumed": out["consumed"],
-                         "missing": out["missing"],
-                         "errors": out["produce_errors"] + out["consume_errors"]})
+            fixed = [float(r) for r in a.latency_rates.split(",") if r] if fmt == "json" else []
+            for rate in [*fixed, best["requests_per_s"] / 4]:
+                rows.append(_latency_row(run, writer, reader, fmt, shape, rate,
+                                         best["requests_per_s"]))
     finally:
         stop_server(run, reader)
         stop_server(run, writer)
     return rows
+
+
+def _latency_row(run: Run, writer: Server, reader: Server, fmt: str,
+                 shape: tuple[int, int, int], rate: float, most: float) -> dict[str, Any]:
+    """Produce to ``writer`` at ``rate`` requests/s while consumers long-poll ``reader``."""
+    a = run.args
+    topic = _topic("l")
+    warm(writer, shape, fmt, topic)
+    out = hb.run_loadgen(
+        ["-mode", "e2e", "-url", writer.url, "-consume-url", reader.url,
+         "-topic", topic, "-format", fmt, "-rate", f"{rate:.1f}",
+         "-connections", str(a.connections), "-partitions", str(shape[0]),
+         "-entries", str(shape[0]), "-records", str(shape[1]), "-size", str(shape[2]),
+         "-duration", f"{a.duration}s", "-warmup", "1s", "-max-wait-ms", "5000",
+         "-drain", "15s", "-timeout", "30s"], timeout=a.duration + 120)
+    return {"section": "latency", "format": fmt, "shape": shape,
+            "rate_requests_per_s": rate, "max_requests_per_s": most,
+            "window_ms": a.window_ms,
+            "produce": out["produce_latency_ms"], "e2e": out["e2e_latency_ms"],
+            "produced": out["produced"], "consumed": out["consumed"],
+            "missing": out["missing"],
+            "errors": out["produce_errors"] + out["consume_errors"]}
 
 
 def cost_section(run: Run) -> list[dict[str, Any]]:
@@ -451,8 +460,8 @@ def print_report(results: dict[str, Any]) -> None:
                   f"ratio {_f(r.get('ratio'), '.2f', 4)}, errors {r['errors']}")
     lat = [r for r in rows if r["section"] == "latency"]
     if lat:
-        print("\nlatency below saturation (a quarter of the measured maximum; produce to "
-              "one broker, consume from another)")
+        print("\nlatency below saturation (a quarter of the measured maximum, and any "
+              "--latency-rates; produce to one broker, consume from another)")
         for r in lat:
             p, e = r["produce"], r["e2e"]
             print(f"  {r['format']:>6} {_shape(r['shape'])} at {r['rate_requests_per_s']:.0f} "
@@ -492,6 +501,9 @@ def main() -> int:
                         help="connections of the produce rows of the broker (a list)")
     parser.add_argument("--window-ms", type=int, default=5, help="LLOG_BATCH_MAX_DELAY_MS")
     parser.add_argument("--catchup-mib", type=int, default=1024)
+    parser.add_argument("--latency-rates", default="",
+                        help="latency section: also these JSON produce rates (requests/s, "
+                             "comma-separated), besides a quarter of the maximum")
     parser.add_argument("--fetch-bytes", type=int, default=8 * MiB,
                         help="max_bytes of each catch-up request")
     parser.add_argument("--quick", action="store_true",
