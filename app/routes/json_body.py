@@ -41,8 +41,12 @@ def read_body(model: type[M], body: bytes, content_type: str | None) -> M:
     try:
         return model.model_validate(doc, from_attributes=True)  # as FastAPI validates
     except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
-                                      for e in exc.errors()]) from None
+        raise invalid_body(exc) from None
+
+
+def invalid_body(exc: ValidationError) -> RequestValidationError:
+    """A model's refusal of a body, located as FastAPI locates it (under ``body``)."""
+    return RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
 
 
 def _decoded(body: bytes) -> Any:

@@ -17,6 +17,7 @@ import orjson
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
+from app.routes.json_body import invalid_body
 from app.routes.models import ProduceRequest
 from app.storage.batch import RecordBatch
 from app.storage.keys import MAX_PARTITION
@@ -135,7 +136,6 @@ def _through_model(body: bytes) -> list[Entry]:
     try:
         request = ProduceRequest.model_validate(doc)
     except ValidationError as exc:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])}
-                                      for e in exc.errors()]) from None
+        raise invalid_body(exc) from None
     return [Entry(e.topic, e.partition, e.idempotency_key, RecordBatch.of(e.payloads()))
             for e in request.topic_partitions]

@@ -232,13 +232,13 @@ class S3Store:
 
     async def _read(self, op: str, key: str, byte_range: str | None) -> bytes:
         data: bytes
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if byte_range is not None:
-            kwargs["Range"] = byte_range
         async with self._request(op, key):
             if self._lean is not None:
                 data = await self._lean.get(key, byte_range)
             else:
+                kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+                if byte_range is not None:
+                    kwargs["Range"] = byte_range
                 resp = await self._client.get_object(**kwargs)
                 async with resp["Body"] as stream:
                     data = await stream.read()

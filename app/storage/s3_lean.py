@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import re
 import ssl
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import aiohttp
 import anyio
@@ -66,10 +66,8 @@ class LeanS3:
         assert settings.s3_endpoint is not None  # for mypy: usable() checked it
         assert settings.s3_access_key is not None and settings.s3_secret_key is not None
         self._base = settings.s3_endpoint.rstrip("/") + "/" + quote(settings.s3_bucket)
-        self._host = urlsplit(self._base).netloc
         self._attempts = settings.s3_max_attempts
         self._backoff_s = backoff_s  # the first retry waits up to this long, then doubling
-        self._put_checksum = settings.s3_put_checksum
         self._signer = S3SigV4Auth(
             Credentials(settings.s3_access_key.get_secret_value(),
                         settings.s3_secret_key.get_secret_value()),
