@@ -202,6 +202,12 @@ def cpu_seconds(pid: int) -> float:
     return times.user + times.system
 
 
+def box_busy_seconds() -> float:
+    """CPU time the whole machine has spent busy (every core, every process)."""
+    t = psutil.cpu_times()
+    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
+
+
 # -- scenarios -------------------------------------------------------------------------
 
 

@@ -1,7 +1,9 @@
 """The broker against the ceiling of its HTTP layer, measured in one run.
 
 Starts real Oxia and MinIO on free ports, the ceiling app (bench/ceiling_app.py: FastAPI
-and uvicorn as the broker runs them, orjson, every record walked, no storage) and
+and uvicorn as the broker runs them, orjson, every record walked, no storage), the floor
+app (bench/floor_app.py: the ceiling plus the storage steps a durable produce or a
+catch-up read needs, with the broker's own storage clients and nothing else) and
 `llog serve` brokers (one process, one uvicorn worker each), and drives them with the Go
 load generator (bench/httpload). Sections, each printed as a table with its settings:
 
@@ -9,13 +11,16 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   and Oxia writes through the broker's own clients, with no broker running.
 - produce: JSON and binary (LLP1) produce against the JSON ceiling for the same records,
   in two request shapes (4 partitions x 25 records x 1 KiB, 4 x 250 x 100 B), plus the
-  largest binary shape for records per second; server CPU per request from /proc.
+  largest binary shape for records per second, with the floor's rows beside them;
+  server CPU per request from /proc, and the whole machine's CPU (box CPU: the load
+  generator, MinIO and Oxia share the same cores).
 - records: what keys and headers cost: JSON produce of the same values plain, with a
   16-byte key, and with a key and two headers.
 - catchup: one partition of --catchup-mib MiB (1 KiB records, written with binary
   produce) read from offset 1 as fast as the broker answers, JSON and binary (LLR1),
-  against the ceiling serving answers of the same size from memory; then the partition
-  is compacted (`llog compact-once` until nothing is left) and read again.
+  against the ceiling serving answers of the same size from memory and the floor reading
+  them from S3 (binary, one GET per answer, one ahead); then the partition is compacted
+  (`llog compact-once` until nothing is left) and read again.
 - latency: a second broker; produce to one, long-poll the other, paced at a quarter of
   the measured maximum; produce and produce-to-consume percentiles against the batch
   window.
@@ -96,6 +101,17 @@ def start_ceiling(run: Run, record_bytes: int) -> Server:
     return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc, metrics=False))
 
 
+def start_floor(run: Run) -> Server:
+    """bench/floor_app.py on this run's stack, with the brokers' batch window."""
+    port = free_port()
+    proc = ManagedProcess(
+        "floor", [sys.executable, str(ROOT / "bench" / "floor_app.py"), "--port", str(port),
+                  "--window-ms", str(run.args.window_ms),
+                  "--fetch-bytes", str(run.args.fetch_bytes)],
+        run.logs / "floor.log", env={**os.environ, **run.stack.settings_env()}, cwd=ROOT)
+    return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc, metrics=False))
+
+
 def start_broker(run: Run, name: str, **settings: str) -> Server:
     port = free_port()
     env = {**run.stack.settings_env(), "LLOG_BROKER_ID": f"perf-{name}",
@@ -130,6 +146,7 @@ def measure(run: Run, servers: list[Server], per_server_args: list[list[str]]
 
     befores = [hb.get_json(f"{s.url}/metrics") if s.metrics else {} for s in servers]
     cpu0 = [hb.cpu_seconds(s.proc.pid) for s in servers]
+    box0 = hb.box_busy_seconds()
     t0 = time.monotonic()
     procs = [subprocess.Popen([str(hb.LOADGEN_BIN), *a], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for a in per_server_args]
@@ -140,6 +157,7 @@ def measure(run: Run, servers: list[Server], per_server_args: list[list[str]]
             raise hb.BenchError(f"the load generator failed: {err.strip()[-500:]}")
         loads.append(json.loads(out))
     wall = time.monotonic() - t0
+    box = hb.box_busy_seconds() - box0
     afters = [hb.get_json(f"{s.url}/metrics") if s.metrics else {} for s in servers]
     cpu = sum(hb.cpu_seconds(s.proc.pid) - c for s, c in zip(servers, cpu0, strict=True))
     requests = sum(x["ok"] for x in loads)
@@ -151,6 +169,8 @@ def measure(run: Run, servers: list[Server], per_server_args: list[list[str]]
         "p99_ms": max(x["latency_ms"]["p99_ms"] for x in loads),
         "errors": sum(x["errors"] + x["other_status"] + x["status_503"] for x in loads),
         "server_cpu_cores": cpu / wall,
+        # Every process on the machine: the load generator, MinIO and Oxia included.
+        "box_cpu_cores": box / wall,
         "cpu_us_per_request": cpu / requests * 1e6 if requests else None,
         "loads": loads,
     }
@@ -189,12 +209,16 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
     a = run.args
     rows = []
     broker = start_broker(run, "produce")
+    floor = start_floor(run)
     try:
         for shape in [*SHAPES, MAX_SHAPE]:
             ceiling = start_ceiling(run, shape[2])
             try:
                 targets = ([("ceiling", ceiling, "json", a.connections)]
                            if shape != MAX_SHAPE else [])
+                # The least a durable produce costs here (bench/floor_app.py).
+                targets += ([("floor", floor, fmt, conns) for conns in a.broker_connections
+                             for fmt in ("json", "binary")] if shape != MAX_SHAPE else [])
                 # The broker batches: its throughput grows with the requests in flight.
                 targets += [("broker", broker, fmt, conns) for conns in a.broker_connections
                             for fmt in ("json", "binary")]
@@ -208,6 +232,7 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
             finally:
                 stop_server(run, ceiling)
     finally:
+        stop_server(run, floor)
         stop_server(run, broker)
     for row in rows:
         ceiling_row = next((r for r in rows if r["target"] == "ceiling"
@@ -246,6 +271,7 @@ def catchup_section(run: Run) -> list[dict[str, Any]]:
     a = run.args
     broker = start_broker(run, "catchup")
     ceiling = start_ceiling(run, 1024)
+    floor = start_floor(run)
     topic = _topic("c")
     rows: list[dict[str, Any]] = []
     try:
@@ -254,18 +280,21 @@ def catchup_section(run: Run) -> list[dict[str, Any]]:
              "-total-mib", str(a.catchup_mib)], timeout=3600)
         rows.append({"section": "catchup", "target": "fill", "format": "binary",
                      "mib": filled["bytes_acked"] / MiB, "mib_per_s": filled["mib_per_s"]})
-        for kind, server in (("ceiling", ceiling), ("broker", broker), ("compacted", broker)):
+        for kind, server in (("ceiling", ceiling), ("floor", floor), ("broker", broker),
+                             ("compacted", broker)):
             if kind == "compacted":
                 rows.append(compact_all(run, topic))
-            for fmt in ("binary", "json"):
+            # The floor reads stored bodies and sends them: binary answers only.
+            for fmt in ("binary",) if kind == "floor" else ("binary", "json"):
                 rows.append(catchup_row(run, server, kind, fmt, topic))
     finally:
+        stop_server(run, floor)
         stop_server(run, ceiling)
         stop_server(run, broker)
     for row in rows:
         ref = next((r for r in rows if r["target"] == "ceiling"
                     and r["format"] == row.get("format")), None)
-        if row["target"] in ("broker", "compacted") and ref and ref["mib_per_s"]:
+        if row["target"] in ("floor", "broker", "compacted") and ref and ref["mib_per_s"]:
             row["ratio"] = row["mib_per_s"] / ref["mib_per_s"]
     return rows
 
@@ -274,18 +303,21 @@ def catchup_row(run: Run, server: Server, kind: str, fmt: str, topic: str
                 ) -> dict[str, Any]:
     a = run.args
     cpu0 = hb.cpu_seconds(server.proc.pid)
+    box0 = hb.box_busy_seconds()
     t0 = time.monotonic()
     out = hb.run_loadgen(
         ["-mode", "catchup", "-url", server.url, "-topic", topic,
          "-format", fmt, "-max-bytes", str(a.fetch_bytes),
          "-catchup-mib", str(a.catchup_mib), "-timeout", "60s"], timeout=3600)
-    cpu = (hb.cpu_seconds(server.proc.pid) - cpu0) / (time.monotonic() - t0)
+    wall = time.monotonic() - t0
+    cpu = (hb.cpu_seconds(server.proc.pid) - cpu0) / wall
     return {"section": "catchup", "target": kind, "format": fmt,
             "mib_per_s": out["mib_per_s"], "records_per_s": out["records_per_s"],
             "requests": out["requests"], "caught_up": out["caught_up"],
             "p50_ms": out["latency_ms"]["p50_ms"],
             "p99_ms": out["latency_ms"]["p99_ms"], "errors": out["errors"],
-            "server_cpu_cores": cpu, "mib": out["record_bytes"] / MiB}
+            "server_cpu_cores": cpu, "box_cpu_cores": (hb.box_busy_seconds() - box0) / wall,
+            "mib": out["record_bytes"] / MiB}
 
 
 def compact_all(run: Run, topic: str) -> dict[str, Any]:
@@ -419,17 +451,19 @@ def print_report(results: dict[str, Any]) -> None:
     prod = [r for r in rows if r["section"] == "produce"]
     if prod:
         print("\nproduce (closed loop; shape = entries x records x bytes per request; ratio "
-              "= records/s over the JSON ceiling's for the same record size)")
+              "= records/s over the JSON ceiling's for the same record size; floor = the "
+              "ceiling plus a durable write's storage steps; box CPU = every process)")
         print(f"{'shape':>10} {'target':>8} {'format':>6} {'conns':>5} {'records/s':>10} "
               f"{'MiB/s':>7} "
-              f"{'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>10} {'srv CPU':>7} "
+              f"{'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>10} {'srv CPU':>7} {'box CPU':>7} "
               f"{'rec/flush':>9} {'flush/s':>7} {'ratio':>6} {'errors':>6}")
         for r in prod:
             print(f"{_shape(r['shape']):>10} {r['target']:>8} {r['format']:>6} "
                   f"{r.get('connections', s['connections']):>5} {r['records_per_s']:>10,.0f} "
                   f"{r['mib_per_s']:>7.1f} {r['p50_ms']:>7.1f} "
                   f"{r['p99_ms']:>7.1f} {_f(r['cpu_us_per_request'], ',.0f', 10)} "
-                  f"{r['server_cpu_cores']:>7.2f} {_f(r.get('records_per_flush'))} "
+                  f"{r['server_cpu_cores']:>7.2f} {_f(r.get('box_cpu_cores'), '.2f', 7)} "
+                  f"{_f(r.get('records_per_flush'))} "
                   f"{_f(r.get('flushes_per_s'), '.0f', 7)} {_f(r.get('ratio'), '.2f', 6)} "
                   f"{r['errors']:>6}")
     recs = [r for r in rows if r["section"] == "records"]
@@ -457,6 +491,7 @@ def print_report(results: dict[str, Any]) -> None:
             print(f"  {r['target']:>9} {r['format']:>6}: {r['mib_per_s']:8.1f} MiB/s "
                   f"{r['records_per_s']:>10,.0f} records/s, p50 {r['p50_ms']:.1f} ms, p99 "
                   f"{r['p99_ms']:.1f} ms per answer, srv CPU {r['server_cpu_cores']:.2f}, "
+                  f"box CPU {_f(r.get('box_cpu_cores'), '.2f', 4)}, "
                   f"ratio {_f(r.get('ratio'), '.2f', 4)}, errors {r['errors']}")
     lat = [r for r in rows if r["section"] == "latency"]
     if lat:
