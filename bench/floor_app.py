@@ -107,20 +107,21 @@ class _Flusher:
                                      w.count) for w in batch]
             blob, _ = codec.pack_shared_blob(bodies, 0)
             await self._s3.put(f"floor/{uuid.uuid4().hex}", blob)
-            puts = {}
+            puts, ends = {}, []
             for w in batch:
                 tp = (w.topic, w.partition)
                 end = self._end_offsets.get(tp, 0) + w.count
                 self._end_offsets[tp] = end
+                ends.append(end)  # each waiter's own last offset
                 puts[tp] = PutSpec(f"floor/{w.topic}/{w.partition}", b"%d" % end,
                                    f"{w.topic}/{w.partition}")
             outcomes = await self._oxia.put_group(list(puts.values()))
             failed = next((o for o in outcomes if isinstance(o, Exception)), None)
-            for w in batch:
+            for w, end in zip(batch, ends, strict=True):
                 if failed is not None:
                     w.future.set_exception(failed)
                 else:
-                    w.future.set_result(self._end_offsets[(w.topic, w.partition)])
+                    w.future.set_result(end)
         except Exception as exc:
             for w in batch:
                 if not w.future.done():

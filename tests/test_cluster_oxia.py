@@ -109,7 +109,9 @@ async def test_a_data_server_lost_and_back_under_load_loses_nothing(
     # Both brokers, never restarted, kept serving through the failure and after it.
     await load.assert_all_served_since(restarted_at)
     assert b1.process.alive() and b2.process.alive()
-    assert figures["first_ack_after_failure_ms"] < 10_000
+    # Produces were acknowledged again while the server was still down (another leader
+    # took its shards), not only once it was back; how soon is a figure, not a bound.
+    assert figures["first_ack_after_failure_ms"] < down_for * 1000
 
 
 def _leader_index(stack: LocalStack, client: Any, partition_key: str) -> int | None:
