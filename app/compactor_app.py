@@ -7,6 +7,7 @@ broker, over the compaction scheduler that its lifespan runs.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator
 
@@ -16,6 +17,7 @@ from app.compaction.service import CompactorService, run_compactor
 from app.drain import drain_on_sigterm as draining
 from app.routes import health, metrics
 from app.routes.openapi import install_openapi
+from app.routes.openapi_auth import declare_metrics_token
 from app.settings import Settings
 from app.telemetry.request_id import RequestIdMiddleware
 
@@ -33,9 +35,10 @@ def create_compactor_app(settings: Settings, *, drain_on_sigterm: bool = False) 
                               "(docs/protocol.md, Compaction and recovery).")
     app.state.compactor = service
     app.state.service = service
+    app.state.metrics_token = settings.metrics_token
     for module in (health, metrics):
         app.router.routes.extend(module.router.routes)
-    install_openapi(app)
+    install_openapi(app, finish=functools.partial(declare_metrics_token, settings=settings))
     app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
     return app
 

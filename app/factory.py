@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -14,6 +15,7 @@ from prometheus_fastapi_instrumentator import metrics as http_metrics
 from starlette.middleware import Middleware
 
 from app.auth.control import AccessControl, run_access_control
+from app.auth.exposure import announce
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
 from app.routes import consume, groups, health, metrics, offsets, produce, stream, topics
@@ -22,7 +24,7 @@ from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_e
 from app.routes.hot_lane import HotLane
 from app.routes.models import ProduceRequest
 from app.routes.openapi import install_openapi
-from app.routes.openapi_auth import declare_bearer_auth
+from app.routes.openapi_auth import declare_bearer_auth, declare_metrics_token
 from app.settings import Settings
 from app.telemetry.request_id import RequestIdMiddleware
 
@@ -36,6 +38,7 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     stops (app/drain.py); set where uvicorn serves it, not for apps run in tests."""
     state = BrokerState.create(settings)
     control = AccessControl(settings, state.registry) if settings.auth_enabled else None
+    state.registry.register(announce(settings))
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -56,16 +59,25 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     app.state.broker = state
     app.state.service = state
     app.state.auth = control
+    app.state.metrics_token = settings.metrics_token
     install_error_handlers(app)
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.
     for module in (produce, consume, stream, offsets, topics, groups, health, metrics):
         app.router.routes.extend(module.router.routes)
     # The produce route parses its body itself, so FastAPI does not name its model.
-    install_openapi(app, extra_models=[ProduceRequest], finish=None if control is None
-                    else functools.partial(declare_bearer_auth, settings=settings))
+    install_openapi(app, extra_models=[ProduceRequest],
+                    finish=functools.partial(_declare_auth, settings=settings))
     _install_middleware(app, settings, state, control)
     return app
+
+
+def _declare_auth(schema: dict[str, Any], settings: Settings) -> None:
+    """The OpenAPI document's security: the bearer scheme with auth on, the metrics
+    token when one is set."""
+    if settings.auth_enabled:
+        declare_bearer_auth(schema, settings)
+    declare_metrics_token(schema, settings)
 
 
 def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,

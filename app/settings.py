@@ -38,6 +38,8 @@ ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
 # The share of the retry horizon within which a blob must be committed: the rest is the
 # margin for clock skew between brokers and the object store, and for process pauses.
 RETRY_HORIZON_SAFE_SHARE = 0.5
+# A shorter LLOG_METRICS_TOKEN is refused: it could be guessed.
+MIN_METRICS_TOKEN_CHARS = 16
 
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
@@ -138,7 +140,9 @@ class Settings(BaseSettings):
     cors_allow_origins: Annotated[tuple[str, ...], NoDecode] = ()
     cors_max_age_s: int = Field(default=600, ge=0, le=86_400)
 
-    # Access control (docs/operations.md, Security). Off: every endpoint is open.
+    # Access control (docs/operations.md, Security). Off: every endpoint is open. A broker
+    # that listens beyond loopback with auth off warns at start (llog_insecure_listener),
+    # unless LLOG_AUTH=off was set on purpose.
     auth: Literal["off", "on"] = "off"
     # Principals, their API key hashes, rights and quotas (TOML), re-read when it changes.
     auth_file: Path | None = None
@@ -146,6 +150,9 @@ class Settings(BaseSettings):
     auth_file_max_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     # /metrics and /metrics/prometheus: open, or for authenticated principals only.
     auth_metrics: Literal["open", "authenticated"] = "open"
+    # When set, /metrics and /metrics/prometheus of brokers and compactors answer only
+    # "Authorization: Bearer <token>" (the scraper's), with auth on or off.
+    metrics_token: SecretStr | None = None
     # Principals not named in the auth file (JWT subjects) that get their own metrics
     # label; the others share "other". And how many such principals have quota buckets.
     auth_metrics_max_principals: int = Field(default=100, ge=0, le=10_000)
@@ -330,7 +337,7 @@ class Settings(BaseSettings):
                      "s3_ca_bundle", "oxia_tls_ca_file", "oxia_tls_cert_file",
                      "oxia_tls_key_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
                      "auth_file", "auth_jwks_file", "auth_jwks_url", "auth_jwt_issuer",
-                     "auth_jwt_audience", mode="before")
+                     "auth_jwt_audience", "metrics_token", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
@@ -397,6 +404,13 @@ class Settings(BaseSettings):
             raise ValueError("LLOG_SSL_CERTFILE and LLOG_SSL_KEYFILE go together")
         if self.ssl_client_cert != "none" and self.ssl_ca_certs is None:
             raise ValueError("LLOG_SSL_CLIENT_CERT needs LLOG_SSL_CA_CERTS")
+        if self.metrics_token is not None:
+            if len(self.metrics_token.get_secret_value()) < MIN_METRICS_TOKEN_CHARS:
+                raise ValueError(f"LLOG_METRICS_TOKEN: at least {MIN_METRICS_TOKEN_CHARS} "
+                                 "characters (for example: openssl rand -hex 32)")
+            if self.auth_metrics == "authenticated":
+                raise ValueError("set one of LLOG_METRICS_TOKEN and "
+                                 "LLOG_AUTH_METRICS=authenticated")
         if self.auth == "off":
             return self
         if self.auth_file is None:
@@ -411,6 +425,12 @@ class Settings(BaseSettings):
     @property
     def auth_enabled(self) -> bool:
         return self.auth == "on"
+
+    @property
+    def auth_off_on_purpose(self) -> bool:
+        """Auth is off because LLOG_AUTH=off was given (variable, file or argument),
+        not by default."""
+        return self.auth == "off" and "auth" in self.model_fields_set
 
     @property
     def jwt_enabled(self) -> bool:

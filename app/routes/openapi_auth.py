@@ -15,6 +15,7 @@ from app.routes.openapi import JSON, RETRY_AFTER, error_example, named
 from app.settings import Settings
 
 SCHEME = "bearerAuth"
+METRICS_SCHEME = "metricsToken"
 _ERROR_SCHEMA = {"$ref": "#/components/schemas/ErrorResponse"}
 WWW_AUTHENTICATE: dict[str, Any] = {"WWW-Authenticate": {
     "description": "the Bearer challenge (RFC 6750): the realm, and with a token sent "
@@ -76,3 +77,22 @@ def _add_examples(declared: dict[str, Any], answer: dict[str, Any]) -> None:
     examples = declared.get("content", {}).get(JSON, {}).get("examples")
     if examples is not None:
         examples.update(answer["content"][JSON]["examples"])
+
+
+def declare_metrics_token(schema: dict[str, Any], settings: Settings) -> None:
+    """With LLOG_METRICS_TOKEN set: its scheme on the metrics operations, and their 401."""
+    if settings.metrics_token is None:
+        return
+    components = schema.setdefault("components", {})
+    components.setdefault("securitySchemes", {})[METRICS_SCHEME] = {
+        "type": "http", "scheme": "bearer",
+        "description": "The scrapers' token, LLOG_METRICS_TOKEN (docs/operations.md, "
+                       "Security)"}
+    answer = {**refusal("401"), "description": "no bearer token, or not the metrics "
+                                               "token (Unauthenticated)"}
+    for path, operations in schema.get("paths", {}).items():
+        if path not in METRICS_PATHS:
+            continue
+        for operation in operations.values():
+            operation["security"] = [{METRICS_SCHEME: []}]
+            operation.setdefault("responses", {})["401"] = answer
