@@ -27,6 +27,13 @@ RUN groupadd --system --gid 10001 llog \
 USER llog
 WORKDIR /home/llog
 
+# Access control is on: the container listens on every address. Mount the auth file
+# (principals, API key hashes, rights: docs/operations.md, Security) at this path, for
+# example from a Kubernetes Secret; the broker does not start without it. A deployment
+# that is open on purpose (a private development network) sets LLOG_AUTH=off.
+ENV LLOG_AUTH=on \
+    LLOG_AUTH_FILE=/etc/llog/auth/auth.toml
+
 EXPOSE 8080
 
 # Ready, not merely alive: /health/ready answers 503 while the broker starts or drains.

@@ -14,6 +14,7 @@ deploy/docker-compose.yml is validated against the compose specification's schem
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
@@ -30,7 +31,10 @@ from typing import Any
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
+from app.auth import authfile
+from app.auth.exposure import insecure_listener
 from app.cli import build_parser, cmd_compactor, cmd_serve
 from app.localstack.binaries import BuildError
 from app.routes import health, metrics
@@ -308,6 +312,76 @@ def test_metrics_are_scraped_from_every_pod_never_through_the_service(
     assert [sd["role"] for sd in job["kubernetes_sd_configs"]] == ["pod"]
     sources = {tuple(r["source_labels"]) for r in job["relabel_configs"]}
     assert ("__meta_kubernetes_pod_annotation_prometheus_io_scrape",) in sources
+
+
+# -- access control and metrics -----------------------------------------------------------
+
+def _secret_data(objs: list[Obj], name: str) -> dict[str, str]:
+    """A Secret's values, decoded."""
+    data = find(objs, "Secret", name).get("data", {})
+    return {key: base64.b64decode(value).decode() for key, value in data.items()}
+
+
+def _served_settings(objs: list[Obj], workload: str) -> Settings:
+    """What the workload's process reads: the ConfigMap, its literal env and the
+    listen address of its command (values from Secrets left out)."""
+    container = container_of(objs, "Deployment", workload)
+    values = {**find(objs, "ConfigMap", "llog-config")["data"],
+              **{e["name"]: e["value"] for e in container.get("env", []) if "value" in e}}
+    args = build_parser().parse_args(container["args"])
+    return Settings(**{k.removeprefix("LLOG_").lower(): v for k, v in values.items()},
+                    host=args.host, port=args.port)
+
+
+def test_brokers_serve_with_access_control_on_from_a_secret(example: list[Obj]) -> None:
+    settings = _served_settings(example, "llog-broker")
+    assert settings.auth_enabled and settings.auth_file is not None
+    assert not insecure_listener(settings)
+    template = find(example, "Deployment", "llog-broker")["spec"]["template"]
+    (container,) = template["spec"]["containers"]
+    (mount,) = [m for m in container["volumeMounts"]
+                if m["mountPath"] == str(settings.auth_file.parent)]
+    assert mount["readOnly"] is True
+    assert "subPath" not in mount, "a subPath mount never sees the Secret's updates"
+    (volume,) = [v for v in template["spec"]["volumes"] if v["name"] == mount["name"]]
+    secret = volume["secret"]
+    (item,) = [i for i in secret["items"] if i["path"] == settings.auth_file.name]
+    text = _secret_data(example, secret["secretName"])[item["key"]]
+    authfile.parse(text)  # the shipped file is a valid auth file
+    # Its name stays the same when the file changes, so brokers reload it in place.
+    assert find(example, "Secret", "llog-auth")["metadata"]["name"] == "llog-auth"
+
+
+def test_metrics_answer_only_the_scrapers_token(example: list[Obj]) -> None:
+    scrape = yaml.safe_load((ROOT / "deploy/prometheus/kubernetes-pods.yml").read_text())
+    (job,) = scrape["scrape_configs"]
+    assert job["authorization"]["type"] == "Bearer"
+    sent_file = Path(job["authorization"]["credentials_file"])
+    for workload in ("llog-broker", "llog-compactor"):
+        assert _served_settings(example, workload).auth_metrics == "open", workload
+        env = {e["name"]: e for e in container_of(example, "Deployment", workload)["env"]}
+        ref = env["LLOG_METRICS_TOKEN"]["valueFrom"]["secretKeyRef"]
+        secret = find(example, "Secret", "llog-metrics-token")
+        assert ref["name"] == secret["metadata"]["name"], workload
+        # Prometheus mounts the same Secret: the file it sends is the key the pods read.
+        assert sent_file.name == ref["key"] and sent_file.parent.name == "llog-metrics-token"
+        placeholder = _secret_data(example, "llog-metrics-token")[ref["key"]]
+        with pytest.raises(ValidationError, match="LLOG_METRICS_TOKEN"):
+            Settings(metrics_token=placeholder)  # never deployed as it is
+
+
+def test_the_broker_image_turns_access_control_on(example: list[Obj]) -> None:
+    stages = dockerfile_stages(ROOT / "Dockerfile")
+    env = dict(shlex.split(word)[0].split("=", 1)
+               for rest in effective(stages, list(stages)[-1], "ENV") for word in rest.split())
+    assert env["LLOG_AUTH"] == "on"
+    assert env["LLOG_AUTH_FILE"] == str(_served_settings(example, "llog-broker").auth_file)
+    # The compose stack is a development one: open on purpose, on loopback only.
+    compose = yaml.safe_load((ROOT / "deploy/docker-compose.yml").read_text())
+    for name, service in compose["services"].items():
+        if name.startswith("broker"):
+            assert service["environment"]["LLOG_AUTH"] == "off", name
+            assert all(str(p).startswith("127.0.0.1:") for p in service["ports"]), name
 
 
 # -- pods ---------------------------------------------------------------------------------
