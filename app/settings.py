@@ -173,6 +173,11 @@ class Settings(BaseSettings):
     # A key set is a few kilobytes: a larger document is refused rather than parsed.
     auth_jwks_max_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
 
+    # Where an acknowledged produce entry lives (wal_uri, index_key) is told to every
+    # caller (all), only to callers holding the admin right on its topic (admin; with auth
+    # off every caller does), or to none: the names show the bucket and key layout.
+    produce_locations: Literal["all", "admin", "none"] = "all"
+
     # Writer.
     commit_max_attempts: int = Field(default=64, ge=1, le=10_000)
     # Bodies of new WAL objects: bytes-batch-v3 (columns), or bytes-batch-v1 (and v2 for

@@ -350,6 +350,7 @@ def test_brokers_serve_with_access_control_on_from_a_secret(example: list[Obj]) 
     authfile.parse(text)  # the shipped file is a valid auth file
     # Its name stays the same when the file changes, so brokers reload it in place.
     assert find(example, "Secret", "llog-auth")["metadata"]["name"] == "llog-auth"
+    assert settings.produce_locations == "admin"
 
 
 def test_metrics_answer_only_the_scrapers_token(example: list[Obj]) -> None:

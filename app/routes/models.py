@@ -225,10 +225,12 @@ class ProduceSuccess(_PartitionResult):
     start_offset: int = Field(description="the offset of the entry's first record")
     end_offset: int = Field(description="the offset of the entry's last record")
     count: int = Field(description="how many records the entry holds")
-    index_key: str = Field(description=(
-        "Oxia key of the index entry of the append holding the records; informational"))
-    wal_uri: str = Field(description="the shared WAL object holding the records; "
-                                     "informational")
+    index_key: str | Absent = Field(default=None, description=(
+        "Oxia key of the index entry of the append holding the records; informational. "
+        "Absent when LLOG_PRODUCE_LOCATIONS keeps it from this caller"))
+    wal_uri: str | Absent = Field(default=None, description=(
+        "the shared WAL object holding the records; informational. Absent when "
+        "LLOG_PRODUCE_LOCATIONS keeps it from this caller"))
     duplicate: bool | Absent = Field(default=None, description=(
         "present and true when the idempotency key was committed before: these are the "
         "offsets of that first append, and nothing was written now"))

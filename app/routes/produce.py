@@ -7,7 +7,9 @@ OpenAPI document still describes it with :class:`ProduceRequest`.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -18,7 +20,7 @@ from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
-from app.routes.access import account, authorize, charge_produce, control_of
+from app.routes.access import account, authorize, charge_produce, control_of, holds
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import ErrorResponse, ProduceResponse
 from app.routes.openapi import error, errors, named, response
@@ -82,7 +84,8 @@ async def produce(request: Request) -> Response:
             outcomes = await state.batcher.submit(groups)
         except LlogError as exc:  # refused as a whole: nothing was written
             outcomes = [exc] * len(groups)
-    results = [_result(state, group, outcome)
+    located = _locations_shown(request, state.settings)
+    results = [_result(state, group, outcome, located)
                for group, outcome in zip(groups, outcomes, strict=True)]
     if control_of(request) is not None:
         account(request, produced=sum(g.size for g, o in zip(groups, outcomes, strict=True)
@@ -163,8 +166,19 @@ def _check_records(tp: str, records: RecordBatch, s: Settings, max_record_bytes:
                                   f"exceed the limit of {s.max_header_bytes} bytes")
 
 
-def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome
-            ) -> dict[str, Any]:
+def _locations_shown(request: Request, s: Settings) -> Callable[[str], bool]:
+    """Whether the caller is told where an entry of a topic lives (``wal_uri``,
+    ``index_key``): LLOG_PRODUCE_LOCATIONS, and for ``admin`` the caller's admin right on
+    the topic (every caller holds it with auth off)."""
+    if s.produce_locations == "all":
+        return lambda _: True
+    if s.produce_locations == "none":
+        return lambda _: False
+    return functools.cache(lambda topic: holds(request, Right.ADMIN, topic))
+
+
+def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome,
+            located: Callable[[str], bool]) -> dict[str, Any]:
     """One entry of the answer, as :class:`ProducePartitionResult` would dump it."""
     tp = group.tp
     metrics = state.produce_metrics
@@ -175,8 +189,10 @@ def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome
         result: dict[str, Any] = {
             "topic": tp.topic, "partition": tp.partition, "ok": True,
             "start_offset": outcome.start_offset, "end_offset": outcome.end_offset,
-            "count": outcome.count, "index_key": outcome.index_key,
-            "wal_uri": outcome.wal_uri}
+            "count": outcome.count}
+        if located(tp.topic):
+            result["index_key"] = outcome.index_key
+            result["wal_uri"] = outcome.wal_uri
         if outcome.duplicate:
             result["duplicate"] = True
         return result
