@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import anyio
 
 from app.broker.metrics import ConsumeMetrics
-from app.broker.watch import PartitionWatch
+from app.broker.watch import Generation, PartitionWatch
 from app.errors import LlogError
 from app.storage import runs
 from app.storage.keys import TopicPartition
@@ -120,8 +120,9 @@ class ConsumeService:
                     self._long_polls.release()
 
     async def _look(self, fetches: Sequence[Fetch], max_bytes: int) -> list[ReadOutcome]:
-        # Generations first: a remote change arriving while we read keeps it stale.
-        generations = [self._watch.generation(f.tp) for f in fetches]
+        # The watch's clock first, before any look at the cache or the log: a remote
+        # change reported from here on keeps its partition stale.
+        since = self._watch.generation()
         outcomes: list[ReadOutcome | None] = [None] * len(fetches)
         hits = await self._cache_lookup(fetches, max_bytes)
         used = 0
@@ -145,27 +146,44 @@ class ConsumeService:
             outcomes[i] = ReadResult(f.tp, kept, hit.high_watermark, next_offset,
                                      hit.append_times[:len(kept)])
         if misses:
-            await self._read_misses(fetches, misses, generations, outcomes,
+            await self._read_misses(fetches, misses, since, outcomes,
                                     max(0, max_bytes - used), first_of_answer=used == 0)
         return [o for o in outcomes if o is not None]
 
     async def _read_misses(self, fetches: Sequence[Fetch], misses: list[int],
-                           generations: list[tuple[int, int]],
-                           outcomes: list[ReadOutcome | None], budget: int, *,
-                           first_of_answer: bool) -> None:
+                           since: Generation, outcomes: list[ReadOutcome | None],
+                           budget: int, *, first_of_answer: bool) -> None:
+        """Read the partitions the cache could not answer; tell the cache the high
+        watermarks read, and then the watch which partitions are up to date.
+
+        A partition is up to date (fresh) only when the read saw the log after ``since``
+        was captured: a read planned from a lookup made ahead (``looked_up_ahead``) may
+        rest on a control record read before it, and a remote commit reported between
+        the two would be taken as seen, leaving a long-poll at its offset answered
+        "nothing yet" from the cache until some later write. Such reads only happen
+        below the tail, where freshness saves nothing: the read that reaches the tail
+        reads the control record itself, and that one marks the partition fresh. And
+        the cache learns the high watermark *before* the partition turns fresh: the
+        other way round, a look in between (the file cache notes in a worker thread)
+        would trust the older one.
+        """
         requests = [ReadRequest(fetches[i].tp, max(fetches[i].offset, 1),
                                 MAX_RECORDS_PER_PARTITION, fetches[i].partition_max_bytes)
                     for i in misses]
         results = await self._reader.read_many(requests, max_bytes=budget,
                                                oversized_first=first_of_answer)
         learned: list[tuple[TopicPartition, int]] = []
+        fresh: list[TopicPartition] = []
         for i, result in zip(misses, results, strict=True):
             outcomes[i] = result
             if isinstance(result, ReadResult):
-                self._watch.refreshed(fetches[i].tp, generations[i])
                 learned.append((fetches[i].tp, result.high_watermark))
+                if not result.looked_up_ahead:
+                    fresh.append(fetches[i].tp)
         if self._cache is not None and learned:
             await run_cache_io(self._cache, _note_all, self._cache, learned)
+        for tp in fresh:
+            self._watch.refreshed(tp, since)
 
     async def _cache_lookup(self, fetches: Sequence[Fetch], max_bytes: int
                             ) -> list[CacheHit | None]:

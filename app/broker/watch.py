@@ -7,11 +7,16 @@ thread and handed to the event loop. Such a change also makes the partition *sta
 until a read that *started after it* has seen the new high watermark, the tail cache's
 "known empty at the tail" answer cannot be trusted for it.
 
-Staleness is a generation per partition: a remote change bumps it; a reader captures it
-before reading (:meth:`PartitionWatch.generation`) and, once it has read, clears the
-partition only if no change came in the meantime (:meth:`PartitionWatch.refreshed`). A
-change that lands while a read is in flight therefore keeps the partition stale, and the
-next look reads the log again instead of trusting the cache.
+Staleness is told by a clock that only moves forward: every remote change takes the next
+number of a sequence shared by all partitions, and a stale partition remembers the number
+of its latest change. A reader captures the clock before it reads anything
+(:meth:`PartitionWatch.generation`) and, once the tail cache knows the high watermark it
+read, clears the partition only if its latest change came before the capture
+(:meth:`PartitionWatch.refreshed`). A change that lands while a read is in flight
+therefore keeps the partition stale, and the next look reads the log again instead of
+trusting the cache. The clock never goes back, so a read that began before a change can
+never mistake that change for one it saw (a counter per partition, dropped once fresh and
+restarted by the next change, could come back to the very value an older read captured).
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 import anyio.abc
@@ -56,6 +61,15 @@ class Waiter:
         await self._event.wait()
 
 
+class Generation(NamedTuple):
+    """The watch's clock: ``epoch`` moves when every partition is made stale at once,
+    ``sequence`` with every remote change. Both only grow, so generations compare in
+    the order they were captured."""
+
+    epoch: int
+    sequence: int
+
+
 @dataclass(frozen=True)
 class WatchStats:
     watched_partitions: int
@@ -74,11 +88,12 @@ class PartitionWatch:
 
     def __init__(self, max_stale: int = 100_000) -> None:
         self._waiters: dict[TopicPartition, set[Waiter]] = {}
-        self._changes: dict[TopicPartition, int] = {}  # stale partitions -> generation
+        # Stale partitions -> the sequence number of their latest change.
+        self._changes: dict[TopicPartition, int] = {}
         self._epoch = 0
         self._seen_epoch: dict[TopicPartition, int] = {}
         self._max_stale = max_stale
-        self.remote_changes = 0
+        self.remote_changes = 0  # also the sequence number of the latest change
 
     @contextlib.contextmanager
     def watching(self, tps: list[TopicPartition]) -> Iterator[Waiter]:
@@ -115,7 +130,7 @@ class PartitionWatch:
             self._changes.clear()
             self._seen_epoch.clear()
             self._epoch += 1
-        self._changes[tp] = self._changes.get(tp, 0) + 1
+        self._changes[tp] = self.remote_changes
         self.notify(tp)
 
     def distrust_all(self) -> None:
@@ -127,19 +142,19 @@ class PartitionWatch:
         self._epoch += 1
         self.wake_all()
 
-    def generation(self, tp: TopicPartition) -> tuple[int, int]:
-        """Capture before reading ``tp``; hand to :meth:`refreshed` after the read."""
-        return self._epoch, self._changes.get(tp, 0)
+    def generation(self) -> Generation:
+        """Capture before a read looks at the log; hand to :meth:`refreshed` after it."""
+        return Generation(self._epoch, self.remote_changes)
 
     def is_stale(self, tp: TopicPartition) -> bool:
         return tp in self._changes or (
             self._epoch > 0 and self._seen_epoch.get(tp, 0) < self._epoch)
 
-    def refreshed(self, tp: TopicPartition, generation: tuple[int, int]) -> None:
-        """A read that started at ``generation`` has seen ``tp``'s high watermark: it is
-        fresh unless another change came in while the read was in flight."""
-        epoch, changes = generation
-        if epoch != self._epoch or self._changes.get(tp, 0) != changes:
+    def refreshed(self, tp: TopicPartition, generation: Generation) -> None:
+        """A read whose every look at the log came after ``generation`` was captured has
+        seen ``tp``'s high watermark, and the tail cache knows it: ``tp`` is fresh unless
+        a change was reported after the capture (the read may have missed it)."""
+        if generation.epoch != self._epoch or self._changes.get(tp, 0) > generation.sequence:
             return
         self._changes.pop(tp, None)
         if self._epoch > 0:

@@ -39,7 +39,7 @@ from app.storage.chunks import chunk_index, chunk_records
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
 from app.storage.oxia_store import OxiaStore, Record
-from app.storage.plan_ahead import PlanAhead
+from app.storage.plan_ahead import Lookup, PlanAhead
 from app.storage.read_ahead import ReadAhead
 from app.storage.records import CompactionCursor, Control
 from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
@@ -70,6 +70,11 @@ class ReadResult:
     # The broker's append time of each record, in step with ``records``.
     append_times: list[int] = field(default_factory=list)
     log_start: int = 1
+    # Planned from a control record read *ahead* of the read (app/storage/plan_ahead.py),
+    # possibly before its caller began: ``high_watermark`` may predate a change the
+    # caller had already heard of when it called, so such an answer must not convince
+    # the caller that it is up to date (app/broker/consume.py).
+    looked_up_ahead: bool = False
 
     @property
     def size(self) -> int:
@@ -158,6 +163,7 @@ class _Plan:
     high_watermark: int
     log_start: int = 1
     units: list[_Unit] = field(default_factory=list)
+    looked_up_ahead: bool = False
 
 
 class LogReader:
@@ -280,8 +286,13 @@ class LogReader:
                     skip_strays: bool) -> _Plan:
         tp = request.tp
         page: list[Record] | None = None
+        ahead: Lookup | None = None
         if request.offset >= 1 and (request.max_records is None or request.max_records > 0):
-            control, page = await self._control_and_page(tp, request.offset)
+            # The control record and the first index page from the offset: looked up
+            # ahead of this read (:meth:`_plan_on`), or now.
+            ahead = await self.plans.take(tp, request.offset)
+            control, page = ahead if ahead is not None else \
+                await self._look_up(tp, request.offset)
         else:
             control = await self.read_control(tp)
         hw = 0 if control is None else control.sequence_counter
@@ -293,7 +304,7 @@ class LogReader:
             raise OffsetOutOfRange(
                 f"{tp}: offset {offset} is {where}; the log holds {log_start}..{hw}",
                 log_start=log_start, high_watermark=hw)
-        plan = _Plan(request, offset, hw, log_start)
+        plan = _Plan(request, offset, hw, log_start, looked_up_ahead=ahead is not None)
         if control is None or offset == hw + 1 or (
                 request.max_records is not None and request.max_records <= 0):
             return plan
@@ -306,13 +317,6 @@ class LogReader:
     async def _cursor(self, tp: TopicPartition) -> int:
         record = await self._oxia.get(self._layout.compaction_cursor(tp), tp.partition_key)
         return 1 if record is None else CompactionCursor.from_json(record.value).offset
-
-    async def _control_and_page(self, tp: TopicPartition, offset: int
-                                ) -> tuple[Control | None, list[Record] | None]:
-        """The control record and the first index page from ``offset``: looked up ahead
-        of this read (:meth:`_plan_on`), or now."""
-        ahead = await self.plans.take(tp, offset)
-        return ahead if ahead is not None else await self._look_up(tp, offset)
 
     async def _look_up(self, tp: TopicPartition, offset: int
                        ) -> tuple[Control | None, list[Record] | None]:
@@ -682,4 +686,4 @@ def _assemble(plan: _Plan, remaining: list[int], *, first_of_answer: bool) -> Re
     remaining[0] -= size
     records = RunRecords(taken, size)
     return ReadResult(request.tp, records, plan.high_watermark, nxt, records.times(),
-                      plan.log_start)
+                      plan.log_start, plan.looked_up_ahead)
