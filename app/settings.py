@@ -39,6 +39,10 @@ ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
 # margin for clock skew between brokers and the object store, and for process pauses.
 RETRY_HORIZON_SAFE_SHARE = 0.5
 
+# The largest LLOG_MAX_PARTITIONS_PER_REQUEST allowed: request models refuse a longer list
+# of partitions as they read it, before the route (and the setting) sees the request.
+MAX_PARTITIONS_PER_REQUEST_CEILING = 100_000
+
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _PREFIX = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
@@ -190,7 +194,8 @@ class Settings(BaseSettings):
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
     # Server-Sent Events streams open at once per process (GET /topics/{topic}/stream).
     max_concurrent_streams: int = Field(default=100, ge=1, le=100_000)
-    max_partitions_per_request: int = Field(default=1_000, ge=1, le=100_000)
+    max_partitions_per_request: int = Field(default=1_000, ge=1,
+                                            le=MAX_PARTITIONS_PER_REQUEST_CEILING)
     max_fetch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
 
     # Topics: producing to an unknown topic creates it (with this many partitions, or as
