@@ -197,6 +197,12 @@ class Settings(BaseSettings):
     max_partitions_per_request: int = Field(default=1_000, ge=1,
                                             le=MAX_PARTITIONS_PER_REQUEST_CEILING)
     max_fetch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    # Bytes the consume answers of one process may hold at once (records read, answers
+    # being encoded or sent: app/broker/answer_budget.py); a read that does not fit waits
+    # up to the wait below, then is refused with 503 and Retry-After.
+    max_answer_bytes_in_flight: int = Field(default=1024 * 1024 * 1024, ge=1024 * 1024,
+                                            le=1024 * 1024 * 1024 * 1024)
+    answer_bytes_wait_ms: int = Field(default=1_000, ge=0, le=60_000)
 
     # Topics: producing to an unknown topic creates it (with this many partitions, or as
     # many as the partition named needs) and to a partition beyond the count grows it;

@@ -9,7 +9,7 @@ declared up front.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
@@ -17,14 +17,23 @@ from starlette.types import Receive, Scope, Send
 
 class PartsResponse(Response):
     def __init__(self, parts: Sequence[bytes | memoryview], media_type: str,
-                 status_code: int = 200) -> None:
+                 status_code: int = 200, on_sent: Callable[[], None] | None = None) -> None:
         self._parts = [p for p in parts if len(p)]
+        self._on_sent = on_sent
         super().__init__(b"", status_code=status_code, media_type=media_type)
         length = str(sum(len(p) for p in self._parts)).encode()
         self.raw_headers = [(k, length if k == b"content-length" else v)
                             for k, v in self.raw_headers]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self._send(send)
+        finally:
+            self._parts = []
+            if self._on_sent is not None:
+                self._on_sent()
+
+    async def _send(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
         last = len(self._parts) - 1
