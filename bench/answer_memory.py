@@ -7,7 +7,8 @@ hold memory of their own off (object cache, tail cache), so that what grows is w
 answers hold. Writes ``--data-mib`` MiB over ``--partitions`` partitions, then runs
 ``--readers`` consumers at once, each reading a partition from offset 1 to its end
 (``--rounds`` times), ``--fetch-mib`` per ``POST /consume``, half of them asking for
-binary answers and half for JSON; a 503 is retried after its ``Retry-After``.
+binary answers and half for JSON (``--format``); a 503 is retried after its
+``Retry-After``.
 
 It samples the broker's RSS (psutil, every 10 ms) and reads its peak (``VmHWM``), and
 prints them beside the bound: the broker's RSS when idle and warmed, plus the budget,
@@ -138,8 +139,8 @@ async def catch_up(http: httpx.AsyncClient, partition: int, fetch: int, binary: 
         offset = next_offset
 
 
-async def drive(url: str, readers: int, rounds: int, partitions: int, fetch: int
-                ) -> tuple[Load, float]:
+async def drive(url: str, readers: int, rounds: int, partitions: int, fetch: int,
+                fmt: str) -> tuple[Load, float]:
     load = Load()
     started = time.monotonic()
     limits = httpx.Limits(max_connections=readers, max_keepalive_connections=readers)
@@ -147,7 +148,8 @@ async def drive(url: str, readers: int, rounds: int, partitions: int, fetch: int
 
         async def reader(i: int) -> None:
             for _ in range(rounds):
-                await catch_up(http, i % partitions, fetch, binary=i % 2 == 1, load=load)
+                binary = fmt == "binary" or (fmt == "both" and i % 2 == 1)
+                await catch_up(http, i % partitions, fetch, binary=binary, load=load)
 
         async with anyio.create_task_group() as tg:
             for i in range(readers):
@@ -191,7 +193,7 @@ def run(stack: LocalStack, args: argparse.Namespace, budget: int, logs: Path,
         with RssSampler(proc.pid) as sampler:
             idle = sampler.rss()
             load, took = anyio.run(drive, url, args.readers, args.rounds, args.partitions,
-                                   args.fetch_mib * MiB)
+                                   args.fetch_mib * MiB, args.format)
         peak = max(sampler.peak, vm_hwm(proc.pid))
         figures = anyio.run(answer_figures, url)
     finally:
@@ -199,7 +201,8 @@ def run(stack: LocalStack, args: argparse.Namespace, budget: int, logs: Path,
     label = "unbounded" if budget == UNBOUNDED else f"budget {budget / MiB:.0f} MiB"
     bound = idle + (0 if budget == UNBOUNDED else budget) + args.overhead_mib * MiB
     print(f"\n{label}: {args.readers} readers x {args.rounds} catch-ups of "
-          f"{args.data_mib // args.partitions} MiB, {args.fetch_mib} MiB per read")
+          f"{args.data_mib // args.partitions} MiB, {args.fetch_mib} MiB per read, "
+          f"{args.format} answers")
     print(f"  {load.answers} answers, {load.bytes / MiB:.0f} MiB in {took:.1f} s; "
           f"{load.refused} refused (503) and retried")
     held = figures.get("llog_answer_peak_bytes_in_flight", 0) / MiB
@@ -222,6 +225,8 @@ def main() -> None:
     parser.add_argument("--data-mib", type=int, default=512)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--record-kib", type=int, default=64)
+    parser.add_argument("--format", choices=("both", "binary", "json"), default="both",
+                        help="the readers' answers: half of each, or all of one")
     parser.add_argument("--overhead-mib", type=int, default=128)
     parser.add_argument("--unbounded", action="store_true",
                         help="also run the same load with no budget, for comparison")

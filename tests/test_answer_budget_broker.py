@@ -100,7 +100,7 @@ async def test_past_the_wait_a_read_is_refused_with_503_and_retry_after(
             assert big.status_code == 200
             for headers in (BINARY, {}):  # either format, the same refusal
                 refused = await other.post("/consume", json=_whole(topic), headers=headers)
-                assert refused.status_code == 503, refused.text
+                assert refused.status_code == 503, refused.text[:300]
                 assert refused.headers["retry-after"] == "1"
                 assert refused.json()["error_type"] == "Unavailable"
                 assert "LLOG_MAX_ANSWER_BYTES_IN_FLIGHT" in refused.json()["error"]
@@ -134,7 +134,7 @@ async def test_concurrent_large_reads_stay_within_the_budget(
             if r.status_code == 503:
                 assert r.headers["retry-after"] == "1"
             else:
-                assert r.status_code == 200, r.text
+                assert r.status_code == 200, r.text[:300]
             statuses.append(r.status_code)
 
         async with anyio.create_task_group() as tg:

@@ -2,8 +2,9 @@
 
 :class:`BudgetedConsumeService` is the consume service whose every look at the log (the
 first read of a request, and each read after a long-poll's wake-up) first reserves room
-for what it may read: ``max_bytes`` times the answer's :attr:`AnswerHold.factor` (what
-its encoding adds). Once the look returns, the request holds only what it read. So a
+for what it may read: ``max_bytes`` times what reading holds per byte, or what the
+answer's encoding does (:attr:`AnswerHold.factor`), whichever is more. Once the look
+returns, the request holds what it read (times that factor). So a
 long-poll that waits holds only the records it already has (none, usually), not its
 ``max_bytes``: a thousand idle long-polls cost the budget nothing, and a thousand woken
 at once read within it, the rest waiting their turn or refused with 503.
@@ -26,10 +27,14 @@ from app.broker.consume import ConsumeService, Fetch
 from app.storage import runs
 from app.storage.reader import ReadOutcome, ReadResult
 
-# What a JSON answer holds per record byte while it is built: the records, and their
-# encoding beside them (base64 is 4/3 of the bytes, text about 1, plus the fields).
-JSON_FACTOR = 2.5
-BINARY_FACTOR = 1.0  # a binary answer's parts are views of the records read
+# What a read holds per byte while it runs: an object-store body as it arrives and as
+# it is joined (bench/catchup_memory.py measures the read path).
+READ_FACTOR = 2.0
+# What an answer holds per record byte once read, until it is sent: a binary answer's
+# parts are views of the records; a JSON answer holds the records, their values as
+# text (or base64: 4/3) and the encoded body beside them while it is built.
+BINARY_FACTOR = 1.0
+JSON_FACTOR = 4.0
 # Beside the record bytes: each record's framing (offset, time, lengths; JSON's field
 # names), and the answer's own (its partitions' fields), counted as bytes held.
 RECORD_OVERHEAD = 48
@@ -47,6 +52,10 @@ class AnswerHold:
         """The bytes an answer of ``records`` records of ``record_bytes`` holds."""
         return (math.ceil(record_bytes * self.factor) + records * RECORD_OVERHEAD
                 + ANSWER_OVERHEAD)
+
+    def room_to_read(self, max_bytes: int) -> int:
+        """The bytes a read of at most ``max_bytes`` may hold, while it reads and after."""
+        return math.ceil(max_bytes * max(self.factor, READ_FACTOR)) + ANSWER_OVERHEAD
 
     def hold(self, n: int) -> None:
         self.reservation.hold(n)
@@ -93,7 +102,7 @@ class BudgetedConsumeService(ConsumeService):
         if hold is None:
             return await super()._look(fetches, max_bytes, *args, **kwargs)
         # The outcomes of the previous look are held until this one replaces them.
-        await hold.reservation.reserve(hold.reservation.held + hold.room(max_bytes))
+        await hold.reservation.reserve(hold.reservation.held + hold.room_to_read(max_bytes))
         outcomes = await super()._look(fetches, max_bytes, *args, **kwargs)
         hold.hold(hold.room(*_read(outcomes)))
         return outcomes
