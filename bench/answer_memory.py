@@ -2,8 +2,8 @@
 answer budget (a script, not a timing test).
 
 Starts its own real Oxia and MinIO and one broker process (``llog serve``) with
-``LLOG_MAX_ANSWER_BYTES_IN_FLIGHT`` set to ``--budget-mib``, and the caches that would
-hold memory of their own off (object cache, tail cache), so that what grows is what
+``LLOG_MAX_ANSWER_BYTES_IN_FLIGHT`` set to ``--budget-mib``, and what would hold memory
+of its own off (object cache, tail cache, the compact role), so that what grows is what
 answers hold. Writes ``--data-mib`` MiB over ``--partitions`` partitions, then runs
 ``--readers`` consumers at once, each reading a partition from offset 1 to its end
 (``--rounds`` times), ``--fetch-mib`` per ``POST /consume``, half of them asking for
@@ -179,9 +179,12 @@ def run(stack: LocalStack, args: argparse.Namespace, budget: int, logs: Path,
     url = f"http://127.0.0.1:{port}"
     env = {**stack.settings_env(), "LLOG_BROKER_ID": f"mem-{port}",
            "LLOG_MAX_ANSWER_BYTES_IN_FLIGHT": str(budget),
-           "LLOG_ANSWER_BYTES_WAIT_MS": "5000",
+           "LLOG_ANSWER_BYTES_WAIT_MS": str(args.wait_ms),
            "LLOG_MAX_FETCH_BYTES": str(max(args.fetch_mib * MiB, 1024)),
            "LLOG_READ_OBJECT_CACHE_BYTES": "0", "LLOG_TAIL_CACHE_MAX_BYTES": "0",
+           # No compaction in this process: it would start on the data written here
+           # while the readers run, and its own buffers are not answers.
+           "LLOG_ROLES": "write,read",
            "LLOG_DRAIN_S": "0"}
     proc = broker_process(env["LLOG_BROKER_ID"], port, env, logs / f"broker-{port}.log")
     proc.start()
@@ -225,6 +228,8 @@ def main() -> None:
     parser.add_argument("--data-mib", type=int, default=512)
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--record-kib", type=int, default=64)
+    parser.add_argument("--wait-ms", type=int, default=5000,
+                        help="LLOG_ANSWER_BYTES_WAIT_MS: a read's wait for room, then 503")
     parser.add_argument("--format", choices=("both", "binary", "json"), default="both",
                         help="the readers' answers: half of each, or all of one")
     parser.add_argument("--overhead-mib", type=int, default=128)
