@@ -145,3 +145,19 @@ async def test_concurrent_large_reads_stay_within_the_budget(
     assert figures["llog_answer_peak_bytes_in_flight"] <= BUDGET
     assert figures["llog_answer_refused_total"] == statuses.count(503)
     assert figures["llog_answer_waiting"] == 0
+
+
+async def test_a_stream_batch_holds_the_budget_until_the_stream_ends(
+        brokers: BrokerFactory, topic: str) -> None:
+    broker = brokers.start(max_answer_bytes_in_flight=str(BUDGET))
+    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http:
+        r = await http.post("/produce", json=produce_body(topic, "s" * 100_000))
+        assert r.status_code == 200
+        async with http.stream("GET", f"/topics/{topic}/stream?from=earliest") as stream:
+            assert stream.status_code == 200
+            async for line in stream.aiter_lines():
+                if line.startswith("event: records"):
+                    break  # the batch was read (and reserved) and sent
+        # Closed by the client: the slot and the batch's share are given back.
+        figures = await _until(http, "llog_answer_bytes_in_flight", 0)
+    assert figures["llog_answer_peak_bytes_in_flight"] >= 4 * 100_000
