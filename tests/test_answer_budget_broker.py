@@ -161,3 +161,40 @@ async def test_a_stream_batch_holds_the_budget_until_the_stream_ends(
         # Closed by the client: the slot and the batch's share are given back.
         figures = await _until(http, "llog_answer_bytes_in_flight", 0)
     assert figures["llog_answer_peak_bytes_in_flight"] >= 4 * 100_000
+
+
+async def test_a_waiting_long_poll_holds_only_what_it_read(
+        brokers: BrokerFactory, topic: str) -> None:
+    broker = brokers.start(max_answer_bytes_in_flight=str(BUDGET),
+                           answer_bytes_wait_ms="200")
+    await _fill(broker, topic)
+    idle = f"{topic}-idle"
+    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http, \
+            httpx.AsyncClient(base_url=broker.url, timeout=60) as other:
+        r = await http.post("/produce", json=produce_body(idle, "first"))
+        assert r.status_code == 200
+        async with anyio.create_task_group() as tg:
+            polled: list[httpx.Response] = []
+
+            async def long_poll() -> None:  # the whole budget's max_bytes, nothing to read
+                polled.append(await http.post("/consume", json=consume_body(
+                    idle, 2, max_bytes=BUDGET, max_wait_ms=30_000)))
+
+            tg.start_soon(long_poll)
+            for _ in range(600):
+                r = await other.get("/metrics/prometheus")
+                if "llog_consume_long_polls 1.0" in r.text:
+                    break
+                await anyio.sleep(0.05)
+            else:
+                raise AssertionError("the long-poll never parked")
+            # While it waits, a read of the whole budget goes in at once.
+            whole = await other.post("/consume", json=_whole(topic), headers=BINARY)
+            assert whole.status_code == 200, whole.text[:300]
+            r = await other.post("/produce", json=produce_body(idle, "second"))
+            assert r.status_code == 200
+        (answer,) = polled
+        assert answer.status_code == 200
+        assert [x["value"] for x in answer.json()["results"][0]["records"]] == ["second"]
+        figures = await _until(http, "llog_answer_bytes_in_flight", 0)
+    assert figures["llog_answer_refused_total"] == 0

@@ -48,8 +48,12 @@ class AnswerHold:
     reservation: Reservation
     factor: float
 
-    def room(self, record_bytes: int, records: int = 0) -> int:
-        """The bytes an answer of ``records`` records of ``record_bytes`` holds."""
+    def room(self, record_bytes: int, records: int) -> int:
+        """The bytes an answer of ``records`` records of ``record_bytes`` holds; none
+        for no records: a long-poll that waits with nothing holds nothing, and so keeps
+        no read that needs the whole budget waiting."""
+        if not records:
+            return 0
         return (math.ceil(record_bytes * self.factor) + records * RECORD_OVERHEAD
                 + ANSWER_OVERHEAD)
 
