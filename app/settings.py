@@ -41,6 +41,10 @@ RETRY_HORIZON_SAFE_SHARE = 0.5
 # A shorter LLOG_METRICS_TOKEN is refused: it could be guessed.
 MIN_METRICS_TOKEN_CHARS = 16
 
+# The largest LLOG_MAX_PARTITIONS_PER_REQUEST allowed: request models refuse a longer list
+# of partitions as they read it, before the route (and the setting) sees the request.
+MAX_PARTITIONS_PER_REQUEST_CEILING = 100_000
+
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _PREFIX = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
@@ -202,8 +206,15 @@ class Settings(BaseSettings):
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
     # Server-Sent Events streams open at once per process (GET /topics/{topic}/stream).
     max_concurrent_streams: int = Field(default=100, ge=1, le=100_000)
-    max_partitions_per_request: int = Field(default=1_000, ge=1, le=100_000)
+    max_partitions_per_request: int = Field(default=1_000, ge=1,
+                                            le=MAX_PARTITIONS_PER_REQUEST_CEILING)
     max_fetch_bytes: int = Field(default=64 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
+    # Bytes the consume answers of one process may hold at once (records read, answers
+    # being encoded or sent: app/broker/answer_budget.py); a read that does not fit waits
+    # up to the wait below, then is refused with 503 and Retry-After.
+    max_answer_bytes_in_flight: int = Field(default=1024 * 1024 * 1024, ge=1024 * 1024,
+                                            le=1024 * 1024 * 1024 * 1024)
+    answer_bytes_wait_ms: int = Field(default=1_000, ge=0, le=60_000)
 
     # Topics: producing to an unknown topic creates it (with this many partitions, or as
     # many as the partition named needs) and to a partition beyond the count grows it;

@@ -32,6 +32,17 @@ CONSUME_FIGURES = (
     Figure("stream_slots",
            "Event stream slots (LLOG_MAX_CONCURRENT_STREAMS per worker process)"),
 )
+ANSWER_FIGURES = (
+    Figure("bytes_in_flight", "Bytes held by consume answers in flight (reserved for "
+                              "reads, read, or being sent)"),
+    Figure("max_bytes_in_flight",
+           "Budget of the answers in flight (LLOG_MAX_ANSWER_BYTES_IN_FLIGHT per worker "
+           "process)"),
+    Figure("peak_bytes_in_flight", "Most bytes answers in flight held at once", "livemax"),
+    Figure("waiting", "Consume reads waiting for room in the answer budget"),
+    Figure("refused", "Consume requests refused (503) for want of room in the answer "
+                      "budget", "counter"),
+)
 WATCH_FIGURES = (
     Figure("watched_partitions", "Partitions that long-polls wait on"),
     Figure("waiters", "Long-polls waiting on partitions"),

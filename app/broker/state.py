@@ -24,8 +24,10 @@ import anyio.abc
 
 from app.batching.batcher import Batcher
 from app.batching.metrics import BatcherMetrics
-from app.broker.consume import ConsumeService
+from app.broker.answer_budget import AnswerBudget
+from app.broker.answering import BudgetedConsumeService
 from app.broker.metrics import (
+    ANSWER_FIGURES,
     BATCHER_FIGURES,
     CONSUME_FIGURES,
     PLAN_AHEAD_FIGURES,
@@ -80,7 +82,7 @@ class BrokerState:
     started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     status: Status = "starting"
     batcher: Batcher | None = None
-    consume: ConsumeService | None = None
+    consume: BudgetedConsumeService | None = None
     writer: LogWriter | None = None
     reader: LogReader | None = None
     cache: TailCache | None = None
@@ -137,6 +139,9 @@ class BrokerState:
              BATCHER_FIGURES),
             ("llog_consume", lambda: self.consume.statistics() if self.consume else None,
              CONSUME_FIGURES),
+            ("llog_answer",
+             lambda: self.consume.answers.statistics() if self.consume else None,
+             ANSWER_FIGURES),
             ("llog_watch", self.watch.statistics, WATCH_FIGURES),
             ("llog_tail_cache", lambda: self.cache.statistics() if self.cache else None,
              tail_cache_figures(s.tail_cache_dir is not None)),
@@ -242,10 +247,11 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         return 0 if found is None else found.partitions
 
     state.groups = GroupService(oxia, layout, state.reader, s, partitions_of)
-    state.consume = ConsumeService(state.reader, state.cache, state.watch,
-                                   state.consume_metrics,
-                                   max_long_polls=s.max_concurrent_long_polls,
-                                   max_streams=s.max_concurrent_streams)
+    state.consume = BudgetedConsumeService(
+        state.reader, state.cache, state.watch, state.consume_metrics,
+        max_long_polls=s.max_concurrent_long_polls, max_streams=s.max_concurrent_streams,
+        answers=AnswerBudget(s.max_answer_bytes_in_flight,
+                             max_wait_s=s.answer_bytes_wait_ms / 1000))
     # A change seen while this process's own write of it is in flight is decided when
     # that write returns; a foreign one then wakes the partition's waiters.
     state.writer.own.on_foreign = state.watch.notify_remote

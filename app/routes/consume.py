@@ -13,6 +13,7 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import Response
 
 from app.auth.rights import Right
+from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import (
@@ -130,7 +131,13 @@ def with_binary(answer: Responses) -> Responses:
                    "with commit: the group refuses this member's commit (it left, its "
                    "generation is stale, or a partition is not its own); nothing was read "
                    "or committed")),
-               **errors(413), **store_errors()},
+               **errors(413), **store_errors(),
+               **error(503, "RoleDisabled", "StorageUnavailable", "Unavailable",
+                       description=(
+                           "the broker lacks the read role, cannot reach its store, or its "
+                           "answers in flight hold LLOG_MAX_ANSWER_BYTES_IN_FLIGHT for "
+                           "longer than LLOG_ANSWER_BYTES_WAIT_MS (Unavailable); nothing "
+                           "was read: retry after Retry-After"))},
 )
 async def consume(
     body: Annotated[ConsumeRequest, Body(openapi_examples=named(CONSUME_REQUESTS))],
@@ -148,6 +155,21 @@ async def consume_in_lane(request: Request) -> Response:
 
 
 async def serve(body: ConsumeRequest, request: Request, state: BrokerState) -> Response:
+    """The answer, holding its share of the answer budget (app/broker/answering.py) from
+    its first read until it has been sent; on any failure before that, given back."""
+    binary = wire.wants_binary(request.headers.get("accept", ""))
+    hold = (state.consume.answer(BINARY_FACTOR if binary else JSON_FACTOR)
+            if state.consume is not None else None)
+    try:
+        return await _serve(body, request, state, hold, binary)
+    except BaseException:
+        if hold is not None:
+            hold.release()
+        raise
+
+
+async def _serve(body: ConsumeRequest, request: Request, state: BrokerState,
+                 hold: AnswerHold | None, binary: bool) -> Response:
     started = time.monotonic()
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
     if body.commit or any(e.fetch_offset == "committed" for e in body.topic_partitions):
@@ -156,32 +178,36 @@ async def serve(body: ConsumeRequest, request: Request, state: BrokerState) -> R
     service = state.consume
     outcomes: list[ReadOutcome] = [
         RoleDisabled("this broker does not have the read role")] * len(fetches)
-    if service is not None:
+    if service is not None and hold is not None:
         if body.commit:  # a member that may not commit is refused before any wait
             await groups_of(state).offsets.authorise(
                 _group(body), body.member_id, body.generation, [f.tp for f in fetches])
         refused.update(await _unknown(state, fetches, refused))
         readable = [f for i, f in enumerate(fetches) if i not in refused]
-        answered = await unless_disconnected(request, lambda: service.consume(
-            readable, max_wait_s=body.max_wait_ms / 1000, min_bytes=body.min_bytes,
+        answered = await unless_disconnected(request, lambda: service.consume_holding(
+            hold, readable, max_wait_s=body.max_wait_ms / 1000, min_bytes=body.min_bytes,
             max_bytes=body.max_bytes)) if readable else ([],)
         if answered is None:  # the client went away; nobody reads this answer
+            hold.release()
             return Response(status_code=CLIENT_CLOSED_REQUEST)
         read = iter(answered[0])
         outcomes = [refused[i] if i in refused else next(read) for i in range(len(fetches))]
     committed = await _commit_delivered(state, body, fetches, outcomes) if body.commit else {}
     outcomes = [_unless_refused(o, committed.get(i)) for i, o in enumerate(outcomes)]
     _count(state, outcomes)
-    response: Response
-    if wire.wants_binary(request.headers.get("accept", "")):
-        response = PartsResponse(wire.build_parts([
-            _binary(f.tp, o) for f, o in zip(fetches, outcomes, strict=True)]),
-            media_type=wire.CONTENT_TYPE)
+    parts: list[bytes | memoryview]
+    if binary:
+        parts = wire.build_parts([
+            _binary(f.tp, o) for f, o in zip(fetches, outcomes, strict=True)])
     else:
-        response = Response(orjson.dumps({"results": [
+        parts = [orjson.dumps({"results": [
             _result(fetch.tp, outcome, body.encoding, committed.get(i))
-            for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]}),
-            media_type="application/json")
+            for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]})]
+    if hold is not None:  # from here the answer holds what it sends, until it is sent
+        hold.hold(sum(len(p) for p in parts))
+    response = PartsResponse(parts, media_type=wire.CONTENT_TYPE if binary
+                             else "application/json",
+                             on_sent=hold.release if hold is not None else None)
     if control_of(request) is not None:
         account(request, consumed=sum(o.size for o in outcomes if isinstance(o, ReadResult)))
     state.consume_metrics.requests.inc()

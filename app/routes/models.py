@@ -26,6 +26,7 @@ from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypeAliasType
 
 from app.routes.error_types import ErrorType
+from app.settings import MAX_PARTITIONS_PER_REQUEST_CEILING
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
 
@@ -296,7 +297,12 @@ class ConsumeRequest(_Strict):
         }]},
     )
 
-    topic_partitions: list[ConsumeTopicPartition] = Field(min_length=1)
+    # Bounded here, so a body of many entries is refused while it is read; the route
+    # applies the configured limit (LLOG_MAX_PARTITIONS_PER_REQUEST, at most this).
+    topic_partitions: list[ConsumeTopicPartition] = Field(
+        min_length=1, max_length=MAX_PARTITIONS_PER_REQUEST_CEILING, description=(
+            "at most LLOG_MAX_PARTITIONS_PER_REQUEST partitions (413 beyond; 1000 by "
+            "default), never more than this schema's maxItems (400)"))
     max_wait_ms: Annotated[StrictInt, Field(ge=0)] = 500
     min_bytes: Annotated[StrictInt, Field(ge=0)] = 1
     max_bytes: Annotated[StrictInt, Field(ge=1)] = 4 * 1024 * 1024

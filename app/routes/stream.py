@@ -24,6 +24,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.auth.rights import Right
+from app.broker.answering import JSON_FACTOR, AnswerHold
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import InvalidRequest, LlogError, RoleDisabled, ShuttingDown, Unavailable
@@ -168,14 +169,18 @@ async def stream(
 
 class _Ending:
     """How a stream ended, for the metrics: closed by the client (or the server
-    stopping) unless the stream itself ended it."""
+    stopping) unless the stream itself ended it; and the share of the answer budget its
+    batch in flight holds, given back with the slot."""
 
     outcome = "closed"
+    hold: AnswerHold | None = None
 
 
 def _release(state: BrokerState, slots: anyio.CapacityLimiter, holder: object,
              ending: _Ending) -> None:
     slots.release_on_behalf_of(holder)
+    if ending.hold is not None:
+        ending.hold.release()
     state.consume_metrics.streams.labels(ending.outcome).inc()
 
 
@@ -209,8 +214,11 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
                                            "Last-Event-ID) to another broker"})
             return
         fetches = [Fetch(TopicPartition(topic, p), o) for p, o in offsets.items()]
-        results = await state.consume.consume(fetches, max_wait_s=heartbeat_s, min_bytes=1,
-                                              max_bytes=max_bytes, slot=False)
+        # Within the answer budget: the previous batch was sent, this one holds its bytes.
+        ending.hold = ending.hold or state.consume.answer(JSON_FACTOR)
+        results = await state.consume.consume_holding(
+            ending.hold, fetches, max_wait_s=heartbeat_s, min_bytes=1, max_bytes=max_bytes,
+            slot=False)
         sent = False
         for fetch, result in zip(fetches, results, strict=True):
             if isinstance(result, LlogError):
