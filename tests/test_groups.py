@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.errors import StaleGeneration
+from app.errors import GroupNotEmpty, StaleGeneration
 from app.factory import create_app
 from app.groups.membership import Membership
 from app.groups.offsets import GroupOffsets
@@ -262,6 +262,32 @@ async def test_a_rebalance_between_the_check_and_the_write_undoes_the_commit(
         (mine,) = _owned(now)
         await _ok(await _commit(http, group, now, (mine[0], mine[1], 3)))
         assert (await _committed(http, group))[mine] == 3
+
+
+async def test_a_join_between_the_check_and_the_write_undoes_a_commit_without_member(
+        stack: LocalStack, topic: str, group: str) -> None:
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b"))
+        await _ok(await _commit(http, group, None, (topic, 0, 1)))
+        joined: list[dict[str, Any]] = []
+
+        class Racing(GroupStore):
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                if not joined:  # a member joins between the check and the write
+                    joined.append(await _join(http, group, topic))
+                return await super().put_offset(group, tp, committed, expected_version)
+
+        async def count(_: str) -> int:
+            return 1
+
+        store = Racing(e.oxia, e.layout)
+        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+        (done,) = await offsets.commit(group, None, None, [(tp, 2)])
+        assert joined and isinstance(done, GroupNotEmpty), done
+        found = await store.offset(group, tp)
+        assert found is not None and found.value.offset == 1  # put back
 
 
 async def test_consume_from_committed_offsets_and_commit_what_was_delivered(

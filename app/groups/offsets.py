@@ -130,8 +130,8 @@ class GroupOffsets:
             if any(isinstance(w, _Written) for w in written):
                 try:
                     moved = await self._moved(group, member_id, committing)
-                except StorageUnavailable as exc:  # unchecked: not committed, if it can
-                    moved = exc                     # be put back
+                except LlogError as exc:  # not checked: put back, as if it had moved
+                    moved = exc
             if moved is not None:
                 await each([(tp, w) for (tp, _), w in zip(offsets, written, strict=True)
                             if isinstance(w, _Written)],
