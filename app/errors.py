@@ -130,7 +130,8 @@ class GroupConflict(RequestError):
 
 class UnknownMember(GroupConflict):
     """The member id is not in the group (it left, or its session expired and its
-    partitions moved): join again for a new member id."""
+    partitions moved), or its session expired though the group still lists it: join
+    again for a new member id."""
 
 
 class StaleGeneration(GroupConflict):

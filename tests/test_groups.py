@@ -14,13 +14,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.errors import StaleGeneration
+from app.errors import GroupNotEmpty, StaleGeneration
 from app.factory import create_app
 from app.groups.membership import Membership
 from app.groups.offsets import GroupOffsets
+from app.groups.records import CommittedOffset
 from app.groups.store import GroupStore
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
+from app.storage.records import now_ms
 from app.wire import records
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import make_settings, open_engine
@@ -191,6 +193,101 @@ async def test_an_offset_written_by_a_newer_generation_fences_an_older_commit(
             found = await store.offset(group, tp)
             assert found is not None and found.value.offset == 3
             assert found.value.generation == owner["generation"]
+
+
+async def test_a_member_past_its_session_commits_nothing(
+        stack: LocalStack, topic: str, group: str) -> None:
+    """Its session ended, and nobody settled the group since: the record still lists it
+    in the current generation, but its lease says it is gone."""
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b"))
+        member = await _join(http, group, topic, session_timeout_ms=200)
+        store = GroupStore(e.oxia, e.layout)
+        with anyio.fail_after(10):  # until the lease has expired, as any broker judges it
+            lease = await store.lease(group, member["member_id"])
+            while lease is not None and lease.value.alive(now_ms()):
+                await anyio.sleep(0.05)
+                lease = await store.lease(group, member["member_id"])
+        found = await store.group(group)
+        assert found is not None and found.value.generation == member["generation"]
+        assert found.value.member(member["member_id"]) is not None  # not settled yet
+        r = await _commit(http, group, member, (topic, 0, 2))
+        assert r.status_code == 409 and r.json()["error_type"] == "UnknownMember"
+        r = await http.post("/consume", json={
+            "topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": 1}],
+            "group": group, "commit": True, "member_id": member["member_id"],
+            "generation": member["generation"], "max_wait_ms": 0})
+        assert r.status_code == 409 and r.json()["error_type"] == "UnknownMember"
+        assert await store.offset(group, tp) is None  # nothing was written
+
+
+async def test_a_rebalance_between_the_check_and_the_write_undoes_the_commit(
+        stack: LocalStack, topic: str, group: str) -> None:
+    """The commit passed its check in generation 1; a join starts generation 2 before
+    its offsets reach Oxia. The commit is refused and what it wrote is put back: the
+    older record where there was one, nothing where there was none."""
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await _create(http, topic, 2)
+        for p in (0, 1):
+            await http.post("/produce", json=produce_body(topic, "a", "b", "c", partition=p))
+        member = await _join(http, group, topic)
+        await _ok(await _commit(http, group, member, (topic, 0, 1)))
+        rebalanced = anyio.Lock()
+        joined: list[dict[str, Any]] = []
+
+        class Racing(GroupStore):
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                async with rebalanced:  # between the check and the first write
+                    if not joined:
+                        joined.append(await _join(http, group, topic))
+                return await super().put_offset(group, tp, committed, expected_version)
+
+        async def count(_: str) -> int:
+            return 2
+
+        store = Racing(e.oxia, e.layout)
+        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+        done = await offsets.commit(group, member["member_id"], member["generation"],
+                                    [(TopicPartition(topic, 0), 3), (TopicPartition(topic, 1), 2)])
+        assert joined and joined[0]["generation"] == member["generation"] + 1
+        assert all(isinstance(o, StaleGeneration) for o in done), done
+        before = await store.offset(group, TopicPartition(topic, 0))
+        assert before is not None and (before.value.offset, before.value.generation) == (
+            1, member["generation"])
+        assert await store.offset(group, TopicPartition(topic, 1)) is None
+        # In the new generation the same member commits what it still owns.
+        now = await _ok(await _beat(http, group, member))
+        (mine,) = _owned(now)
+        await _ok(await _commit(http, group, now, (mine[0], mine[1], 3)))
+        assert (await _committed(http, group))[mine] == 3
+
+
+async def test_a_join_between_the_check_and_the_write_undoes_a_commit_without_member(
+        stack: LocalStack, topic: str, group: str) -> None:
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b"))
+        await _ok(await _commit(http, group, None, (topic, 0, 1)))
+        joined: list[dict[str, Any]] = []
+
+        class Racing(GroupStore):
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                if not joined:  # a member joins between the check and the write
+                    joined.append(await _join(http, group, topic))
+                return await super().put_offset(group, tp, committed, expected_version)
+
+        async def count(_: str) -> int:
+            return 1
+
+        store = Racing(e.oxia, e.layout)
+        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+        (done,) = await offsets.commit(group, None, None, [(tp, 2)])
+        assert joined and isinstance(done, GroupNotEmpty), done
+        found = await store.offset(group, tp)
+        assert found is not None and found.value.offset == 1  # put back
 
 
 async def test_consume_from_committed_offsets_and_commit_what_was_delivered(

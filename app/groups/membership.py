@@ -89,6 +89,13 @@ class Membership:
         found = await self._store.group(validate_group(group))
         return None if found is None else GroupView(found.value, found.version)
 
+    async def standing(self, group: str, member_id: str) -> tuple[GroupView | None, bool]:
+        """The group record as it is (not settled) and whether the member's lease is
+        live, both read at the same time."""
+        found, lease = await self._both(group, member_id)
+        view = None if found is None else GroupView(found.value, found.version)
+        return view, lease is not None and lease.value.alive(self._clock())
+
     # -- join, heartbeat, leave --------------------------------------------------------
 
     async def join(self, group: str, topics: Iterable[str], *, client_id: str | None,

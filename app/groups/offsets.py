@@ -5,13 +5,23 @@ A committed offset is the last offset the group processed in a partition; readin
 resumes one past it. Each record carries the generation that wrote it, and a commit
 never replaces a record of a newer generation, so a member that lost its partitions in
 a rebalance cannot move them after the new owner has committed.
+
+The group record and the offsets live on different Oxia shards, and Oxia conditions a
+write on the version of the key written only, so no write of an offset can be
+conditioned on the group record. A commit therefore checks the group (the member
+listed, its lease live, the generation current), writes, and reads the group again:
+if it moved meanwhile, each offset written is put back by compare-and-set on the
+version this commit wrote (a later commit's record stands), and the commit is refused.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
+
+import anyio
 
 from app.errors import (
     GroupNotEmpty,
@@ -26,7 +36,7 @@ from app.errors import (
 from app.groups.bounded import each, first_error
 from app.groups.membership import Membership
 from app.groups.records import CommittedOffset, Member
-from app.groups.store import GroupStore
+from app.groups.store import GroupStore, Versioned
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import TopicPartition, validate_group
 from app.storage.offsets import PartitionOffsets, list_offsets
@@ -34,6 +44,7 @@ from app.storage.oxia_store import EXPECT_NOT_EXISTS
 from app.storage.reader import LogReader
 from app.storage.records import now_ms
 
+log = logging.getLogger(__name__)
 Reset = Literal["earliest", "latest"]
 _ATTEMPTS = 16
 
@@ -47,6 +58,16 @@ class ResetTarget:
     to: Reset | None = None
     timestamp_ms: int | None = None
     offset: int | None = None
+
+
+@dataclass(frozen=True)
+class _Written:
+    """One offset this commit wrote: the record it replaced (None: there was none) and
+    the version it wrote, so that it can be put back if the group moved meanwhile."""
+
+    offset: int
+    before: Versioned[CommittedOffset] | None
+    version: int
 
 
 class GroupOffsets:
@@ -69,10 +90,14 @@ class GroupOffsets:
                 raise GroupNotEmpty(f"group {group!r} has {len(view.record.members)} live "
                                     "members: commit as one of them (member_id, generation)")
             return view.generation
-        view = await self._membership.current(group)
+        view, live = await self._membership.standing(group, member_id)
         if view is None or view.record.member(member_id) is None:
             raise UnknownMember(f"{member_id!r} is not a member of group {group!r}; "
                                 "join again")
+        if not live:  # still listed only because nobody settled the group since
+            await self._membership.settle(group)  # its partitions move now
+            raise UnknownMember(f"the session of {member_id!r} in group {group!r} "
+                                "expired; join again")
         if generation != view.generation:
             raise StaleGeneration(f"group {group!r} is in generation {view.generation}, "
                                   f"not {generation}: heartbeat for the current assignment")
@@ -96,8 +121,23 @@ class GroupOffsets:
             await self._check_bounds(offsets)
         committing = await self.authorise(group, member_id, generation,
                                           [tp for tp, _ in offsets])
-        return await each(offsets, lambda entry: self._write(
-            group, entry[0], entry[1], committing, member_id))
+        # Shielded from here: a commit cancelled between its writes and the check after
+        # them would leave offsets of a generation that may have ended.
+        with anyio.CancelScope(shield=True):
+            written = await each(offsets, lambda entry: self._write(
+                group, entry[0], entry[1], committing, member_id))
+            moved: LlogError | None = None
+            if any(isinstance(w, _Written) for w in written):
+                try:
+                    moved = await self._moved(group, member_id, committing)
+                except LlogError as exc:  # not checked: put back, as if it had moved
+                    moved = exc
+            if moved is not None:
+                await each([(tp, w) for (tp, _), w in zip(offsets, written, strict=True)
+                            if isinstance(w, _Written)],
+                           lambda entry: self._undo(group, entry[0], entry[1]))
+        return [moved if moved is not None and isinstance(w, _Written) else
+                w.offset if isinstance(w, _Written) else w for w in written]
 
     async def positions(self, group: str, tps: Sequence[TopicPartition], reset: Reset
                         ) -> list[int | LlogError]:
@@ -135,7 +175,8 @@ class GroupOffsets:
         out = await each(list(zip(targets, resolved, strict=True)), lambda pair: self._write(
             group, pair[0].tp, pair[1], view.generation, None))
         return [GroupNotEmpty(f"a member of {group!r} committed {t.tp} while it was reset")
-                if isinstance(o, StaleGeneration) else o
+                if isinstance(o, StaleGeneration) else
+                o.offset if isinstance(o, _Written) else o
                 for t, o in zip(targets, out, strict=True)]
 
     async def _resolve(self, target: ResetTarget) -> int:
@@ -163,28 +204,85 @@ class GroupOffsets:
                                      "offset processed")
 
     async def _write(self, group: str, tp: TopicPartition, offset: int, generation: int,
-                     member_id: str | None) -> int:
+                     member_id: str | None) -> _Written:
         """Write one committed offset by CAS, unless a newer generation wrote it."""
+        # Made once: a retry after an unanswered write recognises its own record.
+        committed = CommittedOffset(offset=offset, generation=generation,
+                                    committed_at_ms=self._clock(), member_id=member_id)
+        before: Versioned[CommittedOffset] | None = None
 
-        async def attempt(_: int) -> Done[int] | Retry:
+        async def attempt(n: int) -> Done[_Written] | Retry:
+            nonlocal before
             found = await self._store.offset(group, tp)
+            if n > 0 and found is not None and found.value == committed:
+                return Done(_Written(offset, before, found.version))  # it had applied
             if found is not None and found.value.generation > generation:
                 raise StaleGeneration(f"{tp} was committed by generation "
                                       f"{found.value.generation} of group {group!r}; this "
                                       f"commit is of generation {generation}")
-            committed = CommittedOffset(offset=offset, generation=generation,
-                                        committed_at_ms=self._clock(), member_id=member_id)
+            before = found
             try:
-                await self._store.put_offset(group, tp, committed,
-                                             EXPECT_NOT_EXISTS if found is None
-                                             else found.version)
+                version = await self._store.put_offset(group, tp, committed,
+                                                       EXPECT_NOT_EXISTS if found is None
+                                                       else found.version)
             except VersionMismatch:
                 return Retry("conflict")
             except StorageUnavailable:
-                return Retry("in_doubt")  # writing the same value again is harmless
-            return Done(offset)
+                return Retry("in_doubt")  # the next read shows whether it applied
+            return Done(_Written(offset, found, version))
 
         return await cas_loop(attempt, attempts=_ATTEMPTS, what=f"group {group}: commit {tp}")
+
+    async def _moved(self, group: str, member_id: str | None, generation: int
+                     ) -> LlogError | None:
+        """Why the commit no longer holds, read after its writes (None: it holds). The
+        writes came before this read, so if the group is still in the generation (and
+        the member live), they landed before any rebalance that follows."""
+        if member_id is None:
+            view = await self._membership.current(group)
+            if view is None or view.generation != generation:
+                return GroupNotEmpty(f"group {group!r} left generation {generation} while "
+                                     "this commit was written (a member joined, or its "
+                                     "offsets were reset); nothing was committed")
+            return None
+        view, live = await self._membership.standing(group, member_id)
+        if view is None or view.record.member(member_id) is None or not live:
+            return UnknownMember(f"the session of {member_id!r} in group {group!r} ended "
+                                 "while this commit was written; nothing was committed; "
+                                 "join again")
+        if view.generation != generation:
+            return StaleGeneration(f"group {group!r} moved to generation {view.generation} "
+                                   f"while this commit of generation {generation} was "
+                                   "written; nothing was committed: heartbeat for the "
+                                   "current assignment")
+        return None
+
+    async def _undo(self, group: str, tp: TopicPartition, written: _Written) -> None:
+        """Put back the record this commit replaced, expecting the version it wrote: if
+        anything wrote the offset since (a newer generation's commit, a reset), that
+        record stands."""
+
+        async def attempt(_: int) -> Done[None] | Retry:
+            found = await self._store.offset(group, tp)
+            if found is None or found.version != written.version:
+                return Done(None)  # put back already (an unanswered attempt), or replaced
+            try:
+                if written.before is None:
+                    await self._store.delete_offset(group, tp, written.version)
+                else:
+                    await self._store.put_offset(group, tp, written.before.value,
+                                                 written.version)
+            except VersionMismatch:
+                return Retry("conflict")
+            except StorageUnavailable:
+                return Retry("in_doubt")
+            return Done(None)
+
+        try:
+            await cas_loop(attempt, attempts=_ATTEMPTS, what=f"group {group}: undo {tp}")
+        except LlogError as exc:  # the refusal is answered all the same
+            log.warning("group %s: a refused commit of %s stays written (offset %d): %s",
+                        group, tp, written.offset, exc)
 
 
 def _refuse_members(group: str) -> Callable[[list[Member]], list[Member]]:

@@ -89,6 +89,11 @@ class GroupStore:
                                     group_partition_key(group),
                                     expected_version=expected_version)
 
+    async def delete_offset(self, group: str, tp: TopicPartition, expected_version: int
+                            ) -> None:
+        await self._oxia.delete(self._layout.group_offset(group, tp), group_partition_key(group),
+                                expected_version=expected_version)
+
     async def offsets(self, group: str, limit: int) -> dict[TopicPartition, CommittedOffset]:
         """The group's committed offsets (at most ``limit``, in partition order)."""
         prefix = self._layout.group_offsets_prefix(group)

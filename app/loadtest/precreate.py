@@ -35,7 +35,7 @@ async def _precreate(settings: Settings, partitions: list[TopicPartition],
     metrics = StoreMetrics()
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
     async with OxiaStore(settings, metrics) as oxia, S3Store(settings, metrics) as s3:
-        writer = LogWriter(oxia, s3, layout, metrics)
+        writer = LogWriter.from_settings(oxia, s3, layout, metrics, settings)
         limiter = anyio.CapacityLimiter(concurrency)
 
         async def one(tp: TopicPartition) -> None:

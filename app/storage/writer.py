@@ -22,6 +22,7 @@ import uuid
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 from cachetools import LRUCache
@@ -36,6 +37,7 @@ from app.errors import (
     StorageUnavailable,
     VersionMismatch,
 )
+from app.settings import Settings
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import partition_body
@@ -242,6 +244,25 @@ class LogWriter:
         self._locks: weakref.WeakValueDictionary[TopicPartition, anyio.Lock] = (
             weakref.WeakValueDictionary())
         self._catalog = TopicCatalog(oxia, layout)
+
+    @classmethod
+    def from_settings(cls, oxia: OxiaStore, s3: S3Store, layout: KeyLayout,
+                      metrics: StoreMetrics, settings: Settings, **overrides: Any) -> LogWriter:
+        """A writer configured from the shared settings, as every writer of a store must
+        be: vacuum deletes an unreferenced object once it is older than
+        ``LLOG_RETRY_HORIZON_MS``, which is safe only if no writer commits a blob older
+        than its safe share; and compaction takes entries as young as
+        ``LLOG_COMPACTION_MIN_ENTRY_AGE_MS``, so a cached pending append is read again
+        at half that age. A writer built with the constructor's defaults instead would
+        assume the default horizon whatever the store's operators configured."""
+        options: dict[str, Any] = {
+            "max_attempts": settings.commit_max_attempts,
+            "commit_horizon_ms": settings.retry_horizon_safe_ms,
+            "pending_reread_ms": settings.compaction_min_entry_age_ms // 2,
+            "encoding": settings.wal_encoding,
+            "outage_s": settings.oxia_outage_s,
+        }
+        return cls(oxia, s3, layout, metrics, **{**options, **overrides})
 
     async def __aenter__(self) -> LogWriter:
         return self

@@ -324,9 +324,10 @@ def backfill_task(payload: Mapping[str, str], params: TaskParams,
     async def run() -> None:
         async with open_stores(payload, task_identity(JOB)) as stores:
             recorder = _RecordingS3(stores.s3)
-            writer = LogWriter(stores.oxia, cast(S3Store, recorder), stores.layout,
-                               stores.metrics, max_attempts=stores.settings.commit_max_attempts,
-                               encoding=stores.settings.wal_encoding)
+            # The store's own horizons (LLOG_RETRY_HORIZON_MS, which vacuum assumes),
+            # never the constructor's defaults.
+            writer = LogWriter.from_settings(stores.oxia, cast(S3Store, recorder),
+                                             stores.layout, stores.metrics, stores.settings)
             async with writer:
                 task = _Task(stores, writer, recorder, params)
                 last_log = time.monotonic()
