@@ -1,7 +1,8 @@
 """Event streams with access control on, against a real broker process: a stream is
 re-checked when the auth file is reloaded and when its JWT expires, and ends with an
 ``error`` event saying why; what it streams counts to the principal as consume does,
-and its reads are charged to the request quota."""
+and its reads are charged to the request quota; browsers open it with a stream ticket
+(single-use, bound to its topic and principal, shared across brokers by a secret)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from tests.helpers.stack import Broker, BrokerFactory
 from tests.test_stream import Event, events
 
 pytestmark = pytest.mark.stack
+SECRET = "s" * 40
 
 
 def auth_text(keys: Keys, topic: str, *, revoked: bool = False) -> str:
@@ -186,3 +188,59 @@ async def test_streamed_bytes_count_as_consumed_and_reads_pay_the_request_quota(
                     break
                 r = await http.post("/consume", json=fetch, headers=bearer(t["metered"]))
                 assert r.status_code == 429, r.text
+
+
+async def ticket(http: httpx.AsyncClient, token: str, topic: str) -> str:
+    r = await http.post(f"/topics/{topic}/stream/tickets", headers=bearer(token))
+    assert r.status_code == 200, r.text
+    assert r.json()["expires_in_s"] == 30
+    found: str = r.json()["ticket"]
+    return found
+
+
+async def test_a_stream_ticket_opens_one_stream_of_its_topic_as_its_principal(
+        brokers: BrokerFactory, auth_file: Path, keys: Keys, topic: str) -> None:
+    # Two brokers with one secret, as behind a load balancer.
+    a = start(brokers, auth_file, stream_ticket_secret=SECRET)
+    b = start(brokers, auth_file, stream_ticket_secret=SECRET)
+    t = keys.tokens
+    url = f"/topics/{topic}/stream?from=earliest&heartbeat_ms=1000"
+    async with httpx.AsyncClient(base_url=a.url, timeout=30) as http, \
+            httpx.AsyncClient(base_url=b.url, timeout=30) as other:
+        await produce(http, keys, topic, "first")
+        # Only a caller with the consume right gets one; none without a token.
+        r = await http.post(f"/topics/other-{topic}/stream/tickets",
+                            headers=bearer(t["keeper"]))
+        assert r.status_code == 403, r.text
+        assert (await http.post(f"/topics/{topic}/stream/tickets")).status_code == 401
+
+        issued = await ticket(http, t["reader"], topic)
+        spare = await ticket(http, t["reader"], topic)
+        with anyio.fail_after(60):
+            # Minted on a, opened on b: no header, as an EventSource sends it.
+            async with other.stream("GET", f"{url}&ticket={issued}") as r:
+                assert r.status_code == 200
+                stream = events(r)
+                assert (await next_event(stream)).kind == "records"
+                # Used once: a second use is refused, on this broker.
+                again = await other.get(f"{url}&ticket={issued}")
+                assert again.status_code == 401, again.text
+                assert "used already" in again.json()["error"]
+                # The stream is the reader's: removing reader's key ends it.
+                write(auth_file, auth_text(keys, topic, revoked=True))
+                last = await ends_with(stream)
+                assert (last.kind, last.json["error_type"]) == ("error", "Unauthenticated")
+
+        # Bound to its topic, even for a principal that may read the other one.
+        r = await http.get(f"/topics/other-{topic}/stream?ticket={spare}")
+        assert r.status_code == 401 and "another topic" in r.json()["error"], r.text
+        # ... and to the stream: it is no token for any other request.
+        r = await http.get(f"/topics/{topic}?ticket={spare}")
+        assert r.status_code == 401, r.text
+        # Forged: a payload changed, or made up with another secret.
+        payload, mac = spare.removeprefix("llogt_").split(".")
+        forged = f"llogt_{payload[:-2]}{'AA' if payload[-2:] != 'AA' else 'BB'}.{mac}"
+        for bad in (forged, spare[:-3], "llogt_e30.AAAA", "junk"):
+            r = await http.get(f"{url}&ticket={bad}")
+            assert r.status_code == 401, (bad, r.text)
+            assert r.json()["error_type"] == "Unauthenticated"

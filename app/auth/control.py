@@ -8,6 +8,7 @@ nothing for it.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -23,6 +24,7 @@ from app.auth.metrics import AuthMetrics, PrincipalLabels
 from app.auth.quotas import QuotaBook
 from app.auth.reload import AuthFileWatch
 from app.auth.rights import Right
+from app.auth.tickets import MAX_REDEEMED, StreamTickets, Ticket
 from app.errors import Forbidden, Unauthenticated
 from app.settings import Settings
 
@@ -34,7 +36,7 @@ _SHOWN_NAMES = 10
 class Principal:
     name: str
     label: str  # its metrics label (app/auth/metrics.py)
-    method: Literal["api-key", "jwt"]
+    method: Literal["api-key", "jwt", "ticket"]
     # What a long-lived request (a stream) re-checks later: the API key the principal
     # proved (revoked when the auth file drops it), and when its credential ends (a
     # JWT's exp plus the leeway, as Unix time; None: it does not expire).
@@ -56,6 +58,9 @@ class AccessControl:
         # to re-check their principal instead of polling.
         self.generation = 0
         self._changed = anyio.Event()
+        secret = (settings.stream_ticket_secret.get_secret_value().encode()
+                  if settings.stream_ticket_secret is not None else secrets.token_bytes(32))
+        self.tickets = StreamTickets(secret, settings.stream_ticket_ttl_s, MAX_REDEEMED)
         self.watch = AuthFileWatch(settings.auth_file, settings.auth_reload_interval_s,
                                    settings.auth_file_max_bytes, self._apply, self._loaded)
 
@@ -98,7 +103,7 @@ class AccessControl:
         name, expires_at = await self.jwt.verify(token)
         return self.principal(name, "jwt", expires_at=expires_at)
 
-    def principal(self, name: str, method: Literal["api-key", "jwt"], *,
+    def principal(self, name: str, method: Literal["api-key", "jwt", "ticket"], *,
                   key_id: str | None = None, expires_at: float | None = None
                   ) -> Principal:
         listed = name in self.config.principals
@@ -118,6 +123,18 @@ class AccessControl:
 
     def entry(self, principal: Principal) -> Entry:
         return self.config.entry(principal.name)
+
+    def redeem(self, ticket: str, topic: str) -> Principal:
+        """The principal a stream ticket (``?ticket=``) proves for ``topic``, once."""
+        found = self.tickets.redeem(ticket, topic)
+        return self.principal(found.principal, "ticket", key_id=found.key_id,
+                              expires_at=found.expires_at)
+
+    def mint_ticket(self, principal: Principal, topic: str) -> str:
+        """A stream ticket for ``topic``; Forbidden unless the principal may consume it."""
+        self.authorize(principal, Right.CONSUME, [topic])
+        return self.tickets.mint(Ticket(principal.name, topic, principal.key_id,
+                                        principal.expires_at))
 
     # -- what --------------------------------------------------------------------------
 

@@ -136,6 +136,9 @@ async def stream(
     max_bytes: Annotated[int, Query(ge=1)] = 1024 * 1024,
     heartbeat_ms: Annotated[int, Query(ge=1000, le=60_000)] = 15_000,
     last_event_id: Annotated[str | None, Header()] = None,
+    ticket: Annotated[str | None, Query(
+        max_length=2048, description="with access control on, in place of the "
+        "Authorization header: a ticket from POST /topics/{topic}/stream/tickets")] = None,
 ) -> StreamingResponse:
     state: BrokerState = request.app.state.broker
     validate_topic(topic)
