@@ -8,7 +8,8 @@ closing the connection. The next read starts only after the previous event was h
 to the connection, so a slow reader is paced by the socket, not buffered: one read of at
 most ``max_bytes`` is all a stream holds. A draining broker ends its streams with an
 ``end`` event (the client reconnects elsewhere); an error a client must act on (an
-offset below the log start, say) is an ``error`` event, and the stream ends.
+offset below the log start, say) is an ``error`` event, and the stream ends. With access
+control on, the stream's principal is re-checked while it runs (app/routes/stream_guard.py).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ async def stream(
     max_bytes: Annotated[int, Query(ge=1)] = 1024 * 1024,
     heartbeat_ms: Annotated[int, Query(ge=1000, le=60_000)] = 15_000,
     last_event_id: Annotated[str | None, Header()] = None,
+    # Redeemed by AccessMiddleware before the handler runs; declared for the document.
     ticket: Annotated[str | None, Query(
         max_length=2048, description="with access control on, in place of the "
         "Authorization header: a ticket from POST /topics/{topic}/stream/tickets")] = None,
