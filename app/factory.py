@@ -18,7 +18,17 @@ from app.auth.control import AccessControl, run_access_control
 from app.auth.exposure import announce
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
-from app.routes import consume, groups, health, metrics, offsets, produce, stream, topics
+from app.routes import (
+    consume,
+    groups,
+    health,
+    metrics,
+    offsets,
+    produce,
+    stream,
+    stream_tickets,
+    topics,
+)
 from app.routes.access import AccessMiddleware
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
 from app.routes.hot_lane import HotLane
@@ -65,6 +75,8 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     # an included router costs a route-resolution layer on every request.
     for module in (produce, consume, stream, offsets, topics, groups, health, metrics):
         app.router.routes.extend(module.router.routes)
+    if control is not None:  # tickets stand in for a token: there is none with auth off
+        app.router.routes.extend(stream_tickets.router.routes)
     # The produce route parses its body itself, so FastAPI does not name its model.
     install_openapi(app, extra_models=[ProduceRequest],
                     finish=functools.partial(_declare_auth, settings=settings))

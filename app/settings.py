@@ -176,6 +176,11 @@ class Settings(BaseSettings):
     auth_jwks_timeout_s: float = Field(default=5.0, gt=0, le=60)
     # A key set is a few kilobytes: a larger document is refused rather than parsed.
     auth_jwks_max_bytes: int = Field(default=1024 * 1024, ge=1024, le=64 * 1024 * 1024)
+    # Stream tickets (app/auth/tickets.py): the HMAC secret, the same on every broker
+    # behind one load balancer (unset: each process draws its own), and how long a
+    # ticket may wait before it opens its stream.
+    stream_ticket_secret: SecretStr | None = Field(default=None, min_length=32)
+    stream_ticket_ttl_s: float = Field(default=30.0, gt=0, le=600)
 
     # Where an acknowledged produce entry lives (wal_uri, index_key) is told to every
     # caller (all), only to callers holding the admin right on its topic (admin; with auth
@@ -353,7 +358,8 @@ class Settings(BaseSettings):
                      "s3_ca_bundle", "oxia_tls_ca_file", "oxia_tls_cert_file",
                      "oxia_tls_key_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
                      "auth_file", "auth_jwks_file", "auth_jwks_url", "auth_jwt_issuer",
-                     "auth_jwt_audience", "metrics_token", mode="before")
+                     "auth_jwt_audience", "metrics_token", "stream_ticket_secret",
+                     mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

@@ -73,6 +73,11 @@ class KeyRing:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def owner(self, key_id: str) -> str | None:
+        """The principal that holds the key with id ``key_id``, or None."""
+        found = self._by_id.get(key_id)
+        return found[0] if found is not None else None
+
     def principal(self, token: str) -> str | None:
         """The principal whose key ``token`` is, or None."""
         key_id = key_id_of(token)

@@ -8,6 +8,7 @@ nothing for it.
 from __future__ import annotations
 
 import contextlib
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -16,13 +17,14 @@ from typing import Literal
 import anyio
 from prometheus_client import CollectorRegistry
 
-from app.auth.apikeys import TOKEN_PREFIX
+from app.auth.apikeys import TOKEN_PREFIX, key_id_of
 from app.auth.authfile import AuthConfig, Entry
 from app.auth.jwts import JwtVerifier
 from app.auth.metrics import AuthMetrics, PrincipalLabels
 from app.auth.quotas import QuotaBook
 from app.auth.reload import AuthFileWatch
 from app.auth.rights import Right
+from app.auth.tickets import MAX_REDEEMED, StreamTickets, Ticket
 from app.errors import Forbidden, Unauthenticated
 from app.settings import Settings
 
@@ -34,7 +36,12 @@ _SHOWN_NAMES = 10
 class Principal:
     name: str
     label: str  # its metrics label (app/auth/metrics.py)
-    method: Literal["api-key", "jwt"]
+    method: Literal["api-key", "jwt", "ticket"]
+    # What a long-lived request (a stream) re-checks later: the API key the principal
+    # proved (revoked when the auth file drops it), and when its credential ends (a
+    # JWT's exp plus the leeway, as Unix time; None: it does not expire).
+    key_id: str | None = None
+    expires_at: float | None = None
 
 
 class AccessControl:
@@ -47,11 +54,26 @@ class AccessControl:
         self.jwt = JwtVerifier(settings, clock) if settings.jwt_enabled else None
         self._labels = PrincipalLabels(settings.auth_metrics_max_principals)
         self._config: AuthConfig | None = None
+        # Bumped by every load of the auth file; long-lived requests wait on ``changed``
+        # to re-check their principal instead of polling.
+        self.generation = 0
+        self._changed = anyio.Event()
+        secret = (settings.stream_ticket_secret.get_secret_value().encode()
+                  if settings.stream_ticket_secret is not None else secrets.token_bytes(32))
+        self.tickets = StreamTickets(secret, settings.stream_ticket_ttl_s, MAX_REDEEMED)
         self.watch = AuthFileWatch(settings.auth_file, settings.auth_reload_interval_s,
                                    settings.auth_file_max_bytes, self._apply, self._loaded)
 
     def _apply(self, config: AuthConfig) -> None:
         self._config = config
+        self.generation += 1
+        self._changed.set()
+        self._changed = anyio.Event()
+
+    async def changed(self, since: int) -> None:
+        """Return once the auth file was loaded again after generation ``since``."""
+        while self.generation <= since:
+            await self._changed.wait()
 
     def _loaded(self, outcome: str) -> None:
         self.metrics.reloads.labels(outcome).inc()
@@ -73,16 +95,46 @@ class AccessControl:
             name = self.config.keys.principal(token)
             if name is None:
                 raise Unauthenticated("unknown or revoked API key")
-            return Principal(name, self._labels.label(name, listed=True), "api-key")
+            return Principal(name, self._labels.label(name, listed=True), "api-key",
+                             key_id=key_id_of(token))
         if self.jwt is None:
             raise Unauthenticated("the token is not an API key and no JWT issuer is "
                                   "configured")
-        name = await self.jwt.principal(token)
+        name, expires_at = await self.jwt.verify(token)
+        return self.principal(name, "jwt", expires_at=expires_at)
+
+    def principal(self, name: str, method: Literal["api-key", "jwt", "ticket"], *,
+                  key_id: str | None = None, expires_at: float | None = None
+                  ) -> Principal:
         listed = name in self.config.principals
-        return Principal(name, self._labels.label(name, listed=listed), "jwt")
+        return Principal(name, self._labels.label(name, listed=listed), method,
+                         key_id=key_id, expires_at=expires_at)
+
+    def recheck(self, principal: Principal, right: Right, names: Iterable[str]) -> None:
+        """Unauthenticated if the principal's key was removed from the auth file since
+        it was proved or its credential expired, Forbidden if it lost ``right`` on one
+        of ``names``: for a request that outlives the check made when it started."""
+        if principal.key_id is not None and (
+                self.config.keys.owner(principal.key_id) != principal.name):
+            raise Unauthenticated("the API key was revoked")
+        if principal.expires_at is not None and time.time() >= principal.expires_at:
+            raise Unauthenticated("the token has expired")
+        self.authorize(principal, right, names)
 
     def entry(self, principal: Principal) -> Entry:
         return self.config.entry(principal.name)
+
+    def redeem(self, ticket: str, topic: str) -> Principal:
+        """The principal a stream ticket (``?ticket=``) proves for ``topic``, once."""
+        found = self.tickets.redeem(ticket, topic)
+        return self.principal(found.principal, "ticket", key_id=found.key_id,
+                              expires_at=found.expires_at)
+
+    def mint_ticket(self, principal: Principal, topic: str) -> str:
+        """A stream ticket for ``topic``; Forbidden unless the principal may consume it."""
+        self.authorize(principal, Right.CONSUME, [topic])
+        return self.tickets.mint(Ticket(principal.name, topic, principal.key_id,
+                                        principal.expires_at))
 
     # -- what --------------------------------------------------------------------------
 

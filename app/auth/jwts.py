@@ -102,6 +102,11 @@ class JwtVerifier:
 
     async def principal(self, token: str) -> str:
         """The principal the token names, or Unauthenticated saying why not."""
+        return (await self.verify(token))[0]
+
+    async def verify(self, token: str) -> tuple[str, float]:
+        """The principal the token names and the Unix time it stops being accepted (its
+        ``exp`` plus the leeway), or Unauthenticated saying why not."""
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -114,7 +119,9 @@ class JwtVerifier:
         if not isinstance(principal, str) or not 0 < len(principal) <= MAX_PRINCIPAL_CHARS:
             raise Unauthenticated(f"the token's {self._s.auth_jwt_principal_claim} claim is "
                                   f"not a name of 1 to {MAX_PRINCIPAL_CHARS} characters")
-        return principal
+        exp = claims["exp"]  # required, and checked to be a number by decode
+        assert isinstance(exp, int | float)
+        return principal, float(exp) + self._s.auth_jwt_leeway_s
 
     def _decode(self, token: str, key: PyJWK) -> dict[str, object]:
         s = self._s

@@ -1,7 +1,8 @@
 """Access control at the HTTP edge (app/auth/ holds the rules).
 
 :class:`AccessMiddleware` authenticates every request to a protected path before its
-body is read and charges it to the principal's request-rate quota; it is only installed
+body is read (by its bearer token, or for an event stream by a stream ticket in the
+query) and charges it to the principal's request-rate quota; it is only installed
 when ``LLOG_AUTH=on``. Handlers then call :func:`authorize` (rights on the topics or
 groups the request names) and :func:`charge_produce` before any storage work; with auth
 off both return at once.
@@ -14,8 +15,10 @@ named in the body; either way a refusal is a 403 before the handler touches stor
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from urllib.parse import parse_qs
 
 from fastapi import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -131,7 +134,10 @@ class AccessMiddleware:
         started = time.monotonic()
         principal: Principal | None = None
         try:
-            principal = await self.control.authenticate(_header(scope, b"authorization"))
+            authorization = _header(scope, b"authorization")
+            ticket = _stream_ticket(scope) if authorization is None else None
+            principal = (self.control.redeem(*ticket) if ticket is not None
+                         else await self.control.authenticate(authorization))
             self.control.charge_request(principal)
         except LlogError as exc:
             self.control.metrics.refusals.labels(exc.error_type).inc()
@@ -161,7 +167,8 @@ class AccessMiddleware:
         if self.log_requests:
             client = scope.get("client")
             where = f"{client[0]}:{client[1]}" if client else "-"
-            query = scope.get("query_string", b"").decode("latin-1")
+            query = _TICKET_IN_QUERY.sub(r"\1ticket=…",
+                                         scope.get("query_string", b"").decode("latin-1"))
             path = scope["path"] + (f"?{query}" if query else "")
             access_log.info('%s - "%s %s HTTP/%s" %d principal=%s %.1fms', where,
                             scope["method"], path, scope.get("http_version", "1.1"), status,
@@ -170,6 +177,22 @@ class AccessMiddleware:
 
 
 _REFUSED = {403: "Forbidden", 429: "QuotaExceeded"}
+
+
+# The one path that takes a stream ticket in place of a token (browsers' EventSource
+# cannot send headers), and the ticket's parameter, kept out of the access log.
+_STREAM_PATH = re.compile(r"/topics/([^/]+)/stream")
+_TICKET_IN_QUERY = re.compile(r"(^|&)ticket=[^&]*")
+
+
+def _stream_ticket(scope: Scope) -> tuple[str, str] | None:
+    """(ticket, topic) of a GET of a stream with ``?ticket=``, else None."""
+    match = _STREAM_PATH.fullmatch(scope["path"])
+    if match is None or scope["method"] != "GET":
+        return None
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    tickets = query.get("ticket")
+    return (tickets[0], match[1]) if tickets else None
 
 
 def _header(scope: Scope, name: bytes) -> str | None:

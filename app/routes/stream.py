@@ -8,13 +8,15 @@ closing the connection. The next read starts only after the previous event was h
 to the connection, so a slow reader is paced by the socket, not buffered: one read of at
 most ``max_bytes`` is all a stream holds. A draining broker ends its streams with an
 ``end`` event (the client reconnects elsewhere); an error a client must act on (an
-offset below the log start, say) is an ``error`` event, and the stream ends.
+offset below the log start, say) is an ``error`` event, and the stream ends. With access
+control on, the stream's principal is re-checked while it runs (app/routes/stream_guard.py).
 """
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
@@ -28,13 +30,14 @@ from app.broker.answering import JSON_FACTOR, AnswerHold
 from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import InvalidRequest, LlogError, RoleDisabled, ShuttingDown, Unavailable
-from app.routes.access import authorize
+from app.routes.access import account, authorize, control_of, principal_of
 from app.routes.consume import _record, _times
 from app.routes.offsets import lookup_all
 from app.routes.openapi import error, errors
+from app.routes.stream_guard import StreamGuard
 from app.storage.keys import TopicPartition, validate_topic
 from app.storage.offsets import PartitionOffsets
-from app.storage.reader import ReadResult
+from app.storage.reader import ReadOutcome, ReadResult
 
 router = APIRouter(tags=["consume"])
 EVENTS_EXAMPLE = """retry: 1000
@@ -135,10 +138,15 @@ async def stream(
     max_bytes: Annotated[int, Query(ge=1)] = 1024 * 1024,
     heartbeat_ms: Annotated[int, Query(ge=1000, le=60_000)] = 15_000,
     last_event_id: Annotated[str | None, Header()] = None,
+    # Redeemed by AccessMiddleware before the handler runs; declared for the document.
+    ticket: Annotated[str | None, Query(
+        max_length=2048, description="with access control on, in place of the "
+        "Authorization header: a ticket from POST /topics/{topic}/stream/tickets")] = None,
 ) -> StreamingResponse:
     state: BrokerState = request.app.state.broker
     validate_topic(topic)
     authorize(request, Right.CONSUME, [topic])
+    guard = _guard(request, topic)
     parts = _partitions(partitions)
     if max_bytes > state.settings.max_fetch_bytes:
         raise InvalidRequest(f"max_bytes {max_bytes} exceeds the limit of "
@@ -161,10 +169,25 @@ async def stream(
                           "taken; retry shortly or on another broker") from None
     ending = _Ending()
     return _EventStream(
-        _follow(state, topic, offsets, encoding, max_bytes, heartbeat_ms / 1000, ending),
+        _follow(state, topic, offsets, encoding, max_bytes, heartbeat_ms / 1000, ending,
+                guard, lambda size: account(request, consumed=size)),
         release=lambda: _release(state, slots, request, ending),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+def _guard(request: Request, topic: str) -> StreamGuard | None:
+    """With access control on, what keeps re-checking the stream's principal (checked
+    once here too: the auth file may have been reloaded since the request was
+    authenticated)."""
+    control, principal = control_of(request), principal_of(request)
+    if control is None or principal is None:
+        return None
+    guard = StreamGuard(control, principal, topic)
+    refused = guard.refusal()
+    if refused is not None:
+        raise refused
+    return guard
 
 
 class _Ending:
@@ -201,10 +224,14 @@ class _EventStream(StreamingResponse):
 
 
 async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encoding: str,
-                  max_bytes: int, heartbeat_s: float, ending: _Ending
+                  max_bytes: int, heartbeat_s: float, ending: _Ending,
+                  guard: StreamGuard | None, consumed: Callable[[int], None]
                   ) -> AsyncIterator[bytes]:
-    """The events of one stream, each read only after the previous was sent."""
+    """The events of one stream, each read only after the previous was sent; with
+    access control on, each read races the guard, which ends the stream with an
+    ``error`` event when the principal loses access."""
     metrics = state.consume_metrics
+    first = True  # the request that opened the stream paid for its first read
     yield b"retry: 1000\n\n"
     while True:
         if state.status != "ok" or state.consume is None or state.consume.released:
@@ -216,11 +243,24 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
         fetches = [Fetch(TopicPartition(topic, p), o) for p, o in offsets.items()]
         # Within the answer budget: the previous batch was sent, this one holds its bytes.
         ending.hold = ending.hold or state.consume.answer(JSON_FACTOR)
-        results = await state.consume.consume_holding(
-            ending.hold, fetches, max_wait_s=heartbeat_s, min_bytes=1, max_bytes=max_bytes,
-            slot=False)
+        read = functools.partial(state.consume.consume_holding, ending.hold, fetches,
+                                 max_wait_s=heartbeat_s, min_bytes=1, max_bytes=max_bytes,
+                                 slot=False)
+        if guard is None:
+            answered: tuple[list[ReadOutcome] | None] | LlogError = (await read(),)
+        else:
+            answered = await guard.unless_revoked(functools.partial(
+                _paid_read, guard, read, heartbeat_s, first))
+        first = False
+        if isinstance(answered, LlogError):
+            metrics.stream_events.labels("error").inc()
+            ending.outcome = "revoked"
+            yield _event("error", _problem(answered))
+            return
+        results = answered[0]  # None: the quota made the read wait, nothing was read
+        paired = () if results is None else zip(fetches, results, strict=True)
         sent = False
-        for fetch, result in zip(fetches, results, strict=True):
+        for fetch, result in paired:
             if isinstance(result, LlogError):
                 metrics.stream_events.labels("error").inc()
                 ending.outcome = "error"
@@ -230,13 +270,30 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
                 return
             if result.records:
                 sent = True
+                consumed(result.size)  # counted as handed over, as consume counts its answer
                 yield _records_event(fetch.tp.partition, result, offsets, encoding)
                 metrics.stream_events.labels("records").inc()
                 metrics.records.inc(len(result.records))
                 metrics.bytes.inc(result.size)
-        if not sent:
+        if not sent:  # an empty read, or none (the quota made it wait)
             metrics.stream_events.labels("heartbeat").inc()
             yield b": heartbeat\n\n"
+
+
+async def _paid_read(guard: StreamGuard, read: Callable[[], Awaitable[list[ReadOutcome]]],
+                     heartbeat_s: float, first: bool) -> list[ReadOutcome] | None:
+    """The read, charged to the principal's request quota; None, after waiting (at most
+    a heartbeat), when the quota does not grant it yet."""
+    wait_s = 0 if first else guard.throttle()
+    if wait_s:
+        await anyio.sleep(min(wait_s, heartbeat_s))
+        return None
+    return await read()
+
+
+def _problem(exc: LlogError) -> dict[str, Any]:
+    """An error event's data: the HTTP API's error body, and whether to retry."""
+    return {"error_type": exc.error_type, "error": str(exc), "retriable": exc.retriable}
 
 
 def _records_event(partition: int, result: ReadResult, offsets: dict[int, int],

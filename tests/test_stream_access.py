@@ -1,0 +1,246 @@
+"""Event streams with access control on, against a real broker process: a stream is
+re-checked when the auth file is reloaded and when its JWT expires, and ends with an
+``error`` event saying why; what it streams counts to the principal as consume does,
+and its reads are charged to the request quota; browsers open it with a stream ticket
+(single-use, bound to its topic and principal, shared across brokers by a secret)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import httpx
+import pytest
+
+from tests.helpers.auth import AUDIENCE, ISSUER, Issuer, Keys, bearer, jwks
+from tests.helpers.auth import write_atomically as write
+from tests.helpers.bodies import produce_body
+from tests.helpers.stack import Broker, BrokerFactory
+from tests.test_stream import Event, events
+
+pytestmark = pytest.mark.stack
+SECRET = "s" * 40
+
+
+def auth_text(keys: Keys, topic: str, *, revoked: bool = False) -> str:
+    """The auth file; ``revoked``: reader's key is gone and narrowed lost its consume
+    right on the topic."""
+    k = keys.entries
+    return f"""
+[principals.writer]
+keys = ["{k['writer']}"]
+produce = ["{topic}"]
+consume = ["{topic}"]
+
+[principals.reader]
+keys = [{'' if revoked else f'"{k["reader"]}"'}]
+consume = ["{topic}", "other-{topic}"]
+
+[principals.narrowed]
+keys = ["{k['narrowed']}"]
+consume = ["{'other-' if revoked else ''}{topic}"]
+
+[principals.keeper]
+keys = ["{k['keeper']}"]
+consume = ["{topic}"]
+
+[principals.metered]
+keys = ["{k['metered']}"]
+consume = ["{topic}"]
+quota = {{ requests_per_s = 0.02, burst_s = 100 }}
+
+[principals.jwt-reader]
+consume = ["{topic}"]
+"""
+
+
+@pytest.fixture
+def keys() -> Keys:
+    out = Keys()
+    for name in ("writer", "reader", "narrowed", "keeper", "metered"):
+        out.new(name)
+    return out
+
+
+@pytest.fixture
+def auth_file(tmp_path: Path, keys: Keys, topic: str) -> Path:
+    path = tmp_path / "auth.toml"
+    write(path, auth_text(keys, topic))
+    return path
+
+
+def start(brokers: BrokerFactory, auth_file: Path, **settings: str) -> Broker:
+    return brokers.start(workers=1, auth="on", auth_file=str(auth_file),
+                         auth_reload_interval_s="0.2", **settings)
+
+
+async def produce(http: httpx.AsyncClient, keys: Keys, topic: str, *values: str) -> None:
+    r = await http.post("/produce", json=produce_body(topic, *values),
+                        headers=bearer(keys.tokens["writer"]))
+    assert r.status_code == 200, r.text
+
+
+async def next_event(stream: AsyncIterator[Event]) -> Event:
+    """The next event that is not a heartbeat."""
+    async for event in stream:
+        if event.kind != "comment":
+            return event
+    raise AssertionError("the stream ended")
+
+
+async def ends_with(stream: AsyncIterator[Event]) -> Event:
+    """The stream's last event, once the broker has closed it."""
+    last = [e async for e in stream if e.kind != "comment"][-1]
+    return last
+
+
+async def metric(http: httpx.AsyncClient, prefix: str) -> float:
+    text = (await http.get("/metrics/prometheus")).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(prefix))
+
+
+async def test_a_stream_ends_when_its_key_or_right_is_removed_or_its_jwt_expires(
+        brokers: BrokerFactory, tmp_path: Path, auth_file: Path, keys: Keys,
+        topic: str) -> None:
+    issuer = Issuer()
+    jwks_file = tmp_path / "jwks.json"
+    jwks_file.write_text(json.dumps(jwks(issuer)))
+    broker = start(brokers, auth_file, auth_jwks_file=str(jwks_file),
+                   auth_jwt_issuer=ISSUER, auth_jwt_audience=AUDIENCE,
+                   auth_jwt_leeway_s="0")
+    url = f"/topics/{topic}/stream?from=earliest&heartbeat_ms=1000"
+    t = keys.tokens
+    async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
+        await produce(http, keys, topic, "first")
+        with anyio.fail_after(60):
+            async with http.stream("GET", url, headers=bearer(t["reader"])) as reader, \
+                    http.stream("GET", url, headers=bearer(t["narrowed"])) as narrowed, \
+                    http.stream("GET", url, headers=bearer(t["keeper"])) as keeper:
+                streams = {"reader": events(reader), "narrowed": events(narrowed),
+                           "keeper": events(keeper)}
+                for name, stream in streams.items():
+                    assert (await next_event(stream)).kind == "records", name
+
+                write(auth_file, auth_text(keys, topic, revoked=True))
+                last = await ends_with(streams["reader"])
+                assert (last.kind, last.json["error_type"]) == ("error", "Unauthenticated")
+                assert "revoked" in last.json["error"]
+                assert last.json["retriable"] is False
+                last = await ends_with(streams["narrowed"])
+                assert (last.kind, last.json["error_type"]) == ("error", "Forbidden")
+                # A principal the reload did not touch keeps streaming.
+                await produce(http, keys, topic, "second")
+                event = await next_event(streams["keeper"])
+                assert [r["value"] for r in event.json["records"]] == ["second"]
+
+            # Nor can the revoked key open a new one.
+            r = await http.get(url, headers=bearer(t["reader"]))
+            assert r.status_code == 401, r.text
+
+            token = issuer.token("jwt-reader", exp=int(time.time()) + 3)
+            async with http.stream("GET", url, headers=bearer(token)) as r:
+                assert r.status_code == 200
+                last = await ends_with(events(r))
+                assert (last.kind, last.json["error_type"]) == ("error", "Unauthenticated")
+                assert "expired" in last.json["error"]
+        assert await metric(http, 'llog_stream_events_total{event="error"}') == 3
+
+
+async def test_streamed_bytes_count_as_consumed_and_reads_pay_the_request_quota(
+        brokers: BrokerFactory, auth_file: Path, keys: Keys, topic: str) -> None:
+    broker = start(brokers, auth_file)
+    t = keys.tokens
+    async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
+        await produce(http, keys, topic, "alpha", "beta-beta", "gamma-gamma-gamma")
+        with anyio.fail_after(60):
+            url = f"/topics/{topic}/stream?from=earliest&heartbeat_ms=1000"
+            async with http.stream("GET", url, headers=bearer(t["reader"])) as r:
+                stream = events(r)
+                got: list[str] = []
+                while len(got) < 3:
+                    got += [x["value"] for x in (await next_event(stream)).json["records"]]
+            fetch = {"topic_partitions": [{"topic": topic, "partition": 0,
+                                           "fetch_offset": 1}], "max_wait_ms": 0}
+            r = await http.post("/consume", json=fetch, headers=bearer(t["keeper"]))
+            assert len(r.json()["results"][0]["records"]) == 3, r.text
+            streamed = await metric(
+                http, 'llog_principal_consumed_bytes_total{principal="reader"}')
+            consumed = await metric(
+                http, 'llog_principal_consumed_bytes_total{principal="keeper"}')
+            assert streamed == consumed > 0
+
+            # metered may make 2 requests in 100 s: the stream's opening (which pays its
+            # first read) and one more read. The third read waits for the quota, with
+            # heartbeats, as a consumer answered 429 would.
+            url = f"/topics/{topic}/stream?from=earliest&heartbeat_ms=1000&max_bytes=1"
+            async with http.stream("GET", url, headers=bearer(t["metered"])) as r:
+                stream = events(r)
+                first = await next_event(stream)
+                assert [x["value"] for x in first.json["records"]] == ["alpha"]
+                second = await next_event(stream)
+                assert [x["value"] for x in second.json["records"]] == ["beta-beta"]
+                async for event in stream:
+                    assert event.kind == "comment", event  # no third record
+                    break
+                r = await http.post("/consume", json=fetch, headers=bearer(t["metered"]))
+                assert r.status_code == 429, r.text
+
+
+async def ticket(http: httpx.AsyncClient, token: str, topic: str) -> str:
+    r = await http.post(f"/topics/{topic}/stream/tickets", headers=bearer(token))
+    assert r.status_code == 200, r.text
+    assert r.json()["expires_in_s"] == 30
+    found: str = r.json()["ticket"]
+    return found
+
+
+async def test_a_stream_ticket_opens_one_stream_of_its_topic_as_its_principal(
+        brokers: BrokerFactory, auth_file: Path, keys: Keys, topic: str) -> None:
+    # Two brokers with one secret, as behind a load balancer.
+    a = start(brokers, auth_file, stream_ticket_secret=SECRET)
+    b = start(brokers, auth_file, stream_ticket_secret=SECRET)
+    t = keys.tokens
+    url = f"/topics/{topic}/stream?from=earliest&heartbeat_ms=1000"
+    async with httpx.AsyncClient(base_url=a.url, timeout=30) as http, \
+            httpx.AsyncClient(base_url=b.url, timeout=30) as other:
+        await produce(http, keys, topic, "first")
+        # Only a caller with the consume right gets one; none without a token.
+        r = await http.post(f"/topics/other-{topic}/stream/tickets",
+                            headers=bearer(t["keeper"]))
+        assert r.status_code == 403, r.text
+        assert (await http.post(f"/topics/{topic}/stream/tickets")).status_code == 401
+
+        issued = await ticket(http, t["reader"], topic)
+        spare = await ticket(http, t["reader"], topic)
+        with anyio.fail_after(60):
+            # Minted on a, opened on b: no header, as an EventSource sends it.
+            async with other.stream("GET", f"{url}&ticket={issued}") as r:
+                assert r.status_code == 200
+                stream = events(r)
+                assert (await next_event(stream)).kind == "records"
+                # Used once: a second use is refused, on this broker.
+                again = await other.get(f"{url}&ticket={issued}")
+                assert again.status_code == 401, again.text
+                assert "used already" in again.json()["error"]
+                # The stream is the reader's: removing reader's key ends it.
+                write(auth_file, auth_text(keys, topic, revoked=True))
+                last = await ends_with(stream)
+                assert (last.kind, last.json["error_type"]) == ("error", "Unauthenticated")
+
+        # Bound to its topic, even for a principal that may read the other one.
+        r = await http.get(f"/topics/other-{topic}/stream?ticket={spare}")
+        assert r.status_code == 401 and "another topic" in r.json()["error"], r.text
+        # ... and to the stream: it is no token for any other request.
+        r = await http.get(f"/topics/{topic}?ticket={spare}")
+        assert r.status_code == 401, r.text
+        # Forged: a payload changed, or made up with another secret.
+        payload, mac = spare.removeprefix("llogt_").split(".")
+        forged = f"llogt_{payload[:-2]}{'AA' if payload[-2:] != 'AA' else 'BB'}.{mac}"
+        for bad in (forged, spare[:-3], "llogt_e30.AAAA", "junk"):
+            r = await http.get(f"{url}&ticket={bad}")
+            assert r.status_code == 401, (bad, r.text)
+            assert r.json()["error_type"] == "Unauthenticated"

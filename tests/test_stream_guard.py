@@ -1,0 +1,56 @@
+"""A stream's re-check, as pure logic: the guard of a stream wakes on a reload of the
+auth file (never by polling) and at its JWT's expiry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+from prometheus_client import CollectorRegistry
+
+from app.auth.apikeys import mint
+from app.auth.authfile import parse
+from app.auth.control import AccessControl
+from app.errors import Forbidden, Unauthenticated
+from app.routes.stream_guard import StreamGuard
+from app.settings import Settings
+
+
+def _control(tmp_path: Path, text: str) -> AccessControl:
+    auth_file = tmp_path / "auth.toml"
+    auth_file.write_text(text)
+    control = AccessControl(Settings(auth="on", auth_file=auth_file), CollectorRegistry())
+    control._apply(parse(text))
+    return control
+
+
+async def test_the_guard_wakes_on_a_reload_that_takes_access_away(tmp_path: Path) -> None:
+    token, stored = mint()
+    kept = 'consume = ["orders"]\n'
+    control = _control(tmp_path, f'[principals.r]\nkeys = ["{stored}"]\n{kept}')
+    principal = await control.authenticate(f"Bearer {token}")
+    guard = StreamGuard(control, principal, "orders")
+    assert guard.refusal() is None
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            found: list[object] = []
+
+            async def watch() -> None:
+                found.append(await guard.revoked())
+
+            tg.start_soon(watch)
+            await anyio.wait_all_tasks_blocked()
+            control._apply(parse(f'[principals.r]\nkeys = ["{stored}"]\n{kept}'))
+            await anyio.wait_all_tasks_blocked()
+            assert not found  # a reload that changed nothing for it
+            control._apply(parse(f'[principals.r]\nkeys = ["{stored}"]\n'))
+    assert isinstance(found[0], Forbidden)
+
+
+async def test_the_guard_ends_a_stream_at_its_credential_s_expiry(tmp_path: Path) -> None:
+    control = _control(tmp_path, '[default]\nconsume = ["orders"]\n')
+    principal = control.principal("svc", "jwt", expires_at=0.0)  # long past
+    guard = StreamGuard(control, principal, "orders")
+    with anyio.fail_after(10):
+        refused = await guard.revoked()
+    assert isinstance(refused, Unauthenticated) and "expired" in str(refused)
