@@ -177,11 +177,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
         state.topics = TopicDirectory(
             TopicCatalog(oxia, layout), auto_create=s.auto_create_topics,
             auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s)
-        state.writer = LogWriter(
-            oxia, s3, layout, state.store_metrics, max_attempts=s.commit_max_attempts,
-            commit_horizon_ms=s.retry_horizon_safe_ms,
-            pending_reread_ms=s.compaction_min_entry_age_ms // 2, encoding=s.wal_encoding,
-            outage_s=s.oxia_outage_s)
+        state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
                 await _start_batcher(state, writers)
