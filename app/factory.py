@@ -6,6 +6,7 @@ import contextlib
 import functools
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
@@ -23,6 +24,7 @@ from app.routes.hot_lane import HotLane
 from app.routes.models import ProduceRequest
 from app.routes.openapi import install_openapi
 from app.routes.openapi_auth import declare_bearer_auth
+from app.routes.openapi_limits import declare_limits
 from app.settings import Settings
 from app.telemetry.request_id import RequestIdMiddleware
 
@@ -62,10 +64,17 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     for module in (produce, consume, stream, offsets, topics, groups, health, metrics):
         app.router.routes.extend(module.router.routes)
     # The produce route parses its body itself, so FastAPI does not name its model.
-    install_openapi(app, extra_models=[ProduceRequest], finish=None if control is None
-                    else functools.partial(declare_bearer_auth, settings=settings))
+    install_openapi(app, extra_models=[ProduceRequest],
+                    finish=functools.partial(_finish_openapi, settings=settings))
     _install_middleware(app, settings, state, control)
     return app
+
+
+def _finish_openapi(schema: dict[str, Any], settings: Settings) -> None:
+    """This broker's limits in its document; with auth on, the bearer scheme."""
+    declare_limits(schema, settings)
+    if settings.auth_enabled:
+        declare_bearer_auth(schema, settings)
 
 
 def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
