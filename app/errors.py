@@ -21,13 +21,15 @@ compare strings:
     │   ├── UnknownTopic             404  no such topic (and auto-create is off)
     │   ├── UnknownPartition         404  the topic has no such partition
     │   ├── TopicExists              409  a topic of that name exists already
+    │   ├── PartitionsOnlyGrow       409  fewer partitions than the topic has
+    │   ├── OffsetBeyondHighWatermark 409 a committed offset the log does not hold yet
     │   ├── UnknownGroup             404  no such consumer group
     │   └── GroupConflict            409  the group refuses: the caller's view is out of date
     │       ├── UnknownMember             not a member (left, or its session expired)
     │       ├── StaleGeneration           the group has moved on to a newer generation
     │       ├── PartitionNotAssigned      the partition is not this member's
     │       ├── GroupNotEmpty             the operation needs a group without live members
-    │       └── GroupFull                 the group has as many members as it may
+    │       └── GroupFull                 the group is as large as it may be
     ├── AccessError                  refused by access control at the edge, nothing written
     │   ├── Unauthenticated          401  no credentials, or invalid ones
     │   ├── Forbidden                403  the principal lacks the right
@@ -116,6 +118,21 @@ class TopicExists(RequestError):
     http_status = 409
 
 
+class PartitionsOnlyGrow(RequestError):
+    """The topic has more partitions than the request asks for: a topic's partitions
+    only grow. (A conflict with the topic as it stands, not a malformed request.)"""
+
+    http_status = 409
+
+
+class OffsetBeyondHighWatermark(RequestError):
+    """An offset to commit (or to reset a group to) lies beyond the partition's high
+    watermark: commit the last offset processed, which the log holds. (A conflict
+    with the log as it stands, not a malformed request.)"""
+
+    http_status = 409
+
+
 class UnknownGroup(RequestError):
     """No consumer group of that name exists."""
 
@@ -149,7 +166,8 @@ class GroupNotEmpty(GroupConflict):
 
 
 class GroupFull(GroupConflict):
-    """The group has ``LLOG_GROUP_MAX_MEMBERS`` members already."""
+    """The group has ``LLOG_GROUP_MAX_MEMBERS`` members already, or its topics with the
+    joining member's would be more than ``LLOG_GROUP_MAX_PARTITIONS`` partitions."""
 
 
 # -- access control ------------------------------------------------------------------

@@ -35,6 +35,7 @@ from app.routes.hot_lane import HotLane
 from app.routes.models import ProduceRequest
 from app.routes.openapi import install_openapi
 from app.routes.openapi_auth import declare_bearer_auth, declare_metrics_token
+from app.routes.openapi_limits import declare_limits
 from app.settings import Settings
 from app.telemetry.request_id import RequestIdMiddleware
 
@@ -79,14 +80,15 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
         app.router.routes.extend(stream_tickets.router.routes)
     # The produce route parses its body itself, so FastAPI does not name its model.
     install_openapi(app, extra_models=[ProduceRequest],
-                    finish=functools.partial(_declare_auth, settings=settings))
+                    finish=functools.partial(_finish_openapi, settings=settings))
     _install_middleware(app, settings, state, control)
     return app
 
 
-def _declare_auth(schema: dict[str, Any], settings: Settings) -> None:
-    """The OpenAPI document's security: the bearer scheme with auth on, the metrics
-    token when one is set."""
+def _finish_openapi(schema: dict[str, Any], settings: Settings) -> None:
+    """This broker's limits in its document; its security: the bearer scheme with auth
+    on, the metrics token when one is set."""
+    declare_limits(schema, settings)
     if settings.auth_enabled:
         declare_bearer_auth(schema, settings)
     declare_metrics_token(schema, settings)

@@ -226,6 +226,10 @@ class Settings(BaseSettings):
     # off, both are refused (404).
     auto_create_topics: bool = True
     auto_create_partitions: int = Field(default=1, ge=1, le=100_000)
+    # The most partitions POST and PATCH /topics give a topic (describing a topic reads
+    # every partition's state, so an operator may keep topics smaller than the format's
+    # 100000).
+    max_topic_partitions: int = Field(default=100_000, ge=1, le=100_000)
     topic_cache_ttl_s: float = Field(default=5.0, gt=0, le=3600)
     # How often the compactor applies a topic's retention to a partition.
     retention_check_interval_s: float = Field(default=60.0, gt=0)

@@ -76,7 +76,8 @@ def _bad_produce_bodies(topic: str) -> list[tuple[str, Any]]:
         ("partition negative", {"topic_partitions": [{**good, "partition": -1}]}),
         ("partition too large", {"topic_partitions": [{**good, "partition": 2**31}]}),
         ("partition bool", {"topic_partitions": [{**good, "partition": True}]}),
-        ("partition float", {"topic_partitions": [{**good, "partition": 0.0}]}),
+        # (0.0 is the integer 0, as JSON Schema counts it; a fraction is not.)
+        ("partition fraction", {"topic_partitions": [{**good, "partition": 0.5}]}),
         ("record number", {"topic_partitions": [{**good, "records": ["ok", 1]}]}),
         ("record null", {"topic_partitions": [{**good, "records": [None]}]}),
         ("record bad base64", {"topic_partitions": [{**good, "records": [{"base64": "!!"}]}]}),

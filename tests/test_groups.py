@@ -423,7 +423,10 @@ async def test_reset_offsets_is_refused_while_a_member_lives(
         assert [x["offset"] for x in (await _ok(r))["results"]] == [0, 0, 0]
         r = await http.post(f"/groups/{group}/reset-offsets", json={"topic_partitions": [
             {"topic": topic, "partition": 0, "offset": 5}]})
-        assert r.status_code == 400 and "high watermark" in r.json()["error"]
+        # The log's state refuses it, not the request's shape: a conflict, not a 400.
+        assert r.status_code == 409, r.text
+        assert r.json()["error_type"] == "OffsetBeyondHighWatermark"
+        assert "high watermark" in r.json()["error"]
 
 
 async def test_bad_input_is_a_4xx_and_writes_nothing(stack: LocalStack, topic: str,
@@ -436,8 +439,6 @@ async def test_bad_input_is_a_4xx_and_writes_nothing(stack: LocalStack, topic: s
             (f"/groups/{group}/join", {"topics": []}),
             (f"/groups/{group}/join", {"topics": ["bad/topic"]}),
             (f"/groups/{group}/join", {"topics": [topic], "session_timeout_ms": 50}),
-            (f"/groups/{group}/commit", {"offsets": [{"topic": topic, "partition": 0,
-                                                      "offset": 2}]}),
             (f"/groups/{group}/commit", {"member_id": "m", "offsets": [
                 {"topic": topic, "partition": 0, "offset": 1}]}),
             ("/consume", {"topic_partitions": [{"topic": topic, "partition": 0,
@@ -447,6 +448,11 @@ async def test_bad_input_is_a_4xx_and_writes_nothing(stack: LocalStack, topic: s
         ]:
             r = await http.post(path, json=body)
             assert r.status_code in (400, 404), (path, body, r.text)
+        # Beyond the high watermark (1): refused by the log's state, with nothing written.
+        r = await http.post(f"/groups/{group}/commit", json={"offsets": [
+            {"topic": topic, "partition": 0, "offset": 2}]})
+        assert r.status_code == 409, r.text
+        assert r.json()["error_type"] == "OffsetBeyondHighWatermark"
         r = await http.post(f"/groups/{group}/join", json={"topics": ["a", "b", "c"]})
         assert r.status_code == 413
         r = await http.get(f"/groups/{group}")

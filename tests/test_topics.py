@@ -67,8 +67,13 @@ async def test_create_list_describe_update_and_delete(stack: LocalStack, topic: 
         assert r.status_code == 200, r.text
         assert (r.json()["partitions"], r.json()["retention_ms"],
                 r.json()["retention_bytes"]) == (5, None, 10_000)
+        # Fewer partitions than the topic has: a conflict with the topic, not a 400; an
+        # integral number written with a fraction is an integer.
         r = await http.patch(f"/topics/{topic}", json={"partitions": 2})
-        assert r.status_code == 400 and "only grow" in r.json()["error"]
+        assert r.status_code == 409 and r.json()["error_type"] == "PartitionsOnlyGrow"
+        assert "only grow" in r.json()["error"]
+        r = await http.patch(f"/topics/{topic}", json={"partitions": 6.0})
+        assert r.status_code == 200 and r.json()["partitions"] == 6, r.text
 
         r = await http.delete(f"/topics/{topic}")
         assert r.status_code == 200

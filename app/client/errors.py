@@ -24,6 +24,8 @@ Each error carries what a caller needs to act on it:
     │   ├── UnknownTopic             404
     │   ├── UnknownPartition         404
     │   ├── TopicExists              409
+    │   ├── PartitionsOnlyGrow       409  fewer partitions than the topic has
+    │   ├── OffsetBeyondHighWatermark 409 commit an offset the log holds
     │   ├── UnknownGroup             404
     │   ├── GroupConflict            409: the member's view of its group is out of date
     │   │   ├── UnknownMember        join again
@@ -127,6 +129,14 @@ class UnknownPartition(RequestError):
 
 class TopicExists(RequestError):
     """A topic of that name exists already."""
+
+
+class PartitionsOnlyGrow(RequestError):
+    """The topic has more partitions than asked for: partitions only grow."""
+
+
+class OffsetBeyondHighWatermark(RequestError):
+    """An offset to commit or reset to is beyond the partition's high watermark."""
 
 
 class UnknownGroup(RequestError):

@@ -236,9 +236,9 @@ class Membership:
         topics = set(member.topics) | set(current.record.partitions if current else ())
         total = sum([await self._partitions_of(t) for t in sorted(topics)])
         if total > self._settings.group_max_partitions:
-            raise PayloadTooLarge(f"group {group!r} would read {total} partitions; the "
-                                  f"limit is {self._settings.group_max_partitions} "
-                                  "(LLOG_GROUP_MAX_PARTITIONS)")
+            raise GroupFull(f"group {group!r} would read {total} partitions; the "
+                            f"limit is {self._settings.group_max_partitions} "
+                            "(LLOG_GROUP_MAX_PARTITIONS)")
 
     def _full(self) -> int:
         return self._settings.group_max_members

@@ -27,6 +27,7 @@ from app.errors import (
     GroupNotEmpty,
     InvalidRequest,
     LlogError,
+    OffsetBeyondHighWatermark,
     PartitionNotAssigned,
     StaleGeneration,
     StorageUnavailable,
@@ -184,8 +185,9 @@ class GroupOffsets:
                                                       target.timestamp_ms)
         if target.offset is not None:
             if target.offset > bounds.high_watermark:
-                raise InvalidRequest(f"offset {target.offset} for {target.tp} is beyond its "
-                                     f"high watermark {bounds.high_watermark}")
+                raise OffsetBeyondHighWatermark(
+                    f"offset {target.offset} for {target.tp} is beyond its high watermark "
+                    f"{bounds.high_watermark}")
             return target.offset
         if bounds.for_time is not None:
             return bounds.for_time - 1
@@ -199,9 +201,9 @@ class GroupOffsets:
         for (tp, offset), bounds in zip(offsets, found, strict=True):
             assert isinstance(bounds, PartitionOffsets)
             if offset > bounds.high_watermark:
-                raise InvalidRequest(f"offset {offset} for {tp} is beyond its high "
-                                     f"watermark {bounds.high_watermark}: commit the last "
-                                     "offset processed")
+                raise OffsetBeyondHighWatermark(
+                    f"offset {offset} for {tp} is beyond its high watermark "
+                    f"{bounds.high_watermark}: commit the last offset processed")
 
     async def _write(self, group: str, tp: TopicPartition, offset: int, generation: int,
                      member_id: str | None) -> _Written:

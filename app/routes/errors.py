@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.errors import Forbidden, LlogError, QuotaExceeded, Unauthenticated
@@ -83,11 +84,28 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = {404: "NotFound", 405: "MethodNotAllowed", 413: "PayloadTooLarge"}.get(
             exc.status_code, "HTTPError")
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request.scope)}
         return JSONResponse(error_body(kind, str(exc.detail)), status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+                            headers=headers)
+
+
+def allowed_methods(scope: Scope) -> str:
+    """The ``Allow`` value of a 405: every method the path is served with.
+
+    The router answers a method no route of the path takes with the first such route's
+    own methods, and a path served by several routes (``GET`` and ``POST /topics``, one
+    handler each) would name only one of them: this merges every route of the path."""
+    methods: set[str] = set()
+    for route in scope["app"].router.routes:
+        route_methods = getattr(route, "methods", None)
+        if route_methods and route.matches(scope)[0] != Match.NONE:
+            methods.update(route_methods)
+    return ", ".join(sorted(methods))
 
 
 class _BodyTooLarge(StarletteHTTPException):

@@ -10,25 +10,29 @@ from pydantic.config import JsonDict
 from typing_extensions import TypeAliasType
 
 from app.routes.models import (
+    MAX_SAFE_INTEGER,
+    NAME_PATTERN,
     Partition,
     TopicName,
     _check_topic,
     _Failure,
+    _given,
     _PartitionResult,
     _Strict,
+    together,
 )
 
 GroupName = Annotated[StrictStr, Field(
-    min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$",
+    min_length=1, max_length=249, pattern=NAME_PATTERN,
     description="1..249 characters of [A-Za-z0-9._-], not '.' or '..' (as topics)",
     examples=["billing"])]
 MemberId = Annotated[StrictStr, Field(
     min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",
     description="the member id the broker answered the join with",
     examples=["3f0c9d2e8b7a4c1d9e6f5a4b3c2d1e0f"])]
-Generation = Annotated[StrictInt, Field(ge=0, le=2**63 - 1, examples=[4], description=(
+Generation = Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER, examples=[4], description=(
     "the group's generation the member knows (from its join or last heartbeat)"))]
-Offset = Annotated[StrictInt, Field(ge=0, le=2**63 - 1, examples=[41])]
+Offset = Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER, examples=[41])]
 
 
 class JoinRequest(_Strict):
@@ -107,13 +111,15 @@ class CommitOffset(_Strict):
 class CommitRequest(_Strict):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
         {"member_id": "3f0c9d2e8b7a4c1d9e6f5a4b3c2d1e0f", "generation": 4,
-         "offsets": [{"topic": "orders", "partition": 0, "offset": 41}]}]})
+         "offsets": [{"topic": "orders", "partition": 0, "offset": 41}]}],
+        "allOf": together("member_id", "generation")})
 
     member_id: MemberId | None = Field(default=None, description=(
         "with generation: commit as this member (it must own every partition); without "
         "both, the group must have no live members"))
     generation: Generation | None = None
-    offsets: list[CommitOffset] = Field(min_length=1)
+    offsets: list[CommitOffset] = Field(min_length=1, json_schema_extra={
+        "uniqueItems": True, "description": "each partition at most once"})
 
     @model_validator(mode="after")
     def _member(self) -> Self:
@@ -163,12 +169,15 @@ class OffsetResults(BaseModel):
 class ResetEntry(_Strict):
     """Exactly one of ``to``, ``timestamp_ms`` and ``offset``."""
 
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "oneOf": [_given("to"), _given("timestamp_ms"), _given("offset")]})
+
     topic: TopicName
     partition: Partition | None = Field(default=None, description=(
         "omitted: every partition of the topic"))
     to: Literal["earliest", "latest"] | None = Field(default=None, description=(
         "earliest: read from the log start next; latest: only what is written next"))
-    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = Field(
+    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = Field(
         default=None, description="read next from the first offset appended at or after it")
     offset: Offset | None = Field(default=None, description=(
         "the committed offset itself (the last processed; reading resumes one past it)"))

@@ -150,7 +150,8 @@ def _results(entries: Sequence[tuple[TopicPartition, int | LlogError]]) -> JSONR
              responses={200: {"description": "every partition's offset is committed"},
                         **errors(400), **_partly(
                             "refused as a whole, nothing written (error body), or a "
-                            "partition failed (results)", *COMMIT_REFUSALS),
+                            "partition failed (results)", *COMMIT_REFUSALS,
+                            "OffsetBeyondHighWatermark"),
                         **errors(413), **_STORE},
              summary="Commit the last offset processed of partitions")
 async def commit_offsets(group: PathGroup, body: CommitRequest, request: Request,
@@ -243,9 +244,10 @@ async def _targets(state: BrokerState, entries: list[ResetEntry]) -> list[ResetT
                         **errors(400),
                         **error(404, "UnknownTopic", description=(
                             "an entry without a partition names an unknown topic")),
-                        **_partly("the group has live members, nothing written (error "
-                                  "body), or a member joined while it was reset (results)",
-                                  "GroupNotEmpty"),
+                        **_partly("the group has live members or an offset is beyond "
+                                  "the high watermark, nothing written (error body), or a "
+                                  "member joined while it was reset (results)",
+                                  "GroupNotEmpty", "OffsetBeyondHighWatermark"),
                         **errors(413), **_STORE},
              summary="Set a group's committed offsets (no member may be live)")
 async def reset_offsets(group: PathGroup, body: ResetRequest, request: Request, state: State

@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic.config import JsonDict
+from pydantic.config import JsonDict, JsonValue
 from pydantic.json_schema import SkipJsonSchema
 from typing_extensions import TypeAliasType
 
@@ -40,17 +40,38 @@ IdempotencyKey = Annotated[StrictStr, Field(
                 "attempt's offsets and writes nothing (see docs/http-api.md)",
     examples=["order-4711"])]
 
+# [A-Za-z0-9._-]+ but not "." or "..": up to two dots, then another character, or three.
+NAME_PATTERN = r"^(\.{0,2}[A-Za-z0-9_-]|\.\.\.)[A-Za-z0-9._-]*$"
 TopicName = Annotated[
     StrictStr,
-    Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$",
+    Field(min_length=1, max_length=249, pattern=NAME_PATTERN,
           description="1..249 characters of [A-Za-z0-9._-], not '.' or '..'",
           examples=["orders"]),
 ]
 Partition = Annotated[StrictInt, Field(ge=0, le=MAX_PARTITION, examples=[0])]
 
 
+# The largest offset, generation, time or byte count a request may name: 2**53 - 1, the
+# largest integer every JSON reader holds exactly. Above it doubles are 2 or more apart,
+# and a reader that compares numbers as doubles (JSON Schema validators, JavaScript)
+# would take a number just past the bound for the bound itself.
+MAX_SAFE_INTEGER = 2**53 - 1
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _integral(cls, value: object) -> object:
+        """A JSON number without a fraction (``2191.0``) as the integer it is: JSON
+        Schema counts it an integer, so a field the document types ``integer`` takes
+        it as it takes ``2191``. Anything else (``2.5``, ``"2"``, ``true``) is left as
+        it came, for the strict types to refuse. (A validator rather than a type, so
+        that the fields' bounds stay ``minimum``/``maximum`` in the document.)"""
+        if type(value) is float and value.is_integer():
+            return int(value)
+        return value
 
 
 def _check_topic(value: str) -> str:
@@ -59,10 +80,28 @@ def _check_topic(value: str) -> str:
     return value
 
 
+def _given(*fields: str, **values: JsonDict) -> JsonDict:
+    """A JSON schema matching objects with each of ``fields`` present and not null (and
+    each of ``values`` matching its schema): the rules of a model's validator, stated in
+    the document, where the validator reads a null field as an absent one."""
+    properties: JsonDict = {f: {"not": {"type": "null"}} for f in fields}
+    properties.update(values)
+    return {"required": [*fields, *values], "properties": properties}
+
+
+# Standard base64 with padding, as the validators below decode it (validate=True).
+BASE64_PATTERN = r"^([A-Za-z0-9+/]{4})*([A-Za-z0-9+/]{2}==|[A-Za-z0-9+/]{3}=)?$"
+
+
+def together(a: str, b: str) -> list[JsonValue]:
+    """JSON Schema rules: ``a`` and ``b`` are given together or not at all."""
+    return [{"if": _given(a), "then": _given(b)}, {"if": _given(b), "then": _given(a)}]
+
+
 class Base64Record(_Strict):
     """Arbitrary bytes, base64-encoded (standard alphabet, with padding)."""
 
-    base64: StrictStr = Field(examples=["AAE="])
+    base64: StrictStr = Field(examples=["AAE="], pattern=BASE64_PATTERN)
 
     @field_validator("base64")
     @classmethod
@@ -86,9 +125,14 @@ def _to_bytes(value: str | Base64Record) -> bytes:
 
 
 class Header(_Strict):
+    # Exactly one of value and base64 (pair() refuses a header with both or neither).
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "oneOf": [_given("value"), _given("base64")]})
+
     name: StrictStr = Field(min_length=1, max_length=256, examples=["trace-id"])
     value: StrictStr | None = Field(default=None, examples=["4bf92f35"])
-    base64: StrictStr | None = Field(default=None, examples=["AAE="])
+    base64: StrictStr | None = Field(default=None, examples=["AAE="],
+                                     pattern=BASE64_PATTERN)
 
     @field_validator("base64")
     @classmethod
@@ -116,7 +160,7 @@ class RecordObject(_Strict):
     value: Bytes
     key: Bytes | None = None
     headers: list[Header] | None = None
-    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
+    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
 
     def payload(self) -> Payload:
         value = _to_bytes(self.value)
@@ -134,6 +178,12 @@ ProduceRecord = Annotated[
 
 
 class ProduceTopicPartition(_Strict):
+    # Without a partition, every record is an object with a key (that the keys are
+    # equal, JSON Schema cannot say: the broker refuses other keys with 400).
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
+        "if": {"not": _given("partition")},
+        "then": {"properties": {"records": {"items": {"type": "object", **_given("key")}}}}})
+
     topic: TopicName
     partition: Partition | None = Field(default=None, description=(
         "the partition; omitted, it is chosen from the records' key (every record of the "
@@ -283,6 +333,17 @@ class ConsumeTopicPartition(_Strict):
     _topic = field_validator("topic")(_check_topic)
 
 
+# The rules of the validator below, in the document: which fields go together. (Only
+# when a field is present and not null, as the validator reads them.)
+_CONSUME_RULES: tuple[JsonValue, ...] = (
+    *together("member_id", "generation"),
+    {"if": _given("member_id"), "then": _given(commit={"const": True})},
+    {"if": _given(commit={"const": True}), "then": _given("group")},
+    {"if": _given(topic_partitions={"contains": _given(fetch_offset={"const": "committed"})}),
+     "then": _given("group")},
+)
+
+
 class ConsumeRequest(_Strict):
     model_config = ConfigDict(
         extra="forbid", strict=True,
@@ -294,7 +355,7 @@ class ConsumeRequest(_Strict):
             "topic_partitions": [{"topic": "orders", "partition": 0,
                                   "fetch_offset": "committed"}],
             "group": "billing", "auto_offset_reset": "earliest", "max_wait_ms": 5000,
-        }]},
+        }], "allOf": list(_CONSUME_RULES)},
     )
 
     # Bounded here, so a body of many entries is refused while it is read; the route
@@ -308,14 +369,14 @@ class ConsumeRequest(_Strict):
     max_bytes: Annotated[StrictInt, Field(ge=1)] = 4 * 1024 * 1024
     encoding: Literal["auto", "base64"] = "auto"
     group: Annotated[StrictStr, Field(
-        min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")] | None = Field(
+        min_length=1, max_length=249, pattern=NAME_PATTERN)] | None = Field(
         default=None, examples=["billing"], description=(
             "the consumer group whose committed offsets \"committed\" reads and commit "
             "writes"))
     member_id: Annotated[StrictStr, Field(
         min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$")] | None = Field(
         default=None, description="with commit: the member committing (with generation)")
-    generation: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = None
+    generation: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
     auto_offset_reset: Literal["earliest", "latest"] = Field(
         default="earliest", description=(
             "where \"committed\" starts when the group committed nothing for the partition, "
@@ -340,7 +401,7 @@ class ConsumeRequest(_Strict):
 class OffsetsTopicPartition(_Strict):
     topic: TopicName
     partition: Partition
-    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=2**63 - 1)] | None = Field(
+    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = Field(
         default=None, description="also find the first offset appended at or after this "
                                   "time (milliseconds since the Unix epoch)")
 
@@ -392,7 +453,7 @@ class OffsetsResponse(BaseModel):
     results: list[OffsetsPartitionResult]
 
 
-PositiveLimit = Annotated[StrictInt, Field(ge=1, le=2**63 - 1)]
+PositiveLimit = Annotated[StrictInt, Field(ge=1, le=MAX_SAFE_INTEGER)]
 
 
 class TopicCreateRequest(_Strict):

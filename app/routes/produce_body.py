@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.routes.json_body import invalid_body
-from app.routes.models import ProduceRequest
+from app.routes.models import MAX_SAFE_INTEGER, ProduceRequest
 from app.storage.batch import RecordBatch
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
@@ -29,7 +29,7 @@ _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _KEY = re.compile(r"[\x21-\x7e]{1,128}")
 _ENTRY_FIELDS = frozenset({"topic", "partition", "records", "idempotency_key"})
 _RECORD_FIELDS = frozenset({"value", "key", "headers", "timestamp_ms"})
-_MAX_TIMESTAMP = 2**63 - 1
+_MAX_TIMESTAMP = MAX_SAFE_INTEGER
 _MAX_HEADER_NAME = 256
 
 

@@ -9,7 +9,7 @@ from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
 from app.broker.state import BrokerState
-from app.errors import RoleDisabled
+from app.errors import InvalidRequest, PartitionsOnlyGrow, RoleDisabled
 from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
 from app.routes.models import (
@@ -57,6 +57,7 @@ def _info(topic: Topic) -> TopicInfo:
 async def create_topic(body: TopicCreateRequest, request: Request,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
     authorize(request, Right.ADMIN, [body.topic])
+    _check_partitions(body.partitions, state)
     admin = _admin(state)
     topic = await admin.catalog.create(body.topic, body.partitions, TopicConfig(
         body.retention_ms, body.retention_bytes, body.max_record_bytes))
@@ -90,13 +91,22 @@ async def describe_topic(topic: PathTopic, request: Request,
 
 @router.patch("/topics/{topic}", response_model=TopicInfo,
               responses={200: {"description": "the topic, changed"}, **_NAMED,
+                         **error(409, "PartitionsOnlyGrow", description=(
+                             "the topic has more partitions than asked for")),
                          **errors(413)},
               dependencies=_ADMIN, summary="Change retention or limits, or add partitions")
 async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
+    _check_partitions(body.partitions, state)
     changes = {k: getattr(body, k) for k in body.model_fields_set if k != "partitions"}
-    updated = await _admin(state).catalog.update(topic, partitions=body.partitions,
-                                                 config=changes)
+    try:
+        updated = await _admin(state).catalog.update(topic, partitions=body.partitions,
+                                                     config=changes)
+    except InvalidRequest as exc:
+        # The body's model checked its shape and bounds: what the catalog refuses
+        # still is a count below the topic's own, a conflict with the topic as it
+        # stands (which the request alone cannot show), not a malformed request.
+        raise PartitionsOnlyGrow(str(exc)) from None
     _forget(state, topic)
     return _info(updated)
 
@@ -113,6 +123,14 @@ async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(b
         for p in range(deleted.partitions):
             await run_cache_io(state.cache, state.cache.drop, TopicPartition(topic, p))
     return _info(deleted)
+
+
+def _check_partitions(partitions: int | None, state: BrokerState) -> None:
+    """Within LLOG_MAX_TOPIC_PARTITIONS (400 otherwise; the document states it)."""
+    limit = state.settings.max_topic_partitions
+    if partitions is not None and partitions > limit:
+        raise InvalidRequest(f"partitions {partitions} exceeds LLOG_MAX_TOPIC_PARTITIONS "
+                             f"({limit})")
 
 
 def _forget(state: BrokerState, topic: str) -> None:
