@@ -410,6 +410,13 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_topics(self) -> Settings:
+        if self.auto_create_partitions > self.max_topic_partitions:
+            raise ValueError(
+                "LLOG_AUTO_CREATE_PARTITIONS must be at most LLOG_MAX_TOPIC_PARTITIONS")
+        return self
+
+    @model_validator(mode="after")
     def _check_sessions(self) -> Settings:
         if not (self.group_min_session_timeout_ms <= self.group_session_timeout_ms
                 <= self.group_max_session_timeout_ms):

@@ -112,6 +112,25 @@ async def test_auto_create_grows_a_topic_to_the_partition_named(stack: LocalStac
         assert (await http.get(f"/topics/{topic}")).json()["partitions"] == 7
 
 
+async def test_auto_create_grows_no_topic_past_the_partition_limit(stack: LocalStack,
+                                                                  topic: str) -> None:
+    """A produce naming a far partition neither creates nor grows a topic beyond
+    LLOG_MAX_TOPIC_PARTITIONS: 400, nothing written, the topic as it was."""
+    async with broker(stack, auto_create_partitions=2, max_topic_partitions=8) as http:
+        r = await http.post("/produce", json=produce_body(topic, "x", partition=8))
+        assert r.status_code == 400, r.text
+        assert "LLOG_MAX_TOPIC_PARTITIONS" in r.json()["error"]
+        assert (await http.get(f"/topics/{topic}")).status_code == 404
+        await http.post("/produce", json=produce_body(topic, "x", partition=7))
+        r = await http.post("/produce", json=produce_body(topic, "x", partition=57453))
+        assert r.status_code == 400, r.text
+        assert (await http.get(f"/topics/{topic}")).json()["partitions"] == 8
+        document = (await http.get("/openapi.json")).json()
+        entry = document["components"]["schemas"]["ProduceTopicPartition"]
+        branches = entry["properties"]["partition"]["anyOf"]
+        assert [b["maximum"] for b in branches if b["type"] == "integer"] == [7]
+
+
 async def test_writes_to_many_new_partitions_at_once_grow_the_topic_without_a_fight(
         stack: LocalStack, topic: str) -> None:
     """Producers to 64 partitions of a topic that has one: the requests that grow it take

@@ -176,7 +176,8 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
         stack.callback(state.cache.close)
         state.topics = TopicDirectory(
             TopicCatalog(oxia, layout), auto_create=s.auto_create_topics,
-            auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s)
+            auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s,
+            max_partitions=s.max_topic_partitions)
         state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):

@@ -5,8 +5,10 @@ for ``ttl_s`` (a topic created or grown elsewhere is seen within that time; a pa
 beyond the cached count is looked up again before it is refused). With
 ``LLOG_AUTO_CREATE_TOPICS`` on, producing to an unknown topic creates it with
 ``LLOG_AUTO_CREATE_PARTITIONS`` partitions (or as many as the partition named needs), and
-producing to a partition beyond the count grows the topic; with it off, both are refused
-(404) and nothing is written. While the catalog cannot be read (its Oxia shard is
+producing to a partition beyond the count grows the topic, to at most
+``LLOG_MAX_TOPIC_PARTITIONS`` partitions (the limit ``POST /topics`` has: one produce
+naming partition 57453 must not make a topic that every describe then reads whole); with
+it off, both are refused (404) and nothing is written. While the catalog cannot be read (its Oxia shard is
 electing a leader), a topic read in the last ``STALE_IF_UNREACHABLE_S`` is used as it was.
 """
 
@@ -38,8 +40,10 @@ class Placement:
 
 class TopicDirectory:
     def __init__(self, catalog: TopicCatalog, *, auto_create: bool, auto_partitions: int,
-                 ttl_s: float = 5.0, max_topics: int = 10_000) -> None:
+                 ttl_s: float = 5.0, max_topics: int = 10_000,
+                 max_partitions: int = MAX_PARTITIONS) -> None:
         self.catalog = catalog
+        self._max_partitions = min(max_partitions, MAX_PARTITIONS)
         self._auto_create = auto_create
         self._auto_partitions = auto_partitions
         self._ttl = ttl_s
@@ -98,9 +102,8 @@ class TopicDirectory:
             raise UnknownTopic(f"topic {topic!r} does not exist; create it first "
                                "(POST /topics)")
         wanted = max(self._auto_partitions, (partition or 0) + 1)
-        if wanted > MAX_PARTITIONS:
-            raise InvalidRequest(f"partition {partition} is beyond the {MAX_PARTITIONS} "
-                                 "partitions a topic may have")
+        if wanted > self._max_partitions:
+            raise self._beyond(partition)
         created = await self.catalog.ensure(topic, wanted)
         self._cache[topic] = (created, time.monotonic())
         return created
@@ -112,12 +115,15 @@ class TopicDirectory:
         if not self._auto_create:
             raise UnknownPartition(f"topic {found.name!r} has {fresh.partitions} partitions; "
                                    f"there is no partition {partition}")
-        if partition >= MAX_PARTITIONS:
-            raise InvalidRequest(f"partition {partition} is beyond the {MAX_PARTITIONS} "
-                                 "partitions a topic may have")
+        if partition >= self._max_partitions:
+            raise self._beyond(partition)
         grown = await self.catalog.grow(found.name, partition + 1)
         self._cache[found.name] = (grown, time.monotonic())
         return grown
+
+    def _beyond(self, partition: int | None) -> InvalidRequest:
+        return InvalidRequest(f"partition {partition} is beyond the {self._max_partitions} "
+                              "partitions a topic may have (LLOG_MAX_TOPIC_PARTITIONS)")
 
 
 def _one_key(topic: str, records: Sequence[Payload]) -> bytes:

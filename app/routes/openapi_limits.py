@@ -27,6 +27,9 @@ def declare_limits(schema: dict[str, Any], settings: Settings) -> None:
            minimum=s.group_min_session_timeout_ms, maximum=s.group_max_session_timeout_ms)
     for model in ("TopicCreateRequest", "TopicUpdateRequest"):
         _bound(schemas, model, "partitions", maximum=s.max_topic_partitions)
+    if s.auto_create_topics:  # a produce may grow a topic, to at most this many
+        _bound(schemas, "ProduceTopicPartition", "partition",
+               maximum=s.max_topic_partitions - 1)
     # Lists of partitions (each entry names one; 413 past the limit).
     for model, field in (("OffsetsRequest", "topic_partitions"),
                          ("CommitRequest", "offsets"),
