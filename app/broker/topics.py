@@ -8,8 +8,9 @@ beyond the cached count is looked up again before it is refused). With
 producing to a partition beyond the count grows the topic, to at most
 ``LLOG_MAX_TOPIC_PARTITIONS`` partitions (the limit ``POST /topics`` has: one produce
 naming partition 57453 must not make a topic that every describe then reads whole); with
-it off, both are refused (404) and nothing is written. While the catalog cannot be read (its Oxia shard is
-electing a leader), a topic read in the last ``STALE_IF_UNREACHABLE_S`` is used as it was.
+it off, both are refused (404) and nothing is written. While the catalog cannot be read
+(its Oxia shard is electing a leader), a topic read in the last ``STALE_IF_UNREACHABLE_S``
+is used as it was.
 """
 
 from __future__ import annotations
