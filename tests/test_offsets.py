@@ -53,7 +53,7 @@ async def test_offsets_endpoint_and_named_positions(broker: Broker, topic: str) 
         r = await http.post("/offsets", json={"topic_partitions": [
             {"topic": topic, "partition": 0},
             {"topic": topic, "partition": 0, "timestamp_ms": 0},
-            {"topic": topic, "partition": 0, "timestamp_ms": 2**62},
+            {"topic": topic, "partition": 0, "timestamp_ms": 2**53 - 1},
             {"topic": topic, "partition": 7}]})
         assert r.status_code == 200, r.text
         first, by_old_time, by_future, empty = r.json()["results"]
