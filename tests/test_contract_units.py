@@ -71,6 +71,8 @@ def test_the_document_states_the_configured_limits(document: dict[str, Any]) -> 
     assert not _valid(document, "TopicCreateRequest", {"topic": "t", "partitions": 65})
     assert schemas["CommitRequest"]["properties"]["offsets"]["maxItems"] == (
         s.max_partitions_per_request)
+    assert schemas["ConsumeRequest"]["properties"]["topic_partitions"]["maxItems"] == (
+        s.max_partitions_per_request)
 
 
 @pytest.mark.parametrize(("model", "body", "accepted"), [

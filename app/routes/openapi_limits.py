@@ -33,7 +33,8 @@ def declare_limits(schema: dict[str, Any], settings: Settings) -> None:
     # Lists of partitions (each entry names one; 413 past the limit).
     for model, field in (("OffsetsRequest", "topic_partitions"),
                          ("CommitRequest", "offsets"),
-                         ("ProduceRequest", "topic_partitions")):
+                         ("ProduceRequest", "topic_partitions"),
+                         ("ConsumeRequest", "topic_partitions")):
         _bound(schemas, model, field, maxItems=s.max_partitions_per_request)
     for path, name, maximum in (("/groups", "limit", s.group_list_max),
                                 ("/topics/{topic}/stream", "max_bytes", s.max_fetch_bytes)):
