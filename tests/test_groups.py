@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from app.errors import GroupNotEmpty, StaleGeneration
+from app.errors import GroupNotEmpty, StaleGeneration, StorageUnavailable
 from app.factory import create_app
 from app.groups.membership import Membership
 from app.groups.offsets import GroupOffsets
@@ -286,6 +286,42 @@ async def test_a_join_between_the_check_and_the_write_undoes_a_commit_without_me
         offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
         (done,) = await offsets.commit(group, None, None, [(tp, 2)])
         assert joined and isinstance(done, GroupNotEmpty), done
+        found = await store.offset(group, tp)
+        assert found is not None and found.value.offset == 1  # put back
+
+
+async def test_a_store_failure_in_the_check_after_writing_puts_the_commit_back(
+        stack: LocalStack, topic: str, group: str) -> None:
+    """Oxia fails the lease read of the check made after the offsets are written: the
+    commit answers that failure for its partition (a 503, not an exception group that
+    surfaces as a 500) and what it wrote is put back."""
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b", "c"))
+        member = await _join(http, group, topic)
+        await _ok(await _commit(http, group, member, (topic, 0, 1)))
+        wrote: list[TopicPartition] = []
+
+        class Failing(GroupStore):
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                version = await super().put_offset(group, tp, committed, expected_version)
+                wrote.append(tp)
+                return version
+
+            async def lease(self, group: str, member_id: str) -> Any:
+                if wrote:  # the check after the write
+                    raise StorageUnavailable("oxia: the lease's shard has no leader")
+                return await super().lease(group, member_id)
+
+        async def count(_: str) -> int:
+            return 1
+
+        store = Failing(e.oxia, e.layout)
+        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+        (done,) = await offsets.commit(group, member["member_id"], member["generation"],
+                                       [(tp, 3)])
+        assert wrote[:1] == [tp] and isinstance(done, StorageUnavailable), done
         found = await store.offset(group, tp)
         assert found is not None and found.value.offset == 1  # put back
 

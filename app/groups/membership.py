@@ -23,6 +23,7 @@ from cachetools import LRUCache, TTLCache
 from app.errors import (
     GroupFull,
     InvalidRequest,
+    LlogError,
     PayloadTooLarge,
     StorageUnavailable,
     UnknownMember,
@@ -253,18 +254,31 @@ class Membership:
         validate_group(group)
         found: Versioned[GroupRecord] | None = None
         lease: Versioned[Lease] | None = None
+        failed: LlogError | None = None
 
+        # A failed read fails the whole as a sequential read would (503, or the commit's
+        # own handling), not as the task group's ExceptionGroup, which no handler knows.
         async def read_group() -> None:
-            nonlocal found
-            found = await self._store.group(group)
+            nonlocal found, failed
+            try:
+                found = await self._store.group(group)
+            except LlogError as exc:
+                failed = exc
+                tg.cancel_scope.cancel()
 
         async def read_lease() -> None:
-            nonlocal lease
-            lease = await self._store.lease(group, member_id)
+            nonlocal lease, failed
+            try:
+                lease = await self._store.lease(group, member_id)
+            except LlogError as exc:
+                failed = exc
+                tg.cancel_scope.cancel()
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_group)
             tg.start_soon(read_lease)
+        if failed is not None:
+            raise failed
         return found, lease
 
     async def _renew(self, group: str, member: Member, lease: Versioned[Lease]) -> None:
