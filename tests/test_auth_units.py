@@ -270,6 +270,19 @@ async def test_a_token_without_key_id_needs_a_single_key(tmp_path: Path) -> None
         await verifier.principal(token)
 
 
+async def test_an_exp_written_as_a_string_is_read_as_the_decoder_reads_it(
+        tmp_path: Path) -> None:
+    """PyJWT accepts ``"exp": "4000000000"`` (it checks ``int(exp)``): the expiry the
+    broker keeps for streams is read the same way, never an error that becomes a 500."""
+    issuer = Issuer()
+    verifier = _verifier(tmp_path, jwks(issuer))
+    await verifier.refresh()
+    token = jwt.encode({"sub": "a", "iss": ISSUER, "aud": AUDIENCE, "exp": "4000000000"},
+                       issuer.private, algorithm="RS256", headers={"kid": issuer.kid})
+    principal, until = await verifier.verify(token)
+    assert principal == "a" and until >= 4_000_000_000
+
+
 async def test_symmetric_keys_and_other_algorithms_are_not_kept(tmp_path: Path) -> None:
     issuer = Issuer()
     secret = {"kty": "oct", "k": "c2VjcmV0", "kid": "s", "alg": "HS256"}

@@ -119,9 +119,13 @@ class JwtVerifier:
         if not isinstance(principal, str) or not 0 < len(principal) <= MAX_PRINCIPAL_CHARS:
             raise Unauthenticated(f"the token's {self._s.auth_jwt_principal_claim} claim is "
                                   f"not a name of 1 to {MAX_PRINCIPAL_CHARS} characters")
-        exp = claims["exp"]  # required, and checked to be a number by decode
-        assert isinstance(exp, int | float)
-        return principal, float(exp) + self._s.auth_jwt_leeway_s
+        # Required, and checked by decode as ``int(exp)`` would take it: a string of
+        # digits passes there too, so it is read the same way here.
+        try:
+            exp = float(int(claims["exp"]))  # type: ignore[call-overload]
+        except (TypeError, ValueError, OverflowError):
+            raise Unauthenticated("the token's exp claim is not a time") from None
+        return principal, exp + self._s.auth_jwt_leeway_s
 
     def _decode(self, token: str, key: PyJWK) -> dict[str, object]:
         s = self._s
