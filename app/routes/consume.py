@@ -305,7 +305,8 @@ def _checked(body: ConsumeRequest, s: Settings) -> list[Fetch]:
     for entry in body.topic_partitions:
         tp = TopicPartition(entry.topic, entry.partition)
         if tp in seen:
-            raise InvalidRequest(f"{tp} appears more than once; name each partition once")
+            raise InvalidRequest(f"a partition appears more than once ({tp}); name each "
+                                 "partition once")
         seen.add(tp)
         if entry.partition_max_bytes is not None and entry.partition_max_bytes > s.max_fetch_bytes:
             raise InvalidRequest(f"partition_max_bytes {entry.partition_max_bytes} for {tp} "

@@ -361,9 +361,11 @@ class ConsumeRequest(_Strict):
     # Bounded here, so a body of many entries is refused while it is read; the route
     # applies the configured limit (LLOG_MAX_PARTITIONS_PER_REQUEST, at most this).
     topic_partitions: list[ConsumeTopicPartition] = Field(
-        min_length=1, max_length=MAX_PARTITIONS_PER_REQUEST_CEILING, description=(
-            "at most LLOG_MAX_PARTITIONS_PER_REQUEST partitions (413 beyond; 1000 by "
-            "default), never more than this schema's maxItems (400)"))
+        min_length=1, max_length=MAX_PARTITIONS_PER_REQUEST_CEILING,
+        json_schema_extra={"uniqueItems": True}, description=(
+            "each partition at most once (400 otherwise); at most "
+            "LLOG_MAX_PARTITIONS_PER_REQUEST partitions (413 beyond; 1000 by default), "
+            "never more than this schema's maxItems (400)"))
     max_wait_ms: Annotated[StrictInt, Field(ge=0)] = 500
     min_bytes: Annotated[StrictInt, Field(ge=0)] = 1
     max_bytes: Annotated[StrictInt, Field(ge=1)] = 4 * 1024 * 1024

@@ -10,8 +10,8 @@ other failure of every check stands.
   document says each record then has a key (``ProduceTopicPartition``); that the keys
   are *equal*, no keyword can say (``const`` needs the value in advance).
 - A list of partitions names each partition once (a commit's ``offsets``, a reset's
-  ``topic_partitions``). The document says ``uniqueItems``, which compares whole items:
-  the same partition with two different offsets passes it.
+  and a consume's ``topic_partitions``). The document says ``uniqueItems``, which
+  compares whole items: the same partition with two different offsets passes it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from typing import Any
 
 import schemathesis
 
-# The broker's words for the two refusals (app/broker/topics.py, app/groups/offsets.py).
+# The broker's words for the two refusals (app/broker/topics.py, app/groups/offsets.py,
+# app/routes/consume.py).
 INEXPRESSIBLE = ("without a partition needs one key on every record",
                  "a partition appears more than once")
 
