@@ -45,6 +45,16 @@ async def _until(http: httpx.AsyncClient, name: str, value: float) -> dict[str, 
     raise AssertionError(f"{name} is {figures[name]}, not {value}")
 
 
+async def _at_least(http: httpx.AsyncClient, name: str, value: float) -> None:
+    """Until the answer figure ``name`` reaches ``value`` (the caller bounds the wait:
+    a metric has no event to wait on, so it is read again every 50 ms)."""
+    for _ in range(1200):
+        if (await _figures(http))[name] >= value:
+            return
+        await anyio.sleep(0.05)
+    raise AssertionError(f"{name} never reached {value}")
+
+
 async def _fill(broker: Broker, topic: str) -> None:
     async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http:
         for _ in range(RECORDS // 8):
@@ -198,3 +208,41 @@ async def test_a_waiting_long_poll_holds_only_what_it_read(
         assert [x["value"] for x in answer.json()["results"][0]["records"]] == ["second"]
         figures = await _until(http, "llog_answer_bytes_in_flight", 0)
     assert figures["llog_answer_refused_total"] == 0
+
+
+async def test_a_stream_refused_room_waits_with_heartbeats_instead_of_dying(
+        brokers: BrokerFactory, topic: str) -> None:
+    """An event stream whose read finds the budget full past the wait is not dropped
+    (a browser stream opened with a ticket could not reconnect): it sends heartbeats,
+    reads again, and delivers once room is given back."""
+    broker = brokers.start(max_answer_bytes_in_flight=str(BUDGET),
+                           answer_bytes_wait_ms="200")
+    await _fill(broker, topic)
+    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http, \
+            httpx.AsyncClient(base_url=broker.url, timeout=60) as other, \
+            httpx.AsyncClient(base_url=broker.url, timeout=60) as watcher, \
+            http.stream("POST", "/consume", json=_whole(topic), headers=BINARY) as big:
+        assert big.status_code == 200  # not read: it holds the budget
+        records = anyio.Event()
+        lines: list[str] = []
+
+        async def follow() -> None:
+            async with other.stream(
+                    "GET", f"/topics/{topic}/stream?from=earliest&max_bytes={MiB}"
+                    ) as stream:
+                assert stream.status_code == 200
+                async for line in stream.aiter_lines():
+                    lines.append(line)
+                    if line.startswith("event: records"):
+                        records.set()
+                        return
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            with anyio.fail_after(60):  # refused twice: it read again once
+                await _at_least(watcher, "llog_answer_refused_total", 2)
+            assert not records.is_set()
+            await big.aread()  # sent: room is given back
+            with anyio.fail_after(60):
+                await records.wait()
+    assert ": heartbeat" in lines

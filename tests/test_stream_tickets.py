@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from app.auth.tickets import StreamTickets, Ticket
-from app.errors import Unauthenticated, Unavailable
+from app.errors import QuotaExceeded, Unauthenticated, Unavailable
 
 
 class Clock:
@@ -61,4 +61,32 @@ def test_the_spent_tickets_remembered_are_bounded() -> None:
     with pytest.raises(Unavailable):
         tickets.redeem(tickets.mint(TICKET), "orders")
     clock.now += 30  # those two can no longer be used: forgotten
+    tickets.redeem(tickets.mint(TICKET), "orders")
+
+
+def test_a_ticket_refused_by_its_admission_is_not_spent() -> None:
+    """The request quota is charged before the ticket is spent: a 429 leaves it usable
+    for the retry."""
+    tickets = StreamTickets(b"k" * 32, 30, 100, Clock())
+    issued = tickets.mint(TICKET)
+
+    def over_quota(_: Ticket) -> None:
+        raise QuotaExceeded("over the request quota", retry_after_s=1)
+
+    with pytest.raises(QuotaExceeded):
+        tickets.redeem(issued, "orders", over_quota)
+    assert tickets.redeem(issued, "orders", lambda _: None) == TICKET
+
+
+def test_one_principal_cannot_fill_the_spent_tickets_for_everyone() -> None:
+    clock = Clock()
+    tickets = StreamTickets(b"k" * 32, 30, 10, clock, max_per_principal=3)
+    for _ in range(3):
+        tickets.redeem(tickets.mint(TICKET), "orders")
+    refused = tickets.mint(TICKET)
+    with pytest.raises(QuotaExceeded):
+        tickets.redeem(refused, "orders")
+    other = Ticket("writer", "orders", None, None)
+    assert tickets.redeem(tickets.mint(other), "orders") == other
+    clock.now += 30  # the reader's spent tickets expire: it may redeem again
     tickets.redeem(tickets.mint(TICKET), "orders")

@@ -125,10 +125,19 @@ class AccessControl:
         return self.config.entry(principal.name)
 
     def redeem(self, ticket: str, topic: str) -> Principal:
-        """The principal a stream ticket (``?ticket=``) proves for ``topic``, once."""
-        found = self.tickets.redeem(ticket, topic)
-        return self.principal(found.principal, "ticket", key_id=found.key_id,
-                              expires_at=found.expires_at)
+        """The principal a stream ticket (``?ticket=``) proves for ``topic``, once, with
+        the request charged to its quota: charged first, so a 429 leaves the ticket
+        usable for the retry."""
+        proved: list[Principal] = []
+
+        def admit(found: Ticket) -> None:
+            principal = self.principal(found.principal, "ticket", key_id=found.key_id,
+                                       expires_at=found.expires_at)
+            self.charge_request(principal)
+            proved.append(principal)
+
+        self.tickets.redeem(ticket, topic, admit)
+        return proved[0]
 
     def mint_ticket(self, principal: Principal, topic: str) -> str:
         """A stream ticket for ``topic``; Forbidden unless the principal may consume it."""

@@ -28,14 +28,16 @@ import binascii
 import hashlib
 import heapq
 import hmac
+import math
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
 
-from app.errors import Unauthenticated, Unavailable
+from app.errors import QuotaExceeded, Unauthenticated, Unavailable
 
 PREFIX = "llogt_"
 # Separates these macs from any other use of the same secret.
@@ -45,6 +47,9 @@ _DOMAIN = b"llog stream ticket v1\x00"
 MAX_TICKET_CHARS = 2048
 # Tickets redeemed within one lifetime that a process remembers (a few MB at most).
 MAX_REDEEMED = 100_000
+# Of those, the most one principal may hold: a principal that opens streams without
+# end is refused (429) before it can fill the table and refuse everyone else's.
+MAX_REDEEMED_PER_PRINCIPAL = 1_000
 
 
 @dataclass(frozen=True)
@@ -67,15 +72,19 @@ def _unb64(text: str) -> bytes:
 
 class StreamTickets:
     def __init__(self, secret: bytes, ttl_s: float, max_redeemed: int,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, *,
+                 max_per_principal: int = MAX_REDEEMED_PER_PRINCIPAL) -> None:
         self._secret = secret
         self.ttl_s = ttl_s
         self._max_redeemed = max_redeemed
+        self._max_per_principal = max_per_principal
         self._clock = clock
-        # Nonces of tickets redeemed and not yet expired: a set, and a heap by expiry
-        # to forget them once their ticket could no longer be used anyway.
+        # Nonces of tickets redeemed and not yet expired: a set, a heap by expiry to
+        # forget them once their ticket could no longer be used anyway, and how many
+        # each principal holds.
         self._redeemed: set[str] = set()
-        self._expiries: list[tuple[float, str]] = []
+        self._expiries: list[tuple[float, str, str]] = []
+        self._held: Counter[str] = Counter()
 
     def _mac(self, payload: bytes) -> bytes:
         return hmac.new(self._secret, _DOMAIN + payload, hashlib.sha256).digest()
@@ -87,9 +96,11 @@ class StreamTickets:
             "n": secrets.token_urlsafe(16)})
         return f"{PREFIX}{_b64(payload)}.{_b64(self._mac(payload))}"
 
-    def redeem(self, text: str, topic: str) -> Ticket:
+    def redeem(self, text: str, topic: str,
+               admit: Callable[[Ticket], None] | None = None) -> Ticket:
         """The ticket's claims, once: Unauthenticated if it is forged, expired, spent or
-        made for another topic."""
+        made for another topic. ``admit`` (the principal's request quota, say) runs on a
+        valid ticket before it is spent: a ticket it refuses can be used again."""
         fields = self._verified(text)
         now = self._clock()
         expires = fields.get("e")
@@ -103,8 +114,14 @@ class StreamTickets:
                 or not isinstance(key_id, str | None)
                 or not isinstance(until, float | int | None)):
             raise Unauthenticated("the stream ticket is not well-formed")
-        self._spend(nonce, float(expires), now)
-        return Ticket(principal, topic, key_id, None if until is None else float(until))
+        self._forget_expired(now)
+        if nonce in self._redeemed:
+            raise Unauthenticated("the stream ticket was used already")
+        ticket = Ticket(principal, topic, key_id, None if until is None else float(until))
+        if admit is not None:
+            admit(ticket)
+        self._spend(nonce, principal, float(expires))
+        return ticket
 
     def _verified(self, text: str) -> dict[str, object]:
         body = text.removeprefix(PREFIX)
@@ -125,13 +142,22 @@ class StreamTickets:
             raise Unauthenticated("the stream ticket is not well-formed")
         return fields
 
-    def _spend(self, nonce: str, expires: float, now: float) -> None:
+    def _forget_expired(self, now: float) -> None:
         while self._expiries and self._expiries[0][0] <= now:
-            self._redeemed.discard(heapq.heappop(self._expiries)[1])
-        if nonce in self._redeemed:
-            raise Unauthenticated("the stream ticket was used already")
+            _, nonce, principal = heapq.heappop(self._expiries)
+            self._redeemed.discard(nonce)
+            self._held[principal] -= 1
+            if self._held[principal] <= 0:
+                del self._held[principal]
+
+    def _spend(self, nonce: str, principal: str, expires: float) -> None:
+        # Forgetting a live nonce would let its ticket be used again: refuse instead.
+        if self._held[principal] >= self._max_per_principal:
+            raise QuotaExceeded(
+                f"{principal} redeemed {self._max_per_principal} stream tickets within "
+                "their lifetime; retry shortly", retry_after_s=max(1, math.ceil(self.ttl_s)))
         if len(self._redeemed) >= self._max_redeemed:
-            # Forgetting a live nonce would let its ticket be used again: refuse instead.
             raise Unavailable("too many stream tickets redeemed lately; retry shortly")
         self._redeemed.add(nonce)
-        heapq.heappush(self._expiries, (expires, nonce))
+        self._held[principal] += 1
+        heapq.heappush(self._expiries, (expires, nonce, principal))

@@ -136,9 +136,11 @@ class AccessMiddleware:
         try:
             authorization = _header(scope, b"authorization")
             ticket = _stream_ticket(scope) if authorization is None else None
-            principal = (self.control.redeem(*ticket) if ticket is not None
-                         else await self.control.authenticate(authorization))
-            self.control.charge_request(principal)
+            if ticket is not None:  # charged to its quota as it is redeemed
+                principal = self.control.redeem(*ticket)
+            else:
+                principal = await self.control.authenticate(authorization)
+                self.control.charge_request(principal)
         except LlogError as exc:
             self.control.metrics.refusals.labels(exc.error_type).inc()
             await error_response(exc)(scope, receive, send)

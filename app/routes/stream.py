@@ -55,6 +55,9 @@ data: {"reason":"the broker is draining; reconnect (with Last-Event-ID) to anoth
 
 """
 MAX_STREAM_PARTITIONS = 256
+# How long a stream waits before reading again when the answer budget had no room for
+# its read: what a 503 from /consume tells a client (Retry-After: 1).
+RETRY_AFTER_S = 1.0
 _POSITION = re.compile(r"(\d{1,10}):(\d{1,19})")
 
 
@@ -242,15 +245,32 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
             return
         fetches = [Fetch(TopicPartition(topic, p), o) for p, o in offsets.items()]
         # Within the answer budget: the previous batch was sent, this one holds its bytes.
-        ending.hold = ending.hold or state.consume.answer(JSON_FACTOR)
-        read = functools.partial(state.consume.consume_holding, ending.hold, fetches,
+        hold = ending.hold = ending.hold or state.consume.answer(JSON_FACTOR)
+        read = functools.partial(state.consume.consume_holding, hold, fetches,
                                  max_wait_s=heartbeat_s, min_bytes=1, max_bytes=max_bytes,
                                  slot=False)
-        if guard is None:
-            answered: tuple[list[ReadOutcome] | None] | LlogError = (await read(),)
-        else:
-            answered = await guard.unless_revoked(functools.partial(
-                _paid_read, guard, read, heartbeat_s, first))
+        try:
+            if guard is None:
+                answered: tuple[list[ReadOutcome] | None] | LlogError = (await read(),)
+            else:
+                answered = await guard.unless_revoked(functools.partial(
+                    _paid_read, guard, read, heartbeat_s, first, hold.release))
+        except ShuttingDown as exc:
+            metrics.stream_events.labels("end").inc()
+            ending.outcome = "ended"
+            yield _event("end", {"reason": f"{exc}; reconnect (with Last-Event-ID) to "
+                                           "another broker"})
+            return
+        except LlogError as exc:
+            if exc.retriable:  # the answer budget stayed full: a heartbeat, then again
+                metrics.stream_events.labels("heartbeat").inc()
+                yield b": heartbeat\n\n"
+                await anyio.sleep(min(RETRY_AFTER_S, heartbeat_s))
+                continue
+            metrics.stream_events.labels("error").inc()
+            ending.outcome = "error"
+            yield _event("error", _problem(exc))
+            return
         first = False
         if isinstance(answered, LlogError):
             metrics.stream_events.labels("error").inc()
@@ -281,11 +301,14 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
 
 
 async def _paid_read(guard: StreamGuard, read: Callable[[], Awaitable[list[ReadOutcome]]],
-                     heartbeat_s: float, first: bool) -> list[ReadOutcome] | None:
+                     heartbeat_s: float, first: bool, release: Callable[[], None]
+                     ) -> list[ReadOutcome] | None:
     """The read, charged to the principal's request quota; None, after waiting (at most
-    a heartbeat), when the quota does not grant it yet."""
+    a heartbeat), when the quota does not grant it yet. The previous batch has been
+    sent: ``release`` gives its share of the answer budget back before that wait."""
     wait_s = 0 if first else guard.throttle()
     if wait_s:
+        release()
         await anyio.sleep(min(wait_s, heartbeat_s))
         return None
     return await read()

@@ -72,16 +72,23 @@ class StreamGuard:
         (``work`` is then cancelled; a refusal wins over a read that ended with it)."""
         done: list[T] = []
         refused: list[AccessError] = []
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def run() -> None:
-                done.append(await work())
-                tg.cancel_scope.cancel()
+                async def run() -> None:
+                    done.append(await work())
+                    tg.cancel_scope.cancel()
 
-            async def watch() -> None:
-                refused.append(await self.revoked())
-                tg.cancel_scope.cancel()
+                async def watch() -> None:
+                    refused.append(await self.revoked())
+                    tg.cancel_scope.cancel()
 
-            tg.start_soon(run)
-            tg.start_soon(watch)
+                tg.start_soon(run)
+                tg.start_soon(watch)
+        except BaseExceptionGroup as group:
+            # What ``work`` raised (the answer budget full, say), as itself: the caller
+            # handles errors it knows, not the task group's wrapping of them.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
         return refused[0] if refused else (done[0],)
