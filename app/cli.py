@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import secrets
 import signal
 import sys
 import threading
@@ -133,6 +134,15 @@ def _settings_for(command: str, args: argparse.Namespace, **overrides: object
     return settings
 
 
+def _share_stream_ticket_secret(settings: Settings, workers: int) -> None:
+    """Workers of one server verify each other's stream tickets: with access control on
+    and no ``LLOG_STREAM_TICKET_SECRET`` set, one secret is drawn here and handed to
+    every worker through the environment (each would otherwise draw its own, and a
+    ticket minted by one worker would fail on the next)."""
+    if workers > 1 and settings.auth_enabled and settings.stream_ticket_secret is None:
+        os.environ["LLOG_STREAM_TICKET_SECRET"] = secrets.token_urlsafe(48)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     if not _broker_available():
         print("llog serve: the broker is not part of this build yet", file=sys.stderr)
@@ -149,6 +159,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             "ssl_keyfile", "ssl_ca_certs", "ssl_client_cert")})
     if settings is None:
         return 2
+    _share_stream_ticket_secret(settings, args.workers)
     config = uvicorn.Config(
         "app.factory:create_app_from_env",
         factory=True,

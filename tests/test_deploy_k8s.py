@@ -371,6 +371,18 @@ def test_metrics_answer_only_the_scrapers_token(example: list[Obj]) -> None:
             Settings(metrics_token=placeholder)  # never deployed as it is
 
 
+def test_brokers_share_one_stream_ticket_secret(example: list[Obj]) -> None:
+    """Behind the Service a ticket minted by one broker is redeemed by another: every
+    broker reads the same key from one Secret, whose placeholder is never deployed."""
+    env = {e["name"]: e for e in container_of(example, "Deployment", "llog-broker")["env"]}
+    ref = env["LLOG_STREAM_TICKET_SECRET"]["valueFrom"]["secretKeyRef"]
+    secret = find(example, "Secret", "llog-stream-ticket-secret")
+    assert ref["name"] == secret["metadata"]["name"]
+    placeholder = _secret_data(example, "llog-stream-ticket-secret")[ref["key"]]
+    with pytest.raises(ValidationError, match="stream_ticket_secret"):
+        Settings(stream_ticket_secret=placeholder)
+
+
 def test_the_broker_image_turns_access_control_on(example: list[Obj]) -> None:
     stages = dockerfile_stages(ROOT / "Dockerfile")
     env = dict(shlex.split(word)[0].split("=", 1)

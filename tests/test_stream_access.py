@@ -244,3 +244,20 @@ async def test_a_stream_ticket_opens_one_stream_of_its_topic_as_its_principal(
             r = await http.get(f"{url}&ticket={bad}")
             assert r.status_code == 401, (bad, r.text)
             assert r.json()["error_type"] == "Unauthenticated"
+
+
+async def test_the_workers_of_one_server_share_the_ticket_secret(
+        brokers: BrokerFactory, auth_file: Path, keys: Keys, topic: str) -> None:
+    """`llog serve --workers 2` with no LLOG_STREAM_TICKET_SECRET: a ticket minted by
+    one worker opens a stream on the other (each drew its own secret, so about one open
+    in two was a 401)."""
+    broker = brokers.start(workers=2, auth="on", auth_file=str(auth_file))
+    url = f"/topics/{topic}/stream?from=earliest&heartbeat_ms=1000"
+    statuses = []
+    for _ in range(12):  # new connections each time: either worker may take each
+        async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
+            issued = await ticket(http, keys.tokens["reader"], topic)
+        async with httpx.AsyncClient(base_url=broker.url, timeout=30) as other, \
+                other.stream("GET", f"{url}&ticket={issued}") as r:
+            statuses.append(r.status_code)
+    assert statuses == [200] * 12
