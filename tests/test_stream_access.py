@@ -186,6 +186,8 @@ async def test_streamed_bytes_count_as_consumed_and_reads_pay_the_request_quota(
                 async for event in stream:
                     assert event.kind == "comment", event  # no third record
                     break
+                # Held back by its quota, the stream holds none of the answer budget.
+                assert await metric(http, "llog_answer_bytes_in_flight ") == 0
                 r = await http.post("/consume", json=fetch, headers=bearer(t["metered"]))
                 assert r.status_code == 429, r.text
 
