@@ -58,6 +58,7 @@ MAX_STREAM_PARTITIONS = 256
 # How long a stream waits before reading again when the answer budget had no room for
 # its read: what a 503 from /consume tells a client (Retry-After: 1).
 RETRY_AFTER_S = 1.0
+DRAINING = "the broker is draining; reconnect (with Last-Event-ID) to another broker"
 _POSITION = re.compile(r"(\d{1,10}):(\d{1,19})")
 
 
@@ -238,10 +239,7 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
     yield b"retry: 1000\n\n"
     while True:
         if state.status != "ok" or state.consume is None or state.consume.released:
-            metrics.stream_events.labels("end").inc()
-            ending.outcome = "ended"
-            yield _event("end", {"reason": "the broker is draining; reconnect (with "
-                                           "Last-Event-ID) to another broker"})
+            yield _last(state, ending, "ended", "end", {"reason": DRAINING})
             return
         fetches = [Fetch(TopicPartition(topic, p), o) for p, o in offsets.items()]
         # Within the answer budget: the previous batch was sent, this one holds its bytes.
@@ -250,43 +248,30 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
                                  max_wait_s=heartbeat_s, min_bytes=1, max_bytes=max_bytes,
                                  slot=False)
         try:
-            if guard is None:
-                answered: tuple[list[ReadOutcome] | None] | LlogError = (await read(),)
-            else:
-                answered = await guard.unless_revoked(functools.partial(
-                    _paid_read, guard, read, heartbeat_s, first, hold.release))
-        except ShuttingDown as exc:
-            metrics.stream_events.labels("end").inc()
-            ending.outcome = "ended"
-            yield _event("end", {"reason": f"{exc}; reconnect (with Last-Event-ID) to "
-                                           "another broker"})
+            answered = await _read_once(guard, read, heartbeat_s, first, hold)
+        except ShuttingDown:
+            yield _last(state, ending, "ended", "end", {"reason": DRAINING})
             return
         except LlogError as exc:
-            if exc.retriable:  # the answer budget stayed full: a heartbeat, then again
-                metrics.stream_events.labels("heartbeat").inc()
-                yield b": heartbeat\n\n"
-                await anyio.sleep(min(RETRY_AFTER_S, heartbeat_s))
-                continue
-            metrics.stream_events.labels("error").inc()
-            ending.outcome = "error"
-            yield _event("error", _problem(exc))
-            return
+            if not exc.retriable:
+                yield _last(state, ending, "error", "error", _problem(exc))
+                return
+            # The answer budget stayed full: a heartbeat, then read again.
+            metrics.stream_events.labels("heartbeat").inc()
+            yield b": heartbeat\n\n"
+            await anyio.sleep(min(RETRY_AFTER_S, heartbeat_s))
+            continue
         first = False
         if isinstance(answered, LlogError):
-            metrics.stream_events.labels("error").inc()
-            ending.outcome = "revoked"
-            yield _event("error", _problem(answered))
+            yield _last(state, ending, "revoked", "error", _problem(answered))
             return
         results = answered[0]  # None: the quota made the read wait, nothing was read
         paired = () if results is None else zip(fetches, results, strict=True)
         sent = False
         for fetch, result in paired:
             if isinstance(result, LlogError):
-                metrics.stream_events.labels("error").inc()
-                ending.outcome = "error"
-                yield _event("error", {"partition": fetch.tp.partition,
-                                       "error_type": result.error_type,
-                                       "error": str(result), "retriable": result.retriable})
+                yield _last(state, ending, "error", "error", {
+                    "partition": fetch.tp.partition, **_problem(result)})
                 return
             if result.records:
                 sent = True
@@ -298,6 +283,26 @@ async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encod
         if not sent:  # an empty read, or none (the quota made it wait)
             metrics.stream_events.labels("heartbeat").inc()
             yield b": heartbeat\n\n"
+
+
+def _last(state: BrokerState, ending: _Ending, outcome: str, kind: str,
+          data: dict[str, Any]) -> bytes:
+    """The stream's last event, counted, with how the stream ended."""
+    state.consume_metrics.stream_events.labels(kind).inc()
+    ending.outcome = outcome
+    return _event(kind, data)
+
+
+async def _read_once(guard: StreamGuard | None,
+                     read: Callable[[], Awaitable[list[ReadOutcome]]], heartbeat_s: float,
+                     first: bool, hold: AnswerHold
+                     ) -> tuple[list[ReadOutcome] | None] | LlogError:
+    """One read: as it is without access control; with it, paid from the principal's
+    quota and raced against the guard (its refusal, when access was taken away)."""
+    if guard is None:
+        return (await read(),)
+    return await guard.unless_revoked(functools.partial(
+        _paid_read, guard, read, heartbeat_s, first, hold.release))
 
 
 async def _paid_read(guard: StreamGuard, read: Callable[[], Awaitable[list[ReadOutcome]]],
