@@ -22,11 +22,18 @@ def _broker_available() -> bool:
     return importlib.util.find_spec("app.factory") is not None
 
 
-def cmd_servers_build(_: argparse.Namespace) -> int:
+def cmd_servers_build(args: argparse.Namespace) -> int:
     from app.localstack import binaries
 
-    for name, path in binaries.ensure_all(tools=True).items():
-        print(f"{name}: {path}")
+    try:
+        modules = binaries.by_name(args.names)
+        built = binaries.ensure(modules)
+    except binaries.BuildError as exc:
+        print(f"llog servers build: {exc}", file=sys.stderr)
+        return 1
+    if not args.quiet:
+        for name, path in built.items():
+            print(f"{name}: {path}")
     return 0
 
 
@@ -335,6 +342,10 @@ def build_parser() -> argparse.ArgumentParser:
     servers_sub = servers.add_subparsers(dest="servers_command", required=True)
     build = servers_sub.add_parser("build", help="build (or find cached) the server binaries "
                                                  "and promtool")
+    build.add_argument("names", nargs="*", metavar="NAME",
+                       help="oxia, minio, caddy or promtool (default: all of them)")
+    build.add_argument("--quiet", action="store_true",
+                       help="print only what is built, not where every binary is")
     build.set_defaults(func=cmd_servers_build)
     return parser
 

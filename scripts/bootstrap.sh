@@ -1,44 +1,73 @@
 #!/usr/bin/env bash
-# Creates .venv and installs the project with its dev extras; a no-op when nothing
-# changed since the last install (stamped by the hash of pyproject.toml).
+# Installs what a command needs, and fails saying what to install when it cannot:
+#   scripts/bootstrap.sh python   the .venv with the project and its dev extras
+#   scripts/bootstrap.sh dev      that, and the Go toolchain the local stack is built with
+#                                 (`llog dev` builds Oxia and MinIO, and Caddy only for
+#                                 --brokers N, on first use)
+#   scripts/bootstrap.sh test     everything the whole suite runs: Java for Spark, HAProxy
+#                                 and nginx for the load-balancer tests, every Go-built
+#                                 server and tool (the default)
+# Each step is a no-op when it is done already (the venv is stamped by the hash of
+# pyproject.toml; binaries are cached by the hash of their pinned modules).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+want=${1:-test}
+case "$want" in python|dev|test) ;; *) echo "usage: $0 [python|dev|test]" >&2; exit 2 ;; esac
+
+fail() { echo "bootstrap: $*" >&2; exit 1; }
+step() { echo "bootstrap: $*" >&2; }
+
 PYTHON=${PYTHON:-python3}
+command -v "$PYTHON" >/dev/null 2>&1 || fail "needs Python 3.11+ ($PYTHON is not on PATH)"
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
-  echo "leaderless-log needs Python 3.11 or newer ($PYTHON is $("$PYTHON" --version 2>&1))" >&2
-  exit 1
+  fail "needs Python 3.11 or newer ($PYTHON is $("$PYTHON" --version 2>&1))"
 fi
-if ! command -v go >/dev/null 2>&1; then
-  echo "the Go toolchain is needed to build Oxia, MinIO and Caddy: install Go 1.26+ and retry" >&2
-  exit 1
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -c 'import venv, ensurepip' 2>/dev/null || \
+    fail "$PYTHON cannot create a virtual environment: install its venv module (Debian/Ubuntu: apt-get install python3-venv)"
+  step "creating .venv"
+  "$PYTHON" -m venv .venv
 fi
-if ! command -v java >/dev/null 2>&1; then
-  # Spark jobs need a JVM (17+). Install Debian's when we can; otherwise say what to do.
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing a Java runtime for the Spark jobs (apt-get)" >&2
-    apt-get update -qq && apt-get install -y -qq default-jre-headless >/dev/null
-  else
-    echo "the Spark jobs need Java 17+ on PATH: install a JRE (e.g. default-jre-headless)" >&2
-    exit 1
-  fi
-fi
-# HAProxy and nginx: the load-balancer tests run the reference configurations through
-# them where they can be installed (skipped with a reason otherwise; Caddy always runs).
-if { ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; } || \
-   { ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; }; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-    echo "installing HAProxy and nginx for the load-balancer tests (apt-get)" >&2
-    { apt-get update -qq && apt-get install -y -qq haproxy nginx >/dev/null; } || \
-      echo "could not install HAProxy/nginx: their load-balancer tests will be skipped" >&2
-  fi
-fi
-[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 stamp=.venv/.llog-installed
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+hash=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$hash" ]; then
+  step "installing the project and its dev extras into .venv (pip)"
   .venv/bin/python -m pip install --quiet --upgrade pip
   .venv/bin/python -m pip install --quiet -e ".[dev,spark]"
-  echo "$want" > "$stamp"
+  echo "$hash" > "$stamp"
 fi
-# Build (or find cached) Oxia and MinIO binaries under .llog/bin.
-.venv/bin/llog servers build
+[ "$want" = python ] && exit 0
+
+command -v go >/dev/null 2>&1 || \
+  fail "the Go toolchain builds Oxia, MinIO and Caddy from their pinned modules: install Go 1.26+ (https://go.dev/dl/) and retry"
+[ "$want" = dev ] && exit 0
+
+# --- the whole suite: system packages --------------------------------------------------
+has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+java_ok() {
+  has java || return 1
+  local major
+  major=$(java -version 2>&1 | sed -nE '1s/.*version "([0-9]+).*/\1/p')
+  [ -n "$major" ] && [ "$major" -ge 17 ]
+}
+missing=()
+java_ok || missing+=(default-jre-headless)   # the Spark jobs: Java 17+
+has haproxy || missing+=(haproxy)            # the reference load-balancer configurations
+has nginx || missing+=(nginx)
+if [ ${#missing[@]} -gt 0 ]; then
+  sudo=()
+  [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && sudo=(sudo -n); }
+  if command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || [ ${#sudo[@]} -gt 0 ]; }; then
+    step "installing ${missing[*]} (apt-get)"
+    "${sudo[@]}" apt-get update -qq || \
+      fail "apt-get update failed, so ${missing[*]} cannot be installed: fix the package sources (or the network) and retry, or install them by hand"
+    DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || \
+      fail "apt-get install ${missing[*]} failed: install them by hand and retry"
+  fi
+  java_ok || fail "the Spark tests need Java 17+ on PATH: install a JRE (Debian/Ubuntu: apt-get install default-jre-headless) and retry"
+  has haproxy || fail "the load-balancer tests need HAProxy: install it (Debian/Ubuntu: apt-get install haproxy) and retry"
+  has nginx || fail "the load-balancer tests need nginx: install it (Debian/Ubuntu: apt-get install nginx) and retry"
+fi
+
+# --- the whole suite: Go-built servers and tools (cached under .llog/bin) --------------
+.venv/bin/llog servers build --quiet

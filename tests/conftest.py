@@ -15,8 +15,41 @@ from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
 from app.storage import oxia_compat
 from app.storage.keys import TopicPartition
+from tests.helpers import selection
 from tests.helpers.stack import Broker, BrokerFactory, Engine, make_settings, open_engine
 from tests.helpers.topology import stack_overrides
+
+_SKIPPED: list[selection.Skip] = []
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    selection.mark_by_fixture(items)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.skipped and not hasattr(report, "wasxfail"):
+        _SKIPPED.append(selection.Skip(report.nodeid, selection.skip_reason(report)))
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    # Under pytest-xdist the controller sees every worker's reports and judges the run.
+    return hasattr(config, "workerinput")
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    unexpected = [] if _is_worker(config) else selection.unexpected(_SKIPPED)
+    if unexpected:
+        terminalreporter.section("skips not on the allow-list (tests/helpers/selection.py)",
+                                 red=True)
+        for skip in unexpected:
+            terminalreporter.line(f"{skip.nodeid}: {skip.reason}")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _is_worker(session.config) and selection.unexpected(_SKIPPED) and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")
@@ -69,6 +102,7 @@ async def engine(settings: Settings) -> AsyncIterator[Engine]:
 
 
 @pytest.fixture(scope="session")
+@selection.slow_fixture
 def spark() -> Any:
     """The local[2] SparkSession shared by the Spark tests (created on first use)."""
     from tests.helpers.spark_support import get_spark

@@ -100,7 +100,6 @@ def _audit_names() -> set[str]:
     return exported_names(generate_latest(job_metrics(summary)).decode())
 
 
-@pytest.mark.stack
 async def test_every_expression_uses_exported_metrics(
         brokers: BrokerFactory, stack: LocalStack, topic: str) -> None:
     exported = (await _broker_names(brokers, topic) | await _compactor_names(stack)

@@ -10,14 +10,12 @@ from typing import Any
 
 import anyio
 import httpx
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.wire import records as wire
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import Broker, BrokerFactory
 
-pytestmark = pytest.mark.stack
 MiB = 1024 * 1024
 BUDGET = 32 * MiB
 # 32 records that together fill the budget but for the answer's framing: a binary

@@ -24,8 +24,6 @@ from tests.helpers.auth import write_atomically as write
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import make_settings
 
-pytestmark = pytest.mark.stack
-
 
 @contextlib.asynccontextmanager
 async def auth_app(stack: LocalStack, auth_file: Path, **overrides: Any

@@ -22,8 +22,6 @@ from jobs.spark.job_settings import settings_payload
 from tests.helpers.clock import FakeClock
 from tests.helpers.stack import make_settings, open_engine
 
-pytestmark = pytest.mark.stack
-
 HORIZON_MS = 60_000  # the shortest LLOG_RETRY_HORIZON_MS: commits stop at 30 s
 
 

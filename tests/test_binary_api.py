@@ -48,7 +48,6 @@ async def _read(http: httpx.AsyncClient, topic: str, partition: int = 0
     return records
 
 
-@pytest.mark.stack
 async def test_a_binary_envelope_of_every_encoding_reads_back(stack: LocalStack,
                                                              topic: str) -> None:
     keyed = [LogRecord(b"k-value", b"key-1", (), 17), b"plain"]
@@ -89,7 +88,6 @@ async def test_a_binary_envelope_of_every_encoding_reads_back(stack: LocalStack,
         assert all(t > 0 for t in answer.append_times)
 
 
-@pytest.mark.stack
 async def test_a_binary_answer_carries_errors_as_json(stack: LocalStack, topic: str) -> None:
     async with broker(stack) as http:
         await http.post("/produce", json=json_produce(topic, "x"))
@@ -139,7 +137,6 @@ def test_malformed_envelopes_say_what_is_wrong(envelope: bytes, why: str) -> Non
         llp1.parse(envelope, max_entries=1000)
 
 
-@pytest.mark.stack
 async def test_a_malformed_envelope_is_a_400_and_writes_nothing(stack: LocalStack,
                                                                topic: str) -> None:
     good = _entry(topic, GOOD)

@@ -11,8 +11,6 @@ from app.storage.keys import TopicPartition
 from app.storage.records import CompactorClaim
 from tests.helpers.stack import Engine, make_settings, open_engine
 
-pytestmark = pytest.mark.stack
-
 
 def _lose_the_next_answer(e: Engine, *, also_fail_reads: int = 0) -> None:
     """The next ephemeral create is applied by Oxia but its answer is lost; the next

@@ -43,7 +43,6 @@ def ok(result: subprocess.CompletedProcess[bytes]) -> bytes:
     return result.stdout
 
 
-@pytest.mark.stack
 def test_produce_lines_from_stdin_and_consume_them_back(default_broker: Broker,
                                                         topic: str) -> None:
     lines = [f"line {i}" for i in range(20_000)]
@@ -68,7 +67,6 @@ def test_produce_lines_from_stdin_and_consume_them_back(default_broker: Broker,
         assert head.stderr.read() == b""
 
 
-@pytest.mark.stack
 def test_keys_headers_and_json_lines(default_broker: Broker, topic: str, tmp_path: Path
                                      ) -> None:
     ok(llog(default_broker, "produce", topic, "--partition", "1", "--key", "k-1",
@@ -89,7 +87,6 @@ def test_keys_headers_and_json_lines(default_broker: Broker, topic: str, tmp_pat
     assert rows[3]["base64"] == "//4=" and "value" not in rows[3]
 
 
-@pytest.mark.stack
 def test_tail_follows_until_count(default_broker: Broker, topic: str) -> None:
     ok(llog(default_broker, "produce", topic, *[f"old-{i}" for i in range(15)]))
     last = ok(llog(default_broker, "tail", "-n", "3", topic))
@@ -106,7 +103,6 @@ def test_tail_follows_until_count(default_broker: Broker, topic: str) -> None:
     assert out == b"new-1\nnew-2\n" and err == b""
 
 
-@pytest.mark.stack
 def test_topics_commands(default_broker: Broker, topic: str) -> None:
     created = json.loads(ok(llog(default_broker, "topics", "create", topic, "--partitions", "3",
                                  "--retention-ms", "60000", "--format", "json")))
@@ -125,7 +121,6 @@ def test_topics_commands(default_broker: Broker, topic: str) -> None:
     assert missing.returncode == 1 and b"UnknownTopic" in missing.stderr
 
 
-@pytest.mark.stack
 def test_failures_say_what_failed(default_broker: Broker, topic: str) -> None:
     bad = llog(default_broker, "produce", "not a topic", "x")
     assert bad.returncode == 1 and bad.stderr.startswith(b"llog produce: InvalidRequest")
@@ -147,8 +142,8 @@ def test_help_shows_real_names_and_defaults() -> None:
     assert ok(llog(None, "--version")).startswith(b"llog ")
 
 
+@pytest.mark.slow  # starts a JVM
 def test_spark_help_names_llog() -> None:
-    pytest.importorskip("pyspark")
     shown = ok(llog(None, "spark", "audit", "--help"))
     assert shown.startswith(b"usage: llog spark audit")
 

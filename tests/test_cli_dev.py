@@ -19,6 +19,8 @@ import pytest
 from app.localstack.processes import free_port
 from tests.helpers.auth import Keys
 
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]  # `llog dev` runs its own servers
+
 HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["servers"],
                  ["servers", "build"], ["loadtest"], ["loadtest", "run"], ["spark"],
                  ["auth"], ["auth", "new-key"], ["auth", "check"]]

@@ -30,8 +30,6 @@ from app.storage.partitioner import partition_for_key
 from tests.helpers.cut_proxy import cutting_proxy, cutting_proxy_thread
 from tests.helpers.stack import Broker, BrokerFactory
 
-pytestmark = pytest.mark.stack
-
 # The shared test broker refuses requests over 256 KiB and 1000 records.
 LIMITS = ProduceLimits(max_request_bytes=200_000, max_records_per_request=1000)
 FAST = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.5)

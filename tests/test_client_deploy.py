@@ -130,7 +130,6 @@ def test_servers_are_built_by_llog_from_the_pinned_modules() -> None:
         assert image_go >= (int(match.group(1)), int(match.group(2))), go_mod
 
 
-@pytest.mark.stack
 def test_the_create_bucket_job_creates_once_and_accepts_an_existing_bucket(
     stack: Any, s3_client: Any
 ) -> None:

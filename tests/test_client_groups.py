@@ -17,7 +17,6 @@ from app.client import (
 )
 from tests.helpers.stack import Broker
 
-pytestmark = pytest.mark.stack
 FAST = RetryPolicy(initial_backoff_s=0.05, max_backoff_s=0.5)
 
 

@@ -15,9 +15,10 @@ import pytest
 
 from app.localstack.stack import LocalStack
 from tests.helpers.failover import FailoverLoad
+from tests.helpers.selection import starts_servers
 from tests.helpers.stack import BrokerFactory, broker_factory, own_stack
 
-pytestmark = [pytest.mark.stack, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster
 
 PARTITIONS = 8
 # Compaction runs all the time, so compacted objects are written and read on the
@@ -27,6 +28,7 @@ BROKER = {"compaction_min_entry_age_ms": "500", "compaction_interval_s": "0.3",
 
 
 @pytest.fixture(scope="module")
+@starts_servers(slow=True)
 def erasure_coded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     with own_stack(tmp_path_factory.mktemp("minio-ec"), s3_drives=4) as running:
         yield running

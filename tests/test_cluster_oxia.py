@@ -26,6 +26,7 @@ from app.storage import oxia_compat, oxia_notifications
 from app.storage.keys import TopicPartition
 from app.storage.records import CompactorClaim
 from tests.helpers.failover import FailoverLoad
+from tests.helpers.selection import starts_servers
 from tests.helpers.stack import (
     BrokerFactory,
     Engine,
@@ -35,7 +36,7 @@ from tests.helpers.stack import (
     own_stack,
 )
 
-pytestmark = [pytest.mark.stack, pytest.mark.cluster]
+pytestmark = pytest.mark.cluster
 
 PARTITIONS = 8
 # Compaction runs all the time, so compactors hold ephemeral claims when a server dies.
@@ -44,6 +45,7 @@ BROKER = {"compaction_min_entry_age_ms": "500", "compaction_interval_s": "0.3",
 
 
 @pytest.fixture
+@starts_servers(slow=True)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     # A cluster per test: each one kills, stalls or restarts servers, and the next must
     # not start from a cluster still electing leaders or expiring sessions.

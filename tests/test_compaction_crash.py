@@ -37,6 +37,8 @@ from tests.helpers.compaction import (
 )
 from tests.helpers.stack import Engine, open_engine
 
+pytestmark = pytest.mark.slow  # chaos: compactors killed between steps
+
 WORKER = Path(__file__).parent / "helpers" / "compact_worker.py"
 BATCHES, PER_BATCH = 6, 3
 END = BATCHES * PER_BATCH

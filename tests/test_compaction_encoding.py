@@ -18,8 +18,6 @@ from app.storage.log_record import LogRecord, Payload
 from tests.helpers.compaction import compaction_settings, index_entries, make_compactor
 from tests.helpers.stack import Engine, open_engine
 
-pytestmark = pytest.mark.stack
-
 
 def _records(batch: int, n: int) -> list[Payload]:
     """Plain values, keys (empty too), producer timestamps, empty values: no headers."""

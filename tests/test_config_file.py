@@ -99,7 +99,6 @@ def test_unknown_variables_are_named_with_a_suggestion() -> None:
     ]
 
 
-@pytest.mark.stack
 def test_llog_serve_takes_a_config_file_and_warns_once_about_typos(
         stack: LocalStack, tmp_path: Path) -> None:
     port = free_port()

@@ -28,7 +28,7 @@ from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.compaction import compaction_settings
 from tests.helpers.stack import BrokerFactory, open_engine
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.slow  # chaos: 200 bursts from two brokers
 
 
 async def test_a_remote_commit_during_a_read_is_never_lost(stack: LocalStack,

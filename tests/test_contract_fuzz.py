@@ -43,7 +43,7 @@ import pytest
 from tests.helpers.auth import Keys, bearer
 from tests.helpers.stack import Broker, BrokerFactory
 
-pytestmark = [pytest.mark.stack, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 MAX_EXAMPLES = 20
 # One run, all phases, stays well within the test timeout.

@@ -20,6 +20,8 @@ from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from tests.helpers.stack import make_settings, open_engine
 
+pytestmark = pytest.mark.slow  # chaos: writers killed between steps
+
 WORKER = Path(__file__).parent / "helpers" / "append_worker.py"
 
 

@@ -41,6 +41,7 @@ from app.routes import health, metrics
 from app.settings import Settings
 from jobs.spark.report import EXIT_FAILED, EXIT_FINDINGS
 from tests.helpers.kustomize import ensure_kustomize, render
+from tests.helpers.selection import slow_fixture
 from tests.test_client_deploy import dockerfile_stages, effective
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -62,6 +63,7 @@ Obj = dict[str, Any]
 # -- rendering ----------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
+@slow_fixture
 def kustomize() -> Path:
     if shutil.which("go") is None:
         pytest.skip("kustomize is built from deploy/tools/kustomize with Go: no `go` on PATH")

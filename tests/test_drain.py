@@ -20,7 +20,6 @@ from app.localstack.stack import LocalStack
 from tests.helpers.bodies import consume_body
 from tests.helpers.stack import BrokerFactory
 
-pytestmark = pytest.mark.stack
 DRAIN_S = "4"
 # After its graceful shutdown uvicorn raises the signal it caught again, so a single
 # server process ends "by SIGTERM"; the supervisor of several workers exits with 0.

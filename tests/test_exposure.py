@@ -67,7 +67,6 @@ def test_auth_off_is_insecure_beyond_loopback_unless_chosen(monkeypatch: pytest.
     assert not insecure_listener(Settings.from_env(host="0.0.0.0"))
 
 
-@pytest.mark.stack
 def test_a_served_broker_on_every_address_without_auth_warns_and_exports_it(
         stack: LocalStack, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The real command, `llog serve --host 0.0.0.0`, with LLOG_AUTH unset."""
@@ -88,7 +87,6 @@ def test_a_served_broker_on_every_address_without_auth_warns_and_exports_it(
     assert warnings and "WARNING" in warnings[0] and f"0.0.0.0:{port}" in warnings[0]
 
 
-@pytest.mark.stack
 @pytest.mark.parametrize("case", ["auth off on purpose", "auth on", "loopback"])
 async def test_no_warning_when_chosen_protected_or_local(
         stack: LocalStack, tmp_path: Path, caplog: pytest.LogCaptureFixture,
@@ -138,7 +136,6 @@ async def _only_with_the_token(client: httpx.AsyncClient, other: dict[str, str])
     assert (await client.get("/health")).status_code == 200  # probes need no token
 
 
-@pytest.mark.stack
 @pytest.mark.parametrize("auth", ["off", "on"])
 async def test_the_metrics_token_guards_the_broker_metrics(stack: LocalStack, tmp_path: Path,
                                                            auth: str) -> None:
@@ -158,14 +155,12 @@ async def test_the_metrics_token_guards_the_broker_metrics(stack: LocalStack, tm
         await _only_with_the_token(client, bearer(key))
 
 
-@pytest.mark.stack
 async def test_the_metrics_token_guards_the_compactor_metrics(stack: LocalStack) -> None:
     app = create_compactor_app(make_settings(stack, metrics_token=TOKEN))
     async with served(app) as client:
         await _only_with_the_token(client, bearer("llog_not-a-key"))
 
 
-@pytest.mark.stack
 async def test_without_a_token_the_metrics_stay_open(stack: LocalStack) -> None:
     async with served(create_app(make_settings(stack))) as client:
         assert (await client.get("/metrics/prometheus")).status_code == 200

@@ -20,7 +20,7 @@ import pytest
 from app.client import GroupDescription, LlogClient, RetryPolicy, UnknownGroup
 from tests.helpers.stack import BrokerFactory
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.slow  # chaos: a member killed mid-stream
 
 WORKER = Path(__file__).parent / "helpers" / "group_worker.py"
 GROUP_SETTINGS = {"group_min_session_timeout_ms": "500", "group_session_timeout_ms": "2000"}

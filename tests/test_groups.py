@@ -27,8 +27,6 @@ from app.wire import records
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import make_settings, open_engine
 
-pytestmark = pytest.mark.stack
-
 # Short sessions so that expiry is quick; the broker settles a group at most every 100 ms.
 FAST = {"group_min_session_timeout_ms": 200, "group_session_timeout_ms": 1000}
 

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-import pytest
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import metrics as http_metrics
@@ -108,7 +107,6 @@ async def test_the_lane_keeps_the_edge_errors_and_metrics() -> None:
     assert _sample(registry, "t_http_response_size_bytes_count", handler="/produce") == 3
 
 
-@pytest.mark.stack
 async def test_the_broker_counts_a_produce_and_a_consume_once_with_the_same_labels(
         stack: LocalStack, topic: str) -> None:
     app = create_app(make_settings(stack))

@@ -32,7 +32,8 @@ from app.storage.keys import TopicPartition
 from tests.helpers.bodies import consume_body
 from tests.helpers.stack import Broker, BrokerFactory, make_settings, open_engine
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.slow  # proxies and rolling restarts
+
 PARTITIONS = 4
 DRAIN = {"drain_s": "2", "batch_max_delay_ms": "5"}
 

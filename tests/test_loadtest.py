@@ -389,7 +389,7 @@ def test_fnv1a64_matches_the_hammer() -> None:
 GO_MODULES = [HAMMER_SRC, LATENCY_SRC, Path(__file__).resolve().parents[1] / "bench" / "httpload"]
 
 
-@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go")
+@pytest.mark.slow  # Go builds
 @pytest.mark.parametrize("module", GO_MODULES, ids=lambda m: m.name)
 def test_go_tests_and_vet(module: Path) -> None:
     env = {**os.environ, "GOTOOLCHAIN": "local", "CGO_ENABLED": "0"}
@@ -399,7 +399,7 @@ def test_go_tests_and_vet(module: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
 
 
-@pytest.mark.skipif(shutil.which("go") is None, reason="needs Go")
+@pytest.mark.slow  # Go builds
 def test_hammer_builds_into_the_binary_cache(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     go = shutil.which("go")

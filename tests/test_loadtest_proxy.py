@@ -14,7 +14,7 @@ from app.loadtest.orchestrator import down, run_scenario
 from app.loadtest.rundir import RunDir, read_json, read_jsonl, ref_alive
 from app.loadtest.scenario import parse_scenario
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]  # a stack of its own behind Caddy
 
 
 @pytest.fixture

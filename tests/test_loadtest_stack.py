@@ -24,7 +24,7 @@ from app.loadtest.verify import read_acked, verify_acked
 from tests.helpers.faults import truncating_proxy
 from tests.helpers.stack import BrokerFactory
 
-pytestmark = pytest.mark.stack
+pytestmark = [pytest.mark.slow, pytest.mark.own_servers]  # stacks of its own, brokers killed
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARD = REPO / "deploy" / "grafana" / "dashboards" / "llog.json"

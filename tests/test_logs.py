@@ -79,7 +79,6 @@ def _lines(broker: Broker, logs: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
-@pytest.mark.stack
 async def test_a_json_logging_broker_tags_every_line_of_a_request(
         brokers: BrokerFactory, topic: str, tmp_path: Path) -> None:
     broker = brokers.start(log_level="info", log_format="json", max_records_per_request="2")
@@ -103,7 +102,6 @@ async def test_a_json_logging_broker_tags_every_line_of_a_request(
     assert any(line.get("request_id") == generated.headers["x-request-id"] for line in lines)
 
 
-@pytest.mark.stack
 async def test_s3_credentials_never_show(brokers: BrokerFactory, stack: LocalStack,
                                          topic: str, tmp_path: Path) -> None:
     secrets = (stack.config.secret_key, stack.config.access_key)

@@ -18,7 +18,6 @@ from app.localstack.stack import LocalStack
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import BrokerFactory, make_settings
 
-pytestmark = pytest.mark.stack
 # A unit other than seconds for a time, anywhere in a name.
 _NOT_SECONDS = re.compile(r"_(ms|msec|millis|milliseconds|us|micros|ns|nanos|minutes|hours)"
                           r"(_|$)")

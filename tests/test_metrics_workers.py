@@ -21,7 +21,8 @@ from app.localstack.proxy import ProxyConfig, find_binary, proxy_process, wait_s
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import Broker, BrokerFactory
 
-pytestmark = pytest.mark.stack
+pytestmark = pytest.mark.slow  # multi-worker servers, a proxy, a killed worker
+
 LONG_POLL_SLOTS = 7  # per worker, so that the sum over two workers is recognisable
 MAX_CONCURRENT = 64
 SCRAPES = 6

@@ -4,7 +4,6 @@ compaction, on the real Oxia and MinIO."""
 from __future__ import annotations
 
 import httpx
-import pytest
 
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
@@ -15,7 +14,6 @@ from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, make_compactor
 from tests.helpers.stack import Broker, open_engine
 
-pytestmark = pytest.mark.stack
 BASE = 1_700_000_000_000  # in the past: old enough for compaction at once
 
 

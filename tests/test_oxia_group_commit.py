@@ -6,15 +6,12 @@ from __future__ import annotations
 import uuid
 
 import anyio
-import pytest
 
 from app.errors import VersionMismatch
 from app.localstack.stack import LocalStack
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
 from tests.helpers.stack import make_settings
-
-pytestmark = pytest.mark.stack
 
 
 def _writes(metrics: StoreMetrics) -> float:

@@ -18,9 +18,8 @@ from app.localstack.stack import LocalStack, StackConfig
 from app.storage import oxia_store
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
+from tests.helpers.selection import starts_servers
 from tests.helpers.stack import make_settings
-
-pytestmark = pytest.mark.stack
 
 
 def _wait_stopped(pid: int) -> None:
@@ -32,6 +31,7 @@ def _wait_stopped(pid: int) -> None:
 
 
 @pytest.fixture(scope="module")
+@starts_servers(slow=True)
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """A stack of its own: pausing the session's Oxia would stall every other test."""
     with LocalStack(StackConfig.ephemeral(tmp_path_factory.mktemp("paused"))) as running:

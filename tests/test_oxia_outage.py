@@ -19,12 +19,12 @@ from app.errors import CommitInDoubt
 from app.localstack.stack import LocalStack, StackConfig
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from tests.helpers.selection import starts_servers
 from tests.helpers.stack import Engine, make_settings, open_engine
-
-pytestmark = pytest.mark.stack
 
 
 @pytest.fixture(scope="module")
+@starts_servers(slow=True)
 def own_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """A stack of its own: pausing the session's Oxia would stall every other test."""
     with LocalStack(StackConfig.ephemeral(tmp_path_factory.mktemp("outage"))) as running:

@@ -138,7 +138,6 @@ def _oxia_gets(registry: object) -> float:
     return value or 0.0
 
 
-@pytest.mark.stack
 async def test_a_catch_up_reads_on_without_waiting_for_oxia(stack: LocalStack,
                                                             topic: str) -> None:
     tp = TopicPartition(topic, 0)

@@ -18,7 +18,6 @@ from tests.helpers.bodies import produce_body
 from tests.helpers.stack import BrokerFactory
 from tests.test_openapi_document import documented_broker
 
-pytestmark = pytest.mark.stack
 LOCATIONS = ("index_key", "wal_uri")
 
 

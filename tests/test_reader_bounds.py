@@ -28,8 +28,6 @@ from tests.helpers.compaction import (
 from tests.helpers.faults import truncating_proxy
 from tests.helpers.stack import Engine, open_engine
 
-pytestmark = pytest.mark.stack
-
 
 def _bytes_in(e: Engine) -> float:
     value = e.metrics.registry.get_sample_value("llog_s3_bytes_total", {"direction": "in"})

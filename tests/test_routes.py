@@ -10,7 +10,6 @@ from typing import Any
 
 import anyio
 import httpx
-import pytest
 from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -21,8 +20,6 @@ from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import make_settings, open_engine
-
-pytestmark = pytest.mark.stack
 
 
 @contextlib.asynccontextmanager

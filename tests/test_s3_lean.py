@@ -30,7 +30,6 @@ def _count(metrics: StoreMetrics, op: str, outcome: str) -> float:
     return value or 0.0
 
 
-@pytest.mark.stack
 async def test_lean_and_botocore_read_the_same_objects(stack: LocalStack) -> None:
     body = uuid.uuid4().bytes * 50_000
     metrics = StoreMetrics()
@@ -48,7 +47,6 @@ async def test_lean_and_botocore_read_the_same_objects(stack: LocalStack) -> Non
         assert _count(metrics, "range_get", "ok") == 2
 
 
-@pytest.mark.stack
 async def test_missing_objects_and_bad_ranges_are_object_missing(stack: LocalStack) -> None:
     metrics = StoreMetrics()
     async with S3Store(make_settings(stack), metrics) as s3:
@@ -64,7 +62,6 @@ async def test_missing_objects_and_bad_ranges_are_object_missing(stack: LocalSta
         assert _count(metrics, "range_get", "missing") == 1
 
 
-@pytest.mark.stack
 async def test_a_wrong_secret_is_refused_once_not_retried(stack: LocalStack) -> None:
     metrics = StoreMetrics()
     settings = make_settings(stack, s3_secret_key="not-the-secret-key", s3_max_attempts=5)

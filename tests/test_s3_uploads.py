@@ -17,8 +17,6 @@ from app.storage.metrics import StoreMetrics
 from app.storage.s3 import S3Store
 from tests.helpers.stack import make_settings
 
-pytestmark = pytest.mark.stack
-
 
 async def _stored_checksum(s3: S3Store, key: str) -> str | None:
     head: dict[str, Any] = await s3._client.head_object(

@@ -13,12 +13,9 @@ from typing import Any
 
 import anyio
 import httpx
-import pytest
 
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import Broker, BrokerFactory
-
-pytestmark = pytest.mark.stack
 
 
 @dataclass

@@ -21,7 +21,6 @@ from tests.helpers.bodies import produce_body
 from tests.helpers.stack import Broker, BrokerFactory
 from tests.test_stream import Event, events
 
-pytestmark = pytest.mark.stack
 SECRET = "s" * 40
 
 

@@ -25,8 +25,6 @@ from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import make_settings
 from tests.helpers.tls import Certs, TlsStack
 
-pytestmark = pytest.mark.stack
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:

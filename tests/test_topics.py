@@ -25,8 +25,6 @@ from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, index_entries, make_compactor
 from tests.helpers.stack import make_settings, open_engine
 
-pytestmark = pytest.mark.stack
-
 
 @contextlib.asynccontextmanager
 async def broker(stack: LocalStack, **overrides: Any) -> AsyncIterator[httpx.AsyncClient]:

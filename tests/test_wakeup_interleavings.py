@@ -59,6 +59,8 @@ from app.storage.records import Control, IndexEntry
 from app.storage.spans import Span
 from app.tailcache import MemoryTailCache
 
+pytestmark = pytest.mark.slow  # every order of the events: tens of thousands
+
 TP = TopicPartition("t", 0)
 BIG = 1 << 20
 LAYOUT = KeyLayout("llog", "bucket")

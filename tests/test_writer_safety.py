@@ -6,8 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 
-import pytest
-
 from app.errors import (
     CommitConflict,
     CommitExpired,
@@ -21,8 +19,6 @@ from app.storage.oxia_store import EXPECT_NOT_EXISTS, PutSpec
 from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, index_entries, make_compactor, read_all
 from tests.helpers.stack import Engine, open_engine
-
-pytestmark = pytest.mark.stack
 
 
 def _answer_lost_once(e: Engine, meanwhile: Callable[[], Awaitable[None]]) -> None:

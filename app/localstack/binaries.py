@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,6 +88,8 @@ MINIO = ServerModule("minio", "github.com/minio/minio", "github.com/minio/minio"
 CADDY = ServerModule("caddy", "github.com/caddyserver/caddy/v2/cmd/caddy",
                      "github.com/caddyserver/caddy/v2")
 SERVERS = (OXIA, MINIO, CADDY)
+# What a local stack runs (Caddy only in front of several brokers, built when asked for).
+STACK = (OXIA, MINIO)
 # Prometheus's rule checker, for the tests of deploy/prometheus/alerts.yml.
 PROMTOOL = ServerModule("promtool", "github.com/prometheus/prometheus/cmd/promtool",
                         "github.com/prometheus/prometheus")
@@ -128,11 +131,9 @@ def ensure_binary(module: ServerModule, *, log: bool = True) -> Path:
         if target.exists():  # built by whoever held the lock before us
             return target
         if log:
-            print(
-                f"llog: building {module.name} from {module.module_dir / 'go.mod'} "
-                f"(first run only; several minutes) -> {target}",
-                flush=True,
-            )
+            print(f"llog: building {module.name} from {module.module_dir / 'go.mod'} "
+                  f"(first run only; a few minutes) -> {target}", flush=True)
+        started = time.monotonic()
         tmp = target.with_name(target.name + ".tmp")
         env = dict(os.environ)
         # -mod=mod lets our one-line go.mod resolve the release's own requirements,
@@ -145,6 +146,8 @@ def ensure_binary(module: ServerModule, *, log: bool = True) -> Path:
         _go([go, "build", "-trimpath", "-o", str(tmp), module.main_package],
             module, env, build_dir)
         os.replace(tmp, target)
+        if log:
+            print(f"llog: built {module.name} in {time.monotonic() - started:.0f} s", flush=True)
     return target
 
 
@@ -183,4 +186,19 @@ def _patched_build_dir(go: str, module: ServerModule, env: dict[str, str], base:
 
 def ensure_all(*, log: bool = True, tools: bool = False) -> dict[str, Path]:
     """The servers' binaries, and with ``tools`` promtool's too (``llog servers build``)."""
-    return {m.name: ensure_binary(m, log=log) for m in (*SERVERS, *(TOOLS if tools else ()))}
+    return ensure((*SERVERS, *(TOOLS if tools else ())), log=log)
+
+
+def ensure(modules: tuple[ServerModule, ...], *, log: bool = True) -> dict[str, Path]:
+    """The binaries of ``modules``, building the missing ones one after the other."""
+    return {m.name: ensure_binary(m, log=log) for m in modules}
+
+
+def by_name(names: list[str]) -> tuple[ServerModule, ...]:
+    """The modules called ``names`` (every server and tool when empty)."""
+    known = {m.name: m for m in (*SERVERS, *TOOLS)}
+    unknown = sorted(set(names) - set(known))
+    if unknown:
+        raise BuildError(f"no such server or tool: {', '.join(unknown)} "
+                         f"(known: {', '.join(known)})")
+    return tuple(known[n] for n in names) if names else tuple(known.values())

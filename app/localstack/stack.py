@@ -88,7 +88,7 @@ class LocalStack:
     # -- lifecycle -------------------------------------------------------------------
 
     def start(self) -> None:
-        paths = binaries.ensure_all()
+        paths = binaries.ensure(binaries.STACK)
         try:
             self._start_oxia(paths["oxia"])
             self._start_minio(paths["minio"])

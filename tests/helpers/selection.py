@@ -1,0 +1,109 @@
+"""Which tests need servers, which are slow, and which skips a run may contain.
+
+Tests are sorted by what they use, not by hand: a test whose fixtures (however deep)
+include the session ``stack``, or a fixture marked with :func:`starts_servers`, gets
+the ``stack`` mark; a fixture marked ``slow`` (clusters, Spark, proxies) makes every
+test that uses it ``slow``. ``scripts/test`` leaves the slow tests out;
+``scripts/test --all`` (what CI runs) runs everything.
+
+A skipped test is a feature nobody checked, so a run fails when a test skips for a
+reason that is not in :data:`ALLOWED_SKIPS`.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pytest
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_SERVERS = "_llog_starts_servers"
+_SLOW = "_llog_slow"
+
+# The session's real Oxia and MinIO: any test that reaches it is a stack test.
+STACK_FIXTURE = "stack"
+
+# Skips a green run may contain, each with why it is acceptable. Everything else fails the
+# run: CI installs what every test needs (scripts/bootstrap.sh), so a skip there means a
+# feature went unchecked.
+ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
+
+
+def starts_servers(*, slow: bool = False) -> Callable[[F], F]:
+    """Mark a fixture that starts real servers of its own (and, with ``slow``, one whose
+    tests belong to the slow set: clusters, Spark, proxies). Put it under
+    ``@pytest.fixture``."""
+    def mark(func: F) -> F:
+        setattr(func, _SERVERS, True)
+        if slow:
+            setattr(func, _SLOW, True)
+        return func
+    return mark
+
+
+def slow_fixture(func: F) -> F:
+    """Mark a fixture whose tests are slow though it starts no servers (Spark)."""
+    setattr(func, _SLOW, True)
+    return func
+
+
+def _flag(fixturedefs: Any, flag: str) -> bool:
+    return any(getattr(inspect.unwrap(d.func), flag, False) for d in fixturedefs or ())
+
+
+def mark_by_fixture(items: list[pytest.Item]) -> None:
+    """Add ``stack`` and ``slow`` marks from each test's fixture closure."""
+    for item in items:
+        info = getattr(item, "_fixtureinfo", None)
+        if info is None:
+            continue
+        names = info.names_closure
+        defs = info.name2fixturedefs
+        own = any(_flag(defs.get(n), _SERVERS) for n in names)
+        if own:
+            item.add_marker(pytest.mark.own_servers)
+        # A module that starts servers itself (`llog dev`, a load test) says own_servers.
+        if own or STACK_FIXTURE in names or item.get_closest_marker("own_servers"):
+            item.add_marker(pytest.mark.stack)
+        if any(_flag(defs.get(n), _SLOW) for n in names):
+            item.add_marker(pytest.mark.slow)
+        group = _group(item, [d for n in names for d in defs.get(n, ())])
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def _group(item: pytest.Item, fixturedefs: list[Any]) -> str | None:
+    """Which tests one pytest-xdist process runs together (``--dist loadgroup``; None:
+    any process). The tests that run servers of their own and fail them share one
+    process, so only one cluster at a time competes with the others for the machine; a
+    module's tests that share a module-scoped fixture (a broker, a proxy) stay together,
+    so it starts once; the rest spread one by one."""
+    if item.get_closest_marker("own_servers") is not None:
+        return "own-servers"
+    if any(d.scope in ("module", "class") for d in fixturedefs):
+        return item.nodeid.split("::", 1)[0]
+    return None
+
+
+@dataclass(frozen=True)
+class Skip:
+    nodeid: str
+    reason: str
+
+
+def skip_reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+def unexpected(skips: list[Skip]) -> list[Skip]:
+    """The skips whose reason matches no pattern of :data:`ALLOWED_SKIPS`."""
+    return [s for s in skips
+            if not any(re.search(pattern, s.reason) for pattern, _ in ALLOWED_SKIPS)]
