@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -21,6 +23,35 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+@functools.cache
+def _setpriv() -> str | None:
+    """util-linux's ``setpriv`` when it can set the parent-death signal (2.33+)."""
+    found = shutil.which("setpriv")
+    if found is None:
+        return None
+    try:
+        usage = subprocess.run([found, "--help"], capture_output=True, text=True,
+                               timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return found if "--pdeathsig" in usage else None
+
+
+def _launch(argv: Sequence[str]) -> tuple[list[str], Callable[[], None] | None]:
+    """The command line to start and the ``preexec_fn`` to start it with.
+
+    Running Python between ``fork`` and ``exec`` (a ``preexec_fn``) makes the child of a
+    multi-threaded parent run the fork handlers of every library loaded: gRPC's aborted
+    there ("Check failed: wakeup_fd_->Wakeup()") and the server never started. So the
+    parent-death signal is set by ``setpriv``, which then execs the server (same pid), and
+    the child is spawned without any Python in it; ``preexec_fn`` only where there is no
+    ``setpriv``."""
+    setpriv = _setpriv()
+    if setpriv is not None:
+        return [setpriv, "--pdeathsig", "TERM", "--", *argv], None
+    return list(argv), _die_with_parent
 
 
 class ProcessFailed(RuntimeError):
@@ -52,16 +83,17 @@ class ManagedProcess:
 
     def start(self) -> None:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        argv, preexec_fn = _launch(self.argv)
         with self.log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                self.argv,
+                argv,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
+                preexec_fn=preexec_fn,
             )
 
     def alive(self) -> bool:

@@ -1,0 +1,64 @@
+"""Managed child processes die with the process that started them, whichever way they
+were launched."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from app.localstack import processes
+
+PARENT = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from app.localstack import processes
+    if sys.argv[2] == "preexec":
+        processes._setpriv = lambda: None  # the fallback: prctl in a preexec_fn
+    child = processes.ManagedProcess("sleeper", ["sleep", "600"], Path(sys.argv[1]))
+    child.start()
+    print(child.pid, flush=True)
+    time.sleep(600)
+""")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # A zombie is gone too: it only waits for its (new) parent to reap it.
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("launch", ["setpriv", "preexec"])
+def test_a_child_dies_when_its_parent_is_killed(tmp_path: Path, launch: str) -> None:
+    if launch == "setpriv":
+        assert processes._setpriv() is not None, "util-linux setpriv 2.33+ is expected here"
+    with subprocess.Popen([sys.executable, "-c", PARENT, str(tmp_path / "log"), launch],
+                          stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).resolve().parents[1]) as parent:
+        _kill_parent_then_wait_for_the_child(parent)
+
+
+def _kill_parent_then_wait_for_the_child(parent: subprocess.Popen[str]) -> None:
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert not _gone(child)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=30)
+        deadline = time.monotonic() + 60  # an outer bound only: the kernel signals at once
+        while not _gone(child):
+            assert time.monotonic() < deadline, f"child {child} outlived its parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()
+        parent.wait(timeout=30)
