@@ -7,7 +7,8 @@ with the same key; an entry the broker says it did not write (retriable, not
 ``maybe_written``) is sent again with a *new* key. So a broker that wrongly says
 "nothing was written" leaves a second copy in the log, which :meth:`FailoverLoad.verify`
 reports. Consumers long-poll every partition through every broker from offset 1 and
-check each offset follows the previous one.
+check each offset follows the previous one. :func:`outage_problems` judges whether
+acknowledgements kept coming all through a server's outage.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import contextlib
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +41,7 @@ class Produce:
     started: float
     acked: float = 0.0
     attempts: int = 0
+    partition: int = -1
 
 
 @dataclass
@@ -74,6 +76,45 @@ class Figures:
         }
 
 
+def late_from(acked: Iterable[float], failed_at: float, session_s: float) -> float | None:
+    """Where the late part of an outage begins: two session timeouts after the lost
+    server's partitions were first acknowledged again (None while they are not).
+
+    Not a fixed time after the failure: how long the election takes is the machine's
+    business (more than 10 s was seen on a loaded one). A session a broker held with
+    the lost server's shards either survived the new leader or expired at most one
+    session timeout after it took over, so by this point the brokers have met its end."""
+    first = min((t for t in acked if t >= failed_at), default=None)
+    return None if first is None else first + 2 * session_s
+
+
+def outage_problems(acked: Iterable[float], *, failed_at: float, restored_at: float,
+                    session_s: float, late_least: int) -> list[str]:
+    """What went wrong while a server was down from ``failed_at`` until ``restored_at``,
+    given when its partitions' entries were ``acked``: none acknowledged at all while it
+    was down (early), or fewer than ``late_least`` from :func:`late_from` until it was
+    back (late: acknowledgements stopped part way, e.g. when sessions expired). Counts,
+    not latencies: how soon is a figure for bench/."""
+    acked = sorted(acked)
+    down_s = restored_at - failed_at
+    during = [t for t in acked if failed_at <= t < restored_at]
+    if not during:
+        return [f"no entry of the lost server's partitions was acknowledged in the "
+                f"{down_s:.1f} s it was down: acknowledgements never resumed while it "
+                f"was down"]
+    late = during[0] + 2 * session_s
+    early_n = sum(1 for t in during if t < late)
+    late_n = sum(1 for t in during if t >= late)
+    if late_n >= late_least:
+        return []
+    return [f"acknowledgements stopped during the outage: the lost server's partitions "
+            f"had {early_n} acknowledged from the failure until +{late - failed_at:.1f} s "
+            f"(first at +{during[0] - failed_at:.1f} s, then two {session_s:g} s session "
+            f"timeouts), then {late_n} (at least {late_least} wanted) in the "
+            f"{max(0.0, restored_at - late):.1f} s until it was back at "
+            f"+{down_s:.1f} s; the last at +{during[-1] - failed_at:.1f} s"]
+
+
 @dataclass
 class FailoverLoad:
     urls: list[str]
@@ -105,9 +146,22 @@ class FailoverLoad:
 
     async def wait_acked(self, count: int) -> None:
         """Until ``count`` entries are acknowledged (callers bound it)."""
-        while self.acknowledged < count:
+        await self.wait_for(lambda: self.acknowledged >= count)
+
+    async def wait_for(self, done: Callable[[], bool]) -> None:
+        """Until ``done()``, asked again after each acknowledgement (callers bound it:
+        when acknowledgements stop, nothing asks again)."""
+        while not done():
             self._progress = anyio.Event()
             await self._progress.wait()
+
+    def acked_times(self, partitions: Iterable[int], sent_since: float = 0.0
+                    ) -> list[float]:
+        """When each entry first sent to one of ``partitions`` at or after
+        ``sent_since`` was acknowledged."""
+        wanted = set(partitions)
+        return [p.acked for p in self.produces
+                if p.acked and p.partition in wanted and p.started >= sent_since]
 
     def acked_since(self, since: float) -> Counter[str]:
         """Acknowledged entries first sent at or after ``since``, per producer."""
@@ -141,7 +195,7 @@ class FailoverLoad:
 
     async def _until_acked(self, client: httpx.AsyncClient, name: str, i: int, p: int,
                            values: list[str]) -> None:
-        produce = Produce(name, time.monotonic())
+        produce = Produce(name, time.monotonic(), partition=p)
         self.produces.append(produce)
         key = 0
         while True:
