@@ -184,7 +184,9 @@ def _cut_run(tmp: Path, topic: str, proxy_url: str, direct_url: str, *, keys: bo
     then); returns the run directory and the client summary."""
     scenario = parse_scenario({
         "name": "cut", "brokers": {"count": 2}, "topics": [{"name": topic, "partitions": 1}],
-        "workload": {"connections": 1, "duration_s": 1.5, "record_bytes": 64,
+        # Long enough for several requests through the cutting proxy on a loaded machine
+        # (a run of 1.5 s once sent only one request, to the other broker).
+        "workload": {"connections": 1, "duration_s": 6, "record_bytes": 64,
                      "records_per_request": 4, "retry_backoff_ms": 5,
                      "idempotency_keys": keys},
         "hammer": {"record_acks": True, "down_backoff_ms": 50}})

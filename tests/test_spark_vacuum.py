@@ -32,6 +32,9 @@ from tests.helpers.spark_support import (
 pytestmark = SPARK_TESTS
 
 HORIZON_MS = 2000
+# The test that tells young orphans from old ones: a young one must still be young when the
+# vacuum starts, however long a loaded machine takes from its upload to the scan.
+AGES_HORIZON_MS = 10_000
 
 
 def _two(tag: str) -> list[bytes]:
@@ -81,13 +84,13 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
     for k in old_orphans:
         s3_client.put_object(Bucket=bucket, Key=k, Body=b"old orphan")
     expected = built["orphans"] | old_orphans
-    time.sleep((HORIZON_MS + 1500) / 1000)
+    time.sleep((AGES_HORIZON_MS + 1500) / 1000)
     young = f"{root}/wal-shared/{uuid.uuid4().hex}"
     s3_client.put_object(Bucket=bucket, Key=young, Body=b"young orphan")
     everything = _keys(s3_client, bucket, root + "/")
     assert built["referenced"] | expected | {young} <= everything
 
-    options = VacuumOptions(retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True)
+    options = VacuumOptions(retry_horizon_ms=AGES_HORIZON_MS, unsafe_short_horizon=True)
     dry = run_vacuum(spark, settings, options, Report(tmp_path / "dry"))
     assert dry.exit_code == 0, dry.summary
     assert dry.summary["dry_run"] is True
@@ -100,14 +103,14 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
     assert _keys(s3_client, bucket, root + "/") == everything  # nothing deleted
 
     # By now the first young orphan has outgrown the horizon; a new one has not.
-    if (time.time() * 1000 - decisions[young]["last_modified_ms"]) < HORIZON_MS + 1500:
-        time.sleep((HORIZON_MS + 1500) / 1000)
+    if (time.time() * 1000 - decisions[young]["last_modified_ms"]) < AGES_HORIZON_MS + 1500:
+        time.sleep((AGES_HORIZON_MS + 1500) / 1000)
     expected |= {young}
     young = f"{root}/wal-shared/{uuid.uuid4().hex}"
     s3_client.put_object(Bucket=bucket, Key=young, Body=b"young orphan")
     everything.add(young)
     applied = run_vacuum(spark, settings, VacuumOptions(
-        retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
+        retry_horizon_ms=AGES_HORIZON_MS, unsafe_short_horizon=True, apply=True),
         Report(tmp_path / "apply"))
     assert applied.exit_code == 0, applied.summary
     summary = read_summary(tmp_path / "apply")

@@ -28,6 +28,15 @@ _SLOW = "_llog_slow"
 # The session's real Oxia and MinIO: any test that reaches it is a stack test.
 STACK_FIXTURE = "stack"
 
+# The modules CI runs a second time on clustered servers (an Oxia cluster of three data
+# servers with replication factor 3, MinIO erasure coded over four drives): every step of
+# the protocol (appends, commits, reads, compaction, groups, topics, the HTTP surface).
+TOPOLOGY_MODULES = frozenset({
+    "test_binary_api.py", "test_broker_http.py", "test_claims.py", "test_client.py",
+    "test_compaction.py", "test_engine.py", "test_groups.py", "test_offsets.py",
+    "test_oxia_group_commit.py", "test_routes.py", "test_topics.py", "test_writer_safety.py",
+})
+
 # Skips a green run may contain, each with why it is acceptable. Everything else fails the
 # run: CI installs what every test needs (scripts/bootstrap.sh), so a skip there means a
 # feature went unchecked.
@@ -72,6 +81,8 @@ def mark_by_fixture(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.stack)
         if any(_flag(defs.get(n), _SLOW) for n in names):
             item.add_marker(pytest.mark.slow)
+        if item.path.name in TOPOLOGY_MODULES:
+            item.add_marker(pytest.mark.topology)
         group = _group(item, [d for n in names for d in defs.get(n, ())])
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
@@ -80,11 +91,14 @@ def mark_by_fixture(items: list[pytest.Item]) -> None:
 def _group(item: pytest.Item, fixturedefs: list[Any]) -> str | None:
     """Which tests one pytest-xdist process runs together (``--dist loadgroup``; None:
     any process). The tests that run servers of their own and fail them share one
-    process, so only one cluster at a time competes with the others for the machine; a
-    module's tests that share a module-scoped fixture (a broker, a proxy) stay together,
-    so it starts once; the rest spread one by one."""
+    process, so only one cluster at a time competes with the others for the machine; the
+    Spark tests share one process and its JVM; a module's tests that share a
+    module-scoped fixture (a broker, a proxy) stay together, so it starts once; the rest
+    spread one by one."""
     if item.get_closest_marker("own_servers") is not None:
         return "own-servers"
+    if "spark" in getattr(item, "fixturenames", ()):
+        return "spark"  # one JVM for all of them, not one per process
     if any(d.scope in ("module", "class") for d in fixturedefs):
         return item.nodeid.split("::", 1)[0]
     return None
