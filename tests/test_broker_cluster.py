@@ -12,6 +12,7 @@ import httpx
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from tests.helpers.bodies import consume_body, produce_body, without_times
+from tests.helpers.long_polls import NEVER_MS, until_parked
 from tests.helpers.stack import BrokerFactory, make_settings, open_engine
 
 Acked = dict[tuple[int, int], str]  # (partition, offset) -> value
@@ -107,23 +108,25 @@ async def test_two_brokers_append_to_the_same_partitions(
 async def test_long_poll_wakes_on_a_write_through_another_broker(
     brokers: BrokerFactory, topic: str
 ) -> None:
-    b1, b2 = brokers.start(), brokers.start()
+    b1, b2 = brokers.start(max_wait_ms_ceiling=str(NEVER_MS)), brokers.start()
     got: dict[str, Any] = {}
-    async with httpx.AsyncClient(base_url=b1.url, timeout=30) as c1, \
+    async with httpx.AsyncClient(base_url=b1.url, timeout=60) as c1, \
             httpx.AsyncClient(base_url=b2.url, timeout=30) as c2:
         # Prime broker 1's tail cache: it knows the partition is empty at offset 1.
         r = await c1.post("/consume", json=consume_body(topic, 1))
         assert r.json()["results"][0]["records"] == []
 
         async def poll() -> None:
-            r = await c1.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
+            r = await c1.post("/consume", json=consume_body(topic, 1, max_wait_ms=NEVER_MS))
             got.update(r.json()["results"][0])
 
-        # Bounded well below max_wait: only a wake-up answers in time.
-        with anyio.fail_after(5):
+        # The poll parks, then broker 2 writes, then the poll answers with the record.
+        # Its own deadline is far beyond this bound, which only catches a poll that was
+        # never woken.
+        with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(poll)
-                await anyio.wait_all_tasks_blocked()
+                await until_parked(c1)
                 r = await c2.post("/produce", json=produce_body(topic, "from-b2"))
                 assert r.status_code == 200
     assert without_times(got["records"]) == [{"offset": 1, "value": "from-b2"}]
@@ -132,22 +135,25 @@ async def test_long_poll_wakes_on_a_write_through_another_broker(
 async def test_workers_share_a_port_and_wake_each_other(
     brokers: BrokerFactory, topic: str
 ) -> None:
-    b = brokers.start(workers=2, tail_cache_dir=str(brokers.tmp / "tail-cache"))
+    b = brokers.start(workers=2, tail_cache_dir=str(brokers.tmp / "tail-cache"),
+                      max_wait_ms_ceiling=str(NEVER_MS))
     results: list[dict[str, Any]] = []
     limits = httpx.Limits(max_connections=16, max_keepalive_connections=0)
-    async with httpx.AsyncClient(base_url=b.url, timeout=30, limits=limits) as client:
+    async with httpx.AsyncClient(base_url=b.url, timeout=60, limits=limits) as client:
 
         async def poll() -> None:
-            r = await client.post("/consume", json=consume_body(topic, 1, max_wait_ms=30000))
+            r = await client.post("/consume", json=consume_body(topic, 1,
+                                                                max_wait_ms=NEVER_MS))
             results.append(r.json()["results"][0])
 
-        # Bounded well below max_wait (and loose enough for a loaded machine): only a
-        # wake-up answers in time.
-        with anyio.fail_after(15):
+        # All eight park, then the write lands in one worker, then every poll answers
+        # with it. Their own deadline is far beyond this bound, which only catches a
+        # poll that was never woken.
+        with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 for _ in range(8):  # spread over both workers by the kernel
                     tg.start_soon(poll)
-                await anyio.wait_all_tasks_blocked()
+                await until_parked(client, 8)
                 r = await client.post("/produce", json=produce_body(topic, "hello"))
                 assert r.status_code == 200
     assert len(results) == 8

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import anyio
 import httpx
+import pytest
 import pytest_asyncio
 
+from app.localstack.stack import LocalStack
 from tests.helpers.bodies import consume_body, produce_body, without_times
-from tests.helpers.stack import Broker
+from tests.helpers.long_polls import NEVER_MS, until_parked
+from tests.helpers.stack import Broker, BrokerFactory
 
 LIMIT_BODY = 262144
 
@@ -200,29 +203,46 @@ async def test_consume_budgets_keep_the_first_record(http: httpx.AsyncClient, to
     assert [rec["offset"] for rec in c["records"]] == [2] and c["next_offset"] == 3
 
 
-async def test_long_poll_wakes_on_a_write(http: httpx.AsyncClient, topic: str) -> None:
+@pytest.fixture(scope="module")
+def patient(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A broker that lets a long-poll wait longer than any test here does: a poll that
+    answers within a test's bound was answered by an event, not by running out."""
+    factory = BrokerFactory(stack, tmp_path_factory.mktemp("patient"))
+    yield factory.start(max_wait_ms_ceiling=str(NEVER_MS))
+    factory.stop_all()
+
+
+async def test_long_poll_wakes_on_a_write(patient: Broker, topic: str) -> None:
     got: dict[str, Any] = {}
+    async with httpx.AsyncClient(base_url=patient.url, timeout=60) as http:
 
-    async def poll() -> None:
-        r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000))
-        got.update(r.json()["results"][0])
+        async def poll() -> None:
+            r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=NEVER_MS))
+            got.update(r.json()["results"][0])
 
-    # Bounded well below max_wait: had the poll not been woken, it would have come back
-    # empty after 20 s.
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(poll)
-            await anyio.wait_all_tasks_blocked()
-            r = await http.post("/produce", json=produce_body(topic, "wake"))
-            assert r.status_code == 200
+        # The poll parks, then the write lands, then the poll answers with it; had the
+        # write not woken it, it would still be waiting when this bound (which only
+        # catches that hang) ends it.
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(poll)
+                await until_parked(http)
+                r = await http.post("/produce", json=produce_body(topic, "wake"))
+                assert r.status_code == 200
     assert without_times(got["records"]) == [{"offset": 1, "value": "wake"}]
 
 
-async def test_min_bytes_zero_and_max_wait_zero_answer_at_once(http: httpx.AsyncClient,
+async def test_min_bytes_zero_and_max_wait_zero_answer_at_once(patient: Broker,
                                                                topic: str) -> None:
-    r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=20000,
-                                                      min_bytes=0))
-    assert r.status_code == 200 and r.json()["results"][0]["records"] == []
+    # Nothing to wait for: an answer within the bound (which only catches a wait to the
+    # end of max_wait) is an answer at once.
+    async with httpx.AsyncClient(base_url=patient.url, timeout=60) as http:
+        with anyio.fail_after(60):
+            r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=NEVER_MS,
+                                                              min_bytes=0))
+            assert r.status_code == 200 and r.json()["results"][0]["records"] == []
+            r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=0))
+            assert r.status_code == 200 and r.json()["results"][0]["records"] == []
 
 
 async def test_health_metrics_and_openapi(http: httpx.AsyncClient, broker: Broker,

@@ -111,7 +111,7 @@ def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
 
 
 def _produced_by(broker_url: str) -> int:
-    text = httpx.get(f"{broker_url}/metrics/prometheus", timeout=10).text
+    text = httpx.get(f"{broker_url}/metrics/prometheus", timeout=30).text
     return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
                if line.startswith('llog_produce_requests_total{status="200"}'))
 

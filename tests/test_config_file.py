@@ -110,7 +110,7 @@ def test_llog_serve_takes_a_config_file_and_warns_once_about_typos(
     proc.start()
     try:
         wait_healthy(proc, f"http://127.0.0.1:{port}")
-        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()[
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=30).json()[
             "broker_id"] == "from-file"
     finally:
         proc.stop()

@@ -79,7 +79,7 @@ def test_a_served_broker_on_every_address_without_auth_warns_and_exports_it(
     try:
         url = f"http://127.0.0.1:{port}"
         wait_healthy(proc, url)
-        with urllib.request.urlopen(f"{url}/metrics/prometheus", timeout=10) as r:
+        with urllib.request.urlopen(f"{url}/metrics/prometheus", timeout=30) as r:
             assert gauge(r.read().decode(), INSECURE) == 1
     finally:
         proc.stop()

@@ -27,8 +27,13 @@ from app.wire import records
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import make_settings, open_engine
 
-# Short sessions so that expiry is quick; the broker settles a group at most every 100 ms.
-FAST = {"group_min_session_timeout_ms": 200, "group_session_timeout_ms": 1000}
+# Members live through the longest stall of a loaded machine (the default session), and
+# only a member a test means to lose asks for a short one (the minimum is low enough for
+# that); the broker settles a group at most every 100 ms.
+FAST = {"group_min_session_timeout_ms": 200, "group_session_timeout_ms": 120_000}
+SHORT_SESSION_MS = 400
+# Bounds on waiting for an expiry: they only catch a member that never expires.
+EXPIRY_BOUND_S = 60
 
 
 @contextlib.asynccontextmanager
@@ -123,10 +128,10 @@ async def test_a_member_that_stops_heartbeating_is_removed_and_its_partitions_mo
         stack: LocalStack, topic: str, group: str) -> None:
     async with broker(stack) as a, broker(stack) as b:
         await _create(a, topic, 3)
-        alive = await _join(a, group, topic, session_timeout_ms=1000)
-        dead = await _join(b, group, topic, session_timeout_ms=400)
+        alive = await _join(a, group, topic)  # the default session: it outlives any stall
+        dead = await _join(b, group, topic, session_timeout_ms=SHORT_SESSION_MS)
         assert dead["generation"] == 2
-        with anyio.fail_after(10):
+        with anyio.fail_after(EXPIRY_BOUND_S):
             now = await _ok(await _beat(a, group, alive))
             while now["generation"] == 2:
                 await anyio.sleep(0.1)  # heartbeats are the protocol's clock
@@ -200,9 +205,10 @@ async def test_a_member_past_its_session_commits_nothing(
     tp = TopicPartition(topic, 0)
     async with broker(stack) as http, open_engine(make_settings(stack)) as e:
         await http.post("/produce", json=produce_body(topic, "a", "b"))
-        member = await _join(http, group, topic, session_timeout_ms=200)
+        member = await _join(http, group, topic, session_timeout_ms=SHORT_SESSION_MS)
         store = GroupStore(e.oxia, e.layout)
-        with anyio.fail_after(10):  # until the lease has expired, as any broker judges it
+        # Until the lease has expired, as any broker judges it.
+        with anyio.fail_after(EXPIRY_BOUND_S):
             lease = await store.lease(group, member["member_id"])
             while lease is not None and lease.value.alive(now_ms()):
                 await anyio.sleep(0.05)
@@ -404,20 +410,21 @@ async def test_a_binary_answer_commits_too(
 
 async def test_a_rebalance_during_the_long_poll_fails_the_commit_and_withholds_records(
         stack: LocalStack, topic: str, group: str) -> None:
-    async with broker_app(stack) as (app, http):
+    # The long-poll's own deadline is far beyond the bound below: only the write wakes it.
+    async with broker_app(stack, max_wait_ms_ceiling=600_000) as (app, http):
         await _create(http, topic, 1)
         member = await _join(http, group, topic)
         body: dict[str, Any] = {
             "topic_partitions": [{"topic": topic, "partition": 0, "fetch_offset": "committed"}],
             "group": group, "commit": True, "member_id": member["member_id"],
-            "generation": member["generation"], "max_wait_ms": 20_000}
+            "generation": member["generation"], "max_wait_ms": 600_000}
         answer: dict[str, Any] = {}
 
         async def consume() -> None:
             answer.update(await _ok(await http.post("/consume", json=body)))
 
         service = app.state.broker.consume
-        with anyio.fail_after(20):
+        with anyio.fail_after(60):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(consume)
                 parked = False

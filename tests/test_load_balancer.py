@@ -153,7 +153,7 @@ async def _consume(client: httpx.AsyncClient, topic: str, partition: int, load: 
 
 async def _until_served(broker: Broker, load: Load) -> None:
     """Until the proxy routes produce requests to ``broker`` again (it counts them)."""
-    async with httpx.AsyncClient(base_url=broker.url, timeout=5) as client:
+    async with httpx.AsyncClient(base_url=broker.url, timeout=30) as client:
         for _ in range(300):
             text = (await client.get("/metrics/prometheus")).text
             if 'llog_produce_requests_total{status="200"}' in text:

@@ -280,7 +280,7 @@ def test_dashboard_queries_only_exported_metrics(brokers: BrokerFactory, topic: 
     consumed = _post(f"{broker.url}/consume", {"topic_partitions": [
         {"topic": topic, "partition": 0, "fetch_offset": 0}], "max_wait_ms": 0})
     assert len(consumed["results"][0]["records"]) == 2
-    with urllib.request.urlopen(f"{broker.url}/metrics/prometheus", timeout=10) as resp:
+    with urllib.request.urlopen(f"{broker.url}/metrics/prometheus", timeout=30) as resp:
         exported = _exported_names(resp.read().decode())
 
     dashboard = json.loads(DASHBOARD.read_text())

@@ -36,14 +36,14 @@ def _samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 async def _scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
     """One scrape on a connection of its own (so the kernel picks the worker anew)."""
-    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         r = await client.get("/metrics/prometheus")
         r.raise_for_status()
         return _samples(r.text)
 
 
 async def _json_totals(url: str) -> dict[str, dict[str, float]]:
-    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
         metrics: dict[str, dict[str, float]] = (await client.get("/metrics")).json()["metrics"]
         return metrics
 

@@ -24,7 +24,7 @@ from tests.helpers.stack import make_settings
 
 def _wait_stopped(pid: int) -> None:
     """SIGSTOP takes effect asynchronously: wait until every thread is stopped."""
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + 60  # only catches a server that never stops
     while psutil.Process(pid).status() != psutil.STATUS_STOPPED:
         assert time.monotonic() < deadline, "the server did not stop"
         time.sleep(0.01)
@@ -51,11 +51,14 @@ async def test_calls_to_a_paused_oxia_end_at_their_deadline(own_stack: LocalStac
             for call in (lambda: store.get("deadline/a", "pk"),
                          lambda: store.put("deadline/b", b"2", "pk"),
                          lambda: store.range_scan("deadline/", "deadline/~", "pk")):
-                started = time.monotonic()
-                with anyio.fail_after(8), pytest.raises(StorageUnavailable):
+                # Each call ends while the server is still paused (it stays paused until
+                # all three have), and the bound here only catches a hang.
+                with anyio.fail_after(60), pytest.raises(StorageUnavailable) as failed:
                     await call()
-                # The gRPC deadline (1 s) ends the call, not the outer bound (7 s).
-                assert time.monotonic() - started < 4
+                # Ended by the call's own gRPC deadline, not by the store's outer bound
+                # (which fires only once a worker thread fails to come back).
+                assert not isinstance(failed.value.__cause__, TimeoutError), failed.value
+                assert "DEADLINE_EXCEEDED" in str(failed.value), failed.value
         finally:
             os.kill(pid, signal.SIGCONT)
         with anyio.fail_after(30):
@@ -90,13 +93,13 @@ async def test_an_unexpected_write_error_fails_every_waiter(
             except StorageUnavailable as exc:
                 outcomes.append(exc)
 
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):  # only catches a stranded waiter
             async with anyio.create_task_group() as tg:
                 for i in range(16):
                     tg.start_soon(put, i)
         assert len(outcomes) == 16
         assert all(isinstance(o, StorageUnavailable) for o in outcomes)
         broken["on"] = False
-        with anyio.fail_after(10):
+        with anyio.fail_after(60):
             version = await store.put("coalesce/after", b"y", "pk")
         assert version >= 0

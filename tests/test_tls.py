@@ -125,8 +125,8 @@ def test_serve_over_https_with_client_certificates_and_sighup_reload(
 def _refused_without_trust(url: str, certs: Certs) -> None:
     """A client that does not trust the CA, or brings no certificate, gets nowhere."""
     with pytest.raises(httpx.ConnectError, match="(?i)certificate"), httpx.Client(
-            base_url=url, timeout=10) as untrusting:
+            base_url=url, timeout=30) as untrusting:
         untrusting.get("/health")
     with pytest.raises((httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError)), \
-            httpx.Client(base_url=url, verify=certs.context(), timeout=10) as anonymous:
+            httpx.Client(base_url=url, verify=certs.context(), timeout=30) as anonymous:
         anonymous.get("/health")
