@@ -312,7 +312,7 @@ class FailoverLoad:
         producers = {f"b{b}p{n}" for b in range(len(self.urls))
                      for n in range(self.producers_per_broker)}
         assert producers <= set(self.acked_since(since)), self.acked_since(since)
-        async with httpx.AsyncClient(timeout=5) as client:
+        async with httpx.AsyncClient(timeout=30) as client:
             for url in self.urls:
                 assert (await client.get(f"{url}/health/ready")).status_code == 200
 
