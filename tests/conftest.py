@@ -25,6 +25,7 @@ _SKIPPED: list[selection.Skip] = []
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     selection.mark_by_fixture(items)
+    selection.heavy_groups_first(items)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

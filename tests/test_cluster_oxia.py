@@ -189,8 +189,9 @@ class Compactors:
 
 
 @contextlib.asynccontextmanager
-async def compactors(stack: LocalStack, tp: TopicPartition) -> AsyncIterator[Compactors]:
-    settings = make_settings(stack, oxia_request_timeout_s=2)
+async def compactors(stack: LocalStack, tp: TopicPartition,
+                     session_ms: int = 3000) -> AsyncIterator[Compactors]:
+    settings = make_settings(stack, oxia_request_timeout_s=2, oxia_session_timeout_ms=session_ms)
     async with open_engine(settings) as a, open_engine(settings) as b:
         mine, theirs = Claims(a.oxia, a.layout, "a"), Claims(b.oxia, b.layout, "b")
         version = await mine.acquire(tp)
@@ -205,16 +206,20 @@ async def test_a_claim_outlives_its_leaders_death(cluster: LocalStack,
     """Sessions are replicated with the shard: a new leader keeps them, so a compactor's
     claim stays its own while another server takes over."""
     assert cluster.oxia_cluster is not None
-    async with compactors(cluster, tp) as c:
+    # A session long enough for an election on a loaded machine to end inside it (with the
+    # brokers' 3 s one, a slow election expired it: what the next test is about).
+    session_s = 15
+    async with compactors(cluster, tp, session_ms=session_s * 1000) as c:
         cluster.oxia_cluster.kill(c.victim)
         try:
             async def moved() -> bool:
                 leader = _leader_index(cluster, c.engine.oxia.client, tp.partition_key)
                 return leader is not None and leader != c.victim
-            with anyio.fail_after(30):
+            with anyio.fail_after(120):  # an election on a loaded machine: a hang bound
                 await _seconds_until(moved)
-            # Well past the session timeout (3 s): the keep-alives reach the new leader.
-            await anyio.sleep(4)
+            # Past a whole session timeout after the move: only keep-alives that reached
+            # the new leader keep the claim.
+            await anyio.sleep(session_s + 1)
             found = await c.engine.oxia.get(c.engine.layout.compactor_claim(tp),
                                             tp.partition_key)
             assert found is not None and found.version_id == c.version
@@ -254,7 +259,7 @@ async def test_a_claim_lost_with_its_session_goes_to_the_next_compactor(
 
         async def led() -> bool:
             return _leader_index(cluster, c.engine.oxia.client, tp.partition_key) is not None
-        with anyio.fail_after(30):
+        with anyio.fail_after(120):
             await _seconds_until(led)
         await c.mine.release(tp, c.version)  # conditional on our version: theirs survives
         taken = await c.holder(tp)

@@ -15,7 +15,7 @@ import pytest
 from app.localstack.spark_cluster import SparkCluster
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from tests.helpers.selection import starts_servers
+from tests.helpers.selection import SPARK_GROUP, starts_servers
 from tests.helpers.spark_support import SPARK_TESTS, read_summary, run, stack_settings
 from tests.helpers.stack import Engine
 
@@ -23,7 +23,7 @@ pytestmark = SPARK_TESTS
 
 
 @pytest.fixture(scope="module")
-@starts_servers(slow=True)
+@starts_servers(slow=True, group=SPARK_GROUP)
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     # A generous outer bound: two JVM workers registering on a loaded two-core machine
     # once took longer than the 90 s default, which bounds nothing this test asserts.

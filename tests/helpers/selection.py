@@ -24,6 +24,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _SERVERS = "_llog_starts_servers"
 _SLOW = "_llog_slow"
+_GROUP = "_llog_group"
+# The pytest-xdist group of the tests whose fixtures run servers of their own and fail them.
+OWN_SERVERS_GROUP = "own-servers"
+SPARK_GROUP = "spark"
 
 # The session's real Oxia and MinIO: any test that reaches it is a stack test.
 STACK_FIXTURE = "stack"
@@ -43,12 +47,14 @@ TOPOLOGY_MODULES = frozenset({
 ALLOWED_SKIPS: tuple[tuple[str, str], ...] = ()
 
 
-def starts_servers(*, slow: bool = False) -> Callable[[F], F]:
+def starts_servers(*, slow: bool = False, group: str = OWN_SERVERS_GROUP
+                   ) -> Callable[[F], F]:
     """Mark a fixture that starts real servers of its own (and, with ``slow``, one whose
-    tests belong to the slow set: clusters, Spark, proxies). Put it under
-    ``@pytest.fixture``."""
+    tests belong to the slow set: clusters, Spark, proxies); ``group`` is the
+    pytest-xdist group its tests run in, one at a time. Put it under ``@pytest.fixture``."""
     def mark(func: F) -> F:
         setattr(func, _SERVERS, True)
+        setattr(func, _GROUP, group)
         if slow:
             setattr(func, _SLOW, True)
         return func
@@ -90,18 +96,32 @@ def mark_by_fixture(items: list[pytest.Item]) -> None:
 
 def _group(item: pytest.Item, fixturedefs: list[Any]) -> str | None:
     """Which tests one pytest-xdist process runs together (``--dist loadgroup``; None:
-    any process). The tests that run servers of their own and fail them share one
-    process, so only one cluster at a time competes with the others for the machine; the
-    Spark tests share one process and its JVM; a module's tests that share a
-    module-scoped fixture (a broker, a proxy) stay together, so it starts once; the rest
-    spread one by one."""
-    if item.get_closest_marker("own_servers") is not None:
-        return "own-servers"
+    any process). The tests whose fixtures run servers of their own and fail them share
+    one process, so only one cluster at a time competes with the others for the machine;
+    the Spark tests share one process and its JVM; a module's tests that share a
+    module-scoped fixture (a broker, a proxy, a stack) stay together, so it starts once;
+    the rest spread one by one."""
+    for d in fixturedefs:
+        group = getattr(inspect.unwrap(d.func), _GROUP, None)
+        if group is not None:
+            return str(group)
     if "spark" in getattr(item, "fixturenames", ()):
-        return "spark"  # one JVM for all of them, not one per process
+        return SPARK_GROUP  # one JVM for all of them, not one per process
     if any(d.scope in ("module", "class") for d in fixturedefs):
         return item.nodeid.split("::", 1)[0]
     return None
+
+
+def heavy_groups_first(items: list[pytest.Item]) -> None:
+    """The two long groups first: pytest-xdist hands groups out in collection order, so
+    each starts at once on a process of its own while the other tests fill the gaps
+    (last, they made the tail of the run)."""
+    first = {OWN_SERVERS_GROUP: 0, SPARK_GROUP: 1}
+
+    def rank(item: pytest.Item) -> int:
+        mark = item.get_closest_marker("xdist_group")
+        return first.get(str(mark.args[0]), 2) if mark is not None else 2
+    items.sort(key=rank)
 
 
 @dataclass(frozen=True)
