@@ -43,7 +43,13 @@ command -v go >/dev/null 2>&1 || \
 [ "$want" = dev ] && exit 0
 
 # --- the whole suite: system packages --------------------------------------------------
-has() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ]; }
+# Daemons live in sbin, which a non-root PATH often leaves out (LLOG_SBIN_DIRS: where).
+has() {
+  command -v "$1" >/dev/null 2>&1 && return 0
+  local dir
+  for dir in ${LLOG_SBIN_DIRS-/usr/sbin /sbin}; do [ -x "$dir/$1" ] && return 0; done
+  return 1
+}
 java_ok() {
   has java || return 1
   local major
