@@ -5,7 +5,6 @@ scratch checkout, with stand-ins for the system's commands on PATH."""
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import subprocess
 import sys
@@ -32,11 +31,12 @@ class Machine:
         digest = hashlib.sha256((root / "pyproject.toml").read_bytes()).hexdigest()
         (root / ".venv" / ".llog-installed").write_text(digest + "\n")
         self.command("llog", 'echo "llog $*" >> "$(dirname "$0")/../../built"', where=venv)
-        for tool in ("bash", "sh", "sha256sum", "cut", "cat", "sed", "id", "dirname"):
+        for tool in ("bash", "sh", "sha256sum", "cut", "cat", "sed", "dirname"):
             found = shutil.which(tool)
             assert found is not None
             (self.bin / tool).symlink_to(found)
         self.command("go", "exit 0")
+        self.command("id", "echo 0")  # root, so apt-get is the script's to run
 
     def command(self, name: str, body: str, where: Path | None = None) -> None:
         path = (where or self.bin) / name
@@ -57,8 +57,6 @@ class Machine:
 
 @pytest.fixture
 def machine(tmp_path: Path) -> Machine:
-    if os.geteuid() != 0:
-        pytest.fail("these cases stand in apt-get for root; run the suite as root (CI does)")
     return Machine(tmp_path)
 
 
