@@ -12,7 +12,7 @@ import httpx
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from tests.helpers.bodies import consume_body, produce_body, without_times
-from tests.helpers.long_polls import NEVER_MS, until_parked
+from tests.helpers.long_polls import NEVER_MS, until_parked, woken_by_a_write
 from tests.helpers.stack import BrokerFactory, make_settings, open_engine
 
 Acked = dict[tuple[int, int], str]  # (partition, offset) -> value
@@ -109,26 +109,14 @@ async def test_long_poll_wakes_on_a_write_through_another_broker(
     brokers: BrokerFactory, topic: str
 ) -> None:
     b1, b2 = brokers.start(max_wait_ms_ceiling=str(NEVER_MS)), brokers.start()
-    got: dict[str, Any] = {}
     async with httpx.AsyncClient(base_url=b1.url, timeout=60) as c1, \
             httpx.AsyncClient(base_url=b2.url, timeout=30) as c2:
         # Prime broker 1's tail cache: it knows the partition is empty at offset 1.
         r = await c1.post("/consume", json=consume_body(topic, 1))
         assert r.json()["results"][0]["records"] == []
 
-        async def poll() -> None:
-            r = await c1.post("/consume", json=consume_body(topic, 1, max_wait_ms=NEVER_MS))
-            got.update(r.json()["results"][0])
-
-        # The poll parks, then broker 2 writes, then the poll answers with the record.
-        # Its own deadline is far beyond this bound, which only catches a poll that was
-        # never woken.
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(poll)
-                await until_parked(c1)
-                r = await c2.post("/produce", json=produce_body(topic, "from-b2"))
-                assert r.status_code == 200
+        # The poll parks on broker 1, then broker 2 writes, then the poll answers.
+        got = await woken_by_a_write(c1, c2, topic, "from-b2")
     assert without_times(got["records"]) == [{"offset": 1, "value": "from-b2"}]
 
 

@@ -13,7 +13,7 @@ import pytest_asyncio
 
 from app.localstack.stack import LocalStack
 from tests.helpers.bodies import consume_body, produce_body, without_times
-from tests.helpers.long_polls import NEVER_MS, until_parked
+from tests.helpers.long_polls import NEVER_MS, woken_by_a_write
 from tests.helpers.stack import Broker, BrokerFactory
 
 LIMIT_BODY = 262144
@@ -213,22 +213,11 @@ def patient(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 async def test_long_poll_wakes_on_a_write(patient: Broker, topic: str) -> None:
-    got: dict[str, Any] = {}
+    # The poll parks, then the write lands, then the poll answers with it; had the write
+    # not woken it, it would still be waiting when the bound (which only catches that
+    # hang) ends it.
     async with httpx.AsyncClient(base_url=patient.url, timeout=60) as http:
-
-        async def poll() -> None:
-            r = await http.post("/consume", json=consume_body(topic, 1, max_wait_ms=NEVER_MS))
-            got.update(r.json()["results"][0])
-
-        # The poll parks, then the write lands, then the poll answers with it; had the
-        # write not woken it, it would still be waiting when this bound (which only
-        # catches that hang) ends it.
-        with anyio.fail_after(60):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(poll)
-                await until_parked(http)
-                r = await http.post("/produce", json=produce_body(topic, "wake"))
-                assert r.status_code == 200
+        got = await woken_by_a_write(http, http, topic, "wake")
     assert without_times(got["records"]) == [{"offset": 1, "value": "wake"}]
 
 
