@@ -48,11 +48,22 @@ def test_a_child_dies_when_its_parent_is_killed(tmp_path: Path, launch: str) -> 
         _kill_parent_then_wait_for_the_child(parent)
 
 
+def _wait_until_it_runs(command: str, pid: int) -> None:
+    """The death signal is armed by the launcher just before it execs the command; a
+    parent killed before that leaves an orphan by design of prctl, so the test waits
+    for the exec (on a loaded machine it can take a while)."""
+    deadline = time.monotonic() + 60
+    while Path(f"/proc/{pid}/comm").read_text().strip() != command:
+        assert not _gone(pid), f"child {pid} died before it ran {command}"
+        assert time.monotonic() < deadline, f"child {pid} never ran {command}"
+        time.sleep(0.01)
+
+
 def _kill_parent_then_wait_for_the_child(parent: subprocess.Popen[str]) -> None:
     try:
         assert parent.stdout is not None
         child = int(parent.stdout.readline())
-        assert not _gone(child)
+        _wait_until_it_runs("sleep", child)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=30)
         deadline = time.monotonic() + 60  # an outer bound only: the kernel signals at once
