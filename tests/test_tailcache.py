@@ -25,6 +25,7 @@ from app.tailcache import (
     CacheHit,
     FileTailCache,
     MemoryTailCache,
+    SharedTailCache,
     TailCache,
     TailCacheStats,
     open_tail_cache,
@@ -33,6 +34,7 @@ from app.tailcache import (
 )
 from app.tailcache import files as file_cache
 from app.tailcache.files import FORMAT_DIR, HW_FILE, STALE_TMP_NS, TMP_PREFIX
+from app.tailcache.shared import MIN_PENDING_BYTES
 
 TP = TopicPartition("orders", 0)
 TP1 = TopicPartition("orders", 1)
@@ -71,15 +73,37 @@ def disk_bytes(root: Path, store_id: str = STORE) -> int:
     return sum(p.stat().st_size for p in (root / store_id / FORMAT_DIR).rglob("*.seg"))
 
 
-@pytest.fixture(params=["memory", "files"])
+class CaughtUp(SharedTailCache):
+    """A shared cache whose writes behind have always caught up (the contract seen by
+    a worker once its queue is written; tests below cover the lag)."""
+
+    def put(self, tp: TopicPartition, start_offset: int, records: Any,
+            append_time_ms: int = 0) -> None:
+        super().put(tp, start_offset, records, append_time_ms)
+        self.flush()
+
+    def note_high_watermark(self, tp: TopicPartition, high_watermark: int) -> None:
+        super().note_high_watermark(tp, high_watermark)
+        self.flush()
+
+
+@pytest.fixture(params=["memory", "files", "shared"])
 def make_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
         Callable[[int], TailCache]]:
-    """Builds caches of either kind with a given budget (each file cache in a fresh dir)."""
+    """Builds caches of each kind with a given budget (each file cache in a fresh dir)."""
     made: list[TailCache] = []
 
     def make(max_bytes: int) -> TailCache:
-        directory = tmp_path / f"c{len(made)}" if request.param == "files" else None
-        cache = open_tail_cache(directory, max_bytes, store_id=STORE)
+        directory = tmp_path / f"c{len(made)}"
+        cache: TailCache
+        if request.param == "memory":
+            cache = MemoryTailCache(max_bytes)
+        elif request.param == "files":
+            cache = FileTailCache(directory, max_bytes, store_id=STORE)
+        else:
+            cache = CaughtUp(MemoryTailCache(max_bytes),
+                             FileTailCache(directory, max_bytes, store_id=STORE),
+                             max_pending_bytes=max_bytes)
         made.append(cache)
         return cache
 
@@ -93,7 +117,7 @@ def make_cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[
 
 def test_factory_picks_the_implementation(tmp_path: Path) -> None:
     assert isinstance(open_tail_cache(None, 10, store_id=STORE), MemoryTailCache)
-    assert isinstance(open_tail_cache(tmp_path, 10, store_id=STORE), FileTailCache)
+    assert isinstance(open_tail_cache(tmp_path, 10, store_id=STORE), SharedTailCache)
 
 
 def test_put_then_get_contiguous(make_cache: Callable[[int], TailCache]) -> None:
@@ -409,8 +433,8 @@ def test_file_budget_bounds_the_directory(tmp_path: Path) -> None:
 
 
 def test_caches_of_two_stores_share_a_directory_but_no_records(tmp_path: Path) -> None:
-    old = open_tail_cache(tmp_path, 1 << 20, store_id="store-1")
-    new = open_tail_cache(tmp_path, 1 << 20, store_id="store-2")
+    old = FileTailCache(tmp_path, 1 << 20, store_id="store-1")
+    new = FileTailCache(tmp_path, 1 << 20, store_id="store-2")
     old.put(TP, 1, values(1, 3))
     old.note_high_watermark(TP, 5)
     # The same offsets of another store: nothing to serve, not even "known empty".
@@ -457,7 +481,9 @@ def indexed_on_disk(root: Path, *tps: TopicPartition) -> tuple[int, int]:
     return len(segs), sum(end - start + 1 for start, end in filter(None, segs))
 
 
-def test_index_forgets_segments_another_process_removed(tmp_path: Path) -> None:
+def test_index_forgets_segments_another_process_removed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(file_cache, "FULL_SCAN_INTERVAL_NS", 0)  # every eviction lists all
     budget = 20_000
     writer = FileTailCache(tmp_path, budget, store_id=STORE)
     other = FileTailCache(tmp_path, budget, store_id=STORE)
@@ -473,6 +499,32 @@ def test_index_forgets_segments_another_process_removed(tmp_path: Path) -> None:
     assert stats.records == records
     assert stats.segments == segments
     assert stats.partitions == 1
+
+
+def test_a_writer_evicts_its_own_oldest_segments_without_listing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    budget = 20_000
+    cache = FileTailCache(tmp_path, budget, store_id=STORE)
+    listings: list[int] = []
+    real = FileTailCache._list_segments
+
+    def counted(self: FileTailCache) -> list[Any]:
+        listings.append(1)
+        return real(self)
+
+    monkeypatch.setattr(FileTailCache, "_list_segments", counted)
+    for offset in range(1, 401):
+        cache.put(TP, offset, [value(offset) * 20])
+        assert disk_bytes(tmp_path) <= budget
+    assert listings == []
+    assert cache.get(TP, 400, None, None) is not None  # the newest stay
+    assert cache.get(TP, 1, None, None) is None
+    assert cache.statistics().evictions > 200
+    # The same name written again is one file: evicting its older write keeps it.
+    cache.put(TP, 400, [b"again"])
+    for offset in range(401, 501):
+        cache.put(TP1, offset, [value(offset) * 20])
+    assert disk_bytes(tmp_path) <= budget
 
 
 def test_index_of_one_partition_is_bounded(tmp_path: Path) -> None:
@@ -725,3 +777,148 @@ def test_concurrent_processes_never_see_wrong_records(tmp_path: Path) -> None:
             if p.is_alive():
                 p.kill()
                 p.join(10)
+
+
+# -- a worker's cache over a shared directory: memory now, files behind ------------------
+
+
+def shared_pair(root: Path, max_bytes: int = 1 << 20, pending: int = 1 << 20
+                ) -> tuple[SharedTailCache, SharedTailCache]:
+    """Two workers of one host over one directory."""
+    def worker() -> SharedTailCache:
+        return SharedTailCache(MemoryTailCache(max_bytes),
+                               FileTailCache(root, max_bytes, store_id=STORE),
+                               max_pending_bytes=pending)
+    return worker(), worker()
+
+
+def test_a_put_touches_no_file_until_written_behind(tmp_path: Path) -> None:
+    a, b = shared_pair(tmp_path)
+    a.put(TP, 1, values(1, 3))
+    # The worker that wrote answers at once; the directory has nothing yet.
+    assert offsets(a.get(TP, 1, None, None)) == [1, 2, 3]
+    assert not partition_dir(tmp_path, TP).exists()
+    assert b.get(TP, 1, None, None) is None
+    assert a.statistics().pending_writes == 1
+    a.flush()
+    assert b.get(TP, 1, None, None) == CacheHit([(o, value(o)) for o in range(1, 4)], 3, 4)
+    assert b.get(TP, 4, None, None) == CacheHit([], 3, 4)
+    assert a.statistics().pending_writes == 0
+
+
+def test_puts_written_together_raise_the_hw_file_once(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    a, b = shared_pair(tmp_path)
+    writes: list[str] = []
+    real = FileTailCache._write_atomic
+
+    def counted(self: FileTailCache, directory: Path, name: str, data: bytes) -> None:
+        writes.append(name)
+        real(self, directory, name, data)
+
+    monkeypatch.setattr(FileTailCache, "_write_atomic", counted)
+    for start in range(1, 31, 3):
+        a.put(TP, start, values(start, 3))
+    a.note_high_watermark(TP1, 7)
+    a.flush()
+    assert writes.count(HW_FILE) == 2  # one per partition, not one per put
+    assert len(writes) == 1 + 2  # and the contiguous puts in one segment
+    assert offsets(b.get(TP, 1, None, None)) == list(range(1, 31))
+    assert b.get(TP1, 8, None, None) == CacheHit([], 7, 8)
+
+
+def test_a_full_queue_drops_the_oldest_writes_and_counts_them(tmp_path: Path) -> None:
+    big = [b"x" * 1000] * 1000  # about 1 MB per put
+    a = SharedTailCache(MemoryTailCache(64 << 20),
+                        FileTailCache(tmp_path, 64 << 20, store_id=STORE),
+                        max_pending_bytes=0)  # the floor: MIN_PENDING_BYTES
+    puts = MIN_PENDING_BYTES // 1_000_000 + 3
+    for i in range(puts):
+        a.put(TP, 1 + i * 1000, big)
+    stats = a.statistics()
+    assert stats.dropped_writes >= 3 and stats.pending_writes + stats.dropped_writes == puts
+    # What the worker wrote is still answered from its memory.
+    assert len(offsets(a.get(TP, 1, None, None))) == puts * 1000
+    a.flush()
+    other = FileTailCache(tmp_path, 64 << 20, store_id=STORE)
+    assert other.get(TP, 1, None, None) is None  # dropped: a miss, never wrong
+    last = 1 + (puts - 1) * 1000
+    assert offsets(other.get(TP, last, None, None)) == list(range(last, last + 1000))
+
+
+def test_puts_joined_into_one_segment_keep_every_record_and_append_time(
+        tmp_path: Path) -> None:
+    from app.storage.batch import RecordBatch
+
+    cache = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
+    plain = RecordBatch.of(values(1, 3))  # bytes-batch-v3
+    rich = RecordBatch.of([LogRecord(b"v4", key=b"k", headers=(("h", b"1"),)),
+                           LogRecord(b"v5", key=b"k5")])  # headers: bytes-batch-v2
+    assert (plain.encoding, rich.encoding) == ("bytes-batch-v3", "bytes-batch-v2")
+    cache.put_many([
+        file_cache.PendingPut(TP, 1, plain, 100),
+        file_cache.PendingPut(TP1, 1, values(1, 2), 100),
+        file_cache.PendingPut(TP, 4, rich, 100),
+        file_cache.PendingPut(TP, 6, values(6, 2), 200),  # a later flush: its own time
+        file_cache.PendingPut(TP, 9, values(9, 1), 200),  # not contiguous: its own file
+    ], {})
+    assert [f.name for f in segment_files(tmp_path)] == [
+        segment.segment_name(1, 5), segment.segment_name(6, 7), segment.segment_name(9, 9)]
+    other = FileTailCache(tmp_path, 1 << 20, store_id=STORE)
+    hit = other.get(TP, 1, None, None)
+    assert hit is not None and hit.records == [
+        *[(o, value(o)) for o in range(1, 4)], (4, rich[0]), (5, rich[1]),
+        (6, value(6)), (7, value(7))]
+    assert hit.append_times == [100] * 5 + [200] * 2
+    assert offsets(other.get(TP1, 1, None, None)) == [1, 2]
+
+
+def test_the_directory_never_says_empty_where_this_worker_knows_records(
+        tmp_path: Path) -> None:
+    a, b = shared_pair(tmp_path)
+    a.put(TP, 1, values(1, 3))
+    a.flush()
+    # b committed 4..5 (its memory has them) and learned hw 5; its write behind is late.
+    b.put(TP, 4, values(4, 2))
+    b._memory.drop(TP)  # as if its memory evicted them
+    b.note_high_watermark(TP, 5)
+    # The directory alone would answer "known empty at 4" (its hw is 3): a miss instead.
+    assert FileTailCache(tmp_path, 1 << 20, store_id=STORE).get(TP, 4, None, None) == (
+        CacheHit([], 3, 4))
+    assert b.get(TP, 4, None, None) is None
+    b.flush()
+    assert offsets(b.get(TP, 4, None, None)) == [4, 5]
+
+
+async def test_writes_behind_run_in_the_background_and_never_hold_a_put(
+        tmp_path: Path) -> None:
+    import threading
+
+    import anyio
+
+    a, b = shared_pair(tmp_path)
+    entered, release, written = threading.Event(), threading.Event(), threading.Event()
+    real = FileTailCache.put_many
+
+    def slow_disk(self: FileTailCache, puts: Any, notes: Any) -> None:
+        entered.set()
+        release.wait(30)
+        real(self, puts, notes)
+        hit = self.get(TP, 3, None, None)
+        if hit is not None and hit.records:
+            written.set()
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(FileTailCache, "put_many", slow_disk)
+        async with anyio.create_task_group() as tg:
+            await tg.start(a.write_behind)
+            a.put(TP, 1, values(1, 2))
+            assert await anyio.to_thread.run_sync(entered.wait, 10)  # the writer took it
+            a.put(TP, 3, values(3, 2))  # and is stuck on the disk: puts go on
+            assert offsets(a.get(TP, 1, None, None)) == [1, 2, 3, 4]
+            assert b.get(TP, 1, None, None) is None
+            release.set()
+            assert await anyio.to_thread.run_sync(written.wait, 10)
+            tg.cancel_scope.cancel()
+    assert offsets(b.get(TP, 3, None, None)) == [3, 4]  # the other worker finds both puts
+    assert offsets(b.get(TP, 1, None, None))[:2] == [1, 2]

@@ -372,7 +372,7 @@ async def test_a_partition_turns_fresh_only_once_the_cache_knows_what_was_read(
             await Gate("notes the high watermark")
         return fn(*args)
 
-    monkeypatch.setattr(consume, "run_cache_io", noted_in_a_thread)
+    monkeypatch.setattr(consume, "run_cache_write", noted_in_a_thread)
     # The read goes up to its noting the high watermark; then the long-poll looks.
     schedule = Schedule(lambda names: "read" if len(schedule.trace) < 3 or
                         "poll" not in names else "poll")

@@ -26,7 +26,7 @@ from app.errors import LlogError
 from app.storage import runs
 from app.storage.keys import TopicPartition
 from app.storage.reader import LogReader, ReadOutcome, ReadRequest, ReadResult
-from app.tailcache import CacheHit, TailCache, run_cache_io
+from app.tailcache import CacheHit, TailCache, run_cache_read, run_cache_write
 
 # Bounds the work one partition can cause in one response, whatever the byte budget.
 MAX_RECORDS_PER_PARTITION = 50_000
@@ -181,7 +181,7 @@ class ConsumeService:
                 if not result.looked_up_ahead:
                     fresh.append(fetches[i].tp)
         if self._cache is not None and learned:
-            await run_cache_io(self._cache, _note_all, self._cache, learned)
+            await run_cache_write(self._cache, _note_all, self._cache, learned)
         for tp in fresh:
             self._watch.refreshed(tp, since)
 
@@ -189,7 +189,7 @@ class ConsumeService:
                             ) -> list[CacheHit | None]:
         if self._cache is None:
             return [None] * len(fetches)
-        return await run_cache_io(self._cache, _lookup_all, self._cache, fetches, max_bytes)
+        return await run_cache_read(self._cache, _lookup_all, self._cache, fetches, max_bytes)
 
 
 def _lookup_all(cache: TailCache, fetches: Sequence[Fetch], max_bytes: int

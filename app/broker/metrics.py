@@ -84,7 +84,14 @@ def tail_cache_figures(shared_dir: bool) -> tuple[Figure, ...]:
     """A tail cache in a directory shared by the workers is seen the same by each (the
     largest view is the server's); one in memory belongs to its worker (summed)."""
     size: Combine = "livemax" if shared_dir else "livesum"
-    return (
+    behind = (
+        Figure("pending_writes", "Puts waiting to be written to the shared directory",
+               "livesum"),
+        Figure("dropped_writes", "Puts not written to the shared directory because "
+               "too many were waiting (other workers' consumers read the log instead)",
+               "counter"),
+    ) if shared_dir else ()
+    return (*behind,
         Figure("partitions", "Partitions with cached records", size),
         Figure("segments", "Stored pieces of cached records", size),
         Figure("records", "Cached records", size),

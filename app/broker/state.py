@@ -65,7 +65,13 @@ from app.storage.s3 import S3Store
 from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import TopicCatalog
 from app.storage.writer import LogWriter
-from app.tailcache import TailCache, open_tail_cache, run_cache_io, store_id_of
+from app.tailcache import (
+    SharedTailCache,
+    TailCache,
+    open_tail_cache,
+    run_cache_write,
+    store_id_of,
+)
 from app.telemetry.registry import ServiceRegistry
 from app.telemetry.snapshots import SnapshotMetrics
 
@@ -190,6 +196,8 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                     await background.start(_watched, state, functools.partial(
                         run_in_broker, s, oxia, s3, state.registry))
                 background.start_soon(_scan_s3_usage, state, s3, s.s3_usage_scan_interval_s)
+                if isinstance(state.cache, SharedTailCache):  # off the produce path
+                    await background.start(_watched, state, state.cache.write_behind)
                 if state.registry.shared_dir is not None:  # for the other workers' scrapes
                     background.start_soon(state.registry.refresh_every,
                                           s.metrics_refresh_interval_s)
@@ -213,7 +221,7 @@ async def _start_batcher(state: BrokerState, tg: anyio.abc.TaskGroup) -> None:
             cache.put(group.tp, result.start_offset, group.records, result.append_time_ms)
 
     async def on_committed(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
-        await run_cache_io(cache, cache_put, committed)
+        await run_cache_write(cache, cache_put, committed)
         for group, _ in committed:
             watch.notify(group.tp)
 

@@ -70,7 +70,6 @@ def _broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
         "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev")
         + ("" if name == "broker" else f"-{name}"),
         "LLOG_ROLES": "write,read,compact",
-        "LLOG_TAIL_CACHE_DIR": str(data_dir / "tail-cache" / name),
         "LLOG_DRAIN_S": os.environ.get("LLOG_DRAIN_S", DEV_DRAIN_S),
     }
 

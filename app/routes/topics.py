@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import anyio
 from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import JSONResponse
 
@@ -25,7 +26,7 @@ from app.routes.openapi import error, errors, store_errors
 from app.storage.keys import TopicPartition
 from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import Topic, TopicConfig
-from app.tailcache import run_cache_io
+from app.tailcache import TailCache
 
 router = APIRouter(tags=["topics"])
 # Every topic operation reads the catalog in Oxia, and needs the read role.
@@ -120,9 +121,14 @@ async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(b
     deleted = await _admin(state).delete(topic)
     _forget(state, topic)
     if state.cache is not None:
-        for p in range(deleted.partitions):
-            await run_cache_io(state.cache, state.cache.drop, TopicPartition(topic, p))
+        # Dropping a partition may remove files (a shared cache): in a worker thread.
+        await anyio.to_thread.run_sync(_drop_cached, state.cache, topic, deleted.partitions)
     return _info(deleted)
+
+
+def _drop_cached(cache: TailCache, topic: str, partitions: int) -> None:
+    for p in range(partitions):
+        cache.drop(TopicPartition(topic, p))
 
 
 def _check_partitions(partitions: int | None, state: BrokerState) -> None:

@@ -57,10 +57,19 @@ class TailCacheStats:
     hits: int
     misses: int
     evictions: int
+    # A worker's writes to a shared directory wait in a bounded queue (app/tailcache/
+    # shared.py): how many wait, and how many were dropped because it was full.
+    pending_writes: int = 0
+    dropped_writes: int = 0
 
 
 class TailCache(Protocol):
     """Recent committed records per partition; see the module docstring."""
+
+    # Whether lookups, and puts and notes, do blocking I/O (the caller then runs them
+    # in a worker thread: app.tailcache.run_cache_read / run_cache_write).
+    reads_block: bool
+    writes_block: bool
 
     def put(self, tp: TopicPartition, start_offset: int, records: Sequence[Payload],
             append_time_ms: int = 0) -> None:

@@ -36,10 +36,14 @@ Why this is safe with several writers and readers and no locks:
 
 Budget: the segment bytes of the store's subtree are kept near ``max_bytes``. Each
 process counts what it wrote since its last full scan; when that estimate passes the
-budget it lists every partition of its store and deletes the oldest segments (by mtime,
-then start offset) until the total is at most 3/4 of the budget. With N writing processes
-the total can overshoot by up to about N x max_bytes/4 between scans; a single process
-stays within ``max_bytes``.
+budget it deletes the oldest segments it wrote itself (it remembers them, so nothing is
+listed) until the estimate is at most 3/4 of the budget. When that is not enough (the
+other processes' files) or the last full scan is older than
+:data:`FULL_SCAN_INTERVAL_NS`, it lists every partition of its store and deletes the
+oldest segments of anyone (by mtime, then start offset) down to 3/4 of the budget. With
+N writing processes the total can overshoot by up to about N x max_bytes/4 between
+scans; a single process stays within ``max_bytes``. (Listing thousands of segment files
+at every quarter of the budget cost more CPU than writing them.)
 
 Index: each process keeps a bounded in-memory index of what it has seen of the store's
 subtree, for the partitions it used most recently (``max_partitions``), each with its
@@ -57,6 +61,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -64,13 +69,15 @@ import secrets
 import shutil
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict, deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
 from app.errors import InvalidRequest
+from app.storage import columnar
+from app.storage.batch import RecordBatch, partition_body, records_size
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload, payload_size
 from app.tailcache.base import (
@@ -84,10 +91,10 @@ from app.tailcache.segment import (
     decode_high_watermark,
     decode_segment,
     encode_high_watermark,
-    encode_segment,
     parse_segment_name,
     segment_name,
     segment_overhead,
+    segment_parts,
 )
 
 log = logging.getLogger(__name__)
@@ -108,8 +115,59 @@ STALE_TMP_NS = 600 * 1_000_000_000
 # segment left out of the index is still on disk and counted by the budget; reading it is
 # a miss, which the cache may always answer.
 MAX_SEGMENTS_PER_PARTITION = 1024
+# A process evicts the segments it wrote itself, oldest first, without listing the
+# directory; it lists everything (other processes' files, stale temporary files) when
+# that does not bring the directory within budget, or at most this often otherwise.
+FULL_SCAN_INTERVAL_NS = 30 * 1_000_000_000
+MAX_WRITTEN_REMEMBERED = 100_000
 _HW_ATTEMPTS = 3
 _MAX_BACKTRACK = 8  # overlapping segments are rare: look back this far for a covering one
+
+
+def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
+    """Write every byte of ``parts`` to ``fd`` (``writev`` may write less than asked)."""
+    views = [memoryview(p).cast("B") for p in parts if len(p)]
+    while views:
+        written = os.writev(fd, views)
+        while views and written >= len(views[0]):
+            written -= len(views[0])
+            views.pop(0)
+        if views and written:
+            views[0] = views[0][written:]
+
+
+def _coalesced(puts: Sequence[PendingPut]) -> list[PendingPut]:
+    """``puts`` with each run of contiguous puts of one partition and one append time
+    joined into one (one segment file instead of one per request: a file costs far more
+    than the bytes in it). Bodies are joined as the writer joins a flush's slices."""
+    out: list[PendingPut] = []
+    run: list[PendingPut] = []
+
+    def close_run() -> None:
+        if len(run) == 1:
+            out.append(run[0])
+        elif run:
+            parts, encoding, count = partition_body([p.records for p in run],
+                                                    columnar.ENCODING_V3)
+            body = b"".join(parts)
+            size = sum(records_size(p.records) for p in run)
+            first = run[0]
+            out.append(first._replace(records=RecordBatch(body, encoding, count, size),
+                                      nbytes=size))
+        run.clear()
+
+    by_partition: dict[TopicPartition, list[PendingPut]] = {}
+    for put in puts:
+        if put.records:
+            by_partition.setdefault(put.tp, []).append(put)
+    for partition_puts in by_partition.values():
+        for put in partition_puts:
+            if run and not (put.append_time_ms == run[-1].append_time_ms and
+                            put.start_offset == run[-1].start_offset + len(run[-1].records)):
+                close_run()
+            run.append(put)
+        close_run()
+    return out
 
 
 def check_store_id(store_id: str) -> str:
@@ -186,11 +244,31 @@ class _Index:
         return False
 
 
+class PendingPut(NamedTuple):
+    """Committed records to store: ``records`` at ``start_offset`` onwards."""
+
+    tp: TopicPartition
+    start_offset: int
+    records: Sequence[Payload]
+    append_time_ms: int = 0
+    nbytes: int = 0  # their size, for a queue that bounds what waits
+
+
+class _Written(NamedTuple):
+    """A segment file this process wrote."""
+
+    path: str
+    tp: TopicPartition
+    seg: tuple[int, int]
+    size: int
+    write: int  # which write of this process (a name can be written again)
+
+
 class _Found(NamedTuple):
     """A segment file seen by a full scan."""
 
     mtime_ns: int
-    path: Path
+    path: str
     tp: TopicPartition | None  # None: a directory whose name is no topic-partition
     seg: tuple[int, int]
     size: int
@@ -204,6 +282,9 @@ class FileTailCache:
     listed again when the partition is used).
     """
 
+    reads_block = True
+    writes_block = True
+
     def __init__(self, directory: Path, max_bytes: int, *, store_id: str,
                  max_partitions: int = 10_000) -> None:
         if max_bytes < 0:
@@ -212,6 +293,7 @@ class FileTailCache:
             raise ValueError(f"max_partitions must be >= 1, got {max_partitions}")
         self._root = Path(directory) / check_store_id(store_id) / FORMAT_DIR
         self._root.mkdir(parents=True, exist_ok=True)
+        self._root_str = str(self._root)
         self._max_bytes = max_bytes
         self._max_partitions = max_partitions
         self._lock = threading.RLock()
@@ -221,32 +303,43 @@ class FileTailCache:
         self._closed = False
         self._warned = False
         self._estimate = 0
+        # The segments this process wrote, oldest first, to evict without listing.
+        self._written: deque[_Written] = deque()
+        self._newest: dict[str, int] = {}  # path -> its newest write in ``_written``
+        self._writes = itertools.count()
+        self._scanned_at_ns = 0
         self._scan_and_evict(protect=None)
 
     # -- paths and small files -------------------------------------------------------------
 
-    def _dir(self, tp: TopicPartition) -> Path:
-        return self._root / tp.topic / str(tp.partition)
+    def _dir(self, tp: TopicPartition) -> str:
+        # Plain strings, not Path objects: the write path makes several per put, and
+        # building Paths cost more than the system calls they name.
+        return f"{self._root_str}/{tp.topic}/{tp.partition}"
 
-    def _write_atomic(self, directory: Path, name: str, data: bytes) -> None:
-        """Write ``data`` as ``directory/name`` so that nobody sees a partial file."""
-        tmp = directory / f"{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+    def _write_atomic(self, directory: str, name: str,
+                      data: bytes | Sequence[bytes | memoryview]) -> None:
+        """Write ``data`` (bytes, or parts in order) as ``directory/name`` so that
+        nobody sees a partial file."""
+        tmp = f"{directory}/{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileNotFoundError:
-            directory.mkdir(parents=True, exist_ok=True)
+            os.makedirs(directory, exist_ok=True)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, directory / name)
+            try:
+                _write_all(fd, [data] if isinstance(data, bytes) else data)
+            finally:
+                os.close(fd)
+            os.replace(tmp, f"{directory}/{name}")
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
             raise
 
     @staticmethod
-    def _read(path: Path) -> bytes | None:
+    def _read(path: str) -> bytes | None:
         try:
             with open(path, "rb") as f:
                 return f.read()
@@ -301,7 +394,7 @@ class FileTailCache:
     # -- high watermark -------------------------------------------------------------------
 
     def _load_hw(self, tp: TopicPartition, idx: _Index) -> int | None:
-        data = self._read(self._dir(tp) / HW_FILE)
+        data = self._read(f"{self._dir(tp)}/{HW_FILE}")
         stored = None if data is None else decode_high_watermark(data, tp)
         if stored is not None:
             idx.raise_hw(stored)
@@ -317,7 +410,7 @@ class FileTailCache:
             return  # this process already knows (and wrote or read) something as high
         directory = self._dir(tp)
         for _ in range(_HW_ATTEMPTS):
-            data = self._read(directory / HW_FILE)
+            data = self._read(f"{directory}/{HW_FILE}")
             stored = None if data is None else decode_high_watermark(data, tp)
             if stored is not None and stored >= high_watermark:
                 idx.raise_hw(stored)
@@ -330,24 +423,42 @@ class FileTailCache:
             append_time_ms: int = 0) -> None:
         if start_offset < 1:
             raise ValueError(f"{tp}: offsets start at 1, got {start_offset}")
-        if not records:
-            return
-        end = start_offset + len(records) - 1
+        if records:
+            self.put_many([PendingPut(tp, start_offset, records, append_time_ms)], {})
+
+    def put_many(self, puts: Sequence[PendingPut], notes: Mapping[TopicPartition, int]
+                 ) -> None:
+        """Several puts and high watermarks at once: each partition's hw file is
+        raised once, to the highest of them (a put per request would rewrite it per
+        request)."""
+        highest = dict(notes)
         with self._lock:
             if self._closed:
                 return
-            try:
-                idx = self._index(tp)
-                first = suffix_within(records, self._max_bytes, 4, segment_overhead(tp))
-                kept = (start_offset + first, end) if first < len(records) else None
-                if kept is not None:
-                    self._write_segment(tp, idx, kept,
-                                        records[first:] if first else records,
-                                        append_time_ms)
-                self._drop_overlapping(tp, idx, start_offset, end, keep=kept)
-                self._raise_hw(tp, idx, end)
-            except OSError as exc:
-                self._warn("put", tp, exc)
+            for put in _coalesced(puts):
+                if not put.records:
+                    continue
+                end = put.start_offset + len(put.records) - 1
+                highest[put.tp] = max(highest.get(put.tp, -1), end)
+                try:
+                    self._put_records(put, end)
+                except OSError as exc:
+                    self._warn("put", put.tp, exc)
+            for tp, high_watermark in highest.items():
+                try:
+                    self._raise_hw(tp, self._index(tp), high_watermark)
+                except OSError as exc:
+                    self._warn("put", tp, exc)
+
+    def _put_records(self, put: PendingPut, end: int) -> None:
+        tp, start_offset, records = put.tp, put.start_offset, put.records
+        idx = self._index(tp)
+        first = suffix_within(records, self._max_bytes, 4, segment_overhead(tp))
+        kept = (start_offset + first, end) if first < len(records) else None
+        if kept is not None:
+            self._write_segment(tp, idx, kept, records[first:] if first else records,
+                                put.append_time_ms)
+        self._drop_overlapping(tp, idx, start_offset, end, keep=kept)
 
     def note_high_watermark(self, tp: TopicPartition, high_watermark: int) -> None:
         if high_watermark < 0:
@@ -366,14 +477,52 @@ class FileTailCache:
 
     def _write_segment(self, tp: TopicPartition, idx: _Index, seg: tuple[int, int],
                        records: Sequence[Payload], append_time_ms: int) -> None:
-        data = encode_segment(tp, seg[0], records, append_time_ms)
+        parts = segment_parts(tp, seg[0], records, append_time_ms)
+        size = sum(len(part) for part in parts)
         name = segment_name(*seg)
         directory = self._dir(tp)
-        self._write_atomic(directory, name, data)
+        path = f"{directory}/{name}"
+        self._write_atomic(directory, name, parts)
         idx.add(seg)
-        self._estimate += len(data)
+        self._estimate += size
+        self._remember(_Written(path, tp, seg, size, next(self._writes)))
+        if len(self._written) > MAX_WRITTEN_REMEMBERED:
+            self._forget_oldest()  # still on disk: the next full scan sees it
         if self._estimate > self._max_bytes:
-            self._scan_and_evict(protect=directory / name)
+            self._evict_for(protect=path)
+
+    def _remember(self, written: _Written) -> None:
+        self._written.append(written)
+        self._newest[written.path] = written.write
+
+    def _forget_oldest(self) -> tuple[_Written, bool]:
+        """The oldest remembered write, and whether it is its file's newest."""
+        old = self._written.popleft()
+        newest = self._newest.get(old.path) == old.write
+        if newest:
+            del self._newest[old.path]
+        return old, newest
+
+    def _evict_for(self, protect: str) -> None:
+        """Back within the budget: first by deleting this process's own oldest
+        segments, which it remembers, without listing anything; with a full scan when
+        that is not enough (other processes' files) or the last one is old."""
+        target = self._max_bytes * 3 // 4
+        if time.monotonic_ns() - self._scanned_at_ns < FULL_SCAN_INTERVAL_NS:
+            while self._estimate > target and len(self._written) > 1:
+                old, newest = self._forget_oldest()
+                self._estimate -= old.size
+                if not newest:
+                    continue  # the same name was written again since: that copy stays
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(old.path)  # gone already: superseded or evicted by another
+                self._counters.evictions += old.seg[1] - old.seg[0] + 1
+                idx = self._indexes.get(old.tp)
+                if idx is not None:
+                    idx.discard(old.seg)
+            if self._estimate <= self._max_bytes:
+                return
+        self._scan_and_evict(protect=protect)
 
     def _drop_overlapping(self, tp: TopicPartition, idx: _Index, start: int, end: int,
                           keep: tuple[int, int] | None) -> None:
@@ -387,10 +536,10 @@ class FileTailCache:
         for seg in idx.overlapping(start, end):
             if seg != keep:
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(directory / segment_name(*seg))
+                    os.unlink(f"{directory}/{segment_name(*seg)}")
                 idx.discard(seg)
 
-    def _scan_and_evict(self, protect: Path | None) -> None:
+    def _scan_and_evict(self, protect: str | None) -> None:
         """List the whole directory, delete the oldest segments down to 3/4 of the
         budget (never ``protect``, the segment just written) and stale temporary files,
         and forget indexed segments whose files are gone (another process evicted or
@@ -408,6 +557,12 @@ class FileTailCache:
         for tp, idx in self._indexes.items():
             idx.keep_only(present.get(tp, set()))
         self._estimate = total
+        kept = [w for w in self._written if w.seg in present.get(w.tp, ())
+                and self._newest.get(w.path) == w.write]
+        self._written, self._newest = deque(), {}
+        for written in kept:
+            self._remember(written)
+        self._scanned_at_ns = time.monotonic_ns()
 
     def _evict(self, f: _Found) -> bool:
         """Delete one segment file; False if it could not be deleted."""
@@ -441,7 +596,7 @@ class FileTailCache:
                     st = entry.stat()
                 except OSError:
                     continue
-                found.append(_Found(st.st_mtime_ns, Path(entry.path), tp, seg, st.st_size))
+                found.append(_Found(st.st_mtime_ns, entry.path, tp, seg, st.st_size))
         return found
 
     def _partition_dirs(self) -> list[tuple[Path, TopicPartition | None]]:
@@ -545,7 +700,7 @@ class FileTailCache:
 
     def _read_segment(self, tp: TopicPartition, idx: _Index,
                       seg: tuple[int, int]) -> tuple[list[Payload], int] | None:
-        path = self._dir(tp) / segment_name(*seg)
+        path = f"{self._dir(tp)}/{segment_name(*seg)}"
         data = self._read(path)
         values = None if data is None else decode_segment(data, tp, *seg)
         if values is None:

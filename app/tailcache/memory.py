@@ -80,6 +80,9 @@ class MemoryTailCache:
     ignored: the cache lives and dies with one process, which serves one store.
     """
 
+    reads_block = False
+    writes_block = False
+
     def __init__(self, max_bytes: int, *, store_id: str | None = None) -> None:
         if max_bytes < 0:
             raise ValueError(f"max_bytes must be >= 0, got {max_bytes}")

@@ -80,6 +80,13 @@ def segment_overhead(tp: TopicPartition) -> int:
 
 def encode_segment(tp: TopicPartition, start: int, records: Sequence[Payload],
                    append_time_ms: int) -> bytes:
+    return b"".join(segment_parts(tp, start, records, append_time_ms))
+
+
+def segment_parts(tp: TopicPartition, start: int, records: Sequence[Payload],
+                  append_time_ms: int) -> list[bytes | memoryview]:
+    """The bytes of a segment as parts to write in order (the records' body is not
+    copied: a file is written with one ``writev``)."""
     topic = tp.topic.encode()
     if isinstance(records, RecordBatch):
         body, encoding = records.body, records.encoding
@@ -87,8 +94,9 @@ def encode_segment(tp: TopicPartition, start: int, records: Sequence[Payload],
         body, encoding = encode_body(records)
     head = _SEGMENT_HEAD.pack(SEGMENT_MAGIC, VERSION, _ENCODINGS.index(encoding), len(topic),
                               tp.partition, start, len(records), append_time_ms)
-    data = b"".join([head, topic, memoryview(body)[4:]])
-    return data + _U32.pack(crc32c(data))
+    lead = head + topic
+    rest = memoryview(body)[4:]
+    return [lead, rest, _U32.pack(crc32c(rest, crc32c(lead)))]
 
 
 def decode_segment(data: bytes, tp: TopicPartition, start: int, end: int
