@@ -1,0 +1,55 @@
+"""A broker of another revision, for before/after figures taken in the same run.
+
+The machines these benchmarks run on are shared and noisy: a figure measured today and
+one measured yesterday differ by more than most changes are worth. So a change is
+measured against the code before it *in the same run*, on the same stack: ``--baseline
+REF`` checks out REF (a commit, tag or branch of this repository) into a detached git
+worktree under ``.llog/bench/baseline/`` and starts its ``llog serve`` from there, with
+this checkout's Python environment (a revision that needs other dependencies is not a
+baseline this can run).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BASELINES = ROOT / ".llog" / "bench" / "baseline"
+
+
+def _git(*args: str, cwd: Path = ROOT) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def checkout(ref: str) -> tuple[Path, str]:
+    """A worktree of ``ref`` (made once per commit, reused after) and its short hash."""
+    commit = _git("rev-parse", "--verify", f"{ref}^{{commit}}")
+    tree = BASELINES / commit[:12]
+    if not (tree / "app" / "cli.py").is_file():
+        BASELINES.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False,
+                       capture_output=True)
+        _git("worktree", "add", "--force", "--detach", str(tree), commit)
+    return tree, commit[:12]
+
+
+def serve_command(tree: Path, port: int, *, workers: int = 1,
+                  log_level: str = "warning") -> list[str]:
+    """``llog serve`` of the revision in ``tree`` (run with ``cwd=tree``: ``python -m``
+    imports the package of the working directory first)."""
+    del tree  # the working directory picks the revision; kept for the call's meaning
+    return [sys.executable, "-m", "app.cli", "serve", "--host", "127.0.0.1",
+            "--port", str(port), "--workers", str(workers), "--log-level", log_level]
+
+
+def environment(tree: Path, env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` on top of ours, with the revision's package first on the path."""
+    merged = {**os.environ, **env}
+    merged["PYTHONPATH"] = os.pathsep.join(
+        [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return merged
