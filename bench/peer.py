@@ -145,6 +145,20 @@ def timed(fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
             "loadavg_after": list(os.getloadavg())}
 
 
+def check_needs() -> None:
+    """Fail before anything starts when the peer cannot run here, saying what is missing."""
+    import importlib.util
+
+    missing = [what for what, ok in (
+        ("java (17+) on PATH", shutil.which("java") is not None),
+        ("mvn on PATH (the first run fetches Kafka's jars)",
+         shutil.which("mvn") is not None or any(jars_dir().glob("kafka_2.13-*.jar"))),
+        ("confluent-kafka (.venv/bin/pip install -e '.[bench]')",
+         importlib.util.find_spec("confluent_kafka") is not None)) if not ok]
+    if missing:
+        raise hb.BenchError("the peer section needs " + "; ".join(missing))
+
+
 def kafka_side(run_dir: Path, seconds: float, catchup_mib: int) -> dict[str, Any]:
     rows: dict[str, Any] = {"load_before": idle_load()}
     kafka = Kafka(run_dir / "kafka")

@@ -14,20 +14,29 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   largest binary shape for records per second, with the floor's rows beside them;
   server CPU per request from /proc, and the whole machine's CPU (box CPU: the load
   generator, MinIO and Oxia share the same cores).
+  Then the brokers users run, one at a time and alternating at each connection count,
+  4 x 25 x 1 KiB JSON and binary: the tuned broker, `llog dev` as shipped and the
+  Kubernetes reference, their settings taken from what ships (bench/shipped.py).
 - records: what keys and headers cost: JSON produce of the same values plain, with a
   16-byte key, and with a key and two headers.
 - catchup: one partition of --catchup-mib MiB (1 KiB records, written with binary
   produce) read from offset 1 as fast as the broker answers, JSON and binary (LLR1),
   against the ceiling serving answers of the same size from memory and the floor reading
   them from S3 (binary, one GET per answer, one ahead); then the partition is compacted
-  (`llog compact-once` until nothing is left) and read again.
+  (`llog compact-once` until nothing is left) and read again. Then catch-up as users
+  meet it: a 4-partition topic written 4 x 25 x 1 KiB binary per request, read by one
+  client (the Go load generator, then one Python client) asking for all 4 partitions in
+  every request, binary answers: fresh (WAL objects), then compacted.
 - latency: a second broker; produce to one, long-poll the other, paced at a quarter of
   the measured maximum; produce and produce-to-consume percentiles against the batch
   window.
 - cost: how Oxia and S3 requests grow with partitions per flush (1, 16, 256) and with
   brokers on one stack (1, 2, 3), and how flushes behave under saturation.
+- peer (not by default): Kafka 4.3.1 and llog one after the other, same records:
+  produce and catch-up, llog/Kafka (bench/peer.py; needs Java, Maven, confluent-kafka).
 
     .venv/bin/python bench/perf.py [--quick] [--sections storage,produce,records,...]
+    .venv/bin/python bench/perf.py --sections peer [--quick]
 
 It measures and prints; it asserts nothing. Results also go to .llog/bench/perf-*.json.
 """
@@ -772,6 +781,12 @@ def main() -> int:
     if args.quick:
         args.duration, args.catchup_mib = 2.0, 128
     sections = set(args.sections.split(","))
+    if "peer" in sections:
+        try:
+            peer.check_needs()
+        except hb.BenchError as exc:
+            print(f"perf.py: {exc}", file=sys.stderr)
+            return 2
     # A SIGTERM unwinds like Ctrl-C, so every server (Kafka included) is stopped.
     signal.signal(signal.SIGTERM, _terminate)
     hb.build_loadgen()
