@@ -10,6 +10,11 @@ printing one JSON object: what a Python user of each system gets.
         (as py_consume.py), until MIB of record values are read.
     kafka-topic BOOTSTRAP TOPIC
         creates the topic with 4 partitions (the admin client: no JVM start).
+    llog-produce URL TOPIC SECONDS TASKS
+        the project's Python client (app.client.AsyncLlogClient): TASKS produce calls in
+        flight, each 100 records of 1 KiB (the Go load generator's bytes per request) to
+        one partition, round-robin over 4 (the client sends one partition per call
+        without keys), for SECONDS: what a Python user of llog gets.
     llog-consume URL TOPIC MIB [FETCH_BYTES]
         one httpx client, all 4 partitions in every request from offset 1, binary answers
         (Accept: application/vnd.llog.records), FETCH_BYTES (4 MiB) per request, every
@@ -112,6 +117,38 @@ def kafka_consume(bootstrap: str, topic: str, mib: float) -> dict[str, Any]:
             "complete": size >= target}
 
 
+def llog_produce(url: str, topic: str, seconds: float, tasks: int) -> dict[str, Any]:
+    import asyncio
+
+    from app.client import AsyncLlogClient
+
+    values = [os.urandom(RECORD_BYTES // 2).hex()] * 100  # 1 KiB each, JSON text values
+
+    async def run() -> tuple[int, int, float]:
+        acked = errors = 0
+        async with AsyncLlogClient(url) as client:
+            t0 = time.monotonic()
+            end = t0 + seconds
+
+            async def task(k: int) -> None:
+                nonlocal acked, errors
+                i = k
+                while time.monotonic() < end:
+                    try:
+                        result = await client.produce(topic, values, partition=i % PARTITIONS)
+                        acked += result.count
+                    except Exception:  # counted; the run goes on as a producer's would
+                        errors += 1
+                    i += tasks
+
+            await asyncio.gather(*(task(k) for k in range(tasks)))
+            return acked, errors, time.monotonic() - t0
+
+    acked, errors, wall = asyncio.run(run())
+    return {"records": acked, "errors": errors, "seconds": wall,
+            "records_per_s": acked / wall, "mib_per_s": acked * RECORD_BYTES / wall / MiB}
+
+
 def llog_consume(url: str, topic: str, mib: float, fetch_bytes: int = FETCH_BYTES
                  ) -> dict[str, Any]:
     import httpx
@@ -155,6 +192,8 @@ def main(argv: list[str]) -> int:
         out = kafka_produce(rest[0], rest[1], float(rest[2]), mib)
     elif kind == "kafka-consume":
         out = kafka_consume(rest[0], rest[1], float(rest[2]))
+    elif kind == "llog-produce":
+        out = llog_produce(rest[0], rest[1], float(rest[2]), int(rest[3]))
     elif kind == "llog-consume":
         out = llog_consume(rest[0], rest[1], float(rest[2]),
                            int(rest[3]) if len(rest) > 3 else FETCH_BYTES)

@@ -591,6 +591,13 @@ def peer_section(run: Run) -> dict[str, Any]:
             llog[f"produce_{fmt}"] = peer.timed(functools.partial(
                 hb.run_loadgen, load_args(broker.url, topic, shape, fmt, seconds, conns),
                 timeout=seconds + 120))
+        # What a Python user of llog gets, beside confluent-kafka: app.client.
+        topic = _topic("pp")
+        create_topic(broker, topic, shape[0])
+        warm(broker, shape, "json", topic)
+        llog["produce_python"] = peer.timed(functools.partial(
+            peer.client, "llog-produce", broker.url, topic, str(seconds), str(conns),
+            timeout=seconds + 180))
         topic = _topic("pc")
         create_topic(broker, topic, shape[0])
         llog["fill"] = hb.run_loadgen(
