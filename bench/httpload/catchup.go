@@ -52,7 +52,7 @@ type jsonConsume struct {
 
 func runCatchup(c *config) (*CatchupResult, error) {
 	res := &CatchupResult{Mode: "catchup", URL: c.consumeURL, Format: c.format,
-		Partitions: c.catchupParts, MaxBytes: c.maxBytes, GoVersion: runtime.Version()}
+		Partitions: c.readParts, MaxBytes: c.maxBytes, GoVersion: runtime.Version()}
 	var dials dialCounter
 	client := newClient(1, c.timeout, &dials)
 	defer client.CloseIdleConnections()
@@ -60,7 +60,7 @@ func runCatchup(c *config) (*CatchupResult, error) {
 	var samples errorSamples
 	target := int64(c.catchupMiB) << 20
 	offsets := map[int]int64{}
-	for p := 0; p < c.catchupParts; p++ {
+	for p := 0; p < c.readParts; p++ {
 		offsets[p] = c.fromOffset
 	}
 	cpu0 := cpuSeconds()

@@ -35,7 +35,7 @@ func TestCatchupReadsEveryPartitionInEachRequest(t *testing.T) {
 	}))
 	defer srv.Close()
 	c := config{consumeURL: srv.URL, topic: "t", format: "json", maxBytes: 1 << 20,
-		catchupMiB: 1, fromOffset: 1, catchupParts: 3, timeout: 5 * time.Second}
+		catchupMiB: 1, fromOffset: 1, readParts: 3, timeout: 5 * time.Second}
 	res, err := runCatchup(&c)
 	if err != nil {
 		t.Fatal(err)

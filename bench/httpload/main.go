@@ -33,31 +33,31 @@ import (
 )
 
 type config struct {
-	url          string
-	path         string
-	mode         string
-	connections  int
-	duration     time.Duration
-	warmup       time.Duration
-	topic        string
-	partitions   int
-	records      int
-	size         int
-	timeout      time.Duration
-	backoff      time.Duration
-	maxWaitMs    int
-	drain        time.Duration
-	entries      int
-	format       string
-	rate         float64
-	consumeURL   string
-	maxBytes     int
-	catchupMiB   int
-	fromOffset   int64
-	catchupParts int // catchup mode: partitions 0..n-1, all of them in every request
-	totalMiB     int
-	keyBytes     int // a key of this many bytes on every record (JSON bodies)
-	headers      int // this many headers on every record (JSON bodies)
+	url         string
+	path        string
+	mode        string
+	connections int
+	duration    time.Duration
+	warmup      time.Duration
+	topic       string
+	partitions  int
+	records     int
+	size        int
+	timeout     time.Duration
+	backoff     time.Duration
+	maxWaitMs   int
+	drain       time.Duration
+	entries     int
+	format      string
+	rate        float64
+	consumeURL  string
+	maxBytes    int
+	catchupMiB  int
+	fromOffset  int64
+	readParts   int // catchup mode: partitions 0..n-1, all of them in every request
+	totalMiB    int
+	keyBytes    int // a key of this many bytes on every record (JSON bodies)
+	headers     int // this many headers on every record (JSON bodies)
 }
 
 func main() {
@@ -91,7 +91,7 @@ func main() {
 	flag.IntVar(&c.maxBytes, "max-bytes", 8<<20, "catchup mode: max_bytes per consume request")
 	flag.IntVar(&c.catchupMiB, "catchup-mib", 1024, "catchup mode: MiB of records to read")
 	flag.Int64Var(&c.fromOffset, "from-offset", 1, "catchup mode: the first offset")
-	flag.IntVar(&c.catchupParts, "catchup-partitions", 1,
+	flag.IntVar(&c.readParts, "catchup-partitions", 1,
 		"catchup mode: read partitions 0..n-1, all of them in every request")
 	flag.IntVar(&c.totalMiB, "total-mib", 0,
 		"throughput mode: stop once this many MiB of records are acknowledged (0: -duration)")
@@ -140,7 +140,7 @@ func validate(c *config) error {
 			"-key-bytes and -headers need -format json"},
 		{c.rate < 0, "-rate must not be negative"},
 		{c.maxBytes < 1, "-max-bytes must be positive"},
-		{c.catchupParts < 1, "-catchup-partitions must be at least 1"},
+		{c.readParts < 1, "-catchup-partitions must be at least 1"},
 		{c.connections < 1, "-connections must be at least 1"},
 		{c.duration <= 0, "-duration must be positive"},
 		{c.warmup < 0, "-warmup must not be negative"},
