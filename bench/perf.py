@@ -14,20 +14,29 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   largest binary shape for records per second, with the floor's rows beside them;
   server CPU per request from /proc, and the whole machine's CPU (box CPU: the load
   generator, MinIO and Oxia share the same cores).
+  Then the brokers users run, one at a time and alternating at each connection count,
+  4 x 25 x 1 KiB JSON and binary: the tuned broker, `llog dev` as shipped and the
+  Kubernetes reference, their settings taken from what ships (bench/shipped.py).
 - records: what keys and headers cost: JSON produce of the same values plain, with a
   16-byte key, and with a key and two headers.
 - catchup: one partition of --catchup-mib MiB (1 KiB records, written with binary
   produce) read from offset 1 as fast as the broker answers, JSON and binary (LLR1),
   against the ceiling serving answers of the same size from memory and the floor reading
   them from S3 (binary, one GET per answer, one ahead); then the partition is compacted
-  (`llog compact-once` until nothing is left) and read again.
+  (`llog compact-once` until nothing is left) and read again. Then catch-up as users
+  meet it: a 4-partition topic written 4 x 25 x 1 KiB binary per request, read by one
+  client (the Go load generator, then one Python client) asking for all 4 partitions in
+  every request, binary answers: fresh (WAL objects), then compacted.
 - latency: a second broker; produce to one, long-poll the other, paced at a quarter of
   the measured maximum; produce and produce-to-consume percentiles against the batch
   window.
 - cost: how Oxia and S3 requests grow with partitions per flush (1, 16, 256) and with
   brokers on one stack (1, 2, 3), and how flushes behave under saturation.
+- peer (not by default): Kafka 4.3.1 and llog one after the other, same records:
+  produce and catch-up, llog/Kafka (bench/peer.py; needs Java, Maven, confluent-kafka).
 
     .venv/bin/python bench/perf.py [--quick] [--sections storage,produce,records,...]
+    .venv/bin/python bench/perf.py --sections peer [--quick]
 
 It measures and prints; it asserts nothing. Results also go to .llog/bench/perf-*.json.
 """
@@ -36,13 +45,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
+import shutil
+import signal
 import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -53,6 +66,8 @@ for path in (ROOT, ROOT / "bench"):
         sys.path.insert(0, str(path))
 
 import http_bench as hb  # noqa: E402
+import peer  # noqa: E402
+import shipped  # noqa: E402
 import storage_ceiling  # noqa: E402
 
 from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
@@ -70,6 +85,7 @@ class Server:
     url: str
     proc: ManagedProcess
     metrics: bool  # a broker answers GET /metrics
+    scratch: Path | None = None  # removed when the server stops (a tmpfs tail cache)
 
 
 @dataclass
@@ -82,6 +98,8 @@ class Run:
     def stop(self) -> None:
         for server in self.servers:
             server.proc.stop(timeout=20)
+            if server.scratch is not None:
+                shutil.rmtree(server.scratch, ignore_errors=True)
 
 
 def _serve(run: Run, server: Server) -> Server:
@@ -122,9 +140,62 @@ def start_broker(run: Run, name: str, **settings: str) -> Server:
     return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc, metrics=True))
 
 
+# The brokers users run (bench/shipped.py): their settings come from what ships.
+BROKER_KINDS = {
+    "tuned": "this benchmark's broker: roles write,read, batch window --window-ms",
+    "dev": "`llog dev` as shipped (app/localstack/dev.py), data dir on disk",
+    "k8s": "the Kubernetes reference (deploy/k8s/base), tail cache on tmpfs, auth off",
+}
+
+
+def start_kind(run: Run, kind: str, name: str) -> Server:
+    """A broker of ``kind`` (BROKER_KINDS): the tuned one, or as ``llog dev`` or the
+    Kubernetes reference configure it."""
+    if kind == "tuned":
+        return start_broker(run, name)
+    scratch = None
+    if kind == "dev":
+        # As `llog dev --data-dir` has it: a directory of the run, on the run's disk.
+        env = shipped.dev_broker_env(run.stack, run.logs.parent / f"dev-{name}")
+    elif kind == "k8s":
+        scratch = shipped.tmpfs_dir("llog-perf-k8s-tail-")  # the emptyDir, medium Memory
+        env = shipped.k8s_broker_env(run.stack, scratch)
+    else:
+        raise ValueError(f"no broker kind {kind!r}")
+    port = free_port()
+    proc = broker_process(f"broker-{name}", port, env, run.logs / f"broker-{name}.log")
+    try:
+        return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc,
+                                  metrics=True, scratch=scratch))
+    except BaseException:
+        proc.stop(timeout=20)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
+
+
+def create_topic(server: Server, topic: str, partitions: int) -> None:
+    """Create the topic (the Kubernetes reference does not create topics on first use)."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(
+        f"{server.url}/topics", method="POST",
+        data=json.dumps({"topic": topic, "partitions": partitions}).encode(),
+        headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60):
+            pass
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:  # exists already
+            raise hb.BenchError(f"creating {topic}: {exc.code} {exc.read()[:300]!r}") from None
+
+
 def stop_server(run: Run, server: Server) -> None:
     server.proc.stop(timeout=20)
     run.servers.remove(server)
+    if server.scratch is not None:
+        shutil.rmtree(server.scratch, ignore_errors=True)
 
 
 # -- one measured load -----------------------------------------------------------------
@@ -239,6 +310,36 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
                             and r["shape"][2] == row["shape"][2]), None)
         if ceiling_row and ceiling_row["records_per_s"]:
             row["ratio"] = row["records_per_s"] / ceiling_row["records_per_s"]
+    return rows + shipped_rows(run)
+
+
+def shipped_rows(run: Run) -> list[dict[str, Any]]:
+    """The tuned broker, `llog dev` as shipped and the Kubernetes reference, one after
+    the other at each connection count (so each kind meets the same machine), 4 x 25 x
+    1 KiB per request. One broker runs at a time: dev's in-process compaction of what it
+    was sent must not run while another kind is measured."""
+    a = run.args
+    shape = SHAPES[0]
+    rows: list[dict[str, Any]] = []
+    for conns in a.broker_connections:
+        for kind in BROKER_KINDS:
+            server = start_kind(run, kind, f"{kind}-{conns}")
+            try:
+                for fmt in ("json", "binary"):
+                    topic = _topic("u")
+                    create_topic(server, topic, shape[0])
+                    warm(server, shape, fmt, topic)
+                    row = measure(run, [server], [load_args(
+                        server.url, topic, shape, fmt, a.duration, conns)])
+                    rows.append({"section": "shipped", "target": kind, "format": fmt,
+                                 "shape": shape, "connections": conns, **row})
+            finally:
+                stop_server(run, server)
+    for row in rows:
+        tuned = next(r for r in rows if r["target"] == "tuned"
+                     and r["format"] == row["format"] and r["connections"] == row["connections"])
+        row["ratio"] = row["records_per_s"] / tuned["records_per_s"] if tuned[
+            "records_per_s"] else None
     return rows
 
 
@@ -296,6 +397,49 @@ def catchup_section(run: Run) -> list[dict[str, Any]]:
                     and r["format"] == row.get("format")), None)
         if row["target"] in ("floor", "broker", "compacted") and ref and ref["mib_per_s"]:
             row["ratio"] = row["mib_per_s"] / ref["mib_per_s"]
+    return rows + users_catchup_rows(run)
+
+
+def users_catchup_rows(run: Run) -> list[dict[str, Any]]:
+    """Catch-up as users meet it: a topic of 4 partitions written as users write it (4 x
+    25 x 1 KiB binary per request), read by one client asking for all 4 partitions in
+    every request (binary answers, --fetch-bytes): fresh, right after it was written
+    (nothing compacted: the reader meets WAL objects), then after compacting every
+    partition. Both the Go load generator and one plain Python client read; the broker
+    restarts before each read, so no read starts with objects another one cached."""
+    a = run.args
+    topic = _topic("cu")
+    rows: list[dict[str, Any]] = []
+    broker = start_broker(run, "users-fill")
+    try:
+        create_topic(broker, topic, SHAPES[0][0])
+        filled = hb.run_loadgen(
+            [*load_args(broker.url, topic, SHAPES[0], "binary", 3600, a.connections),
+             "-total-mib", str(a.catchup_mib)], timeout=3600)
+    finally:
+        stop_server(run, broker)
+    rows.append({"section": "catchup4", "target": "fill", "format": "binary",
+                 "mib": filled["bytes_acked"] / MiB, "mib_per_s": filled["mib_per_s"]})
+    for state in ("fresh", "compacted"):
+        if state == "compacted":
+            rows.append({**compact_all(run, topic, range(SHAPES[0][0])),
+                         "section": "catchup4"})
+        for reader in ("go", "python"):
+            broker = start_broker(run, f"users-{state}-{reader}")
+            try:
+                cpu0 = hb.cpu_seconds(broker.proc.pid)
+                out = peer.timed(functools.partial(
+                    peer.read, broker.url, topic, reader, a.catchup_mib, a.fetch_bytes))
+                cpu = (hb.cpu_seconds(broker.proc.pid) - cpu0) / out["seconds"]
+            finally:
+                stop_server(run, broker)
+            rows.append({"section": "catchup4", "target": state, "reader": reader,
+                         "format": "binary", "server_cpu_cores": cpu, **out})
+    for row in rows:
+        if row["target"] == "fresh":
+            done = next(r for r in rows if r["target"] == "compacted"
+                        and r["reader"] == row["reader"])
+            row["ratio"] = row["mib_per_s"] / done["mib_per_s"] if done["mib_per_s"] else None
     return rows
 
 
@@ -320,24 +464,25 @@ def catchup_row(run: Run, server: Server, kind: str, fmt: str, topic: str
             "mib": out["record_bytes"] / MiB}
 
 
-def compact_all(run: Run, topic: str) -> dict[str, Any]:
-    """Compact partition 0 of ``topic`` until nothing is left (``llog compact-once``)."""
+def compact_all(run: Run, topic: str, partitions: Iterable[int] = (0,)) -> dict[str, Any]:
+    """Compact ``partitions`` of ``topic`` until nothing is left (``llog compact-once``)."""
     import subprocess
 
     env = {**os.environ, **run.stack.settings_env(), "LLOG_COMPACTION_MIN_ENTRY_AGE_MS": "0",
            "LLOG_COMPACTION_MAX_BYTES": str(256 * MiB)}
     t0 = time.monotonic()
     passes, compacted = 0, 0
-    while passes < 1000:
-        done = subprocess.run([sys.executable, "-m", "app.cli", "compact-once", "--topic",
-                               topic, "--partition", "0"], env=env, cwd=ROOT, check=True,
-                              capture_output=True, text=True, timeout=600)
-        outcome = json.loads(done.stdout.strip().splitlines()[-1])
-        passes += 1
-        compacted += outcome.get("bytes", 0)
-        if outcome.get("action") not in ("compacted", "resumed", "advanced_cursor",
-                                         "abandoned"):
-            break
+    for partition in partitions:
+        for _ in range(1000):
+            done = subprocess.run([sys.executable, "-m", "app.cli", "compact-once", "--topic",
+                                   topic, "--partition", str(partition)], env=env, cwd=ROOT,
+                                  check=True, capture_output=True, text=True, timeout=600)
+            outcome = json.loads(done.stdout.strip().splitlines()[-1])
+            passes += 1
+            compacted += outcome.get("bytes", 0)
+            if outcome.get("action") not in ("compacted", "resumed", "advanced_cursor",
+                                             "abandoned"):
+                break
     return {"section": "catchup", "target": "compact", "passes": passes,
             "mib": compacted / MiB, "seconds": time.monotonic() - t0}
 
@@ -429,6 +574,53 @@ def cost_section(run: Run) -> list[dict[str, Any]]:
     return rows
 
 
+def peer_section(run: Run) -> dict[str, Any]:
+    """Kafka, then llog (``--peer-broker``), on this machine one after the other
+    (bench/peer.py): produce and a catch-up read of the same amount, same records."""
+    a = run.args
+    seconds, conns, mib = a.duration, a.peer_connections, a.catchup_mib
+    kafka = peer.kafka_side(run.logs.parent, seconds, mib)
+    llog: dict[str, Any] = {"load_before": peer.idle_load()}
+    shape = peer.SHAPE
+    broker = start_kind(run, a.peer_broker, "peer")
+    try:
+        for fmt in ("json", "binary"):
+            topic = _topic("pp")
+            create_topic(broker, topic, shape[0])
+            warm(broker, shape, fmt, topic)
+            llog[f"produce_{fmt}"] = peer.timed(functools.partial(
+                hb.run_loadgen, load_args(broker.url, topic, shape, fmt, seconds, conns),
+                timeout=seconds + 120))
+        # What a Python user of llog gets, beside confluent-kafka: app.client.
+        topic = _topic("pp")
+        create_topic(broker, topic, shape[0])
+        warm(broker, shape, "json", topic)
+        llog["produce_python"] = peer.timed(functools.partial(
+            peer.client, "llog-produce", broker.url, topic, str(seconds), str(conns),
+            timeout=seconds + 180))
+        topic = _topic("pc")
+        create_topic(broker, topic, shape[0])
+        llog["fill"] = hb.run_loadgen(
+            [*load_args(broker.url, topic, shape, "binary", 3600, conns),
+             "-total-mib", str(mib)], timeout=3600)
+    finally:
+        stop_server(run, broker)
+    for state in ("fresh", "compacted"):
+        if state == "compacted":
+            llog["compact"] = compact_all(run, topic, range(shape[0]))
+        for reader in ("python", "go"):
+            broker = start_kind(run, a.peer_broker, f"peer-{state}-{reader}")  # cold caches
+            try:
+                llog[f"catchup_{state}_{reader}"] = peer.timed(
+                    functools.partial(peer.read, broker.url, topic, reader, mib))
+            finally:
+                stop_server(run, broker)
+    return {"section": "peer", "kafka": kafka, "llog": llog,
+            "table": peer.table(llog, kafka),
+            "settings": {"broker": f"{a.peer_broker} ({BROKER_KINDS[a.peer_broker]})",
+                         "seconds": seconds, "connections": conns, "catchup_mib": mib}}
+
+
 # -- report ----------------------------------------------------------------------------
 
 
@@ -466,6 +658,22 @@ def print_report(results: dict[str, Any]) -> None:
                   f"{_f(r.get('records_per_flush'))} "
                   f"{_f(r.get('flushes_per_s'), '.0f', 7)} {_f(r.get('ratio'), '.2f', 6)} "
                   f"{r['errors']:>6}")
+    ship = [r for r in rows if r["section"] == "shipped"]
+    if ship:
+        print("\nas users run it (4 x 25 x 1 KiB per request; one broker at a time, kinds "
+              "alternating at each connection count; ratio = records/s over the tuned "
+              "broker's, same format and connections)")
+        for kind, what in BROKER_KINDS.items():
+            print(f"  {kind:>5}: {what}")
+        print(f"{'target':>8} {'format':>6} {'conns':>5} {'requests/s':>10} {'MiB/s':>7} "
+              f"{'p50 ms':>7} {'p99 ms':>7} {'CPU us/req':>10} {'srv CPU':>7} {'box CPU':>7} "
+              f"{'ratio':>6} {'errors':>6}")
+        for r in ship:
+            print(f"{r['target']:>8} {r['format']:>6} {r['connections']:>5} "
+                  f"{r['requests_per_s']:>10,.0f} {r['mib_per_s']:>7.1f} {r['p50_ms']:>7.1f} "
+                  f"{r['p99_ms']:>7.1f} {_f(r['cpu_us_per_request'], ',.0f', 10)} "
+                  f"{r['server_cpu_cores']:>7.2f} {_f(r.get('box_cpu_cores'), '.2f', 7)} "
+                  f"{_f(r.get('ratio'), '.2f', 6)} {r['errors']:>6}")
     recs = [r for r in rows if r["section"] == "records"]
     if recs:
         print("\nkeys and headers (JSON produce of the same values; ratio = records/s over "
@@ -493,6 +701,25 @@ def print_report(results: dict[str, Any]) -> None:
                   f"{r['p99_ms']:.1f} ms per answer, srv CPU {r['server_cpu_cores']:.2f}, "
                   f"box CPU {_f(r.get('box_cpu_cores'), '.2f', 4)}, "
                   f"ratio {_f(r.get('ratio'), '.2f', 4)}, errors {r['errors']}")
+    cat4 = [r for r in rows if r["section"] == "catchup4"]
+    if cat4:
+        print(f"\ncatch-up as users meet it: 4 partitions written 4 x 25 x 1 KiB binary per "
+              f"request, read from offset 1 by ONE client asking for all 4 in every request "
+              f"(binary answers, {s['fetch_bytes'] // MiB} MiB per request); the broker "
+              "restarts before each read; ratio = fresh over compacted, same reader")
+        for r in cat4:
+            if r["target"] == "fill":
+                print(f"  written first: {r['mib']:,.0f} MiB at {r['mib_per_s']:.1f} MiB/s")
+                continue
+            if r["target"] == "compact":
+                print(f"  then compacted: {r['mib']:,.0f} MiB in {r['passes']} passes of "
+                      f"llog compact-once, {r['seconds']:.1f} s; read again:")
+                continue
+            reader = "Go load generator" if r["reader"] == "go" else "one Python client"
+            print(f"  {r['target']:>9} {reader:>17}: {r['mib_per_s']:8.1f} MiB/s "
+                  f"{r['records_per_s']:>10,.0f} records/s, {r['requests']} requests, srv CPU "
+                  f"{r['server_cpu_cores']:.2f}, box CPU {r['box_cpu_cores']:.2f}, ratio "
+                  f"{_f(r.get('ratio'), '.2f', 4)}{'' if r['complete'] else ' (incomplete)'}")
     lat = [r for r in rows if r["section"] == "latency"]
     if lat:
         print("\nlatency below saturation (a quarter of the measured maximum, and any "
@@ -523,12 +750,21 @@ def print_report(results: dict[str, Any]) -> None:
                   f"{_f(r.get('s3_requests_per_flush'), '.1f', 8)} "
                   f"{_f(r.get('oxia_requests_per_s'), '.0f', 7)} "
                   f"{_f(r.get('s3_puts_per_s'), '.0f', 6)}")
+    for r in rows:
+        if r["section"] == "peer":
+            peer.print_peer(r)
+
+
+def _terminate(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="storage,produce,records,catchup,latency,cost")
+    parser.add_argument("--sections", default="storage,produce,records,catchup,latency,cost",
+                        help="any of storage,produce,records,catchup,latency,cost,peer "
+                             "(peer: llog against Kafka, bench/peer.py; not by default)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per row")
     parser.add_argument("--connections", type=int, default=32,
                         help="connections of the ceiling and of the other sections")
@@ -541,6 +777,10 @@ def main() -> int:
                              "comma-separated), besides a quarter of the maximum")
     parser.add_argument("--fetch-bytes", type=int, default=8 * MiB,
                         help="max_bytes of each catch-up request")
+    parser.add_argument("--peer-broker", choices=sorted(BROKER_KINDS), default="tuned",
+                        help="peer section: the llog broker set against Kafka")
+    parser.add_argument("--peer-connections", type=int, default=32,
+                        help="peer section: connections of llog's produce")
     parser.add_argument("--quick", action="store_true",
                         help="2 s per row, 128 MiB catch-up: a smoke run")
     args = parser.parse_args()
@@ -548,6 +788,14 @@ def main() -> int:
     if args.quick:
         args.duration, args.catchup_mib = 2.0, 128
     sections = set(args.sections.split(","))
+    if "peer" in sections:
+        try:
+            peer.check_needs()
+        except hb.BenchError as exc:
+            print(f"perf.py: {exc}", file=sys.stderr)
+            return 2
+    # A SIGTERM unwinds like Ctrl-C, so every server (Kafka included) is stopped.
+    signal.signal(signal.SIGTERM, _terminate)
     hb.build_loadgen()
     started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     with tempfile.TemporaryDirectory(prefix="llog-perf-") as tmp:
@@ -568,6 +816,8 @@ def main() -> int:
                 rows += latency_section(run, [r for r in rows if r["section"] == "produce"])
             if "cost" in sections:
                 rows += cost_section(run)
+            if "peer" in sections:
+                rows.append(peer_section(run))
         finally:
             run.stop()
             stack.stop()

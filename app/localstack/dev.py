@@ -64,7 +64,9 @@ class DevTopology:
         return {"brokers": [b.describe() for b in self.brokers], "proxy": proxy}
 
 
-def _broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
+def broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
+    """The environment of broker ``name`` as ``llog dev`` starts it (bench/perf.py measures
+    the same broker from it, so the benchmark follows what dev ships)."""
     return {
         **stack.settings_env(),
         "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev")
@@ -86,7 +88,7 @@ def start_topology(stack: LocalStack, data_dir: Path, port: int, brokers: int
     topology = DevTopology(url=f"http://127.0.0.1:{port}")
     for name, broker_port in ports.items():
         url = f"http://127.0.0.1:{broker_port}"
-        proc = broker_process(name, broker_port, _broker_env(stack, data_dir, name),
+        proc = broker_process(name, broker_port, broker_env(stack, data_dir, name),
                               data_dir / "logs" / f"{name}.log")
         stack.extra[name] = proc
         proc.start()

@@ -7,18 +7,20 @@ import (
 	"io"
 	"net/http"
 	"runtime"
+	"sort"
 	"time"
 
 	"llog.local/loadtest/latency"
 )
 
-// CatchupResult is one consumer reading a partition from -from-offset as fast as the
-// server answers, -max-bytes per request, until -catchup-mib of record bytes or the
-// high watermark.
+// CatchupResult is one consumer reading partitions 0..-catchup-partitions-1 from
+// -from-offset as fast as the server answers, all of them in every request (-max-bytes
+// per request), until -catchup-mib of record bytes or every high watermark.
 type CatchupResult struct {
 	Mode         string         `json:"mode"`
 	URL          string         `json:"url"`
 	Format       string         `json:"format"`
+	Partitions   int            `json:"partitions"`
 	MaxBytes     int            `json:"max_bytes"`
 	Requests     uint64         `json:"requests"`
 	Records      uint64         `json:"records"`
@@ -50,19 +52,22 @@ type jsonConsume struct {
 
 func runCatchup(c *config) (*CatchupResult, error) {
 	res := &CatchupResult{Mode: "catchup", URL: c.consumeURL, Format: c.format,
-		MaxBytes: c.maxBytes, GoVersion: runtime.Version()}
+		Partitions: c.readParts, MaxBytes: c.maxBytes, GoVersion: runtime.Version()}
 	var dials dialCounter
 	client := newClient(1, c.timeout, &dials)
 	defer client.CloseIdleConnections()
 	hist := latency.New()
 	var samples errorSamples
 	target := int64(c.catchupMiB) << 20
-	offset := c.fromOffset
+	offsets := map[int]int64{}
+	for p := 0; p < c.readParts; p++ {
+		offsets[p] = c.fromOffset
+	}
 	cpu0 := cpuSeconds()
 	start := time.Now()
-	for res.RecordBytes < target && res.Errors < 10 {
+	for res.RecordBytes < target && res.Errors < 10 && len(offsets) > 0 {
 		t0 := time.Now()
-		next, hw, n, size, body, err := c.consumeOnce(client, offset)
+		parts, n, size, body, err := c.consumeOnce(client, offsets)
 		res.Requests++
 		if err != nil {
 			res.Errors++
@@ -73,12 +78,14 @@ func runCatchup(c *config) (*CatchupResult, error) {
 		res.Records += uint64(n)
 		res.RecordBytes += size
 		res.BodyBytes += body
-		offset = next
-		if next > hw {
-			res.CaughtUp = true
-			break
+		for _, r := range parts {
+			offsets[r.partition] = r.next
+			if r.next > r.highWater {
+				delete(offsets, r.partition) // caught up
+			}
 		}
 	}
+	res.CaughtUp = len(offsets) == 0
 	res.ElapsedS = time.Since(start).Seconds()
 	res.MiBPerS = float64(res.RecordBytes) / res.ElapsedS / (1 << 20)
 	res.RecordsPerS = float64(res.Records) / res.ElapsedS
@@ -88,14 +95,28 @@ func runCatchup(c *config) (*CatchupResult, error) {
 	return res, nil
 }
 
-// consumeOnce reads from offset: next offset, high watermark, records, record bytes and
-// answer bytes.
-func (c *config) consumeOnce(client *http.Client, offset int64) (int64, int64, int, int64,
-	int64, error) {
+// partitionRead is where one partition of an answer ends.
+type partitionRead struct {
+	partition       int
+	next, highWater int64
+}
+
+// consumeOnce reads every partition of offsets (in partition order) from its offset:
+// where each ends, records, record bytes and answer bytes.
+func (c *config) consumeOnce(client *http.Client, offsets map[int]int64) ([]partitionRead,
+	int, int64, int64, error) {
+	order := make([]int, 0, len(offsets))
+	for p := range offsets {
+		order = append(order, p)
+	}
+	sort.Ints(order)
+	tps := make([]map[string]any, 0, len(order))
+	for _, p := range order {
+		tps = append(tps, map[string]any{"topic": c.topic, "partition": p,
+			"fetch_offset": offsets[p]})
+	}
 	req, _ := json.Marshal(map[string]any{
-		"topic_partitions": []map[string]any{
-			{"topic": c.topic, "partition": 0, "fetch_offset": offset}},
-		"max_wait_ms": 0, "max_bytes": c.maxBytes,
+		"topic_partitions": tps, "max_wait_ms": 0, "max_bytes": c.maxBytes,
 	})
 	accept := "application/json"
 	if c.format == "binary" {
@@ -109,29 +130,43 @@ func (c *config) consumeOnce(client *http.Client, offset int64) (int64, int64, i
 	httpReq.Header.Set("Accept", accept)
 	resp, err := client.Do(httpReq)
 	if err != nil {
-		return 0, 0, 0, 0, 0, err
+		return nil, 0, 0, 0, err
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil || resp.StatusCode != http.StatusOK {
-		return 0, 0, 0, 0, 0, fmt.Errorf("status %d: %v %.200s", resp.StatusCode, err, raw)
+		return nil, 0, 0, 0, fmt.Errorf("status %d: %v %.200s", resp.StatusCode, err, raw)
 	}
+	out := make([]partitionRead, 0, len(order))
+	records, size := 0, int64(0)
 	if c.format == "binary" {
 		results, ok := parseLLR1(raw, false)
-		if !ok || len(results) != 1 || !results[0].ok {
-			return 0, 0, 0, 0, 0, fmt.Errorf("bad binary answer (%d bytes)", len(raw))
+		if !ok || len(results) != len(order) {
+			return nil, 0, 0, 0, fmt.Errorf("bad binary answer (%d bytes)", len(raw))
 		}
-		r := results[0]
-		return r.nextOffset, r.highWater, r.records, r.recordBytes, int64(len(raw)), nil
+		for i, r := range results {
+			if !r.ok {
+				return nil, 0, 0, 0, fmt.Errorf("partition %d failed: %.200s", order[i], r.err)
+			}
+			out = append(out, partitionRead{order[i], r.nextOffset, r.highWater})
+			records += r.records
+			size += r.recordBytes
+		}
+		return out, records, size, int64(len(raw)), nil
 	}
 	var jc jsonConsume
-	if err := json.Unmarshal(raw, &jc); err != nil || len(jc.Results) != 1 || !jc.Results[0].OK {
-		return 0, 0, 0, 0, 0, fmt.Errorf("bad JSON answer: %v %.200s", err, raw)
+	if err := json.Unmarshal(raw, &jc); err != nil || len(jc.Results) != len(order) {
+		return nil, 0, 0, 0, fmt.Errorf("bad JSON answer: %v %.200s", err, raw)
 	}
-	r := jc.Results[0]
-	size := int64(0)
-	for _, rec := range r.Records {
-		size += int64(len(rec.Value)) + int64(len(rec.Base64))*3/4
+	for i, r := range jc.Results {
+		if !r.OK {
+			return nil, 0, 0, 0, fmt.Errorf("partition %d failed: %s", order[i], r.ErrorType)
+		}
+		out = append(out, partitionRead{order[i], r.NextOffset, r.HighWatermark})
+		records += len(r.Records)
+		for _, rec := range r.Records {
+			size += int64(len(rec.Value)) + int64(len(rec.Base64))*3/4
+		}
 	}
-	return r.NextOffset, r.HighWatermark, len(r.Records), size, int64(len(raw)), nil
+	return out, records, size, int64(len(raw)), nil
 }

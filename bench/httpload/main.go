@@ -54,6 +54,7 @@ type config struct {
 	maxBytes    int
 	catchupMiB  int
 	fromOffset  int64
+	readParts   int // catchup mode: partitions 0..n-1, all of them in every request
 	totalMiB    int
 	keyBytes    int // a key of this many bytes on every record (JSON bodies)
 	headers     int // this many headers on every record (JSON bodies)
@@ -90,6 +91,8 @@ func main() {
 	flag.IntVar(&c.maxBytes, "max-bytes", 8<<20, "catchup mode: max_bytes per consume request")
 	flag.IntVar(&c.catchupMiB, "catchup-mib", 1024, "catchup mode: MiB of records to read")
 	flag.Int64Var(&c.fromOffset, "from-offset", 1, "catchup mode: the first offset")
+	flag.IntVar(&c.readParts, "catchup-partitions", 1,
+		"catchup mode: read partitions 0..n-1, all of them in every request")
 	flag.IntVar(&c.totalMiB, "total-mib", 0,
 		"throughput mode: stop once this many MiB of records are acknowledged (0: -duration)")
 	flag.Parse()
@@ -137,6 +140,7 @@ func validate(c *config) error {
 			"-key-bytes and -headers need -format json"},
 		{c.rate < 0, "-rate must not be negative"},
 		{c.maxBytes < 1, "-max-bytes must be positive"},
+		{c.readParts < 1, "-catchup-partitions must be at least 1"},
 		{c.connections < 1, "-connections must be at least 1"},
 		{c.duration <= 0, "-duration must be positive"},
 		{c.warmup < 0, "-warmup must not be negative"},

@@ -10,7 +10,7 @@ func TestValidate(t *testing.T) {
 	good := func() config {
 		return config{url: "http://h:1//", path: "/produce", mode: "e2e", connections: 1,
 			duration: time.Second, topic: "t.1", partitions: 1, records: 1, size: 1,
-			timeout: time.Second, entries: 1, format: "json", maxBytes: 1}
+			timeout: time.Second, entries: 1, format: "json", maxBytes: 1, readParts: 1}
 	}
 	c := good()
 	if err := validate(&c); err != nil || c.url != "http://h:1" {
@@ -33,5 +33,14 @@ func TestValidate(t *testing.T) {
 		if err := validate(&c); err == nil || !strings.HasPrefix(err.Error(), want+" ") {
 			t.Fatalf("%s: got %v", want, err)
 		}
+	}
+}
+
+func TestValidateCatchupPartitions(t *testing.T) {
+	c := config{url: "http://h:1", path: "/produce", mode: "catchup", connections: 1,
+		duration: time.Second, topic: "t", partitions: 1, records: 1, size: 1,
+		timeout: time.Second, entries: 1, format: "binary", maxBytes: 1, readParts: 0}
+	if err := validate(&c); err == nil || !strings.HasPrefix(err.Error(), "-catchup-partitions ") {
+		t.Fatalf("got %v", err)
 	}
 }
