@@ -11,6 +11,7 @@ baseline this can run).
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -53,3 +54,25 @@ def environment(tree: Path, env: Mapping[str, str]) -> dict[str, str]:
     merged["PYTHONPATH"] = os.pathsep.join(
         [str(tree), *filter(None, [os.environ.get("PYTHONPATH")])])
     return merged
+
+
+# Run in the revision's tree: its dev broker's environment, whatever its dev.py calls it.
+_DEV_ENV = """
+import json, sys
+from pathlib import Path
+from app.localstack import dev
+make = getattr(dev, "broker_env", None) or dev._broker_env
+class Stack:
+    def settings_env(self):
+        return json.loads(sys.argv[1])
+print(json.dumps(make(Stack(), Path(sys.argv[2]), "broker")))
+"""
+
+
+def dev_env(tree: Path, stack_env: Mapping[str, str], data_dir: Path) -> dict[str, str]:
+    """The environment ``llog dev`` of the revision in ``tree`` gives its one broker."""
+    out = subprocess.run([sys.executable, "-c", _DEV_ENV, json.dumps(dict(stack_env)),
+                          str(data_dir)], cwd=tree, env=environment(tree, {}), check=True,
+                         capture_output=True, text=True, timeout=60)
+    env: dict[str, str] = json.loads(out.stdout)
+    return env

@@ -65,6 +65,7 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import baseline  # noqa: E402
 import http_bench as hb  # noqa: E402
 import peer  # noqa: E402
 import shipped  # noqa: E402
@@ -94,6 +95,8 @@ class Run:
     stack: LocalStack
     logs: Path
     servers: list[Server] = field(default_factory=list)
+    # --baseline: a worktree of that revision and its short hash (bench/baseline.py)
+    baseline: tuple[Path, str] | None = None
 
     def stop(self) -> None:
         for server in self.servers:
@@ -130,14 +133,38 @@ def start_floor(run: Run) -> Server:
     return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc, metrics=False))
 
 
-def start_broker(run: Run, name: str, **settings: str) -> Server:
-    port = free_port()
-    env = {**run.stack.settings_env(), "LLOG_BROKER_ID": f"perf-{name}",
-           "LLOG_ROLES": "write,read", "LLOG_DRAIN_S": "0",
-           "LLOG_BATCH_MAX_DELAY_MS": str(run.args.window_ms)}
+def tuned_env(run: Run, name: str) -> dict[str, str]:
+    return {**run.stack.settings_env(), "LLOG_BROKER_ID": f"perf-{name}",
+            "LLOG_ROLES": "write,read", "LLOG_DRAIN_S": "0",
+            "LLOG_BATCH_MAX_DELAY_MS": str(run.args.window_ms)}
+
+
+def start_broker(run: Run, name: str, *, base: bool = False, **settings: str) -> Server:
+    """The tuned broker; with ``base``, of the --baseline revision."""
+    env = tuned_env(run, name)
     env.update({f"LLOG_{k.upper()}": v for k, v in settings.items()})
-    proc = broker_process(f"broker-{name}", port, env, run.logs / f"broker-{name}.log")
-    return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc, metrics=True))
+    return _launch(run, name, env, base=base)
+
+
+def _launch(run: Run, name: str, env: dict[str, str], *, base: bool = False,
+            scratch: Path | None = None) -> Server:
+    port = free_port()
+    log = run.logs / f"broker-{name}.log"
+    if base:
+        assert run.baseline is not None, "--baseline was not given"
+        tree = run.baseline[0]
+        proc = ManagedProcess(f"broker-{name}", baseline.serve_command(tree, port), log,
+                              env=baseline.environment(tree, env), cwd=tree)
+    else:
+        proc = broker_process(f"broker-{name}", port, env, log)
+    try:
+        return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc,
+                                  metrics=True, scratch=scratch))
+    except BaseException:
+        proc.stop(timeout=20)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+        raise
 
 
 # The brokers users run (bench/shipped.py): their settings come from what ships.
@@ -148,30 +175,35 @@ BROKER_KINDS = {
 }
 
 
+def kinds(run: Run) -> list[str]:
+    """The kinds measured: BROKER_KINDS, and each again as the --baseline revision
+    ships it (``dev@base``...)."""
+    return [*BROKER_KINDS, *([f"{k}@base" for k in BROKER_KINDS] if run.baseline else [])]
+
+
 def start_kind(run: Run, kind: str, name: str) -> Server:
     """A broker of ``kind`` (BROKER_KINDS): the tuned one, or as ``llog dev`` or the
-    Kubernetes reference configure it."""
-    if kind == "tuned":
-        return start_broker(run, name)
+    Kubernetes reference configure it; ``kind@base``: the same, of the --baseline
+    revision with that revision's settings (its dev.py and its deploy/k8s files)."""
+    kind, _, suffix = kind.partition("@")
+    base = suffix == "base"
+    tree = run.baseline[0] if base and run.baseline else ROOT
     scratch = None
-    if kind == "dev":
+    if kind == "tuned":
+        env = tuned_env(run, name)
+    elif kind == "dev":
         # As `llog dev --data-dir` has it: a directory of the run, on the run's disk.
-        env = shipped.dev_broker_env(run.stack, run.logs.parent / f"dev-{name}")
+        data_dir = run.logs.parent / f"dev-{name}"
+        env = (baseline.dev_env(tree, run.stack.settings_env(), data_dir) if base
+               else shipped.dev_broker_env(run.stack, data_dir))
+        env.update({"LLOG_DRAIN_S": "0", "LLOG_BROKER_ID": f"perf-{name}"})
     elif kind == "k8s":
         scratch = shipped.tmpfs_dir("llog-perf-k8s-tail-")  # the emptyDir, medium Memory
-        env = shipped.k8s_broker_env(run.stack, scratch)
+        env = shipped.k8s_broker_env(run.stack, scratch,
+                                     base=tree / "deploy" / "k8s" / "base")
     else:
         raise ValueError(f"no broker kind {kind!r}")
-    port = free_port()
-    proc = broker_process(f"broker-{name}", port, env, run.logs / f"broker-{name}.log")
-    try:
-        return _serve(run, Server(proc.name, f"http://127.0.0.1:{port}", proc,
-                                  metrics=True, scratch=scratch))
-    except BaseException:
-        proc.stop(timeout=20)
-        if scratch is not None:
-            shutil.rmtree(scratch, ignore_errors=True)
-        raise
+    return _launch(run, name, env, base=base, scratch=scratch)
 
 
 def create_topic(server: Server, topic: str, partitions: int) -> None:
@@ -322,8 +354,8 @@ def shipped_rows(run: Run) -> list[dict[str, Any]]:
     shape = SHAPES[0]
     rows: list[dict[str, Any]] = []
     for conns in a.broker_connections:
-        for kind in BROKER_KINDS:
-            server = start_kind(run, kind, f"{kind}-{conns}")
+        for kind in kinds(run):
+            server = start_kind(run, kind, f"{kind.replace('@', '-')}-{conns}")
             try:
                 for fmt in ("json", "binary"):
                     topic = _topic("u")
@@ -336,7 +368,8 @@ def shipped_rows(run: Run) -> list[dict[str, Any]]:
             finally:
                 stop_server(run, server)
     for row in rows:
-        tuned = next(r for r in rows if r["target"] == "tuned"
+        same = "tuned@base" if row["target"].endswith("@base") else "tuned"  # same revision
+        tuned = next(r for r in rows if r["target"] == same
                      and r["format"] == row["format"] and r["connections"] == row["connections"])
         row["ratio"] = row["records_per_s"] / tuned["records_per_s"] if tuned[
             "records_per_s"] else None
@@ -425,20 +458,23 @@ def users_catchup_rows(run: Run) -> list[dict[str, Any]]:
             rows.append({**compact_all(run, topic, range(SHAPES[0][0])),
                          "section": "catchup4"})
         for reader in ("go", "python"):
-            broker = start_broker(run, f"users-{state}-{reader}")
-            try:
-                cpu0 = hb.cpu_seconds(broker.proc.pid)
-                out = peer.timed(functools.partial(
-                    peer.read, broker.url, topic, reader, a.catchup_mib, a.fetch_bytes))
-                cpu = (hb.cpu_seconds(broker.proc.pid) - cpu0) / out["seconds"]
-            finally:
-                stop_server(run, broker)
-            rows.append({"section": "catchup4", "target": state, "reader": reader,
-                         "format": "binary", "server_cpu_cores": cpu, **out})
+            for base in (False, True) if run.baseline else (False,):
+                broker = start_broker(run, f"users-{state}-{reader}{'-base' * base}",
+                                      base=base)
+                try:
+                    cpu0 = hb.cpu_seconds(broker.proc.pid)
+                    out = peer.timed(functools.partial(
+                        peer.read, broker.url, topic, reader, a.catchup_mib, a.fetch_bytes))
+                    cpu = (hb.cpu_seconds(broker.proc.pid) - cpu0) / out["seconds"]
+                finally:
+                    stop_server(run, broker)
+                rows.append({"section": "catchup4", "target": state, "reader": reader,
+                             "broker": "base" if base else "this", "format": "binary",
+                             "server_cpu_cores": cpu, **out})
     for row in rows:
         if row["target"] == "fresh":
             done = next(r for r in rows if r["target"] == "compacted"
-                        and r["reader"] == row["reader"])
+                        and r["reader"] == row["reader"] and r["broker"] == row["broker"])
             row["ratio"] = row["mib_per_s"] / done["mib_per_s"] if done["mib_per_s"] else None
     return rows
 
@@ -716,7 +752,8 @@ def print_report(results: dict[str, Any]) -> None:
                       f"llog compact-once, {r['seconds']:.1f} s; read again:")
                 continue
             reader = "Go load generator" if r["reader"] == "go" else "one Python client"
-            print(f"  {r['target']:>9} {reader:>17}: {r['mib_per_s']:8.1f} MiB/s "
+            broker = f" ({s['baseline']})" if r.get("broker") == "base" else ""
+            print(f"  {r['target']:>9} {reader:>17}{broker}: {r['mib_per_s']:8.1f} MiB/s "
                   f"{r['records_per_s']:>10,.0f} records/s, {r['requests']} requests, srv CPU "
                   f"{r['server_cpu_cores']:.2f}, box CPU {r['box_cpu_cores']:.2f}, ratio "
                   f"{_f(r.get('ratio'), '.2f', 4)}{'' if r['complete'] else ' (incomplete)'}")
@@ -781,6 +818,10 @@ def main() -> int:
                         help="peer section: the llog broker set against Kafka")
     parser.add_argument("--peer-connections", type=int, default=32,
                         help="peer section: connections of llog's produce")
+    parser.add_argument("--baseline", default=None, metavar="REF",
+                        help="also measure the brokers users run, and the 4-partition "
+                        "catch-up, as revision REF (a commit, tag or branch) ships them, in "
+                        "the same run (bench/baseline.py)")
     parser.add_argument("--quick", action="store_true",
                         help="2 s per row, 128 MiB catch-up: a smoke run")
     args = parser.parse_args()
@@ -802,6 +843,9 @@ def main() -> int:
         stack = LocalStack(StackConfig.ephemeral(Path(tmp)))
         stack.start()
         run = Run(args, stack, Path(tmp) / "logs")
+        if args.baseline:
+            run.baseline = baseline.checkout(args.baseline)
+            args.baseline = f"{args.baseline} = {run.baseline[1]}"
         rows: list[dict[str, Any]] = []
         try:
             if "storage" in sections:
