@@ -45,10 +45,13 @@ from app.storage.records import CompactionCursor, Control
 from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
 from app.storage.s3 import S3Store
 from app.storage.spans import Span, index_span
+from app.storage.wal_objects import DroppedKeys, WalObjects
 
 _FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
 MAX_STRAYS_SKIPPED = 10_000  # beyond this, an uncovered offset is reported as a gap
 _UNLIMITED = 1 << 62
+# Shared WAL objects are at most LLOG_BATCH_MAX_BYTES as written (default 4 MiB).
+WAL_OBJECT_MAX_BYTES = 4 * 1024 * 1024
 Records = Sequence[Payload]
 _Job = tuple[Callable[[], Awaitable[None]], list["_Unit"]]
 
@@ -92,20 +95,31 @@ class ObjectCacheStats:
     hits: int
     misses: int
     evictions: int
+    wal_objects_read: int = 0
+    wal_slices_served: int = 0
+
+
+_WAL_OBJECT = -2  # the part under which a shared WAL object's bytes are kept
 
 
 class ObjectCache:
-    """Verified, decoded whole objects and compacted chunks, kept across reads (least
-    recently used out first, bounded by bytes). Objects are immutable, so a cached copy
-    is never stale; without it, consumers catching up on the same data would download,
-    check and decode it again for every fetch."""
+    """Verified, decoded whole objects and compacted chunks, and the bytes of shared WAL
+    objects read whole (app/storage/wal_objects.py: each slice is verified when used),
+    kept across reads (least recently used out first, bounded by bytes). Objects are
+    immutable, so a cached copy is never stale; without it, consumers catching up on the
+    same data would download, check and decode it again for every fetch."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
-        self._items: LRUCache[tuple[str, int], tuple[Records, int]] = _CountingLRU(
-            max(max_bytes, 1), getsizeof=lambda item: item[1])
+        self._items = _CountingLRU(max(max_bytes, 1), getsizeof=lambda item: item[1])
         self.hits = 0
         self.misses = 0
+        self.wal_objects_read = 0
+        self.wal_slices_served = 0
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max
 
     def get(self, key: str, part: int = -1) -> Records | None:
         item = self._items.get((key, part))
@@ -113,7 +127,30 @@ class ObjectCache:
             self.misses += 1
             return None
         self.hits += 1
+        assert not isinstance(item[0], bytes)
         return item[0]
+
+    def get_object(self, key: str) -> bytes | None:
+        """A shared WAL object's bytes, as kept by :meth:`put_object`."""
+        item = self._items.get((key, _WAL_OBJECT))
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        assert isinstance(item[0], bytes)
+        return item[0]
+
+    def put_object(self, key: str, data: bytes) -> bool:
+        """Keep a shared WAL object's bytes (not verified: its slices are, when used);
+        whether they were kept."""
+        if len(data) > self._max // 2:
+            return False
+        self._items[(key, _WAL_OBJECT)] = (data, len(data))
+        return True
+
+    def dropped(self, key: str) -> bool:
+        """Whether the cache kept the WAL object ``key`` once and dropped it since."""
+        return key in self._items.dropped
 
     def put(self, key: str, records: Records, part: int = -1) -> None:
         # Decoded records cost their bytes and an object each; a body kept in its
@@ -132,15 +169,26 @@ class ObjectCache:
         items = self._items
         evictions = items.evictions if isinstance(items, _CountingLRU) else 0
         return ObjectCacheStats(len(items), int(items.currsize), self._max, self.hits,
-                                self.misses, evictions)
+                                self.misses, evictions, self.wal_objects_read,
+                                self.wal_slices_served)
 
 
-class _CountingLRU(LRUCache[tuple[str, int], tuple[Records, int]]):
+_Cached = tuple[Records | bytes, int]
+
+
+class _CountingLRU(LRUCache[tuple[str, int], _Cached]):
     evictions = 0
 
-    def popitem(self) -> tuple[tuple[str, int], tuple[Records, int]]:
+    def __init__(self, maxsize: int, getsizeof: Callable[[_Cached], int]) -> None:
+        super().__init__(maxsize, getsizeof=getsizeof)
+        self.dropped = DroppedKeys()
+
+    def popitem(self) -> tuple[tuple[str, int], _Cached]:
         self.evictions += 1
-        return super().popitem()
+        item = super().popitem()
+        if item[0][1] == _WAL_OBJECT:
+            self.dropped.add(item[0][0])
+        return item
 
 
 @dataclass(eq=False)
@@ -169,11 +217,15 @@ class _Plan:
 class LogReader:
     def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout, *,
                  object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 32,
-                 max_concurrent_fetches: int = 64, read_ahead: int = 0) -> None:
+                 max_concurrent_fetches: int = 64, read_ahead: int = 0,
+                 wal_object_max_bytes: int = WAL_OBJECT_MAX_BYTES) -> None:
         self._oxia = oxia
         self._s3 = s3
         self._layout = layout
         self.objects = ObjectCache(object_cache_bytes)
+        # Shared WAL objects up to this size are read whole for all their slices
+        # (app/storage/wal_objects.py); 0: each slice is fetched alone.
+        self.wal = WalObjects(s3, self.objects, wal_object_max_bytes)
         self._fetch_concurrency = fetch_concurrency
         self._process_fetches = anyio.CapacityLimiter(max_concurrent_fetches)
         # Chunks after a read stopped inside a compacted blob (app/storage/read_ahead.py),
@@ -452,7 +504,10 @@ class LogReader:
             else:
                 wholes.setdefault(key, []).append(unit)
         for key, group in slices.items():
-            jobs.extend(self._slice_jobs(key, group))
+            if self.wal.serves(key, max(sum(_slice(u)) for u in group)):
+                jobs.append((functools.partial(self._fetch_from_object, key, group), group))
+            else:
+                jobs.extend(self._slice_jobs(key, group))
         for key, group in wholes.items():
             jobs.append((functools.partial(self._fetch_whole, key, group), group))
         return jobs
@@ -476,6 +531,25 @@ class LogReader:
             entry = unit.span.entry
             codec.verify_body(body, entry.crc32c)
             unit.records = _batch(body, entry.encoding, entry.msg_count)
+
+    async def _fetch_from_object(self, key: str, group: list[_Unit]) -> None:
+        """The group's slices from the whole object (kept, or read once for all): each
+        verified; a slice that fails is its unit's error alone."""
+        data = await self.wal.read(key, len(group))
+        view = memoryview(data)
+        for unit in group:
+            start, length = _slice(unit)
+            entry = unit.span.entry
+            try:
+                if start + length > len(data):
+                    raise ObjectMissing(
+                        f"s3://{self._s3.bucket}/{key}: holds {len(data)} bytes, the index "
+                        f"says a slice ends at {start + length} (object truncated?)")
+                body = view[start:start + length]
+                codec.verify_body(body, entry.crc32c)
+                unit.records = _batch(body, entry.encoding, entry.msg_count)
+            except LlogError as exc:
+                unit.error = exc
 
     def _chunk_jobs(self, key: str, unit: _Unit) -> list[_Job]:
         """A job for the unit's chunks unless the cache holds them all (a previous
