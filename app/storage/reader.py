@@ -36,6 +36,7 @@ from app.errors import CorruptData, LlogError, LogGap, ObjectMissing, OffsetOutO
 from app.storage import codec, columnar
 from app.storage.batch import RecordBatch, records_size
 from app.storage.chunks import chunk_index, chunk_records
+from app.storage.index_windows import IndexWindows
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
 from app.storage.oxia_store import OxiaStore, Record
@@ -226,6 +227,7 @@ class LogReader:
         # Shared WAL objects up to this size are read whole for all their slices
         # (app/storage/wal_objects.py); 0: each slice is fetched alone.
         self.wal = WalObjects(s3, self.objects, wal_object_max_bytes)
+        self._windows = IndexWindows()
         self._fetch_concurrency = fetch_concurrency
         self._process_fetches = anyio.CapacityLimiter(max_concurrent_fetches)
         # Chunks after a read stopped inside a compacted blob (app/storage/read_ahead.py),
@@ -390,7 +392,8 @@ class LogReader:
         async def read_page() -> None:
             nonlocal page
             with contextlib.suppress(LlogError):  # the walk reads it again
-                page = await self._index_page(tp, offset, _FIRST_PAGE)
+                page = await self._index_page(tp, offset, _FIRST_PAGE,
+                                              self._window_end(tp, offset, _FIRST_PAGE))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_control)
@@ -399,10 +402,22 @@ class LogReader:
             raise failed
         return control, page
 
-    async def _index_page(self, tp: TopicPartition, start: int, limit: int) -> list[Record]:
-        return await self._oxia.range_scan(self._layout.index(tp, start),
-                                           self._layout.index_scan_end(tp),
+    async def _index_page(self, tp: TopicPartition, start: int, limit: int,
+                          stop: int | None) -> list[Record]:
+        """Up to ``limit`` entries with keys from ``index/{start}`` below ``index/{stop}``
+        (None: to the end of the index). Oxia streams the whole range whatever the
+        limit, so the range is what bounds a scan (app/storage/index_windows.py)."""
+        end = self._layout.index_scan_end(tp) if stop is None else \
+            self._layout.index(tp, stop)
+        return await self._oxia.range_scan(self._layout.index(tp, start), end,
                                            tp.partition_key, limit=limit)
+
+    def _window_end(self, tp: TopicPartition, start: int, limit: int,
+                    hw: int | None = None) -> int | None:
+        """Where a scan for ``limit`` entries from ``start`` stops: about that many
+        entries on, or the end of the index once that is beyond ``hw``."""
+        stop = start + self._windows.span(tp, limit)
+        return None if hw is not None and stop > hw else stop
 
     async def _resolve(self, tp: TopicPartition, offset: int, control: Control,
                        budget: int | None, max_records: int | None, stray_floor: int,
@@ -423,7 +438,7 @@ class LogReader:
                 max_records is None or nxt - offset < max_records)
 
         if pending is None or not pending.covers(nxt):
-            async for span in self._index_from(tp, offset, first_page):
+            async for span in self._index_from(tp, offset, hw, first_page):
                 if span.end < nxt:
                     continue
                 if span.start > nxt or (span.is_wal and span.end < stray_floor):
@@ -444,9 +459,11 @@ class LogReader:
                          f"{hw}; {skipped} stray entries skipped)")
         return spans
 
-    async def _index_from(self, tp: TopicPartition, offset: int,
+    async def _index_from(self, tp: TopicPartition, offset: int, hw: int,
                           first_page: list[Record] | None = None) -> AsyncIterator[Span]:
-        """The partition's index entries from key ``index/{offset}`` on, in pages.
+        """The partition's index entries from key ``index/{offset}`` on, in pages, each
+        scan over a window of offsets (:meth:`_window_end`) until one reaches beyond the
+        high watermark ``hw`` and ends the index.
 
         ``first_page``, read from ``offset`` beside the control record, may be older
         than it: when it falls short, the scan goes on from where it ended (the caller
@@ -454,19 +471,28 @@ class LogReader:
         start, limit = offset, _FIRST_PAGE
         while True:
             prefetched = first_page is not None
+            stop = None if prefetched else self._window_end(tp, start, limit, hw)
             records = first_page if first_page is not None else \
-                await self._index_page(tp, start, limit)
+                await self._index_page(tp, start, limit, stop)
             first_page = None
-            for record in records:
-                span = index_span(self._layout, tp, record.key, record.value,
-                                  record.version_id)
-                if span is not None:
-                    yield span
-                    start = span.end + 1
-            if len(records) < limit and not prefetched:
-                return
-            if len(records) >= limit:
+            spans = [span for record in records if (span := index_span(
+                self._layout, tp, record.key, record.value, record.version_id)) is not None]
+            self._windows.learn(tp, spans)
+            for span in spans:
+                yield span
+                start = span.end + 1
+            if len(records) >= limit and spans:
                 limit = _PAGE
+                continue
+            if prefetched:
+                continue  # read again from where it ended: it may predate the control
+            if stop is None:
+                return  # the end of the index
+            if not spans:
+                self._windows.widen(tp)
+            # Read after the control record, the window holds every entry up to ``hw``
+            # in it: the next one starts where it stopped.
+            start = max(start, stop)
 
     # -- fetching (S3) -----------------------------------------------------------------
 
