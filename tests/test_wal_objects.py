@@ -150,3 +150,25 @@ async def test_a_missing_object_is_reported(engine: Engine, s3_client: Any,
     for tp in tps[:2]:
         with pytest.raises(ObjectMissing):
             await reader.read(tp, 1)
+
+
+async def test_a_catch_up_in_the_wal_reads_the_next_objects_ahead(
+        engine: Engine, topic: str) -> None:
+    tps, written, keys = await _flushes(engine, topic)
+    tp = tps[0]
+    reader = LogReader(engine.oxia, engine.s3, engine.layout, read_ahead=4)
+    async with anyio.create_task_group() as tg:
+        reader.run_ahead_in(tg)
+        first = await reader.read(tp, 1, max_bytes=2 * PER_GROUP * 220)
+        assert [v for _, v in first.records] == written[tp][:len(first.records)]
+        nxt = first.next_offset
+        # The lookup for the next read, and the objects of about as many bytes after it.
+        assert await reader.plans.take(tp, nxt) is not None
+        await reader.ahead.wait(f"{tp}@{nxt}")
+        before = _gets(engine)
+        second = await reader.read(tp, nxt, max_bytes=2 * PER_GROUP * 220)
+        assert _gets(engine) == before  # its objects were read ahead
+        assert second.records and second.records[0][0] == nxt
+        got = [v for _, v in first.records] + [v for _, v in second.records]
+        assert got == written[tp][:len(got)]
+        tg.cancel_scope.cancel()

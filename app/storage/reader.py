@@ -149,6 +149,10 @@ class ObjectCache:
         self._items[(key, _WAL_OBJECT)] = (data, len(data))
         return True
 
+    def holds_object(self, key: str) -> bool:
+        """Whether the WAL object ``key`` is kept (not counted as a lookup)."""
+        return (key, _WAL_OBJECT) in self._items
+
     def dropped(self, key: str) -> bool:
         """Whether the cache kept the WAL object ``key`` once and dropped it since."""
         return key in self._items.dropped
@@ -303,17 +307,63 @@ class LogReader:
         for unit in units:
             self._read_on(unit)
         outcomes = _assemble_all(plans, max_bytes, oversized_first)
-        for request, outcome in zip(requests, outcomes, strict=True):
-            self._plan_on(request.tp, outcome)
+        for request, plan, outcome in zip(requests, plans, outcomes, strict=True):
+            in_wal = (isinstance(plan, _Plan) and bool(plan.units)
+                      and plan.units[-1].span.entry.byte_offset is not None)
+            self._plan_on(request.tp, outcome, in_wal)
         return outcomes
 
-    def _plan_on(self, tp: TopicPartition, outcome: ReadOutcome) -> None:
+    def _plan_on(self, tp: TopicPartition, outcome: ReadOutcome, in_wal: bool) -> None:
         """After an answer that stopped below the high watermark: look up its next offset
-        in the background, for the consumer's next read."""
+        in the background, for the consumer's next read; when it stopped in the WAL
+        (``in_wal``), read the WAL objects of that lookup's index page ahead too."""
         if (isinstance(outcome, ReadResult) and outcome.records
                 and outcome.next_offset <= outcome.high_watermark):
             nxt = outcome.next_offset
-            self.plans.start(tp, nxt, functools.partial(self._look_up, tp, nxt))
+            look_up = functools.partial(self._look_up, tp, nxt)
+            if in_wal and self.wal.max_bytes > 0:
+                look_up = functools.partial(self._look_up_wal_ahead, tp, nxt,
+                                            max(outcome.size, 1))
+            self.plans.start(tp, nxt, look_up)
+
+    async def _look_up_wal_ahead(self, tp: TopicPartition, offset: int, budget: int
+                                 ) -> tuple[Control | None, list[Record] | None]:
+        """:meth:`_look_up`, then the WAL objects of the page's slices from ``offset``
+        (about ``budget`` bytes) read whole into the object cache in the background.
+        Only a warm-up: the read that needs them plans from its control record as
+        always, so an entry seen here (a stray, one compacted since) costs at most a
+        download; that read waits for an object under way rather than fetch it again."""
+        control, page = await self._look_up(tp, offset)
+        keys: dict[str, None] = {}
+        planned = 0
+        for record in page or ():
+            span = index_span(self._layout, tp, record.key, record.value, record.version_id)
+            if span is None or span.end < offset:
+                continue
+            start, length = span.entry.byte_offset, span.entry.byte_length
+            if start is None or length is None or planned >= budget:
+                break
+            key = span.object_key(self._layout)
+            if not self.wal.serves(key, start + length):
+                break
+            if not self.objects.holds_object(key):
+                keys[key] = None
+            planned += length
+        if keys:
+            self.ahead.start(f"{tp}@{offset}", functools.partial(self._read_objects,
+                                                                 list(keys)))
+        return control, page
+
+    async def _read_objects(self, keys: list[str]) -> None:
+        limiter = anyio.CapacityLimiter(self._fetch_concurrency)
+
+        async def read(key: str) -> None:
+            async with limiter, self._process_fetches:
+                await self.wal.read(key, 0)
+
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(read, key)
 
     # -- planning (Oxia) ---------------------------------------------------------------
 
