@@ -172,3 +172,31 @@ async def test_a_catch_up_in_the_wal_reads_the_next_objects_ahead(
         got = [v for _, v in first.records] + [v for _, v in second.records]
         assert got == written[tp][:len(got)]
         tg.cancel_scope.cancel()
+
+
+async def test_a_partition_behind_one_that_fills_the_answer_plans_no_further(
+        engine: Engine, topic: str) -> None:
+    tps = [TopicPartition(topic, p) for p in range(2)]
+    for flush in range(40):
+        results = await engine.writer.append_shared(
+            [AppendGroup(tp, [b"%d-%d" % (flush, i) + b"v" * 100 for i in range(5)])
+             for tp in tps])
+        assert all(isinstance(r, AppendResult) for r in results)
+    reader = LogReader(engine.oxia, engine.s3, engine.layout)
+    scans: list[str] = []
+    real = engine.oxia.range_scan
+
+    async def recording(lo: str, hi: str, partition_key: str, **kw: Any) -> Any:
+        scans.append(lo)
+        return await real(lo, hi, partition_key, **kw)
+
+    engine.oxia.range_scan = recording  # type: ignore[method-assign]
+    # Partition 0 fills the answer with about thirty entries (more than an index page).
+    first, second = await reader.read_many([ReadRequest(tp, 1) for tp in tps],
+                                           max_bytes=30 * 5 * 110)
+    engine.oxia.range_scan = real  # type: ignore[method-assign]
+    assert not isinstance(first, LlogError) and not isinstance(second, LlogError)
+    assert len(first.records) >= 25 * 5 and not second.records
+    assert second.high_watermark == 200
+    behind = [lo for lo in scans if lo.startswith(engine.layout.index_prefix(tps[1]))]
+    assert len(behind) == 1  # its first page, read beside its control record

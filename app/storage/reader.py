@@ -371,14 +371,18 @@ class LogReader:
                         skip_strays: bool) -> list[_Plan | LlogError]:
         plans: list[_Plan | LlogError] = [LogGap("not planned")] * len(requests)
         limiter = anyio.CapacityLimiter(self._fetch_concurrency)
+        room = _Room(len(requests), max_bytes)
 
         async def plan(i: int, request: ReadRequest) -> None:
             budget = _min(request.max_bytes, max_bytes)
             async with limiter:
                 try:
-                    plans[i] = await self._plan(request, budget, skip_strays)
+                    plans[i] = await self._plan(request, budget, skip_strays,
+                                                functools.partial(room.left, i))
                 except LlogError as exc:
                     plans[i] = exc
+                finally:
+                    room.planned(i, plans[i])
 
         async with anyio.create_task_group() as tg:
             for i, request in enumerate(requests):
@@ -386,8 +390,8 @@ class LogReader:
         _trim_to_total(plans, max_bytes)
         return plans
 
-    async def _plan(self, request: ReadRequest, budget: int | None,
-                    skip_strays: bool) -> _Plan:
+    async def _plan(self, request: ReadRequest, budget: int | None, skip_strays: bool,
+                    room: Callable[[], Awaitable[bool]] | None = None) -> _Plan:
         tp = request.tp
         page: list[Record] | None = None
         ahead: Lookup | None = None
@@ -414,7 +418,8 @@ class LogReader:
             return plan
         stray_floor = await self._cursor(tp) if skip_strays else 1
         spans = await self._resolve(tp, offset, control, budget, request.max_records,
-                                    stray_floor, page if offset == request.offset else None)
+                                    stray_floor, page if offset == request.offset else None,
+                                    room)
         plan.units = _units(spans, offset, budget)
         return plan
 
@@ -471,8 +476,11 @@ class LogReader:
 
     async def _resolve(self, tp: TopicPartition, offset: int, control: Control,
                        budget: int | None, max_records: int | None, stray_floor: int,
-                       first_page: list[Record] | None = None) -> list[Span]:
-        """Contiguous spans from ``offset`` until the budgets or the high watermark.
+                       first_page: list[Record] | None = None,
+                       room: Callable[[], Awaitable[bool]] | None = None) -> list[Span]:
+        """Contiguous spans from ``offset`` until the budgets or the high watermark, or,
+        once it has one, until ``room`` says the reads before it in the call have
+        planned its total budget (what it would plan beyond would be trimmed).
 
         WAL spans ending below ``stray_floor`` (the compaction cursor, on a second look)
         are strays and skipped, as is any span that starts beyond the next offset wanted
@@ -487,8 +495,11 @@ class LogReader:
             return nxt <= hw and cost < limit and (
                 max_records is None or nxt - offset < max_records)
 
+        async def more() -> bool:
+            return not spans or room is None or await room()
+
         if pending is None or not pending.covers(nxt):
-            async for span in self._index_from(tp, offset, hw, first_page):
+            async for span in self._index_from(tp, offset, hw, first_page, more):
                 if span.end < nxt:
                     continue
                 if span.start > nxt or (span.is_wal and span.end < stray_floor):
@@ -510,16 +521,23 @@ class LogReader:
         return spans
 
     async def _index_from(self, tp: TopicPartition, offset: int, hw: int,
-                          first_page: list[Record] | None = None) -> AsyncIterator[Span]:
+                          first_page: list[Record] | None = None,
+                          more: Callable[[], Awaitable[bool]] | None = None
+                          ) -> AsyncIterator[Span]:
         """The partition's index entries from key ``index/{offset}`` on, in pages, each
         scan over a window of offsets (:meth:`_window_end`) until one reaches beyond the
         high watermark ``hw`` and ends the index.
 
         ``first_page``, read from ``offset`` beside the control record, may be older
         than it: when it falls short, the scan goes on from where it ended (the caller
-        stops once it reaches the high watermark)."""
+        stops once it reaches the high watermark). ``more`` is asked before each page
+        after the first: it ends the walk when it says no."""
         start, limit = offset, _FIRST_PAGE
+        first = True
         while True:
+            if not first and more is not None and not await more():
+                return
+            first = False
             prefetched = first_page is not None
             stop = None if prefetched else self._window_end(tp, start, limit, hw)
             records = first_page if first_page is not None else \
@@ -756,6 +774,30 @@ def _units(spans: list[Span], offset: int, budget: int | None) -> list[_Unit]:
                 break  # the budget ends inside this blob
         nxt = span.end + 1
     return units
+
+
+class _Room:
+    """Whether the plans before one in a call leave room in its total budget: a plan
+    reads index pages beyond its first only while they do. (They are planned at once;
+    one behind a partition that fills the budget would plan its own budget for nothing,
+    page after page.)"""
+
+    def __init__(self, count: int, max_bytes: int | None) -> None:
+        self._done = [anyio.Event() for _ in range(count)]
+        self._bytes = [0] * count
+        self._max = max_bytes
+
+    async def left(self, i: int) -> bool:
+        if self._max is None:
+            return True
+        for done in self._done[:i]:  # earlier plans never wait on later ones
+            await done.wait()
+        return sum(self._bytes[:i]) < self._max
+
+    def planned(self, i: int, plan: _Plan | LlogError) -> None:
+        if isinstance(plan, _Plan):
+            self._bytes[i] = sum(_unit_bytes(u) for u in plan.units)
+        self._done[i].set()
 
 
 def _trim_to_total(plans: list[_Plan | LlogError], max_bytes: int | None) -> None:
