@@ -21,7 +21,7 @@ from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
-from app.storage.reader import ReadRequest
+from app.storage.reader import LogReader, ReadRequest
 from app.storage.records import Control, IndexEntry, Pending, now_ms
 from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, make_compactor
@@ -71,9 +71,11 @@ async def test_one_shared_blob_for_many_partitions(engine: Engine, topic: str) -
         read = await engine.reader.read(tp, 1)
         assert [v for _, v in read.records] == [f"{tp}-{j}".encode() for j in range(i + 1)]
 
-    # Several partitions of one blob in one read_many: fetched once, each gets its slice.
+    # Several partitions of one blob in one read_many: fetched once, each gets its slice
+    # (by a reader that has not kept the blob from the reads above).
     gets_before = engine.metrics.s3_requests.labels("range_get", "ok")._value.get()
-    many = await engine.reader.read_many([ReadRequest(tp, 1) for tp in tps])
+    reader = LogReader(engine.oxia, engine.s3, engine.layout)
+    many = await reader.read_many([ReadRequest(tp, 1) for tp in tps])
     assert engine.metrics.s3_requests.labels("range_get", "ok")._value.get() == gets_before + 1
     for i, r in enumerate(many):
         assert not isinstance(r, Exception)
@@ -147,8 +149,8 @@ async def test_neighbouring_keys_never_answer_an_index_scan(
         await _append(engine, dotted, b"dot")
     await engine.writer.materialise_pending(p1)
 
-    assert [span async for span in engine.reader._index_from(p1, 2)] == []
-    assert [span.end async for span in engine.reader._index_from(p1, 1)] == [1]
+    assert [span async for span in engine.reader._index_from(p1, 2, 1)] == []
+    assert [span.end async for span in engine.reader._index_from(p1, 1, 1)] == [1]
     # Break p1's index under its high watermark: the reader reports a gap instead of
     # returning a neighbour's records.
     await engine.oxia.delete(engine.layout.index(p1, 1), p1.partition_key)

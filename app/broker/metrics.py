@@ -58,6 +58,10 @@ READ_OBJECT_CACHE_FIGURES = (
     Figure("hits", "Object cache lookups answered from memory", "counter"),
     Figure("misses", "Object cache lookups that downloaded", "counter"),
     Figure("evictions", "Objects and chunks dropped to stay within the budget", "counter"),
+    Figure("wal_objects_read", "Shared WAL objects read whole, once for all their slices",
+           "counter"),
+    Figure("wal_slices_served", "WAL slices taken from a shared WAL object read whole "
+                                "(kept, or read for several slices at once)", "counter"),
 )
 
 

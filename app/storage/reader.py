@@ -3,16 +3,21 @@
 A read is planned, fetched and assembled:
 
 1. **Plan** (Oxia only): read ``meta/control``, then walk the index from the offset in
-   pages (``range_scan``), skipping strays (WAL entries left inside a compacted range,
-   docs/protocol.md), until the byte budget is planned; the tail may be the ``pending``
-   append. Each span becomes a *unit* of bytes to fetch: a WAL slice, a run of chunks of
-   a compacted blob (its chunk table says where records start), or, for a blob without
-   one, the whole object. The budget is planned by bytes, so a catch-up read through
-   compacted data fetches about what it returns.
+   pages (``range_scan`` over windows of offsets, app/storage/index_windows.py),
+   skipping strays (WAL entries left inside a compacted range, docs/protocol.md), until
+   the byte budget is planned (a partition behind ones that fill the call's total stops
+   at its first page); the tail may be the ``pending`` append. Each span becomes a
+   *unit* of bytes to fetch: a WAL slice, a run of chunks of a compacted blob (its
+   chunk table says where records start), or, for a blob without one, the whole object.
+   The budget is planned by bytes, so a catch-up read through compacted data fetches
+   about what it returns.
 2. **Fetch** (S3 only): at most ``fetch_concurrency`` downloads per call and
-   ``max_concurrent_fetches`` per process; slices of one shared blob wanted by several
-   partitions share one ranged GET when that is not wasteful; whole objects and chunks
-   are kept verified and decoded in a byte-bounded :class:`ObjectCache`.
+   ``max_concurrent_fetches`` per process; a shared WAL blob is read whole once for all
+   the partitions that want its slices and kept (app/storage/wal_objects.py), else slices
+   of one blob wanted by several partitions share one ranged GET when that is not
+   wasteful; whole objects and chunks are kept verified and decoded in a byte-bounded
+   :class:`ObjectCache`. After an answer that stopped in the WAL, the objects of the
+   next one are read ahead, as the chunks after one that stopped in a compacted blob.
 3. **Assemble**: records from the offset within each request's budgets and the call's
    total budget, in request order. The first record of the whole answer is returned
    even if it alone exceeds the budget, so a reader is never stuck.
@@ -36,6 +41,7 @@ from app.errors import CorruptData, LlogError, LogGap, ObjectMissing, OffsetOutO
 from app.storage import codec, columnar
 from app.storage.batch import RecordBatch, records_size
 from app.storage.chunks import chunk_index, chunk_records
+from app.storage.index_windows import IndexWindows
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
 from app.storage.oxia_store import OxiaStore, Record
@@ -45,10 +51,13 @@ from app.storage.records import CompactionCursor, Control
 from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
 from app.storage.s3 import S3Store
 from app.storage.spans import Span, index_span
+from app.storage.wal_objects import DroppedKeys, WalObjects
 
 _FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
 MAX_STRAYS_SKIPPED = 10_000  # beyond this, an uncovered offset is reported as a gap
 _UNLIMITED = 1 << 62
+# Shared WAL objects are at most LLOG_BATCH_MAX_BYTES as written (default 4 MiB).
+WAL_OBJECT_MAX_BYTES = 4 * 1024 * 1024
 Records = Sequence[Payload]
 _Job = tuple[Callable[[], Awaitable[None]], list["_Unit"]]
 
@@ -92,20 +101,31 @@ class ObjectCacheStats:
     hits: int
     misses: int
     evictions: int
+    wal_objects_read: int = 0
+    wal_slices_served: int = 0
+
+
+_WAL_OBJECT = -2  # the part under which a shared WAL object's bytes are kept
 
 
 class ObjectCache:
-    """Verified, decoded whole objects and compacted chunks, kept across reads (least
-    recently used out first, bounded by bytes). Objects are immutable, so a cached copy
-    is never stale; without it, consumers catching up on the same data would download,
-    check and decode it again for every fetch."""
+    """Verified, decoded whole objects and compacted chunks, and the bytes of shared WAL
+    objects read whole (app/storage/wal_objects.py: each slice is verified when used),
+    kept across reads (least recently used out first, bounded by bytes). Objects are
+    immutable, so a cached copy is never stale; without it, consumers catching up on the
+    same data would download, check and decode it again for every fetch."""
 
     def __init__(self, max_bytes: int) -> None:
         self._max = max_bytes
-        self._items: LRUCache[tuple[str, int], tuple[Records, int]] = _CountingLRU(
-            max(max_bytes, 1), getsizeof=lambda item: item[1])
+        self._items = _CountingLRU(max(max_bytes, 1), getsizeof=lambda item: item[1])
         self.hits = 0
         self.misses = 0
+        self.wal_objects_read = 0
+        self.wal_slices_served = 0
+
+    @property
+    def max_bytes(self) -> int:
+        return self._max
 
     def get(self, key: str, part: int = -1) -> Records | None:
         item = self._items.get((key, part))
@@ -113,7 +133,34 @@ class ObjectCache:
             self.misses += 1
             return None
         self.hits += 1
+        assert not isinstance(item[0], bytes)
         return item[0]
+
+    def get_object(self, key: str) -> bytes | None:
+        """A shared WAL object's bytes, as kept by :meth:`put_object`."""
+        item = self._items.get((key, _WAL_OBJECT))
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        assert isinstance(item[0], bytes)
+        return item[0]
+
+    def put_object(self, key: str, data: bytes) -> bool:
+        """Keep a shared WAL object's bytes (not verified: its slices are, when used);
+        whether they were kept."""
+        if len(data) > self._max // 2:
+            return False
+        self._items[(key, _WAL_OBJECT)] = (data, len(data))
+        return True
+
+    def holds_object(self, key: str) -> bool:
+        """Whether the WAL object ``key`` is kept (not counted as a lookup)."""
+        return (key, _WAL_OBJECT) in self._items
+
+    def dropped(self, key: str) -> bool:
+        """Whether the cache kept the WAL object ``key`` once and dropped it since."""
+        return key in self._items.dropped
 
     def put(self, key: str, records: Records, part: int = -1) -> None:
         # Decoded records cost their bytes and an object each; a body kept in its
@@ -132,15 +179,26 @@ class ObjectCache:
         items = self._items
         evictions = items.evictions if isinstance(items, _CountingLRU) else 0
         return ObjectCacheStats(len(items), int(items.currsize), self._max, self.hits,
-                                self.misses, evictions)
+                                self.misses, evictions, self.wal_objects_read,
+                                self.wal_slices_served)
 
 
-class _CountingLRU(LRUCache[tuple[str, int], tuple[Records, int]]):
+_Cached = tuple[Records | bytes, int]
+
+
+class _CountingLRU(LRUCache[tuple[str, int], _Cached]):
     evictions = 0
 
-    def popitem(self) -> tuple[tuple[str, int], tuple[Records, int]]:
+    def __init__(self, maxsize: int, getsizeof: Callable[[_Cached], int]) -> None:
+        super().__init__(maxsize, getsizeof=getsizeof)
+        self.dropped = DroppedKeys()
+
+    def popitem(self) -> tuple[tuple[str, int], _Cached]:
         self.evictions += 1
-        return super().popitem()
+        item = super().popitem()
+        if item[0][1] == _WAL_OBJECT:
+            self.dropped.add(item[0][0])
+        return item
 
 
 @dataclass(eq=False)
@@ -169,11 +227,16 @@ class _Plan:
 class LogReader:
     def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout, *,
                  object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 32,
-                 max_concurrent_fetches: int = 64, read_ahead: int = 0) -> None:
+                 max_concurrent_fetches: int = 64, read_ahead: int = 0,
+                 wal_object_max_bytes: int = WAL_OBJECT_MAX_BYTES) -> None:
         self._oxia = oxia
         self._s3 = s3
         self._layout = layout
         self.objects = ObjectCache(object_cache_bytes)
+        # Shared WAL objects up to this size are read whole for all their slices
+        # (app/storage/wal_objects.py); 0: each slice is fetched alone.
+        self.wal = WalObjects(s3, self.objects, wal_object_max_bytes)
+        self._windows = IndexWindows()
         self._fetch_concurrency = fetch_concurrency
         self._process_fetches = anyio.CapacityLimiter(max_concurrent_fetches)
         # Chunks after a read stopped inside a compacted blob (app/storage/read_ahead.py),
@@ -249,17 +312,63 @@ class LogReader:
         for unit in units:
             self._read_on(unit)
         outcomes = _assemble_all(plans, max_bytes, oversized_first)
-        for request, outcome in zip(requests, outcomes, strict=True):
-            self._plan_on(request.tp, outcome)
+        for request, plan, outcome in zip(requests, plans, outcomes, strict=True):
+            in_wal = (isinstance(plan, _Plan) and bool(plan.units)
+                      and plan.units[-1].span.entry.byte_offset is not None)
+            self._plan_on(request.tp, outcome, in_wal)
         return outcomes
 
-    def _plan_on(self, tp: TopicPartition, outcome: ReadOutcome) -> None:
+    def _plan_on(self, tp: TopicPartition, outcome: ReadOutcome, in_wal: bool) -> None:
         """After an answer that stopped below the high watermark: look up its next offset
-        in the background, for the consumer's next read."""
+        in the background, for the consumer's next read; when it stopped in the WAL
+        (``in_wal``), read the WAL objects of that lookup's index page ahead too."""
         if (isinstance(outcome, ReadResult) and outcome.records
                 and outcome.next_offset <= outcome.high_watermark):
             nxt = outcome.next_offset
-            self.plans.start(tp, nxt, functools.partial(self._look_up, tp, nxt))
+            look_up = functools.partial(self._look_up, tp, nxt)
+            if in_wal and self.wal.max_bytes > 0:
+                look_up = functools.partial(self._look_up_wal_ahead, tp, nxt,
+                                            max(outcome.size, 1))
+            self.plans.start(tp, nxt, look_up)
+
+    async def _look_up_wal_ahead(self, tp: TopicPartition, offset: int, budget: int
+                                 ) -> tuple[Control | None, list[Record] | None]:
+        """:meth:`_look_up`, then the WAL objects of the page's slices from ``offset``
+        (about ``budget`` bytes) read whole into the object cache in the background.
+        Only a warm-up: the read that needs them plans from its control record as
+        always, so an entry seen here (a stray, one compacted since) costs at most a
+        download; that read waits for an object under way rather than fetch it again."""
+        control, page = await self._look_up(tp, offset)
+        keys: dict[str, None] = {}
+        planned = 0
+        for record in page or ():
+            span = index_span(self._layout, tp, record.key, record.value, record.version_id)
+            if span is None or span.end < offset:
+                continue
+            start, length = span.entry.byte_offset, span.entry.byte_length
+            if start is None or length is None or planned >= budget:
+                break
+            key = span.object_key(self._layout)
+            if not self.wal.serves(key, start + length):
+                break
+            if not self.objects.holds_object(key):
+                keys[key] = None
+            planned += length
+        if keys:
+            self.ahead.start(f"{tp}@{offset}", functools.partial(self._read_objects,
+                                                                 list(keys)))
+        return control, page
+
+    async def _read_objects(self, keys: list[str]) -> None:
+        limiter = anyio.CapacityLimiter(self._fetch_concurrency)
+
+        async def read(key: str) -> None:
+            async with limiter, self._process_fetches:
+                await self.wal.read(key, 0)
+
+        async with anyio.create_task_group() as tg:
+            for key in keys:
+                tg.start_soon(read, key)
 
     # -- planning (Oxia) ---------------------------------------------------------------
 
@@ -267,14 +376,18 @@ class LogReader:
                         skip_strays: bool) -> list[_Plan | LlogError]:
         plans: list[_Plan | LlogError] = [LogGap("not planned")] * len(requests)
         limiter = anyio.CapacityLimiter(self._fetch_concurrency)
+        room = _Room(len(requests), max_bytes)
 
         async def plan(i: int, request: ReadRequest) -> None:
             budget = _min(request.max_bytes, max_bytes)
             async with limiter:
                 try:
-                    plans[i] = await self._plan(request, budget, skip_strays)
+                    plans[i] = await self._plan(request, budget, skip_strays,
+                                                functools.partial(room.left, i))
                 except LlogError as exc:
                     plans[i] = exc
+                finally:
+                    room.planned(i, plans[i])
 
         async with anyio.create_task_group() as tg:
             for i, request in enumerate(requests):
@@ -282,8 +395,8 @@ class LogReader:
         _trim_to_total(plans, max_bytes)
         return plans
 
-    async def _plan(self, request: ReadRequest, budget: int | None,
-                    skip_strays: bool) -> _Plan:
+    async def _plan(self, request: ReadRequest, budget: int | None, skip_strays: bool,
+                    room: Callable[[], Awaitable[bool]] | None = None) -> _Plan:
         tp = request.tp
         page: list[Record] | None = None
         ahead: Lookup | None = None
@@ -310,7 +423,8 @@ class LogReader:
             return plan
         stray_floor = await self._cursor(tp) if skip_strays else 1
         spans = await self._resolve(tp, offset, control, budget, request.max_records,
-                                    stray_floor, page if offset == request.offset else None)
+                                    stray_floor, page if offset == request.offset else None,
+                                    room)
         plan.units = _units(spans, offset, budget)
         return plan
 
@@ -338,7 +452,8 @@ class LogReader:
         async def read_page() -> None:
             nonlocal page
             with contextlib.suppress(LlogError):  # the walk reads it again
-                page = await self._index_page(tp, offset, _FIRST_PAGE)
+                page = await self._index_page(tp, offset, _FIRST_PAGE,
+                                              self._window_end(tp, offset, _FIRST_PAGE))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_control)
@@ -347,15 +462,30 @@ class LogReader:
             raise failed
         return control, page
 
-    async def _index_page(self, tp: TopicPartition, start: int, limit: int) -> list[Record]:
-        return await self._oxia.range_scan(self._layout.index(tp, start),
-                                           self._layout.index_scan_end(tp),
+    async def _index_page(self, tp: TopicPartition, start: int, limit: int,
+                          stop: int | None) -> list[Record]:
+        """Up to ``limit`` entries with keys from ``index/{start}`` below ``index/{stop}``
+        (None: to the end of the index). Oxia streams the whole range whatever the
+        limit, so the range is what bounds a scan (app/storage/index_windows.py)."""
+        end = self._layout.index_scan_end(tp) if stop is None else \
+            self._layout.index(tp, stop)
+        return await self._oxia.range_scan(self._layout.index(tp, start), end,
                                            tp.partition_key, limit=limit)
+
+    def _window_end(self, tp: TopicPartition, start: int, limit: int,
+                    hw: int | None = None) -> int | None:
+        """Where a scan for ``limit`` entries from ``start`` stops: about that many
+        entries on, or the end of the index once that is beyond ``hw``."""
+        stop = start + self._windows.span(tp, limit)
+        return None if hw is not None and stop > hw else stop
 
     async def _resolve(self, tp: TopicPartition, offset: int, control: Control,
                        budget: int | None, max_records: int | None, stray_floor: int,
-                       first_page: list[Record] | None = None) -> list[Span]:
-        """Contiguous spans from ``offset`` until the budgets or the high watermark.
+                       first_page: list[Record] | None = None,
+                       room: Callable[[], Awaitable[bool]] | None = None) -> list[Span]:
+        """Contiguous spans from ``offset`` until the budgets or the high watermark, or,
+        once it has one, until ``room`` says the reads before it in the call have
+        planned its total budget (what it would plan beyond would be trimmed).
 
         WAL spans ending below ``stray_floor`` (the compaction cursor, on a second look)
         are strays and skipped, as is any span that starts beyond the next offset wanted
@@ -370,8 +500,11 @@ class LogReader:
             return nxt <= hw and cost < limit and (
                 max_records is None or nxt - offset < max_records)
 
+        async def more() -> bool:
+            return not spans or room is None or await room()
+
         if pending is None or not pending.covers(nxt):
-            async for span in self._index_from(tp, offset, first_page):
+            async for span in self._index_from(tp, offset, hw, first_page, more):
                 if span.end < nxt:
                     continue
                 if span.start > nxt or (span.is_wal and span.end < stray_floor):
@@ -392,29 +525,47 @@ class LogReader:
                          f"{hw}; {skipped} stray entries skipped)")
         return spans
 
-    async def _index_from(self, tp: TopicPartition, offset: int,
-                          first_page: list[Record] | None = None) -> AsyncIterator[Span]:
-        """The partition's index entries from key ``index/{offset}`` on, in pages.
+    async def _index_from(self, tp: TopicPartition, offset: int, hw: int,
+                          first_page: list[Record] | None = None,
+                          more: Callable[[], Awaitable[bool]] | None = None
+                          ) -> AsyncIterator[Span]:
+        """The partition's index entries from key ``index/{offset}`` on, in pages, each
+        scan over a window of offsets (:meth:`_window_end`) until one reaches beyond the
+        high watermark ``hw`` and ends the index.
 
         ``first_page``, read from ``offset`` beside the control record, may be older
         than it: when it falls short, the scan goes on from where it ended (the caller
-        stops once it reaches the high watermark)."""
+        stops once it reaches the high watermark). ``more`` is asked before each page
+        after the first: it ends the walk when it says no."""
         start, limit = offset, _FIRST_PAGE
+        first = True
         while True:
-            prefetched = first_page is not None
-            records = first_page if first_page is not None else \
-                await self._index_page(tp, start, limit)
-            first_page = None
-            for record in records:
-                span = index_span(self._layout, tp, record.key, record.value,
-                                  record.version_id)
-                if span is not None:
-                    yield span
-                    start = span.end + 1
-            if len(records) < limit and not prefetched:
+            if not first and more is not None and not await more():
                 return
-            if len(records) >= limit:
+            first = False
+            prefetched = first_page is not None
+            stop = None if prefetched else self._window_end(tp, start, limit, hw)
+            records = first_page if first_page is not None else \
+                await self._index_page(tp, start, limit, stop)
+            first_page = None
+            spans = [span for record in records if (span := index_span(
+                self._layout, tp, record.key, record.value, record.version_id)) is not None]
+            self._windows.learn(tp, spans)
+            for span in spans:
+                yield span
+                start = span.end + 1
+            if len(records) >= limit and spans:
                 limit = _PAGE
+                continue
+            if prefetched:
+                continue  # read again from where it ended: it may predate the control
+            if stop is None:
+                return  # the end of the index
+            if not spans:
+                self._windows.widen(tp)
+            # Read after the control record, the window holds every entry up to ``hw``
+            # in it: the next one starts where it stopped.
+            start = max(start, stop)
 
     # -- fetching (S3) -----------------------------------------------------------------
 
@@ -452,7 +603,10 @@ class LogReader:
             else:
                 wholes.setdefault(key, []).append(unit)
         for key, group in slices.items():
-            jobs.extend(self._slice_jobs(key, group))
+            if self.wal.serves(key, max(sum(_slice(u)) for u in group)):
+                jobs.append((functools.partial(self._fetch_from_object, key, group), group))
+            else:
+                jobs.extend(self._slice_jobs(key, group))
         for key, group in wholes.items():
             jobs.append((functools.partial(self._fetch_whole, key, group), group))
         return jobs
@@ -476,6 +630,25 @@ class LogReader:
             entry = unit.span.entry
             codec.verify_body(body, entry.crc32c)
             unit.records = _batch(body, entry.encoding, entry.msg_count)
+
+    async def _fetch_from_object(self, key: str, group: list[_Unit]) -> None:
+        """The group's slices from the whole object (kept, or read once for all): each
+        verified; a slice that fails is its unit's error alone."""
+        data = await self.wal.read(key, len(group))
+        view = memoryview(data)
+        for unit in group:
+            start, length = _slice(unit)
+            entry = unit.span.entry
+            try:
+                if start + length > len(data):
+                    raise ObjectMissing(
+                        f"s3://{self._s3.bucket}/{key}: holds {len(data)} bytes, the index "
+                        f"says a slice ends at {start + length} (object truncated?)")
+                body = view[start:start + length]
+                codec.verify_body(body, entry.crc32c)
+                unit.records = _batch(body, entry.encoding, entry.msg_count)
+            except LlogError as exc:
+                unit.error = exc
 
     def _chunk_jobs(self, key: str, unit: _Unit) -> list[_Job]:
         """A job for the unit's chunks unless the cache holds them all (a previous
@@ -606,6 +779,30 @@ def _units(spans: list[Span], offset: int, budget: int | None) -> list[_Unit]:
                 break  # the budget ends inside this blob
         nxt = span.end + 1
     return units
+
+
+class _Room:
+    """Whether the plans before one in a call leave room in its total budget: a plan
+    reads index pages beyond its first only while they do. (They are planned at once;
+    one behind a partition that fills the budget would plan its own budget for nothing,
+    page after page.)"""
+
+    def __init__(self, count: int, max_bytes: int | None) -> None:
+        self._done = [anyio.Event() for _ in range(count)]
+        self._bytes = [0] * count
+        self._max = max_bytes
+
+    async def left(self, i: int) -> bool:
+        if self._max is None:
+            return True
+        for done in self._done[:i]:  # earlier plans never wait on later ones
+            await done.wait()
+        return sum(self._bytes[:i]) < self._max
+
+    def planned(self, i: int, plan: _Plan | LlogError) -> None:
+        if isinstance(plan, _Plan):
+            self._bytes[i] = sum(_unit_bytes(u) for u in plan.units)
+        self._done[i].set()
 
 
 def _trim_to_total(plans: list[_Plan | LlogError], max_bytes: int | None) -> None:

@@ -230,6 +230,11 @@ class S3Store:
             )
         return data
 
+    async def get_head(self, key: str, length: int) -> bytes:
+        """The object's first ``length`` bytes, or all of it when it is shorter (one
+        ranged GET: an object's size need not be known to read it whole)."""
+        return await self._read("range_get", key, f"bytes=0-{max(length, 1) - 1}")
+
     async def _read(self, op: str, key: str, byte_range: str | None) -> bytes:
         data: bytes
         async with self._request(op, key):
