@@ -288,6 +288,9 @@ class Settings(BaseSettings):
     # Compacted blobs read ahead at once (the chunks after a read, for the next), and as
     # many lookups made ahead of a catch-up's next read (app/storage/plan_ahead.py); 0: never.
     read_ahead_max_inflight: int = Field(default=8, ge=0, le=1024)
+    # A shared WAL object whose wanted slices end within this many bytes is read whole
+    # once for all its partitions (app/storage/wal_objects.py); 0: each slice its own GET.
+    read_wal_object_max_bytes: int = Field(default=4 * 1024 * 1024, ge=0, le=1024 * 1024 * 1024)
 
     # Tail cache.
     tail_cache_dir: Path | None = None

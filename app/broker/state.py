@@ -241,7 +241,8 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         oxia, s3, layout, object_cache_bytes=s.read_object_cache_bytes,
         fetch_concurrency=s.read_fetch_concurrency,
         max_concurrent_fetches=s.read_max_concurrent_fetches,
-        read_ahead=s.read_ahead_max_inflight)
+        read_ahead=s.read_ahead_max_inflight,
+        wal_object_max_bytes=s.read_wal_object_max_bytes)
     state.reader.run_ahead_in(tg)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
