@@ -72,6 +72,7 @@ import shipped  # noqa: E402
 import storage_ceiling  # noqa: E402
 
 from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
+from app.localstack.dev import start_compactor  # noqa: E402
 from app.localstack.processes import ManagedProcess, free_port  # noqa: E402
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
 
@@ -87,6 +88,8 @@ class Server:
     proc: ManagedProcess
     metrics: bool  # a broker answers GET /metrics
     scratch: Path | None = None  # removed when the server stops (a tmpfs tail cache)
+    # Processes that run beside it and stop with it (the compactor of `llog dev`).
+    companions: list[ManagedProcess] = field(default_factory=list)
 
 
 @dataclass
@@ -101,6 +104,8 @@ class Run:
     def stop(self) -> None:
         for server in self.servers:
             server.proc.stop(timeout=20)
+            for companion in server.companions:
+                companion.stop(timeout=20)
             if server.scratch is not None:
                 shutil.rmtree(server.scratch, ignore_errors=True)
 
@@ -170,7 +175,8 @@ def _launch(run: Run, name: str, env: dict[str, str], *, base: bool = False,
 # The brokers users run (bench/shipped.py): their settings come from what ships.
 BROKER_KINDS = {
     "tuned": "this benchmark's broker: roles write,read, batch window --window-ms",
-    "dev": "`llog dev` as shipped (app/localstack/dev.py), data dir on disk",
+    "dev": "`llog dev` as shipped (app/localstack/dev.py), data dir on disk, with the "
+           "compactor it runs beside the broker (a --baseline revision's broker alone)",
     "k8s": "the Kubernetes reference (deploy/k8s/base), tail cache on tmpfs, auth off",
 }
 
@@ -197,6 +203,12 @@ def start_kind(run: Run, kind: str, name: str) -> Server:
         env = (baseline.dev_env(tree, run.stack.settings_env(), data_dir) if base
                else shipped.dev_broker_env(run.stack, data_dir))
         env.update({"LLOG_DRAIN_S": "0", "LLOG_BROKER_ID": f"perf-{name}"})
+        if not base:  # and its compactor beside it, as `llog dev` runs them
+            server = _launch(run, name, env)
+            compactor, url = start_compactor(run.stack, data_dir)
+            server.companions.append(compactor)
+            wait_healthy(compactor, url)
+            return server
     elif kind == "k8s":
         scratch = shipped.tmpfs_dir("llog-perf-k8s-tail-")  # the emptyDir, medium Memory
         env = shipped.k8s_broker_env(run.stack, scratch,
@@ -225,6 +237,8 @@ def create_topic(server: Server, topic: str, partitions: int) -> None:
 
 def stop_server(run: Run, server: Server) -> None:
     server.proc.stop(timeout=20)
+    for companion in server.companions:
+        companion.stop(timeout=20)
     run.servers.remove(server)
     if server.scratch is not None:
         shutil.rmtree(server.scratch, ignore_errors=True)
@@ -852,6 +866,8 @@ def main() -> int:
                 rows += asyncio.run(storage_ceiling.measure_storage(stack, args.duration))
             if "produce" in sections:
                 rows += produce_section(run)
+            elif "shipped" in sections:  # only the brokers users run (part of produce)
+                rows += shipped_rows(run)
             if "records" in sections:
                 rows += records_section(run)
             if "catchup" in sections:

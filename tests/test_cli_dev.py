@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import oxia
 import psutil
 import pytest
 
+from app.localstack import dev
 from app.localstack.processes import free_port
 from tests.helpers.auth import Keys
 
@@ -27,7 +29,7 @@ HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["serv
 
 STACK_FIELDS = {
     "broker_url", "oxia_address", "oxia_namespace", "s3_endpoint", "s3_bucket", "s3_region",
-    "s3_access_key", "s3_secret_key", "root_prefix", "pids", "brokers", "proxy",
+    "s3_access_key", "s3_secret_key", "root_prefix", "pids", "brokers", "proxy", "compactor",
 }
 
 
@@ -114,6 +116,40 @@ def _produced_by(broker_url: str) -> int:
     text = httpx.get(f"{broker_url}/metrics/prometheus", timeout=30).text
     return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
                if line.startswith('llog_produce_requests_total{status="200"}'))
+
+
+def test_llog_dev_compacts_in_a_compactor_beside_the_broker(tmp_path: Path) -> None:
+    """The broker of ``llog dev`` only writes and reads; the compactor it runs beside it
+    compacts what was written, and stops with it."""
+    data_dir = tmp_path / "dev"
+    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    proc = _start_dev(data_dir, ports, env={"LLOG_COMPACTION_MIN_ENTRY_AGE_MS": "0",
+                                            "LLOG_COMPACTION_INTERVAL_S": "0.2",
+                                            "LLOG_COMPACTION_DISCOVERY_INTERVAL_S": "0.5"})
+    try:
+        _wait_ready(proc)
+        stack = json.loads((data_dir / "stack.json").read_text())
+        compactor = stack["compactor"]
+        assert compactor["pid"] in stack["pids"].values() and _alive(compactor["pid"])
+        assert psutil.Process(compactor["pid"]).nice() == dev.COMPACTOR_NICE  # broker first
+        broker = stack["brokers"][0]["url"]
+        with httpx.Client(timeout=30) as client:
+            for i in range(3):  # three WAL objects: something to compact
+                client.post(f"{broker}/produce", json={"topic_partitions": [{
+                    "topic": "dev-compacted", "partition": 0,
+                    "records": [f"r{i}-{j}" for j in range(10)]}]}).raise_for_status()
+            deadline = time.monotonic() + 120  # an outer bound; the compactor polls often
+            while _compacted_records(client, compactor["url"]) < 30:
+                assert time.monotonic() < deadline, "the compactor compacted nothing"
+                time.sleep(0.2)
+    finally:
+        _stop(proc)
+    assert not _alive(compactor["pid"]), "the compactor outlived llog dev"
+
+
+def _compacted_records(client: httpx.Client, url: str) -> float:
+    metrics = client.get(f"{url}/metrics").json().get("metrics", {})
+    return sum(float(v) for v in metrics.get("llog_compaction_records_total", {}).values())
 
 
 def test_llog_dev_runs_several_brokers_behind_caddy(tmp_path: Path) -> None:

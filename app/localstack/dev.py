@@ -1,5 +1,11 @@
 """The topology of ``llog dev``: one Oxia and MinIO stack, then either one broker on the
-broker port, or N brokers on free ports behind Caddy on the broker port.
+broker port, or N brokers on free ports behind Caddy on the broker port, and one
+compactor (``llog compactor``) beside them.
+
+Compaction runs in its own process, as in the reference deployment: in a broker it shared
+the broker's event loop and core with produce and consume, and a broker that compacts as
+well took a third to a half of the produce throughput of one that does not
+(docs/performance.md, "As users run it").
 
 Caddy is the proxy here because it builds from its pinned Go module like the servers, so a
 fresh machine runs it without root; HAProxy and nginx need OS packages. Its configuration
@@ -10,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +29,7 @@ from app.settings import Settings
 
 # Brokers of `llog dev` drain for 2 s on SIGTERM: four of Caddy's 500 ms health checks.
 DEV_DRAIN_S = "2"
+COMPACTOR_NICE = 10
 
 
 @dataclass
@@ -41,9 +49,12 @@ class DevTopology:
     url: str
     brokers: list[DevBroker] = field(default_factory=list)
     proxy: ManagedProcess | None = None
+    compactor: DevBroker | None = None
 
     def processes(self) -> list[ManagedProcess]:
         found = [b.process for b in self.brokers]
+        if self.compactor is not None:
+            found.append(self.compactor.process)
         return [*found, self.proxy] if self.proxy is not None else found
 
     def stop(self) -> None:
@@ -53,6 +64,8 @@ class DevTopology:
             broker.process.signal(signal.SIGTERM)
         for broker in self.brokers:
             broker.process.stop()
+        if self.compactor is not None:
+            self.compactor.process.stop()
         if self.proxy is not None:
             self.proxy.stop()
 
@@ -61,7 +74,9 @@ class DevTopology:
         proxy = None
         if self.proxy is not None:
             proxy = {"kind": "caddy", "url": self.url, "pid": self.proxy.pid}
-        return {"brokers": [b.describe() for b in self.brokers], "proxy": proxy}
+        compactor = None if self.compactor is None else self.compactor.describe()
+        return {"brokers": [b.describe() for b in self.brokers], "proxy": proxy,
+                "compactor": compactor}
 
 
 def broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
@@ -71,9 +86,34 @@ def broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
         **stack.settings_env(),
         "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev")
         + ("" if name == "broker" else f"-{name}"),
-        "LLOG_ROLES": "write,read,compact",
+        "LLOG_ROLES": "write,read",  # compaction: the compactor beside them
         "LLOG_DRAIN_S": os.environ.get("LLOG_DRAIN_S", DEV_DRAIN_S),
     }
+
+
+def compactor_env(stack: LocalStack) -> dict[str, str]:
+    """The environment of the compactor ``llog dev`` runs beside its brokers."""
+    return {**stack.settings_env(),
+            "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev") + "-compactor"}
+
+
+def start_compactor(stack: LocalStack, data_dir: Path, *, log_level: str = "warning"
+                    ) -> tuple[ManagedProcess, str]:
+    """Start ``llog compactor`` on a free port (registered in ``stack.extra``, so the
+    stack stops it too); the process and its URL. The caller waits for it."""
+    port = free_port()
+    proc = ManagedProcess(
+        "compactor",
+        # Niced: on a developer's machine the broker's produce and consume come first and
+        # compaction catches up in the time they leave (its lag only makes reads of the
+        # newest data go through WAL objects, which read whole, docs/performance.md).
+        ["nice", "-n", str(COMPACTOR_NICE), sys.executable, "-m", "app.cli", "compactor",
+         "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", log_level],
+        data_dir / "logs" / "compactor.log", env={**os.environ, **compactor_env(stack)})
+    stack.extra["compactor"] = proc
+    proc.start()
+    return proc, f"http://127.0.0.1:{port}"
 
 
 def start_topology(stack: LocalStack, data_dir: Path, port: int, brokers: int
@@ -93,7 +133,9 @@ def start_topology(stack: LocalStack, data_dir: Path, port: int, brokers: int
         stack.extra[name] = proc
         proc.start()
         topology.brokers.append(DevBroker(name, url, proc))
-    for broker in topology.brokers:
+    compactor = start_compactor(stack, data_dir)
+    topology.compactor = DevBroker("compactor", compactor[1], compactor[0])
+    for broker in [*topology.brokers, topology.compactor]:
         wait_healthy(broker.process, broker.url)
     if brokers > 1:
         topology.proxy = _start_proxy(stack, data_dir, port, list(ports.values()))
