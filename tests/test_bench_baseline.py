@@ -27,4 +27,4 @@ def test_a_revision_is_checked_out_once_and_its_own_code_is_what_runs(tmp_path: 
     assert baseline.serve_command(tree, 8123)[1:4] == ["-m", "app.cli", "serve"]
     env = baseline.dev_env(tree, {"LLOG_OXIA_ADDRESS": "127.0.0.1:1"}, tmp_path)
     assert env["LLOG_OXIA_ADDRESS"] == "127.0.0.1:1"  # the run's stack, passed through
-    assert "compact" in env["LLOG_ROLES"]  # and the revision's own dev settings
+    assert "write" in env["LLOG_ROLES"]  # and the revision's own dev settings

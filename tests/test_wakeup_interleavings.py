@@ -125,7 +125,7 @@ class ModelReader(LogReader):
 
     async def _resolve(self, tp: TopicPartition, offset: int, control: Control,
                        budget: int | None, max_records: int | None, stray_floor: int,
-                       first_page: Any = None) -> list[Span]:
+                       first_page: Any = None, room: Any = None) -> list[Span]:
         # Index entries up to the control record's high watermark never change: when
         # they are read does not matter.
         return [Span(o, IndexEntry("WAL", 1, f"s3://b/{o}", byte_offset=0,
