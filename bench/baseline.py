@@ -36,7 +36,21 @@ def checkout(ref: str) -> tuple[Path, str]:
         subprocess.run(["git", "worktree", "prune"], cwd=ROOT, check=False,
                        capture_output=True)
         _git("worktree", "add", "--force", "--detach", str(tree), commit)
+    tree.touch()  # most recently used
+    _forget_old(keep=tree)
     return tree, commit[:12]
+
+
+KEPT = 4  # baseline trees kept (each a checkout of the repository)
+
+
+def _forget_old(keep: Path) -> None:
+    """Remove all but the :data:`KEPT` most recently used baseline trees."""
+    trees = sorted((t for t in BASELINES.iterdir() if t.is_dir() and t != keep),
+                   key=lambda t: t.stat().st_mtime, reverse=True)
+    for old in trees[KEPT - 1:]:
+        subprocess.run(["git", "worktree", "remove", "--force", str(old)], cwd=ROOT,
+                       check=False, capture_output=True)
 
 
 def serve_command(tree: Path, port: int, *, workers: int = 1,

@@ -28,3 +28,4 @@ def test_a_revision_is_checked_out_once_and_its_own_code_is_what_runs(tmp_path: 
     env = baseline.dev_env(tree, {"LLOG_OXIA_ADDRESS": "127.0.0.1:1"}, tmp_path)
     assert env["LLOG_OXIA_ADDRESS"] == "127.0.0.1:1"  # the run's stack, passed through
     assert "write" in env["LLOG_ROLES"]  # and the revision's own dev settings
+    assert len([t for t in baseline.BASELINES.iterdir() if t.is_dir()]) <= baseline.KEPT
