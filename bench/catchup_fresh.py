@@ -2,8 +2,8 @@
 
 Starts real Oxia and MinIO, a writer broker (role write) and reader brokers (roles
 write,read, no compaction): this tree's, and with ``--before REV`` one running the code
-of that git revision (exported with ``git archive`` into a temporary directory), to
-compare in the same run. The writer fills a
+of that git revision (a worktree of it, bench/baseline.py), to compare in the same
+run. The writer fills a
 4-partition topic with binary produce (4 partitions x 25 x 1 KiB records per request,
 ``--connections`` at once) until ``--mib`` MiB; then one client reads it back from
 offset 1 through each reader in turn, all four partitions in every request, binary
@@ -41,6 +41,7 @@ for path in (ROOT, ROOT / "bench"):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import baseline  # noqa: E402
 import http_bench as hb  # noqa: E402
 
 from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
@@ -70,12 +71,11 @@ class Broker:
         env = {**stack.settings_env(), "LLOG_BROKER_ID": f"fresh-{name}",
                "LLOG_ROLES": "write,read", "LLOG_DRAIN_S": "0"}
         env.update({f"LLOG_{k.upper()}": v for k, v in settings.items()})
-        self.proc: ManagedProcess = broker_process(f"broker-{name}", self.port, env,
-                                                   logs / f"broker-{name}.log")
-        if tree is not None:  # ``python -m app.cli`` imports the app from its cwd
-            self.proc.cwd = tree
-            assert self.proc.env is not None
-            self.proc.env["PYTHONPATH"] = str(tree)
+        log = logs / f"broker-{name}.log"
+        self.proc: ManagedProcess = (
+            broker_process(f"broker-{name}", self.port, env, log) if tree is None else
+            ManagedProcess(f"broker-{name}", baseline.serve_command(tree, self.port), log,
+                           env=baseline.environment(tree, env), cwd=tree))
 
     def start(self) -> Broker:
         self.proc.start()
@@ -267,12 +267,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="llog-fresh-") as tmp:
         variants: dict[str, Path | None] = {"this tree": None}
         if args.before:
-            tree = Path(tmp) / "before"
-            tree.mkdir()
-            archive = subprocess.run(["git", "archive", args.before, "app"], cwd=ROOT,
-                                     check=True, capture_output=True).stdout
-            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
-            variants[f"at {args.before}"] = tree
+            tree, commit = baseline.checkout(args.before)
+            variants[f"at {args.before} = {commit}"] = tree
         stack = LocalStack(StackConfig.ephemeral(Path(tmp)))
         stack.start()
         try:

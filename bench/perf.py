@@ -340,12 +340,7 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
                 targets += [("broker", broker, fmt, conns) for conns in a.broker_connections
                             for fmt in ("json", "binary")]
                 for kind, server, fmt, conns in targets:
-                    topic = _topic("p")
-                    warm(server, shape, fmt, topic)
-                    row = measure(run, [server], [load_args(
-                        server.url, topic, shape, fmt, a.duration, conns)])
-                    rows.append({"section": "produce", "target": kind, "format": fmt,
-                                 "shape": shape, "connections": conns, **row})
+                    rows.append(produce_row(run, "produce", kind, server, shape, fmt, conns))
             finally:
                 stop_server(run, ceiling)
     finally:
@@ -359,11 +354,26 @@ def produce_section(run: Run) -> list[dict[str, Any]]:
     return rows + shipped_rows(run)
 
 
+def produce_row(run: Run, section: str, kind: str, server: Server,
+                shape: tuple[int, int, int], fmt: str, conns: int, *, create: bool = False
+                ) -> dict[str, Any]:
+    """One closed-loop produce row against ``server`` on a new topic (created first with
+    ``create``: a broker may not create topics on first use)."""
+    topic = _topic("u" if create else "p")
+    if create:
+        create_topic(server, topic, shape[0])
+    warm(server, shape, fmt, topic)
+    row = measure(run, [server], [load_args(server.url, topic, shape, fmt,
+                                            run.args.duration, conns)])
+    return {"section": section, "target": kind, "format": fmt, "shape": shape,
+            "connections": conns, **row}
+
+
 def shipped_rows(run: Run) -> list[dict[str, Any]]:
     """The tuned broker, `llog dev` as shipped and the Kubernetes reference, one after
     the other at each connection count (so each kind meets the same machine), 4 x 25 x
-    1 KiB per request. One broker runs at a time: dev's in-process compaction of what it
-    was sent must not run while another kind is measured."""
+    1 KiB per request. One broker runs at a time: dev's compactor (a --baseline dev
+    broker's in-process compaction) must not run while another kind is measured."""
     a = run.args
     shape = SHAPES[0]
     rows: list[dict[str, Any]] = []
@@ -372,13 +382,8 @@ def shipped_rows(run: Run) -> list[dict[str, Any]]:
             server = start_kind(run, kind, f"{kind.replace('@', '-')}-{conns}")
             try:
                 for fmt in ("json", "binary"):
-                    topic = _topic("u")
-                    create_topic(server, topic, shape[0])
-                    warm(server, shape, fmt, topic)
-                    row = measure(run, [server], [load_args(
-                        server.url, topic, shape, fmt, a.duration, conns)])
-                    rows.append({"section": "shipped", "target": kind, "format": fmt,
-                                 "shape": shape, "connections": conns, **row})
+                    rows.append(produce_row(run, "shipped", kind, server, shape, fmt, conns,
+                                            create=True))
             finally:
                 stop_server(run, server)
     for row in rows:
