@@ -77,6 +77,9 @@ class Settings(BaseSettings):
     # shard elects a new leader, before the produce fails (503, or in doubt).
     oxia_outage_s: float = Field(default=10.0, ge=0, le=300)
     oxia_max_threads: int = Field(default=32, ge=1, le=512)
+    # Gets (the control records and cursors reads wait on) on the event loop through
+    # grpc.aio rather than the package in a worker thread (app/storage/oxia_reads.py).
+    oxia_event_loop_reads: bool = True
     oxia_max_inflight_writes: int = Field(default=2, ge=1, le=64)
     # TLS to Oxia: the CA bundle that signs its certificate (none: the system's roots),
     # and a client certificate and key for servers that require one.

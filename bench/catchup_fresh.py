@@ -12,7 +12,8 @@ answers, ``--fetch-bytes`` each: fresh, immediately after the fill; then compact
 
 Each read starts from a cold object cache (a reader restarts before each row), and the
 two readers alternate order from one round to the next, so the rows of one run compare.
-Prints MiB/s, requests, and S3 GETs per MiB read (the reader's ``llog_s3_requests``).
+Prints MiB/s, requests, S3 GETs and Oxia gets per MiB read (the reader's
+``llog_s3_requests`` and ``llog_oxia_requests``) and the reader's CPU per MiB.
 
     .venv/bin/python bench/catchup_fresh.py [--mib 128] [--rounds 2]
 
@@ -89,6 +90,10 @@ class Broker:
         m = hb.get_json(f"{self.url}/metrics")
         return (hb.metric_sum(m, "llog_s3_requests_total", op="get")
                 + hb.metric_sum(m, "llog_s3_requests_total", op="range_get"))
+
+    def oxia_gets(self) -> float:
+        return hb.metric_sum(hb.get_json(f"{self.url}/metrics"), "llog_oxia_requests_total",
+                             op="get")
 
     def metrics(self) -> dict[str, Any]:
         return hb.get_json(f"{self.url}/metrics")
@@ -175,10 +180,11 @@ def _row(broker: Broker, topic: str, fetch_bytes: int, variant: str, data: str
          ) -> dict[str, Any]:
     broker.start()
     try:
-        before = broker.s3_gets()
+        before, oxia_before = broker.s3_gets(), broker.oxia_gets()
         cpu0 = hb.cpu_seconds(broker.proc.pid)
         read = catch_up(broker.url, topic, fetch_bytes)
         gets = broker.s3_gets() - before
+        oxia_gets = broker.oxia_gets() - oxia_before
         cpu = hb.cpu_seconds(broker.proc.pid) - cpu0
     finally:
         broker.stop()
@@ -186,6 +192,7 @@ def _row(broker: Broker, topic: str, fetch_bytes: int, variant: str, data: str
     return {"variant": variant, "data": data, "mib": mib,
             "mib_per_s": mib / read["seconds"], "requests": read["requests"],
             "s3_gets": gets, "s3_gets_per_mib": gets / mib if mib else None,
+            "oxia_gets_per_mib": oxia_gets / mib if mib else None,
             "server_cpu_s_per_mib": cpu / mib if mib else None}
 
 
@@ -249,6 +256,7 @@ def _line(row: dict[str, Any]) -> str:
     return (f"{row['variant']:<16} {row['data']:<10} {row['mib']:7.1f} MiB "
             f"{row['mib_per_s']:7.1f} MiB/s {row['requests']:5d} requests "
             f"{row['s3_gets_per_mib']:6.2f} GETs/MiB "
+            f"{row['oxia_gets_per_mib']:6.2f} Oxia gets/MiB "
             f"{row['server_cpu_s_per_mib'] * 1000:6.1f} ms CPU/MiB")
 
 

@@ -202,10 +202,13 @@ def start_kind(run: Run, kind: str, name: str) -> Server:
         data_dir = run.logs.parent / f"dev-{name}"
         env = (baseline.dev_env(tree, run.stack.settings_env(), data_dir) if base
                else shipped.dev_broker_env(run.stack, data_dir))
-        env.update({"LLOG_DRAIN_S": "0", "LLOG_BROKER_ID": f"perf-{name}"})
+        # A key space of its own, as a developer's `llog dev` stack holds only their own
+        # data: its compactor must not compact what the rows before it wrote.
+        own = {"LLOG_ROOT_PREFIX": f"perf-{name}"}
+        env.update({"LLOG_DRAIN_S": "0", "LLOG_BROKER_ID": f"perf-{name}", **own})
         if not base:  # and its compactor beside it, as `llog dev` runs them
             server = _launch(run, name, env)
-            compactor, url = start_compactor(run.stack, data_dir)
+            compactor, url = start_compactor(run.stack, data_dir, env=own)
             server.companions.append(compactor)
             wait_healthy(compactor, url)
             return server

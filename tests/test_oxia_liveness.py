@@ -45,6 +45,7 @@ async def test_calls_to_a_paused_oxia_end_at_their_deadline(own_stack: LocalStac
     pid = own_stack.oxia.pid
     async with OxiaStore(settings, StoreMetrics()) as store:
         await store.put("deadline/a", b"1", "pk")  # connected, shard known
+        assert await store.get("deadline/a", "pk") is not None  # gets' channel too
         os.kill(pid, signal.SIGSTOP)
         try:
             _wait_stopped(pid)

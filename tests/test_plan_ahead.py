@@ -12,7 +12,7 @@ from app.errors import StorageUnavailable
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.plan_ahead import MAX_AGE_S, Lookup, PlanAhead
+from app.storage.plan_ahead import MAX_AGE_S, Lookup, PlanAhead, Taken
 from app.storage.reader import LogReader
 from app.storage.records import Control
 from tests.helpers.stack import make_settings, open_engine
@@ -49,8 +49,8 @@ async def test_a_lookup_is_taken_once_by_a_read_of_its_offset() -> None:
         assert await plans.take(TP, 12) is None
         assert await plans.take(TopicPartition("u", 0), 11) is None
         taken = await plans.take(TP, 11)
-        assert taken is not None and taken[0] is not None
-        assert taken[0].sequence_counter == 50
+        assert taken is not None and taken.result[0] is not None
+        assert taken.result[0].sequence_counter == 50
         assert await plans.take(TP, 11) is None  # once
     stats = plans.statistics()
     assert (stats.started, stats.taken, stats.failed, stats.kept) == (1, 1, 0, 0)
@@ -64,7 +64,7 @@ async def test_a_read_waits_for_a_lookup_under_way() -> None:
         return _found(50)
 
     plans = PlanAhead(4)
-    got: list[Lookup | None] = []
+    got: list[Taken | None] = []
     async with anyio.create_task_group() as tg:
         plans.run_in(tg)
         plans.start(TP, 11, slow)
@@ -172,3 +172,21 @@ async def test_a_catch_up_reads_on_without_waiting_for_oxia(stack: LocalStack,
     # Every read after the first took the control record read ahead (its own get
     # counted before it began).
     assert looked_up_by_reads == 0
+
+
+async def test_a_reads_own_lookup_is_kept_for_the_next_read_of_its_offset() -> None:
+    now = [100.0]
+    plans = PlanAhead(4, clock=lambda: now[0])
+    async with anyio.create_task_group() as tg:
+        assert not plans.keep(TP, 11, _found(50), 99.5)  # no task group: never kept
+        plans.run_in(tg)
+        assert plans.keep(TP, 11, _found(50), 99.5)
+        assert not plans.keep(TP, 11, _found(50), 99.9)  # one per offset
+        taken = await plans.take(TP, 11)
+        assert taken is not None and taken.started == 99.5  # its age is the lookup's
+        assert plans.keep(TP, 11, _found(50), 99.5)
+        now[0] = 99.5 + MAX_AGE_S + 0.1
+        assert await plans.take(TP, 11) is None  # too old, whoever kept it
+        assert plans.keep(TP, 11, _found(10), now[0])
+        assert await plans.take(TP, 11) is None  # no records at 11: never for the tail
+    assert plans.statistics().reused == 3

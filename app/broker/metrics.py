@@ -81,6 +81,8 @@ PLAN_AHEAD_FIGURES = (
            "counter"),
     Figure("failed", "Lookups made ahead that failed (the read looked up for itself)",
            "counter"),
+    Figure("reused", "Lookups of partitions an answer had no room for, kept for the "
+                     "next read of the same offset", "counter"),
 )
 
 

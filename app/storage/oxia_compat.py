@@ -91,7 +91,7 @@ KEEPALIVE_S = 6
 KEEPALIVE_TIMEOUT_S = 2
 # gRPC waits up to 120 s between reconnection attempts to a server that went away; a
 # restarted Oxia server may lead a shard again within seconds.
-_CHANNEL_OPTIONS = [
+CHANNEL_OPTIONS = [
     ("grpc.initial_reconnect_backoff_ms", 100),
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
@@ -163,8 +163,8 @@ class _DeadlinePool(ConnectionPool):
 
     def _channel(self, address: str) -> grpc.Channel:
         if self._credentials is None:
-            return grpc.insecure_channel(address, options=_CHANNEL_OPTIONS)
-        return grpc.secure_channel(address, self._credentials, options=_CHANNEL_OPTIONS)
+            return grpc.insecure_channel(address, options=CHANNEL_OPTIONS)
+        return grpc.secure_channel(address, self._credentials, options=CHANNEL_OPTIONS)
 
     def get(self, address: str) -> Any:
         from oxia.internal.proto.io.streamnative.oxia.proto import OxiaClientStub

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import anyio
 import grpc
+import grpc.aio
 import oxia
 import oxia.ex
 
@@ -26,6 +27,7 @@ from app.settings import Settings
 from app.storage import oxia_compat
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_discovery import STALE_LEADER_CODES
+from app.storage.oxia_reads import EventLoopReads, NotUnderstood
 
 T = TypeVar("T")
 EXPECT_NOT_EXISTS = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
@@ -45,6 +47,7 @@ class OxiaStore:
         self._identity = identity or settings.broker_id
         self._limiter = anyio.CapacityLimiter(settings.oxia_max_threads)
         self._client: Any = None
+        self._reads: EventLoopReads | None = None
         self._timeout = settings.oxia_request_timeout_s
         self._puts = _PutCoalescer(self, max_inflight=settings.oxia_max_inflight_writes)
 
@@ -68,9 +71,20 @@ class OxiaStore:
             self._client = await anyio.to_thread.run_sync(connect, limiter=self._limiter)
         except Exception as exc:
             raise StorageUnavailable(f"cannot reach Oxia at {s.oxia_address}: {exc}") from exc
+        if s.oxia_event_loop_reads and _on_asyncio():
+            credentials = None if not s.oxia_tls else await anyio.to_thread.run_sync(
+                oxia_compat.TlsFiles(s.oxia_tls_ca_file, s.oxia_tls_cert_file,
+                                     s.oxia_tls_key_file).credentials)
+            self._reads = EventLoopReads(self._client, timeout_s=self._timeout,
+                                         credentials=credentials,
+                                         options=oxia_compat.CHANNEL_OPTIONS)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        reads, self._reads = self._reads, None
+        if reads is not None:
+            with anyio.CancelScope(shield=True):
+                await reads.aclose()
         client, self._client = self._client, None
         if client is not None:
             await anyio.to_thread.run_sync(client.close, limiter=self._limiter)
@@ -117,6 +131,12 @@ class OxiaStore:
             self._metrics.oxia_latency.labels(op).observe(time.monotonic() - started)
 
     async def get(self, key: str, partition_key: str) -> Record | None:
+        if self._reads is not None:
+            try:
+                return await self._get_on_loop(self._reads, key, partition_key)
+            except NotUnderstood:
+                pass  # through the package, which reports what it makes of it
+
         def run() -> Record | None:
             try:
                 k, value, version = self._client.get(key, partition_key=partition_key)
@@ -125,6 +145,28 @@ class OxiaStore:
             return Record(k, value, version.version_id())
 
         return await self._call("get", run)
+
+    async def _get_on_loop(self, reads: EventLoopReads, key: str, partition_key: str
+                           ) -> Record | None:
+        """A get through ``reads``, timed and counted as :meth:`_call` does, its gRPC
+        errors reported as the package's are; :class:`NotUnderstood` is left to the
+        caller, which makes the get again through the package."""
+        started = time.monotonic()
+        outcome = "ok"
+        try:
+            found = await reads.get(key, partition_key)
+        except NotUnderstood:
+            outcome = "fallback"
+            raise
+        except grpc.aio.AioRpcError as exc:
+            outcome = "error"
+            if exc.code() in STALE_LEADER_CODES:
+                _suspect_leaders(self._client)
+            raise StorageUnavailable(f"Oxia get failed: {describe(exc)}") from exc
+        finally:
+            self._metrics.oxia_requests.labels("get", outcome).inc()
+            self._metrics.oxia_latency.labels("get").observe(time.monotonic() - started)
+        return None if found is None else Record(found.key, found.value, found.version_id)
 
     async def get_ceiling(self, key: str, partition_key: str) -> Record | None:
         """The first record with key >= ``key`` on the partition's shard (any prefix!)."""
@@ -330,6 +372,15 @@ class PutSpec:
 class _QueuedGroup:
     puts: list[PutSpec]
     future: asyncio.Future[list[int | Exception]]
+
+
+def _on_asyncio() -> bool:
+    """Whether the running event loop is asyncio's (grpc.aio needs it; trio is not)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def describe(exc: BaseException) -> str:

@@ -47,6 +47,13 @@ class PlanAheadStats:
     started: int
     taken: int
     failed: int
+    reused: int = 0  # a read's own lookup kept for the next read (:meth:`keep`)
+
+
+@dataclass(frozen=True)
+class Taken:
+    result: Lookup
+    started: float  # when its Oxia reads began (the clock of :class:`PlanAhead`)
 
 
 @dataclass
@@ -69,13 +76,14 @@ class PlanAhead:
         self.started = 0
         self.taken = 0
         self.failed = 0
+        self.reused = 0
 
     def run_in(self, group: anyio.abc.TaskGroup) -> None:
         self._group = group
 
     def statistics(self) -> PlanAheadStats:
         return PlanAheadStats(len(self._kept), self.max_kept, self.started, self.taken,
-                              self.failed)
+                              self.failed, self.reused)
 
     def start(self, tp: TopicPartition, offset: int, lookup: LookupFn) -> bool:
         """Look up ``tp`` at ``offset`` in the background, unless that is already kept;
@@ -90,9 +98,29 @@ class PlanAhead:
         self._group.start_soon(self._run, lookup, pending)
         return True
 
-    async def take(self, tp: TopicPartition, offset: int) -> Lookup | None:
-        """The lookup made for a read of ``tp`` at ``offset``, when there is one (waiting
-        for it if under way), it is recent, and it shows records at that offset."""
+    def keep(self, tp: TopicPartition, offset: int, lookup: Lookup, started: float
+             ) -> bool:
+        """Keep a lookup a read made for itself (at ``started``) for the next read of
+        ``tp`` at ``offset``: a partition behind others that filled an answer is asked
+        again at the same offset, so its own lookup serves that read, as one made ahead
+        would, within ``MAX_AGE_S`` of when it was made. Whether it was kept."""
+        key = (tp, offset)
+        if self._group is None or self.max_kept <= 0 or key in self._kept:
+            return False
+        while len(self._kept) >= self.max_kept:
+            self._kept.popitem(last=False)
+        pending = self._kept[key] = _Pending(started, result=lookup)
+        pending.done.set()
+        self.reused += 1
+        return True
+
+    def now(self) -> float:
+        return self._clock()
+
+    async def take(self, tp: TopicPartition, offset: int) -> Taken | None:
+        """The lookup made for a read of ``tp`` at ``offset`` and when it began, when
+        there is one (waiting for it if under way), it is recent, and it shows records at
+        that offset."""
         pending = self._kept.pop((tp, offset), None)
         if pending is None:
             return None
@@ -103,7 +131,7 @@ class PlanAhead:
         if control is None or control.sequence_counter < offset:
             return None  # at the tail: the read must see commits made since
         self.taken += 1
-        return pending.result
+        return Taken(pending.result, pending.started)
 
     async def _run(self, lookup: LookupFn, pending: _Pending) -> None:
         try:

@@ -40,17 +40,18 @@ from cachetools import LRUCache
 from app.errors import CorruptData, LlogError, LogGap, ObjectMissing, OffsetOutOfRange
 from app.storage import codec, columnar
 from app.storage.batch import RecordBatch, records_size
+from app.storage.blob_lookups import CONTROL_REUSE_S, BlobLookups, Remembered
 from app.storage.chunks import chunk_index, chunk_records
 from app.storage.index_windows import IndexWindows
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
 from app.storage.oxia_store import OxiaStore, Record
-from app.storage.plan_ahead import Lookup, PlanAhead
+from app.storage.plan_ahead import Lookup, PlanAhead, Taken
 from app.storage.read_ahead import ReadAhead
 from app.storage.records import CompactionCursor, Control
 from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
 from app.storage.s3 import S3Store
-from app.storage.spans import Span, index_span
+from app.storage.spans import ParsedSpans, Span
 from app.storage.wal_objects import DroppedKeys, WalObjects
 
 _FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
@@ -222,6 +223,10 @@ class _Plan:
     log_start: int = 1
     units: list[_Unit] = field(default_factory=list)
     looked_up_ahead: bool = False
+    # The control record and first index page the plan began from, and when they were
+    # read: kept for the next read when the answer had no room for this partition.
+    lookup: Lookup | None = None
+    looked_up_at: float = 0.0
 
 
 class LogReader:
@@ -237,6 +242,7 @@ class LogReader:
         # (app/storage/wal_objects.py); 0: each slice is fetched alone.
         self.wal = WalObjects(s3, self.objects, wal_object_max_bytes)
         self._windows = IndexWindows()
+        self._spans = ParsedSpans()
         self._fetch_concurrency = fetch_concurrency
         self._process_fetches = anyio.CapacityLimiter(max_concurrent_fetches)
         # Chunks after a read stopped inside a compacted blob (app/storage/read_ahead.py),
@@ -244,6 +250,8 @@ class LogReader:
         self.ahead = ReadAhead(read_ahead)
         # The Oxia reads of a catch-up's next read (app/storage/plan_ahead.py), as many.
         self.plans = PlanAhead(read_ahead)
+        # A catch-up inside a compacted blob: its entry and recent control records.
+        self._blobs = BlobLookups(layout, self.plans.now)
 
     def run_ahead_in(self, group: anyio.abc.TaskGroup) -> None:
         """Read and plan ahead (chunks, lookups) in ``group`` from now on."""
@@ -278,6 +286,8 @@ class LogReader:
         outcomes = await self._read_round(requests, max_bytes, skip_strays=False,
                                           oversized_first=oversized_first)
         again = [i for i, o in enumerate(outcomes) if isinstance(o, ObjectMissing | LogGap)]
+        for i in again:  # planned again from fresh metadata: the index is read again
+            self._blobs.forget(requests[i].tp)
         if again:
             used = sum(o.size for o in outcomes if isinstance(o, ReadResult))
             budget = None if max_bytes is None else max(0, max_bytes - used)
@@ -315,16 +325,26 @@ class LogReader:
         for request, plan, outcome in zip(requests, plans, outcomes, strict=True):
             in_wal = (isinstance(plan, _Plan) and bool(plan.units)
                       and plan.units[-1].span.entry.byte_offset is not None)
-            self._plan_on(request.tp, outcome, in_wal)
+            self._plan_on(request.tp, outcome, in_wal,
+                          plan if isinstance(plan, _Plan) else None)
         return outcomes
 
-    def _plan_on(self, tp: TopicPartition, outcome: ReadOutcome, in_wal: bool) -> None:
+    def _plan_on(self, tp: TopicPartition, outcome: ReadOutcome, in_wal: bool,
+                 plan: _Plan | None) -> None:
         """After an answer that stopped below the high watermark: look up its next offset
         in the background, for the consumer's next read; when it stopped in the WAL
-        (``in_wal``), read the WAL objects of that lookup's index page ahead too."""
+        (``in_wal``), read the WAL objects of that lookup's index page ahead too. A
+        partition the answer had no room for keeps the lookup it made: the consumer asks
+        again from the same offset, most likely while others fill its answers."""
+        if (isinstance(outcome, ReadResult) and not outcome.records and plan is not None
+                and plan.lookup is not None and outcome.next_offset <= outcome.high_watermark):
+            self.plans.keep(tp, outcome.next_offset, plan.lookup, plan.looked_up_at)
+            return
         if (isinstance(outcome, ReadResult) and outcome.records
                 and outcome.next_offset <= outcome.high_watermark):
             nxt = outcome.next_offset
+            if self._blobs.in_blob(tp, nxt, CONTROL_REUSE_S / 2) is not None:
+                return  # the next read takes the newest lookup (refreshed before it ages)
             look_up = functools.partial(self._look_up, tp, nxt)
             if in_wal and self.wal.max_bytes > 0:
                 look_up = functools.partial(self._look_up_wal_ahead, tp, nxt,
@@ -342,7 +362,8 @@ class LogReader:
         keys: dict[str, None] = {}
         planned = 0
         for record in page or ():
-            span = index_span(self._layout, tp, record.key, record.value, record.version_id)
+            span = self._spans.span(self._layout, tp, record.key, record.value,
+                                    record.version_id)
             if span is None or span.end < offset:
                 continue
             start, length = span.entry.byte_offset, span.entry.byte_length
@@ -399,12 +420,16 @@ class LogReader:
                     room: Callable[[], Awaitable[bool]] | None = None) -> _Plan:
         tp = request.tp
         page: list[Record] | None = None
-        ahead: Lookup | None = None
+        ahead: Taken | None = None
         if request.offset >= 1 and (request.max_records is None or request.max_records > 0):
             # The control record and the first index page from the offset: looked up
             # ahead of this read (:meth:`_plan_on`), or now.
-            ahead = await self.plans.take(tp, request.offset)
-            control, page = ahead if ahead is not None else \
+            looked_up_at = self.plans.now()
+            ahead = self._blobs.in_blob(tp, request.offset) or await self.plans.take(
+                tp, request.offset)
+            if ahead is not None:
+                looked_up_at = ahead.started
+            control, page = ahead.result if ahead is not None else \
                 await self._look_up(tp, request.offset)
         else:
             control = await self.read_control(tp)
@@ -418,6 +443,8 @@ class LogReader:
                 f"{tp}: offset {offset} is {where}; the log holds {log_start}..{hw}",
                 log_start=log_start, high_watermark=hw)
         plan = _Plan(request, offset, hw, log_start, looked_up_ahead=ahead is not None)
+        if page is not None and offset == request.offset:
+            plan.lookup, plan.looked_up_at = (control, page), looked_up_at
         if control is None or offset == hw + 1 or (
                 request.max_records is not None and request.max_records <= 0):
             return plan
@@ -436,15 +463,23 @@ class LogReader:
                        ) -> tuple[Control | None, list[Record] | None]:
         """The control record and the first index page from ``offset``, read at once: a
         read of new records costs one Oxia round trip less. The page may predate the
-        control record; :meth:`_index_from` reads on where it falls short."""
+        control record; :meth:`_index_from` reads on where it falls short.
+
+        When the partition's last compacted entry covers ``offset``, it is the page and
+        only the control record is read: a compacted entry is immutable, retention that
+        removes it moves the log start past ``offset`` (the control record says so), and
+        a read that then meets a missing object plans again with the entry forgotten."""
+        started = self.plans.now()
+        page: list[Record] | None = self._blobs.covering(tp, offset)
+        if page is not None:
+            return self._blobs.seen(tp, started, await self.read_control(tp)), page
         control: Control | None = None
-        page: list[Record] | None = None
         failed: LlogError | None = None
 
         async def read_control() -> None:
             nonlocal control, failed
             try:
-                control = await self.read_control(tp)
+                control = self._blobs.seen(tp, started, await self.read_control(tp))
             except LlogError as exc:  # the read fails as a sequential one would
                 failed = exc
                 tg.cancel_scope.cancel()
@@ -518,6 +553,8 @@ class LogReader:
                 nxt = span.end + 1
                 if not want_more() or (pending is not None and pending.covers(nxt)):
                     break
+        if spans:
+            self._blobs.ended_in(tp, spans[-1])  # where a catch-up reads on
         if want_more() and pending is not None and pending.covers(nxt):
             spans.append(Span.of_pending(pending))
         if not spans:
@@ -548,9 +585,10 @@ class LogReader:
             records = first_page if first_page is not None else \
                 await self._index_page(tp, start, limit, stop)
             first_page = None
-            spans = [span for record in records if (span := index_span(
+            spans = [span for record in records if (span := self._spans.span(
                 self._layout, tp, record.key, record.value, record.version_id)) is not None]
-            self._windows.learn(tp, spans)
+            if not isinstance(records, Remembered):  # a scan: what a window holds
+                self._windows.learn(tp, spans)
             for span in spans:
                 yield span
                 start = span.end + 1

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from cachetools import LRUCache
 
 from app.storage.chunks import Chunk, chunk_index, parse_chunks
 from app.storage.keys import KeyLayout, TopicPartition
@@ -24,6 +26,7 @@ class Span:
     end: int
     entry: IndexEntry
     version: int | None = None  # the index key's Oxia version; None for the pending append
+    raw: bytes | None = field(default=None, repr=False)  # the entry as stored, if read
 
     @classmethod
     def of_pending(cls, pending: Pending) -> Span:
@@ -69,4 +72,36 @@ def index_span(layout: KeyLayout, tp: TopicPartition, key: str, value: bytes,
     end = layout.index_end_offset(tp, key)
     if end is None:
         return None
-    return Span(end, IndexEntry.from_json(value), version)
+    return Span(end, IndexEntry.from_json(value), version, value)
+
+
+class ParsedSpans:
+    """Index entries already parsed, by key, for a reader that meets them again.
+
+    A consumer catching up through a compacted blob reads the same index entry for every
+    answer, and parsing its JSON and chunk table (up to 1,024 rows, validated) was a
+    tenth of the broker's work per answer. An entry is reused only when its key, Oxia
+    version and stored bytes are all the ones parsed, so a rewritten entry is always
+    parsed afresh. Bounded by bytes, most recently used kept: an entry costs its stored
+    bytes and, parsed, about ``PARSED_FACTOR`` times as much again (a chunk table row is
+    about 40 bytes of JSON and 150 as an object)."""
+
+    PARSED_FACTOR = 4
+
+    def __init__(self, max_bytes: int = 16 * 1024 * 1024) -> None:
+        self._spans: LRUCache[str, tuple[bytes, Span]] = LRUCache(
+            max(max_bytes, 1), getsizeof=lambda kept: len(kept[0]) * (1 + self.PARSED_FACTOR))
+
+    def __len__(self) -> int:
+        return len(self._spans)
+
+    def span(self, layout: KeyLayout, tp: TopicPartition, key: str, value: bytes,
+             version: int) -> Span | None:
+        """:func:`index_span`, parsed once while kept."""
+        kept = self._spans.get(key)
+        if kept is not None and kept[1].version == version and kept[0] == value:
+            return kept[1]
+        span = index_span(layout, tp, key, value, version)
+        if span is not None and len(value) * (1 + self.PARSED_FACTOR) <= self._spans.maxsize:
+            self._spans[key] = (value, span)
+        return span
