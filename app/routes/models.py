@@ -11,6 +11,7 @@ import binascii
 import enum
 from typing import Annotated, Literal, Self
 
+from fastapi import Path
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -48,6 +49,9 @@ TopicName = Annotated[
           description="1..249 characters of [A-Za-z0-9._-], not '.' or '..'",
           examples=["orders"]),
 ]
+# A topic in a path: the document declares the same pattern, so a client generated from
+# it (or a fuzzer) knows which names the broker refuses.
+PathTopic = Annotated[TopicName, Path(description="the topic's name")]
 Partition = Annotated[StrictInt, Field(ge=0, le=MAX_PARTITION, examples=[0])]
 
 

@@ -21,7 +21,7 @@ from typing import Annotated, Any
 
 import anyio
 import orjson
-from fastapi import APIRouter, Header, Path, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -32,6 +32,7 @@ from app.broker.state import BrokerState
 from app.errors import InvalidRequest, LlogError, RoleDisabled, ShuttingDown, Unavailable
 from app.routes.access import account, authorize, control_of, principal_of
 from app.routes.consume import _record, _times
+from app.routes.models import PathTopic
 from app.routes.offsets import lookup_all
 from app.routes.openapi import error, errors
 from app.routes.stream_guard import StreamGuard
@@ -134,7 +135,7 @@ def _position(offsets: dict[int, int]) -> str:
 )
 async def stream(
     request: Request,
-    topic: Annotated[str, Path(description="the topic's name")],
+    topic: PathTopic,
     partitions: Annotated[str, Query(description="comma-separated partitions")] = "0",
     start: Annotated[str, Query(alias="from", description="earliest, latest or an offset")
                      ] = "latest",

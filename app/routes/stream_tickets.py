@@ -4,12 +4,11 @@ event stream of the topic as the caller, for browsers (``EventSource`` cannot se
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field
 
 from app.routes.access import control_of, principal_of
+from app.routes.models import PathTopic
 from app.routes.openapi import errors, response
 from app.storage.keys import validate_topic
 
@@ -31,7 +30,7 @@ class StreamTicket(BaseModel):
                    "expires_in_s": 30.0}}), **errors(400)},
 )
 async def issue_stream_ticket(
-    request: Request, topic: Annotated[str, Path(description="the topic's name")],
+    request: Request, topic: PathTopic,
 ) -> StreamTicket:
     validate_topic(topic)
     control, principal = control_of(request), principal_of(request)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import anyio
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
@@ -15,11 +15,11 @@ from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
 from app.routes.models import (
     PartitionInfo,
+    PathTopic,
     TopicCreateRequest,
     TopicDescription,
     TopicInfo,
     TopicList,
-    TopicName,
     TopicUpdateRequest,
 )
 from app.routes.openapi import error, errors, store_errors
@@ -32,7 +32,6 @@ router = APIRouter(tags=["topics"])
 # Every topic operation reads the catalog in Oxia, and needs the read role.
 _STORE = store_errors()
 _NAMED = {**errors(400), **error(404, "UnknownTopic", description="no such topic"), **_STORE}
-PathTopic = Annotated[TopicName, Path(description="the topic's name")]
 # Changing or deleting a topic needs the admin right on it (checked before the handler).
 _ADMIN = [Depends(require(Right.ADMIN, param="topic"))]
 
