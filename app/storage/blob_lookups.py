@@ -28,11 +28,11 @@ from cachetools import LRUCache
 
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import Record
-from app.storage.plan_ahead import Taken
+from app.storage.plan_ahead import MAX_AGE_S, Taken
 from app.storage.records import Control
 from app.storage.spans import Span
 
-CONTROL_REUSE_S = 0.5  # half of what a lookup made ahead may be (plan_ahead.MAX_AGE_S)
+CONTROL_REUSE_S = MAX_AGE_S / 2  # half of what a lookup made ahead may be: 0.5 s
 
 
 class Remembered(list[Record]):

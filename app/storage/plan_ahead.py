@@ -88,12 +88,9 @@ class PlanAhead:
     def start(self, tp: TopicPartition, offset: int, lookup: LookupFn) -> bool:
         """Look up ``tp`` at ``offset`` in the background, unless that is already kept;
         whether it started."""
-        key = (tp, offset)
-        if self._group is None or self.max_kept <= 0 or key in self._kept:
+        pending = self._admit((tp, offset), _Pending(self._clock()))
+        if pending is None or self._group is None:
             return False
-        while len(self._kept) >= self.max_kept:
-            self._kept.popitem(last=False)
-        pending = self._kept[key] = _Pending(self._clock())
         self.started += 1
         self._group.start_soon(self._run, lookup, pending)
         return True
@@ -104,15 +101,22 @@ class PlanAhead:
         ``tp`` at ``offset``: a partition behind others that filled an answer is asked
         again at the same offset, so its own lookup serves that read, as one made ahead
         would, within ``MAX_AGE_S`` of when it was made. Whether it was kept."""
-        key = (tp, offset)
-        if self._group is None or self.max_kept <= 0 or key in self._kept:
+        pending = self._admit((tp, offset), _Pending(started, result=lookup))
+        if pending is None:
             return False
-        while len(self._kept) >= self.max_kept:
-            self._kept.popitem(last=False)
-        pending = self._kept[key] = _Pending(started, result=lookup)
         pending.done.set()
         self.reused += 1
         return True
+
+    def _admit(self, key: tuple[TopicPartition, int], pending: _Pending) -> _Pending | None:
+        """Keep ``pending`` under ``key`` (the oldest kept out first, within ``max_kept``),
+        unless this has no task group, keeps nothing, or already holds the key."""
+        if self._group is None or self.max_kept <= 0 or key in self._kept:
+            return None
+        while len(self._kept) >= self.max_kept:
+            self._kept.popitem(last=False)
+        self._kept[key] = pending
+        return pending
 
     def now(self) -> float:
         return self._clock()
