@@ -2,8 +2,8 @@
 //
 // Mode "throughput" (default): N connections, each sending POST {path} back to back for
 // a fixed duration, with produce bodies of R records of S bytes, round-robin over P
-// partitions. Counts statuses and errors, acknowledged records and bytes, and latency
-// percentiles.
+// partitions (or over the partitions of -partition-set). Counts statuses and errors,
+// acknowledged records and bytes, and latency percentiles.
 //
 // Mode "e2e": one producer connection sends one record at a time carrying its send time
 // while one long-poll consumer (POST /consume, following next_offset) measures the
@@ -25,6 +25,7 @@ import (
 	"net/http"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,6 +59,10 @@ type config struct {
 	totalMiB    int
 	keyBytes    int // a key of this many bytes on every record (JSON bodies)
 	headers     int // this many headers on every record (JSON bodies)
+	// throughput mode: the partitions written, round-robin (-partition-set; default
+	// 0..partitions-1). validate fills it in.
+	partitionSet string
+	written      []int
 }
 
 func main() {
@@ -93,6 +98,9 @@ func main() {
 	flag.Int64Var(&c.fromOffset, "from-offset", 1, "catchup mode: the first offset")
 	flag.IntVar(&c.readParts, "catchup-partitions", 1,
 		"catchup mode: read partitions 0..n-1, all of them in every request")
+	flag.StringVar(&c.partitionSet, "partition-set", "",
+		"throughput mode: write only these partitions (comma-separated, each below "+
+			"-partitions), round-robin; entries per request at most their number")
 	flag.IntVar(&c.totalMiB, "total-mib", 0,
 		"throughput mode: stop once this many MiB of records are acknowledged (0: -duration)")
 	flag.Parse()
@@ -157,11 +165,43 @@ func validate(c *config) error {
 			return errors.New(check.why)
 		}
 	}
+	if err := choosePartitions(c); err != nil {
+		return err
+	}
 	c.url = strings.TrimRight(c.url, "/")
 	if c.consumeURL == "" {
 		c.consumeURL = c.url
 	}
 	c.consumeURL = strings.TrimRight(c.consumeURL, "/")
+	return nil
+}
+
+// choosePartitions sets the partitions throughput mode writes: -partition-set, or all
+// of 0..partitions-1. A request carries at most one entry per partition, so a set smaller
+// than -entries lowers the entries per request to its size.
+func choosePartitions(c *config) error {
+	if c.partitionSet == "" {
+		c.written = make([]int, c.partitions)
+		for p := range c.written {
+			c.written[p] = p
+		}
+		return nil
+	}
+	if c.mode != "throughput" {
+		return errors.New("-partition-set is for -mode throughput")
+	}
+	seen := map[int]bool{}
+	c.written = nil
+	for _, field := range strings.Split(c.partitionSet, ",") {
+		p, err := strconv.Atoi(strings.TrimSpace(field))
+		if err != nil || p < 0 || p >= c.partitions || seen[p] {
+			return fmt.Errorf("-partition-set %q: each partition once, between 0 and "+
+				"-partitions - 1 (%d)", c.partitionSet, c.partitions-1)
+		}
+		seen[p] = true
+		c.written = append(c.written, p)
+	}
+	c.entries = min(c.entries, len(c.written))
 	return nil
 }
 

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -42,5 +44,75 @@ func TestValidateCatchupPartitions(t *testing.T) {
 		timeout: time.Second, entries: 1, format: "binary", maxBytes: 1, readParts: 0}
 	if err := validate(&c); err == nil || !strings.HasPrefix(err.Error(), "-catchup-partitions ") {
 		t.Fatalf("got %v", err)
+	}
+}
+
+// bodyPartitions are the partitions of each JSON produce body, in order.
+func bodyPartitions(t *testing.T, bodies [][]byte) [][]int {
+	t.Helper()
+	out := make([][]int, len(bodies))
+	for i, body := range bodies {
+		var doc struct {
+			TopicPartitions []struct {
+				Partition int `json:"partition"`
+			} `json:"topic_partitions"`
+		}
+		if err := json.Unmarshal(body, &doc); err != nil {
+			t.Fatal(err)
+		}
+		for _, tp := range doc.TopicPartitions {
+			out[i] = append(out[i], tp.Partition)
+		}
+	}
+	return out
+}
+
+func TestPartitionSetWritesOnlyItsPartitions(t *testing.T) {
+	c := config{url: "http://h:1", path: "/produce", mode: "throughput", connections: 1,
+		duration: time.Second, topic: "t", partitions: 16, records: 1, size: 1,
+		timeout: time.Second, entries: 16, format: "json", maxBytes: 1, readParts: 1,
+		partitionSet: "0, 3,7"}
+	if err := validate(&c); err != nil {
+		t.Fatal(err)
+	}
+	if c.entries != 3 {
+		t.Fatalf("entries %d, want 3 (the set's size)", c.entries)
+	}
+	bodies, _ := throughputBodies(&c)
+	got := fmt.Sprint(bodyPartitions(t, bodies))
+	if want := "[[0 3 7] [3 7 0] [7 0 3]]"; got != want {
+		t.Fatalf("partitions per body %s, want %s", got, want)
+	}
+	c.entries, c.partitionSet = 2, "5,9"
+	if err := validate(&c); err != nil || c.entries != 2 {
+		t.Fatalf("entries %d, err %v", c.entries, err)
+	}
+	// Without a set: every partition, as before.
+	c.entries, c.partitions, c.partitionSet = 2, 3, ""
+	if err := validate(&c); err != nil {
+		t.Fatal(err)
+	}
+	bodies, _ = throughputBodies(&c)
+	if got, want := fmt.Sprint(bodyPartitions(t, bodies)), "[[0 1] [1 2] [2 0]]"; got != want {
+		t.Fatalf("partitions per body %s, want %s", got, want)
+	}
+}
+
+func TestPartitionSetValidation(t *testing.T) {
+	for _, set := range []string{"16", "-1", "1,1", "x", "1,,2"} {
+		c := config{url: "http://h:1", path: "/produce", mode: "throughput", connections: 1,
+			duration: time.Second, topic: "t", partitions: 16, records: 1, size: 1,
+			timeout: time.Second, entries: 1, format: "json", maxBytes: 1, readParts: 1,
+			partitionSet: set}
+		if err := validate(&c); err == nil || !strings.HasPrefix(err.Error(), "-partition-set ") {
+			t.Fatalf("%q: got %v", set, err)
+		}
+	}
+	c := config{url: "http://h:1", path: "/produce", mode: "e2e", connections: 1,
+		duration: time.Second, topic: "t", partitions: 16, records: 1, size: 1,
+		timeout: time.Second, entries: 1, format: "json", maxBytes: 1, readParts: 1,
+		partitionSet: "1"}
+	if err := validate(&c); err == nil || !strings.HasPrefix(err.Error(), "-partition-set ") {
+		t.Fatalf("e2e: got %v", err)
 	}
 }

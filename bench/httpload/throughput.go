@@ -19,6 +19,7 @@ type ThroughputResult struct {
 	URL               string            `json:"url"`
 	Connections       int               `json:"connections"`
 	Partitions        int               `json:"partitions"`
+	PartitionSet      []int             `json:"partition_set,omitempty"`
 	RecordsPerRequest int               `json:"records_per_request"`
 	EntriesPerRequest int               `json:"entries_per_request"`
 	Format            string            `json:"format"`
@@ -56,7 +57,7 @@ type worker struct {
 type throughput struct {
 	c        *config
 	url      string
-	bodies   [][]byte // one produce body per first partition
+	bodies   [][]byte // one produce body per first partition (of c.written)
 	ctype    string
 	next     atomic.Uint64
 	client   *http.Client
@@ -66,19 +67,8 @@ type throughput struct {
 }
 
 func runThroughput(c *config) (*ThroughputResult, error) {
-	t := &throughput{c: c, url: c.url + c.path, bodies: make([][]byte, c.partitions)}
-	for p := range t.bodies {
-		entries := make([]entry, c.entries)
-		for e := range entries {
-			part := (p + e) % c.partitions
-			recs := make([][]byte, c.records)
-			for i := range recs {
-				recs[i] = []byte(asciiRecord(c.size, part+i))
-			}
-			entries[e] = entry{partition: part, records: recs}
-		}
-		t.bodies[p], t.ctype = requestBody(c.format, c.topic, entries, extras{c.keyBytes, c.headers})
-	}
+	t := &throughput{c: c, url: c.url + c.path}
+	t.bodies, t.ctype = throughputBodies(c)
 	var dials dialCounter
 	t.client = newClient(c.connections, c.timeout, &dials)
 	defer t.client.CloseIdleConnections()
@@ -101,6 +91,27 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 	res.NewConnections = dials.n.Load()
 	res.CPUSeconds = cpuSeconds() - cpu0
 	return res, nil
+}
+
+// throughputBodies are the produce bodies the connections send in turn, one per partition
+// written (c.written, in order), each with c.entries entries: that partition and the ones
+// after it in c.written, wrapping around.
+func throughputBodies(c *config) ([][]byte, string) {
+	bodies := make([][]byte, len(c.written))
+	var ctype string
+	for p := range bodies {
+		entries := make([]entry, c.entries)
+		for e := range entries {
+			part := c.written[(p+e)%len(c.written)]
+			recs := make([][]byte, c.records)
+			for i := range recs {
+				recs[i] = []byte(asciiRecord(c.size, part+i))
+			}
+			entries[e] = entry{partition: part, records: recs}
+		}
+		bodies[p], ctype = requestBody(c.format, c.topic, entries, extras{c.keyBytes, c.headers})
+	}
+	return bodies, ctype
 }
 
 func (t *throughput) work(w *worker) {
@@ -162,6 +173,9 @@ func (t *throughput) result(workers []*worker, elapsed float64) *ThroughputResul
 		RecordBytes: c.size, RequestBodyBytes: len(t.bodies[0]),
 		DurationS: c.duration.Seconds(), ElapsedS: elapsed, Statuses: map[string]uint64{},
 		GoVersion: runtime.Version(),
+	}
+	if c.partitionSet != "" {
+		res.PartitionSet = c.written
 	}
 	hist := latency.New()
 	for _, w := range workers {
