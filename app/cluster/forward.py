@@ -153,6 +153,8 @@ class ForwardClient:
             raise ForwardNotWritten("unreachable", f"the connection to {self.address} "
                                     "closed before the frame was sent")
         future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        # A caller cancelled while its frame fails never reads the failure: mark it read.
+        future.add_done_callback(_retrieve)
         conn.pending[frame_id] = future
         # From here on the peer may read the whole frame: any failure is "unknown".
         conn.writer.writelines(parts)
@@ -286,6 +288,11 @@ class ForwardClient:
     def _count(self, outcome: FrameOutcome) -> None:
         if self._metrics is not None:
             self._metrics.frame(outcome)
+
+
+def _retrieve(future: asyncio.Future[Frame]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _unexpected(got: Frame | None, wanted: str) -> str:
