@@ -37,7 +37,8 @@ compare strings:
     ├── Unavailable                  503  refused before anything was written; retry
     │   ├── BackPressureRejected          the produce buffer is full
     │   ├── ShuttingDown                  this broker is draining; retry on another
-    │   └── RoleDisabled                  this process does not serve the operation
+    │   ├── RoleDisabled                  this process does not serve the operation
+    │   └── ForwardExpired                forwarded records not taken by a flush in time
     ├── StorageError                 Oxia or S3 failed, or what they hold is wrong
     │   ├── StorageUnavailable       503  a request failed or timed out; retriable
     │   ├── CorruptData              500  stored bytes fail to decode or verify
@@ -226,6 +227,12 @@ class ShuttingDown(Unavailable):
 
 class RoleDisabled(Unavailable):
     """This broker process does not have the role the request needs."""
+
+
+class ForwardExpired(Unavailable):
+    """Records another broker forwarded here waited past their deadline before a flush
+    took them: they were in no flush, so nothing was written (the forwarding broker
+    appends them itself)."""
 
 
 # -- storage ---------------------------------------------------------------------------

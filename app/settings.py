@@ -203,6 +203,22 @@ class Settings(BaseSettings):
     batch_buffer_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     batch_max_inflight: int = Field(default=4, ge=1, le=256)
 
+    # -- cluster: forwarding
+    # Where this process listens for the appends other brokers forward to it (port 0: an
+    # ephemeral one, announced in its membership record). Bind it to the pod's or the
+    # loopback address only: it is no client API.
+    forward_host: str = "127.0.0.1"
+    forward_port: int = Field(default=0, ge=0, le=65535)
+    # How long forwarded records may wait in the receiver's buffer before a flush takes
+    # them (then they are answered expired, unwritten, and the forwarder appends them
+    # itself), and how long after that the forwarder waits for an answer before it
+    # counts the outcome as unknown.
+    forward_deadline_ms: int = Field(default=200, ge=1, le=60_000)
+    forward_answer_timeout_ms: int = Field(default=2_000, ge=1, le=600_000)
+    # The HMAC secret both ends of a forward connection prove before any append crosses
+    # it; the same on every broker (unset: connections are not authenticated).
+    cluster_secret: SecretStr | None = Field(default=None, min_length=16)
+
     # Request limits.
     max_request_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024 * 1024 * 1024)
     max_records_per_request: int = Field(default=100_000, ge=1)
@@ -369,7 +385,7 @@ class Settings(BaseSettings):
                      "oxia_tls_key_file", "ssl_certfile", "ssl_keyfile", "ssl_ca_certs",
                      "auth_file", "auth_jwks_file", "auth_jwks_url", "auth_jwt_issuer",
                      "auth_jwt_audience", "metrics_token", "stream_ticket_secret",
-                     mode="before")
+                     "cluster_secret", mode="before")
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import anyio
@@ -11,6 +12,7 @@ from app.batching.batcher import Batcher, BatcherState, BatcherStats
 from app.errors import (
     BackPressureRejected,
     CommitInDoubt,
+    ForwardExpired,
     LlogError,
     PartitionFenced,
     ShuttingDown,
@@ -251,3 +253,84 @@ async def test_a_dead_flusher_fails_every_waiter_and_refuses_new_work() -> None:
     assert sorted(type(f).__name__ for f in failures) == ["CommitInDoubt", "Unavailable"]
     with pytest.raises(Unavailable):
         await b.submit([AppendGroup(A, [b"after"])])
+
+
+async def test_a_waiter_whose_take_by_passes_in_the_buffer_is_answered_expired_unwritten(
+) -> None:
+    """A forwarded waiter still buffered at its take-by time is in no flush: it is
+    answered ForwardExpired at once (while the only slot is still busy), and the flush
+    that later takes the buffer holds only the others."""
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_inflight_flushes=1)
+    got: dict[str, list[AppendResult | LlogError]] = {}
+    expired_answered = anyio.Event()
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(b.run)
+
+            async def enqueue(name: str, groups: list[AppendGroup],
+                              take_by: float | None) -> None:
+                got[name] = await b.enqueue(groups, take_by=take_by)
+                if name == "expired":
+                    expired_answered.set()
+
+            tg.start_soon(enqueue, "first", [AppendGroup(A, [b"first"])], None)
+            await log.entered.wait()  # the only slot is busy: what follows is buffered
+            tg.start_soon(enqueue, "patient", [AppendGroup(A, [b"patient"])],
+                          time.monotonic() + 3600)
+            tg.start_soon(enqueue, "expired", [AppendGroup(A, [b"x"]), AppendGroup(B, [b"y"])],
+                          time.monotonic())
+            tg.start_soon(enqueue, "plain", [AppendGroup(B, [b"plain"])], None)
+            await expired_answered.wait()
+            assert len(log.calls) == 1  # answered before any flush took it
+            assert b.statistics().buffered_bytes == len(b"patient") + len(b"plain")
+            log.release.set()
+            await anyio.wait_all_tasks_blocked()
+            b.close()
+    flushed = [bytes(r) for call in log.calls for g in call for r in g.records]  # type: ignore[arg-type]
+    assert flushed == [b"first", b"patient", b"plain"]
+    assert len(got["expired"]) == 2
+    for outcome in got["expired"]:
+        assert isinstance(outcome, ForwardExpired)
+        assert outcome.retriable and not outcome.maybe_written
+        assert outcome.error_type == "ForwardExpired"
+    assert isinstance(got["patient"][0], AppendResult)
+    assert isinstance(got["plain"][0], AppendResult)
+
+
+async def test_a_take_by_that_passes_while_the_window_is_open_is_never_flushed() -> None:
+    """Checked again when a flush takes the buffer: a waiter past its take-by time is
+    left out even if its own timer has not fired yet; a buffer of only such waiters
+    makes no flush at all."""
+    log = FakeLog()
+    b = batcher(log, max_delay_s=60)  # only close() makes this flush
+    got: list[list[AppendResult | LlogError]] = []
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(b.run)
+
+            async def enqueue() -> None:
+                got.append(await b.enqueue([AppendGroup(A, [b"late"])],
+                                           take_by=time.monotonic() - 1))
+
+            tg.start_soon(enqueue)
+            await anyio.wait_all_tasks_blocked()
+            b.close()
+    assert log.calls == []
+    assert len(got) == 1 and isinstance(got[0][0], ForwardExpired)
+
+
+async def test_submit_is_enqueue_without_a_deadline() -> None:
+    log = FakeLog()
+    b = batcher(log, max_delay_s=0)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        (outcome,) = await b.enqueue([AppendGroup(A, [b"x"])], take_by=None)
+        assert isinstance(outcome, AppendResult)
+        (outcome,) = await b.enqueue([AppendGroup(A, [b"y"])],
+                                     take_by=time.monotonic() + 3600)
+        assert isinstance(outcome, AppendResult) and outcome.start_offset == 2
+        b.close()
+    with pytest.raises(ShuttingDown):
+        await b.enqueue([AppendGroup(A, [b"late"])], take_by=time.monotonic() + 3600)

@@ -189,6 +189,33 @@ def test_buffer_smaller_than_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "LLOG_BATCH_MAX_BYTES" in str(info.value)
 
 
+def test_forwarding_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = Settings.from_env()
+    assert (s.forward_host, s.forward_port, s.forward_deadline_ms,
+            s.forward_answer_timeout_ms, s.cluster_secret) == ("127.0.0.1", 0, 200, 2000, None)
+    monkeypatch.setenv("LLOG_FORWARD_HOST", "10.0.0.5")
+    monkeypatch.setenv("LLOG_FORWARD_PORT", "39211")
+    monkeypatch.setenv("LLOG_FORWARD_DEADLINE_MS", "50")
+    monkeypatch.setenv("LLOG_FORWARD_ANSWER_TIMEOUT_MS", "500")
+    monkeypatch.setenv("LLOG_CLUSTER_SECRET", "s" * 16)
+    s = Settings.from_env()
+    assert (s.forward_host, s.forward_port, s.forward_deadline_ms,
+            s.forward_answer_timeout_ms) == ("10.0.0.5", 39211, 50, 500)
+    assert s.cluster_secret is not None and s.cluster_secret.get_secret_value() == "s" * 16
+    assert "s" * 16 not in repr(s)  # a secret never shows in logs
+    _apply(monkeypatch, s.as_env())
+    assert Settings.from_env() == s
+    monkeypatch.setenv("LLOG_CLUSTER_SECRET", "")
+    assert Settings.from_env().cluster_secret is None
+    monkeypatch.setenv("LLOG_CLUSTER_SECRET", "too-short")
+    with pytest.raises(SettingsError, match="LLOG_CLUSTER_SECRET"):
+        Settings.from_env()
+    monkeypatch.setenv("LLOG_CLUSTER_SECRET", "s" * 16)
+    monkeypatch.setenv("LLOG_FORWARD_PORT", "65536")
+    with pytest.raises(SettingsError, match="LLOG_FORWARD_PORT"):
+        Settings.from_env()
+
+
 def test_group_session_outside_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLOG_GROUP_MIN_SESSION_TIMEOUT_MS", "10000")
     monkeypatch.setenv("LLOG_GROUP_SESSION_TIMEOUT_MS", "5000")

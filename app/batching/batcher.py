@@ -14,6 +14,11 @@ fails only the groups of that partition, an unexpected error fails only the batc
 flusher carries on. Only if the flusher loop itself dies does the batcher enter
 ``FAILED``: every waiter is failed and new work refused, and the broker reports itself
 not ready.
+
+Records another broker forwarded come with a *take-by* time (:meth:`Batcher.enqueue`):
+if no flush has taken them by then, they leave the buffer unwritten and are answered
+:class:`~app.errors.ForwardExpired`, so the forwarding broker may append them itself.
+That answer is exact because it is given only to waiters that are in no flush.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from app.batching.metrics import BatcherMetrics
 from app.errors import (
     BackPressureRejected,
     CommitInDoubt,
+    ForwardExpired,
     LlogError,
     ShuttingDown,
     Unavailable,
@@ -56,13 +62,25 @@ def _retrieve(future: asyncio.Future[list[AppendOutcome]]) -> None:
         future.exception()
 
 
-@dataclass
+@dataclass(eq=False)
 class _Waiter:
-    """One ``submit``: its groups and the future its handler awaits."""
+    """One ``enqueue``: its groups, the future its handler awaits, and the monotonic
+    time by which a flush must take it (None: no deadline)."""
 
     groups: Sequence[AppendGroup]
     size: int
     future: asyncio.Future[list[AppendOutcome]]
+    take_by: float | None = None
+    timer: asyncio.TimerHandle | None = None
+
+    def overdue(self, now: float) -> bool:
+        return self.take_by is not None and self.take_by <= now
+
+    def expire(self) -> None:
+        """Answer a waiter that no flush took in time: it was not written."""
+        error = ForwardExpired("the forwarded records waited past their deadline "
+                               "for a flush; nothing was written")
+        self.resolve([error] * len(self.groups))
 
     def resolve(self, outcomes: list[AppendOutcome]) -> None:
         if not self.future.done():
@@ -87,6 +105,26 @@ class _Batch:
             self.started = time.monotonic()
         self.waiters.append(waiter)
         self.size += waiter.size
+
+    def remove(self, waiter: _Waiter) -> bool:
+        """Take ``waiter`` out of this batch; False if it is not in it."""
+        for i, w in enumerate(self.waiters):
+            if w is waiter:
+                del self.waiters[i]
+                self.size -= waiter.size
+                return True
+        return False
+
+    def drop_overdue(self) -> None:
+        """As a flush takes the batch: answer the waiters past their take-by time (they
+        leave unwritten) and stop the timers of those that stay."""
+        now = time.monotonic()
+        for waiter in [w for w in self.waiters if w.overdue(now)]:
+            self.remove(waiter)
+            waiter.expire()
+        for waiter in self.waiters:
+            if waiter.timer is not None:
+                waiter.timer.cancel()
 
     def groups(self) -> list[AppendGroup]:
         return [g for w in self.waiters for g in w.groups]
@@ -151,6 +189,13 @@ class Batcher:
 
     async def submit(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
         """Buffer ``groups`` for the next flush and wait for their outcomes (in order)."""
+        return await self.enqueue(groups, take_by=None)
+
+    async def enqueue(self, groups: Sequence[AppendGroup], *, take_by: float | None
+                      ) -> list[AppendOutcome]:
+        """:meth:`submit`, with a ``time.monotonic()`` deadline for a flush to take the
+        groups: still buffered then, they are answered :class:`ForwardExpired` (every
+        group) and never flushed. Once taken, they are flushed whatever the time."""
         if self._state is BatcherState.FAILED:
             raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
                               "retry on another broker")
@@ -169,11 +214,22 @@ class Batcher:
         # A caller that stopped waiting (cancelled) never reads a failure: mark it read,
         # so shutting down does not log "exception was never retrieved" for each one.
         future.add_done_callback(_retrieve)
-        self._batch.add(_Waiter(groups, size, future))
+        waiter = _Waiter(groups, size, future, take_by)
+        self._batch.add(waiter)
+        if take_by is not None:
+            # Answered at its deadline even while every flush slot is busy, so the
+            # forwarding broker need not wait out its own timeout to fall back.
+            # (call_later: the loop's clock need not be time.monotonic(), as uvloop's.)
+            waiter.timer = asyncio.get_running_loop().call_later(
+                max(0.0, take_by - time.monotonic()), self._expire, waiter)
         self._wakeup.set()
         # Shielded: once buffered, the records will be committed whether or not this
         # caller is still waiting (a disconnect must not tear a flush apart).
         return await asyncio.shield(future)
+
+    def _expire(self, waiter: _Waiter) -> None:
+        if self._batch.remove(waiter):  # else a flush took it first: it is written
+            waiter.expire()
 
     def close(self) -> None:
         """Refuse new work, flush what is buffered now, and let :meth:`run` finish."""
@@ -206,21 +262,24 @@ class Batcher:
             self._state = BatcherState.CLOSED
 
     async def _next_batch(self) -> _Batch | None:
-        while not self._batch.waiters:
-            if self._state is not BatcherState.OPEN:
-                return None
-            self._wakeup = anyio.Event()
-            await self._wakeup.wait()
-        # Wait out the window unless the size threshold or shutdown says flush now.
-        while self._batch.size < self._max_bytes and self._state is BatcherState.OPEN:
-            remaining = self._batch.started + self._max_delay - time.monotonic()
-            if remaining <= 0:
-                break
-            self._wakeup = anyio.Event()
-            with anyio.move_on_after(remaining):
+        while True:
+            while not self._batch.waiters:
+                if self._state is not BatcherState.OPEN:
+                    return None
+                self._wakeup = anyio.Event()
                 await self._wakeup.wait()
-        batch, self._batch = self._batch, _Batch()
-        return batch
+            # Wait out the window unless the size threshold or shutdown says flush now.
+            while self._batch.size < self._max_bytes and self._state is BatcherState.OPEN:
+                remaining = self._batch.started + self._max_delay - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._wakeup = anyio.Event()
+                with anyio.move_on_after(remaining):
+                    await self._wakeup.wait()
+            batch, self._batch = self._batch, _Batch()
+            batch.drop_overdue()
+            if batch.waiters:  # else every waiter expired: nothing to flush
+                return batch
 
     async def _flush(self, batch: _Batch) -> None:
         """Append the batch and answer every waiter; never raises an ``Exception``."""

@@ -43,7 +43,8 @@ Each error carries what a caller needs to act on it:
     ├── Unavailable                  refused before anything was written; retriable
     │   ├── BackPressureRejected
     │   ├── ShuttingDown
-    │   └── RoleDisabled
+    │   ├── RoleDisabled
+    │   └── ForwardExpired
     ├── StorageError
     │   ├── StorageUnavailable       retriable
     │   ├── CorruptData
@@ -214,6 +215,11 @@ class ShuttingDown(Unavailable):
 
 class RoleDisabled(Unavailable):
     """That broker process does not serve the operation."""
+
+
+class ForwardExpired(Unavailable):
+    """Records forwarded between brokers were not taken by a flush in time; nothing was
+    written."""
 
 
 class StorageError(LlogError):

@@ -24,7 +24,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from app.errors import AppendError, OffsetOutOfRange, error_types
+from app.errors import AppendError, ForwardExpired, OffsetOutOfRange, error_types
 from app.routes.error_types import ERROR_TYPE_NAMES, ERROR_TYPES
 from app.routes.models import ErrorResponse
 
@@ -53,7 +53,8 @@ DEFAULT_DESCRIPTIONS = {
 # Error types that only ever describe one entry of a result, never a whole request
 # (their class's status does not apply), so no error status is exemplified with them.
 ENTRY_ONLY = frozenset(c for c in error_types()
-                       if issubclass(c, AppendError) or c is OffsetOutOfRange)
+                       if issubclass(c, AppendError) or c in (OffsetOutOfRange,
+                                                              ForwardExpired))
 # Why a consumer group refuses a commit (409), nothing written: the caller's view of it
 # is out of date, or it has live members and the caller is none of them.
 COMMIT_REFUSALS = ("UnknownMember", "StaleGeneration", "PartitionNotAssigned",

@@ -109,10 +109,17 @@ def _entry(view: memoryview, pos: int, i: int) -> tuple[Entry, int]:
 
 def build(entries: Sequence[tuple[str, int | None, str | None, bytes, str]]) -> bytes:
     """An envelope of (topic, partition, idempotency key, body, encoding) entries."""
-    parts = [_HEAD.pack(MAGIC, len(entries))]
+    return b"".join(build_parts(entries))
+
+
+def build_parts(entries: Sequence[tuple[str, int | None, str | None, bytes | memoryview, str]]
+                ) -> list[bytes | memoryview]:
+    """:func:`build` as parts to send one after the other: each body stays the object it
+    was (a view into a request is not copied into a new envelope)."""
+    parts: list[bytes | memoryview] = [_HEAD.pack(MAGIC, len(entries))]
     for topic, partition, key, body, encoding in entries:
         raw_topic, raw_key = topic.encode(), (key or "").encode()
         parts += [_TOPIC.pack(len(raw_topic)), raw_topic,
                   _PARTITION_KEY.pack(-1 if partition is None else partition, len(raw_key)),
                   raw_key, _BODY.pack(CODES[encoding], len(body)), body]
-    return b"".join(parts)
+    return parts

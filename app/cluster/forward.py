@@ -1,0 +1,300 @@
+"""Forwarding appends to another broker: the client side, and what its answers mean.
+
+A :class:`ForwardClient` keeps one connection to one peer (opened on first use, opened
+again after it breaks) and multiplexes APPEND frames over it by id. Every append ends
+one of three ways, and the difference is what keeps a fallback safe:
+
+- outcomes: the peer's log answered each group (an :class:`AppendResult` or the
+  :class:`~app.errors.LlogError` its append ended with);
+- :class:`ForwardNotWritten`: the peer certainly did not write the groups (it could not
+  be reached, it refused them, no flush took them in time, or the frame was never handed
+  to the connection), so they may be appended elsewhere;
+- :class:`ForwardUnknown`: the frame was sent and no verdict came back (the connection
+  broke, or the answer did not come in time): the groups may have been written.
+
+The server side is :class:`~app.cluster.forward_server.ForwardServer`; the frames are in
+app/cluster/frames.py (docs/protocol.md, Forwarding between brokers).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import anyio
+
+from app.cluster import frames
+from app.cluster.forward_metrics import ForwardMetrics, FrameOutcome
+from app.cluster.forward_server import ForwardServer
+from app.cluster.frames import Frame, FrameError, FrameType
+from app.storage.appends import AppendGroup, AppendOutcome
+
+__all__ = ["ForwardClient", "ForwardMetrics", "ForwardNotWritten", "ForwardServer",
+           "ForwardUnknown"]
+
+log = logging.getLogger(__name__)
+
+NotWrittenReason = Literal["unreachable", "refused", "expired", "closed"]
+UnknownReason = Literal["broken", "timeout", "closed"]
+
+
+class ForwardNotWritten(Exception):
+    """The peer did not write the groups: they may be appended elsewhere. ``reason``:
+    ``unreachable`` (no connection, or the handshake failed), ``refused`` (the peer
+    refused the frame, or it was too large to send), ``expired`` (no flush took it by its
+    deadline), ``closed`` (this client was closed before sending it)."""
+
+    def __init__(self, reason: NotWrittenReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason: NotWrittenReason = reason
+        self.detail = detail
+
+
+class ForwardUnknown(Exception):
+    """The frame was sent and no verdict came back: the groups may have been written.
+    ``reason``: ``broken`` (the connection ended), ``timeout`` (no answer within the
+    deadline plus the answer timeout), ``closed`` (this client was closed)."""
+
+    def __init__(self, reason: UnknownReason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason: UnknownReason = reason
+        self.detail = detail
+
+
+@dataclass(eq=False)
+class _Connection:
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    # Frames handed to the connection and not answered yet, by id.
+    pending: dict[int, asyncio.Future[Frame]] = field(default_factory=dict)
+    task: asyncio.Task[None] | None = None
+    closed: bool = False
+
+    def usable(self) -> bool:
+        return not self.closed and not self.writer.transport.is_closing()
+
+
+def split_address(address: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port`` too) as its parts."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"{address!r}: expected host:port")
+    return host.strip("[]"), int(port)
+
+
+class ForwardClient:
+    """Appends forwarded to the peer listening at ``address`` (its forward listener).
+
+    ``deadline_s`` is how long the peer may keep the groups buffered before a flush
+    takes them (past it they are answered expired, unwritten); an answer that has not
+    come ``answer_timeout_s`` after that makes the outcome unknown.
+    """
+
+    def __init__(self, address: str, *, secret: str | None, deadline_s: float,
+                 answer_timeout_s: float, max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+                 connect_timeout_s: float | None = None,
+                 metrics: ForwardMetrics | None = None) -> None:
+        self.address = address
+        self._host, self._port = split_address(address)
+        self._secret = secret
+        self._deadline_ms = max(0, round(deadline_s * 1000))
+        self._wait_s = deadline_s + answer_timeout_s
+        self._connect_timeout_s = connect_timeout_s or answer_timeout_s
+        self._max_frame = max_frame_bytes
+        self._metrics = metrics
+        self._ids = itertools.count(1)
+        self._conn: _Connection | None = None
+        self._connecting = asyncio.Lock()
+        self._closed = False
+
+    async def append(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        """The peer's outcome of each group, in order; or :class:`ForwardNotWritten`,
+        or :class:`ForwardUnknown` (see the module's docstring)."""
+        if not groups:
+            return []
+        frame_id = next(self._ids)
+        parts = frames.append(frame_id, self._deadline_ms, groups)
+        if frames.frame_size(parts) > self._max_frame:
+            self._count("refused")
+            raise ForwardNotWritten("refused", f"a frame of {frames.frame_size(parts)} "
+                                    f"bytes; the limit is {self._max_frame}")
+        conn = await self._connection()
+        answer = await self._exchange(conn, frame_id, parts)
+        if answer.type is FrameType.RESULTS:
+            try:
+                outcomes = frames.parse_results(answer.payload, groups)
+            except FrameError as exc:  # a peer that answers nonsense: trust nothing more
+                self._drop(conn, f"{self.address} sent malformed results: {exc}")
+                self._count("broken")
+                raise ForwardUnknown("broken", str(exc)) from None
+            self._count("results")
+            return outcomes
+        if answer.type is FrameType.EXPIRED:
+            self._count("expired")
+            raise ForwardNotWritten("expired", f"{self.address}: no flush took the records "
+                                    "before their deadline")
+        self._count("refused")
+        raise ForwardNotWritten("refused",
+                                f"{self.address}: {frames.parse_refused(answer.payload)}")
+
+    async def _exchange(self, conn: _Connection, frame_id: int, parts: frames.Parts
+                        ) -> Frame:
+        """Send one APPEND and wait for its answer."""
+        if self._closed:
+            raise ForwardNotWritten("closed", "the forward client is closed")
+        if not conn.usable():
+            self._count("unreachable")
+            raise ForwardNotWritten("unreachable", f"the connection to {self.address} "
+                                    "closed before the frame was sent")
+        future: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        # A caller cancelled while its frame fails never reads the failure: mark it read.
+        future.add_done_callback(_retrieve)
+        conn.pending[frame_id] = future
+        # From here on the peer may read the whole frame: any failure is "unknown".
+        conn.writer.writelines(parts)
+        sent = time.monotonic()
+        try:
+            with anyio.fail_after(self._wait_s):
+                await conn.writer.drain()
+                answer = await future
+        except TimeoutError:
+            self._count("timeout")
+            raise ForwardUnknown("timeout", f"{self.address} did not answer within "
+                                 f"{self._wait_s:.3f} s") from None
+        except ConnectionError as exc:
+            self._drop(conn, f"the connection to {self.address} broke: {exc}")
+            self._count("broken")
+            raise ForwardUnknown("broken", str(exc)) from None
+        except ForwardUnknown as exc:
+            self._count(exc.reason)
+            raise
+        finally:
+            conn.pending.pop(frame_id, None)
+        if self._metrics is not None:
+            self._metrics.answered(time.monotonic() - sent)
+        return answer
+
+    async def _connection(self) -> _Connection:
+        conn = self._conn
+        if conn is not None and conn.usable():
+            return conn
+        async with self._connecting:  # appends arriving together share one connect
+            if self._closed:
+                raise ForwardNotWritten("closed", "the forward client is closed")
+            conn = self._conn
+            if conn is not None and conn.usable():
+                return conn
+            try:
+                conn = await self._connect()
+            except (OSError, TimeoutError, FrameError, asyncio.IncompleteReadError) as exc:
+                self._count("unreachable")
+                raise ForwardNotWritten("unreachable", f"{self.address}: {exc}") from None
+            conn.task = asyncio.create_task(self._read_answers(conn),
+                                            name=f"forward answers from {self.address}")
+            self._conn = conn
+            return conn
+
+    async def _connect(self) -> _Connection:
+        """A connection that has passed the handshake (both sides proved the secret)."""
+        with anyio.fail_after(self._connect_timeout_s):
+            reader, writer = await asyncio.open_connection(self._host, self._port)
+            try:
+                hello = await frames.read_frame(reader, frames.NONCE_BYTES + 2)
+                if hello is None or hello.type is not FrameType.HELLO:
+                    raise FrameError(_unexpected(hello, "HELLO"))
+                server_nonce = frames.parse_hello(hello.payload)
+                nonce = os.urandom(frames.NONCE_BYTES)
+                writer.writelines(frames.auth(nonce, frames.mac(
+                    self._secret, "client", server_nonce, nonce)))
+                await writer.drain()
+                answer = await frames.read_frame(reader, 4096)
+                if answer is not None and answer.type is FrameType.REFUSED:
+                    raise FrameError(f"refused: {frames.parse_refused(answer.payload)}")
+                if answer is None or answer.type is not FrameType.WELCOME:
+                    raise FrameError(_unexpected(answer, "WELCOME"))
+                expected = frames.mac(self._secret, "server", server_nonce, nonce)
+                if not frames.mac_matches(expected, answer.payload):
+                    raise FrameError("the peer did not prove LLOG_CLUSTER_SECRET")
+            except BaseException:
+                writer.transport.abort()
+                raise
+        return _Connection(reader, writer)
+
+    async def _read_answers(self, conn: _Connection) -> None:
+        """Hand each answer to the frame it is for, until the connection ends; then
+        fail every frame still waiting (none is left stranded)."""
+        reason = f"{self.address} closed the connection"
+        try:
+            while True:
+                answer = await frames.read_frame(conn.reader, self._max_frame)
+                if answer is None:
+                    break
+                if answer.type not in (FrameType.RESULTS, FrameType.REFUSED,
+                                       FrameType.EXPIRED):
+                    raise FrameError(_unexpected(answer, "an answer"))
+                frame_id = frames.frame_id(answer.payload)
+                if frame_id == frames.CONNECTION:
+                    reason = (f"{self.address} refused the connection: "
+                              f"{frames.parse_refused(answer.payload)}")
+                    break
+                future = conn.pending.get(frame_id)
+                if future is not None and not future.done():
+                    future.set_result(answer)
+                # else: an answer after its frame timed out; that outcome stays unknown
+        except (FrameError, OSError) as exc:
+            reason = f"the connection to {self.address} failed: {exc}"
+        except Exception as exc:
+            log.exception("reading answers from %s failed", self.address)
+            reason = f"reading answers from {self.address} failed: {exc!r}"
+        except asyncio.CancelledError:
+            reason = "the forward client was closed"
+            raise
+        finally:
+            self._drop(conn, reason)
+
+    def _drop(self, conn: _Connection, reason: str) -> None:
+        """Close ``conn`` and fail every frame it carried as unknown."""
+        if not conn.closed:
+            conn.closed = True
+            conn.writer.transport.abort()
+            if conn.pending:
+                log.warning("forwarding to %s: %d frame(s) without an answer: %s",
+                            self.address, len(conn.pending), reason)
+        unknown: UnknownReason = "closed" if self._closed else "broken"
+        for future in conn.pending.values():
+            if not future.done():
+                future.set_exception(ForwardUnknown(unknown, reason))
+        if self._conn is conn:
+            self._conn = None
+
+    async def aclose(self) -> None:
+        """Close the connection; frames still waiting end :class:`ForwardUnknown`, and
+        later appends :class:`ForwardNotWritten` (``closed``)."""
+        self._closed = True
+        conn = self._conn
+        if conn is None:
+            return
+        self._drop(conn, "the forward client was closed")
+        if conn.task is not None:
+            conn.task.cancel()
+            await asyncio.wait([conn.task])
+
+    def _count(self, outcome: FrameOutcome) -> None:
+        if self._metrics is not None:
+            self._metrics.frame(outcome)
+
+
+def _retrieve(future: asyncio.Future[Frame]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _unexpected(got: Frame | None, wanted: str) -> str:
+    return f"expected {wanted}, got " + ("the end of the stream" if got is None
+                                         else got.type.name)
