@@ -96,6 +96,9 @@ class Case:
         return [f"{b}.w{w}" for b in broker_ids(self.brokers) for w in range(self.workers)]
 
 
+# --broker-setting: LLOG_* settings given to every broker of the run.
+BROKER_SETTINGS: dict[str, str] = {}
+
 CASES = {c.name: c for c in (Case("1", 1), Case("2", 2), Case("3", 3),
                              Case("1x2", 1, workers=2), Case("ideal", 3, direct=True))}
 
@@ -146,7 +149,7 @@ class Cluster:
         return {**self.stack.settings_env(), "LLOG_ROOT_PREFIX": self.prefix,
                 "LLOG_BROKER_ID": broker_id, "LLOG_ROLES": "write,read",
                 "LLOG_DRAIN_S": "0", "LLOG_AFFINITY": self.variant.affinity,
-                "LLOG_FORWARD_HOST": "127.0.0.1"}
+                "LLOG_FORWARD_HOST": "127.0.0.1", **BROKER_SETTINGS}
 
     def _process(self, broker_id: str, port: int) -> ManagedProcess:
         name = f"{self.prefix}-{broker_id}"
@@ -527,6 +530,9 @@ def parse_args() -> argparse.Namespace:
                         help=f"comma-separated, of {', '.join(CASES)} (default: all)")
     parser.add_argument("--affinity", default="off",
                         help="LLOG_AFFINITY values, comma-separated (default off)")
+    parser.add_argument("--broker-setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="an LLOG_* setting for every broker of every row (repeatable), "
+                             "e.g. LLOG_BATCH_MAX_INFLIGHT=1")
     parser.add_argument("--baseline", metavar="REV",
                         help="also run every case with brokers of this git revision")
     args = parser.parse_args()
@@ -537,6 +543,11 @@ def parse_args() -> argparse.Namespace:
     if not args.affinities or args.duration <= 0 or args.connections < 1:
         parser.error("--affinity needs a value; --duration and --connections positive")
     args.ideal_connections = args.ideal_connections or args.connections
+    for item in args.broker_setting:
+        name, sep, value = item.partition("=")
+        if not sep or not name.startswith("LLOG_"):
+            parser.error(f"--broker-setting {item!r}: expected LLOG_NAME=VALUE")
+        BROKER_SETTINGS[name] = value
     return args
 
 
@@ -558,6 +569,7 @@ def main() -> int:
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup,
                      "connections": args.connections,
                      "ideal_connections": args.ideal_connections,
+                     "broker_settings": dict(BROKER_SETTINGS),
                      "partitions": PARTITIONS, "records": RECORDS,
                      "record_bytes": RECORD_BYTES, "format": "binary",
                      "cases": args.cases, "affinity": args.affinities,
