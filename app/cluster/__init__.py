@@ -1,0 +1,1 @@
+"""Brokers as a cluster: membership, preferred appenders and forwarding."""
