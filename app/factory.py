@@ -19,6 +19,7 @@ from app.auth.exposure import announce
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
 from app.routes import (
+    cluster,
     consume,
     groups,
     health,
@@ -74,7 +75,8 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     install_error_handlers(app)
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.
-    for module in (produce, consume, stream, offsets, topics, groups, health, metrics):
+    for module in (produce, consume, stream, offsets, topics, groups, cluster, health,
+                   metrics):
         app.router.routes.extend(module.router.routes)
     if control is not None:  # tickets stand in for a token: there is none with auth off
         app.router.routes.extend(stream_tickets.router.routes)

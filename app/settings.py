@@ -203,6 +203,17 @@ class Settings(BaseSettings):
     batch_buffer_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     batch_max_inflight: int = Field(default=4, ge=1, le=256)
 
+    # -- cluster: membership
+    # Affinity: "forward" makes each broker worker a member (an ephemeral Oxia record,
+    # docs/protocol.md, MEMBER) so that every broker agrees on a preferred appender per
+    # partition and sends appends there; "off": every broker appends what it receives.
+    affinity: Literal["off", "forward"] = "off"
+    # Where clients reach this broker (GET /cluster); none: http(s)://{host}:{port}.
+    advertised_url: str | None = None
+    # How often a member lists the live set again (a member that died leaves it when its
+    # Oxia session expires, LLOG_OXIA_SESSION_TIMEOUT_MS).
+    membership_refresh_s: float = Field(default=2.0, ge=0.05, le=600)
+
     # -- cluster: forwarding
     # Where this process listens for the appends other brokers forward to it (port 0: an
     # ephemeral one, announced in its membership record). Bind it to the pod's or the
@@ -423,6 +434,16 @@ class Settings(BaseSettings):
             raise ValueError("expected an http:// or https:// URL")
         return value.rstrip("/")
 
+    @field_validator("advertised_url")
+    @classmethod
+    def _check_advertised_url(cls, value: str | None) -> str | None:
+        if value in (None, ""):
+            return None
+        assert value is not None
+        if not value.startswith(("http://", "https://")):
+            raise ValueError("expected an http:// or https:// URL")
+        return value.rstrip("/")
+
     @model_validator(mode="after")
     def _check_batch(self) -> Settings:
         if self.batch_buffer_max_bytes < self.batch_max_bytes:
@@ -541,6 +562,15 @@ class Settings(BaseSettings):
 
     def has_role(self, role: Role) -> bool:
         return role in self.roles
+
+    @property
+    def broker_url(self) -> str:
+        """Where clients reach this broker: LLOG_ADVERTISED_URL, else the listener's."""
+        if self.advertised_url is not None:
+            return self.advertised_url
+        scheme = "https" if self.ssl_certfile is not None else "http"
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{scheme}://{host}:{self.port}"
 
     def as_env(self) -> dict[str, str]:
         """The settings as ``LLOG_*`` variables, for child processes."""

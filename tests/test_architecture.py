@@ -50,6 +50,10 @@ def test_the_engine_knows_nothing_above_it() -> None:
     assert graph["storage"] <= {"errors", "settings"}
     assert graph["errors"] == set()
     assert "broker" not in graph["compaction"] and "routes" not in graph["compaction"]
+    # Membership and preferences sit on the engine; brokers use them, never the reverse.
+    assert "cluster" in graph["broker"]
+    assert not graph["cluster"] & {"broker", "routes", "groups", "compaction", "loadtest"}
+    assert "cluster" in graph["loadtest"]  # the load generator ranks with the same hash
     # The client speaks HTTP only, so it can be vendored into any program.
     assert graph["client"] == set()
     assert graph["cli_client"] <= {"client"}

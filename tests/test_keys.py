@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from app.errors import InvalidRequest
 from app.storage.keys import (
     MAX_PARTITION,
+    MEMBERS_PARTITION_KEY,
     KeyLayout,
     TopicPartition,
     format_offset,
@@ -160,6 +161,23 @@ def test_oxia_keys_match_protocol() -> None:
     assert LAYOUT.index_prefix(ORDERS0) == "llog/orders/partitions/0/index/"
     assert LAYOUT.index(ORDERS0, 2) == "llog/orders/partitions/0/index/00000000000000000002"
     assert LAYOUT.index_scan_end(ORDERS0) == "llog/orders/partitions/0/index/~"
+
+
+def test_member_keys_match_protocol_and_no_topic_named_brokers_clashes() -> None:
+    assert LAYOUT.members_prefix() == "llog/_brokers/"
+    assert LAYOUT.member("b1.w0") == "llog/_brokers/b1.w0"
+    assert LAYOUT.parse_member_key("llog/_brokers/b1.w0") == "b1.w0"
+    with pytest.raises(InvalidRequest):
+        LAYOUT.member("b1/w0")
+    # A topic named _brokers: its keys lie deeper, its partition key differs.
+    brokers = TopicPartition("_brokers", 0)
+    for key in (LAYOUT.control(brokers), LAYOUT.index(brokers, 1),
+                LAYOUT.compactor_claim(brokers), LAYOUT.partition_prefix(brokers)):
+        assert key.startswith(LAYOUT.members_prefix())
+        assert LAYOUT.parse_member_key(key) is None
+    assert brokers.partition_key != MEMBERS_PARTITION_KEY
+    assert LAYOUT.parse_member_key("llog/_groups/b1.w0") is None
+    assert LAYOUT.parse_member_key("llog/_brokers/") is None
 
 
 def test_object_keys_match_protocol() -> None:

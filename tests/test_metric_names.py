@@ -65,7 +65,8 @@ async def _exercise_and_scrape(url: str, topic: str) -> tuple[str, dict[str, Any
 @pytest.mark.parametrize("workers", [1, 2])
 async def test_a_live_broker_names_its_metrics_by_the_rules(
         brokers: BrokerFactory, topic: str, workers: int) -> None:
-    broker = brokers.start(workers=workers, loadtest_scenario=json.dumps(SCENARIO))
+    broker = brokers.start(workers=workers, loadtest_scenario=json.dumps(SCENARIO),
+                           affinity="forward")
     text, snapshot = await _exercise_and_scrape(broker.url, topic)
     assert not naming_problems(text)
     families = {f.name for f in text_string_to_metric_families(text)}
@@ -73,7 +74,8 @@ async def test_a_live_broker_names_its_metrics_by_the_rules(
     assert {"llog_produce_requests", "llog_batcher_buffered_bytes", "llog_tail_cache_hits",
             "llog_s3_estimated_request_cost_usd", "llog_compaction_lag_records",
             "llog_broker_info", "llog_loadtest_scenario_batch_max_delay_seconds",
-            "llog_http_request_duration_seconds"} <= families
+            "llog_http_request_duration_seconds", "llog_membership_members",
+            "llog_membership_changes"} <= families
     # The JSON snapshot carries the same sample names.
     for name in snapshot["metrics"]:
         assert not _NOT_SECONDS.search(name), name

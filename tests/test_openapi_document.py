@@ -34,7 +34,7 @@ BROKER_OPERATIONS = {
     "produce", "consume", "stream", "list_offsets", "create_topic", "list_topics",
     "describe_topic", "update_topic", "delete_topic", "join_group", "heartbeat",
     "leave_group", "commit_offsets", "list_groups", "describe_group", "reset_offsets",
-    "check_health", "check_readiness", "check_liveness", "get_metrics",
+    "get_cluster", "check_health", "check_readiness", "check_liveness", "get_metrics",
     "get_prometheus_metrics"}
 # Served only with access control on: stream tickets stand in for a token.
 AUTH_OPERATIONS = {"issue_stream_ticket"}
@@ -350,6 +350,8 @@ async def test_every_answer_is_declared_and_matches_its_schema(stack: LocalStack
         assert r.status_code == 400
         for path in ("/health", "/health/ready", "/health/live", "/metrics"):
             assert (await send("GET", path)).status_code == 200
+        r = await send("GET", "/cluster")  # affinity off: no members
+        assert r.status_code == 200 and r.json()["members"] == []
     async with documented_broker(stack, roles=("read",)) as send:
         r = await send("POST", "/produce", json=produce_body(topic, "x"))
         assert r.status_code == 503 and r.json()["results"][0]["error_type"] == "RoleDisabled"

@@ -296,3 +296,37 @@ def test_as_env_round_trip_without_endpoint(monkeypatch: pytest.MonkeyPatch) -> 
     assert s.s3_endpoint is None
     _apply(monkeypatch, s.as_env())
     assert Settings.from_env().s3_endpoint is None
+
+
+# -- cluster: membership ----------------------------------------------------------------
+
+
+def test_affinity_is_off_and_the_advertised_url_is_the_listener_by_default() -> None:
+    s = Settings.from_env()
+    assert s.affinity == "off" and s.advertised_url is None
+    assert s.membership_refresh_s == 2.0
+    assert s.broker_url == "http://127.0.0.1:8080"
+    assert Settings(host="::1", port=9000).broker_url == "http://[::1]:9000"
+
+
+def test_affinity_and_advertised_url_from_the_environment(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    monkeypatch.setenv("LLOG_AFFINITY", "forward")
+    monkeypatch.setenv("LLOG_ADVERTISED_URL", "https://b1.example:8443/")
+    monkeypatch.setenv("LLOG_MEMBERSHIP_REFRESH_S", "0.5")
+    s = Settings.from_env()
+    assert (s.affinity, s.broker_url, s.membership_refresh_s) == (
+        "forward", "https://b1.example:8443", 0.5)
+    monkeypatch.setenv("LLOG_ADVERTISED_URL", "")
+    assert Settings.from_env().advertised_url is None
+
+
+@pytest.mark.parametrize(("name", "value"), [("LLOG_AFFINITY", "leader"),
+                                             ("LLOG_ADVERTISED_URL", "b1.example:8080"),
+                                             ("LLOG_MEMBERSHIP_REFRESH_S", "0")])
+def test_bad_cluster_settings_are_named(monkeypatch: pytest.MonkeyPatch, name: str,
+                                        value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SettingsError) as info:
+        Settings.from_env()
+    assert name in str(info.value)

@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +42,11 @@ from app.broker.metrics import (
 )
 from app.broker.topics import TopicDirectory
 from app.broker.watch import OxiaChangeListener, PartitionWatch
+from app.cluster.members import Member
+from app.cluster.membership import Membership
+from app.cluster.slots import member_id, take_slot
 from app.compaction.service import run_in_broker
-from app.errors import LlogError
+from app.errors import InvalidRequest, LlogError
 from app.groups.service import GroupService
 from app.observability import (
     READY,
@@ -98,6 +102,11 @@ class BrokerState:
     watch: PartitionWatch = field(default_factory=PartitionWatch)
     s3_usage: S3Usage = field(default_factory=S3Usage)
     failure: str | None = None
+    # With LLOG_AFFINITY on and the write role: this worker as a cluster member.
+    membership: Membership | None = None
+    # "host:port" of this worker's forward listener once it listens ("": none); the
+    # member record announces it (set it with set_forward_address).
+    forward_address: str = ""
 
     @classmethod
     def create(cls, settings: Settings) -> BrokerState:
@@ -114,7 +123,20 @@ class BrokerState:
             self.status = "stopping"
         if self.consume is not None:
             self.consume.release()
+        if self.membership is not None:  # peers move our partitions while we drain
+            try:
+                await self.membership.leave()
+            except (LlogError, TimeoutError) as exc:
+                log.warning("could not leave the cluster (the member record goes with "
+                            "the Oxia session): %r", exc)
         await anyio.sleep(self.settings.drain_s)
+
+    def set_forward_address(self, address: str) -> None:
+        """This worker's forward listener listens at ``address`` ("host:port"): the
+        member record announces it from now on."""
+        self.forward_address = address
+        if self.membership is not None:
+            self.membership.update_me(address)
 
     def identity(self) -> dict[str, Any]:
         s = self.settings
@@ -192,6 +214,8 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
             async with anyio.create_task_group() as background:
                 if s.has_role("read"):
                     await _start_reader(state, oxia, s3, layout, background, stack)
+                if s.affinity != "off" and s.has_role("write"):
+                    await _start_membership(state, oxia, layout, background, stack)
                 if s.has_role("compact"):
                     await background.start(_watched, state, functools.partial(
                         run_in_broker, s, oxia, s3, state.registry))
@@ -265,6 +289,26 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
     stack.callback(listener.close)
     with anyio.fail_after(30):
         await tg.start(_watched, state, listener.run)
+
+
+async def _start_membership(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
+                            tg: anyio.abc.TaskGroup, stack: contextlib.AsyncExitStack) -> None:
+    """Take this worker's slot, register it as a member and have a first view of the
+    cluster before the broker reports ready."""
+    s = state.settings
+    slot = await anyio.to_thread.run_sync(take_slot, state.registry.shared_dir)
+    stack.callback(slot.release)
+    try:
+        me = Member(member_id(s.broker_id, slot.index), s.broker_id, s.broker_url,
+                    state.forward_address, tuple(s.roles), uuid.uuid4().hex)
+    except InvalidRequest:
+        raise ValueError(f"LLOG_BROKER_ID {s.broker_id!r} cannot name a cluster member "
+                         "(LLOG_AFFINITY): up to 60 characters of [A-Za-z0-9._-]") from None
+    state.membership = Membership(oxia, layout, me, refresh_s=s.membership_refresh_s,
+                                  registry=state.registry,
+                                  call_timeout_s=s.oxia_request_timeout_s * 2 + 5)
+    with anyio.fail_after(30):
+        await tg.start(_watched, state, state.membership.run)
 
 
 async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> None:

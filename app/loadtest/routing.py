@@ -1,4 +1,4 @@
-"""Owner sets by rendezvous (highest-random-weight) hashing.
+"""Owner sets by rendezvous (highest-random-weight) hashing (app/cluster/rendezvous.py).
 
 Each partition's brokers are ranked by ``sha256("{seed}|{topic}|{partition}|{broker_id}")``
 and the top ``owner_set_size`` form its owner set. The ranking depends only on those
@@ -14,24 +14,13 @@ but the hammer sends every request to the proxy, which chooses the broker itself
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 from typing import Any
 
+from app.cluster.rendezvous import ALGORITHM, owner_set, score
 from app.loadtest.scenario import Scenario
 
-ALGORITHM = "rendezvous-sha256"
-
-
-def score(seed: int, topic: str, partition: int, broker_id: str) -> int:
-    digest = hashlib.sha256(f"{seed}|{topic}|{partition}|{broker_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big")
-
-
-def owner_set(seed: int, topic: str, partition: int, brokers: list[str], size: int) -> list[str]:
-    """The ``size`` highest-scoring brokers, best first (ties broken by id)."""
-    ranked = sorted(brokers, key=lambda b: (-score(seed, topic, partition, b), b))
-    return ranked[:size]
+__all__ = ["ALGORITHM", "build_manifest", "owner_set", "owners_by_partition", "score"]
 
 
 def build_manifest(scenario: Scenario) -> dict[str, Any]:

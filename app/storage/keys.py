@@ -15,6 +15,10 @@ _DIGITS = re.compile(r"[0-9]+")
 # Every consumer group's record lives on one shard (one range scan lists them); each
 # group's leases and committed offsets on the shard of its own partition key.
 GROUPS_PARTITION_KEY = "_groups"
+# Every broker's membership record lives on one shard too (one range scan lists them).
+# A topic named "_brokers" cannot clash: its keys lie deeper ({root}/_brokers/partitions/
+# …) and its partition keys are "_brokers:{p}".
+MEMBERS_PARTITION_KEY = "_brokers"
 
 
 def validate_topic(topic: object) -> str:
@@ -137,6 +141,24 @@ class KeyLayout:
             return TopicPartition(topic, int(digits))
         except InvalidRequest:
             return None
+
+    def members_prefix(self) -> str:
+        """``{root}/_brokers/``: the member records are the keys one segment below it."""
+        return f"{self.root}/_brokers/"
+
+    def member(self, member_id: str) -> str:
+        """``{root}/_brokers/{member_id}``: a broker worker's ephemeral record (a hint for
+        routing appends, never read by recovery)."""
+        return self.members_prefix() + validate_member_id(member_id)
+
+    def parse_member_key(self, key: str) -> str | None:
+        """The member id of a key one segment below :meth:`members_prefix`, else None
+        (the keys of a topic named ``_brokers`` lie deeper)."""
+        prefix = self.members_prefix()
+        if not key.startswith(prefix):
+            return None
+        member_id = key[len(prefix):]
+        return member_id if _MEMBER_ID.fullmatch(member_id) else None
 
     def store_identity(self) -> str:
         """``{root}/_meta/store-id``: two segments deep, so no topic's key can be it."""

@@ -1,0 +1,127 @@
+"""Membership inside brokers on the real stack: GET /cluster lists the members, a broker
+drains out of the cluster, and each worker of `llog serve --workers 2` is a member whose
+replacement takes its id back."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from typing import Any
+
+import anyio
+import httpx
+import psutil
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.broker.state import BrokerState
+from app.cluster.members import Member
+from app.factory import create_app
+from app.localstack.stack import LocalStack
+from app.storage.keys import MEMBERS_PARTITION_KEY, KeyLayout
+from tests.helpers.stack import BrokerFactory, make_settings, open_engine
+
+WAIT_S = 60
+
+
+def _members_gauge(text: str) -> list[float]:
+    return [s.value for f in text_string_to_metric_families(text)
+            if f.name == "llog_membership_members" for s in f.samples]
+
+
+async def test_a_broker_with_affinity_lists_itself_and_leaves_when_it_drains(
+        stack: LocalStack) -> None:
+    broker_id = f"c{uuid.uuid4().hex[:8]}"
+    settings = make_settings(stack, broker_id=broker_id, affinity="forward",
+                             advertised_url="http://b.example:8080/", drain_s=0)
+    app = create_app(settings)
+    state: BrokerState = app.state.broker
+    layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
+    me = f"{broker_id}.w0"
+    async with open_engine(settings) as operator, app.router.lifespan_context(app), \
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                              base_url="http://broker") as client:
+        body = (await client.get("/cluster")).json()
+        assert body["algorithm"] == "rendezvous-sha256" and len(body["digest"]) == 12
+        mine = [m for m in body["members"] if m["member_id"] == me]
+        assert mine == [{"member_id": me, "broker_id": broker_id,
+                         "url": "http://b.example:8080", "roles": list(settings.roles)}]
+        assert _members_gauge((await client.get("/metrics/prometheus")).text) == [
+            len(body["members"])]
+        found = await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY)
+        assert found is not None and Member.from_record(found.value).forward == ""
+        assert state.membership is not None
+        # The forward listener, once it listens, is announced in the record.
+        state.set_forward_address("127.0.0.1:4711")
+        with anyio.fail_after(WAIT_S):
+            while state.membership.registrations < 2:
+                await state.membership.next_change()
+        found = await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY)
+        assert found is not None
+        assert Member.from_record(found.value).forward == "127.0.0.1:4711"
+        await state.drain()
+        assert await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY) is None
+        assert me not in [m["member_id"] for m in (await client.get("/cluster")).json()[
+            "members"]]
+
+
+async def test_a_broker_without_affinity_has_no_members(stack: LocalStack) -> None:
+    app = create_app(make_settings(stack))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
+        r = await client.get("/cluster")
+        assert r.status_code == 200 and r.json()["members"] == []
+        assert app.state.broker.membership is None
+        assert _members_gauge((await client.get("/metrics/prometheus")).text) == []
+
+
+async def _members(url: str, prefix: str) -> dict[str, Any]:
+    async with httpx.AsyncClient(base_url=url, timeout=10) as client:
+        body = (await client.get("/cluster")).json()
+    return {m["member_id"]: m for m in body["members"] if m["member_id"].startswith(prefix)}
+
+
+@pytest.mark.slow
+async def test_each_worker_is_a_member_and_a_replacement_takes_its_slot(
+        stack: LocalStack, brokers: BrokerFactory) -> None:
+    broker_id = f"w{uuid.uuid4().hex[:8]}"
+    broker = brokers.start(workers=2, broker_id=broker_id, affinity="forward",
+                           membership_refresh_s="0.2")
+    ids = {f"{broker_id}.w0", f"{broker_id}.w1"}
+    settings = make_settings(stack)
+    layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
+
+    async def records() -> dict[str, Member]:
+        found = await operator.oxia.range_scan(layout.members_prefix(),
+                                               layout.members_prefix() + "~",
+                                               MEMBERS_PARTITION_KEY)
+        out = {}
+        for r in found:
+            member_id = layout.parse_member_key(r.key)
+            if member_id in ids:
+                out[member_id] = r
+        return {k: Member.from_record(v.value) for k, v in out.items()}
+
+    async with open_engine(settings) as operator:
+        # Another process's state is polled: there is no event to wait on across processes.
+        with anyio.fail_after(WAIT_S):
+            while True:
+                if set(await _members(broker.url, broker_id)) == ids:
+                    break
+                await anyio.sleep(0.2)
+        before = await records()
+        assert set(before) == ids
+        workers = psutil.Process(broker.process.pid).children()
+        victim = next(p for p in workers if "spawn_main" in " ".join(p.cmdline()))
+        os.kill(victim.pid, signal.SIGKILL)
+        # Its replacement takes the freed slot: the same id, a new incarnation.
+        with anyio.fail_after(WAIT_S):
+            while True:
+                now = await records()
+                changed = {k for k in ids if k in now and now[k].incarnation
+                           != before[k].incarnation}
+                if set(now) == ids and changed:
+                    break
+                await anyio.sleep(0.2)
+        assert len(changed) == 1
