@@ -50,9 +50,12 @@ async def test_a_broker_with_affinity_lists_itself_and_leaves_when_it_drains(
         assert _members_gauge((await client.get("/metrics/prometheus")).text) == [
             len(body["members"])]
         found = await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY)
-        assert found is not None and Member.from_record(found.value).forward == ""
-        assert state.membership is not None
-        # The forward listener, once it listens, is announced in the record.
+        # The forward listener listens before the member registers: the record names it.
+        assert state.forward_address.startswith("127.0.0.1:")
+        assert found is not None
+        assert Member.from_record(found.value).forward == state.forward_address
+        assert state.membership is not None and state.router is not None
+        # A new address is announced in the record.
         state.set_forward_address("127.0.0.1:4711")
         with anyio.fail_after(WAIT_S):
             while state.membership.registrations < 2:

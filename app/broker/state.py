@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,11 +42,13 @@ from app.broker.metrics import (
 )
 from app.broker.topics import TopicDirectory
 from app.broker.watch import OxiaChangeListener, PartitionWatch
+from app.cluster.forward import ForwardClient, ForwardMetrics, ForwardServer
 from app.cluster.members import Member
 from app.cluster.membership import Membership
+from app.cluster.router import AffinityRouter, RouterMetrics
 from app.cluster.slots import member_id, take_slot
 from app.compaction.service import run_in_broker
-from app.errors import InvalidRequest, LlogError
+from app.errors import InvalidRequest, LlogError, RoleDisabled
 from app.groups.service import GroupService
 from app.observability import (
     READY,
@@ -59,7 +61,7 @@ from app.observability import (
     s3_cost_estimate,
 )
 from app.settings import Settings
-from app.storage.appends import AppendGroup, AppendResult
+from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.identity import store_identity
 from app.storage.keys import KeyLayout
 from app.storage.metrics import StoreMetrics
@@ -80,6 +82,11 @@ from app.telemetry.registry import ServiceRegistry
 from app.telemetry.snapshots import SnapshotMetrics
 
 log = logging.getLogger(__name__)
+
+# A peer whose forward listener could not be reached is passed over for this long.
+FORWARD_SUSPECT_S = 2.0
+# At shutdown, how long the lanes may take to hand what they hold to their peers.
+FORWARD_DRAIN_S = 10.0
 
 
 @dataclass
@@ -107,6 +114,9 @@ class BrokerState:
     # "host:port" of this worker's forward listener once it listens ("": none); the
     # member record announces it (set it with set_forward_address).
     forward_address: str = ""
+    # With LLOG_AFFINITY=forward: sends each produce group to its partition's preferred
+    # member (app/cluster/router.py); produce appends through :meth:`append`.
+    router: AffinityRouter | None = None
 
     @classmethod
     def create(cls, settings: Settings) -> BrokerState:
@@ -130,6 +140,15 @@ class BrokerState:
                 log.warning("could not leave the cluster (the member record goes with "
                             "the Oxia session): %r", exc)
         await anyio.sleep(self.settings.drain_s)
+
+    async def append(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        """Append a produce request's groups: through the router when this worker is a
+        cluster member, else into this worker's batcher."""
+        if self.router is not None:
+            return await self.router.submit(groups)
+        if self.batcher is None:
+            raise RoleDisabled("this broker does not have the write role")
+        return await self.batcher.submit(groups)
 
     def set_forward_address(self, address: str) -> None:
         """This worker's forward listener listens at ``address`` ("host:port"): the
@@ -215,7 +234,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                 if s.has_role("read"):
                     await _start_reader(state, oxia, s3, layout, background, stack)
                 if s.affinity != "off" and s.has_role("write"):
-                    await _start_membership(state, oxia, layout, background, stack)
+                    await _start_cluster(state, oxia, layout, background, stack)
                 if s.has_role("compact"):
                     await background.start(_watched, state, functools.partial(
                         run_in_broker, s, oxia, s3, state.registry))
@@ -230,6 +249,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                     yield state
                 finally:
                     state.status = "stopping"
+                    await _stop_cluster(state)
                     if state.batcher is not None:
                         state.batcher.close()  # flush what is buffered, answer every waiter
                     background.cancel_scope.cancel()
@@ -291,24 +311,64 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         await tg.start(_watched, state, listener.run)
 
 
-async def _start_membership(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
-                            tg: anyio.abc.TaskGroup, stack: contextlib.AsyncExitStack) -> None:
-    """Take this worker's slot, register it as a member and have a first view of the
-    cluster before the broker reports ready."""
+async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
+                         tg: anyio.abc.TaskGroup, stack: contextlib.AsyncExitStack) -> None:
+    """Take this worker's slot, listen for forwarded appends, register as a member with
+    a first view of the cluster, and route produce through the affinity router; all of
+    it before the broker reports ready."""
     s = state.settings
+    assert state.batcher is not None
+    batcher = state.batcher
     slot = await anyio.to_thread.run_sync(take_slot, state.registry.shared_dir)
     stack.callback(slot.release)
     try:
-        me = Member(member_id(s.broker_id, slot.index), s.broker_id, s.broker_url,
-                    state.forward_address, tuple(s.roles), uuid.uuid4().hex)
+        me_id = member_id(s.broker_id, slot.index)
     except InvalidRequest:
         raise ValueError(f"LLOG_BROKER_ID {s.broker_id!r} cannot name a cluster member "
                          "(LLOG_AFFINITY): up to 60 characters of [A-Za-z0-9._-]") from None
+    secret = None if s.cluster_secret is None else s.cluster_secret.get_secret_value()
+    forward_metrics = ForwardMetrics(state.registry, member=me_id)
+
+    async def forwarded(groups: list[AppendGroup], take_by: float) -> list[AppendOutcome]:
+        # Appended here, never forwarded again: views that disagree cannot bounce records.
+        return await batcher.enqueue(groups, take_by=take_by)
+
+    server = ForwardServer(forwarded, host=s.forward_host, port=s.forward_port,
+                           secret=secret, metrics=forward_metrics)
+    with anyio.fail_after(30):
+        await tg.start(_watched, state, server.run)
+    stack.callback(server.close)
+    state.forward_address = server.address
+    me = Member(me_id, s.broker_id, s.broker_url, server.address, tuple(s.roles),
+                uuid.uuid4().hex)
     state.membership = Membership(oxia, layout, me, refresh_s=s.membership_refresh_s,
                                   registry=state.registry,
                                   call_timeout_s=s.oxia_request_timeout_s * 2 + 5)
     with anyio.fail_after(30):
         await tg.start(_watched, state, state.membership.run)
+
+    def client(peer: Member) -> ForwardClient:
+        return ForwardClient(peer.forward, secret=secret,
+                             deadline_s=s.forward_deadline_ms / 1000,
+                             answer_timeout_s=s.forward_answer_timeout_ms / 1000,
+                             metrics=forward_metrics)
+
+    state.router = AffinityRouter(
+        batcher.submit, state.membership, client, lane_buffer_bytes=s.batch_buffer_max_bytes,
+        lane_max_bytes=s.batch_max_bytes, suspect_s=FORWARD_SUSPECT_S,
+        metrics=RouterMetrics(state.registry, member=me_id))
+    await tg.start(_watched, state, state.router.run)
+
+
+async def _stop_cluster(state: BrokerState) -> None:
+    """Before the batcher closes: new groups are appended here, and what the lanes hold
+    goes out (or falls back here, into the still open batcher)."""
+    router, state.router = state.router, None
+    if router is None:
+        return
+    router.close()
+    with anyio.move_on_after(FORWARD_DRAIN_S, shield=True):
+        await router.stopped.wait()
 
 
 async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> None:

@@ -197,9 +197,11 @@ class Membership:
                     self._bad_records.add((record.key, record.version_id))
                     log.warning("membership: ignoring the record %s: %s", record.key, exc)
                 continue
-            found[member_id] = member
             if member_id == self._me.member_id:
+                if self._left:
+                    continue  # a listing read before our delete landed: we are gone
                 self._check_own(member, record.version_id)
+            found[member_id] = member
         return found
 
     def _check_own(self, listed: Member, version: int) -> None:

@@ -81,7 +81,7 @@ async def produce(request: Request) -> Response:
         charge_produce(request, sum(e.records.size for e in entries))
         groups = await _place(entries, state.settings, state.topics)
         try:
-            outcomes = await state.batcher.submit(groups)
+            outcomes = await state.append(groups)
         except LlogError as exc:  # refused as a whole: nothing was written
             outcomes = [exc] * len(groups)
     located = _locations_shown(request, state.settings)

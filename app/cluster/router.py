@@ -1,0 +1,251 @@
+"""Preferred appenders: each partition's records go to the member that prefers it.
+
+Any broker may append to any partition (the commit's compare-and-set keeps that safe),
+but when every broker appends to every partition their commits collide on each
+partition's control record, and each collision costs a re-read and a retry. The router
+splits a produce request's groups by their preferred member (rendezvous hashing over the
+live members, :mod:`app.cluster.membership`): its own go to the local batcher, the
+others to one *lane* per peer, a batcher whose flush is one forward frame
+(:mod:`app.cluster.forward`). Lanes coalesce across requests: while a peer's frames are in
+flight the lane's buffer grows, so the frames per second track the peer's flushes, not
+the requests.
+
+What a forward may leave behind decides what happens next, and never a blind second
+append:
+
+- definitely not written (the peer refused, could not be reached, or let the deadline
+  pass before its flush took the records): appended here instead (``fallback``);
+- maybe written (the connection broke after the frame went out, or no answer in time):
+  a group with an idempotency key is appended here under that key (a duplicate is
+  answered from the key's window, as a client's own retry would be); a group without
+  one is answered :class:`~app.errors.CommitInDoubt`, as a client of a broker that died
+  mid-request is.
+
+A forwarded frame is appended by the receiver itself and never forwarded again, so two
+brokers whose views of the members disagree cannot bounce records between them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+
+import anyio
+import anyio.abc
+from prometheus_client import CollectorRegistry, Counter
+
+from app.batching.batcher import Batcher
+from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardUnknown
+from app.cluster.membership import Member, Membership
+from app.errors import CommitInDoubt, ForwardExpired, Unavailable
+from app.storage.appends import AppendGroup, AppendOutcome
+
+log = logging.getLogger(__name__)
+
+ClientFactory = Callable[[Member], ForwardClient]
+SubmitFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendOutcome]]]
+
+
+class RouterMetrics:
+    """``member`` labels every series, so the workers of one server stay apart."""
+
+    def __init__(self, registry: CollectorRegistry, member: str = "") -> None:
+        groups = Counter(
+            "llog_affinity_groups", "Produce groups by where they were appended: local "
+            "(this member is preferred), forwarded (its preferred member appended it), "
+            "fallback (a forward that was not written, appended here), in_doubt (a "
+            "forward that may have been written, answered CommitInDoubt)",
+            ["member", "route"], registry=registry)
+        fallbacks = Counter(
+            "llog_affinity_fallbacks", "Forwarded groups appended here instead, by why "
+            "(unreachable, refused, expired, closed: not written; keyed_unknown: maybe "
+            "written, appended again under the client's idempotency key; left: the peer "
+            "left the view; BackPressureRejected, ShuttingDown: the lane took nothing)",
+            ["member", "reason"], registry=registry)
+        self._groups, self._fallbacks, self._member = groups, fallbacks, member
+
+    def routed(self, route: str, n: int) -> None:
+        if n:
+            self._groups.labels(self._member, route).inc(n)
+
+    def fell_back(self, reason: str, n: int) -> None:
+        if n:
+            self._fallbacks.labels(self._member, reason).inc(n)
+
+
+class _Lane:
+    """Groups on their way to one peer: a batcher whose flush is one forward frame."""
+
+    def __init__(self, peer: Member, client: ForwardClient, batcher: Batcher) -> None:
+        self.peer = peer
+        self.client = client
+        self.batcher = batcher
+        self.done = anyio.Event()
+
+
+class AffinityRouter:
+    """Appends a request's groups where their partitions are preferred (see module)."""
+
+    def __init__(self, local: SubmitFn, membership: Membership, clients: ClientFactory, *,
+                 lane_buffer_bytes: int, lane_max_bytes: int, suspect_s: float,
+                 metrics: RouterMetrics, lane_inflight: int = 2) -> None:
+        self._local = local
+        self._membership = membership
+        self._clients = clients
+        self._lane_buffer = lane_buffer_bytes
+        self._lane_max_bytes = lane_max_bytes
+        self._lane_inflight = lane_inflight
+        self._suspect_s = suspect_s
+        self._metrics = metrics
+        self._lanes: dict[str, _Lane] = {}
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._closing = False
+        self._closed = anyio.Event()
+        self.stopped = anyio.Event()  # run() has returned: every lane answered
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+                  ) -> None:
+        """Hold the lanes' flushers; returns once :meth:`close` has drained them."""
+        try:
+            async with anyio.create_task_group() as tg:
+                self._tg = tg
+                task_status.started()
+                await self._closed.wait()
+                for lane in list(self._lanes.values()):
+                    lane.batcher.close()
+        finally:
+            self._tg = None
+            for lane in list(self._lanes.values()):
+                await _close_quietly(lane.client)
+            self.stopped.set()
+
+    def close(self) -> None:
+        """From now on every group is appended here; buffered forwards still go out."""
+        self._closing = True
+        self._closed.set()
+
+    async def submit(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        """Append ``groups``, each where its partition is preferred; outcomes in order."""
+        routes = self._route(groups)
+        if set(routes) <= {None}:
+            self._metrics.routed("local", len(groups))
+            return await self._local(groups)
+        outcomes: list[AppendOutcome | None] = [None] * len(groups)
+
+        async def run(member_id: str | None, indexes: list[int]) -> None:
+            part = [groups[i] for i in indexes]
+            if member_id is None:
+                self._metrics.routed("local", len(part))
+                got = await self._local(part)
+            else:
+                got = await self._forwarded(member_id, part)
+            for i, outcome in zip(indexes, got, strict=True):
+                outcomes[i] = outcome
+
+        async with anyio.create_task_group() as tg:
+            for member_id, indexes in routes.items():
+                tg.start_soon(run, member_id, indexes)
+        assert all(o is not None for o in outcomes)
+        return [o for o in outcomes if o is not None]
+
+    def _route(self, groups: Sequence[AppendGroup]) -> dict[str | None, list[int]]:
+        """Group indexes by the member to append them (None: here). One request's groups
+        of a partition all go one way, so their order within the partition holds."""
+        routes: dict[str | None, list[int]] = {}
+        me = self._membership.me.member_id
+        view = self._membership.view()
+        for i, group in enumerate(groups):
+            member = None if self._closing else view.preferred(group.tp)
+            if member is None or member.member_id == me or self._lane(member) is None:
+                routes.setdefault(None, []).append(i)
+            else:
+                routes.setdefault(member.member_id, []).append(i)
+        return routes
+
+    def _lane(self, peer: Member) -> _Lane | None:
+        lane = self._lanes.get(peer.member_id)
+        if lane is not None and lane.peer == peer:
+            return lane
+        if self._tg is None:
+            return None  # not running (starting or stopped): append here
+        if lane is not None:  # the member came back as another incarnation or address
+            lane.batcher.close()
+        client = self._clients(peer)
+        lane = _Lane(peer, client, Batcher(
+            lambda groups: self._send(peer, client, groups), max_bytes=self._lane_max_bytes,
+            max_delay_s=0, buffer_max_bytes=self._lane_buffer,
+            max_inflight_flushes=self._lane_inflight))
+        self._lanes[peer.member_id] = lane
+        self._tg.start_soon(self._run_lane, lane)
+        return lane
+
+    async def _run_lane(self, lane: _Lane) -> None:
+        try:
+            await lane.batcher.run()
+        except Exception:  # its waiters were failed by the batcher itself
+            log.exception("the forward lane to %s stopped", lane.peer.member_id)
+        finally:
+            if self._lanes.get(lane.peer.member_id) is lane:
+                del self._lanes[lane.peer.member_id]
+            await _close_quietly(lane.client)
+            lane.done.set()
+
+    async def _forwarded(self, member_id: str, groups: list[AppendGroup]
+                         ) -> list[AppendOutcome]:
+        lane = self._lanes.get(member_id)
+        if lane is None:
+            return await self._fallback(groups, "left")
+        try:
+            return await lane.batcher.submit(groups)
+        except Unavailable as exc:  # the lane is full or closing: nothing was sent
+            return await self._fallback(groups, type(exc).__name__)
+
+    async def _send(self, peer: Member, client: ForwardClient,
+                    groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        """One lane flush: a forward frame, with the outcome rules of the module."""
+        try:
+            outcomes = await client.append(groups)
+        except ForwardNotWritten as exc:
+            if exc.reason == "unreachable":
+                self._membership.suspect(peer.member_id, self._suspect_s)
+            return await self._fallback(list(groups), exc.reason)
+        except ForwardUnknown as exc:
+            log.warning("forward to %s may have been written: %s", peer.member_id, exc)
+            self._membership.suspect(peer.member_id, self._suspect_s)
+            return await self._in_doubt(list(groups), str(exc))
+        expired = [i for i, o in enumerate(outcomes) if isinstance(o, ForwardExpired)]
+        self._metrics.routed("forwarded", len(groups) - len(expired))
+        if expired:
+            again = await self._fallback([groups[i] for i in expired], "expired")
+            for i, outcome in zip(expired, again, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+    async def _fallback(self, groups: list[AppendGroup], reason: str
+                        ) -> list[AppendOutcome]:
+        self._metrics.routed("fallback", len(groups))
+        self._metrics.fell_back(reason, len(groups))
+        return await self._local(groups)
+
+    async def _in_doubt(self, groups: list[AppendGroup], why: str) -> list[AppendOutcome]:
+        """Keyed groups appended here under their key; the others answered in doubt."""
+        outcomes: list[AppendOutcome] = [
+            CommitInDoubt(f"forwarded to the partition's preferred broker, which did not "
+                          f"answer ({why}); the records may have been written")
+            for _ in groups]
+        keyed = [i for i, g in enumerate(groups) if g.idempotency_key is not None]
+        self._metrics.routed("in_doubt", len(groups) - len(keyed))
+        if keyed:
+            again = await self._fallback([groups[i] for i in keyed], "keyed_unknown")
+            for i, outcome in zip(keyed, again, strict=True):
+                outcomes[i] = outcome
+        return outcomes
+
+
+async def _close_quietly(client: ForwardClient) -> None:
+    try:
+        with anyio.move_on_after(5, shield=True):
+            await client.aclose()
+    except Exception as exc:
+        log.warning("closing a forward client failed: %s", exc)
+

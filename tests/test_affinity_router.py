@@ -1,0 +1,204 @@
+"""The affinity router's decisions: where each group goes, and what a failed forward
+leaves (fallback here, or in doubt). Its parts are stand-ins: the local append and the
+forward client are functions of this test, the membership a fixed view; the forward
+wire itself is tested on real sockets in test_forward.py and the whole path on real
+brokers in test_affinity.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import anyio
+from anyio import wait_all_tasks_blocked
+from prometheus_client import CollectorRegistry
+
+from app.cluster.forward import ForwardNotWritten, ForwardUnknown
+from app.cluster.router import AffinityRouter, RouterMetrics
+from app.errors import CommitInDoubt, ForwardExpired
+from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
+from app.storage.keys import TopicPartition
+
+
+@dataclass(frozen=True)
+class _Member:
+    member_id: str
+    forward: str = "127.0.0.1:1"
+
+
+@dataclass
+class _View:
+    owners: dict[int, str]
+
+    def preferred(self, tp: TopicPartition) -> _Member | None:
+        owner = self.owners.get(tp.partition)
+        return None if owner is None else _Member(owner)
+
+
+@dataclass
+class _Membership:
+    owners: dict[int, str]
+    me: _Member = field(default_factory=lambda: _Member("me"))
+    suspected: list[str] = field(default_factory=list)
+
+    def view(self) -> _View:
+        return _View(self.owners)
+
+    def suspect(self, member_id: str, for_s: float) -> None:
+        self.suspected.append(member_id)
+
+
+def _result(group: AppendGroup, where: str) -> AppendResult:
+    return AppendResult(group.tp, 1, len(group.records), len(group.records), where, where)
+
+
+class _Client:
+    """A forward client whose answer the test chooses."""
+
+    def __init__(self, answer: object = None) -> None:
+        self.answer = answer
+        self.frames: list[list[AppendGroup]] = []
+        self.gate: anyio.Event | None = None
+        self._sent = anyio.Event()
+
+    async def sent(self, n: int) -> None:
+        """Until ``n`` frames have gone out."""
+        while len(self.frames) < n:
+            await self._sent.wait()
+
+    async def append(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        self.frames.append(list(groups))
+        self._sent.set()
+        self._sent = anyio.Event()
+        if self.gate is not None:
+            await self.gate.wait()
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        if self.answer == "expire-first":
+            return [ForwardExpired("late") if i == 0 else _result(g, "peer")
+                    for i, g in enumerate(groups)]
+        return [_result(g, "peer") for g in groups]
+
+    async def aclose(self) -> None:
+        pass
+
+
+class _Local:
+    def __init__(self) -> None:
+        self.calls: list[list[AppendGroup]] = []
+
+    async def __call__(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
+        self.calls.append(list(groups))
+        return [_result(g, "local") for g in groups]
+
+
+def _group(partition: int, key: str | None = None) -> AppendGroup:
+    return AppendGroup(TopicPartition("t", partition), [b"x"], key)
+
+
+async def _with_router(owners: dict[int, str], client: _Client, body):  # type: ignore[no-untyped-def]
+    local, membership = _Local(), _Membership(owners)
+    router = AffinityRouter(local, membership, lambda member: client,  # type: ignore[arg-type]
+                            lane_buffer_bytes=1 << 20, lane_max_bytes=1 << 20, suspect_s=2,
+                            metrics=RouterMetrics(CollectorRegistry()))
+    async with anyio.create_task_group() as tg:
+        await tg.start(router.run)
+        with anyio.fail_after(10):
+            await body(router, local, membership)
+        router.close()
+
+
+async def test_each_group_goes_to_its_preferred_member_and_outcomes_keep_their_order(
+) -> None:
+    client = _Client()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(0), _group(1), _group(2), _group(3)])
+        assert [o.index_key for o in outcomes] == ["local", "peer", "local", "peer"]
+        assert [[g.tp.partition for g in f] for f in client.frames] == [[1, 3]]
+        assert [[g.tp.partition for g in c] for c in local.calls] == [[0, 2]]
+
+    await _with_router({0: "me", 1: "peer", 2: "me", 3: "peer"}, client, body)
+
+
+async def test_no_preferred_member_appends_here() -> None:
+    client = _Client()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(5)])
+        assert [o.index_key for o in outcomes] == ["local"]
+        assert client.frames == []
+
+    await _with_router({}, client, body)
+
+
+async def test_a_forward_not_written_is_appended_here_and_an_unreachable_peer_suspected(
+) -> None:
+    client = _Client(ForwardNotWritten("unreachable", "connection refused"))
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(1), _group(1, "k")])
+        assert [o.index_key for o in outcomes] == ["local", "local"]
+        assert membership.suspected == ["peer"]
+
+    await _with_router({1: "peer"}, client, body)
+
+
+async def test_a_forward_that_may_have_been_written_is_never_appended_blindly() -> None:
+    client = _Client(ForwardUnknown("broken", "connection reset after the frame"))
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(1), _group(1, "key-1")])
+        # Without a key a second append could duplicate: the client is told, as by a
+        # broker that died mid-request. With one, the key makes the append safe here.
+        assert isinstance(outcomes[0], CommitInDoubt)
+        assert isinstance(outcomes[1], AppendResult) and outcomes[1].index_key == "local"
+        assert [[g.idempotency_key for g in c] for c in local.calls] == [["key-1"]]
+
+    await _with_router({1: "peer"}, client, body)
+
+
+async def test_groups_the_peer_let_expire_are_appended_here() -> None:
+    client = _Client("expire-first")
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(1), _group(3)])
+        assert [o.index_key for o in outcomes] == ["local", "peer"]
+
+    await _with_router({1: "peer", 3: "peer"}, client, body)
+
+
+async def test_requests_arriving_while_a_frame_is_in_flight_share_the_next_frame() -> None:
+    client = _Client()
+    client.gate = anyio.Event()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        results: list[list[AppendOutcome]] = []
+
+        async def one(partition: int) -> None:
+            results.append(await router.submit([_group(partition)]))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 1)
+            await client.sent(1)  # the first frame is out, held at the gate
+            tg.start_soon(one, 1)  # the lane has two slots: this one goes out too
+            await client.sent(2)
+            for _ in range(5):  # both slots busy: these wait in the lane's buffer
+                tg.start_soon(one, 1)
+            await wait_all_tasks_blocked()
+            client.gate.set()
+        assert len(results) == 7
+        assert [len(f) for f in client.frames] == [1, 1, 5]
+
+    await _with_router({1: "peer"}, client, body)
+
+
+async def test_after_close_every_group_is_appended_here() -> None:
+    client = _Client()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        router.close()
+        outcomes = await router.submit([_group(1)])
+        assert [o.index_key for o in outcomes] == ["local"]
+
+    await _with_router({1: "peer"}, client, body)
