@@ -224,7 +224,7 @@ class Settings(BaseSettings):
     # them (then they are answered expired, unwritten, and the forwarder appends them
     # itself), and how long after that the forwarder waits for an answer before it
     # counts the outcome as unknown.
-    forward_deadline_ms: int = Field(default=200, ge=1, le=60_000)
+    forward_deadline_ms: int = Field(default=1_000, ge=1, le=60_000)
     forward_answer_timeout_ms: int = Field(default=2_000, ge=1, le=600_000)
     # The HMAC secret both ends of a forward connection prove before any append crosses
     # it; the same on every broker (unset: connections are not authenticated).
@@ -450,6 +450,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "LLOG_BATCH_BUFFER_MAX_BYTES must be at least LLOG_BATCH_MAX_BYTES"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_forwarding(self) -> Settings:
+        # With access control on, the forward port would otherwise append for anyone
+        # who can reach it, past every right checked on /produce.
+        if self.affinity == "forward" and self.auth == "on" and self.cluster_secret is None:
+            raise ValueError("LLOG_AFFINITY=forward with LLOG_AUTH=on needs "
+                             "LLOG_CLUSTER_SECRET (the forward connections' key)")
         return self
 
     @model_validator(mode="after")

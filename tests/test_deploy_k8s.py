@@ -326,10 +326,14 @@ def _secret_data(objs: list[Obj], name: str) -> dict[str, str]:
 
 def _served_settings(objs: list[Obj], workload: str) -> Settings:
     """What the workload's process reads: the ConfigMap, its literal env and the
-    listen address of its command (values from Secrets left out)."""
+    listen address of its command (values from Secrets left out, but for a stand-in
+    cluster secret where the container reads one: forwarding refuses to run without)."""
     container = container_of(objs, "Deployment", workload)
+    env = container.get("env", [])
     values = {**find(objs, "ConfigMap", "llog-config")["data"],
-              **{e["name"]: e["value"] for e in container.get("env", []) if "value" in e}}
+              **{e["name"]: e["value"] for e in env if "value" in e}}
+    if any(e["name"] == "LLOG_CLUSTER_SECRET" for e in env):
+        values["LLOG_CLUSTER_SECRET"] = "a-stand-in-for-the-secret"
     args = build_parser().parse_args(container["args"])
     return Settings(**{k.removeprefix("LLOG_").lower(): v for k, v in values.items()},
                     host=args.host, port=args.port)
@@ -383,6 +387,28 @@ def test_brokers_share_one_stream_ticket_secret(example: list[Obj]) -> None:
     placeholder = _secret_data(example, "llog-stream-ticket-secret")[ref["key"]]
     with pytest.raises(ValidationError, match="stream_ticket_secret"):
         Settings(stream_ticket_secret=placeholder)
+
+
+def test_brokers_forward_to_each_other_pod_to_pod_with_one_cluster_secret(
+        example: list[Obj]) -> None:
+    """Affinity: each broker listens for forwarded appends on its pod's address, on the
+    port the container declares, and proves the one cluster secret, whose placeholder
+    is never deployed; without the secret a broker with access control refuses to run."""
+    container = container_of(example, "Deployment", "llog-broker")
+    env = {e["name"]: e for e in container["env"]}
+    settings = _served_settings(example, "llog-broker")
+    assert settings.affinity == "forward"
+    assert env["LLOG_FORWARD_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    (port,) = [p for p in container["ports"] if p["name"] == "forward"]
+    assert port["containerPort"] == settings.forward_port
+    ref = env["LLOG_CLUSTER_SECRET"]["valueFrom"]["secretKeyRef"]
+    secret = find(example, "Secret", "llog-cluster-secret")
+    assert ref["name"] == secret["metadata"]["name"]
+    placeholder = _secret_data(example, "llog-cluster-secret")[ref["key"]]
+    with pytest.raises(ValidationError, match="cluster_secret"):
+        Settings(cluster_secret=placeholder)
+    with pytest.raises(ValidationError, match="LLOG_CLUSTER_SECRET"):
+        Settings(affinity="forward", auth="on", auth_file=settings.auth_file)
 
 
 def test_the_broker_image_turns_access_control_on(example: list[Obj]) -> None:

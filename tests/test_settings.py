@@ -192,7 +192,7 @@ def test_buffer_smaller_than_batch(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_forwarding_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     s = Settings.from_env()
     assert (s.forward_host, s.forward_port, s.forward_deadline_ms,
-            s.forward_answer_timeout_ms, s.cluster_secret) == ("127.0.0.1", 0, 200, 2000, None)
+            s.forward_answer_timeout_ms, s.cluster_secret) == ("127.0.0.1", 0, 1000, 2000, None)
     monkeypatch.setenv("LLOG_FORWARD_HOST", "10.0.0.5")
     monkeypatch.setenv("LLOG_FORWARD_PORT", "39211")
     monkeypatch.setenv("LLOG_FORWARD_DEADLINE_MS", "50")

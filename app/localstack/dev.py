@@ -89,6 +89,11 @@ def broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
         + ("" if name == "broker" else f"-{name}"),
         "LLOG_ROLES": "write,read",  # compaction: the compactor beside them
         "LLOG_DRAIN_S": os.environ.get("LLOG_DRAIN_S", DEV_DRAIN_S),
+        # Each partition appended by one preferred broker, the others forwarding to it
+        # over loopback: --brokers N would otherwise collide on every commit
+        # (docs/operations.md, Affinity).
+        "LLOG_AFFINITY": "forward",
+        "LLOG_FORWARD_HOST": "127.0.0.1",
     }
 
 

@@ -1,0 +1,116 @@
+"""Affinity on real brokers (in process, on the real stack): each partition's records are
+appended by its preferred member, the others' forwarded there, so two brokers writing
+the same partitions no longer collide on their control records; and a member that goes
+away leaves its partitions to the others without losing an acknowledged record."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.broker.state import BrokerState
+from app.factory import create_app
+from app.localstack.stack import LocalStack
+from app.storage.keys import TopicPartition
+from tests.helpers.stack import make_settings
+
+PARTITIONS = 8
+WAIT_S = 60
+
+
+@contextlib.asynccontextmanager
+async def _broker(stack: LocalStack, prefix: str, broker_id: str
+                  ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
+    settings = make_settings(stack, broker_id=broker_id, root_prefix=prefix,
+                             affinity="forward", auto_create_partitions=PARTITIONS,
+                             drain_s=0, membership_refresh_s=0.2)
+    app = create_app(settings)
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
+        yield app, client
+
+
+async def _sees(app: FastAPI, members: int) -> None:
+    state: BrokerState = app.state.broker
+    assert state.membership is not None
+    with anyio.fail_after(WAIT_S):
+        while len(state.membership.view().members) != members:
+            await state.membership.next_change()
+
+
+def _counter(text: str, name: str, **labels: str) -> float:
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == name
+               for s in f.samples if s.name.endswith("_total")
+               and all(s.labels.get(k) == v for k, v in labels.items()))
+
+
+async def _produce(client: httpx.AsyncClient, topic: str, tag: str, *, keyed: bool = False
+                   ) -> list[dict[str, Any]]:
+    entries = []
+    for p in range(PARTITIONS):
+        entry: dict[str, Any] = {"topic": topic, "partition": p, "records": [f"{tag}-{p}"]}
+        if keyed:
+            entry["idempotency_key"] = f"{tag}-{p}"
+        entries.append(entry)
+    r = await client.post("/produce", json={"topic_partitions": entries})
+    assert r.status_code == 200, r.text
+    results: list[dict[str, Any]] = r.json()["results"]
+    return results
+
+
+async def _read_all(client: httpx.AsyncClient, topic: str, partition: int) -> list[str]:
+    r = await client.post("/consume", json={"topic_partitions": [
+        {"topic": topic, "partition": partition, "fetch_offset": 1}], "max_wait_ms": 0})
+    (result,) = r.json()["results"]
+    assert result["ok"], result
+    offsets = [rec["offset"] for rec in result["records"]]
+    assert offsets == list(range(1, len(offsets) + 1))  # contiguous, no gap, no repeat
+    return [rec["value"] for rec in result["records"]]
+
+
+async def test_two_brokers_append_each_partition_at_its_preferred_member_without_conflicts(
+        stack: LocalStack) -> None:
+    prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
+    async with _broker(stack, prefix, "a") as (app_a, a), _broker(stack, prefix, "b") as (
+            app_b, b):
+        await _sees(app_a, 2)
+        await _sees(app_b, 2)
+        view = app_a.state.broker.membership.view()
+        preferred = {p: view.preferred(TopicPartition(topic, p)) for p in range(PARTITIONS)}
+        assert {m.member_id for m in preferred.values() if m} == {"a.w0", "b.w0"}
+        # Both brokers write every partition, one request after the other.
+        for i in range(6):
+            results = await _produce(a if i % 2 else b, topic, f"r{i}")
+            assert [r["start_offset"] for r in results] == [i + 1] * PARTITIONS
+        for p in range(PARTITIONS):
+            assert await _read_all(a, topic, p) == [f"r{i}-{p}" for i in range(6)]
+        text_a = (await a.get("/metrics/prometheus")).text
+        text_b = (await b.get("/metrics/prometheus")).text
+        for text in (text_a, text_b):
+            assert _counter(text, "llog_commit_cas_conflicts") == 0
+            assert _counter(text, "llog_affinity_groups", route="forwarded") > 0
+            assert _counter(text, "llog_affinity_groups", route="fallback") == 0
+
+
+async def test_a_member_that_leaves_hands_its_partitions_to_the_others(
+        stack: LocalStack) -> None:
+    prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
+    async with _broker(stack, prefix, "a") as (app_a, a):
+        async with _broker(stack, prefix, "b") as (app_b, _b):
+            await _sees(app_a, 2)
+            await _produce(a, topic, "before", keyed=True)
+            await app_b.state.broker.drain()  # leaves the cluster, then stops
+        await _sees(app_a, 1)
+        results = await _produce(a, topic, "after", keyed=True)
+        assert all(r["ok"] and r["start_offset"] == 2 for r in results)
+        for p in range(PARTITIONS):
+            assert await _read_all(a, topic, p) == [f"before-{p}", f"after-{p}"]
+        text = (await a.get("/metrics/prometheus")).text
+        assert _counter(text, "llog_affinity_groups", route="in_doubt") == 0
