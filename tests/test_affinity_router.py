@@ -202,3 +202,16 @@ async def test_after_close_every_group_is_appended_here() -> None:
         assert [o.index_key for o in outcomes] == ["local"]
 
     await _with_router({1: "peer"}, client, body)
+
+
+async def test_a_lane_that_fails_unexpectedly_fails_only_the_groups_it_carried() -> None:
+    client = _Client(RuntimeError("a bug in the wire"))
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(0), _group(1)])
+        assert isinstance(outcomes[0], AppendResult) and outcomes[0].index_key == "local"
+        # The frame may have gone out before the failure: never appended again here.
+        assert isinstance(outcomes[1], CommitInDoubt)
+        assert [[g.tp.partition for g in c] for c in local.calls] == [[0]]
+
+    await _with_router({0: "me", 1: "peer"}, client, body)

@@ -37,7 +37,7 @@ from prometheus_client import CollectorRegistry, Counter
 from app.batching.batcher import Batcher
 from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardUnknown
 from app.cluster.membership import Member, Membership
-from app.errors import CommitInDoubt, ForwardExpired, Unavailable
+from app.errors import CommitInDoubt, ForwardExpired, LlogError, Unavailable
 from app.storage.appends import AppendGroup, AppendOutcome
 
 log = logging.getLogger(__name__)
@@ -199,6 +199,8 @@ class AffinityRouter:
             return await lane.batcher.submit(groups)
         except Unavailable as exc:  # the lane is full or closing: nothing was sent
             return await self._fallback(groups, type(exc).__name__)
+        except LlogError as exc:  # the lane's flush failed: only these groups share it
+            return [exc] * len(groups)
 
     async def _send(self, peer: Member, client: ForwardClient,
                     groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
