@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from app.cluster.forward import ForwardNotWritten, ForwardUnknown
 from app.cluster.router import AffinityRouter, RouterMetrics
-from app.errors import CommitInDoubt, ForwardExpired
+from app.errors import BackPressureRejected, CommitInDoubt, ForwardExpired
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.keys import TopicPartition
 
@@ -86,9 +86,12 @@ class _Client:
 class _Local:
     def __init__(self) -> None:
         self.calls: list[list[AppendGroup]] = []
+        self.refuse: Exception | None = None
 
     async def __call__(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
         self.calls.append(list(groups))
+        if self.refuse is not None:
+            raise self.refuse
         return [_result(g, "local") for g in groups]
 
 
@@ -213,5 +216,18 @@ async def test_a_lane_that_fails_unexpectedly_fails_only_the_groups_it_carried()
         # The frame may have gone out before the failure: never appended again here.
         assert isinstance(outcomes[1], CommitInDoubt)
         assert [[g.tp.partition for g in c] for c in local.calls] == [[0]]
+
+    await _with_router({0: "me", 1: "peer"}, client, body)
+
+
+async def test_a_local_refusal_answers_its_groups_and_the_forwarded_ones_keep_theirs(
+) -> None:
+    client = _Client()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        local.refuse = BackPressureRejected("buffer full")
+        outcomes = await router.submit([_group(0), _group(1)])
+        assert isinstance(outcomes[0], BackPressureRejected)
+        assert isinstance(outcomes[1], AppendResult) and outcomes[1].index_key == "peer"
 
     await _with_router({0: "me", 1: "peer"}, client, body)

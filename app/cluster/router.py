@@ -80,7 +80,6 @@ class _Lane:
         self.peer = peer
         self.client = client
         self.batcher = batcher
-        self.done = anyio.Event()
 
 
 class AffinityRouter:
@@ -134,11 +133,14 @@ class AffinityRouter:
 
         async def run(member_id: str | None, indexes: list[int]) -> None:
             part = [groups[i] for i in indexes]
-            if member_id is None:
-                self._metrics.routed("local", len(part))
-                got = await self._local(part)
-            else:
-                got = await self._forwarded(member_id, part)
+            try:
+                if member_id is None:
+                    self._metrics.routed("local", len(part))
+                    got = await self._local(part)
+                else:
+                    got = await self._forwarded(member_id, part)
+            except LlogError as exc:  # refused as a whole: these groups, not the request
+                got = [exc] * len(part)
             for i, outcome in zip(indexes, got, strict=True):
                 outcomes[i] = outcome
 
@@ -188,7 +190,6 @@ class AffinityRouter:
             if self._lanes.get(lane.peer.member_id) is lane:
                 del self._lanes[lane.peer.member_id]
             await _close_quietly(lane.client)
-            lane.done.set()
 
     async def _forwarded(self, member_id: str, groups: list[AppendGroup]
                          ) -> list[AppendOutcome]:
