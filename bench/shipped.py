@@ -91,4 +91,5 @@ def describe(env: dict[str, str]) -> dict[str, str]:
     credentials."""
     skip = ("LLOG_OXIA_", "LLOG_S3_")
     return {k: v for k, v in sorted(env.items())
-            if k.startswith("LLOG_") and not k.startswith(skip)}
+            if k.startswith("LLOG_") and not k.startswith(skip)
+            and "SECRET" not in k and "TOKEN" not in k}

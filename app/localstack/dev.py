@@ -15,6 +15,7 @@ is the reference one in ``deploy/proxy/Caddyfile.tmpl``.
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import sys
 from collections.abc import Mapping
@@ -80,6 +81,10 @@ class DevTopology:
                 "compactor": compactor}
 
 
+# Drawn once per `llog dev` process, so that all the brokers it starts share it.
+_CLUSTER_SECRET = secrets.token_urlsafe(32)
+
+
 def broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
     """The environment of broker ``name`` as ``llog dev`` starts it (bench/perf.py measures
     the same broker from it, so the benchmark follows what dev ships)."""
@@ -94,6 +99,9 @@ def broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
         # (docs/operations.md, Affinity).
         "LLOG_AFFINITY": "forward",
         "LLOG_FORWARD_HOST": "127.0.0.1",
+        # One key for every broker of this run (forwarding with access control on needs
+        # one; with it off it still keeps other local processes off the forward ports).
+        "LLOG_CLUSTER_SECRET": os.environ.get("LLOG_CLUSTER_SECRET") or _CLUSTER_SECRET,
     }
 
 
