@@ -91,6 +91,12 @@ def test_the_recording_rules_give_coordination_cost_per_target() -> None:
         assert f"expr: {name}\n" in tested, f"{name} has no promtool unit test"
 
 
+def test_the_dashboard_plots_only_recorded_series() -> None:
+    dashboard = (ROOT / "deploy" / "grafana" / "dashboards" / "llog.json").read_text()
+    used = set(re.findall(r"\bllog:[a-z0-9_:]+", dashboard))
+    assert used == {rule["record"] for rule in _recording_rules()}
+
+
 def test_the_prometheus_configurations_load_the_rules() -> None:
     compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
     mounts = compose["services"]["prometheus"]["volumes"]
