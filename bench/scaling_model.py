@@ -114,13 +114,16 @@ MEASURED = [
 
 
 def rows_from_json(paths: Iterable[Path]) -> list[Measured]:
-    """The proxy rows of bench/scale_out.py result files (not ``ideal``, not failed)."""
+    """The proxy rows of bench/scale_out.py result files, or of bench/perf.py's cost
+    section (its ``proxy`` rows); not ``ideal``, not failed, not another revision's."""
     out = []
     for path in paths:
         results = json.loads(path.read_text())
-        slots = int(results["settings"].get("broker_settings", {})
+        slots = int((results["settings"].get("broker_settings") or {})
                     .get("LLOG_BATCH_MAX_INFLIGHT", Costs.flush_slots))
         for r in results["rows"]:
+            if "section" in r and r.get("kind") != "proxy":
+                continue  # bench/perf.py: only its brokers-behind-Caddy rows
             if "error" in r or r.get("direct") or not r["code"].startswith("this tree"):
                 continue
             frames = r.get("forward_frames")
@@ -574,12 +577,20 @@ def document(costs: Costs, cal: Calibration, rows: Sequence[Measured], load: flo
         "- With affinity each process flushes at about the one-process rate, so three make "
         "three times the flushes, a third the size; Oxia requests per 1,000 records follow "
         "from flushes alone (one Write each, one shard).",
-        "- Without affinity the model's two requests per conflict match the measured Oxia "
-        "requests; its conflicts, `(N-1)/N` of the commits, are below the measured ones: "
-        "a retry can conflict again (another broker commits between the re-read and the "
-        "retry), which the model leaves out. It does not predict how far conflicts slow "
+        "- Without affinity the model's Oxia requests per 1,000 records match the "
+        "measured ones, but partly by two errors that offset: its conflicts, `(N-1)/N` of "
+        "the commits, are below the measured ones (a retry can conflict again when another "
+        "broker commits between the re-read and the retry), and its two requests per "
+        "conflict are above them (by operation, bench/scale_out.py counts about one get "
+        "per conflict, while retries often share a Write with other commits). It does not "
+        "predict how far conflicts slow "
         "the flushes (their retries, pauses and CPU starve a shared event loop): that row's "
         "flush rate is given.",
+        "- The flush rate of a saturated process is the least certain input: it is set by "
+        "how long a flush takes, which on a shared 2-CPU machine depends on the CPU left to "
+        "each process (2 s rows taken while the machine was loaded gave 15-33 flushes/s "
+        "per process, one and two brokers). At a fixed load Oxia requests and S3 PUTs per "
+        "record scale with it; recalibrate with `--from-json` from a quiet run.",
         "- Forwarding's own CPU does not show apart from the flushes it adds at the "
         "receivers: the model without a forwarding term puts the multi-process forward "
         "rows' CPU at " + ", ".join(
