@@ -115,3 +115,17 @@ def test_costs_overrides(tmp_path: Path) -> None:
     path.write_text(json.dumps({"nonsense": 1}))
     with pytest.raises(SystemExit, match="unknown costs"):
         sm.costs_from(sm.parse_args(["--costs", str(path)]))
+
+
+def test_rows_from_perf_cost_section(tmp_path: Path) -> None:
+    proxy = {"section": "cost", "kind": "proxy", "case": "2", "brokers": 2, "workers": 1,
+             "direct": False, "affinity": "off", "code": "this tree",
+             "records_per_s": 4000.0, "oxia_per_1k_records": 80.0,
+             "cas_conflicts_per_1k_records": 50.0, "flushes_per_s": 27.0,
+             "partitions_per_flush": 16.0, "broker_cpu_cores": 1.2, "forward_frames": None,
+             "window_s": 10.0}
+    other = {"section": "cost", "kind": "brokers", "brokers": 2}
+    path = tmp_path / "perf.json"
+    path.write_text(json.dumps({"settings": {"baseline": None}, "rows": [other, proxy]}))
+    (got,) = sm.rows_from_json([path])
+    assert (got.processes, got.flush_slots, got.forward_frames_per_s) == (2, 4, None)
