@@ -31,7 +31,10 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   the measured maximum; produce and produce-to-consume percentiles against the batch
   window.
 - cost: how Oxia and S3 requests grow with partitions per flush (1, 16, 256) and with
-  brokers on one stack (1, 2, 3), and how flushes behave under saturation.
+  brokers on one stack (1, 2, 3), and how flushes behave under saturation. Then brokers
+  behind Caddy as `llog dev --brokers N` runs them (bench/scale_out.py's rows, its code):
+  1, 2, 3 brokers and one broker with 2 workers, each with affinity off and forward (and
+  off at --baseline), --scale-out-duration seconds each (0 leaves them out).
 - peer (not by default): Kafka 4.3.1 and llog one after the other, same records:
   produce and catch-up, llog/Kafka (bench/peer.py; needs Java, Maven, confluent-kafka).
 
@@ -68,6 +71,7 @@ for path in (ROOT, ROOT / "bench"):
 import baseline  # noqa: E402
 import http_bench as hb  # noqa: E402
 import peer  # noqa: E402
+import scale_out  # noqa: E402
 import shipped  # noqa: E402
 import storage_ceiling  # noqa: E402
 
@@ -629,6 +633,34 @@ def cost_section(run: Run) -> list[dict[str, Any]]:
         finally:
             for b in brokers:
                 stop_server(run, b)
+    return rows + proxy_rows(run)
+
+
+SCALE_OUT_CASES = ("1", "2", "3", "1x2")
+
+
+def proxy_rows(run: Run) -> list[dict[str, Any]]:
+    """Brokers behind Caddy, with and without affinity: bench/scale_out.py's rows (the
+    issue's load: 16 connections, 16 partitions x 5 x 1 KiB binary per request), the
+    brokers at their shipped settings, each row its own key space on this run's stack."""
+    a = run.args
+    if a.scale_out_duration <= 0:
+        return []
+    args = argparse.Namespace(duration=a.scale_out_duration, warmup=3.0, connections=16,
+                              ideal_connections=16)
+    variants = [scale_out.Variant(affinity, "this tree") for affinity in ("off", "forward")]
+    if run.baseline is not None:
+        variants.append(scale_out.Variant("off", f"at {a.baseline}", run.baseline[0]))
+    run.logs.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case, variant in scale_out.rows_to_run([scale_out.CASES[c] for c in SCALE_OUT_CASES],
+                                               variants):
+        try:
+            row = scale_out.measure_row(run.stack, run.logs, case, variant, args)
+        except (hb.BenchError, OSError, RuntimeError) as exc:
+            row = {"case": case.name, "affinity": variant.affinity, "code": variant.code,
+                   "error": str(exc)}
+        rows.append({"section": "cost", "kind": "proxy", **row})
     return rows
 
 
@@ -794,7 +826,7 @@ def print_report(results: dict[str, Any]) -> None:
     storage = [r for r in rows if r["section"] == "storage"]
     if storage:
         storage_ceiling.print_storage(storage)
-    cost = [r for r in rows if r["section"] == "cost"]
+    cost = [r for r in rows if r["section"] == "cost" and r["kind"] != "proxy"]
     if cost:
         print("\ncost (binary produce, 1 KiB records): Oxia and S3 requests per flush")
         print(f"{'kind':>10} {'parts':>5} {'brokers':>7} {'conns':>5} {'records/s':>10} "
@@ -809,6 +841,14 @@ def print_report(results: dict[str, Any]) -> None:
                   f"{_f(r.get('s3_requests_per_flush'), '.1f', 8)} "
                   f"{_f(r.get('oxia_requests_per_s'), '.0f', 7)} "
                   f"{_f(r.get('s3_puts_per_s'), '.0f', 6)}")
+    proxy = [r for r in rows if r["section"] == "cost" and r["kind"] == "proxy"]
+    if proxy:
+        print(f"\ncost with and without affinity: brokers behind Caddy "
+              f"(bench/scale_out.py), {scale_out.PARTITIONS} partitions, 16 connections, "
+              f"{scale_out.PARTITIONS} x {scale_out.RECORDS} x {scale_out.RECORD_BYTES} B "
+              f"binary per request, {s['scale_out_duration']:g} s per row after a 3 s "
+              "warm-up; brokers at their shipped settings")
+        scale_out.print_rows(proxy)
     for r in rows:
         if r["section"] == "peer":
             peer.print_peer(r)
@@ -844,12 +884,17 @@ def main() -> int:
                         help="also measure the brokers users run, and the 4-partition "
                         "catch-up, as revision REF (a commit, tag or branch) ships them, in "
                         "the same run (bench/baseline.py)")
+    parser.add_argument("--scale-out-duration", type=float, default=10.0,
+                        help="cost section: seconds of each brokers-behind-Caddy row, with "
+                             "and without affinity (8 rows, 9 with --baseline); 0 leaves "
+                             "them out")
     parser.add_argument("--quick", action="store_true",
                         help="2 s per row, 128 MiB catch-up: a smoke run")
     args = parser.parse_args()
     args.broker_connections = [int(c) for c in str(args.broker_connections).split(",")]
     if args.quick:
         args.duration, args.catchup_mib = 2.0, 128
+        args.scale_out_duration = min(args.scale_out_duration, 2.0)
     sections = set(args.sections.split(","))
     if "peer" in sections:
         try:

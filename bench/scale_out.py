@@ -484,13 +484,19 @@ def print_report(results: dict[str, Any]) -> None:
           f"{s['duration_s']:g} s per row after {s['warmup_s']:g} s warm-up; "
           f"machine: {m['nproc']} CPUs, {m['cpu_model']}, load "
           f"{m['loadavg_start'][0]:.2f} at start, {m['loadavg_end'][0]:.2f} at end")
-    codes = list(dict.fromkeys(r["code"] for r in results["rows"]))
+    print_rows(results["rows"])
+
+
+def print_rows(rows: list[dict[str, Any]]) -> None:
+    """The rows' table, one per code tree, and what the columns mean (also printed by
+    bench/perf.py's cost section)."""
+    codes = list(dict.fromkeys(r["code"] for r in rows))
     head = " ".join(f"{h:>{w}}" for h, _, _, w in COLUMNS)
     for code in codes:
         print(f"\n{code}")
         print(head)
         print("-" * len(head))
-        for r in results["rows"]:
+        for r in rows:
             if r["code"] != code:
                 continue
             if "error" in r:
@@ -499,7 +505,7 @@ def print_report(results: dict[str, Any]) -> None:
             r = {**r, "load1": r["loadavg_start"][0]}
             print(" ".join(_f(r.get(k), spec, w) for _, k, spec, w in COLUMNS))
     print("\nOxia requests per 1,000 records, by operation:")
-    for r in results["rows"]:
+    for r in rows:
         if "error" not in r:
             ops = "  ".join(f"{op} {v:.1f}" for op, v in r["oxia_per_1k_by_op"].items()
                             if v is not None and v >= 0.05)

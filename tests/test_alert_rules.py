@@ -1,5 +1,5 @@
-"""The alert rules of deploy/prometheus/: well formed, wired into the Prometheus
-configurations, every expression on metrics the code exports, and checked and
+"""The alert and recording rules of deploy/prometheus/: well formed, wired into the
+Prometheus configurations, every expression on metrics the code exports, and checked and
 unit-tested by Prometheus's own promtool (built from its pinned module)."""
 
 from __future__ import annotations
@@ -31,9 +31,17 @@ PROMETHEUS_OWN = {"up"}
 _DURATION = re.compile(r"[0-9]+[smhd]")
 
 
-def _rules() -> list[dict[str, Any]]:
+def _all_rules() -> list[dict[str, Any]]:
     groups = yaml.safe_load(RULES.read_text())["groups"]
     return [rule for group in groups for rule in group["rules"]]
+
+
+def _rules() -> list[dict[str, Any]]:
+    return [rule for rule in _all_rules() if "alert" in rule]
+
+
+def _recording_rules() -> list[dict[str, Any]]:
+    return [rule for rule in _all_rules() if "record" in rule]
 
 
 def exported_names(text: str) -> set[str]:
@@ -65,6 +73,30 @@ def test_every_rule_is_complete() -> None:
         assert name in expressions, name
 
 
+def test_the_recording_rules_give_coordination_cost_per_target() -> None:
+    """Ratios of counters per flush and per 1,000 records, summed per scrape target as
+    the alerts are (their values are unit-tested in alerts.test.yml)."""
+    recording = _recording_rules()
+    rules = {rule["record"]: rule["expr"] for rule in recording}
+    assert len(rules) == len(recording)
+    assert set(rules) == {"llog:oxia_requests_per_flush", "llog:oxia_requests_per_1k_records",
+                          "llog:cas_conflicts_per_1k_records", "llog:forwarded_ratio"}
+    for rule in recording:
+        assert set(rule) <= {"record", "expr", "labels"}, rule["record"]
+    for name, expr in rules.items():
+        assert expr.count("sum by (job, instance) (rate(") == 2, name
+        assert "[5m]" in expr, name
+    tested = (PROMETHEUS / "alerts.test.yml").read_text()
+    for name in rules:
+        assert f"expr: {name}\n" in tested, f"{name} has no promtool unit test"
+
+
+def test_the_dashboard_plots_only_recorded_series() -> None:
+    dashboard = (ROOT / "deploy" / "grafana" / "dashboards" / "llog.json").read_text()
+    used = set(re.findall(r"\bllog:[a-z0-9_:]+", dashboard))
+    assert used == {rule["record"] for rule in _recording_rules()}
+
+
 def test_the_prometheus_configurations_load_the_rules() -> None:
     compose = yaml.safe_load((ROOT / "deploy" / "docker-compose.yml").read_text())
     mounts = compose["services"]["prometheus"]["volumes"]
@@ -76,7 +108,8 @@ def test_the_prometheus_configurations_load_the_rules() -> None:
 
 
 async def _broker_names(brokers: BrokerFactory, topic: str) -> set[str]:
-    broker = brokers.start()
+    # With affinity, so the membership and forwarding series are declared too.
+    broker = brokers.start(affinity="forward", forward_host="127.0.0.1")
     async with httpx.AsyncClient(base_url=broker.url, timeout=30) as client:
         assert (await client.post("/produce", json=produce_body(topic, "a"))).status_code == 200
         assert (await client.post("/consume", json=consume_body(topic))).status_code == 200
@@ -104,11 +137,12 @@ async def test_every_expression_uses_exported_metrics(
         brokers: BrokerFactory, stack: LocalStack, topic: str) -> None:
     exported = (await _broker_names(brokers, topic) | await _compactor_names(stack)
                 | _audit_names() | PROMETHEUS_OWN)
-    for rule in _rules():
+    for rule in _all_rules():
+        name = rule.get("alert") or rule["record"]
         used = set(re.findall(r"\b(?:llog_[a-z0-9_]+|up)\b(?=\s*[{\[)=<>!]|\s*$)",
                               rule["expr"]))
-        assert used, rule["alert"]
-        assert used <= exported, f"{rule['alert']}: {sorted(used - exported)} not exported"
+        assert used, name
+        assert used <= exported, f"{name}: {sorted(used - exported)} not exported"
 
 
 @pytest.mark.timeout(1800)  # the first run builds promtool (minutes); later ones are cached

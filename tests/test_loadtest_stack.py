@@ -273,7 +273,9 @@ def _post(url: str, body: dict[str, Any]) -> Any:
 
 def test_dashboard_queries_only_exported_metrics(brokers: BrokerFactory, topic: str) -> None:
     scenario = load_scenario("smoke")
-    broker = brokers.start(loadtest_scenario=json.dumps(scenario.metrics_info("dash")))
+    # With affinity, so the coordination row's membership and forwarding series exist.
+    broker = brokers.start(loadtest_scenario=json.dumps(scenario.metrics_info("dash")),
+                           affinity="forward", forward_host="127.0.0.1")
     produced = _post(f"{broker.url}/produce", {"topic_partitions": [
         {"topic": topic, "partition": 0, "records": ["a", "b"]}]})
     assert produced["success_count"] == 1
