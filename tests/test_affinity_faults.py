@@ -134,7 +134,7 @@ async def _kill_under_load(brokers: BrokerFactory, stack: LocalStack, tmp_path: 
         await _until_views([b.url for b in started], members, 30)
         async with load.running(stack):
             with anyio.fail_after(180):  # generous: a loaded machine runs slowly
-                await load.wait_acked(100)
+                await load.wait_acked(50)
                 if hang_first:
                     killed.process.signal(signal.SIGSTOP)
                     # Until a survivor's forward to it went unanswered.
@@ -149,7 +149,7 @@ async def _kill_under_load(brokers: BrokerFactory, stack: LocalStack, tmp_path: 
                 fallbacks = await _counter(survivors, "llog_affinity_fallbacks")
                 forwarded = await _counter(survivors, "llog_affinity_groups",
                                            route="forwarded")
-                await load.wait_acked(load.acknowledged + 100)
+                await load.wait_acked(load.acknowledged + 60)
                 fallbacks_later = await _counter(survivors, "llog_affinity_fallbacks")
                 forwarded_later = await _counter(survivors, "llog_affinity_groups",
                                                  route="forwarded")
@@ -215,7 +215,7 @@ async def test_a_broker_added_under_load_takes_its_partitions_and_fails_nothing(
         await _until_views([b.url for b in started], {_member(n) for n in names}, 30)
         async with load.running(stack):
             with anyio.fail_after(180):
-                await load.wait_acked(100)
+                await load.wait_acked(50)
                 fourth = await anyio.to_thread.run_sync(
                     lambda: _start(brokers, prefix, "j4", spare))
                 everyone = [*started, fourth]
@@ -225,7 +225,7 @@ async def test_a_broker_added_under_load_takes_its_partitions_and_fails_nothing(
                 while await _counter([fourth], "llog_forward_received_groups",
                                      outcome="appended") == 0:
                     await load.wait_acked(load.acknowledged + 5)
-                await load.wait_acked(load.acknowledged + 100)
+                await load.wait_acked(load.acknowledged + 60)
     await load.verify(stack)
     assert load.failures == []
     assert await _counter([fourth], "llog_affinity_groups", route="local") > 0
