@@ -1,5 +1,6 @@
 """Affinity under faults, on broker processes behind Caddy with producers and long-poll
-consumers running through it: a broker killed with -9 and a broker added.
+consumers running through it: a broker killed with -9, a broker that hangs (SIGSTOP) and
+is then killed, and a broker added.
 
 Each broker (LLOG_AFFINITY=forward) appends the partitions it prefers and forwards the
 others to their preferred member. A kill leaves the survivors forwarding to a dead
@@ -14,7 +15,8 @@ served it, but each producer has one request outstanding at a time, Caddy sends 
 request to another broker when it cannot connect, and never resends one that reached
 a broker. So a request sent after the kill never reaches the dead broker, and of those
 sent before it only the ones in flight on it can fail: at most one per producer, each
-sent before the kill and answered "maybe written" (the proxy's 502).
+sent before the kill and answered "maybe written" (the proxy's 502; for keyless entries
+also a survivor's CommitInDoubt, when its forward to the dead broker got no answer).
 """
 
 from __future__ import annotations
