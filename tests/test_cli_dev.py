@@ -118,6 +118,26 @@ def _produced_by(broker_url: str) -> int:
                if line.startswith('llog_produce_requests_total{status="200"}'))
 
 
+def _forwarded_by(broker_url: str) -> int:
+    text = httpx.get(f"{broker_url}/metrics/prometheus", timeout=30).text
+    return sum(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("llog_affinity_groups_total{")
+               and 'route="forwarded"' in line)
+
+
+def _until_members(broker_url: str, members: set[str]) -> None:
+    """Until GET /cluster at ``broker_url`` lists ``members`` (a member lists the
+    others every LLOG_MEMBERSHIP_REFRESH_S: polled, bounded)."""
+    deadline = time.monotonic() + 60
+    while True:
+        seen = {m["member_id"] for m in httpx.get(f"{broker_url}/cluster",
+                                                  timeout=30).json()["members"]}
+        if seen == members:
+            return
+        assert time.monotonic() < deadline, f"{broker_url} sees {seen}, not {members}"
+        time.sleep(0.2)
+
+
 def test_llog_dev_compacts_in_a_compactor_beside_the_broker(tmp_path: Path) -> None:
     """The broker of ``llog dev`` only writes and reads; the compactor it runs beside it
     compacts what was written, and stops with it."""
@@ -166,13 +186,19 @@ def test_llog_dev_runs_several_brokers_behind_caddy(tmp_path: Path) -> None:
         assert [b["name"] for b in stack["brokers"]] == ["b1", "b2"]
         assert {b["pid"] for b in stack["brokers"]} | {stack["proxy"]["pid"]} <= set(
             stack["pids"].values())
+        # Affinity: each broker is a cluster member, and each sees the other.
+        members = {"broker-dev-b1.w0", "broker-dev-b2.w0"}
+        for b in stack["brokers"]:
+            _until_members(b["url"], members)
         with httpx.Client(base_url=url, timeout=30) as client:
             for i in range(20):
                 r = client.post("/produce", json={"topic_partitions": [
                     {"topic": "dev-lb", "partition": 0, "records": [f"r{i}"]}]})
                 assert r.status_code == 200 and r.json()["results"][0]["ok"]
-        # Round robin: both brokers took produce requests.
+        # Round robin: both brokers took produce requests; the one that does not prefer
+        # partition 0 forwarded its records to the one that does.
         assert all(_produced_by(b["url"]) > 0 for b in stack["brokers"])
+        assert sum(_forwarded_by(b["url"]) for b in stack["brokers"]) > 0
         pids = stack["pids"]
     finally:
         _stop(proc)

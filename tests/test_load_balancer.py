@@ -6,10 +6,9 @@ leave no duplicate."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,18 +17,11 @@ import anyio
 import httpx
 import pytest
 
-from app.localstack.processes import ManagedProcess, free_port
-from app.localstack.proxy import (
-    ProxyConfig,
-    ProxyKind,
-    find_binary,
-    proxy_process,
-    reload,
-    wait_serving,
-)
+from app.localstack.proxy import ProxyKind
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from tests.helpers.bodies import consume_body
+from tests.helpers.proxies import behind
 from tests.helpers.stack import Broker, BrokerFactory, make_settings, open_engine
 
 pytestmark = pytest.mark.slow  # proxies and rolling restarts
@@ -43,40 +35,6 @@ class Proxied:
     url: str
     brokers: list[Broker]
     factory: BrokerFactory
-
-
-@dataclass
-class Proxy:
-    url: str
-    config: ProxyConfig
-    process: ManagedProcess
-
-    def set_down(self, broker: Broker | None) -> None:
-        """nginx only: take ``broker`` out of the pool (None: put everyone back)."""
-        down = frozenset() if broker is None else frozenset({_port(broker)})
-        self.config = dataclasses.replace(self.config, down=down)
-        reload(self.process, self.config)
-
-
-def _port(broker: Broker) -> int:
-    return int(broker.url.rsplit(":", 1)[1])
-
-
-@contextlib.contextmanager
-def behind(kind: ProxyKind, brokers: list[Broker], run_dir: Path) -> Iterator[Proxy]:
-    binary = find_binary(kind)
-    if binary is None:
-        pytest.skip(f"{kind} is not installed here (scripts/bootstrap.sh installs it as "
-                    "root with apt-get)")
-    config = ProxyConfig(kind, free_port(), [("127.0.0.1", _port(b)) for b in brokers],
-                         16 * 1024 * 1024, run_dir)
-    proc = proxy_process(config, binary)
-    proc.start()
-    try:
-        wait_serving(proc, config)
-        yield Proxy(f"http://127.0.0.1:{config.listen_port}", config, proc)
-    finally:
-        proc.stop()
 
 
 @dataclass

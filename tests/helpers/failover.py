@@ -6,8 +6,11 @@ entry the broker may have written (``maybe_written``, or no answer at all) is se
 with the same key; an entry the broker says it did not write (retriable, not
 ``maybe_written``) is sent again with a *new* key. So a broker that wrongly says
 "nothing was written" leaves a second copy in the log, which :meth:`FailoverLoad.verify`
-reports. Consumers long-poll every partition through every broker from offset 1 and
-check each offset follows the previous one. :func:`outage_problems` judges whether
+reports. Without keys (``keyed=False``) an entry that may have been written is given up
+instead (``in_doubt``: it may be stored, once). A request may carry entries for several
+partitions (``entries_per_request``); each entry is judged on its own result.
+Consumers long-poll every partition through every broker from offset 1 and check each
+offset follows the previous one. :func:`outage_problems` judges whether
 acknowledgements kept coming all through a server's outage.
 """
 
@@ -26,6 +29,7 @@ import anyio.abc
 import httpx
 
 from app.localstack.stack import LocalStack
+from app.settings import Settings
 from app.storage.keys import TopicPartition
 from tests.helpers.bodies import consume_body
 from tests.helpers.stack import make_settings, open_engine
@@ -42,6 +46,17 @@ class Produce:
     acked: float = 0.0
     attempts: int = 0
     partition: int = -1
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One produce attempt that was not acknowledged: when it was sent, and what came
+    back (``maybe_written``: no answer, an in-doubt one, or a proxy's 5xx)."""
+
+    producer: str
+    sent: float
+    error: str
+    maybe_written: bool
 
 
 @dataclass
@@ -122,6 +137,13 @@ class FailoverLoad:
     partitions: int
     producers_per_broker: int = 2
     pause_s: float = 0.01
+    # False: entries carry no idempotency key, so one that may have been written is
+    # given up (``in_doubt``), never sent again.
+    keyed: bool = True
+    # Entries (each of another partition) in one produce request.
+    entries_per_request: int = 1
+    # The brokers' LLOG_ROOT_PREFIX when not the stack's own.
+    root_prefix: str | None = None
     acked: dict[tuple[int, int], str] = field(default_factory=dict)
     produces: list[Produce] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
@@ -129,6 +151,8 @@ class FailoverLoad:
     # (broker index, partition) -> offset -> value, as each consumer saw them.
     consumed: dict[tuple[int, int], dict[int, str]] = field(default_factory=dict)
     consume_errors: Counter[str] = field(default_factory=Counter)
+    failures: list[Failure] = field(default_factory=list)
+    in_doubt: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._stopping = anyio.Event()
@@ -188,56 +212,102 @@ class FailoverLoad:
         i = 0
         while not self._stopping.is_set():
             i += 1
-            p = self._rng.randrange(self.partitions)
-            values = [f"{name}-{i}-{j}" for j in range(self._rng.randint(1, 3))]
-            await self._until_acked(client, name, i, p, values)
+            if self.entries_per_request == 1:
+                p = self._rng.randrange(self.partitions)
+                parts = {p: [f"{name}-{i}-{j}" for j in range(self._rng.randint(1, 3))]}
+            else:
+                chosen = self._rng.sample(range(self.partitions), self.entries_per_request)
+                parts = {p: [f"{name}-{i}-{p}-{j}" for j in range(self._rng.randint(1, 3))]
+                         for p in chosen}
+            await self._until_acked(client, name, i, parts)
             await anyio.sleep(self.pause_s)
 
-    async def _until_acked(self, client: httpx.AsyncClient, name: str, i: int, p: int,
-                           values: list[str]) -> None:
-        produce = Produce(name, time.monotonic(), partition=p)
+    async def _until_acked(self, client: httpx.AsyncClient, name: str, i: int,
+                           parts: dict[int, list[str]]) -> None:
+        """One request with an entry per partition of ``parts``, sent again for the
+        entries not acknowledged yet until each is (or, keyless, may have been written)."""
+        produce = Produce(name, time.monotonic(), partition=next(iter(parts)))
         self.produces.append(produce)
-        key = 0
-        while True:
+        keys = dict.fromkeys(parts, 0)
+        pending = dict(parts)
+        while pending:
             produce.attempts += 1
-            entry = {"topic": self.topic, "partition": p, "records": values,
-                     "idempotency_key": f"{name}-{i}-{key}"}
+            entries: list[dict[str, Any]] = []
+            for p, values in pending.items():
+                entry: dict[str, Any] = {"topic": self.topic, "partition": p,
+                                         "records": values}
+                if self.keyed:
+                    suffix = f"{keys[p]}" if len(parts) == 1 else f"{p}-{keys[p]}"
+                    entry["idempotency_key"] = f"{name}-{i}-{suffix}"
+                entries.append(entry)
+            sent = time.monotonic()
             try:
-                r = await client.post("/produce", json={"topic_partitions": [entry]})
+                r = await client.post("/produce", json={"topic_partitions": entries})
             except httpx.TransportError as exc:  # no answer: it may have been written
-                self.errors[f"transport:{type(exc).__name__}"] += 1
+                error = f"transport:{type(exc).__name__}"
+                self.errors[error] += 1
+                self.failures.append(Failure(name, sent, error, maybe_written=True))
+                if not self.keyed:
+                    self.in_doubt.update(v for values in pending.values() for v in values)
+                    break
                 await anyio.sleep(RETRY_PAUSE_S)
                 continue
-            result = self._result(r)
-            if result.get("ok"):
-                self._record(produce, p, result, values)
-                return
-            self.errors[result.get("error_type", f"http:{r.status_code}")] += 1
-            if not result.get("retriable"):
-                self.problems.append(f"not retriable: {r.status_code} {result}")
-                raise AssertionError(self.problems[-1])
-            if not result.get("maybe_written"):
-                key += 1  # the broker says nothing was written: a new key proves it
-            await anyio.sleep(float(r.headers.get("retry-after", RETRY_PAUSE_S)))
+            retry_after = float(r.headers.get("retry-after", RETRY_PAUSE_S))
+            for (p, values), result in zip(list(pending.items()),
+                                           self._results(r, len(pending)), strict=True):
+                if result.get("ok"):
+                    self._record(p, result, values)
+                    del pending[p]
+                    continue
+                error = result.get("error_type", f"http:{r.status_code}")
+                self.errors[error] += 1
+                self.failures.append(Failure(name, sent, error,
+                                             bool(result.get("maybe_written"))))
+                if not result.get("retriable"):
+                    self.problems.append(f"not retriable: {r.status_code} {result}")
+                    raise AssertionError(self.problems[-1])
+                if result.get("maybe_written") and not self.keyed:
+                    self.in_doubt.update(values)  # sending it again could store it twice
+                    del pending[p]
+                elif not result.get("maybe_written"):
+                    keys[p] += 1  # the broker says nothing was written: a new key proves it
+            if pending:
+                await anyio.sleep(retry_after)
+        if not self.in_doubt.intersection(v for values in parts.values() for v in values):
+            produce.acked = time.monotonic()
+            self._progress.set()
+
+    @classmethod
+    def _results(cls, r: httpx.Response, entries: int) -> list[dict[str, Any]]:
+        """Each entry's result; a refusal of the whole request stands for every entry."""
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        if isinstance(body, dict) and "results" in body:
+            return [dict(result) for result in body["results"]]
+        return [cls._result(r)] * entries
 
     @staticmethod
     def _result(r: httpx.Response) -> dict[str, Any]:
-        body = r.json()
+        try:
+            body = r.json()
+        except ValueError:  # not the broker's answer (a proxy's 502): as the client does,
+            server_side = r.status_code >= 500  # a server-side one may have been written
+            return {"error_type": f"http:{r.status_code}", "retriable": server_side,
+                    "maybe_written": server_side}
         if "results" in body:
             return dict(body["results"][0])
         # Refused as a whole: with 503 nothing was written, and it may be sent again.
         return {**body, "retriable": r.status_code == 503}
 
-    def _record(self, produce: Produce, p: int, result: dict[str, Any],
-                values: list[str]) -> None:
+    def _record(self, p: int, result: dict[str, Any], values: list[str]) -> None:
         offsets = range(result["start_offset"], result["end_offset"] + 1)
         for offset, value in zip(offsets, values, strict=True):
             earlier = self.acked.setdefault((p, offset), value)
             if earlier != value:
                 self.problems.append(f"partition {p} offset {offset} acknowledged for "
                                      f"{earlier!r} and {value!r}")
-        produce.acked = time.monotonic()
-        self._progress.set()
 
     # -- consumers ------------------------------------------------------------------------
 
@@ -295,7 +365,8 @@ class FailoverLoad:
                             producers.start_soon(self._producer, client, f"b{b}p{n}")
                     yield self
                     self._stopping.set()
-                self._final = await high_watermarks(stack, self.topic, self.partitions)
+                self._final = await high_watermarks(stack, self.topic, self.partitions,
+                                                    root_prefix=self.root_prefix)
                 with anyio.move_on_after(drain_s):  # consumers end once past the marks
                     await self._drained.wait()
                 if not self._drained.is_set():
@@ -319,11 +390,12 @@ class FailoverLoad:
     async def verify(self, stack: LocalStack) -> dict[int, int]:
         """Storage against the acknowledgements and every consumer; returns the high
         watermark of each partition."""
-        stored = await read_all(stack, self.topic, self.partitions)
+        stored = await read_all(stack, self.topic, self.partitions,
+                                root_prefix=self.root_prefix)
         problems = list(self.problems)
         values = Counter(v for records in stored.values() for v in records.values())
         problems += [f"{v!r} stored {n} times" for v, n in values.items() if n > 1]
-        unacked = set(values) - set(self.acked.values())
+        unacked = set(values) - set(self.acked.values()) - self.in_doubt
         problems += [f"{v!r} stored but never acknowledged" for v in sorted(unacked)]
         for (p, offset), value in self.acked.items():
             if stored[p].get(offset) != value:
@@ -337,17 +409,18 @@ class FailoverLoad:
         return {p: len(records) for p, records in stored.items()}
 
 
-async def high_watermarks(stack: LocalStack, topic: str, partitions: int) -> dict[int, int]:
-    async with open_engine(make_settings(stack)) as e:
+async def high_watermarks(stack: LocalStack, topic: str, partitions: int, *,
+                          root_prefix: str | None = None) -> dict[int, int]:
+    async with open_engine(_settings(stack, root_prefix)) as e:
         return {p: (await e.reader.read(TopicPartition(topic, p), 1, max_records=1)
                     ).high_watermark for p in range(partitions)}
 
 
-async def read_all(stack: LocalStack, topic: str, partitions: int
-                   ) -> dict[int, dict[int, str]]:
+async def read_all(stack: LocalStack, topic: str, partitions: int, *,
+                   root_prefix: str | None = None) -> dict[int, dict[int, str]]:
     """Every partition from offset 1, straight from storage; offsets must be contiguous."""
     out: dict[int, dict[int, str]] = {}
-    async with open_engine(make_settings(stack)) as e:
+    async with open_engine(_settings(stack, root_prefix)) as e:
         for p in range(partitions):
             records: dict[int, str] = {}
             offset = 1
@@ -362,3 +435,8 @@ async def read_all(stack: LocalStack, topic: str, partitions: int
                     break
             out[p] = records
     return out
+
+
+def _settings(stack: LocalStack, root_prefix: str | None) -> Settings:
+    return make_settings(stack) if root_prefix is None else make_settings(
+        stack, root_prefix=root_prefix)

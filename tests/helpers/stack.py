@@ -79,7 +79,11 @@ class BrokerFactory:
 
     def start(self, *, workers: int = 1, log_level: str = "warning", **settings: str
               ) -> Broker:
-        port = free_port()
+        return self.start_on(free_port(), workers=workers, log_level=log_level, **settings)
+
+    def start_on(self, port: int, *, workers: int = 1, log_level: str = "warning",
+                 **settings: str) -> Broker:
+        """As :meth:`start`, on ``port`` (one a proxy's pool already names)."""
         broker_id = settings.pop("broker_id", f"b{len(self.started) + 1}-{port}")
         # No drain period unless a test asks for one: stopping stays quick.
         env = {**self._stack.settings_env(), "LLOG_BROKER_ID": broker_id,
