@@ -99,17 +99,29 @@ class Measured:
         return self.cas_per_1k * self.records_per_s / 1000
 
 
-_RUN = ".llog/bench/scale-out-20261127T0905"  # this machine, 2 CPUs, 10 s rows
+_RUN = ".llog/bench/scale-out-20261127T095825Z"  # this machine, 2 CPUs, 15 s rows
+_ONE_SLOT = ".llog/bench/scale-out-20261127T090713Z"  # LLOG_BATCH_MAX_INFLIGHT=1, 10 s
 MEASURED = [
-    Measured("1", 1, "off", 7477, 3.9, 0.0, 28.9, 16.0, 0.84, source=f"{_RUN}48Z"),
-    Measured("1", 1, "forward", 7888, 3.8, 0.0, 28.7, 16.0, 0.75, source=f"{_RUN}48Z"),
-    Measured("3", 3, "forward", 5095, 18.4, 0.0, 91.7, 5.2, 1.32, 826 / 10.2,
-             source=f"{_RUN}48Z"),
-    Measured("3", 3, "off", 2330, 200.3, 135.4, 21.5, 16.0, 1.36, source=f"{_RUN}48Z"),
+    Measured("1", 1, "off", 8444, 4.0, 0.0, 32.6,
+             16.0, 0.88, source=_RUN),
+    Measured("1", 1, "forward", 7715, 4.1, 0.0, 29.8,
+             16.0, 0.86, source=_RUN),
+    Measured("2", 2, "forward", 5742, 10.7, 0.0, 59.6,
+             7.6, 1.17, 29.9, source=_RUN),
+    Measured("2", 2, "off", 3885, 91.3, 56.8, 26.3,
+             16.0, 1.25, source=_RUN),
+    Measured("3", 3, "off", 2221, 192.1, 129.3, 20.3,
+             16.0, 1.33, source=_RUN),
+    Measured("3", 3, "forward", 4189, 18.9, 0.0, 76.3,
+             5.2, 1.28, 68.1, source=_RUN),
+    Measured("1x2", 2, "forward", 4481, 9.8, 0.0, 41.2,
+             8.0, 0.99, 21.9, source=_RUN),
+    Measured("1x2", 2, "off", 4615, 70.2, 45.6, 21.6,
+             16.0, 1.20, source=_RUN),
     Measured("1", 1, "forward", 11110, 1.7, 0.0, 17.3, 16.0, 0.78, flush_slots=1,
-             source=".llog/bench/scale-out-20261127T090713Z"),
+             source=_ONE_SLOT),
     Measured("3", 3, "forward", 6144, 10.5, 0.2, 58.1, 5.1, 1.13, 999 / 10.1, flush_slots=1,
-             source=".llog/bench/scale-out-20261127T090713Z"),
+             source=_ONE_SLOT),
 ]
 
 
@@ -186,6 +198,12 @@ def calibrate(rows: Sequence[Measured], costs: Costs) -> Calibration:
     else:
         a, b = _least_squares_2([(r.records_per_s, r.flushes_per_s) for r in single],
                                 [r.broker_cores for r in single])
+        if a <= 0 or b <= 0:  # rows too alike to tell records from flushes apart
+            raise SystemExit(
+                "scaling_model: the one-process rows cannot separate the CPU per record "
+                f"from the CPU per flush ({a * 1e6:.1f} us, {b * 1e3:.2f} ms): add rows "
+                "with other flush rates (another run with --broker-setting "
+                "LLOG_BATCH_MAX_INFLIGHT=1) or give --costs")
         notes.append(f"CPU per record and per flush: least squares over {len(single)} "
                      "one-process rows")
     if costs.cpu_ms_per_conflict is not None:
@@ -591,6 +609,13 @@ def document(costs: Costs, cal: Calibration, rows: Sequence[Measured], load: flo
         "each process (2 s rows taken while the machine was loaded gave 15-33 flushes/s "
         "per process, one and two brokers). At a fixed load Oxia requests and S3 PUTs per "
         "record scale with it; recalibrate with `--from-json` from a quiet run.",
+        "- Several processes on this 2-CPU machine cannot each flush at one process's rate: "
+        "with MinIO, Oxia, Caddy and the load generator beside them, the brokers share "
+        "about 1.3 cores, while the model gives every process a core of its own. So for the "
+        "multi-process rows the model over-counts flushes (most for three brokers and for "
+        "two workers of one broker) and with them Oxia requests per 1,000 records: on such "
+        "a machine it is an upper bound; on hosts with a core per process it is the "
+        "estimate.",
         "- Forwarding's own CPU does not show apart from the flushes it adds at the "
         "receivers: the model without a forwarding term puts the multi-process forward "
         "rows' CPU at " + ", ".join(
