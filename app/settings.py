@@ -424,19 +424,9 @@ class Settings(BaseSettings):
             raise ValueError("segments of [A-Za-z0-9._-] separated by '/', no leading '/'")
         return value
 
-    @field_validator("s3_endpoint")
+    @field_validator("s3_endpoint", "advertised_url")
     @classmethod
     def _check_endpoint(cls, value: str | None) -> str | None:
-        if value in (None, ""):
-            return None
-        assert value is not None
-        if not value.startswith(("http://", "https://")):
-            raise ValueError("expected an http:// or https:// URL")
-        return value.rstrip("/")
-
-    @field_validator("advertised_url")
-    @classmethod
-    def _check_advertised_url(cls, value: str | None) -> str | None:
         if value in (None, ""):
             return None
         assert value is not None

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -146,6 +147,21 @@ def throughput_args(url: str, path: str, sc: Scenario, topic: str, duration: flo
 
 
 # -- metrics ---------------------------------------------------------------------------
+
+
+def create_topic(url: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` with ``partitions`` through the broker at ``url`` (409, it exists
+    already, is fine)."""
+    req = urllib.request.Request(
+        f"{url}/topics", method="POST",
+        data=json.dumps({"topic": topic, "partitions": partitions}).encode(),
+        headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60):
+            pass
+    except urllib.error.HTTPError as exc:
+        if exc.code != 409:  # exists already
+            raise BenchError(f"creating {topic}: {exc.code} {exc.read()[:300]!r}") from None
 
 
 def get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:

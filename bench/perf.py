@@ -227,19 +227,7 @@ def start_kind(run: Run, kind: str, name: str) -> Server:
 
 def create_topic(server: Server, topic: str, partitions: int) -> None:
     """Create the topic (the Kubernetes reference does not create topics on first use)."""
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(
-        f"{server.url}/topics", method="POST",
-        data=json.dumps({"topic": topic, "partitions": partitions}).encode(),
-        headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60):
-            pass
-    except urllib.error.HTTPError as exc:
-        if exc.code != 409:  # exists already
-            raise hb.BenchError(f"creating {topic}: {exc.code} {exc.read()[:300]!r}") from None
+    hb.create_topic(server.url, topic, partitions)
 
 
 def stop_server(run: Run, server: Server) -> None:

@@ -47,8 +47,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,16 +206,7 @@ def tree_cpu_seconds(pid: int) -> float:
 
 
 def create_topic(url: str) -> None:
-    req = urllib.request.Request(
-        f"{url}/topics", method="POST",
-        data=json.dumps({"topic": TOPIC, "partitions": PARTITIONS}).encode(),
-        headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=60):
-            pass
-    except urllib.error.HTTPError as exc:
-        if exc.code != 409:  # exists already
-            raise hb.BenchError(f"creating {TOPIC}: {exc.code} {exc.read()[:300]!r}") from None
+    hb.create_topic(url, TOPIC, PARTITIONS)
 
 
 # -- the load --------------------------------------------------------------------------

@@ -218,10 +218,7 @@ class AffinityRouter:
             return await self._in_doubt(list(groups), str(exc))
         expired = [i for i, o in enumerate(outcomes) if isinstance(o, ForwardExpired)]
         self._metrics.routed("forwarded", len(groups) - len(expired))
-        if expired:
-            again = await self._fallback([groups[i] for i in expired], "expired")
-            for i, outcome in zip(expired, again, strict=True):
-                outcomes[i] = outcome
+        await self._fall_back_at(groups, expired, outcomes, "expired")
         return outcomes
 
     async def _fallback(self, groups: list[AppendGroup], reason: str
@@ -238,11 +235,16 @@ class AffinityRouter:
             for _ in groups]
         keyed = [i for i, g in enumerate(groups) if g.idempotency_key is not None]
         self._metrics.routed("in_doubt", len(groups) - len(keyed))
-        if keyed:
-            again = await self._fallback([groups[i] for i in keyed], "keyed_unknown")
-            for i, outcome in zip(keyed, again, strict=True):
-                outcomes[i] = outcome
+        await self._fall_back_at(groups, keyed, outcomes, "keyed_unknown")
         return outcomes
+
+    async def _fall_back_at(self, groups: Sequence[AppendGroup], indexes: list[int],
+                            outcomes: list[AppendOutcome], reason: str) -> None:
+        """Append the groups at ``indexes`` here instead, their outcomes put in place."""
+        if indexes:
+            again = await self._fallback([groups[i] for i in indexes], reason)
+            for i, outcome in zip(indexes, again, strict=True):
+                outcomes[i] = outcome
 
 
 async def _close_quietly(client: ForwardClient) -> None:
