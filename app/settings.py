@@ -202,6 +202,10 @@ class Settings(BaseSettings):
     batch_max_delay_ms: int = Field(default=5, ge=0, le=60_000)
     batch_buffer_max_bytes: int = Field(default=64 * 1024 * 1024, ge=1)
     batch_max_inflight: int = Field(default=4, ge=1, le=256)
+    # Flushes of a batch below LLOG_BATCH_MAX_BYTES that may be in flight at once (a full
+    # batch may use every slot): fewer, larger flushes cost less per record. With affinity
+    # the members share it; below 1 a member spaces its flushes (app/batching/batcher.py).
+    batch_eager_flushes: float = Field(default=1, gt=0, le=256)
 
     # -- cluster: membership
     # Affinity: "forward" makes each broker worker a member (an ephemeral Oxia record,

@@ -51,6 +51,12 @@ def _counter(text: str, name: str, **labels: str) -> float:
                and all(s.labels.get(k) == v for k, v in labels.items()))
 
 
+def _gauge(text: str, name: str) -> float:
+    (value,) = [s.value for f in text_string_to_metric_families(text) if f.name == name
+                for s in f.samples]
+    return value
+
+
 async def _produce(client: httpx.AsyncClient, topic: str, tag: str, *, keyed: bool = False
                    ) -> list[dict[str, Any]]:
     entries = []
@@ -94,6 +100,8 @@ async def test_two_brokers_append_each_partition_at_its_preferred_member_without
         text_a = (await a.get("/metrics/prometheus")).text
         text_b = (await b.get("/metrics/prometheus")).text
         for text in (text_a, text_b):
+            # Two members share the one eager flush of the default budget.
+            assert _gauge(text, "llog_batcher_eager_flushes") == 0.5
             assert _counter(text, "llog_commit_cas_conflicts") == 0
             assert _counter(text, "llog_affinity_groups", route="forwarded") > 0
             assert _counter(text, "llog_affinity_groups", route="fallback") == 0
@@ -114,3 +122,4 @@ async def test_a_member_that_leaves_hands_its_partitions_to_the_others(
             assert await _read_all(a, topic, p) == [f"before-{p}", f"after-{p}"]
         text = (await a.get("/metrics/prometheus")).text
         assert _counter(text, "llog_affinity_groups", route="in_doubt") == 0
+        assert _gauge(text, "llog_batcher_eager_flushes") == 1  # the whole budget again

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import anyio
 import pytest
 
-from app.batching.batcher import Batcher, BatcherState, BatcherStats
+from app.batching.batcher import Batcher, BatcherState, BatcherStats, paced_for
 from app.errors import (
     BackPressureRejected,
     CommitInDoubt,
@@ -334,3 +334,81 @@ async def test_submit_is_enqueue_without_a_deadline() -> None:
         b.close()
     with pytest.raises(ShuttingDown):
         await b.enqueue([AppendGroup(A, [b"late"])], take_by=time.monotonic() + 3600)
+
+
+async def test_a_batch_below_the_size_threshold_waits_for_the_eager_flush() -> None:
+    """Four slots, one eager flush: a second small batch waits for the first flush to
+    finish instead of taking a slot, so it grows; a full batch goes on a free slot."""
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_bytes=100, max_inflight_flushes=4, eager_flushes=1)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        tg.start_soon(b.submit, [AppendGroup(A, [b"x" * 10])])
+        with anyio.fail_after(5):
+            await log.entered.wait()
+        tg.start_soon(b.submit, [AppendGroup(A, [b"y" * 10])])
+        tg.start_soon(b.submit, [AppendGroup(B, [b"z" * 10])])
+        await anyio.wait_all_tasks_blocked()
+        assert len(log.calls) == 1  # held: one small flush is in flight
+        assert b.statistics().buffered_bytes == 20
+        tg.start_soon(b.submit, [AppendGroup(B, [b"w" * 80])])  # the batch is full now
+        with anyio.fail_after(5):
+            while len(log.calls) < 2:
+                await anyio.wait_all_tasks_blocked()
+        assert [len(c) for c in log.calls] == [1, 3]
+        b.close()
+        log.release.set()
+
+
+async def test_without_eager_flushes_every_slot_takes_a_small_batch() -> None:
+    """The unpaced batcher (eager_flushes left out: every slot), as the forward lanes."""
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_bytes=100, max_inflight_flushes=2)
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        tg.start_soon(b.submit, [AppendGroup(A, [b"x"])])
+        with anyio.fail_after(5):
+            await log.entered.wait()
+        tg.start_soon(b.submit, [AppendGroup(B, [b"y"])])
+        with anyio.fail_after(5):
+            while len(log.calls) < 2:
+                await anyio.wait_all_tasks_blocked()
+        b.close()
+        log.release.set()
+
+
+async def test_a_wider_share_lets_a_held_batch_go() -> None:
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_bytes=100, max_inflight_flushes=4, eager_flushes=2)
+    b.pace(2)  # two members: one eager flush each
+    async with anyio.create_task_group() as tg:
+        await tg.start(b.run)
+        tg.start_soon(b.submit, [AppendGroup(A, [b"x"])])
+        with anyio.fail_after(5):
+            await log.entered.wait()
+        tg.start_soon(b.submit, [AppendGroup(B, [b"y"])])
+        await anyio.wait_all_tasks_blocked()
+        assert len(log.calls) == 1
+        b.pace(1)  # the other member left
+        with anyio.fail_after(5):
+            while len(log.calls) < 2:
+                await anyio.wait_all_tasks_blocked()
+        b.close()
+        log.release.set()
+
+
+@pytest.mark.parametrize(("share", "inflight", "last_start", "now", "held"), [
+    (1.0, 0, 0.0, 0.0, 0.0),          # a budget of one, nothing in flight: go
+    (1.0, 1, 0.0, 0.0, float("inf")),  # ... one in flight: wait for it
+    (2.0, 1, 0.0, 0.0, 0.0),
+    (0.5, 1, 0.0, 0.0, float("inf")),  # a fraction: one at a time
+    (0.5, 0, 10.0, 10.05, 0.15),       # ... and starts 0.1 / 0.5 = 0.2 s apart
+    (0.5, 0, 10.0, 10.3, -0.1),
+    (0.01, 0, 10.0, 10.0, 0.25),       # never more than MAX_SPACING_S
+])
+def test_paced_for(share: float, inflight: int, last_start: float, now: float,
+                   held: float) -> None:
+    assert paced_for(share, inflight, 0.1, last_start, now) == pytest.approx(held)

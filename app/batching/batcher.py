@@ -8,9 +8,18 @@ outcomes back. The buffer is bounded: when full, new work is refused with
 
 A flush waits for a free slot (``max_inflight_flushes``) *before* it takes the buffer,
 so under load the buffer keeps filling while the slots are busy and flushes grow instead
-of multiplying. Every outcome is reported as it is: an error in one partition's commit
-fails only the groups of that partition, an unexpected error fails only the batch it hit
-(as :class:`~app.errors.CommitInDoubt`, since records may have been written), and the
+of multiplying. Flushes are also *paced*: only ``eager_flushes`` of them may be in flight
+for a batch below ``max_bytes``; a batch that is full goes out on any free slot. Each
+flush has fixed costs (an object PUT, an Oxia write, CPU) whatever it carries, so at a
+given load fewer, larger flushes cost less per record, and on a busy machine they also
+answer sooner. Brokers that share the partitions (affinity, docs/operations.md) share one
+budget: :meth:`Batcher.pace` gives each a fraction of it, and a fraction below one
+spaces flush starts by the recent flush duration divided by it, so N brokers together
+flush about as often as one (capped at :data:`MAX_SPACING_S`).
+
+Every outcome is reported as it is: an error in one partition's commit fails only the
+groups of that partition, an unexpected error fails only the batch it hit (as
+:class:`~app.errors.CommitInDoubt`, since records may have been written), and the
 flusher carries on. Only if the flusher loop itself dies does the batcher enter
 ``FAILED``: every waiter is failed and new work refused, and the broker reports itself
 not ready.
@@ -26,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -49,12 +59,30 @@ log = logging.getLogger(__name__)
 AppendFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendOutcome]]]
 CommittedFn = Callable[[list[tuple[AppendGroup, AppendResult]]], Awaitable[None]]
 
+# The longest a paced flush start is held back: a bound on the latency pacing may add.
+MAX_SPACING_S = 0.25
+# Weight of the newest flush in the running mean of flush durations that paces flushes.
+_DURATION_WEIGHT = 0.2
+
 
 class BatcherState(enum.Enum):
     OPEN = "open"          # accepting work
     CLOSING = "closing"    # refusing new work, flushing what is buffered
     CLOSED = "closed"      # every waiter answered, the flusher has returned
     FAILED = "failed"      # the flusher died: every waiter failed, new work refused
+
+
+def paced_for(share: float, inflight: int, flush_time: float, last_start: float,
+              now: float) -> float:
+    """Seconds a batch below the size threshold is still held back (``inf``: until a
+    flush finishes). ``share`` of one or more is a number of flushes in flight; below
+    one, flushes go one at a time, starts at least ``flush_time / share`` apart (at most
+    :data:`MAX_SPACING_S`), so 1/N of a budget of one flushes 1/N as often."""
+    if share >= 1:
+        return 0.0 if inflight < int(share) else math.inf
+    if inflight:
+        return math.inf
+    return last_start + min(flush_time / share, MAX_SPACING_S) - now
 
 
 def _retrieve(future: asyncio.Future[list[AppendOutcome]]) -> None:
@@ -160,6 +188,7 @@ class Batcher:
         max_delay_s: float,
         buffer_max_bytes: int,
         max_inflight_flushes: int = 4,
+        eager_flushes: float | None = None,
         metrics: BatcherMetrics | None = None,
         on_committed: CommittedFn | None = None,
     ) -> None:
@@ -173,6 +202,13 @@ class Batcher:
         self._inflight_bytes = 0
         self._inflight = 0
         self._flush_slots = anyio.Semaphore(max_inflight_flushes)
+        self._max_inflight = max_inflight_flushes
+        self._eager = float(max_inflight_flushes if eager_flushes is None else eager_flushes)
+        self._share = self._eager
+        self._flush_time = 0.0  # running mean of flush durations (s)
+        self._last_start = -math.inf
+        if metrics is not None:
+            metrics.eager_share.set(self._share)
         self._wakeup = anyio.Event()
         self._state = BatcherState.OPEN
         self._failure: BaseException | None = None
@@ -180,6 +216,16 @@ class Batcher:
     @property
     def state(self) -> BatcherState:
         return self._state
+
+    def pace(self, members: int) -> None:
+        """Share the eager-flush budget with ``members`` processes (self included) that
+        append the same partitions' records; 1 takes the whole budget."""
+        share = self._eager / max(1, members)
+        if share != self._share:
+            self._share = share
+            if self._metrics is not None:
+                self._metrics.eager_share.set(share)
+            self._wakeup.set()  # a wider share may let the buffered batch go now
 
     def statistics(self) -> BatcherStats:
         return BatcherStats(self._state.value, self._batch.size, len(self._batch.waiters),
@@ -268,9 +314,12 @@ class Batcher:
                     return None
                 self._wakeup = anyio.Event()
                 await self._wakeup.wait()
-            # Wait out the window unless the size threshold or shutdown says flush now.
+            # Wait out the window and the pace unless the size threshold or shutdown
+            # says flush now (a finished flush wakes this up).
             while self._batch.size < self._max_bytes and self._state is BatcherState.OPEN:
-                remaining = self._batch.started + self._max_delay - time.monotonic()
+                now = time.monotonic()
+                remaining = max(self._batch.started + self._max_delay - now,
+                                self._paced_for(now))
                 if remaining <= 0:
                     break
                 self._wakeup = anyio.Event()
@@ -281,9 +330,13 @@ class Batcher:
             if batch.waiters:  # else every waiter expired: nothing to flush
                 return batch
 
+    def _paced_for(self, now: float) -> float:
+        return paced_for(self._share, self._inflight, self._flush_time,
+                         self._last_start, now)
+
     async def _flush(self, batch: _Batch) -> None:
         """Append the batch and answer every waiter; never raises an ``Exception``."""
-        started = time.monotonic()
+        started = self._last_start = time.monotonic()
         groups = batch.groups()
         try:
             outcomes = await self._append(groups)
@@ -306,9 +359,12 @@ class Batcher:
                                              "records may have been written"))
             raise
         finally:
+            self._flush_time += _DURATION_WEIGHT * (time.monotonic() - started
+                                                    - self._flush_time)
             self._inflight -= 1
             self._inflight_bytes -= batch.size
             self._flush_slots.release()
+            self._wakeup.set()  # a paced batch may go now
 
     async def _report_committed(self, groups: list[AppendGroup],
                                 outcomes: Sequence[AppendOutcome]) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 _SIZE_BUCKETS = (1024, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864)
 _TIME_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
@@ -24,6 +24,11 @@ class BatcherMetrics:
         )
         self.flush_seconds = Histogram("llog_batcher_flush_seconds", "Flush duration",
                                        buckets=_TIME_BUCKETS, registry=registry)
+        self.eager_share = Gauge(
+            "llog_batcher_eager_flushes",
+            "Flushes of a batch below the size threshold this process may have in flight "
+            "(its share of LLOG_BATCH_EAGER_FLUSHES; below 1, flush starts are spaced)",
+            registry=registry)
         self.rejected = Counter("llog_batcher_rejected",
                                 "Produce requests refused because the buffer was full",
                                 registry=registry)

@@ -272,7 +272,9 @@ async def _start_batcher(state: BrokerState, tg: anyio.abc.TaskGroup) -> None:
     state.batcher = Batcher(
         state.writer.append_shared, max_bytes=s.batch_max_bytes,
         max_delay_s=s.batch_max_delay_ms / 1000, buffer_max_bytes=s.batch_buffer_max_bytes,
-        max_inflight_flushes=s.batch_max_inflight, metrics=BatcherMetrics(state.registry),
+        max_inflight_flushes=s.batch_max_inflight,
+        eager_flushes=min(s.batch_eager_flushes, s.batch_max_inflight),
+        metrics=BatcherMetrics(state.registry),
         on_committed=on_committed)
     await tg.start(_watched, state, state.batcher.run)
 
@@ -358,6 +360,9 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
         lane_max_bytes=s.batch_max_bytes, suspect_s=FORWARD_SUSPECT_S,
         metrics=RouterMetrics(state.registry, member=me_id))
     await tg.start(_watched, state, state.router.run)
+    # The members split the partitions, so they split the batcher's eager flushes too:
+    # together they flush about as often as one broker would at the same load.
+    state.membership.on_change(lambda view: batcher.pace(view.writer_count))
 
 
 async def _stop_cluster(state: BrokerState) -> None:

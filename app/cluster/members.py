@@ -105,6 +105,11 @@ class MemberView:
     def member(self, member_id: str) -> Member | None:
         return self._by_id.get(member_id)
 
+    @property
+    def writer_count(self) -> int:
+        """Members that partitions are preferred for: those that write and are trusted."""
+        return len(self._writers)
+
     def ids(self) -> list[str]:
         return [m.member_id for m in self.members]
 

@@ -65,6 +65,7 @@ class Membership:
         self._writes = anyio.Lock()
         self._wake = anyio.Event()
         self._changed = anyio.Event()
+        self._watchers: list[Callable[[MemberView], None]] = []
         self.registrations = 0  # times our record was put
 
     @property
@@ -81,6 +82,12 @@ class Membership:
                     del self._suspects[member_id]
                 self._set_view(self._view.members)
         return self._view
+
+    def on_change(self, watcher: Callable[[MemberView], None]) -> None:
+        """Call ``watcher`` with the view now and with every new view, in the step that
+        makes it (so nothing acts on the old view in between); it must not raise."""
+        self._watchers.append(watcher)
+        watcher(self._view)
 
     async def next_change(self) -> None:
         """Return at the next change of the view, or of our own registration."""
@@ -242,6 +249,8 @@ class Membership:
 
     def _set_view(self, members: Iterable[Member]) -> None:
         self._view = MemberView(tuple(members), frozenset(self._suspects))
+        for watcher in self._watchers:
+            watcher(self._view)
         self._announce()
 
     def _announce(self) -> None:
