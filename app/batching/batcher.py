@@ -72,17 +72,18 @@ class BatcherState(enum.Enum):
     FAILED = "failed"      # the flusher died: every waiter failed, new work refused
 
 
-def paced_for(share: float, inflight: int, flush_time: float, last_start: float,
+def paced_for(share: float, inflight: int, cycle: float, last_start: float,
               now: float) -> float:
     """Seconds a batch below the size threshold is still held back (``inf``: until a
     flush finishes). ``share`` of one or more is a number of flushes in flight; below
-    one, flushes go one at a time, starts at least ``flush_time / share`` apart (at most
-    :data:`MAX_SPACING_S`), so 1/N of a budget of one flushes 1/N as often."""
+    one, flushes go one at a time, starts at least ``cycle / share`` apart (at most
+    :data:`MAX_SPACING_S`), where ``cycle`` is how long one flush after another takes
+    here: so 1/N of a budget of one flushes 1/N as often as the whole budget would."""
     if share >= 1:
         return 0.0 if inflight < int(share) else math.inf
     if inflight:
         return math.inf
-    return last_start + min(flush_time / share, MAX_SPACING_S) - now
+    return last_start + min(cycle / share, MAX_SPACING_S) - now
 
 
 def _retrieve(future: asyncio.Future[list[AppendOutcome]]) -> None:
@@ -205,8 +206,12 @@ class Batcher:
         self._max_inflight = max_inflight_flushes
         self._eager = float(max_inflight_flushes if eager_flushes is None else eager_flushes)
         self._share = self._eager
-        self._flush_time = 0.0  # running mean of flush durations (s)
-        self._last_start = -math.inf
+        # Running means (s) of how long a flush takes and of how late the flusher takes
+        # a batch once nothing holds it back (a busy event loop): one flush after
+        # another is their sum, the cycle that paces a share below one.
+        self._flush_time = 0.0
+        self._lag = 0.0
+        self._last_start = self._last_end = -math.inf
         if metrics is not None:
             metrics.eager_share.set(self._share)
         self._wakeup = anyio.Event()
@@ -321,6 +326,7 @@ class Batcher:
                 remaining = max(self._batch.started + self._max_delay - now,
                                 self._paced_for(now))
                 if remaining <= 0:
+                    self._observe_lag(now)
                     break
                 self._wakeup = anyio.Event()
                 with anyio.move_on_after(remaining):
@@ -331,8 +337,17 @@ class Batcher:
                 return batch
 
     def _paced_for(self, now: float) -> float:
-        return paced_for(self._share, self._inflight, self._flush_time,
+        return paced_for(self._share, self._inflight, self._flush_time + self._lag,
                          self._last_start, now)
+
+    def _observe_lag(self, now: float) -> None:
+        """How much later than it could have the flusher takes this batch: after its
+        window, the previous flush's end and the pace (as the pace stood then)."""
+        released = max(self._batch.started + self._max_delay, self._last_end)
+        if self._share < 1:
+            released = max(released, self._last_start + min(
+                (self._flush_time + self._lag) / self._share, MAX_SPACING_S))
+        self._lag += _DURATION_WEIGHT * (max(0.0, now - released) - self._lag)
 
     async def _flush(self, batch: _Batch) -> None:
         """Append the batch and answer every waiter; never raises an ``Exception``."""
@@ -359,7 +374,8 @@ class Batcher:
                                              "records may have been written"))
             raise
         finally:
-            self._flush_time += _DURATION_WEIGHT * (time.monotonic() - started
+            self._last_end = time.monotonic()
+            self._flush_time += _DURATION_WEIGHT * (self._last_end - started
                                                     - self._flush_time)
             self._inflight -= 1
             self._inflight_bytes -= batch.size
