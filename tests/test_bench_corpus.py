@@ -69,3 +69,18 @@ def test_written_records_read_back(tmp_path: Path) -> None:
         got.append(data[at + 4:at + 4 + size])
         at += 4 + size
     assert got == corpus.records("json", 64 * 1024) and len(got) == n
+
+
+def test_the_codec_bench_measures_every_codec_on_every_corpus() -> None:
+    import codec_bench
+
+    result = codec_bench.run(mib=0.25, repeat=1, body_kib=64, seed=3)
+    names = {c.name for c in codec_bench.codecs()[0]}
+    assert {(r["corpus"], r["batching"], r["codec"]) for r in result["rows"]} == {
+        (c, b, n) for c in corpus.CORPORA for b in ("body", "chunk") for n in names}
+    for row in result["rows"]:
+        if row["corpus"] == "random" and row["codec"].startswith("zstd"):
+            assert row["ratio"] == 1.0 and row["stored_raw"] == row["items"]
+        elif row["corpus"] != "random":
+            assert row["ratio"] > 2.5, row
+    assert codec_bench.summary(result["rows"])
