@@ -737,6 +737,7 @@ def _storage_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, 
             + delta("llog_s3_requests_total", op="range_get"),
             "s3_requests": delta("llog_s3_requests_total"),
             "oxia_requests": delta("llog_oxia_requests_total"),
+            "flushes": delta("llog_batcher_flushes_total"),
             "stored_raw_bytes": delta("llog_stored_raw_bytes_total"),
             "stored_bytes": delta("llog_stored_bytes_total")}
 
@@ -805,7 +806,8 @@ def compression_row(run: Run, name: str, path: Path, per_entry: int, codec: str,
         "asked": asked, "records": records, "record_mib": mib,
         "produce_mib_per_s": out["mib_per_s"], "produce_records_per_s": out["records_per_s"],
         "produce_errors": out["errors"] + out["other_status"],
-        "produce": _per_mib(written, out["bytes_acked"] / MiB),
+        "produce": {**_per_mib(written, out["bytes_acked"] / MiB),
+                    "flushes_per_s": written["flushes"] / out["elapsed_s"]},
         "stored_fresh": fresh_store,
         "stored_bytes_per_record": fresh_store["wal_bytes"] / records if records else None,
         "ratio_fresh": record_bytes / fresh_store["wal_bytes"] if fresh_store["wal_bytes"]
