@@ -241,7 +241,7 @@ def render(inputs: dict[str, Any]) -> str:
         "counted before and after compression (`llog_stored_raw_bytes_total`, "
         "`llog_stored_bytes_total`), `llog_s3_estimated_raw_bytes` and "
         "`llog_s3_estimated_storage_saved_usd_per_month` "
-        "([operations.md](operations.md#metrics)).",
+        "([operations.md](operations.md#metrics-and-alerts)).",
         "",
     ]
     return "\n".join(out)

@@ -42,7 +42,8 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   it fresh and after compaction; MiB/s of records, bytes stored per record and the
   ratio (listed from MinIO), broker and MinIO CPU, S3 PUTs, GETs and Oxia requests per
   MiB (the inputs of bench/cost_model.py). A broker that does not know the topic
-  setting `compression` (422) refuses the row of a codec other than none.
+  setting `compression` (its 400 or 422 names the field) refuses the rows of codecs
+  other than none, by name.
 - peer (not by default): Kafka 4.3.1 and llog one after the other, same records:
   produce and catch-up, llog/Kafka (bench/peer.py; needs Java, Maven, confluent-kafka).
 
@@ -693,7 +694,7 @@ def topic_compression(codec: str) -> dict[str, Any]:
 
 def create_compressed_topic(server: Server, topic: str, codec: str) -> str:
     """Create ``topic`` stored with ``codec``; what the broker was asked. A broker that
-    does not know the setting (422) stores raw: for ``none`` the topic is created
+    does not know the setting (its refusal names it) stores raw: for ``none`` the topic is created
     without it, for any other codec the row is refused (:class:`hb.TopicRefused`)."""
     try:
         hb.create_topic(server.url, topic, COMPRESSION_PARTITIONS, **topic_compression(codec))
