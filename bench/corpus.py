@@ -6,7 +6,7 @@ vary with realistic cardinality; that mix sets what zstd can do. Three corpora, 
 list of records, the same for a given seed on every machine and Python version (only
 ``random.Random``'s documented generators are used, never ``hash()`` or the clock):
 
-- ``json``: JSON events of a web service, about 0.9 KiB each: epoch-ms timestamps that
+- ``json``: JSON events of a web service, about 0.7 KiB each: epoch-ms timestamps that
   advance, request ids (uuid4), trace and span ids, 50,000 users (skewed: a few are most
   active), their sessions, URLs from templated routes with path parameters and query
   strings, real user agents, an HTTP status distribution, latencies from a lognormal
