@@ -77,10 +77,26 @@ S3_USAGE = (
            "livemax"),
     Figure("usage_scan_timestamp_seconds",
            "When the stored bytes were last listed (Unix time; 0: not yet)", "livemax"),
+    Figure("estimated_raw_bytes",
+           "Bytes the bucket would hold uncompressed: llog_s3_stored_bytes times the "
+           "compression ratio of what this process stored (llog_stored_raw_bytes_total over "
+           "llog_stored_bytes_total; 1 before it stored anything)", "livemax"),
+    Figure("estimated_storage_saved_usd_per_month",
+           "Estimated monthly storage cost compression saves: llog_s3_estimated_raw_bytes "
+           "less llog_s3_stored_bytes, at S3 Standard us-east-1 list prices", "livemax"),
 )
 
 
-def s3_cost_estimate(request_counts: dict[str, float], usage: S3Usage) -> dict[str, float]:
+def s3_cost_estimate(request_counts: dict[str, float], usage: S3Usage,
+                     written: tuple[float, float] = (0.0, 0.0)) -> dict[str, float]:
+    """The estimate's figures from S3 requests by op, the last usage scan, and ``written``:
+    (raw, stored) bytes this process stored (:func:`stored_totals`).
+
+    Oxia requests are not priced: Oxia runs on the operator's own machines, a fixed cost
+    per cluster rather than a charge per request (docs/cost.md)."""
+    raw, stored = written
+    ratio = raw / stored if stored > 0 and raw > 0 else 1.0
+    raw_equivalent = usage.stored_bytes * ratio
     put_list = request_counts.get("put", 0) + request_counts.get("list", 0)
     gets = (request_counts.get("get", 0) + request_counts.get("range_get", 0)
             + request_counts.get("head", 0))
@@ -92,7 +108,21 @@ def s3_cost_estimate(request_counts: dict[str, float], usage: S3Usage) -> dict[s
         "estimated_storage_cost_usd_per_month": usage.stored_bytes / 1e9
         * PRICE_PER_GB_MONTH_USD,
         "usage_scan_timestamp_seconds": usage.scanned_at_ms / 1000,
+        "estimated_raw_bytes": raw_equivalent,
+        "estimated_storage_saved_usd_per_month": (raw_equivalent - usage.stored_bytes) / 1e9
+        * PRICE_PER_GB_MONTH_USD,
     }
+
+
+def stored_totals(raw_bytes: Counter, stored_bytes: Counter) -> tuple[float, float]:
+    """(raw, stored) bytes over every kind of ``llog_stored_raw_bytes_total`` and
+    ``llog_stored_bytes_total`` (StoreMetrics)."""
+    return _total(raw_bytes), _total(stored_bytes)
+
+
+def _total(counter: Counter) -> float:
+    return sum(sample.value for metric in counter.collect() for sample in metric.samples
+               if sample.name.endswith("_total"))
 
 
 def request_counts(s3_requests: Counter) -> dict[str, float]:

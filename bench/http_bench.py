@@ -149,19 +149,41 @@ def throughput_args(url: str, path: str, sc: Scenario, topic: str, duration: flo
 # -- metrics ---------------------------------------------------------------------------
 
 
-def create_topic(url: str, topic: str, partitions: int) -> None:
-    """Create ``topic`` with ``partitions`` through the broker at ``url`` (409, it exists
-    already, is fine)."""
+class TopicRefused(BenchError):
+    """The broker refused a topic's settings (400 or 422 naming one of them): it does not
+    know the setting (a broker older than it) or refuses its value."""
+
+
+def create_topic(url: str, topic: str, partitions: int, **settings: Any) -> None:
+    """Create ``topic`` with ``partitions`` and any other ``settings`` of ``POST /topics``
+    (``compression``...) through the broker at ``url`` (409, it exists already, is fine;
+    a refusal that names one of ``settings`` is :class:`TopicRefused`)."""
     req = urllib.request.Request(
         f"{url}/topics", method="POST",
-        data=json.dumps({"topic": topic, "partitions": partitions}).encode(),
+        data=json.dumps({"topic": topic, "partitions": partitions, **settings}).encode(),
         headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=60):
             pass
     except urllib.error.HTTPError as exc:
-        if exc.code != 409:  # exists already
-            raise BenchError(f"creating {topic}: {exc.code} {exc.read()[:300]!r}") from None
+        if exc.code == 409:  # exists already
+            return
+        answer = exc.read()[:2000]
+        if exc.code in (400, 422) and _names_a_setting(answer, settings):
+            raise TopicRefused(f"creating {topic} with {settings}: the broker answered "
+                               f"{exc.code} {answer[:300]!r}") from None
+        raise BenchError(f"creating {topic}: {exc.code} {answer[:300]!r}") from None
+
+
+def _names_a_setting(answer: bytes, settings: dict[str, Any]) -> bool:
+    """Whether an error answer's details (``loc``) name one of ``settings``."""
+    try:
+        details = json.loads(answer).get("details") or []
+    except (ValueError, AttributeError):
+        return False
+    locs = {str(part) for d in details if isinstance(d, dict)
+            for part in (d.get("loc") if isinstance(d.get("loc"), list) else [d.get("loc")])}
+    return bool(locs & set(settings))
 
 
 def get_json(url: str, timeout: float = 10.0) -> dict[str, Any]:

@@ -35,6 +35,15 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   behind Caddy as `llog dev --brokers N` runs them (bench/scale_out.py's rows, its code):
   1, 2, 3 brokers and one broker with 2 workers, each with affinity off and forward (and
   off at --baseline), --scale-out-duration seconds each (0 leaves them out).
+- compression: per corpus of bench/corpus.py (JSON events, access-log lines, random
+  bytes) and per topic codec (--codecs: none, zstd[:LEVEL]; with --baseline, none at
+  that revision too), a broker on a key space of its own: produce (4 partitions, about
+  25 KiB of records per entry, binary, the records from the corpus), catch-up of all of
+  it fresh and after compaction; MiB/s of records, bytes stored per record and the
+  ratio (listed from MinIO), broker and MinIO CPU, S3 PUTs, GETs and Oxia requests per
+  MiB (the inputs of bench/cost_model.py). A broker that does not know the topic
+  setting `compression` (its 400 or 422 names the field) refuses the rows of codecs
+  other than none, by name.
 - peer (not by default): Kafka 4.3.1 and llog one after the other, same records:
   produce and catch-up, llog/Kafka (bench/peer.py; needs Java, Maven, confluent-kafka).
 
@@ -50,6 +59,7 @@ import argparse
 import asyncio
 import functools
 import json
+import math
 import os
 import platform
 import shutil
@@ -514,12 +524,14 @@ def catchup_row(run: Run, server: Server, kind: str, fmt: str, topic: str
             "mib": out["record_bytes"] / MiB}
 
 
-def compact_all(run: Run, topic: str, partitions: Iterable[int] = (0,)) -> dict[str, Any]:
-    """Compact ``partitions`` of ``topic`` until nothing is left (``llog compact-once``)."""
+def compact_all(run: Run, topic: str, partitions: Iterable[int] = (0,),
+                extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Compact ``partitions`` of ``topic`` until nothing is left (``llog compact-once``),
+    with ``extra_env`` (a root prefix of its own...) over the stack's settings."""
     import subprocess
 
     env = {**os.environ, **run.stack.settings_env(), "LLOG_COMPACTION_MIN_ENTRY_AGE_MS": "0",
-           "LLOG_COMPACTION_MAX_BYTES": str(256 * MiB)}
+           "LLOG_COMPACTION_MAX_BYTES": str(256 * MiB), **(extra_env or {})}
     t0 = time.monotonic()
     passes, compacted = 0, 0
     for partition in partitions:
@@ -650,6 +662,184 @@ def proxy_rows(run: Run) -> list[dict[str, Any]]:
                    "error": str(exc)}
         rows.append({"section": "cost", "kind": "proxy", **row})
     return rows
+
+
+# -- compression -----------------------------------------------------------------------
+
+COMPRESSION_PARTITIONS = 4
+COMPRESSION_REQUEST_BYTES = 25 * 1024  # record bytes per entry, as 4 x 25 x 1 KiB
+
+
+def corpus_files(run: Run) -> dict[str, tuple[Path, int]]:
+    """bench/corpus.py's corpora written for the load generator (``-records-file``),
+    --corpus-mib each: long enough that no body repeats within a zstd window; the
+    records per entry that make about 25 KiB of records, like 25 x 1 KiB."""
+    import corpus
+
+    out = {}
+    for name in corpus.CORPORA:
+        path = run.logs.parent / f"corpus-{name}.records"
+        items = corpus.records(name, run.args.corpus_mib * MiB)
+        path.write_bytes(corpus.pack(items))
+        mean = sum(map(len, items)) / len(items)
+        out[name] = (path, max(1, round(COMPRESSION_REQUEST_BYTES / mean)))
+    return out
+
+
+def topic_compression(codec: str) -> dict[str, Any]:
+    """``zstd[:LEVEL]`` or ``none`` as POST /topics fields (docs/http-api.md)."""
+    name, _, level = codec.partition(":")
+    return {"compression": name, **({"compression_level": int(level)} if level else {})}
+
+
+def create_compressed_topic(server: Server, topic: str, codec: str) -> str:
+    """Create ``topic`` stored with ``codec``; what the broker was asked. A broker that
+    does not know the setting (its refusal names it) stores raw: for ``none`` the topic is created
+    without it, for any other codec the row is refused (:class:`hb.TopicRefused`)."""
+    try:
+        hb.create_topic(server.url, topic, COMPRESSION_PARTITIONS, **topic_compression(codec))
+        return codec
+    except hb.TopicRefused as exc:
+        if topic_compression(codec)["compression"] != "none":
+            raise hb.TopicRefused(
+                f"{server.name} cannot store {codec}: {exc}. This broker has no per-topic "
+                "compression setting (POST /topics compression, docs/http-api.md)") from None
+    hb.create_topic(server.url, topic, COMPRESSION_PARTITIONS)
+    return "none (the broker has no compression setting)"
+
+
+def stored_objects(run: Run, prefix: str) -> dict[str, float]:
+    """Bytes and objects under a root prefix, by kind: WAL objects, compacted chunk
+    objects and the rest (listed from MinIO)."""
+    client = run.stack.s3_client()
+    out = {f"{kind}_{what}": 0.0 for kind in ("wal", "chunk", "other")
+           for what in ("bytes", "objects")}
+    try:
+        for page in client.get_paginator("list_objects_v2").paginate(
+                Bucket=run.stack.config.bucket, Prefix=f"{prefix}/"):
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                kind = ("wal" if "/wal-shared/" in key or "/data/wal/" in key else
+                        "chunk" if "/data/compacted/" in key else "other")
+                out[f"{kind}_bytes"] += obj["Size"]
+                out[f"{kind}_objects"] += 1
+    finally:
+        client.close()
+    return out
+
+
+def _storage_deltas(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    """S3 and Oxia requests, and the bytes stored before and after compression."""
+    def delta(name: str, **labels: str) -> float:
+        return hb.metric_sum(after, name, **labels) - hb.metric_sum(before, name, **labels)
+
+    return {"s3_put": delta("llog_s3_requests_total", op="put"),
+            "s3_get": delta("llog_s3_requests_total", op="get")
+            + delta("llog_s3_requests_total", op="range_get"),
+            "s3_requests": delta("llog_s3_requests_total"),
+            "oxia_requests": delta("llog_oxia_requests_total"),
+            "flushes": delta("llog_batcher_flushes_total"),
+            "stored_raw_bytes": delta("llog_stored_raw_bytes_total"),
+            "stored_bytes": delta("llog_stored_bytes_total")}
+
+
+def _timed_on(run: Run, server: Server, step: Any) -> dict[str, Any]:
+    """``step()``'s output with the broker's and MinIO's CPU seconds and the storage
+    counters of the broker over it."""
+    minio = run.stack.minio
+    assert minio is not None
+    before = hb.get_json(f"{server.url}/metrics")
+    cpu0, m0 = hb.cpu_seconds(server.proc.pid), hb.cpu_seconds(minio.pid)
+    out = step()
+    after = hb.get_json(f"{server.url}/metrics")
+    return {"out": out, "broker_cpu_s": hb.cpu_seconds(server.proc.pid) - cpu0,
+            "minio_cpu_s": hb.cpu_seconds(minio.pid) - m0,
+            **_storage_deltas(before, after)}
+
+
+def compression_section(run: Run) -> list[dict[str, Any]]:
+    """Per corpus (JSON events, access-log lines, random bytes) and per codec of
+    --codecs (and ``none`` at --baseline), one row: produce, then catch-up fresh and
+    after compaction, each broker on a key space of its own."""
+    a = run.args
+    run.logs.mkdir(parents=True, exist_ok=True)
+    files = corpus_files(run)
+    rows: list[dict[str, Any]] = []
+    for name, (path, per_entry) in files.items():
+        variants = [(codec, False) for codec in a.codecs.split(",")]
+        if run.baseline is not None:  # the previous revision beside this one's none
+            variants.insert(1, ("none", True))
+        for codec, base in variants:
+            try:
+                row = compression_row(run, name, path, per_entry, codec, base)
+            except (hb.BenchError, OSError, RuntimeError) as exc:
+                row = {"error": str(exc)}
+            rows.append({"section": "compression", "corpus": name, "codec": codec,
+                         "broker": "base" if base else "this", **row})
+    return rows
+
+
+def compression_row(run: Run, name: str, path: Path, per_entry: int, codec: str,
+                    base: bool) -> dict[str, Any]:
+    a = run.args
+    tag = f"cz-{name}-{codec.replace(':', '')}{'-base' * base}"
+    prefix = f"perf-{tag}-{uuid.uuid4().hex[:6]}"
+    topic = _topic("z")
+    shape = (COMPRESSION_PARTITIONS, per_entry, 1)  # -size is the corpus's
+
+    def produce(url: str, seconds: float) -> dict[str, Any]:
+        return hb.run_loadgen([*load_args(url, topic, shape, "binary", seconds, a.connections),
+                               "-records-file", str(path)], timeout=seconds + 120)
+
+    broker = start_broker(run, f"{tag}-produce", base=base, root_prefix=prefix)
+    try:
+        asked = create_compressed_topic(broker, topic, codec)
+        warm = produce(broker.url, 1.0)
+        written = _timed_on(run, broker, functools.partial(produce, broker.url, a.duration))
+    finally:
+        stop_server(run, broker)
+    out = written.pop("out")
+    record_bytes = warm["bytes_acked"] + out["bytes_acked"]
+    records = warm["records_acked"] + out["records_acked"]
+    fresh_store = stored_objects(run, prefix)
+    mib = record_bytes / MiB
+    row: dict[str, Any] = {
+        "asked": asked, "records": records, "record_mib": mib,
+        "produce_mib_per_s": out["mib_per_s"], "produce_records_per_s": out["records_per_s"],
+        "produce_errors": out["errors"] + out["other_status"],
+        "produce": {**_per_mib(written, out["bytes_acked"] / MiB),
+                    "flushes_per_s": written["flushes"] / out["elapsed_s"]},
+        "stored_fresh": fresh_store,
+        "stored_bytes_per_record": fresh_store["wal_bytes"] / records if records else None,
+        "ratio_fresh": record_bytes / fresh_store["wal_bytes"] if fresh_store["wal_bytes"]
+        else None,
+        "ratio_counted": (written["stored_raw_bytes"] / written["stored_bytes"]
+                          if written["stored_bytes"] else None),
+    }
+    for state in ("fresh", "compacted"):
+        if state == "compacted":
+            row["compact"] = compact_all(run, topic, range(COMPRESSION_PARTITIONS),
+                                         {"LLOG_ROOT_PREFIX": prefix})
+            row["stored_compacted"] = stored_objects(run, prefix)
+            chunk = row["stored_compacted"]["chunk_bytes"]
+            row["ratio_compacted"] = record_bytes / chunk if chunk else None
+        broker = start_broker(run, f"{tag}-{state}", base=base, root_prefix=prefix)
+        try:
+            read = _timed_on(run, broker, functools.partial(
+                peer.read, broker.url, topic, "go", math.ceil(mib), a.fetch_bytes))
+        finally:
+            stop_server(run, broker)
+        got = read.pop("out")
+        row[f"catchup_{state}"] = {"mib_per_s": got["mib_per_s"], "complete": got["complete"],
+                                   "errors": got["errors"], **_per_mib(read, got["mib"])}
+    return row
+
+
+def _per_mib(step: dict[str, Any], mib: float) -> dict[str, Any]:
+    """A step's counters and CPU, and each per MiB of records."""
+    return {**step, **{f"{k}_per_mib": (v / mib if mib else None) for k, v in step.items()
+                       if k in ("broker_cpu_s", "minio_cpu_s", "s3_put", "s3_get",
+                                "oxia_requests")}}
 
 
 def peer_section(run: Run) -> dict[str, Any]:
@@ -837,9 +1027,41 @@ def print_report(results: dict[str, Any]) -> None:
               f"binary per request, {s['scale_out_duration']:g} s per row after a 3 s "
               "warm-up; brokers at their shipped settings")
         scale_out.print_rows(proxy)
+    print_compression([r for r in rows if r["section"] == "compression"], s)
     for r in rows:
         if r["section"] == "peer":
             peer.print_peer(r)
+
+
+def print_compression(rows: list[dict[str, Any]], s: dict[str, Any]) -> None:
+    if not rows:
+        return
+    print(f"\ncompression (bench/corpus.py records, {COMPRESSION_PARTITIONS} partitions x "
+          f"about 25 KiB of records per request, binary, {s['connections']} connections; "
+          "MiB are of records, uncompressed; catch-up: one Go reader, all partitions per "
+          "request, fresh then compacted, broker restarted before each; ratio = record "
+          "bytes over stored WAL (fresh) or chunk (compacted) bytes as listed; CPU in ms "
+          "per MiB; PUT, GET, Oxia per MiB)")
+    print(f"{'corpus':>7} {'codec':>7} {'broker':>6} {'prod MiB/s':>10} {'fresh':>6} "
+          f"{'compact':>7} {'B/rec':>6} {'ratio':>5} {'c.ratio':>7} {'brk ms':>6} "
+          f"{'MinIO ms':>8} {'rd brk ms':>9} {'PUT':>5} {'Oxia':>5} {'GET':>5}")
+    for r in rows:
+        head = f"{r['corpus']:>7} {r['codec']:>7} {r['broker']:>6}"
+        if "error" in r:
+            print(f"{head} REFUSED: {r['error']}")
+            continue
+        p, f, c = r["produce"], r["catchup_fresh"], r["catchup_compacted"]
+
+        def ms(v: float | None) -> str:
+            return _f(None if v is None else v * 1e3, ".0f", 0)
+
+        print(f"{head} {r['produce_mib_per_s']:>10.1f} {f['mib_per_s']:>6.1f} "
+              f"{c['mib_per_s']:>7.1f} {_f(r['stored_bytes_per_record'], ',.0f', 6)} "
+              f"{_f(r['ratio_fresh'], '.2f', 5)} {_f(r['ratio_compacted'], '.2f', 7)} "
+              f"{ms(p['broker_cpu_s_per_mib']):>6} {ms(p['minio_cpu_s_per_mib']):>8} "
+              f"{ms(f['broker_cpu_s_per_mib']):>9} {_f(p['s3_put_per_mib'], '.2f', 5)} "
+              f"{_f(p['oxia_requests_per_mib'], '.1f', 5)} "
+              f"{_f(f['s3_get_per_mib'], '.2f', 5)}")
 
 
 def _terminate(signum: int, _frame: Any) -> None:
@@ -849,9 +1071,11 @@ def _terminate(signum: int, _frame: Any) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", default="storage,produce,records,catchup,latency,cost",
-                        help="any of storage,produce,records,catchup,latency,cost,peer "
-                             "(peer: llog against Kafka, bench/peer.py; not by default)")
+    parser.add_argument("--sections",
+                        default="storage,produce,records,catchup,latency,cost,compression",
+                        help="any of storage,produce,records,catchup,latency,cost,"
+                             "compression,peer (peer: llog against Kafka, bench/peer.py; "
+                             "not by default)")
     parser.add_argument("--duration", type=float, default=10.0, help="seconds per row")
     parser.add_argument("--connections", type=int, default=32,
                         help="connections of the ceiling and of the other sections")
@@ -876,6 +1100,12 @@ def main() -> int:
                         help="cost section: seconds of each brokers-behind-Caddy row, with "
                              "and without affinity (8 rows, 9 with --baseline); 0 leaves "
                              "them out")
+    parser.add_argument("--codecs", default="none,zstd",
+                        help="compression section: the topics' codecs, none or zstd[:LEVEL] "
+                             "(comma-separated); with --baseline, none again at REF")
+    parser.add_argument("--corpus-mib", type=int, default=32,
+                        help="compression section: MiB of each corpus the load generator "
+                             "sends in turn (bench/corpus.py)")
     parser.add_argument("--quick", action="store_true",
                         help="2 s per row, 128 MiB catch-up: a smoke run")
     args = parser.parse_args()
@@ -917,6 +1147,8 @@ def main() -> int:
                 rows += latency_section(run, [r for r in rows if r["section"] == "produce"])
             if "cost" in sections:
                 rows += cost_section(run)
+            if "compression" in sections:
+                rows += compression_section(run)
             if "peer" in sections:
                 rows.append(peer_section(run))
         finally:

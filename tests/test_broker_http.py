@@ -252,6 +252,10 @@ async def test_health_metrics_and_openapi(http: httpx.AsyncClient, broker: Broke
     assert metrics["llog_batcher_flushes_total"][""] >= 1
     assert metrics["llog_s3_requests_total"]["op=put,outcome=ok"] >= 1
     assert "llog_s3_estimated_request_cost_usd_total" in metrics
+    # What compression saves: the bucket uncompressed, and its price (nothing stored
+    # compressed yet: the same bytes, nothing saved).
+    assert metrics["llog_s3_estimated_raw_bytes"][""] == metrics["llog_s3_stored_bytes"][""]
+    assert metrics["llog_s3_estimated_storage_saved_usd_per_month"][""] == 0
 
     text = (await http.get("/metrics/prometheus")).text
     for name in ("llog_broker_info", "llog_produce_records_total", "llog_oxia_requests_total",

@@ -59,6 +59,7 @@ from app.observability import (
     readiness,
     request_counts,
     s3_cost_estimate,
+    stored_totals,
 )
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
@@ -202,7 +203,9 @@ class BrokerState:
              lambda: self.reader.plans.statistics() if self.reader else None,
              PLAN_AHEAD_FIGURES),
             ("llog_s3", lambda: s3_cost_estimate(
-                request_counts(self.store_metrics.s3_requests), self.s3_usage),
+                request_counts(self.store_metrics.s3_requests), self.s3_usage,
+                stored_totals(self.store_metrics.stored_raw_bytes,
+                              self.store_metrics.stored_bytes)),
              (S3_REQUEST_COST, *S3_USAGE)),
         ):
             self.registry.register(SnapshotMetrics(prefix, source, figures))

@@ -7,7 +7,12 @@ stay independent.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
+
+# What a stored byte belongs to: a slice of a shared WAL object, or a compacted chunk.
+StoredKind = Literal["wal", "chunk"]
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
@@ -69,3 +74,21 @@ class StoreMetrics:
             "llog_appended_bytes", "Record bytes committed by this process's writer",
             registry=r,
         )
+        # What compression saves: bytes of WAL bodies and compacted chunks before and
+        # after their codec (equal where stored raw), counted where they are stored. The
+        # broker's S3 cost estimate (app/observability.py) turns them into money.
+        self.stored_raw_bytes = Counter(
+            "llog_stored_raw_bytes",
+            "Record bytes stored, before compression, by kind (wal: slices of shared WAL "
+            "objects; chunk: compacted chunks)", ["kind"], registry=r,
+        )
+        self.stored_bytes = Counter(
+            "llog_stored_bytes",
+            "Bytes stored for them after compression (as written to S3), by kind",
+            ["kind"], registry=r,
+        )
+
+    def count_stored(self, kind: StoredKind, raw: int, stored: int) -> None:
+        """``raw`` bytes of ``kind`` were stored as ``stored`` bytes (their codec's)."""
+        self.stored_raw_bytes.labels(kind=kind).inc(raw)
+        self.stored_bytes.labels(kind=kind).inc(stored)

@@ -72,3 +72,27 @@ func TestJSONRecordsCarryKeysAndHeaders(t *testing.T) {
 		t.Fatalf("plain body %s", plain)
 	}
 }
+
+// Records from -records-file are each sent once a round, spread over whole rounds of the
+// partitions, and a body counts the bytes of the records it carries.
+func TestCorpusBodies(t *testing.T) {
+	var file []byte
+	for _, r := range []string{"a", "bb", "ccc", "dddd", "eeeee"} {
+		file = binary.BigEndian.AppendUint32(file, uint32(len(r)))
+		file = append(file, r...)
+	}
+	corpus, err := splitRecords(file)
+	if err != nil || len(corpus) != 5 {
+		t.Fatalf("split: %v %q", err, corpus)
+	}
+	c := &config{records: 2, entries: 1, written: []int{0, 1}, format: "binary",
+		topic: "t", corpus: corpus}
+	bodies, sizes, _ := throughputBodies(c)
+	// 5 records, 2 per body, 2 partitions: 2 rounds of 2 bodies.
+	if len(bodies) != 4 || sizes[0] != 3 || sizes[1] != 7 || sizes[2] != 6 || sizes[3] != 5 {
+		t.Fatalf("bodies %d, sizes %v", len(bodies), sizes)
+	}
+	if _, err := splitRecords(file[:len(file)-1]); err == nil {
+		t.Fatal("a truncated record was read")
+	}
+}

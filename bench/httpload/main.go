@@ -16,6 +16,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -31,6 +32,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unicode/utf8"
 )
 
 type config struct {
@@ -63,6 +65,9 @@ type config struct {
 	// 0..partitions-1). validate fills it in.
 	partitionSet string
 	written      []int
+	// throughput mode: record values from a file (-records-file), taken in turn.
+	recordsFile string
+	corpus      [][]byte
 }
 
 func main() {
@@ -103,9 +108,16 @@ func main() {
 			"-partitions), round-robin; entries per request at most their number")
 	flag.IntVar(&c.totalMiB, "total-mib", 0,
 		"throughput mode: stop once this many MiB of records are acknowledged (0: -duration)")
+	flag.StringVar(&c.recordsFile, "records-file", "",
+		"throughput mode: record values from this file, each a 4-byte big-endian length "+
+			"then the bytes (bench/corpus.py --out), taken in turn; -size is then ignored")
 	flag.Parse()
 
 	if err := validate(&c); err != nil {
+		fmt.Fprintf(os.Stderr, "httpload: %v\n", err)
+		os.Exit(2)
+	}
+	if err := loadCorpus(&c); err != nil {
 		fmt.Fprintf(os.Stderr, "httpload: %v\n", err)
 		os.Exit(2)
 	}
@@ -203,6 +215,54 @@ func choosePartitions(c *config) error {
 	}
 	c.entries = min(c.entries, len(c.written))
 	return nil
+}
+
+// loadCorpus reads -records-file: length-prefixed records, at least one. JSON bodies
+// carry records as strings, so there every record must be UTF-8.
+func loadCorpus(c *config) error {
+	if c.recordsFile == "" {
+		return nil
+	}
+	if c.mode != "throughput" {
+		return errors.New("-records-file is for -mode throughput")
+	}
+	data, err := os.ReadFile(c.recordsFile)
+	if err != nil {
+		return err
+	}
+	c.corpus, err = splitRecords(data)
+	if err != nil {
+		return fmt.Errorf("-records-file %s: %w", c.recordsFile, err)
+	}
+	if c.format == "json" {
+		for i, r := range c.corpus {
+			if !utf8.Valid(r) {
+				return fmt.Errorf("-records-file %s: record %d is not UTF-8; use -format "+
+					"binary", c.recordsFile, i)
+			}
+		}
+	}
+	return nil
+}
+
+// splitRecords cuts length-prefixed records (4-byte big-endian length, then the bytes).
+func splitRecords(data []byte) ([][]byte, error) {
+	var out [][]byte
+	for len(data) > 0 {
+		if len(data) < 4 {
+			return nil, errors.New("a truncated length")
+		}
+		n := int(binary.BigEndian.Uint32(data))
+		if n > len(data)-4 {
+			return nil, errors.New("a truncated record")
+		}
+		out = append(out, data[4:4+n])
+		data = data[4+n:]
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no records")
+	}
+	return out, nil
 }
 
 // ---- shared ----------------------------------------------------------------------

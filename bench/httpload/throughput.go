@@ -57,7 +57,8 @@ type worker struct {
 type throughput struct {
 	c        *config
 	url      string
-	bodies   [][]byte // one produce body per first partition (of c.written)
+	bodies   [][]byte // produce bodies, sent in turn (throughputBodies)
+	sizes    []int64  // the record bytes of each body
 	ctype    string
 	next     atomic.Uint64
 	client   *http.Client
@@ -68,7 +69,7 @@ type throughput struct {
 
 func runThroughput(c *config) (*ThroughputResult, error) {
 	t := &throughput{c: c, url: c.url + c.path}
-	t.bodies, t.ctype = throughputBodies(c)
+	t.bodies, t.sizes, t.ctype = throughputBodies(c)
 	var dials dialCounter
 	t.client = newClient(c.connections, c.timeout, &dials)
 	defer t.client.CloseIdleConnections()
@@ -93,11 +94,21 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 	return res, nil
 }
 
-// throughputBodies are the produce bodies the connections send in turn, one per partition
-// written (c.written, in order), each with c.entries entries: that partition and the ones
-// after it in c.written, wrapping around.
-func throughputBodies(c *config) ([][]byte, string) {
-	bodies := make([][]byte, len(c.written))
+// throughputBodies are the produce bodies the connections send in turn, the record bytes
+// of each, and their content type. Each body has c.entries entries: body p starts at
+// partition c.written[p mod len(c.written)] and takes the ones after it, wrapping around.
+// Synthetic records make one body per partition written; records from -records-file
+// make as many bodies as it takes to send every record of the file once per round.
+func throughputBodies(c *config) ([][]byte, []int64, string) {
+	n := len(c.written)
+	perBody := c.records * c.entries
+	if len(c.corpus) > 0 {
+		// Whole rounds over the partitions, so each is written alike.
+		n *= max(1, (len(c.corpus)+perBody*n-1)/(perBody*n))
+	}
+	bodies := make([][]byte, n)
+	sizes := make([]int64, n)
+	next := 0 // the corpus record to take next
 	var ctype string
 	for p := range bodies {
 		entries := make([]entry, c.entries)
@@ -105,21 +116,27 @@ func throughputBodies(c *config) ([][]byte, string) {
 			part := c.written[(p+e)%len(c.written)]
 			recs := make([][]byte, c.records)
 			for i := range recs {
-				recs[i] = []byte(asciiRecord(c.size, part+i))
+				if len(c.corpus) > 0 {
+					recs[i] = c.corpus[next%len(c.corpus)]
+					next++
+				} else {
+					recs[i] = []byte(asciiRecord(c.size, part+i))
+				}
+				sizes[p] += int64(len(recs[i]))
 			}
 			entries[e] = entry{partition: part, records: recs}
 		}
 		bodies[p], ctype = requestBody(c.format, c.topic, entries, extras{c.keyBytes, c.headers})
 	}
-	return bodies, ctype
+	return bodies, sizes, ctype
 }
 
 func (t *throughput) work(w *worker) {
 	buf := make([]byte, 32*1024)
-	perRequest := int64(t.c.records * t.c.entries * t.c.size)
 	for time.Now().Before(t.deadline) &&
 		(t.c.totalMiB == 0 || t.acked.Load() < int64(t.c.totalMiB)<<20) {
-		body := t.bodies[(t.next.Add(1)-1)%uint64(len(t.bodies))]
+		turn := (t.next.Add(1) - 1) % uint64(len(t.bodies))
+		body, perRequest := t.bodies[turn], t.sizes[turn]
 		t0 := time.Now()
 		req, err := http.NewRequest(http.MethodPost, t.url, bytes.NewReader(body))
 		if err != nil {
@@ -191,7 +208,10 @@ func (t *throughput) result(workers []*worker, elapsed float64) *ThroughputResul
 	}
 	res.ErrorSamples = t.samples.list()
 	res.RecordsAcked = res.OK * uint64(c.records) * uint64(c.entries)
-	res.BytesAcked = res.RecordsAcked * uint64(c.size)
+	res.BytesAcked = uint64(t.acked.Load())
+	if res.RecordsAcked > 0 {
+		res.RecordBytes = int(res.BytesAcked / res.RecordsAcked) // the mean, from a corpus
+	}
 	res.RequestsPerS = float64(res.OK) / elapsed
 	res.RecordsPerS = float64(res.RecordsAcked) / elapsed
 	res.MiBPerS = float64(res.BytesAcked) / elapsed / (1 << 20)
