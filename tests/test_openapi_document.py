@@ -222,8 +222,8 @@ def test_produce_declares_its_content_encodings_and_reads_declare_compressed_ans
         "UnsupportedEncoding"]
     for path, method in (("/consume", "post"), ("/topics/{topic}/stream", "get")):
         operation = spec["paths"][path][method]
-        assert [p for p in operation["parameters"] if p["name"] == "Accept-Encoding"
-                ][0]["in"] == "header", path
+        assert next(p for p in operation["parameters"] if p["name"] == "Accept-Encoding"
+                    )["in"] == "header", path
         headers = operation["responses"]["200"]["headers"]
         assert headers["Content-Encoding"]["schema"]["enum"] == ["zstd", "gzip"], path
         assert headers["Vary"]["schema"]["enum"] == ["Accept-Encoding"], path
