@@ -220,6 +220,7 @@ def test_produce_declares_its_content_encodings_and_reads_declare_compressed_ans
     assert refused["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
     assert [e["value"]["error_type"] for e in refused["examples"].values()] == [
         "UnsupportedEncoding"]
+    assert produce["responses"]["415"]["headers"]["Accept-Encoding"]["required"]
     for path, method in (("/consume", "post"), ("/topics/{topic}/stream", "get")):
         operation = spec["paths"][path][method]
         assert next(p for p in operation["parameters"] if p["name"] == "Accept-Encoding"

@@ -6,8 +6,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.routes.openapi import Responses
-from app.wire.content_encoding import ANSWER_ENCODINGS, MIN_COMPRESSED_ANSWER, REQUEST_ENCODINGS
+from app.routes.openapi import Responses, error
+from app.wire.content_encoding import (
+    ACCEPTED_ENCODINGS,
+    ANSWER_ENCODINGS,
+    MIN_COMPRESSED_ANSWER,
+    REQUEST_ENCODINGS,
+)
 
 CONTENT_ENCODING: dict[str, Any] = {
     "name": "Content-Encoding", "in": "header", "required": False,
@@ -36,4 +41,16 @@ def compressible(answer: Responses) -> Responses:
     """``answer`` (one status) declared with the headers of a compressed answer."""
     for entry in answer.values():
         entry.setdefault("headers", {}).update(_ANSWER_HEADERS)
+    return answer
+
+
+def unsupported_encoding() -> Responses:
+    """The 415 of a body in a coding the broker does not decode, with the
+    ``Accept-Encoding`` that says which it does (RFC 9110, 12.5.3)."""
+    answer = error(415, "UnsupportedEncoding", description=(
+        "a Content-Encoding other than identity, gzip or zstd; nothing was written"))
+    for entry in answer.values():
+        entry["headers"] = {"Accept-Encoding": {
+            "description": "the codings a body may have", "required": True,
+            "schema": {"type": "string"}, "example": ACCEPTED_ENCODINGS}}
     return answer

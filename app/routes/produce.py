@@ -24,7 +24,7 @@ from app.routes.access import account, authorize, charge_produce, control_of, ho
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import ErrorResponse, ProduceResponse
 from app.routes.openapi import error, errors, named, response
-from app.routes.openapi_encoding import CONTENT_ENCODING
+from app.routes.openapi_encoding import CONTENT_ENCODING, unsupported_encoding
 from app.routes.produce_body import is_binary, parse_json, read_decoded
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
@@ -59,8 +59,7 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
                    ProduceResponse, PRODUCE_PARTLY),
         **error(413, description="over a size or count limit (a compressed body: its "
                                  "decoded size); nothing was written"),
-        **error(415, "UnsupportedEncoding", description="a Content-Encoding other than "
-                "identity, gzip or zstd; nothing was written"),
+        **unsupported_encoding(),
         **error(500, "CorruptData"),
         **response(503, "nothing was written: every entry was refused before writing "
                         "(results), or the request as a whole (error body)",

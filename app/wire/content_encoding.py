@@ -35,6 +35,8 @@ GZIP = "gzip"
 ZSTD = "zstd"
 # What a request body may be encoded with, as the OpenAPI document lists them.
 REQUEST_ENCODINGS = (IDENTITY, GZIP, ZSTD)
+# What a 415 says the broker takes (its Accept-Encoding header).
+ACCEPTED_ENCODINGS = "zstd, gzip"
 # What an answer may be compressed with, best first.
 ANSWER_ENCODINGS = (ZSTD, GZIP)
 _ALIASES = {"x-gzip": GZIP}  # RFC 9110 8.4.1.3: the same as gzip
