@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
+from app.client.compression import COMPRESSIONS, DEFAULT_COMPRESSION
 from app.client.config import BROKER_URL_ENV, DEFAULT_BROKER_URL, version
 
 if TYPE_CHECKING:
@@ -365,7 +366,8 @@ def cmd_topics(args: argparse.Namespace) -> int:
 def _client(args: argparse.Namespace) -> LlogClient:
     from app.client import LlogClient
 
-    return LlogClient(args.broker, timeout_s=args.timeout)
+    return LlogClient(args.broker, timeout_s=args.timeout,
+                      compression=getattr(args, "compression", DEFAULT_COMPRESSION))
 
 
 def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -436,6 +438,9 @@ def _add_produce(sub: Any) -> None:
                    help="read values from the lines of PATH ('-': stdin)")
     p.add_argument("--print-offsets", action="store_true",
                    help="print each acknowledged batch as a JSON line")
+    p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
+                   help="how request bodies are compressed (bodies under 1 KiB, or that "
+                        "would not shrink, go raw)")
 
 
 def _add_reading_options(p: argparse.ArgumentParser, wait_ms: int) -> None:

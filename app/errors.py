@@ -17,6 +17,7 @@ compare strings:
     ├── RequestError                 the request must change (4xx)
     │   ├── InvalidRequest           400  malformed or invalid input, nothing written
     │   ├── PayloadTooLarge          413  over a size or count limit, nothing written
+    │   ├── UnsupportedEncoding      415  a Content-Encoding the broker does not decode
     │   ├── OffsetOutOfRange         400  fetch offset outside the log start .. hw + 1
     │   ├── UnknownTopic             404  no such topic (and auto-create is off)
     │   ├── UnknownPartition         404  the topic has no such partition
@@ -88,6 +89,12 @@ class PayloadTooLarge(RequestError):
     """The request exceeds a configured size or count limit."""
 
     http_status = 413
+
+
+class UnsupportedEncoding(RequestError):
+    """The body's Content-Encoding is not one the broker decodes (identity, gzip, zstd)."""
+
+    http_status = 415
 
 
 class OffsetOutOfRange(RequestError):

@@ -23,6 +23,8 @@ BUDGET = 32 * MiB
 RECORD = MiB - 1024
 RECORDS = 32
 BINARY = {"accept": wire.CONTENT_TYPE}
+# Answers as large as they are: compressed, these records would fit the socket buffers.
+RAW = {"accept-encoding": "identity"}
 
 
 async def _figures(http: httpx.AsyncClient) -> dict[str, float]:
@@ -54,7 +56,7 @@ async def _at_least(http: httpx.AsyncClient, name: str, value: float) -> None:
 
 
 async def _fill(broker: Broker, topic: str) -> None:
-    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as http:
         for _ in range(RECORDS // 8):
             r = await http.post("/produce", json=produce_body(topic, *["r" * RECORD] * 8))
             assert r.status_code == 200 and all(e["ok"] for e in r.json()["results"]), r.text
@@ -69,8 +71,8 @@ async def test_an_answer_holds_the_budget_until_sent_then_the_next_goes_in(
     broker = brokers.start(max_answer_bytes_in_flight=str(BUDGET),
                            answer_bytes_wait_ms="60000")
     await _fill(broker, topic)
-    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http, \
-            httpx.AsyncClient(base_url=broker.url, timeout=60) as other:
+    async with httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as http, \
+            httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as other:
         async with http.stream("POST", "/consume", json=_whole(topic), headers=BINARY) as big:
             assert big.status_code == 200
             # Not reading: the broker cannot send it all, and the answer holds its bytes.
@@ -84,7 +86,8 @@ async def test_an_answer_holds_the_budget_until_sent_then_the_next_goes_in(
                                                     headers=BINARY))
 
                 tg.start_soon(second)
-                async with httpx.AsyncClient(base_url=broker.url, timeout=60) as watcher:
+                async with httpx.AsyncClient(base_url=broker.url, headers=RAW,
+                                             timeout=60) as watcher:
                     await _until(watcher, "llog_answer_waiting", 1)  # waits for room
                     assert not answers
                     body = await big.aread()  # sent: its bytes are given back ...
@@ -102,8 +105,8 @@ async def test_past_the_wait_a_read_is_refused_with_503_and_retry_after(
     broker = brokers.start(max_answer_bytes_in_flight=str(BUDGET),
                            answer_bytes_wait_ms="200")
     await _fill(broker, topic)
-    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http, \
-            httpx.AsyncClient(base_url=broker.url, timeout=60) as other:
+    async with httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as http, \
+            httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as other:
         async with http.stream("POST", "/consume", json=_whole(topic), headers=BINARY) as big:
             assert big.status_code == 200
             for headers in (BINARY, {}):  # either format, the same refusal
@@ -127,7 +130,8 @@ async def test_concurrent_large_reads_stay_within_the_budget(
     await _fill(broker, topic)
     statuses: list[int] = []
     limits = httpx.Limits(max_connections=64)
-    async with httpx.AsyncClient(base_url=broker.url, timeout=60, limits=limits) as http:
+    async with httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60,
+                                 limits=limits) as http:
 
         async def read(i: int) -> None:
             # Binary reads of the whole budget, JSON ones of a fifth of it (what their
@@ -158,7 +162,7 @@ async def test_concurrent_large_reads_stay_within_the_budget(
 async def test_a_stream_batch_holds_the_budget_until_the_stream_ends(
         brokers: BrokerFactory, topic: str) -> None:
     broker = brokers.start(max_answer_bytes_in_flight=str(BUDGET))
-    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http:
+    async with httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as http:
         r = await http.post("/produce", json=produce_body(topic, "s" * 100_000))
         assert r.status_code == 200
         async with http.stream("GET", f"/topics/{topic}/stream?from=earliest") as stream:
@@ -177,8 +181,8 @@ async def test_a_waiting_long_poll_holds_only_what_it_read(
                            answer_bytes_wait_ms="200")
     await _fill(broker, topic)
     idle = f"{topic}-idle"
-    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http, \
-            httpx.AsyncClient(base_url=broker.url, timeout=60) as other:
+    async with httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as http, \
+            httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as other:
         r = await http.post("/produce", json=produce_body(idle, "first"))
         assert r.status_code == 200
         async with anyio.create_task_group() as tg:
@@ -216,9 +220,9 @@ async def test_a_stream_refused_room_waits_with_heartbeats_instead_of_dying(
     broker = brokers.start(max_answer_bytes_in_flight=str(BUDGET),
                            answer_bytes_wait_ms="200")
     await _fill(broker, topic)
-    async with httpx.AsyncClient(base_url=broker.url, timeout=60) as http, \
-            httpx.AsyncClient(base_url=broker.url, timeout=60) as other, \
-            httpx.AsyncClient(base_url=broker.url, timeout=60) as watcher, \
+    async with httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as http, \
+            httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as other, \
+            httpx.AsyncClient(base_url=broker.url, headers=RAW, timeout=60) as watcher, \
             http.stream("POST", "/consume", json=_whole(topic), headers=BINARY) as big:
         assert big.status_code == 200  # not read: it holds the budget
         records = anyio.Event()

@@ -415,7 +415,8 @@ async def test_cors_answers_preflights_and_refusals_carry_its_headers(
         stack: LocalStack, auth_file: Path) -> None:
     site = "https://app.example"
     preflight = {"origin": site, "access-control-request-method": "POST",
-                 "access-control-request-headers": "authorization, content-type"}
+                 "access-control-request-headers": "authorization, content-encoding, "
+                                                   "content-type"}
     async with auth_app(stack, auth_file, cors_allow_origins=site) as (_, http):
         r = await http.options("/produce", headers=preflight)
         assert r.status_code == 200, r.text

@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 import httpx
 import pytest
+import zstandard
 from openapi_spec_validator import validate
 
 from app.localstack.stack import LocalStack
@@ -267,6 +268,49 @@ async def test_a_generated_client_produces_consumes_and_reads_typed_errors(
         async with g.client.Client(base_url=broker.url, timeout=httpx.Timeout(30)) as client:
             await _produce_and_consume(g, client, topic)
             await _refusals(g, client, topic)
+
+
+class _Compressing(httpx.AsyncHTTPTransport):
+    """What a caller of the generated client adds to send compressed bodies (httpx
+    compresses no request body): the operation's ``content_encoding`` parameter names
+    the coding, this compresses the body to match. Notes each answer's coding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answers: list[str | None] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.headers.get("content-encoding") == "zstd":
+            body = zstandard.ZstdCompressor().compress(await request.aread())
+            request = httpx.Request(request.method, request.url, content=body, headers=[
+                (k, v) for k, v in request.headers.raw if k.lower() != b"content-length"])
+        response = await super().handle_async_request(request)
+        self.answers.append(response.headers.get("content-encoding"))
+        return response
+
+
+async def test_a_generated_client_sends_a_compressed_body_and_reads_a_compressed_answer(
+    broker: Broker, generated: SimpleNamespace, topic: str
+) -> None:
+    g, m = generated, generated.models
+    values = [f'{{"event":"click","user":"u{i % 7}","page":"/items/{i}"}}' for i in range(200)]
+    transport = _Compressing()
+    with anyio.fail_after(60):
+        async with g.client.Client(base_url=broker.url, timeout=httpx.Timeout(30),
+                                   httpx_args={"transport": transport}) as client:
+            answer = await g.produce.asyncio_detailed(
+                client=client, content_encoding=m.ProduceContentEncoding.ZSTD,
+                body=m.ProduceRequest(topic_partitions=[m.ProduceTopicPartition(
+                    topic=topic, partition=0, records=values)]))
+            assert answer.status_code == 200, answer.content
+            # httpx asks for compressed answers by default (gzip, deflate, zstd).
+            read = await g.consume.asyncio_detailed(client=client, body=m.ConsumeRequest(
+                topic_partitions=[m.ConsumeTopicPartition(topic=topic, partition=0,
+                                                          fetch_offset=1)], max_wait_ms=0))
+    assert read.headers["content-encoding"] == "zstd"
+    assert transport.answers == [None, "zstd"]  # the produce answer is under 1 KiB
+    (partition,) = read.parsed.results
+    assert [r.value for r in partition.records] == values
 
 
 async def _produce_and_consume(g: SimpleNamespace, client: Any, topic: str) -> None:

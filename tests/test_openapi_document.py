@@ -181,7 +181,7 @@ def _statuses(spec: dict[str, Any], path: str, method: str) -> set[str]:
 def test_every_status_a_route_answers_is_declared() -> None:
     spec = _broker_spec()
     assert _statuses(spec, "/produce", "post") == {
-        "200", "400", "404", "409", "413", "500", "503"}
+        "200", "400", "404", "409", "413", "415", "500", "503"}
     assert _statuses(spec, "/consume", "post") == {"200", "400", "409", "413", "500", "503"}
     assert _statuses(spec, "/topics/{topic}/stream", "get") == {
         "200", "400", "404", "500", "503"}
@@ -207,6 +207,27 @@ def test_every_status_a_route_answers_is_declared() -> None:
     assert produce_503["content"]["application/json"]["schema"] == {"anyOf": [
         {"$ref": "#/components/schemas/ProduceResponse"},
         {"$ref": "#/components/schemas/ErrorResponse"}]}
+
+
+def test_produce_declares_its_content_encodings_and_reads_declare_compressed_answers(
+        ) -> None:
+    spec = _broker_spec()
+    produce = spec["paths"]["/produce"]["post"]
+    (encoding,) = [p for p in produce["parameters"] if p["name"] == "Content-Encoding"]
+    assert encoding["in"] == "header" and not encoding["required"]
+    assert encoding["schema"]["enum"] == ["identity", "gzip", "zstd"]
+    refused = produce["responses"]["415"]["content"]["application/json"]
+    assert refused["schema"] == {"$ref": "#/components/schemas/ErrorResponse"}
+    assert [e["value"]["error_type"] for e in refused["examples"].values()] == [
+        "UnsupportedEncoding"]
+    assert produce["responses"]["415"]["headers"]["Accept-Encoding"]["required"]
+    for path, method in (("/consume", "post"), ("/topics/{topic}/stream", "get")):
+        operation = spec["paths"][path][method]
+        assert next(p for p in operation["parameters"] if p["name"] == "Accept-Encoding"
+                    )["in"] == "header", path
+        headers = operation["responses"]["200"]["headers"]
+        assert headers["Content-Encoding"]["schema"]["enum"] == ["zstd", "gzip"], path
+        assert headers["Vary"]["schema"]["enum"] == ["Accept-Encoding"], path
 
 
 def test_with_auth_on_every_protected_operation_declares_its_refusals() -> None:

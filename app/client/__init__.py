@@ -12,6 +12,7 @@ See docs/client.md.
 """
 
 from app.client.aio import AsyncLlogClient
+from app.client.compression import Compression
 from app.client.config import DEFAULT_BROKER_URL, version
 from app.client.consumer import GroupConsumer
 from app.client.errors import (
@@ -57,6 +58,7 @@ from app.client.errors import (
     UnknownMember,
     UnknownPartition,
     UnknownTopic,
+    UnsupportedEncoding,
 )
 from app.client.models import (
     ConsumedRecord,
@@ -91,6 +93,7 @@ __all__ = [
     "CommitConflict",
     "CommitExpired",
     "CommitInDoubt",
+    "Compression",
     "ConsumedRecord",
     "CorruptData",
     "Fetched",
@@ -145,5 +148,6 @@ __all__ = [
     "UnknownMember",
     "UnknownPartition",
     "UnknownTopic",
+    "UnsupportedEncoding",
     "version",
 ]

@@ -11,6 +11,7 @@ import httpx
 
 from app.client import group_ops, ops
 from app.client.batching import KeySource
+from app.client.compression import DEFAULT_COMPRESSION, Compression, checked
 from app.client.config import (
     ClientConfig,
     broken_of,
@@ -60,9 +61,10 @@ class AsyncLlogClient:
     def __init__(self, brokers: str | Sequence[str] | None = None, *, timeout_s: float = 30.0,
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
                  token: str | None = None,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 compression: Compression = DEFAULT_COMPRESSION) -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
-                                    limits or ProduceLimits())
+                                    limits or ProduceLimits(), checked(compression))
         self._http = httpx.AsyncClient(headers=default_headers(token), transport=transport)
 
     async def aclose(self) -> None:
@@ -81,10 +83,14 @@ class AsyncLlogClient:
             await anyio.sleep(action.delay_s)
             self._config.next_broker()
             return None
+        if self._config.compresses_off_thread(action):
+            content, headers = await anyio.to_thread.run_sync(self._config.request, action)
+        else:
+            content, headers = self._config.request(action)
         try:
             response = await self._http.request(
-                action.method, self._config.url(action.path), content=action.content,
-                headers=self._config.headers(action), timeout=self._config.timeout(action))
+                action.method, self._config.url(action.path), content=content,
+                headers=headers, timeout=self._config.timeout(action))
         except httpx.TransportError as exc:
             return broken_of(exc)
         return reply_of(response)

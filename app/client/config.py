@@ -12,6 +12,12 @@ from importlib import metadata
 import httpx
 
 from app.client.batching import KeySource
+from app.client.compression import (
+    ACCEPT_ENCODING,
+    DEFAULT_COMPRESSION,
+    Compression,
+    encode_body,
+)
 from app.client.ops import Send
 from app.client.retry import ProduceLimits, RetryPolicy
 from app.client.wire import Broken, Reply, parse_retry_after
@@ -22,6 +28,8 @@ BROKER_URL_ENV = "LLOG_BROKER_URL"
 TOKEN_ENV = "LLOG_TOKEN"
 # Failures that prove the request never left: retrying them cannot write twice.
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
+# A body at least this large is compressed on a worker thread by the async client.
+OFF_LOOP_BYTES = 64 * 1024
 
 
 def version() -> str:
@@ -55,6 +63,7 @@ class ClientConfig:
     timeout_s: float
     retry: RetryPolicy
     limits: ProduceLimits
+    compression: Compression = DEFAULT_COMPRESSION
     keys: KeySource = field(default_factory=KeySource)
     current: int = 0
 
@@ -67,8 +76,23 @@ class ClientConfig:
     def timeout(self, send: Send) -> httpx.Timeout:
         return httpx.Timeout(self.timeout_s + send.wait_s, connect=min(self.timeout_s, 10.0))
 
-    def headers(self, send: Send) -> dict[str, str]:
-        return {"content-type": "application/json"} if send.content is not None else {}
+    def request(self, send: Send) -> tuple[bytes | None, dict[str, str]]:
+        """The body to send and its headers: a produce body compressed as configured."""
+        if send.content is None:
+            return None, {}
+        headers = {"content-type": "application/json"}
+        if not send.compressible:
+            return send.content, headers
+        content, encoding = encode_body(send.content, self.compression)
+        if encoding is not None:
+            headers["content-encoding"] = encoding
+        return content, headers
+
+    def compresses_off_thread(self, send: Send) -> bool:
+        """Whether compressing the body is worth a worker thread (the async client's
+        event loop would otherwise wait a millisecond or more per MiB)."""
+        return (send.compressible and self.compression != "none"
+                and send.content is not None and len(send.content) >= OFF_LOOP_BYTES)
 
 
 def user_agent() -> dict[str, str]:
@@ -76,10 +100,10 @@ def user_agent() -> dict[str, str]:
 
 
 def default_headers(token: str | None) -> dict[str, str]:
-    """Headers of every request: the user agent, and the bearer token when one is given
-    (else ``LLOG_TOKEN``, when set)."""
+    """Headers of every request: the user agent, the encodings answers may come in, and
+    the bearer token when one is given (else ``LLOG_TOKEN``, when set)."""
     token = token if token is not None else os.environ.get(TOKEN_ENV) or None
-    headers = user_agent()
+    headers = {**user_agent(), "accept-encoding": ACCEPT_ENCODING}
     if token:
         headers["authorization"] = f"Bearer {token}"
     return headers

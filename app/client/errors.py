@@ -112,6 +112,10 @@ class PayloadTooLarge(RequestError):
     """Over a size or count limit of the broker or the topic."""
 
 
+class UnsupportedEncoding(RequestError):
+    """The broker does not decode the body's Content-Encoding."""
+
+
 class OffsetOutOfRange(RequestError):
     """The fetch offset is beyond the high watermark + 1 or below the log start;
     ``log_start_offset`` and ``high_watermark`` say where the log is."""

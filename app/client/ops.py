@@ -40,6 +40,7 @@ class Send:
     path: str
     content: bytes | None = None
     wait_s: float = 0.0  # a long-poll: the answer may take this much longer
+    compressible: bool = False  # the route decodes a Content-Encoding (produce)
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class _ProduceRequest:
         self.done: list[ProducedBatch] = []
 
     def send(self) -> Send:
-        return Send("POST", "/produce", request_body(self.pending))
+        return Send("POST", "/produce", request_body(self.pending), compressible=True)
 
     def interpret(self, outcome: Outcome) -> list[ProducedBatch] | LlogError:
         if isinstance(outcome, Broken):

@@ -10,6 +10,7 @@ import httpx
 
 from app.client import group_ops, ops
 from app.client.batching import KeySource
+from app.client.compression import DEFAULT_COMPRESSION, Compression, checked
 from app.client.config import (
     ClientConfig,
     broken_of,
@@ -54,6 +55,8 @@ T = TypeVar("T")
 class LlogClient:
     """A client of one or more leaderless-log brokers (any broker serves any
     partition). Thread-safe; close it (or use ``with``) to release its connections.
+    Produce bodies are compressed with ``compression`` (zstd, gzip or none; bodies
+    under 1 KiB go raw), and answers are accepted compressed with zstd or gzip.
 
     >>> with LlogClient("http://127.0.0.1:8080") as llog:      # doctest: +SKIP
     ...     llog.produce("orders", ["alpha", b"\\x00\\x01"])
@@ -63,9 +66,10 @@ class LlogClient:
 
     def __init__(self, brokers: str | Sequence[str] | None = None, *, timeout_s: float = 30.0,
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
-                 token: str | None = None, transport: httpx.BaseTransport | None = None) -> None:
+                 token: str | None = None, transport: httpx.BaseTransport | None = None,
+                 compression: Compression = DEFAULT_COMPRESSION) -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
-                                    limits or ProduceLimits())
+                                    limits or ProduceLimits(), checked(compression))
         self._http = httpx.Client(headers=default_headers(token), transport=transport)
 
     def close(self) -> None:
@@ -96,10 +100,11 @@ class LlogClient:
                 answer = self._send(action)
 
     def _send(self, send: ops.Send) -> Outcome:
+        content, headers = self._config.request(send)
         try:
             response = self._http.request(
-                send.method, self._config.url(send.path), content=send.content,
-                headers=self._config.headers(send), timeout=self._config.timeout(send))
+                send.method, self._config.url(send.path), content=content,
+                headers=headers, timeout=self._config.timeout(send))
         except httpx.TransportError as exc:
             return broken_of(exc)
         return reply_of(response)

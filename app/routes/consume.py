@@ -6,6 +6,7 @@ import base64
 import dataclasses
 import re
 import time
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 import orjson
@@ -24,6 +25,7 @@ from app.errors import (
     RoleDisabled,
 )
 from app.routes.access import account, authorize, control_of
+from app.routes.answer_compression import compress_answer
 from app.routes.deps import broker_state, groups_of
 from app.routes.disconnect import unless_disconnected
 from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
@@ -39,6 +41,7 @@ from app.routes.openapi import (
     response,
     store_errors,
 )
+from app.routes.openapi_encoding import ACCEPT_ENCODING, compressible
 from app.routes.parts_response import PartsResponse
 from app.settings import Settings
 from app.storage import runs
@@ -123,9 +126,10 @@ def with_binary(answer: Responses) -> Responses:
     "/consume",
     response_model=ConsumeResponse,
     summary="Read records, waiting up to max_wait_ms for min_bytes",
-    responses={**with_binary(response(
+    openapi_extra={"parameters": [ACCEPT_ENCODING]},
+    responses={**compressible(with_binary(response(
                    200, "each partition's records, or why it could not be read",
-                   ConsumeResponse, CONSUMED_ANSWERS)),
+                   ConsumeResponse, CONSUMED_ANSWERS))),
                **errors(400),
                **error(409, *COMMIT_REFUSALS, description=(
                    "with commit: the group refuses this member's commit (it left, its "
@@ -195,7 +199,7 @@ async def _serve(body: ConsumeRequest, request: Request, state: BrokerState,
     committed = await _commit_delivered(state, body, fetches, outcomes) if body.commit else {}
     outcomes = [_unless_refused(o, committed.get(i)) for i, o in enumerate(outcomes)]
     _count(state, outcomes)
-    parts: list[bytes | memoryview]
+    parts: Sequence[bytes | memoryview]
     if binary:
         parts = wire.build_parts([
             _binary(f.tp, o) for f, o in zip(fetches, outcomes, strict=True)])
@@ -204,10 +208,13 @@ async def _serve(body: ConsumeRequest, request: Request, state: BrokerState,
             _result(fetch.tp, outcome, body.encoding, committed.get(i))
             for i, (fetch, outcome) in enumerate(zip(fetches, outcomes, strict=True))]})]
     if hold is not None:  # from here the answer holds what it sends, until it is sent
+        # (the raw size: compressed, the answer is smaller, and both exist meanwhile)
         hold.hold(sum(len(p) for p in parts))
+    parts, encoding = await compress_answer(parts, request.headers.get("accept-encoding"))
     response = PartsResponse(parts, media_type=wire.CONTENT_TYPE if binary
                              else "application/json",
-                             on_sent=hold.release if hold is not None else None)
+                             on_sent=hold.release if hold is not None else None,
+                             content_encoding=encoding)
     if control_of(request) is not None:
         account(request, consumed=sum(o.size for o in outcomes if isinstance(o, ReadResult)))
     state.consume_metrics.requests.inc()

@@ -14,7 +14,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.errors import Forbidden, LlogError, QuotaExceeded, Unauthenticated
+from app.errors import Forbidden, LlogError, QuotaExceeded, Unauthenticated, UnsupportedEncoding
+from app.wire.content_encoding import ACCEPTED_ENCODINGS
 
 REALM = "llog"
 # RFC 6750's error_description allows only these characters.
@@ -55,6 +56,8 @@ def error_response(exc: LlogError) -> JSONResponse:
     challenge = _challenge(exc)
     if challenge is not None:
         headers["WWW-Authenticate"] = challenge
+    if isinstance(exc, UnsupportedEncoding):  # RFC 9110 12.5.3: the codings it does take
+        headers["Accept-Encoding"] = ACCEPTED_ENCODINGS
     return JSONResponse(error_body(exc.error_type, str(exc)), status_code=exc.http_status,
                         headers=headers or None)
 

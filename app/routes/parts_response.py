@@ -10,6 +10,9 @@ Each part goes out in slices of at most ``SLICE`` bytes: the server's transport 
 what the socket does not take at once into a buffer of its own, so a whole answer
 written in one message would be held twice while a slow client reads it.
 
+``content_encoding`` names how the parts are compressed (app/routes/answer_compression.py);
+every answer says it varies by ``Accept-Encoding``, compressed or not.
+
 ``on_sent`` runs once the answer has been handed to the server, or failed to be (the
 client went away): a consume answer gives its bytes back to the answer budget there.
 """
@@ -21,15 +24,22 @@ from collections.abc import Callable, Sequence
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from app.routes.answer_compression import VARY
+
 SLICE = 1024 * 1024
 
 
 class PartsResponse(Response):
     def __init__(self, parts: Sequence[bytes | memoryview], media_type: str,
-                 status_code: int = 200, on_sent: Callable[[], None] | None = None) -> None:
+                 status_code: int = 200, on_sent: Callable[[], None] | None = None,
+                 content_encoding: str | None = None) -> None:
         self._parts = [s for p in parts if len(p) for s in _sliced(p)]
         self._on_sent = on_sent
-        super().__init__(b"", status_code=status_code, media_type=media_type)
+        headers = {"vary": VARY}
+        if content_encoding is not None:
+            headers["content-encoding"] = content_encoding
+        super().__init__(b"", status_code=status_code, media_type=media_type,
+                         headers=headers)
         length = str(sum(len(p) for p in self._parts)).encode()
         self.raw_headers = [(k, length if k == b"content-length" else v)
                             for k, v in self.raw_headers]

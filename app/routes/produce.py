@@ -24,7 +24,8 @@ from app.routes.access import account, authorize, charge_produce, control_of, ho
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import ErrorResponse, ProduceResponse
 from app.routes.openapi import error, errors, named, response
-from app.routes.produce_body import is_binary, parse_json
+from app.routes.openapi_encoding import CONTENT_ENCODING, unsupported_encoding
+from app.routes.produce_body import is_binary, parse_json, read_decoded
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import RecordBatch
@@ -40,7 +41,7 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
                          "examples": named(PRODUCE_REQUESTS)},
     wire.CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"},
                         "x-llog-format": "LLP1 (docs/http-api.md, Binary bodies)"},
-}}}
+}}, "parameters": [CONTENT_ENCODING]}
 
 
 @router.post(
@@ -56,7 +57,10 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
         **response(409, "some entries failed, and not every one before writing: each "
                         "result says how; retry only those with ok false",
                    ProduceResponse, PRODUCE_PARTLY),
-        **errors(413), **error(500, "CorruptData"),
+        **error(413, description="over a size or count limit (a compressed body: its "
+                                 "decoded size); nothing was written"),
+        **unsupported_encoding(),
+        **error(500, "CorruptData"),
         **response(503, "nothing was written: every entry was refused before writing "
                         "(results), or the request as a whole (error body)",
                    ProduceResponse | ErrorResponse, PRODUCE_REFUSED),
@@ -65,7 +69,7 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
 async def produce(request: Request) -> Response:
     started = time.monotonic()
     state: BrokerState = request.app.state.broker
-    body = await request.body()
+    body = await read_decoded(request, state.settings.max_request_bytes)
     if is_binary(request.headers.get("content-type", "")):
         entries = wire.parse(body, state.settings.max_partitions_per_request)
     else:

@@ -10,13 +10,15 @@ most ``max_bytes`` is all a stream holds. A draining broker ends its streams wit
 ``end`` event (the client reconnects elsewhere); an error a client must act on (an
 offset below the log start, say) is an ``error`` event, and the stream ends. With access
 control on, the stream's principal is re-checked while it runs (app/routes/stream_guard.py).
+For a client that accepts zstd or gzip the stream is compressed, each event flushed whole
+as it is sent (app/routes/answer_compression.py), so compression delays no event.
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 import anyio
@@ -31,14 +33,17 @@ from app.broker.consume import Fetch
 from app.broker.state import BrokerState
 from app.errors import InvalidRequest, LlogError, RoleDisabled, ShuttingDown, Unavailable
 from app.routes.access import account, authorize, control_of, principal_of
+from app.routes.answer_compression import VARY, compress_events
 from app.routes.consume import _record, _times
 from app.routes.models import PathTopic
 from app.routes.offsets import lookup_all
 from app.routes.openapi import error, errors
+from app.routes.openapi_encoding import ACCEPT_ENCODING, compressible
 from app.routes.stream_guard import StreamGuard
 from app.storage.keys import TopicPartition, validate_topic
 from app.storage.offsets import PartitionOffsets
 from app.storage.reader import ReadOutcome, ReadResult
+from app.wire.content_encoding import answer_encoding
 
 router = APIRouter(tags=["consume"])
 EVENTS_EXAMPLE = """retry: 1000
@@ -120,9 +125,13 @@ def _position(offsets: dict[int, int]) -> str:
     "/topics/{topic}/stream",
     summary="Follow partitions as Server-Sent Events (text/event-stream)",
     response_class=StreamingResponse,
-    responses={200: {"description": "records, heartbeat comments, end and error events",
-                     "content": {"text/event-stream": {"schema": {"type": "string"},
-                                                       "example": EVENTS_EXAMPLE}}},
+    openapi_extra={"parameters": [ACCEPT_ENCODING]},
+    responses={**compressible({200: {
+                   "description": "records, heartbeat comments, end and error events (with "
+                                  "Accept-Encoding zstd or gzip: compressed, each event "
+                                  "flushed whole)",
+                   "content": {"text/event-stream": {"schema": {"type": "string"},
+                                                     "example": EVENTS_EXAMPLE}}}}),
                **errors(400),
                **error(404, "UnknownTopic", "UnknownPartition", description=(
                    "an unknown topic or partition (topics are not created on use)")),
@@ -173,12 +182,15 @@ async def stream(
         raise Unavailable(f"all {state.settings.max_concurrent_streams} stream slots are "
                           "taken; retry shortly or on another broker") from None
     ending = _Ending()
-    return _EventStream(
-        _follow(state, topic, offsets, encoding, max_bytes, heartbeat_ms / 1000, ending,
-                guard, lambda size: account(request, consumed=size)),
-        release=lambda: _release(state, slots, request, ending),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    events = _follow(state, topic, offsets, encoding, max_bytes, heartbeat_ms / 1000,
+                     ending, guard, lambda size: account(request, consumed=size))
+    headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Vary": VARY}
+    compressed = answer_encoding(request.headers.get("accept-encoding"))
+    if compressed is not None:  # each event flushed whole: compressing buffers nothing
+        events = compress_events(events, compressed)
+        headers["Content-Encoding"] = compressed
+    return _EventStream(events, release=lambda: _release(state, slots, request, ending),
+                        media_type="text/event-stream", headers=headers)
 
 
 def _guard(request: Request, topic: str) -> StreamGuard | None:
@@ -231,7 +243,7 @@ class _EventStream(StreamingResponse):
 async def _follow(state: BrokerState, topic: str, offsets: dict[int, int], encoding: str,
                   max_bytes: int, heartbeat_s: float, ending: _Ending,
                   guard: StreamGuard | None, consumed: Callable[[int], None]
-                  ) -> AsyncIterator[bytes]:
+                  ) -> AsyncGenerator[bytes, None]:
     """The events of one stream, each read only after the previous was sent; with
     access control on, each read races the guard, which ends the stream with an
     ``error`` event when the principal loses access."""
