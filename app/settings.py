@@ -145,6 +145,11 @@ class Settings(BaseSettings):
     access_log: bool = True
     # Browsers on these origins may call the API (CORS); empty: CORS is off.
     cors_allow_origins: Annotated[tuple[str, ...], NoDecode] = ()
+    # Codings a consume answer or stream may be compressed with, in order of preference,
+    # among those the client accepts (empty: always raw). gzip is not offered unless set:
+    # many HTTP stacks (Go's among them) accept gzip without asking for it, and gzip costs
+    # the broker several times zstd's CPU per MiB (docs/http-api.md, Compression).
+    answer_encodings: Annotated[tuple[Literal["zstd", "gzip"], ...], NoDecode] = ("zstd",)
     cors_max_age_s: int = Field(default=600, ge=0, le=86_400)
 
     # Access control (docs/operations.md, Security). Off: every endpoint is open. A broker
@@ -342,7 +347,7 @@ class Settings(BaseSettings):
         return value
 
     @field_validator("compaction_seed_targets", "cors_allow_origins", "auth_jwt_algorithms",
-                     mode="before")
+                     "answer_encodings", mode="before")
     @classmethod
     def _parse_targets(cls, value: object) -> object:
         if isinstance(value, str):

@@ -145,7 +145,7 @@ async def test_bombs_unknown_codings_and_corrupt_streams_are_refused_and_write_n
 @pytest.mark.parametrize("lane", [True, False], ids=["hot-lane", "route"])
 async def test_consume_answers_are_compressed_for_accept_encoding(
         stack: LocalStack, topic: str, lane: bool) -> None:
-    async with broker(stack, lane=lane) as http:
+    async with broker(stack, lane=lane, answer_encodings=("zstd", "gzip")) as http:
         r = await http.post("/produce", json=produce_body(topic, *VALUES))
         assert r.status_code == 200, r.text
         request = consume_body(topic, 1, max_bytes=16 * MiB)
@@ -175,6 +175,26 @@ async def test_consume_answers_are_compressed_for_accept_encoding(
                                 headers={"accept-encoding": "zstd"})
         assert len(small.content) < 1024 and "content-encoding" not in small.headers
         assert small.headers["vary"] == "Accept-Encoding"
+
+
+async def test_gzip_answers_are_offered_only_when_the_operator_says_so(
+        stack: LocalStack, topic: str) -> None:
+    """By default only zstd: clients that accept gzip without asking (Go's) get raw."""
+    async with broker(stack) as http:
+        r = await http.post("/produce", json=produce_body(topic, *VALUES))
+        assert r.status_code == 200, r.text
+        request = consume_body(topic, 1, max_bytes=16 * MiB)
+        gzip_only = await http.post("/consume", json=request,
+                                    headers={"accept-encoding": "gzip"})
+        assert "content-encoding" not in gzip_only.headers
+        either = await http.post("/consume", json=request,
+                                 headers={"accept-encoding": "gzip, zstd"})
+        assert either.headers["content-encoding"] == "zstd"
+    async with broker(stack, answer_encodings=()) as http:
+        never = await http.post("/consume", json=request,
+                                headers={"accept-encoding": "zstd"})
+        assert "content-encoding" not in never.headers
+        assert never.json() == either.json()
 
 
 # -- a broker process: streams, the Python client and the CLI ------------------------

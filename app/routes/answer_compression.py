@@ -21,10 +21,12 @@ OFF_LOOP_BYTES = 64 * 1024
 VARY = "Accept-Encoding"
 
 
-async def compress_answer(parts: Sequence[bytes | memoryview], accept_encoding: str | None
+async def compress_answer(parts: Sequence[bytes | memoryview], accept_encoding: str | None,
+                          offered: Sequence[str]
                           ) -> tuple[Sequence[bytes | memoryview], str | None]:
-    """The parts to send and their ``Content-Encoding`` (None: raw)."""
-    encoding = content_encoding.answer_encoding(accept_encoding)
+    """The parts to send and their ``Content-Encoding`` (None: raw), compressed with one
+    of the ``offered`` codings (LLOG_ANSWER_ENCODINGS) the caller accepts."""
+    encoding = content_encoding.answer_encoding(accept_encoding, offered)
     size = sum(len(p) for p in parts)
     if encoding is None or size < content_encoding.MIN_COMPRESSED_ANSWER:
         return parts, None

@@ -210,7 +210,8 @@ async def _serve(body: ConsumeRequest, request: Request, state: BrokerState,
     if hold is not None:  # from here the answer holds what it sends, until it is sent
         # (the raw size: compressed, the answer is smaller, and both exist meanwhile)
         hold.hold(sum(len(p) for p in parts))
-    parts, encoding = await compress_answer(parts, request.headers.get("accept-encoding"))
+    parts, encoding = await compress_answer(parts, request.headers.get("accept-encoding"),
+                                            state.settings.answer_encodings)
     response = PartsResponse(parts, media_type=wire.CONTENT_TYPE if binary
                              else "application/json",
                              on_sent=hold.release if hold is not None else None,

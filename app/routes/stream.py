@@ -185,7 +185,8 @@ async def stream(
     events = _follow(state, topic, offsets, encoding, max_bytes, heartbeat_ms / 1000,
                      ending, guard, lambda size: account(request, consumed=size))
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Vary": VARY}
-    compressed = answer_encoding(request.headers.get("accept-encoding"))
+    compressed = answer_encoding(request.headers.get("accept-encoding"),
+                                 state.settings.answer_encodings)
     if compressed is not None:  # each event flushed whole: compressing buffers nothing
         events = compress_events(events, compressed)
         headers["Content-Encoding"] = compressed

@@ -156,12 +156,13 @@ def _check_frame(header: memoryview, room: int) -> None:
                              f"at most {ZSTD_MAX_WINDOW} are supported (RFC 8878)")
 
 
-def answer_encoding(accept_encoding: str | None) -> str | None:
-    """The encoding to compress an answer with for this ``Accept-Encoding``: zstd
-    preferred, then gzip, among those the caller accepts with the highest q-value;
-    None (send it raw) when it accepts neither. ``*`` stands for any coding the header
-    does not name."""
-    if not accept_encoding:
+def answer_encoding(accept_encoding: str | None,
+                    offered: Sequence[str] = ANSWER_ENCODINGS) -> str | None:
+    """The encoding to compress an answer with for this ``Accept-Encoding``: of the
+    ``offered`` ones (zstd preferred, then gzip), the one the caller accepts with the
+    highest q-value; None (send it raw) when it accepts none. ``*`` stands for any
+    coding the header does not name."""
+    if not accept_encoding or not offered:
         return None
     weights: dict[str, float] = {}
     for item in accept_encoding.split(","):
@@ -172,7 +173,7 @@ def answer_encoding(accept_encoding: str | None) -> str | None:
         weights[name] = _q(params)
     best: str | None = None
     best_q = 0.0
-    for encoding in ANSWER_ENCODINGS:
+    for encoding in offered:
         q = weights.get(encoding, weights.get("*", 0.0))
         if q > best_q:
             best, best_q = encoding, q
