@@ -680,13 +680,16 @@ def document(costs: Costs, cal: Calibration, rows: Sequence[Measured], load: flo
         "divide the commits, but a flush over many partitions touches more of them (more "
         "Writes per flush): `s` above. Without affinity conflicts reach this wall much "
         "sooner (two more requests each).",
-        "- **The batch window and flush slots.** A process flushes at its own rate whatever "
-        "the load, so at a fixed load every added process makes flushes smaller: records "
-        "per flush fall as 1/N and each flush's fixed costs (an S3 PUT, an Oxia Write, "
-        f"{cal.cpu_ms_per_flush:.0f} ms of CPU here) are shared by fewer records. The "
-        "lever: a window that widens with the number of writers (or fewer slots; "
-        "`LLOG_BATCH_MAX_INFLIGHT=1` gave fewer, larger flushes here), capped by a latency "
-        "ceiling.",
+        "- **The batch window and flush slots.** Unpaced, a process flushes at its own rate "
+        "whatever the load, so at a fixed load every added process makes flushes smaller: "
+        "records per flush fall as 1/N and each flush's fixed costs (an S3 PUT, an Oxia "
+        f"Write, {cal.cpu_ms_per_flush:.0f} ms of CPU here) are shared by fewer records. "
+        "This model predicts that unpaced rate (the rows it is calibrated on were measured "
+        "before pacing), an upper bound on flushes now: brokers pace their flushes "
+        "(`LLOG_BATCH_EAGER_FLUSHES`, shared by the members with affinity, flush starts "
+        "spaced by the flush cycle times the members, at most 250 ms apart), so N brokers "
+        "at a fixed load flush about as often as one until that ceiling; past it, flushes "
+        "grow with N again (docs/performance.md has the paced rows).",
         "- **Forwarding fan-out.** A request's 16 entries go to up to min(16, N-1) peers, "
         "so frames grow with N: at the fixed load above, "
         f"{_n(fixed64['frames_per_s_per_process'])} frames/s per process at 64 brokers, "
