@@ -14,6 +14,8 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 class StoreMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Every family of the store clients, declared one after another: long because
+        it is the one list of them, and splitting it would only scatter that list."""
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.oxia_requests = Counter(
@@ -68,4 +70,15 @@ class StoreMetrics:
         self.appended_bytes = Counter(
             "llog_appended_bytes", "Record bytes committed by this process's writer",
             registry=r,
+        )
+        # Body bytes written to S3 before and after compression, by kind ("wal": slices
+        # of shared WAL objects; "chunk": compacted chunks): the compression ratio, and
+        # the stored bytes the cost estimate bills.
+        self.stored_raw_bytes = Counter(
+            "llog_stored_raw_bytes", "Body bytes written to S3, before compression, by kind",
+            ["kind"], registry=r,
+        )
+        self.stored_bytes = Counter(
+            "llog_stored_bytes", "Body bytes written to S3 as stored (compressed or not), by "
+            "kind", ["kind"], registry=r,
         )

@@ -52,10 +52,11 @@ class Span:
         return parse_chunks(e.chunks, e.msg_count, e.object_bytes)
 
     def cost_from(self, offset: int) -> int:
-        """Bytes a reader fetches to read this span from ``offset`` onwards."""
+        """Bytes a reader fetches to read this span from ``offset`` onwards (for a
+        compressed slice, the bytes it decodes to: what its records cost an answer)."""
         e = self.entry
         if e.byte_length is not None:
-            return e.byte_length
+            return e.raw_length if e.codec is not None and e.raw_length else e.byte_length
         chunks = self.chunks
         if chunks is not None and e.object_bytes is not None:
             chunk = chunks[chunk_index(chunks, max(offset, self.start) - self.start)]
