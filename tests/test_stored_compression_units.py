@@ -163,3 +163,15 @@ async def test_a_large_slice_is_decompressed_in_a_worker_thread(
         assert await slices.open_slice(stored, entry) == raw
     assert threads[0] is threading.current_thread()
     assert threads[1] is not threading.current_thread()
+
+
+async def test_a_malformed_raw_length_in_an_entry_is_corrupt_data() -> None:
+    _, stored = compression.compress(TEXT, ZSTD)
+    entry = IndexEntry.from_json(json.dumps({
+        "type": "WAL", "msg_count": 1, "data_key": "s3://b/k", "byte_offset": 8,
+        "byte_length": len(stored), "crc32c": codec.crc32c(stored), "codec": "zstd",
+        "raw_length": "many"}).encode())
+    assert Span(1, entry).cost_from(1) == len(stored)
+    with pytest.raises(CorruptData, match="raw_length"):
+        await slices.open_slice(stored, entry)
+

@@ -27,6 +27,8 @@ def slice_body(stored: bytes | memoryview, entry: IndexEntry) -> bytes | memoryv
 
 async def open_slice(stored: bytes | memoryview, entry: IndexEntry) -> bytes | memoryview:
     """:func:`slice_body`, in a worker thread when there is much to decompress."""
-    if entry.codec is None or (entry.raw_length or 0) <= INLINE_RAW_BYTES:
+    raw_length = entry.raw_length  # as read: checked by slice_body
+    if (entry.codec is None or not isinstance(raw_length, int)
+            or raw_length <= INLINE_RAW_BYTES):
         return slice_body(stored, entry)
     return await anyio.to_thread.run_sync(slice_body, stored, entry)
