@@ -471,7 +471,7 @@ _LEVEL = (f"the zstd level, {ZSTD_MIN_LEVEL} to {ZSTD_MAX_LEVEL} (null: the code
 
 
 class _CompressionFields(_Strict):
-    compression: CompressionName | None = Field(default=None, description=_COMPRESSION)
+    compression: CompressionName | Absent = Field(default=None, description=_COMPRESSION)
     compression_level: CompressionLevel | None = Field(default=None, description=_LEVEL)
 
     @model_validator(mode="after")
@@ -480,7 +480,7 @@ class _CompressionFields(_Strict):
                 "compression" not in self.model_fields_set):
             raise ValueError("compression_level is given together with compression")
         if "compression" in self.model_fields_set and self.compression is None:
-            raise ValueError("compression is none or zstd, not null")
+            raise ValueError("compression is none or zstd, not null")  # absent, or a name
         if self.compression == "none" and self.compression_level is not None:
             raise ValueError("compression_level applies to zstd only")
         return self
