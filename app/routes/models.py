@@ -467,7 +467,7 @@ _COMPRESSION = ("how the topic's appends are stored from now on (each stored bod
                 "its own codec, so a change applies to new appends); absent on create: "
                 "the broker's LLOG_TOPIC_DEFAULT_COMPRESSION")
 _LEVEL = (f"the zstd level, {ZSTD_MIN_LEVEL} to {ZSTD_MAX_LEVEL} (null: the codec's "
-          "default, 3); only with compression zstd, and given with it")
+          "default, 3); given only together with compression zstd")
 
 
 class _CompressionFields(_Strict):
@@ -476,19 +476,22 @@ class _CompressionFields(_Strict):
 
     @model_validator(mode="after")
     def _level_with_zstd(self) -> Self:
-        if "compression_level" in self.model_fields_set and (
-                "compression" not in self.model_fields_set):
-            raise ValueError("compression_level is given together with compression")
         if "compression" in self.model_fields_set and self.compression is None:
             raise ValueError("compression is none or zstd, not null")  # absent, or a name
-        if self.compression == "none" and self.compression_level is not None:
-            raise ValueError("compression_level applies to zstd only")
+        if self.compression_level is not None and self.compression != "zstd":
+            raise ValueError("compression_level is given with compression zstd only")
         return self
+
+
+# The rule of the validator above, in the document (a null level reads as an absent one).
+_COMPRESSION_RULES: list[JsonValue] = [
+    {"if": _given("compression_level"), "then": _given(compression={"const": "zstd"})}]
 
 
 class TopicCreateRequest(_CompressionFields):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"topic": "orders", "partitions": 12, "retention_ms": 604800000}]})
+        {"topic": "orders", "partitions": 12, "retention_ms": 604800000}],
+        "allOf": _COMPRESSION_RULES})
 
     topic: TopicName
     partitions: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1
@@ -508,7 +511,7 @@ class TopicUpdateRequest(_CompressionFields):
     ``compression`` sets ``compression_level`` too (absent: the codec's default)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"partitions": 24, "retention_bytes": 1073741824}]})
+        {"partitions": 24, "retention_bytes": 1073741824}], "allOf": _COMPRESSION_RULES})
 
     partitions: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
     retention_ms: PositiveLimit | None = None
