@@ -307,7 +307,20 @@ def _limit(text: str) -> int | str:
     return text if text == "none" else _number(text, 1)
 
 
-_TOPIC_COLUMNS = ("topic", "partitions", "retention_ms", "retention_bytes", "max_record_bytes")
+def _compression(text: str) -> tuple[str, int | None]:
+    """``none``, ``zstd`` or ``zstd:LEVEL`` (the broker checks the codec and level)."""
+    name, sep, level = text.partition(":")
+    if not sep:
+        return name, None
+    try:
+        return name, int(level)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: the level after ':' must be an integer"
+                                         ) from None
+
+
+_TOPIC_COLUMNS = ("topic", "partitions", "retention_ms", "retention_bytes", "max_record_bytes",
+                  "compression", "compression_level")
 _PARTITION_COLUMNS = ("partition", "log_start_offset", "high_watermark", "retained_bytes",
                       "last_append_ms")
 
@@ -339,18 +352,23 @@ def _topic_call(llog: LlogClient, args: argparse.Namespace) -> Any:
     action = args.action
     if action == "list":
         return llog.list_topics()
+    compression: tuple[str, int | None] | None = getattr(args, "compression", None)
     if action == "create":
+        name, level = compression or (None, None)
         return llog.create_topic(args.name, args.partitions, retention_ms=args.retention_ms,
                                  retention_bytes=args.retention_bytes,
-                                 max_record_bytes=args.max_record_bytes)
+                                 max_record_bytes=args.max_record_bytes,
+                                 compression=name, compression_level=level)
     if action == "describe":
         return llog.describe_topic(args.name)
     if action == "delete":
         return llog.delete_topic(args.name)
-    limits: dict[str, object] = {}
+    limits: dict[str, Any] = {}
     for name in ("retention_ms", "retention_bytes", "max_record_bytes"):
         given = getattr(args, name)  # None: not given; "none": clear the limit
         limits[name] = UNSET if given is None else None if given == "none" else given
+    if compression is not None:
+        limits["compression"], limits["compression_level"] = compression
     return llog.update_topic(args.name, partitions=args.partitions, **limits)
 
 
@@ -493,17 +511,22 @@ def _add_topics(sub: Any) -> None:
     create = actions.add_parser("create", help="create a topic", parents=parents)
     create.add_argument("name", metavar="TOPIC")
     create.add_argument("--partitions", type=int, default=1, metavar="N")
-    update = actions.add_parser("update", help="change retention, limits or partitions",
-                                parents=parents,
+    update = actions.add_parser("update", parents=parents,
+                                help="change retention, limits, compression or partitions",
                                 description="Change only what is given; 'none' clears a "
                                             "limit; partitions only grow.")
     update.add_argument("name", metavar="TOPIC")
     update.add_argument("--partitions", type=int, default=None, metavar="N",
                         help="grow to N partitions (default: unchanged)")
-    for parser, limit_type, default in ((create, int, "no limit"), (update, _limit, "unchanged")):
+    for parser, limit_type, default, stored in (
+            (create, int, "no limit", "the broker's LLOG_TOPIC_DEFAULT_COMPRESSION"),
+            (update, _limit, "unchanged", "unchanged")):
         for flag in ("--retention-ms", "--retention-bytes", "--max-record-bytes"):
             parser.add_argument(flag, type=limit_type, default=None, metavar="N",
                                 help=f"(default: {default})")
+        parser.add_argument("--compression", type=_compression, default=None,
+                            metavar="none|zstd[:LEVEL]",
+                            help=f"how new appends are stored (default: {stored})")
     for name, text in (("describe", "a topic and its partitions"), ("delete", "delete a topic")):
         actions.add_parser(name, help=text, parents=parents).add_argument("name", metavar="TOPIC")
 

@@ -45,6 +45,10 @@ MIN_METRICS_TOKEN_CHARS = 16
 # of partitions as they read it, before the route (and the setting) sees the request.
 MAX_PARTITIONS_PER_REQUEST_CEILING = 100_000
 
+# A topic's default compression (the engine's app/storage/topic_compression.py reads it;
+# settings import nothing of the engine, so the levels zstd takes are repeated here).
+_COMPRESSION = re.compile(r"none|zstd(?::(-?[0-9]{1,3}))?")
+ZSTD_LEVELS = range(-7, 20)
 _HOST_PORT = re.compile(r"[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}")
 _BUCKET = re.compile(r"[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9]")
 _PREFIX = re.compile(r"[A-Za-z0-9._\-]+(/[A-Za-z0-9._\-]+)*")
@@ -270,6 +274,9 @@ class Settings(BaseSettings):
     # 100000).
     max_topic_partitions: int = Field(default=100_000, ge=1, le=100_000)
     topic_cache_ttl_s: float = Field(default=5.0, gt=0, le=3600)
+    # How a topic created without a ``compression`` field (or on use) stores its
+    # appends: "none", "zstd" or "zstd:LEVEL" (app/storage/topic_compression.py).
+    topic_default_compression: str = "none"
     # How often the compactor applies a topic's retention to a partition.
     retention_check_interval_s: float = Field(default=60.0, gt=0)
 
@@ -409,6 +416,15 @@ class Settings(BaseSettings):
     @classmethod
     def _empty_is_unset(cls, value: object) -> object:
         return None if value == "" else value
+
+    @field_validator("topic_default_compression")
+    @classmethod
+    def _check_compression(cls, value: str) -> str:
+        found = _COMPRESSION.fullmatch(value.strip())
+        if found is None or (found[1] is not None and int(found[1]) not in ZSTD_LEVELS):
+            raise ValueError(f"must be none, zstd or zstd:LEVEL with a level from "
+                             f"{ZSTD_LEVELS.start} to {ZSTD_LEVELS.stop - 1}, not {value!r}")
+        return value.strip()
 
     @field_validator("oxia_address")
     @classmethod

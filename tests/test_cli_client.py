@@ -121,6 +121,21 @@ def test_topics_commands(default_broker: Broker, topic: str) -> None:
     assert missing.returncode == 1 and b"UnknownTopic" in missing.stderr
 
 
+def test_topics_compression_option(default_broker: Broker, topic: str) -> None:
+    created = json.loads(ok(llog(default_broker, "topics", "create", topic, "--compression",
+                                 "zstd:5", "--format", "json")))
+    assert (created["compression"], created["compression_level"]) == ("zstd", 5)
+    listed = ok(llog(default_broker, "topics", "list")).decode().splitlines()
+    assert "COMPRESSION" in listed[0].split()
+    updated = json.loads(ok(llog(default_broker, "topics", "update", topic, "--compression",
+                                 "none", "--format", "json")))
+    assert (updated["compression"], updated["compression_level"]) == ("none", None)
+    bad = llog(default_broker, "topics", "update", topic, "--compression", "lz4")
+    assert bad.returncode == 1 and b"InvalidRequest" in bad.stderr
+    assert llog(default_broker, "topics", "create", topic, "--compression", "zstd:x"
+                ).returncode == 2
+
+
 def test_failures_say_what_failed(default_broker: Broker, topic: str) -> None:
     bad = llog(default_broker, "produce", "not a topic", "x")
     assert bad.returncode == 1 and bad.stderr.startswith(b"llog produce: InvalidRequest")

@@ -40,7 +40,7 @@ from app.broker.metrics import (
     ProduceMetrics,
     tail_cache_figures,
 )
-from app.broker.topics import TopicDirectory
+from app.broker.topics import TopicDirectory, default_topic_config
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.cluster.forward import ForwardClient, ForwardMetrics, ForwardServer
 from app.cluster.members import Member
@@ -227,7 +227,8 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
         state.topics = TopicDirectory(
             TopicCatalog(oxia, layout), auto_create=s.auto_create_topics,
             auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s,
-            max_partitions=s.max_topic_partitions)
+            max_partitions=s.max_topic_partitions,
+            default_config=default_topic_config(s.topic_default_compression))
         state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
@@ -336,7 +337,10 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
 
     async def forwarded(groups: list[AppendGroup], take_by: float) -> list[AppendOutcome]:
         # Appended here, never forwarded again: views that disagree cannot bounce records.
-        return await batcher.enqueue(groups, take_by=take_by)
+        # Stored as this broker's cached view of each topic says (a frame carries none).
+        assert state.topics is not None
+        stored = await state.topics.stored_as(groups)
+        return await batcher.enqueue(stored, take_by=take_by)
 
     server = ForwardServer(forwarded, host=s.forward_host, port=s.forward_port,
                            secret=secret, metrics=forward_metrics)

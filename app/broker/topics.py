@@ -15,17 +15,27 @@ is used as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from cachetools import LRUCache
 
-from app.errors import InvalidRequest, StorageUnavailable, UnknownPartition, UnknownTopic
+from app.errors import (
+    InvalidRequest,
+    LlogError,
+    StorageUnavailable,
+    UnknownPartition,
+    UnknownTopic,
+)
+from app.storage.appends import AppendGroup
+from app.storage.compression import Compression
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
 from app.storage.partitioner import partition_for_key
-from app.storage.topics import MAX_PARTITIONS, Topic, TopicCatalog
+from app.storage.topic_compression import parse_compression
+from app.storage.topics import MAX_PARTITIONS, Topic, TopicCatalog, TopicConfig
 
 # How long a topic read before is used while the catalog cannot be read.
 STALE_IF_UNREACHABLE_S = 60.0
@@ -33,17 +43,27 @@ STALE_IF_UNREACHABLE_S = 60.0
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a produce entry goes, and the topic's own record size limit."""
+    """Where a produce entry goes, the topic's own record size limit, and how its
+    appends are stored (from the cached catalog record: no Oxia read of its own)."""
 
     tp: TopicPartition
     max_record_bytes: int | None
+    compression: Compression
+
+
+def default_topic_config(compression: str) -> TopicConfig:
+    """What a topic created without settings gets (``LLOG_TOPIC_DEFAULT_COMPRESSION``)."""
+    name, level = parse_compression(compression)
+    return TopicConfig(compression=name, compression_level=level).check()
 
 
 class TopicDirectory:
     def __init__(self, catalog: TopicCatalog, *, auto_create: bool, auto_partitions: int,
                  ttl_s: float = 5.0, max_topics: int = 10_000,
-                 max_partitions: int = MAX_PARTITIONS) -> None:
+                 max_partitions: int = MAX_PARTITIONS,
+                 default_config: TopicConfig | None = None) -> None:
         self.catalog = catalog
+        self.default_config = default_config or TopicConfig()
         self._max_partitions = min(max_partitions, MAX_PARTITIONS)
         self._auto_create = auto_create
         self._auto_partitions = auto_partitions
@@ -79,7 +99,22 @@ class TopicDirectory:
             partition = partition_for_key(_one_key(topic, records), found.partitions)
         elif partition >= found.partitions:
             found = await self._grown(found, partition)
-        return Placement(TopicPartition(topic, partition), found.config.max_record_bytes)
+        return Placement(TopicPartition(topic, partition), found.config.max_record_bytes,
+                         found.config.stored_as())
+
+    async def stored_as(self, groups: Sequence[AppendGroup]) -> list[AppendGroup]:
+        """``groups`` (placed by another broker) with their topics' compression, from
+        the cached catalog records. A topic that cannot be looked up now is stored raw:
+        compression saves bytes, it is never needed to read them."""
+        out = []
+        for group in groups:
+            try:
+                found = await self.topic(group.tp.topic)
+            except LlogError:
+                found = None
+            out.append(group if found is None else
+                       dataclasses.replace(group, compression=found.config.stored_as()))
+        return out
 
     async def check_readable(self, tp: TopicPartition) -> None:
         """Refuse a partition that does not exist, unless auto-create makes every
@@ -105,7 +140,7 @@ class TopicDirectory:
         wanted = max(self._auto_partitions, (partition or 0) + 1)
         if wanted > self._max_partitions:
             raise self._beyond(partition)
-        created = await self.catalog.ensure(topic, wanted)
+        created = await self.catalog.ensure(topic, wanted, self.default_config)
         self._cache[topic] = (created, time.monotonic())
         return created
 

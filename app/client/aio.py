@@ -156,8 +156,10 @@ class AsyncLlogClient:
 
     async def create_topic(self, topic: str, partitions: int = 1, *,
                            retention_ms: int | None = None, retention_bytes: int | None = None,
-                           max_record_bytes: int | None = None) -> TopicInfo:
-        config = topic_config(retention_ms, retention_bytes, max_record_bytes)
+                           max_record_bytes: int | None = None, compression: str | None = None,
+                           compression_level: int | None = None) -> TopicInfo:
+        config = topic_config(retention_ms, retention_bytes, max_record_bytes, compression,
+                              compression_level)
         return await self._run(ops.create_topic(topic, partitions, config, self._config.retry))
 
     async def list_topics(self) -> list[TopicInfo]:
@@ -169,8 +171,11 @@ class AsyncLlogClient:
     async def update_topic(self, topic: str, *, partitions: int | None = None,
                            retention_ms: int | None | object = UNSET,
                            retention_bytes: int | None | object = UNSET,
-                           max_record_bytes: int | None | object = UNSET) -> TopicInfo:
-        changes = topic_changes(partitions, retention_ms, retention_bytes, max_record_bytes)
+                           max_record_bytes: int | None | object = UNSET,
+                           compression: str | object = UNSET,
+                           compression_level: int | None = None) -> TopicInfo:
+        changes = topic_changes(partitions, retention_ms, retention_bytes, max_record_bytes,
+                                compression, compression_level)
         return await self._run(ops.update_topic(topic, changes, self._config.retry))
 
     async def delete_topic(self, topic: str) -> TopicInfo:

@@ -119,6 +119,8 @@ class TopicInfo:
     retention_bytes: int | None
     max_record_bytes: int | None
     created_at_ms: int
+    compression: str = "none"  # how new appends are stored: none or zstd
+    compression_level: int | None = None  # zstd's level (None: its default)
 
 
 @dataclass(frozen=True)

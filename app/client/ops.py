@@ -236,7 +236,7 @@ def _topic_path(topic: str) -> str:
     return "/topics/" + quote(topic, safe="")
 
 
-def create_topic(topic: str, partitions: int, config: Mapping[str, int | None],
+def create_topic(topic: str, partitions: int, config: Mapping[str, object],
                  policy: RetryPolicy) -> Op[TopicInfo]:
     body = {"topic": topic, "partitions": partitions,
             **{k: v for k, v in config.items() if v is not None}}
@@ -254,7 +254,7 @@ def describe_topic(topic: str, policy: RetryPolicy) -> Op[TopicDescription]:
                                                     idempotent=True)))
 
 
-def update_topic(topic: str, changes: Mapping[str, int | None], policy: RetryPolicy
+def update_topic(topic: str, changes: Mapping[str, object], policy: RetryPolicy
                  ) -> Op[TopicInfo]:
     # Setting the same values again changes nothing: safe to repeat.
     return wire.topic_info((yield from call("PATCH", _topic_path(topic), dict(changes),

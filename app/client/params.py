@@ -28,26 +28,34 @@ def as_records(records: Iterable[RecordLike] | RecordLike) -> Iterable[RecordLik
 
 
 def topic_config(retention_ms: int | None, retention_bytes: int | None,
-                 max_record_bytes: int | None) -> dict[str, int | None]:
+                 max_record_bytes: int | None, compression: str | None = None,
+                 compression_level: int | None = None) -> dict[str, object]:
+    """The fields of a topic create (None: not sent; no compression: the broker's
+    default, LLOG_TOPIC_DEFAULT_COMPRESSION)."""
     return {"retention_ms": retention_ms, "retention_bytes": retention_bytes,
-            "max_record_bytes": max_record_bytes}
+            "max_record_bytes": max_record_bytes, "compression": compression,
+            "compression_level": compression_level}
 
 
 def topic_changes(partitions: int | None, retention_ms: object, retention_bytes: object,
-                  max_record_bytes: object) -> dict[str, int | None]:
+                  max_record_bytes: object, compression: object = UNSET,
+                  compression_level: int | None = None) -> dict[str, object]:
     """The fields of a topic update that were given (``partitions`` when not None, the
-    limits when not :data:`UNSET`), checked to be numbers or None."""
+    limits when not :data:`UNSET`), checked to be numbers or None; ``compression``
+    (a codec name) with its level (None: the codec's default), sent together."""
     wanted: Mapping[str, object] = {
         "partitions": UNSET if partitions is None else partitions,
         "retention_ms": retention_ms, "retention_bytes": retention_bytes,
         "max_record_bytes": max_record_bytes}
-    out: dict[str, int | None] = {}
+    out: dict[str, object] = {}
     for name, value in wanted.items():
         if value is UNSET:
             continue
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise TypeError(f"{name} must be an integer or None, not {value!r}")
         out[name] = value
+    if compression is not UNSET:
+        out["compression"], out["compression_level"] = compression, compression_level
     return out
 
 

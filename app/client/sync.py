@@ -168,9 +168,13 @@ class LlogClient:
         return self._run(ops.offsets(topic, partition, timestamp_ms, self._config.retry))
 
     def create_topic(self, topic: str, partitions: int = 1, *, retention_ms: int | None = None,
-                     retention_bytes: int | None = None, max_record_bytes: int | None = None
+                     retention_bytes: int | None = None, max_record_bytes: int | None = None,
+                     compression: str | None = None, compression_level: int | None = None
                      ) -> TopicInfo:
-        config = topic_config(retention_ms, retention_bytes, max_record_bytes)
+        """A new topic; ``compression`` "none" or "zstd" (with ``compression_level``),
+        None: the broker's default (LLOG_TOPIC_DEFAULT_COMPRESSION)."""
+        config = topic_config(retention_ms, retention_bytes, max_record_bytes, compression,
+                              compression_level)
         return self._run(ops.create_topic(topic, partitions, config, self._config.retry))
 
     def list_topics(self) -> list[TopicInfo]:
@@ -182,9 +186,13 @@ class LlogClient:
     def update_topic(self, topic: str, *, partitions: int | None = None,
                      retention_ms: int | None | object = UNSET,
                      retention_bytes: int | None | object = UNSET,
-                     max_record_bytes: int | None | object = UNSET) -> TopicInfo:
-        """Change only what is given; ``None`` clears a limit. Partitions only grow."""
-        changes = topic_changes(partitions, retention_ms, retention_bytes, max_record_bytes)
+                     max_record_bytes: int | None | object = UNSET,
+                     compression: str | object = UNSET,
+                     compression_level: int | None = None) -> TopicInfo:
+        """Change only what is given; ``None`` clears a limit. Partitions only grow.
+        ``compression`` sets the level too (``compression_level``; None: the default)."""
+        changes = topic_changes(partitions, retention_ms, retention_bytes, max_record_bytes,
+                                compression, compression_level)
         return self._run(ops.update_topic(topic, changes, self._config.retry))
 
     def delete_topic(self, topic: str) -> TopicInfo:

@@ -156,13 +156,18 @@ def _pick(obj: Mapping[str, Any], names: list[str]) -> dict[str, Any]:
 
 
 def topic_info(obj: Mapping[str, Any]) -> TopicInfo:
-    return TopicInfo(**_pick(obj, _TOPIC_FIELDS))
+    return TopicInfo(**_topic(obj))
 
 
 def topic_description(obj: Mapping[str, Any]) -> TopicDescription:
     states = tuple(PartitionState(**_pick(p, _PARTITION_FIELDS))
                    for p in obj.get("partition_states") or ())
-    return TopicDescription(**_pick(obj, _TOPIC_FIELDS), partition_states=states)
+    return TopicDescription(**_topic(obj), partition_states=states)
+
+
+def _topic(obj: Mapping[str, Any]) -> dict[str, Any]:
+    # A broker from before topics had a compression setting names none.
+    return {**_pick(obj, _TOPIC_FIELDS), "compression": obj.get("compression") or "none"}
 
 
 def _assigned(topics: Any) -> tuple[tuple[str, int], ...]:

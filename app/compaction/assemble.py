@@ -28,6 +28,7 @@ from app.storage import codec, columnar
 from app.storage.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_table
 from app.storage.keys import KeyLayout
 from app.storage.s3 import S3Store
+from app.storage.slices import open_slice
 from app.storage.spans import Span
 
 _U32 = struct.Struct(">I")
@@ -54,7 +55,7 @@ async def read_body(s3: S3Store, layout: KeyLayout, item: Span) -> bytes:
     else:
         body = await s3.get(key)
     try:
-        codec.verify_body(body, entry.crc32c)
+        body = bytes(await open_slice(body, entry))  # verified; decompressed if it was
         if entry.encoding in (codec.ENCODING_V3, codec.ENCODING_V3_CHUNKED):
             _columns_of(body, entry.encoding, entry.msg_count)  # checks without decoding
         else:

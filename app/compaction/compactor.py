@@ -408,7 +408,7 @@ class Compactor:
             if entry.created_at_ms > newest_allowed:
                 too_young = True
                 break
-            item_bytes = entry.byte_length or 0
+            item_bytes = entry.raw_length or entry.byte_length or 0  # as decompressed
             if len(run) >= c.max_entries or (
                 len(run) >= c.min_entries and size + item_bytes > c.max_bytes
             ):

@@ -28,6 +28,7 @@ from typing_extensions import TypeAliasType
 
 from app.routes.error_types import ErrorType
 from app.settings import MAX_PARTITIONS_PER_REQUEST_CEILING
+from app.storage.compression import ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
 
@@ -460,11 +461,37 @@ class OffsetsResponse(BaseModel):
 
 
 PositiveLimit = Annotated[StrictInt, Field(ge=1, le=MAX_SAFE_INTEGER)]
+CompressionName = Literal["none", "zstd"]
+CompressionLevel = Annotated[StrictInt, Field(ge=ZSTD_MIN_LEVEL, le=ZSTD_MAX_LEVEL)]
+_COMPRESSION = ("how the topic's appends are stored from now on (each stored body says "
+                "its own codec, so a change applies to new appends); absent on create: "
+                "the broker's LLOG_TOPIC_DEFAULT_COMPRESSION")
+_LEVEL = (f"the zstd level, {ZSTD_MIN_LEVEL} to {ZSTD_MAX_LEVEL} (null: the codec's "
+          "default, 3); given only together with compression zstd")
 
 
-class TopicCreateRequest(_Strict):
+class _CompressionFields(_Strict):
+    compression: CompressionName | Absent = Field(default=None, description=_COMPRESSION)
+    compression_level: CompressionLevel | None = Field(default=None, description=_LEVEL)
+
+    @model_validator(mode="after")
+    def _level_with_zstd(self) -> Self:
+        if "compression" in self.model_fields_set and self.compression is None:
+            raise ValueError("compression is none or zstd, not null")  # absent, or a name
+        if self.compression_level is not None and self.compression != "zstd":
+            raise ValueError("compression_level is given with compression zstd only")
+        return self
+
+
+# The rule of the validator above, in the document (a null level reads as an absent one).
+_COMPRESSION_RULES: list[JsonValue] = [
+    {"if": _given("compression_level"), "then": _given(compression={"const": "zstd"})}]
+
+
+class TopicCreateRequest(_CompressionFields):
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"topic": "orders", "partitions": 12, "retention_ms": 604800000}]})
+        {"topic": "orders", "partitions": 12, "retention_ms": 604800000}],
+        "allOf": _COMPRESSION_RULES})
 
     topic: TopicName
     partitions: Annotated[StrictInt, Field(ge=1, le=100_000)] = 1
@@ -479,11 +506,12 @@ class TopicCreateRequest(_Strict):
     _topic = field_validator("topic")(_check_topic)
 
 
-class TopicUpdateRequest(_Strict):
-    """Only the fields present change; ``null`` clears a limit. Partitions only grow."""
+class TopicUpdateRequest(_CompressionFields):
+    """Only the fields present change; ``null`` clears a limit. Partitions only grow.
+    ``compression`` sets ``compression_level`` too (absent: the codec's default)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
-        {"partitions": 24, "retention_bytes": 1073741824}]})
+        {"partitions": 24, "retention_bytes": 1073741824}], "allOf": _COMPRESSION_RULES})
 
     partitions: Annotated[StrictInt, Field(ge=1, le=100_000)] | None = None
     retention_ms: PositiveLimit | None = None
@@ -494,6 +522,7 @@ class TopicUpdateRequest(_Strict):
 # No example holds a null: FastAPI leaves None values out of the whole document.
 TOPIC: JsonDict = {"topic": "orders", "partitions": 12, "retention_ms": 604800000,
                    "retention_bytes": 1073741824, "max_record_bytes": 1048576,
+                   "compression": "zstd", "compression_level": 3,
                    "created_at_ms": 1760000000000}
 PARTITION_STATE: JsonDict = {
     "partition": 0, "log_start_offset": 1, "high_watermark": 42, "retained_bytes": 4096,
@@ -508,6 +537,8 @@ class TopicInfo(BaseModel):
     retention_ms: int | None
     retention_bytes: int | None
     max_record_bytes: int | None
+    compression: CompressionName = Field(description="how new appends are stored")
+    compression_level: int | None = Field(description="the zstd level (null: default)")
     created_at_ms: int
 
 

@@ -133,7 +133,8 @@ async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory
         where = await topics.place(entry.topic, entry.partition, entry.records)
         if where.max_record_bytes is not None:
             _check_records(entry.topic, entry.records, s, where.max_record_bytes)
-        groups.append(AppendGroup(where.tp, entry.records, entry.idempotency_key))
+        groups.append(AppendGroup(where.tp, entry.records, entry.idempotency_key,
+                                  where.compression))
     return groups
 
 

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
 from app.broker.state import BrokerState
+from app.broker.topics import default_topic_config
 from app.errors import InvalidRequest, PartitionsOnlyGrow, RoleDisabled
 from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
@@ -47,7 +48,10 @@ def _info(topic: Topic) -> TopicInfo:
     c = topic.config
     return TopicInfo(topic=topic.name, partitions=topic.partitions,
                      retention_ms=c.retention_ms, retention_bytes=c.retention_bytes,
-                     max_record_bytes=c.max_record_bytes, created_at_ms=topic.created_at_ms)
+                     max_record_bytes=c.max_record_bytes,
+                     compression="zstd" if c.compression == "zstd" else "none",
+                     compression_level=c.compression_level,
+                     created_at_ms=topic.created_at_ms)
 
 
 @router.post("/topics", status_code=201, response_model=TopicInfo, summary="Create a topic",
@@ -59,8 +63,12 @@ async def create_topic(body: TopicCreateRequest, request: Request,
     authorize(request, Right.ADMIN, [body.topic])
     _check_partitions(body.partitions, state)
     admin = _admin(state)
+    stored = (default_topic_config(state.settings.topic_default_compression)
+              if body.compression is None else
+              TopicConfig(compression=body.compression, compression_level=body.compression_level))
     topic = await admin.catalog.create(body.topic, body.partitions, TopicConfig(
-        body.retention_ms, body.retention_bytes, body.max_record_bytes))
+        body.retention_ms, body.retention_bytes, body.max_record_bytes,
+        stored.compression, stored.compression_level))
     _forget(state, topic.name)
     return JSONResponse(_info(topic).model_dump(), status_code=201)
 
@@ -94,11 +102,14 @@ async def describe_topic(topic: PathTopic, request: Request,
                          **error(409, "PartitionsOnlyGrow", description=(
                              "the topic has more partitions than asked for")),
                          **errors(413)},
-              dependencies=_ADMIN, summary="Change retention or limits, or add partitions")
+              dependencies=_ADMIN,
+              summary="Change retention, limits or compression, or add partitions")
 async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
     _check_partitions(body.partitions, state)
     changes = {k: getattr(body, k) for k in body.model_fields_set if k != "partitions"}
+    if "compression" in changes:
+        changes["compression_level"] = body.compression_level  # the two go together
     try:
         updated = await _admin(state).catalog.update(topic, partitions=body.partitions,
                                                      config=changes)

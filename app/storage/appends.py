@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from app.errors import LlogError
 from app.storage.batch import records_size
+from app.storage.compression import NO_COMPRESSION, Compression
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload
 
@@ -23,11 +24,15 @@ class AppendGroup:
     ``idempotency_key`` makes the group's append happen at most once while the key is
     remembered (see docs/protocol.md, Idempotent appends): a repeat answers the first
     append's offsets with ``duplicate`` set instead of writing again.
+
+    ``compression``: how the topic stores its appends, as the caller's cached catalog
+    record says (the writer reads no topic record of its own).
     """
 
     tp: TopicPartition
     records: Sequence[Payload]
     idempotency_key: str | None = None
+    compression: Compression = NO_COMPRESSION
 
     @property
     def size(self) -> int:

@@ -18,6 +18,14 @@ import crc32c as _crc32c
 
 from app.errors import CorruptData
 from app.storage import columnar
+from app.storage.compression import (
+    NO_COMPRESSION,
+    Codec,
+    Compression,
+    compress,
+    decompress,
+    parse_codec,
+)
 from app.storage.log_record import LogRecord, Payload
 
 MAGIC = b"LLS1"
@@ -25,6 +33,9 @@ LLS1_VERSION = 1
 _U32 = struct.Struct(">I")
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 MAX_BLOB_PARTITIONS = 100_000
+# No writer makes a body larger than this (the ceiling of LLOG_BATCH_MAX_BYTES and of
+# LLOG_MAX_REQUEST_BYTES): a stored body that says it decompresses to more is corrupt.
+MAX_RAW_BODY_BYTES = 1024 * 1024 * 1024
 
 
 def crc32c(data: bytes | memoryview, value: int = 0) -> int:
@@ -304,7 +315,9 @@ def decode_records(view: memoryview, pos: int, end: int, count: int, encoding: s
 
 @dataclass(frozen=True)
 class BlobPart:
-    """One partition's body inside a shared blob (offsets absolute from the blob start)."""
+    """One partition's body inside a shared blob (offsets absolute from the blob start).
+    ``body_length`` and ``crc32c`` describe the stored bytes; compressed (``codec``),
+    they decompress to ``raw_length`` bytes of ``encoding``."""
 
     topic: str
     partition: int
@@ -313,6 +326,8 @@ class BlobPart:
     body_length: int
     crc32c: int
     encoding: str = ENCODING_V1
+    codec: Codec = Codec.NONE
+    raw_length: int | None = None
 
 
 def encode_shared_blob(
@@ -329,34 +344,63 @@ def encode_shared_blob(
 
 @dataclass(frozen=True)
 class PartBody:
-    """One partition's body for a shared blob, as parts to be joined."""
+    """One partition's body for a shared blob, as parts to be joined, and how it is to
+    be stored (compressed when that pays: :func:`~app.storage.compression.compress`)."""
 
     topic: str
     partition: int
     parts: Sequence[bytes | memoryview]
     encoding: str
     count: int
+    compression: Compression = NO_COMPRESSION
+
+
+@dataclass(frozen=True)
+class _Stored:
+    parts: Sequence[bytes | memoryview]
+    size: int
+    crc32c: int
+    codec: Codec
+    raw_length: int | None
+
+
+def _stored(body: PartBody) -> _Stored:
+    """A body as it goes into the blob: compressed if its setting says so and that
+    pays, and the CRC32C of those stored bytes."""
+    parts, used, raw_length = body.parts, Codec.NONE, None
+    if body.compression.codec is not Codec.NONE:
+        raw = b"".join(body.parts)
+        used, packed = compress(raw, body.compression)
+        if used is not Codec.NONE:
+            parts, raw_length = [packed], len(raw)
+    crc, size = 0, 0
+    for part in parts:
+        crc = crc32c(part, crc)
+        size += len(part)
+    return _Stored(parts, size, crc, used, raw_length)
+
+
+def compresses(bodies: Sequence[PartBody]) -> bool:
+    """Whether packing ``bodies`` compresses any (a writer does that in a worker
+    thread, off the event loop)."""
+    return any(b.compression.codec is not Codec.NONE for b in bodies)
 
 
 def pack_shared_blob(bodies: Sequence[PartBody], created_at_ms: int
                      ) -> tuple[bytes, list[BlobPart]]:
-    """The LLS1 blob of ``bodies``: their parts are copied once, into the blob."""
-    sums = []
-    for b in bodies:
-        crc, size = 0, 0
-        for part in b.parts:
-            crc = crc32c(part, crc)
-            size += len(part)
-        sums.append((size, crc))
+    """The LLS1 blob of ``bodies``: their parts are copied once, into the blob (or
+    compressed into it)."""
+    stored = [_stored(b) for b in bodies]
     # body_offset depends on the header length, which depends on the offsets' digits:
     # iterate until the header length is stable (at most a couple of rounds).
     header_len = 0
     while True:
         parts: list[BlobPart] = []
         pos = 8 + header_len
-        for b, (size, crc) in zip(bodies, sums, strict=True):
-            parts.append(BlobPart(b.topic, b.partition, b.count, pos, size, crc, b.encoding))
-            pos += size
+        for b, st in zip(bodies, stored, strict=True):
+            parts.append(BlobPart(b.topic, b.partition, b.count, pos, st.size, st.crc32c,
+                                  b.encoding, st.codec, st.raw_length))
+            pos += st.size
         header = json.dumps(
             {
                 "version": LLS1_VERSION,
@@ -369,12 +413,12 @@ def pack_shared_blob(bodies: Sequence[PartBody], created_at_ms: int
             break
         header_len = len(header)
     blob = b"".join([MAGIC, _U32.pack(len(header)), header,
-                     *(part for b in bodies for part in b.parts)])
+                     *(part for st in stored for part in st.parts)])
     return blob, parts
 
 
 def _part_to_dict(p: BlobPart) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "topic": p.topic,
         "partition": p.partition,
         "msg_count": p.msg_count,
@@ -383,6 +427,10 @@ def _part_to_dict(p: BlobPart) -> dict[str, Any]:
         "body_length": p.body_length,
         "crc32c": p.crc32c,
     }
+    if p.codec is not Codec.NONE:  # absent: stored raw (what every release reads)
+        out["codec"] = p.codec.value
+        out["raw_length"] = p.raw_length
+    return out
 
 
 @dataclass(frozen=True)
@@ -426,6 +474,8 @@ def decode_shared_header(blob: bytes | memoryview) -> SharedBlobHeader:
                 body_length=_typed(raw, "body_length", int),
                 crc32c=_typed(raw, "crc32c", int) if "crc32c" in raw else -1,
                 encoding=raw.get("encoding", "bytes-batch-v1"),
+                codec=parse_codec(raw.get("codec")),
+                raw_length=_typed(raw, "raw_length", int) if "raw_length" in raw else None,
             )
         except (TypeError, AttributeError) as exc:
             raise CorruptData(f"LLS1 header entry is malformed: {exc}") from None
@@ -460,13 +510,34 @@ def verify_body(body: bytes | memoryview, expected_crc32c: int | None) -> None:
         raise CorruptData(f"crc32c mismatch: stored {expected_crc32c:#010x}, read {actual:#010x}")
 
 
+def raw_body(stored: bytes | memoryview, expected_crc32c: int | None, codec: object,
+             raw_length: object) -> bytes | memoryview:
+    """The body of a stored WAL slice, as its index entry or LLS1 header entry
+    describes it: ``stored`` verified against ``expected_crc32c`` (which covers the
+    stored bytes), then, when ``codec`` names one, decompressed to exactly
+    ``raw_length`` bytes (never more than :data:`MAX_RAW_BODY_BYTES`). Every failure is
+    :class:`CorruptData`; an uncompressed body is returned as it is."""
+    verify_body(stored, expected_crc32c)
+    used = parse_codec(codec)
+    if used is Codec.NONE:
+        return stored
+    if (not isinstance(raw_length, int) or isinstance(raw_length, bool)
+            or not 4 <= raw_length <= MAX_RAW_BODY_BYTES):
+        raise CorruptData(f"a {used.value} body with raw_length {raw_length!r}")
+    raw = decompress(used, stored, max_size=raw_length)
+    if len(raw) != raw_length:
+        raise CorruptData(f"a {used.value} body decodes to {len(raw)} bytes, its entry "
+                          f"says {raw_length}")
+    return raw
+
+
 def decode_shared_blob(blob: bytes | memoryview) -> list[tuple[BlobPart, list[Payload]]]:
     """Decode a whole LLS1 blob, verifying every body (audit and tools)."""
     view = memoryview(blob)
     header = decode_shared_header(view)
     out = []
     for part in header.parts:
-        body = view[part.body_offset:part.body_offset + part.body_length]
-        verify_body(body, part.crc32c)
+        stored = view[part.body_offset:part.body_offset + part.body_length]
+        body = raw_body(stored, part.crc32c, part.codec, part.raw_length)
         out.append((part, decode_body(body, part.encoding, part.msg_count)))
     return out

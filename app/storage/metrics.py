@@ -19,6 +19,8 @@ _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 
 
 class StoreMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """Every family of the store clients, declared one after another: long because
+        it is the one list of them, and splitting it would only scatter that list."""
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
         self.oxia_requests = Counter(

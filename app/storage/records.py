@@ -94,6 +94,10 @@ class Pending(_Record):
     crc32c: int | None = _opt()
     # The partition's appended body bytes up to and including this append (retention).
     end_bytes: int | None = _opt()
+    # A compressed slice: its codec and its size before compression (byte_length and
+    # crc32c describe the stored bytes); absent: stored raw.
+    codec: str | None = _opt()
+    raw_length: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -118,6 +122,8 @@ class Pending(_Record):
             crc32c=self.crc32c,
             append_id=self.append_id,
             end_bytes=self.end_bytes,
+            codec=self.codec,
+            raw_length=self.raw_length,
         )
 
 
@@ -185,6 +191,10 @@ class IndexEntry(_Record):
     chunks: list[list[int]] | None = field(default=None, metadata={"omit_none": True})
     first_append_ms: int | None = _opt()
     last_append_ms: int | None = _opt()
+    # A compressed WAL slice: its codec and its size before compression (byte_length
+    # and crc32c describe the stored bytes); absent: stored raw.
+    codec: str | None = _opt()
+    raw_length: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:

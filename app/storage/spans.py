@@ -52,10 +52,13 @@ class Span:
         return parse_chunks(e.chunks, e.msg_count, e.object_bytes)
 
     def cost_from(self, offset: int) -> int:
-        """Bytes a reader fetches to read this span from ``offset`` onwards."""
+        """Bytes a reader fetches to read this span from ``offset`` onwards (for a
+        compressed slice, the bytes it decodes to: what its records cost an answer)."""
         e = self.entry
         if e.byte_length is not None:
-            return e.byte_length
+            raw = e.raw_length  # a malformed one is reported when the slice is read
+            return raw if e.codec is not None and isinstance(raw, int) and raw > 0 \
+                else e.byte_length
         chunks = self.chunks
         if chunks is not None and e.object_bytes is not None:
             chunk = chunks[chunk_index(chunks, max(offset, self.start) - self.start)]

@@ -23,9 +23,11 @@ from cachetools import LRUCache
 
 from app.errors import CorruptData, InvalidRequest, TopicExists, UnknownTopic, VersionMismatch
 from app.storage.cas import Done, Retry, cas_loop
+from app.storage.compression import Compression
 from app.storage.keys import KeyLayout, validate_topic
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
 from app.storage.records import now_ms
+from app.storage.topic_compression import topic_compression
 
 PARTITION_KEY = "_topics"
 MAX_PARTITIONS = 100_000  # per topic
@@ -34,11 +36,15 @@ _ATTEMPTS = 16
 
 @dataclass(frozen=True)
 class TopicConfig:
-    """What an operator sets: None means unlimited (no retention, the broker's limit)."""
+    """What an operator sets: None means unlimited (no retention, the broker's limit).
+    ``compression``/``compression_level``: how new appends' bodies are stored
+    (app/storage/topic_compression.py; absent from a record: none)."""
 
     retention_ms: int | None = None
     retention_bytes: int | None = None
     max_record_bytes: int | None = None
+    compression: str = "none"
+    compression_level: int | None = None
 
     def check(self) -> TopicConfig:
         for name in ("retention_ms", "retention_bytes", "max_record_bytes"):
@@ -46,7 +52,12 @@ class TopicConfig:
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)
                                       or value < 1):
                 raise InvalidRequest(f"{name} must be a positive integer or null")
+        self.stored_as()
         return self
+
+    def stored_as(self) -> Compression:
+        """The compression new appends of the topic are stored with."""
+        return topic_compression(self.compression, self.compression_level)
 
 
 @dataclass(frozen=True)
@@ -69,7 +80,9 @@ class Topic:
             topic = cls(str(data["topic"]), int(data["partitions"]), TopicConfig(
                 retention_ms=data.get("retention_ms"),
                 retention_bytes=data.get("retention_bytes"),
-                max_record_bytes=data.get("max_record_bytes")).check(),
+                max_record_bytes=data.get("max_record_bytes"),
+                compression=data.get("compression") or "none",
+                compression_level=data.get("compression_level")).check(),
                 int(data.get("created_at_ms", 0)), version)
         except (ValueError, KeyError, TypeError, InvalidRequest) as exc:
             raise CorruptData(f"a topic catalog record does not parse: {exc}") from None
@@ -121,13 +134,15 @@ class TopicCatalog:
             raise TopicExists(f"topic {topic!r} exists already") from None
         return dataclasses.replace(made, version=version)
 
-    async def ensure(self, topic: str, partitions: int) -> Topic:
-        """The topic, created with ``partitions`` if it does not exist (auto-create)."""
+    async def ensure(self, topic: str, partitions: int, config: TopicConfig | None = None
+                     ) -> Topic:
+        """The topic, created with ``partitions`` (and ``config``) if it does not exist
+        (auto-create)."""
         found = await self.get(topic)
         if found is not None:
             return found
         try:
-            return await self.create(topic, partitions)
+            return await self.create(topic, partitions, config)
         except TopicExists:
             again = await self.get(topic)
             if again is None:
@@ -161,7 +176,7 @@ class TopicCatalog:
 
     async def update(self, topic: str, *, partitions: int | None = None,
                      min_partitions: int | None = None,
-                     config: dict[str, int | None] | None = None) -> Topic:
+                     config: dict[str, Any] | None = None) -> Topic:
         """Grow the partition count (to ``partitions``, or to at least
         ``min_partitions``) and/or change the configuration (by CAS)."""
 

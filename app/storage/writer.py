@@ -42,6 +42,7 @@ from app.storage import codec
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import partition_body
 from app.storage.cas import Done, Outage, Retry, cas_loop
+from app.storage.compression import Codec
 from app.storage.idempotency import IDEMPOTENCY_FIELD, Remembered, remember, remembered
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import ensure_index_entry, index_entry_put, materialise_pending
@@ -111,7 +112,11 @@ class _PartitionAppend:
     def body(self, encoding: str) -> codec.PartBody:
         parts, used, count = partition_body([m.group.records for m in self.members],
                                             encoding)
-        return codec.PartBody(self.tp.topic, self.tp.partition, parts, used, count)
+        # The newest view of the topic's setting among the groups (it may have changed
+        # while they were buffered; each stored body says its own codec).
+        compression = self.members[-1].group.compression
+        return codec.PartBody(self.tp.topic, self.tp.partition, parts, used, count,
+                              compression)
 
     def resolve(self, outcomes: list[AppendOutcome | None],
                 results: dict[int, AppendOutcome]) -> None:
@@ -148,6 +153,8 @@ class _Upload:
     count: int
     created_at_ms: int
     encoding: str
+    codec: str | None = None  # compressed: the codec, and the body's size before it
+    raw_length: int | None = None
 
 
 @dataclass
@@ -364,8 +371,7 @@ class LogWriter:
                                  ) -> list[_PartitionAppend]:
         """Upload one blob for ``parts`` and commit each; returns what must go again."""
         created = self._clock()
-        blob, bodies = codec.pack_shared_blob([p.body(self._encoding) for p in parts],
-                                              created)
+        blob, bodies = await _pack([p.body(self._encoding) for p in parts], created)
         key = self._layout.shared_wal_object(uuid.uuid4().hex)
         try:
             await self._s3.put(key, blob)
@@ -374,13 +380,19 @@ class LogWriter:
                 part.fail(outcomes, exc)
             return []
         self._metrics.shared_blob_bytes.observe(len(blob))
+        for body in bodies:
+            self._metrics.stored_bytes.labels("wal").inc(body.body_length)
+            self._metrics.stored_raw_bytes.labels("wal").inc(body.raw_length or
+                                                             body.body_length)
         self._step("after_blob_put")
         uri = self._layout.uri(key)
         again: list[_PartitionAppend] = []
 
         async def commit_one(part: _PartitionAppend, body: codec.BlobPart) -> None:
             upload = _Upload(uri, body.body_offset, body.body_length, body.crc32c,
-                             body.msg_count, created, body.encoding)
+                             body.msg_count, created, body.encoding,
+                             None if body.codec is Codec.NONE else body.codec.value,
+                             body.raw_length)
             try:
                 result = await self._commit(_Commit(part.tp, part, upload,
                                                     outage=Outage(self._outage_s)))
@@ -587,7 +599,7 @@ class LogWriter:
             append_id=c.append_id, start_offset=start, end_offset=start + u.count - 1,
             msg_count=u.count, data_key=u.data_key, encoding=u.encoding,
             byte_offset=u.byte_offset, byte_length=u.byte_length, created_at_ms=appended,
-            crc32c=u.crc32c, end_bytes=total_bytes,
+            crc32c=u.crc32c, end_bytes=total_bytes, codec=u.codec, raw_length=u.raw_length,
         )
         extra = dict(control.extra)
         keyed = c.keyed_ranges(start)
@@ -674,6 +686,16 @@ class LogWriter:
             await cas_loop(attempt, attempts=self._max_attempts,
                            what=f"{tp}: set log_state={state}",
                            retries=self._metrics.cas_retries, op="log_state")
+
+
+async def _pack(bodies: list[codec.PartBody], created_at_ms: int
+                ) -> tuple[bytes, list[codec.BlobPart]]:
+    """The flush's LLS1 blob. Compressing bodies (a few milliseconds per MiB) is done
+    in a worker thread, never on the event loop; a flush that compresses nothing is
+    packed in place, as a thread hop would cost more than the copy."""
+    if codec.compresses(bodies):
+        return await anyio.to_thread.run_sync(codec.pack_shared_blob, bodies, created_at_ms)
+    return codec.pack_shared_blob(bodies, created_at_ms)
 
 
 def _as_duplicate(result: AppendResult) -> AppendResult:
