@@ -42,6 +42,7 @@ from app.storage import codec, columnar
 from app.storage.batch import RecordBatch, records_size
 from app.storage.blob_lookups import CONTROL_REUSE_S, BlobLookups, Remembered
 from app.storage.chunks import chunk_index, chunk_records
+from app.storage.compression import Codec
 from app.storage.index_windows import IndexWindows
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
@@ -52,6 +53,7 @@ from app.storage.records import CompactionCursor, Control
 from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, take
 from app.storage.s3 import S3Store
 from app.storage.spans import ParsedSpans, Span
+from app.storage.stored import raw_body
 from app.storage.wal_objects import DroppedKeys, WalObjects
 
 _FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
@@ -719,14 +721,17 @@ class LogReader:
         chunks = unit.span.chunks
         assert chunks is not None and unit.chunks is not None and unit.chunk_range is not None
         lo, hi = chunks[first].byte_offset, chunks[last].byte_end
+        stored_codec = unit.span.codec
         data = memoryview(await self._s3.get_range(key, lo, hi - lo))
         encoding = unit.span.entry.encoding
         for i in range(first, last + 1):
             c = chunks[i]
             body = data[c.byte_offset - lo:c.byte_end - lo]
-            if encoding in _KEPT_AS_COLUMNS and len(body) != len(data):
-                body = memoryview(bytes(body))  # a cached chunk must not pin the range
-            records = chunk_records(body, c, encoding)
+            if (encoding in _KEPT_AS_COLUMNS and stored_codec is Codec.NONE
+                    and len(body) != len(data)):
+                # A cached chunk must not pin the range (a decompressed one has its own).
+                body = memoryview(bytes(body))
+            records = chunk_records(body, c, encoding, stored_codec)
             self.objects.put(key, records, i)
             unit.chunks[i - unit.chunk_range[0]] = records
 
@@ -757,8 +762,7 @@ class LogReader:
         entry = group[0].span.entry
         records = self.objects.get(key)
         if records is None:
-            data = await self._s3.get(key)
-            codec.verify_body(data, entry.crc32c)
+            data = raw_body(await self._s3.get(key), entry)
             records = codec.decode_body(data, entry.encoding, entry.msg_count)
             self.objects.put(key, records)
         for unit in group:

@@ -185,6 +185,11 @@ class IndexEntry(_Record):
     chunks: list[list[int]] | None = field(default=None, metadata={"omit_none": True})
     first_append_ms: int | None = _opt()
     last_append_ms: int | None = _opt()
+    # How the stored bytes are compressed (app/storage/compression.py; absent: none). A
+    # COMPACTED entry's codec covers every chunk: each one is a frame of its own.
+    codec: str | None = _opt()
+    # A compressed WAL slice: the bytes of its body before compression.
+    raw_length: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -232,6 +237,7 @@ class Compaction(_Record):
     first_append_ms: int | None = _opt()
     last_append_ms: int | None = _opt()
     end_bytes: int | None = _opt()
+    codec: str | None = _opt()  # the compacted object's chunks (IndexEntry.codec)
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def compacted_entry(self) -> IndexEntry:
@@ -241,7 +247,7 @@ class Compaction(_Record):
             encoding=self.encoding, created_at_ms=self.created_at_ms, crc32c=self.crc32c,
             object_bytes=self.object_bytes, chunks=self.chunks,
             first_append_ms=self.first_append_ms, last_append_ms=self.last_append_ms,
-            end_bytes=self.end_bytes,
+            end_bytes=self.end_bytes, codec=self.codec,
         )
 
 

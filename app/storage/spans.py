@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 
 from app.storage.chunks import Chunk, chunk_index, parse_chunks
+from app.storage.compression import Codec, parse_codec
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.records import IndexEntry, Pending
 
@@ -50,6 +51,11 @@ class Span:
         if e.chunks is None or e.object_bytes is None:
             return None
         return parse_chunks(e.chunks, e.msg_count, e.object_bytes)
+
+    @functools.cached_property
+    def codec(self) -> Codec:
+        """How the entry's bytes are stored (:class:`CorruptData` for an unknown codec)."""
+        return parse_codec(self.entry.codec)
 
     def cost_from(self, offset: int) -> int:
         """Bytes a reader fetches to read this span from ``offset`` onwards."""
