@@ -24,7 +24,6 @@ from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage import codec, columnar
-from app.storage.appends import AppendGroup, AppendResult
 from app.storage.chunks import MAX_CHUNK_RAW_BYTES, Chunk, chunk_records, parse_chunks
 from app.storage.compression import Codec, Compression
 from app.storage.keys import TopicPartition
@@ -34,9 +33,11 @@ from app.storage.stored import raw_body
 from app.wire import records as llr1
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.compaction import (
+    append_each,
     compaction_settings,
     index_entries,
     make_compactor,
+    read_with_times,
     set_topic_compression,
 )
 from tests.helpers.stack import Engine, open_engine
@@ -61,25 +62,6 @@ def _events(batch: int, n: int) -> list[Payload]:
     return out
 
 
-async def _append(e: Engine, tp: TopicPartition, batches: list[list[Payload]]) -> None:
-    for records in batches:
-        (result,) = await e.writer.append_shared([AppendGroup(tp, records)])
-        assert isinstance(result, AppendResult), result
-
-
-async def _everything(e: Engine, tp: TopicPartition) -> list[tuple[int, Payload, int]]:
-    """(offset, record, append time) of the whole log, read in small pages."""
-    out: list[tuple[int, Payload, int]] = []
-    offset = 1
-    while True:
-        result = await e.reader.read(tp, offset, max_bytes=4096)
-        out += [(o, p, t) for (o, p), t in zip(result.records, result.append_times,
-                                                 strict=True)]
-        if result.next_offset > result.high_watermark:
-            return out
-        offset = result.next_offset
-
-
 async def _compact(e: Engine, tp: TopicPartition, **config: Any) -> IndexEntry:
     compactor = make_compactor(e, chunk_bytes=4096, **config)
     while (await compactor.compact_once(tp)).did_work:
@@ -99,8 +81,8 @@ async def test_a_zstd_topic_compacts_into_one_frame_per_chunk_that_reads_back(
         batches = [_events(b, 30 + b) for b in range(10)]
         if headers:  # columns cannot hold headers: the object is bytes-batch-v2
             batches[3].append(LogRecord(b'{"traced": true}', headers=(("trace", b"t1"),)))
-        await _append(e, tp, batches)
-        before = await _everything(e, tp)
+        await append_each(e, tp, batches)
+        before = await read_with_times(e, tp, 4096)
         await set_topic_compression(e, tp.topic, "zstd", 1)
         entry = await _compact(e, tp)
         assert entry.codec == "zstd"
@@ -120,38 +102,38 @@ async def test_a_zstd_topic_compacts_into_one_frame_per_chunk_that_reads_back(
         whole = raw_body(stored, entry)
         assert len(whole) == raw_size
         assert len(codec.decode_body(whole, entry.encoding, entry.msg_count)) == len(before)
-        assert await _everything(e, tp) == before
+        assert await read_with_times(e, tp, 4096) == before
 
 
 async def test_a_topic_without_compression_keeps_raw_chunks_with_no_codec(
         stack: LocalStack, tp: TopicPartition) -> None:
     """What every release before compression wrote, and still reads: no codec field."""
     async with open_engine(compaction_settings(stack)) as e:
-        await _append(e, tp, [_events(b, 20) for b in range(6)])
-        before = await _everything(e, tp)
+        await append_each(e, tp, [_events(b, 20) for b in range(6)])
+        before = await read_with_times(e, tp, 4096)
         entry = await _compact(e, tp)
         assert entry.codec is None and b'"codec"' not in entry.to_json()
         stored = await _stored(e, entry)
         assert len(codec.decode_body(stored, entry.encoding, entry.msg_count)) == len(before)
-        assert await _everything(e, tp) == before
+        assert await read_with_times(e, tp, 4096) == before
 
 
 async def test_records_that_do_not_compress_are_stored_raw_on_a_zstd_topic(
         stack: LocalStack, tp: TopicPartition) -> None:
     noise = random.Random(29)
     async with open_engine(compaction_settings(stack)) as e:
-        await _append(e, tp, [[noise.randbytes(300) for _ in range(20)] for _ in range(4)])
-        before = await _everything(e, tp)
+        await append_each(e, tp, [[noise.randbytes(300) for _ in range(20)] for _ in range(4)])
+        before = await read_with_times(e, tp, 4096)
         await set_topic_compression(e, tp.topic, "zstd")
         entry = await _compact(e, tp)
         assert entry.codec is None
-        assert await _everything(e, tp) == before
+        assert await read_with_times(e, tp, 4096) == before
 
 
 async def test_a_damaged_compressed_chunk_is_corrupt_before_it_is_decompressed(
         stack: LocalStack, tp: TopicPartition) -> None:
     async with open_engine(compaction_settings(stack)) as e:
-        await _append(e, tp, [_events(b, 30) for b in range(6)])
+        await append_each(e, tp, [_events(b, 30) for b in range(6)])
         await set_topic_compression(e, tp.topic, "zstd")
         entry = await _compact(e, tp)
         assert entry.codec == "zstd" and entry.chunks is not None
@@ -163,7 +145,7 @@ async def test_a_damaged_compressed_chunk_is_corrupt_before_it_is_decompressed(
         stored[second + 20] ^= 0x01
         await e.s3.put(key, bytes(stored))
         with pytest.raises(CorruptData, match="crc32c mismatch"):
-            await _everything(e, tp)
+            await read_with_times(e, tp, 4096)
         with pytest.raises(CorruptData, match="crc32c mismatch"):
             raw_body(bytes(stored), dataclass_copy(entry, crc32c=None))
 

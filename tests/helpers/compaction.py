@@ -18,6 +18,7 @@ from app.settings import Settings
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload
 from app.storage.records import Compaction, CompactionCursor, IndexEntry
 from app.storage.stored import raw_body
 from app.storage.topics import PARTITION_KEY
@@ -52,6 +53,27 @@ async def append_batches(writer: LogWriter, tp: TopicPartition, batches: int, pe
         acked.update(zip(range(result.start_offset, result.end_offset + 1), records,
                          strict=True))
     return acked
+
+
+async def append_each(e: Engine, tp: TopicPartition, batches: list[list[Payload]]) -> None:
+    """One append per batch, each acknowledged."""
+    for records in batches:
+        (result,) = await e.writer.append_shared([AppendGroup(tp, records)])
+        assert isinstance(result, AppendResult), result
+
+
+async def read_with_times(e: Engine, tp: TopicPartition, max_bytes: int = 2048
+                          ) -> list[tuple[int, Payload, int]]:
+    """(offset, record, append time) of the whole log, read in pages of ``max_bytes``."""
+    out: list[tuple[int, Payload, int]] = []
+    offset = 1
+    while True:
+        result = await e.reader.read(tp, offset, max_bytes=max_bytes)
+        out += [(o, p, t) for (o, p), t in zip(result.records, result.append_times,
+                                                 strict=True)]
+        if result.next_offset > result.high_watermark:
+            return out
+        offset = result.next_offset
 
 
 async def read_all(e: Engine, tp: TopicPartition, offset: int = 1) -> dict[int, bytes]:
