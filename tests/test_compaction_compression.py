@@ -29,6 +29,7 @@ from app.storage.compression import Codec, Compression
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
 from app.storage.records import IndexEntry
+from app.storage.spans import Span
 from app.storage.stored import raw_body
 from app.wire import records as llr1
 from tests.helpers.bodies import consume_body, produce_body
@@ -100,7 +101,7 @@ async def test_a_zstd_topic_compacts_into_one_frame_per_chunk_that_reads_back(
             raw_size += len(zstandard.ZstdDecompressor().decompress(frame))
         assert len(stored) < raw_size * 0.5  # JSON events compress
         whole = raw_body(stored, entry)
-        assert len(whole) == raw_size
+        assert len(whole) == raw_size == entry.raw_length
         assert len(codec.decode_body(whole, entry.encoding, entry.msg_count)) == len(before)
         assert await read_with_times(e, tp, 4096) == before
 
@@ -218,13 +219,31 @@ def test_compress_chunks_keeps_record_count_and_times_and_decides_for_the_object
     assert zstd.codec is Codec.ZSTD and zstd.body[:4] == merged.body[:4]
     assert [r[0] for r in zstd.chunks] == [0, 50, 100] and all(r[3] == 1 for r in zstd.chunks)
     assert len(zstd.body) < len(merged.body) / 4
+    assert zstd.raw_length == len(merged.body)
     entry = IndexEntry("COMPACTED", 150, "s3://b/k", codec.ENCODING_V3_CHUNKED,
                        crc32c=zstd.crc32c, object_bytes=len(zstd.body), chunks=zstd.chunks,
-                       codec="zstd")
+                       codec="zstd", raw_length=zstd.raw_length)
     assert raw_body(zstd.body, entry) == merged.body
+    with pytest.raises(CorruptData, match="raw_length"):
+        raw_body(zstd.body, dataclass_copy(entry, raw_length=len(merged.body) + 1))
     assert compress_chunks(merged, Compression()) is merged
     noise = _chunked_body([[random.Random(29).randbytes(4000)]])
     assert compress_chunks(noise, Compression(Codec.ZSTD, 3)) is noise
+
+
+def test_a_read_plans_compressed_chunks_by_the_bytes_they_decompress_to() -> None:
+    """A 1 MiB budget through chunks that compress tenfold takes about 1 MiB of
+    records, not 10 MiB (the entry's raw_length shared among the stored chunks)."""
+    rows = [[i * 10, 4 + i * 1000, 0, 1] for i in range(8)]
+    raw = IndexEntry("COMPACTED", 80, "s3://b/k", codec.ENCODING_V3_CHUNKED,
+                     object_bytes=8004, chunks=rows)
+    packed = dataclass_copy(raw, codec="zstd", raw_length=80_040)
+    assert Span(80, raw).chunks_cost(2, 3) == 2000
+    assert Span(80, packed).chunks_cost(2, 3) == 20_000
+    assert Span(80, raw).cost_from(41) == 4000
+    assert Span(80, packed).cost_from(41) == 40_000
+    # An entry without raw_length (or without codec) costs what is stored.
+    assert Span(80, dataclass_copy(packed, raw_length=None)).cost_from(41) == 4000
 
 
 def test_compaction_recompresses_above_the_topic_level_unless_told() -> None:

@@ -50,6 +50,7 @@ class CompactedBody:
     last_append_ms: int
     encoding: str = codec.ENCODING_V2
     codec: Codec = Codec.NONE  # how every chunk of ``body`` is stored
+    raw_length: int | None = None  # compressed: the bytes of the body before
 
 
 async def read_body(s3: S3Store, layout: KeyLayout, item: Span) -> bytes:

@@ -265,6 +265,7 @@ class Compactor:
             first_append_ms=merged.first_append_ms, last_append_ms=merged.last_append_ms,
             end_bytes=run[-1].entry.end_bytes,
             codec=None if merged.codec is Codec.NONE else merged.codec.value,
+            raw_length=merged.raw_length,
             extra={"entries": len(run), "bytes": len(merged.body)},
         )
         try:

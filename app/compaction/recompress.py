@@ -95,4 +95,4 @@ def compress_chunks(merged: CompactedBody, compression: Compression) -> Compacte
         return merged
     stored = b"".join(parts)
     return dataclasses.replace(merged, body=stored, crc32c=codec.crc32c(stored), chunks=rows,
-                               codec=compression.codec)
+                               codec=compression.codec, raw_length=len(body))

@@ -812,10 +812,10 @@ def _units(spans: list[Span], offset: int, budget: int | None) -> list[_Unit]:
             planned += span.cost_from(nxt)
         else:
             first = last = chunk_index(chunks, max(nxt, span.start) - span.start)
-            planned += chunks[first].byte_end - chunks[first].byte_offset
+            planned += span.chunks_cost(first, first)
             while last + 1 < len(chunks) and (budget is None or planned < budget):
                 last += 1
-                planned += chunks[last].byte_end - chunks[last].byte_offset
+                planned += span.chunks_cost(last, last)
             units.append(_Unit(span, span.start + chunks[first].first_record, (first, last)))
             if last + 1 < len(chunks):
                 break  # the budget ends inside this blob
@@ -869,8 +869,7 @@ def _trim_to_total(plans: list[_Plan | LlogError], max_bytes: int | None) -> Non
 def _unit_bytes(unit: _Unit) -> int:
     chunks = unit.span.chunks
     if unit.chunk_range is not None and chunks is not None:
-        first, last = unit.chunk_range
-        return chunks[last].byte_end - chunks[first].byte_offset
+        return unit.span.chunks_cost(*unit.chunk_range)
     return unit.span.cost_from(unit.first_offset)
 
 

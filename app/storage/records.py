@@ -188,7 +188,8 @@ class IndexEntry(_Record):
     # How the stored bytes are compressed (app/storage/compression.py; absent: none). A
     # COMPACTED entry's codec covers every chunk: each one is a frame of its own.
     codec: str | None = _opt()
-    # A compressed WAL slice: the bytes of its body before compression.
+    # Compressed bytes: the body's size before compression (a WAL slice's, which bounds
+    # its decompression; a compacted object's whole body, which readers plan by).
     raw_length: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -238,6 +239,7 @@ class Compaction(_Record):
     last_append_ms: int | None = _opt()
     end_bytes: int | None = _opt()
     codec: str | None = _opt()  # the compacted object's chunks (IndexEntry.codec)
+    raw_length: int | None = _opt()  # the compacted body before compression
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def compacted_entry(self) -> IndexEntry:
@@ -247,7 +249,7 @@ class Compaction(_Record):
             encoding=self.encoding, created_at_ms=self.created_at_ms, crc32c=self.crc32c,
             object_bytes=self.object_bytes, chunks=self.chunks,
             first_append_ms=self.first_append_ms, last_append_ms=self.last_append_ms,
-            end_bytes=self.end_bytes, codec=self.codec,
+            end_bytes=self.end_bytes, codec=self.codec, raw_length=self.raw_length,
         )
 
 

@@ -64,9 +64,22 @@ class Span:
             return e.byte_length
         chunks = self.chunks
         if chunks is not None and e.object_bytes is not None:
-            chunk = chunks[chunk_index(chunks, max(offset, self.start) - self.start)]
-            return e.object_bytes - chunk.byte_offset
+            first = chunk_index(chunks, max(offset, self.start) - self.start)
+            return self.chunks_cost(first, len(chunks) - 1)
         return e.object_bytes if e.object_bytes is not None else UNKNOWN_COST
+
+    def chunks_cost(self, first: int, last: int) -> int:
+        """What chunks ``first .. last`` of a compacted blob cost a read: their stored
+        bytes, or for compressed chunks about the bytes they decompress to (the object's
+        ``raw_length`` shared in proportion to the stored bytes), so that a budget plans
+        the records it can answer with and no read inflates many times its budget."""
+        chunks = self.chunks
+        assert chunks is not None
+        stored = chunks[last].byte_end - chunks[first].byte_offset
+        e = self.entry
+        if e.codec is None or not e.raw_length or not e.object_bytes:
+            return stored
+        return max(stored, stored * e.raw_length // e.object_bytes)
 
     def object_key(self, layout: KeyLayout) -> str:
         return layout.parse_uri(self.entry.data_key)[1]

@@ -31,8 +31,12 @@ def raw_body(stored: bytes | memoryview, entry: IndexEntry, *,
     if kind is Codec.NONE:
         return stored
     if entry.chunks is not None and entry.object_bytes is not None:
-        return raw_object(stored, parse_chunks(entry.chunks, entry.msg_count,
-                                               entry.object_bytes), kind)
+        whole = raw_object(stored, parse_chunks(entry.chunks, entry.msg_count,
+                                                entry.object_bytes), kind)
+        if entry.raw_length is not None and len(whole) != entry.raw_length:
+            raise CorruptData(f"a {kind.value} object decodes to {len(whole)} bytes, its "
+                              f"raw_length says {entry.raw_length}")
+        return whole
     raw_length = entry.raw_length
     if raw_length is None or not 0 < raw_length <= max_size:
         raise CorruptData(f"a {kind.value} body needs a raw_length of 1 to {max_size} "

@@ -112,6 +112,7 @@ def compaction_problems(compaction: Compaction) -> list[str]:
     out += _integers(compaction, ("start_offset", "end_offset", "msg_count",
                                   "tail_entry_start_offset"), 1)
     out += _integers(compaction, ("created_at_ms",))
+    out += _optional_integers(compaction, ("raw_length",))
     out += _codec_problems(compaction.codec)
     return out + _data_problems(compaction.data_key, compaction.encoding, compaction.crc32c)
 
