@@ -244,6 +244,7 @@ def test_a_read_plans_compressed_chunks_by_the_bytes_they_decompress_to() -> Non
     assert Span(80, packed).cost_from(41) == 40_000
     # An entry without raw_length (or without codec) costs what is stored.
     assert Span(80, dataclass_copy(packed, raw_length=None)).cost_from(41) == 4000
+    assert Span(80, dataclass_copy(packed, raw_length="80040")).cost_from(41) == 4000
 
 
 def test_compaction_recompresses_above_the_topic_level_unless_told() -> None:
@@ -268,7 +269,7 @@ def test_a_compressed_slice_needs_its_raw_length_and_decodes_to_it() -> None:
     entry = IndexEntry("WAL", 10, "s3://b/k", crc32c=codec.crc32c(frame), byte_offset=8,
                        byte_length=len(frame), codec="zstd", raw_length=len(body))
     assert raw_body(frame, entry) == body
-    for wrong in (None, len(body) - 1, len(body) + 1):
+    for wrong in (None, len(body) - 1, len(body) + 1, str(len(body)), 0):
         with pytest.raises(CorruptData):
             raw_body(frame, dataclass_copy(entry, raw_length=wrong))
     with pytest.raises(CorruptData, match="unknown codec"):

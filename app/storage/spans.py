@@ -76,10 +76,11 @@ class Span:
         chunks = self.chunks
         assert chunks is not None
         stored = chunks[last].byte_end - chunks[first].byte_offset
-        e = self.entry
-        if e.codec is None or not e.raw_length or not e.object_bytes:
-            return stored
-        return max(stored, stored * e.raw_length // e.object_bytes)
+        e, raw = self.entry, self.entry.raw_length
+        if (e.codec is None or not isinstance(raw, int) or isinstance(raw, bool) or raw <= 0
+                or not e.object_bytes):
+            return stored  # a malformed raw_length is reported when the chunks are read
+        return max(stored, stored * raw // e.object_bytes)
 
     def object_key(self, layout: KeyLayout) -> str:
         return layout.parse_uri(self.entry.data_key)[1]

@@ -38,7 +38,8 @@ def raw_body(stored: bytes | memoryview, entry: IndexEntry, *,
                               f"raw_length says {entry.raw_length}")
         return whole
     raw_length = entry.raw_length
-    if raw_length is None or not 0 < raw_length <= max_size:
+    if (not isinstance(raw_length, int) or isinstance(raw_length, bool)
+            or not 0 < raw_length <= max_size):
         raise CorruptData(f"a {kind.value} body needs a raw_length of 1 to {max_size} "
                           f"bytes, not {raw_length!r}")
     data = decompress(kind, stored, max_size=raw_length)
