@@ -64,7 +64,7 @@ def _events(batch: int, n: int) -> list[Payload]:
 
 
 async def _compact(e: Engine, tp: TopicPartition, **config: Any) -> IndexEntry:
-    compactor = make_compactor(e, chunk_bytes=4096, **config)
+    compactor = make_compactor(e, **{"chunk_bytes": 4096, **config})
     while (await compactor.compact_once(tp)).did_work:
         pass
     (entry,) = [x for _, x in await index_entries(e, tp) if x.type == "COMPACTED"]
@@ -281,3 +281,27 @@ def test_the_compaction_level_setting_is_unset_when_empty_and_bounded() -> None:
     assert Settings(compaction_zstd_level="9").compaction_zstd_level == 9
     with pytest.raises(ValueError, match="compaction_zstd_level"):
         Settings(compaction_zstd_level="20")
+
+
+async def test_large_compressed_chunks_decompress_in_a_worker_thread(
+        stack: LocalStack, tp: TopicPartition, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of more than 64 KiB are decompressed off the event loop; small ones in
+    place (a thread hop would cost more than they do)."""
+    import app.storage.reader as reader_module
+
+    offloaded: list[str] = []
+    run_sync = reader_module.anyio.to_thread.run_sync
+
+    async def counting(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        offloaded.append(fn.__name__)
+        return await run_sync(fn, *args, **kwargs)
+
+    async with open_engine(compaction_settings(stack)) as e:
+        await append_each(e, tp, [_events(b, 400) for b in range(4)])
+        before = await read_with_times(e, tp, 1 << 20)
+        await set_topic_compression(e, tp.topic, "zstd")
+        entry = await _compact(e, tp, chunk_bytes=96 * 1024)
+        assert entry.codec == "zstd"
+        monkeypatch.setattr(reader_module.anyio.to_thread, "run_sync", counting)
+        assert await read_with_times(e, tp, 1 << 20) == before
+        assert "decode" in offloaded

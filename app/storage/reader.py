@@ -724,14 +724,23 @@ class LogReader:
         stored_codec = unit.span.codec
         data = memoryview(await self._s3.get_range(key, lo, hi - lo))
         encoding = unit.span.entry.encoding
-        for i in range(first, last + 1):
-            c = chunks[i]
-            body = data[c.byte_offset - lo:c.byte_end - lo]
-            if (encoding in _KEPT_AS_COLUMNS and stored_codec is Codec.NONE
-                    and len(body) != len(data)):
-                # A cached chunk must not pin the range (a decompressed one has its own).
-                body = memoryview(bytes(body))
-            records = chunk_records(body, c, encoding, stored_codec)
+
+        def decode() -> list[Records]:
+            out = []
+            for c in chunks[first:last + 1]:
+                body = data[c.byte_offset - lo:c.byte_end - lo]
+                if (encoding in _KEPT_AS_COLUMNS and stored_codec is Codec.NONE
+                        and len(body) != len(data)):
+                    # A cached chunk must not pin the range (a decompressed one has its own).
+                    body = memoryview(bytes(body))
+                out.append(chunk_records(body, c, encoding, stored_codec))
+            return out
+
+        if stored_codec is Codec.NONE or unit.span.chunks_cost(first, last) <= _INLINE_RAW_BYTES:
+            decoded = decode()
+        else:  # zstd releases the GIL: many chunks decompress off the event loop
+            decoded = await anyio.to_thread.run_sync(decode)
+        for i, records in enumerate(decoded, first):
             self.objects.put(key, records, i)
             unit.chunks[i - unit.chunk_range[0]] = records
 
@@ -772,6 +781,9 @@ class LogReader:
             unit.records = records
 
 
+# Compressed chunks of fewer raw bytes are decompressed in place (well under a
+# millisecond); more go to a worker thread.
+_INLINE_RAW_BYTES = 64 * 1024
 # Chunks whose records stay views of their bytes (the others are decoded into copies).
 _KEPT_AS_COLUMNS = (columnar.ENCODING_V3, codec.ENCODING_V3_CHUNKED)
 
