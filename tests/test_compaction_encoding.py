@@ -11,11 +11,16 @@ import pytest
 from app.errors import CorruptData
 from app.localstack.stack import LocalStack
 from app.storage import codec, columnar
-from app.storage.appends import AppendGroup, AppendResult
 from app.storage.chunks import parse_chunks
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
-from tests.helpers.compaction import compaction_settings, index_entries, make_compactor
+from tests.helpers.compaction import (
+    append_each,
+    compaction_settings,
+    index_entries,
+    make_compactor,
+    read_with_times,
+)
 from tests.helpers.stack import Engine, open_engine
 
 
@@ -33,25 +38,6 @@ def _records(batch: int, n: int) -> list[Payload]:
     return out
 
 
-async def _append(e: Engine, tp: TopicPartition, batches: list[list[Payload]]) -> None:
-    for records in batches:
-        (result,) = await e.writer.append_shared([AppendGroup(tp, records)])
-        assert isinstance(result, AppendResult), result
-
-
-async def _everything(e: Engine, tp: TopicPartition) -> list[tuple[int, Payload, int]]:
-    """(offset, record, append time) of the whole log, read in small pages."""
-    out: list[tuple[int, Payload, int]] = []
-    offset = 1
-    while True:
-        result = await e.reader.read(tp, offset, max_bytes=2048)
-        out += [(o, p, t) for (o, p), t in zip(result.records, result.append_times,
-                                                 strict=True)]
-        if result.next_offset > result.high_watermark:
-            return out
-        offset = result.next_offset
-
-
 async def _compact(e: Engine, tp: TopicPartition, **config: object) -> None:
     compactor = make_compactor(e, chunk_bytes=4096, **config)
     while (await compactor.compact_once(tp)).did_work:
@@ -61,8 +47,8 @@ async def _compact(e: Engine, tp: TopicPartition, **config: object) -> None:
 async def test_plain_keyed_and_timed_records_compact_into_v3_chunks(
         stack: LocalStack, tp: TopicPartition) -> None:
     async with open_engine(compaction_settings(stack)) as e:
-        await _append(e, tp, [_records(b, 40 + b) for b in range(12)])
-        before = await _everything(e, tp)
+        await append_each(e, tp, [_records(b, 40 + b) for b in range(12)])
+        before = await read_with_times(e, tp)
         await _compact(e, tp)
         (_, entry), = [(end, x) for end, x in await index_entries(e, tp)
                        if x.type == "COMPACTED"]
@@ -81,7 +67,7 @@ async def test_plain_keyed_and_timed_records_compact_into_v3_chunks(
             assert layout.append_times is not None and min(layout.append_times) > 0
             assert chunk.first_append_ms == layout.append_times[0]
         assert len(codec.decode_body(blob, entry.encoding, entry.msg_count)) == 12 * 40 + 66
-        after = await _everything(e, tp)
+        after = await read_with_times(e, tp)
     assert after == before
 
 
@@ -89,16 +75,16 @@ async def test_headers_or_the_setting_keep_compaction_in_v2(
         stack: LocalStack, tp: TopicPartition) -> None:
     headed = TopicPartition(tp.topic, tp.partition + 1)
     async with open_engine(compaction_settings(stack)) as e:
-        await _append(e, headed, [_records(0, 10), [LogRecord(b"h", headers=(("n", b"v"),))],
+        await append_each(e, headed, [_records(0, 10), [LogRecord(b"h", headers=(("n", b"v"),))],
                                   _records(1, 10)])
-        await _append(e, tp, [_records(0, 10), _records(1, 10)])
-        before = {t: await _everything(e, t) for t in (tp, headed)}
+        await append_each(e, tp, [_records(0, 10), _records(1, 10)])
+        before = {t: await read_with_times(e, t) for t in (tp, headed)}
         await _compact(e, headed)
         await _compact(e, tp, encoding=codec.ENCODING_V2)
         for t in (tp, headed):
             (entry,) = [x for _, x in await index_entries(e, t) if x.type == "COMPACTED"]
             assert entry.encoding == codec.ENCODING_V2, t
-            assert await _everything(e, t) == before[t]
+            assert await read_with_times(e, t) == before[t]
 
 
 def _chunked(*bodies: bytes) -> bytes:

@@ -4,6 +4,7 @@ orphans, retention, the topic catalog and every encoding."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,10 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from app.storage.records import Control
+from app.storage.records import Control, IndexEntry
 from app.storage.retention import move_log_start, trim_index
 from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import PARTITION_KEY, TopicCatalog
+from tests.helpers.compaction import make_compactor, set_topic_compression
 from tests.helpers.spark_records import compact_entries, sample_records
 from tests.helpers.spark_support import (
     SPARK_TESTS,
@@ -34,6 +36,7 @@ from tests.helpers.spark_support import (
     unique_root,
     unreadable_metadata,
 )
+from tests.helpers.stored_slices import compress_slice
 
 pytestmark = SPARK_TESTS
 
@@ -362,3 +365,56 @@ def test_deep_audit_decodes_every_encoding(stack: LocalStack, spark: Any, topic:
     bad = table(tmp_path / "deep", "findings")
     assert sorted((f["partition"], f["kind"], f["last_offset"]) for f in bad
                   if f["severity"] == "corruption") == [(0, "corrupt_data", e) for e in changed]
+
+
+def _events(tag: str, n: int) -> list[bytes]:
+    """JSON events: records that compress."""
+    return [json.dumps({"tag": tag, "seq": i, "path": "/api/v1/orders", "status": 200,
+                        "agent": "Mozilla/5.0 (X11; Linux x86_64)"}).encode()
+            for i in range(n)]
+
+
+def test_deep_audit_passes_on_a_store_of_raw_and_compressed_objects(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    """Raw and zstd WAL slices, raw and zstd compacted objects, in one store."""
+    settings = stack_settings(stack)
+    plain, packed = TopicPartition(f"{topic}-raw", 0), TopicPartition(f"{topic}-zstd", 0)
+
+    async def build(e: Engine) -> None:
+        await set_topic_compression(e, packed.topic, "zstd")
+        for i in range(9):
+            await append(e, [(plain, _events(f"p{i}", 20)), (packed, _events(f"z{i}", 20))])
+        # Compressed slices inside the range compaction reads, and after it; the last
+        # append (whose pending record still names its raw slice) stays as written.
+        for end in (40, 60, 140, 160):
+            await compress_slice(e, packed, end)
+        for tp in (plain, packed):
+            compactor = make_compactor(e, min_entry_age_ms=0, max_entries=4, chunk_bytes=512)
+            assert (await compactor.compact_once(tp)).action == "compacted"
+
+    run(settings, build)
+    stored = {tp: {(entry.type, entry.codec) for _, entry, _ in run(
+        settings, lambda e, tp=tp: index_rows(e, tp))} for tp in (plain, packed)}
+    assert stored == {plain: {("COMPACTED", None), ("WAL", None)},
+                      packed: {("COMPACTED", "zstd"), ("WAL", "zstd"), ("WAL", None)}}
+    clean = _audit(spark, settings, tmp_path / "clean", deep=True)
+    assert clean.exit_code == 0, clean.summary
+    assert clean.summary["records_verified"] == clean.summary["records"] == 2 * 9 * 20
+
+    # A compressed slice whose entry no longer says so (as a release before compression
+    # would write it) is corruption, never records.
+    async def strip_codec(e: Engine) -> None:
+        key = e.layout.index(packed, 160)
+        found = await e.oxia.get(key, packed.partition_key)
+        assert found is not None
+        entry = IndexEntry.from_json(found.value)
+        await e.oxia.put(key, dataclasses.replace(entry, codec=None, raw_length=None,
+                                                  extra=dict(entry.extra)).to_json(),
+                         packed.partition_key, expected_version=found.version_id)
+
+    run(settings, strip_codec)
+    deep = _audit(spark, settings, tmp_path / "deep", deep=True)
+    assert deep.exit_code == 1
+    bad = table(tmp_path / "deep", "findings")
+    assert [(f["topic"], f["kind"], f["last_offset"]) for f in bad
+            if f["severity"] == "corruption"] == [(packed.topic, "corrupt_data", 160)]

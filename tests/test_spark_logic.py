@@ -237,6 +237,8 @@ def test_records_this_release_does_not_fully_understand_have_problems() -> None:
     good = IndexEntry(type="WAL", msg_count=2, data_key="s3://bucket/llog/wal-shared/b1",
                       byte_offset=8, byte_length=10)
     assert index_entry_problems(good) == []
+    assert index_entry_problems(IndexEntry.from_dict(
+        {**good.to_dict(), "codec": "zstd", "raw_length": 90})) == []
     for change, words in [
         ({"encoding": "bytes-batch-v9"}, "bytes-batch-v9"),
         ({"type": "SNAPSHOT"}, "SNAPSHOT"),
@@ -244,6 +246,8 @@ def test_records_this_release_does_not_fully_understand_have_problems() -> None:
         ({"byte_offset": "8"}, "byte_offset"),
         ({"msg_count": 2.5}, "msg_count"),
         ({"crc32c": 2**32}, "crc32c"),
+        ({"codec": "lz5"}, "lz5"),
+        ({"raw_length": "9"}, "raw_length"),
     ]:
         entry = IndexEntry.from_dict({**good.to_dict(), **change})
         assert any(words in p for p in index_entry_problems(entry)), change

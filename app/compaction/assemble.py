@@ -10,6 +10,10 @@ bytes-batch-v3 body per chunk, cut column by column from the inputs, so that a r
 takes runs of a chunk's records without decoding them. A run with a record that has
 headers, which columns cannot hold, is written as bytes-batch-v2: the inputs' record
 areas behind a new count, each record with its append time.
+
+Inputs stored compressed are verified as stored and decompressed within their
+``raw_length`` (app/storage/stored.py); the body built here is raw, and is compressed
+chunk by chunk afterwards when the topic asks for it (app/compaction/recompress.py).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import anyio.abc
 from app.errors import CorruptData, LlogError
 from app.storage import codec, columnar
 from app.storage.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_table
+from app.storage.compression import Codec
 from app.storage.keys import KeyLayout
 from app.storage.s3 import S3Store
 from app.storage.slices import open_slice
@@ -44,18 +49,21 @@ class CompactedBody:
     first_append_ms: int
     last_append_ms: int
     encoding: str = codec.ENCODING_V2
+    codec: Codec = Codec.NONE  # how every chunk of ``body`` is stored
+    raw_length: int | None = None  # compressed: the bytes of the body before
 
 
 async def read_body(s3: S3Store, layout: KeyLayout, item: Span) -> bytes:
-    """The verified body ``item`` points at (any encoding this release reads)."""
+    """The verified raw body ``item`` points at (any encoding and codec this release
+    reads)."""
     entry = item.entry
     _, key = layout.parse_uri(entry.data_key)
     if entry.byte_offset is not None and entry.byte_length is not None:
-        body = await s3.get_range(key, entry.byte_offset, entry.byte_length)
+        stored = await s3.get_range(key, entry.byte_offset, entry.byte_length)
     else:
-        body = await s3.get(key)
+        stored = await s3.get(key)
     try:
-        body = bytes(await open_slice(body, entry))  # verified; decompressed if it was
+        body = bytes(await open_slice(stored, entry))  # verified; decompressed if it was
         if entry.encoding in (codec.ENCODING_V3, codec.ENCODING_V3_CHUNKED):
             _columns_of(body, entry.encoding, entry.msg_count)  # checks without decoding
         else:

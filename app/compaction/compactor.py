@@ -32,13 +32,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import anyio
+
 from app.compaction.assemble import build_compacted_body
 from app.compaction.metrics import CompactionMetrics
+from app.compaction.recompress import compaction_compression, compress_chunks, topic_compression
 from app.errors import CorruptData, LlogError, LogGap, VersionMismatch
 from app.settings import Settings
 from app.storage import codec
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.chunks import DEFAULT_CHUNK_BYTES
+from app.storage.compression import Codec
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import materialise_pending
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
@@ -82,6 +86,7 @@ class CompactionConfig:
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     commit_horizon_ms: int = 1_800_000
     encoding: str = codec.ENCODING_V3_CHUNKED
+    zstd_level: int | None = None  # None: the topic's level + 3 (app/compaction/recompress.py)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> CompactionConfig:
@@ -93,6 +98,7 @@ class CompactionConfig:
             chunk_bytes=settings.compaction_chunk_bytes,
             commit_horizon_ms=settings.retry_horizon_safe_ms,
             encoding=settings.compaction_encoding,
+            zstd_level=settings.compaction_zstd_level,
         )
 
 
@@ -236,6 +242,11 @@ class Compactor:
             merged = await build_compacted_body(
                 self._s3, self._layout, run, concurrency=self._config.fetch_concurrency,
                 chunk_bytes=self._config.chunk_bytes, encoding=self._config.encoding)
+            compression = compaction_compression(
+                await topic_compression(self._oxia, self._layout, tp.topic),
+                self._config.zstd_level)
+            # zstd releases the GIL: a large object compresses off the event loop.
+            merged = await anyio.to_thread.run_sync(compress_chunks, merged, compression)
             object_key = self._layout.compacted_object(tp, uuid.uuid4().hex)
             await self._s3.put(object_key, merged.body)
         await self._step("after_compacted_put")
@@ -253,6 +264,8 @@ class Compactor:
             object_bytes=len(merged.body), chunks=merged.chunks,
             first_append_ms=merged.first_append_ms, last_append_ms=merged.last_append_ms,
             end_bytes=run[-1].entry.end_bytes,
+            codec=None if merged.codec is Codec.NONE else merged.codec.value,
+            raw_length=merged.raw_length,
             extra={"entries": len(run), "bytes": len(merged.body)},
         )
         try:

@@ -15,6 +15,14 @@ chunk's bytes, which are the body's records exactly as in the body (each starts 
 its u32 length in both encodings). The first chunk starts at byte 4, after the body's
 record count. A bytes-batch-v2 body's rows have a fourth column: the append time of the
 chunk's first record, so a lookup by time finds the chunk without reading the others.
+
+An entry with ``"codec": "zstd"`` stores every chunk as one zstd frame of its own (after
+the raw 4-byte record count), so a chunk is still fetched and decoded alone: the rows'
+offsets and ``crc32c`` then describe the *stored* (compressed) bytes, which are verified
+before they are decompressed, and ``object_bytes`` is the stored object's size. The
+codec is decided for the whole object (the compactor stores it raw when compressing it
+would not pay), so a zstd entry never holds a raw chunk: a frame of data that does not
+compress holds it in raw blocks, a few bytes more.
 """
 
 from __future__ import annotations
@@ -27,12 +35,17 @@ from dataclasses import dataclass
 from app.errors import CorruptData
 from app.storage import codec, columnar
 from app.storage.batch import RecordBatch
+from app.storage.compression import Codec, decompress
 from app.storage.log_record import Payload
 
 _U32 = struct.Struct(">I")
 _I64 = struct.Struct(">q")
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 MAX_CHUNKS = 1024  # bounds the index entry: about 30 bytes of JSON per row
+# The most bytes a compressed chunk may decompress to: the compactor compresses no chunk
+# larger (a chunk is about LLOG_COMPACTION_CHUNK_BYTES plus one record), and a reader
+# refuses a frame that declares or yields more before allocating it.
+MAX_CHUNK_RAW_BYTES = 64 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -102,27 +115,45 @@ def chunk_index(chunks: Sequence[Chunk], record: int) -> int:
     return bisect.bisect_right([c.first_record for c in chunks], record) - 1
 
 
-def chunk_records(data: bytes | memoryview, chunk: Chunk, encoding: str
-                  ) -> Sequence[Payload]:
-    """The records of one chunk's bytes, verified against its checksum; a
+def chunk_bytes(stored: bytes | memoryview, chunk: Chunk, stored_codec: Codec
+                ) -> bytes | memoryview:
+    """A chunk's raw bytes from its stored ones: verified against its checksum first,
+    then decompressed (at most :data:`MAX_CHUNK_RAW_BYTES`); raw ones as they are."""
+    codec.verify_body(stored, chunk.crc32c)
+    if stored_codec is Codec.NONE:
+        return stored
+    return decompress(stored_codec, stored, max_size=MAX_CHUNK_RAW_BYTES)
+
+
+def chunk_records(stored: bytes | memoryview, chunk: Chunk, encoding: str,
+                  stored_codec: Codec = Codec.NONE) -> Sequence[Payload]:
+    """The records of one chunk's stored bytes, verified against its checksum; a
     bytes-batch-v3 chunk stays in its columns (decoded on first use)."""
+    data = chunk_bytes(stored, chunk, stored_codec)
     count = chunk.end_record - chunk.first_record
     if encoding == codec.ENCODING_V3_CHUNKED:  # each chunk is a whole bytes-batch-v3 body
-        codec.verify_body(data, chunk.crc32c)
         return RecordBatch.of_columns(data, columnar.read_counted(data, count))
     if encoding != columnar.ENCODING_V3:
-        return decode_chunk(data, chunk, encoding)
-    codec.verify_body(data, chunk.crc32c)
+        view = memoryview(data)
+        records, pos = codec.decode_records(view, 0, len(view), count, encoding)
+        if pos != len(view):
+            raise CorruptData(f"chunk has {len(view) - pos} trailing bytes")
+        return records
     layout = columnar.read_columns(data, 0, len(data), count)
     return RecordBatch.of_columns(data, layout)
 
 
-def decode_chunk(data: bytes | memoryview, chunk: Chunk, encoding: str) -> list[Payload]:
-    """The records of one chunk's bytes, verified against its checksum."""
-    codec.verify_body(data, chunk.crc32c)
-    view = memoryview(data)
-    records, pos = codec.decode_records(view, 0, len(view),
-                                        chunk.end_record - chunk.first_record, encoding)
-    if pos != len(view):
-        raise CorruptData(f"chunk has {len(view) - pos} trailing bytes")
-    return records
+def raw_object(stored: bytes | memoryview, chunks: Sequence[Chunk], stored_codec: Codec
+               ) -> bytes | memoryview:
+    """The raw body of a whole compacted object from its stored bytes: its record count
+    and every chunk, each verified and decompressed (the caller verified the object's
+    own checksum). A raw object is returned as it is."""
+    if stored_codec is Codec.NONE:
+        return stored
+    view = memoryview(stored)
+    if len(view) != chunks[-1].byte_end:
+        raise CorruptData(f"compacted object holds {len(view)} bytes, its chunk table "
+                          f"says {chunks[-1].byte_end}")
+    parts: list[bytes | memoryview] = [view[:4]]
+    parts += [chunk_bytes(view[c.byte_offset:c.byte_end], c, stored_codec) for c in chunks]
+    return b"".join(parts)

@@ -80,6 +80,13 @@ def compress(data: bytes | memoryview, compression: Compression) -> tuple[Codec,
     return Codec.ZSTD, packed
 
 
+def compress_frame(data: bytes | memoryview, level: int) -> bytes:
+    """One zstd frame of ``data`` whether it pays or not, for a container whose codec is
+    decided once for all its parts (a compacted object's chunks): zstd keeps what does
+    not compress in raw blocks, a few bytes per 128 KiB more than the data."""
+    return _compressor(level).compress(bytes(data))
+
+
 def decompress(codec: Codec, data: bytes | memoryview, *, max_size: int) -> bytes:
     """The raw bytes of ``data``; :class:`CorruptData` when they do not decode or would
     exceed ``max_size`` (checked before anything that large is allocated)."""

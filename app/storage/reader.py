@@ -42,6 +42,7 @@ from app.storage import codec, columnar
 from app.storage.batch import RecordBatch, records_size
 from app.storage.blob_lookups import CONTROL_REUSE_S, BlobLookups, Remembered
 from app.storage.chunks import chunk_index, chunk_records
+from app.storage.compression import Codec
 from app.storage.index_windows import IndexWindows
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
@@ -53,6 +54,7 @@ from app.storage.runs import Pieces, Run, RunRecords, pieces_of, records_bytes, 
 from app.storage.s3 import S3Store
 from app.storage.slices import open_slice
 from app.storage.spans import ParsedSpans, Span
+from app.storage.stored import raw_body
 from app.storage.wal_objects import DroppedKeys, WalObjects
 
 _FIRST_PAGE, _PAGE = 16, 64  # index entries per range_scan: a tail read needs few
@@ -725,14 +727,26 @@ class LogReader:
         chunks = unit.span.chunks
         assert chunks is not None and unit.chunks is not None and unit.chunk_range is not None
         lo, hi = chunks[first].byte_offset, chunks[last].byte_end
+        stored_codec = unit.span.codec
         data = memoryview(await self._s3.get_range(key, lo, hi - lo))
         encoding = unit.span.entry.encoding
-        for i in range(first, last + 1):
-            c = chunks[i]
-            body = data[c.byte_offset - lo:c.byte_end - lo]
-            if encoding in _KEPT_AS_COLUMNS and len(body) != len(data):
-                body = memoryview(bytes(body))  # a cached chunk must not pin the range
-            records = chunk_records(body, c, encoding)
+
+        def decode() -> list[Records]:
+            out = []
+            for c in chunks[first:last + 1]:
+                body = data[c.byte_offset - lo:c.byte_end - lo]
+                if (encoding in _KEPT_AS_COLUMNS and stored_codec is Codec.NONE
+                        and len(body) != len(data)):
+                    # A cached chunk must not pin the range (a decompressed one has its own).
+                    body = memoryview(bytes(body))
+                out.append(chunk_records(body, c, encoding, stored_codec))
+            return out
+
+        if stored_codec is Codec.NONE or unit.span.chunks_cost(first, last) <= _INLINE_RAW_BYTES:
+            decoded = decode()
+        else:  # zstd releases the GIL: many chunks decompress off the event loop
+            decoded = await anyio.to_thread.run_sync(decode)
+        for i, records in enumerate(decoded, first):
             self.objects.put(key, records, i)
             unit.chunks[i - unit.chunk_range[0]] = records
 
@@ -763,8 +777,7 @@ class LogReader:
         entry = group[0].span.entry
         records = self.objects.get(key)
         if records is None:
-            data = await self._s3.get(key)
-            codec.verify_body(data, entry.crc32c)
+            data = raw_body(await self._s3.get(key), entry)
             records = codec.decode_body(data, entry.encoding, entry.msg_count)
             self.objects.put(key, records)
         for unit in group:
@@ -774,6 +787,9 @@ class LogReader:
             unit.records = records
 
 
+# Compressed chunks of fewer raw bytes are decompressed in place (well under a
+# millisecond); more go to a worker thread.
+_INLINE_RAW_BYTES = 64 * 1024
 # Chunks whose records stay views of their bytes (the others are decoded into copies).
 _KEPT_AS_COLUMNS = (columnar.ENCODING_V3, codec.ENCODING_V3_CHUNKED)
 
@@ -820,10 +836,10 @@ def _units(spans: list[Span], offset: int, budget: int | None) -> list[_Unit]:
             planned += span.cost_from(nxt)
         else:
             first = last = chunk_index(chunks, max(nxt, span.start) - span.start)
-            planned += chunks[first].byte_end - chunks[first].byte_offset
+            planned += span.chunks_cost(first, first)
             while last + 1 < len(chunks) and (budget is None or planned < budget):
                 last += 1
-                planned += chunks[last].byte_end - chunks[last].byte_offset
+                planned += span.chunks_cost(last, last)
             units.append(_Unit(span, span.start + chunks[first].first_record, (first, last)))
             if last + 1 < len(chunks):
                 break  # the budget ends inside this blob
@@ -877,8 +893,7 @@ def _trim_to_total(plans: list[_Plan | LlogError], max_bytes: int | None) -> Non
 def _unit_bytes(unit: _Unit) -> int:
     chunks = unit.span.chunks
     if unit.chunk_range is not None and chunks is not None:
-        first, last = unit.chunk_range
-        return chunks[last].byte_end - chunks[first].byte_offset
+        return unit.span.chunks_cost(*unit.chunk_range)
     return unit.span.cost_from(unit.first_offset)
 
 

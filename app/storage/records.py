@@ -191,9 +191,11 @@ class IndexEntry(_Record):
     chunks: list[list[int]] | None = field(default=None, metadata={"omit_none": True})
     first_append_ms: int | None = _opt()
     last_append_ms: int | None = _opt()
-    # A compressed WAL slice: its codec and its size before compression (byte_length
-    # and crc32c describe the stored bytes); absent: stored raw.
+    # How the stored bytes are compressed (app/storage/compression.py; absent: none). A
+    # COMPACTED entry's codec covers every chunk: each one is a frame of its own.
     codec: str | None = _opt()
+    # Compressed bytes: the body's size before compression (a WAL slice's, which bounds
+    # its decompression; a compacted object's whole body, which readers plan by).
     raw_length: int | None = _opt()
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -242,6 +244,8 @@ class Compaction(_Record):
     first_append_ms: int | None = _opt()
     last_append_ms: int | None = _opt()
     end_bytes: int | None = _opt()
+    codec: str | None = _opt()  # the compacted object's chunks (IndexEntry.codec)
+    raw_length: int | None = _opt()  # the compacted body before compression
     extra: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def compacted_entry(self) -> IndexEntry:
@@ -251,7 +255,7 @@ class Compaction(_Record):
             encoding=self.encoding, created_at_ms=self.created_at_ms, crc32c=self.crc32c,
             object_bytes=self.object_bytes, chunks=self.chunks,
             first_append_ms=self.first_append_ms, last_append_ms=self.last_append_ms,
-            end_bytes=self.end_bytes,
+            end_bytes=self.end_bytes, codec=self.codec, raw_length=self.raw_length,
         )
 
 

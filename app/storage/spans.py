@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from cachetools import LRUCache
 
 from app.storage.chunks import Chunk, chunk_index, parse_chunks
+from app.storage.compression import Codec, parse_codec
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.records import IndexEntry, Pending
 
@@ -51,6 +52,11 @@ class Span:
             return None
         return parse_chunks(e.chunks, e.msg_count, e.object_bytes)
 
+    @functools.cached_property
+    def codec(self) -> Codec:
+        """How the entry's bytes are stored (:class:`CorruptData` for an unknown codec)."""
+        return parse_codec(self.entry.codec)
+
     def cost_from(self, offset: int) -> int:
         """Bytes a reader fetches to read this span from ``offset`` onwards (for a
         compressed slice, the bytes it decodes to: what its records cost an answer)."""
@@ -61,9 +67,23 @@ class Span:
                 else e.byte_length
         chunks = self.chunks
         if chunks is not None and e.object_bytes is not None:
-            chunk = chunks[chunk_index(chunks, max(offset, self.start) - self.start)]
-            return e.object_bytes - chunk.byte_offset
+            first = chunk_index(chunks, max(offset, self.start) - self.start)
+            return self.chunks_cost(first, len(chunks) - 1)
         return e.object_bytes if e.object_bytes is not None else UNKNOWN_COST
+
+    def chunks_cost(self, first: int, last: int) -> int:
+        """What chunks ``first .. last`` of a compacted blob cost a read: their stored
+        bytes, or for compressed chunks about the bytes they decompress to (the object's
+        ``raw_length`` shared in proportion to the stored bytes), so that a budget plans
+        the records it can answer with and no read inflates many times its budget."""
+        chunks = self.chunks
+        assert chunks is not None
+        stored = chunks[last].byte_end - chunks[first].byte_offset
+        e, raw = self.entry, self.entry.raw_length
+        if (e.codec is None or not isinstance(raw, int) or isinstance(raw, bool) or raw <= 0
+                or not e.object_bytes):
+            return stored  # a malformed raw_length is reported when the chunks are read
+        return max(stored, stored * raw // e.object_bytes)
 
     def object_key(self, layout: KeyLayout) -> str:
         return layout.parse_uri(self.entry.data_key)[1]

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from app.storage.codec import ENCODING_V1
 from app.storage.keys import TopicPartition
+from app.storage.records import IndexEntry
 
 CORRUPTION = "corruption"
 WARNING = "warning"
@@ -56,3 +57,5 @@ class ObjectUse:
     crc32c: int | None
     index_key: str | None
     encoding: str = ENCODING_V1
+    # The entry as recorded: how its bytes are stored (codec, raw_length, chunk table).
+    entry: IndexEntry | None = field(default=None, compare=False, repr=False)

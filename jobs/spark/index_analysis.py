@@ -80,11 +80,13 @@ def _uses(snap: PartitionSnapshot, live: list[_Entry], strays: list[_Entry],
     if pending is not None and not materialised:
         uses.append(ObjectUse("pending", pending.data_key, pending.start_offset,
                               pending.end_offset, pending.msg_count, pending.byte_offset,
-                              pending.byte_length, pending.crc32c, None, pending.encoding))
+                              pending.byte_length, pending.crc32c, None, pending.encoding,
+                              pending.index_entry()))
     comp = snap.compaction
     if comp is not None:
         uses.append(ObjectUse("compaction", comp.data_key, comp.start_offset, comp.end_offset,
-                              comp.msg_count, None, None, comp.crc32c, None, comp.encoding))
+                              comp.msg_count, None, None, comp.crc32c, None, comp.encoding,
+                              comp.compacted_entry()))
     return uses
 
 
@@ -249,4 +251,4 @@ def _check_compaction(w: _Work) -> None:
 def _use(kind: str, e: _Entry) -> ObjectUse:
     return ObjectUse(kind, e.entry.data_key, e.start, e.end, e.entry.msg_count,
                      e.entry.byte_offset, e.entry.byte_length, e.entry.crc32c, e.row.key,
-                     e.entry.encoding)
+                     e.entry.encoding, e.entry)

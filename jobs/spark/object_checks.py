@@ -4,6 +4,7 @@ LLS1 header, and decode the body."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import struct
 from dataclasses import dataclass
@@ -13,8 +14,11 @@ import anyio
 
 from app.errors import CorruptData, ObjectMissing
 from app.storage import codec
+from app.storage.compression import parse_codec
 from app.storage.keys import TopicPartition
+from app.storage.records import IndexEntry
 from app.storage.s3 import ObjectInfo
+from app.storage.stored import raw_body
 from jobs.spark.findings import CORRUPTION, WARNING, Finding, ObjectUse
 from jobs.spark.snapshot import object_key
 from jobs.spark.stores import Stores
@@ -140,7 +144,8 @@ class ObjectChecker:
             part = parts.get((tp.topic, tp.partition, use.byte_offset))
             if part is None or _int(part.get("body_length")) != length or _int(
                     part.get("msg_count")) != use.msg_count or (
-                    crc is not None and "crc32c" in part and _int(part.get("crc32c")) != crc):
+                    crc is not None and "crc32c" in part and _int(part.get("crc32c")) != crc
+                    ) or not _same_codec(part, use.entry):
                 found.append(Finding(
                     "header_mismatch", CORRUPTION,
                     f"the LLS1 header has no body of {tp} at {use.byte_offset} with "
@@ -153,9 +158,26 @@ class ObjectChecker:
         else:
             async with self._limiter:
                 body = await self.stores.s3.get(key)
-        codec.verify_body(body, crc)
-        codec.decode_body(body, use.encoding, use.msg_count)
+        codec.decode_body(raw_body(body, _stored_as(use, crc)), use.encoding, use.msg_count)
         return Checked(found, len(body), use.msg_count)
+
+
+def _stored_as(use: ObjectUse, crc: int | None) -> IndexEntry:
+    """What ``use`` says about its stored bytes, with the checksum to verify them by."""
+    if use.entry is None:
+        return IndexEntry("WAL" if use.byte_offset is not None else "COMPACTED",
+                          use.msg_count, use.data_key, use.encoding, use.byte_offset,
+                          use.byte_length, crc32c=crc)
+    return dataclasses.replace(use.entry, crc32c=crc, extra=dict(use.entry.extra))
+
+
+def _same_codec(part: dict[str, Any], entry: IndexEntry | None) -> bool:
+    """Whether the LLS1 header and the index agree on how a slice is stored."""
+    try:
+        return parse_codec(part.get("codec")) is parse_codec(
+            None if entry is None else entry.codec)
+    except CorruptData:
+        return False
 
 
 def _int(value: object) -> int:

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 from typing import get_args
 
-from app.errors import InvalidRequest
+from app.errors import CorruptData, InvalidRequest
 from app.storage.codec import ENTRY_ENCODINGS
+from app.storage.compression import parse_codec
 from app.storage.keys import KeyLayout
 from app.storage.records import (
     Compaction,
@@ -64,13 +65,22 @@ def _data_problems(data_key: object, encoding: object, crc32c: object) -> list[s
     return out
 
 
+def _codec_problems(name: object) -> list[str]:
+    try:
+        parse_codec(name)
+    except CorruptData as exc:
+        return [str(exc)]
+    return []
+
+
 def index_entry_problems(entry: IndexEntry) -> list[str]:
     out = []
     if entry.type not in get_args(EntryType):
         out.append(f"type {entry.type!r} is not one of {get_args(EntryType)}")
     out += _integers(entry, ("msg_count",), 1)
     out += _integers(entry, ("created_at_ms",))
-    out += _optional_integers(entry, ("byte_offset", "byte_length"))
+    out += _optional_integers(entry, ("byte_offset", "byte_length", "raw_length"))
+    out += _codec_problems(entry.codec)
     return out + _data_problems(entry.data_key, entry.encoding, entry.crc32c)
 
 
@@ -102,6 +112,8 @@ def compaction_problems(compaction: Compaction) -> list[str]:
     out += _integers(compaction, ("start_offset", "end_offset", "msg_count",
                                   "tail_entry_start_offset"), 1)
     out += _integers(compaction, ("created_at_ms",))
+    out += _optional_integers(compaction, ("raw_length",))
+    out += _codec_problems(compaction.codec)
     return out + _data_problems(compaction.data_key, compaction.encoding, compaction.crc32c)
 
 

@@ -6,6 +6,7 @@ Everything runs against the session's real Oxia and MinIO through ``open_engine`
 from __future__ import annotations
 
 import dataclasses
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +18,10 @@ from app.settings import Settings
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.log_record import Payload
 from app.storage.records import Compaction, CompactionCursor, IndexEntry
+from app.storage.stored import raw_body
+from app.storage.topics import PARTITION_KEY
 from app.storage.writer import LogWriter
 from tests.helpers.stack import Engine, make_settings
 
@@ -49,6 +53,27 @@ async def append_batches(writer: LogWriter, tp: TopicPartition, batches: int, pe
         acked.update(zip(range(result.start_offset, result.end_offset + 1), records,
                          strict=True))
     return acked
+
+
+async def append_each(e: Engine, tp: TopicPartition, batches: list[list[Payload]]) -> None:
+    """One append per batch, each acknowledged."""
+    for records in batches:
+        (result,) = await e.writer.append_shared([AppendGroup(tp, records)])
+        assert isinstance(result, AppendResult), result
+
+
+async def read_with_times(e: Engine, tp: TopicPartition, max_bytes: int = 2048
+                          ) -> list[tuple[int, Payload, int]]:
+    """(offset, record, append time) of the whole log, read in pages of ``max_bytes``."""
+    out: list[tuple[int, Payload, int]] = []
+    offset = 1
+    while True:
+        result = await e.reader.read(tp, offset, max_bytes=max_bytes)
+        out += [(o, p, t) for (o, p), t in zip(result.records, result.append_times,
+                                                 strict=True)]
+        if result.next_offset > result.high_watermark:
+            return out
+        offset = result.next_offset
 
 
 async def read_all(e: Engine, tp: TopicPartition, offset: int = 1) -> dict[int, bytes]:
@@ -84,12 +109,25 @@ async def compaction_record(e: Engine, tp: TopicPartition) -> Compaction | None:
     return None if record is None else Compaction.from_json(record.value)
 
 
+async def set_topic_compression(e: Engine, topic: str, compression: str | None,
+                                level: int | None = None) -> None:
+    """Put the topic's ``compression``/``compression_level`` in its catalog record
+    (created if absent) as the topic routes store them (docs/protocol.md)."""
+    key = e.layout.topic_record(topic)
+    found = await e.oxia.get(key, PARTITION_KEY)
+    record = (json.loads(found.value) if found is not None else
+              {"topic": topic, "partitions": 1, "created_at_ms": 0})
+    record.update(compression=compression, compression_level=level)
+    await e.oxia.put(key, json.dumps(record).encode(), PARTITION_KEY)
+
+
 @dataclass(frozen=True)
 class Expected:
     """The end state of a partition compacted into the given COMPACTED ranges."""
 
     ranges: list[tuple[int, int]]
     wal_after: int = 0  # WAL entries expected beyond the last range
+    codec: str | None = None  # of every COMPACTED entry (None: stored raw)
 
 
 async def assert_compacted(e: Engine, tp: TopicPartition, expected: Expected) -> None:
@@ -104,8 +142,9 @@ async def assert_compacted(e: Engine, tp: TopicPartition, expected: Expected) ->
         assert entry.byte_offset is None and entry.byte_length is None
         _, key = e.layout.parse_uri(entry.data_key)
         assert key.startswith(e.layout.partition_prefix(tp) + "data/compacted/")
-        body = await e.s3.get(key)
-        assert entry.crc32c == codec.crc32c(body)
+        stored = await e.s3.get(key)
+        assert entry.crc32c == codec.crc32c(stored) and entry.codec == expected.codec
+        body = raw_body(stored, entry)
         assert len(codec.decode_body(body, entry.encoding, entry.msg_count)) == entry.msg_count
     rest = entries[len(expected.ranges):]
     assert len(rest) == expected.wal_after and all(x.type == "WAL" for _, x in rest)
