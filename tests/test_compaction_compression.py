@@ -104,6 +104,10 @@ async def test_a_zstd_topic_compacts_into_one_frame_per_chunk_that_reads_back(
         assert len(whole) == raw_size == entry.raw_length
         assert len(codec.decode_body(whole, entry.encoding, entry.msg_count)) == len(before)
         assert await read_with_times(e, tp, 4096) == before
+        # What the cost estimate bills: the chunk bytes before and after zstd.
+        counted = e.s3.metrics
+        assert counted.stored_raw_bytes.labels("chunk")._value.get() == raw_size
+        assert counted.stored_bytes.labels("chunk")._value.get() == len(stored)
 
 
 async def test_a_topic_without_compression_keeps_raw_chunks_with_no_codec(

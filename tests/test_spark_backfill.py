@@ -20,6 +20,8 @@ from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload, payload_value
+from app.storage.topics import PARTITION_KEY
+from tests.helpers.compaction import index_entries
 from tests.helpers.spark_records import read_back, same_fields, sample_records
 from tests.helpers.spark_support import (
     SPARK_TESTS,
@@ -99,6 +101,13 @@ def test_backfill_then_export_round_trip(stack: LocalStack, spark: Any, topic: s
         path = tmp_path / f"in-{f}.jsonl"
         _write_jsonl(path, rows)
         files.append(str(path))
+
+    async def zstd_topic(e: Engine) -> None:  # backfilled slices rest as its appends would
+        await e.oxia.put(e.layout.topic_record(topic), json.dumps(
+            {"topic": topic, "partitions": 3, "created_at_ms": 0, "compression": "zstd",
+             "compression_level": 1}).encode(), PARTITION_KEY)
+
+    run(settings, zstd_topic)
     first = _backfill(spark, settings, tmp_path / "bf-json", inputs=tuple(files),
                       topic_column="topic", partition_column="partition",
                       chunk_records=40, marker_every=3)
@@ -111,6 +120,12 @@ def test_backfill_then_export_round_trip(stack: LocalStack, spark: Any, topic: s
         per_blob.setdefault(c["blob_key"], set()).add(c["partition"])
     assert max(len(v) for v in per_blob.values()) >= 2  # several partitions per blob
     assert len(per_blob) < len(chunks)
+
+    async def codecs(e: Engine) -> set[str | None]:
+        return {entry.codec for _, entry in
+                await index_entries(e, TopicPartition(topic, 0))}
+
+    assert run(settings, codecs) == {"zstd"}
 
     # Parquet with binary values (not all UTF-8), one topic for every row.
     bin_topic = topic + "-bin"

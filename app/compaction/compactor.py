@@ -249,6 +249,8 @@ class Compactor:
             merged = await anyio.to_thread.run_sync(compress_chunks, merged, compression)
             object_key = self._layout.compacted_object(tp, uuid.uuid4().hex)
             await self._s3.put(object_key, merged.body)
+            self._s3.metrics.count_stored("chunk", merged.raw_length or len(merged.body),
+                                          len(merged.body))
         await self._step("after_compacted_put")
         start, end = run[0].start, run[-1].end
         if merged.msg_count != end - start + 1:

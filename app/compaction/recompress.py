@@ -20,21 +20,20 @@ import logging
 import struct
 
 from app.compaction.assemble import CompactedBody
-from app.errors import CorruptData
+from app.errors import LlogError
 from app.storage import codec
 from app.storage.chunks import MAX_CHUNK_RAW_BYTES
 from app.storage.compression import (
     MIN_SAVING,
     NO_COMPRESSION,
-    ZSTD_DEFAULT_LEVEL,
     ZSTD_MAX_LEVEL,
     Codec,
     Compression,
     compress_frame,
-    parse_codec,
 )
 from app.storage.keys import KeyLayout
 from app.storage.oxia_store import OxiaStore
+from app.storage.topic_compression import topic_compression as stored_as
 from app.storage.topics import PARTITION_KEY
 
 log = logging.getLogger(__name__)
@@ -52,10 +51,11 @@ async def topic_compression(oxia: OxiaStore, layout: KeyLayout, topic: str) -> C
         return NO_COMPRESSION
     try:
         data = json.loads(found.value)
-        kind = parse_codec(data.get("compression")) if isinstance(data, dict) else Codec.NONE
-        level = data.get("compression_level") if kind is not Codec.NONE else None
-        return Compression(kind, ZSTD_DEFAULT_LEVEL if level is None else int(level))
-    except (ValueError, TypeError, CorruptData) as exc:
+        if not isinstance(data, dict):
+            return NO_COMPRESSION
+        # The one rule of the fields, as the catalog and the writer read them.
+        return stored_as(data.get("compression"), data.get("compression_level"))
+    except (ValueError, TypeError, LlogError) as exc:
         log.warning("topic %s: compression setting not understood (%s); compacting raw",
                     topic, exc)
         return NO_COMPRESSION

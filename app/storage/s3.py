@@ -113,6 +113,11 @@ class S3Store:
         self._lean: LeanS3 | None = None  # GET, ranged GET and PUT when usable
         self._stack: contextlib.AsyncExitStack | None = None
 
+    @property
+    def metrics(self) -> StoreMetrics:
+        """The counters this store's requests go to (writers add what they stored)."""
+        return self._metrics
+
     async def __aenter__(self) -> S3Store:
         s = self._settings
         config = AioConfig(

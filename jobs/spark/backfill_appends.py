@@ -14,11 +14,13 @@ import anyio
 
 from app.errors import LlogError
 from app.storage.appends import AppendGroup, AppendResult
+from app.storage.compression import NO_COMPRESSION, Compression
 from app.storage.idempotency import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_size
 from app.storage.records import Control, now_ms
 from app.storage.s3 import S3Store
+from app.storage.topics import TopicCatalog
 from app.storage.writer import LogWriter
 from jobs.spark.stores import Stores, job_object_key, open_stores
 from jobs.spark.tasks import run_async, task_identity, task_logger
@@ -131,6 +133,7 @@ class _Task:
     params: TaskParams
     results: list[tuple[Any, ...]] = field(default_factory=list)
     states: dict[TopicPartition, _TpState] = field(default_factory=dict)
+    compressions: dict[str, Compression] = field(default_factory=dict)
     appended_records: int = 0
     appends: int = 0
     started: float = field(default_factory=time.monotonic)
@@ -144,6 +147,15 @@ class _Task:
                error: str | None = None) -> None:
         self.results.append((unit.tp.topic, unit.tp.partition, unit.chunk, len(unit.records),
                              unit.size, status, start, end, blob, error))
+
+    async def compression(self, topic: str) -> Compression:
+        """How the topic stores its appends (read once per task): backfilled records
+        rest as the broker's own appends of the topic would."""
+        if topic not in self.compressions:
+            found = await TopicCatalog(self.stores.oxia, self.stores.layout).get(topic)
+            self.compressions[topic] = (NO_COMPRESSION if found is None
+                                        else found.config.stored_as())
+        return self.compressions[topic]
 
     async def read_control(self, tp: TopicPartition) -> Control | None:
         record = await self.stores.oxia.get(self.stores.layout.control(tp), tp.partition_key)
@@ -220,7 +232,8 @@ class _Task:
         if not units:
             return
         await self.throttle(sum(len(u.records) for u in units))
-        groups = [AppendGroup(u.tp, u.records, chunk_key(self.params.job_id, u.chunk))
+        groups = [AppendGroup(u.tp, u.records, chunk_key(self.params.job_id, u.chunk),
+                              await self.compression(u.tp.topic))
                   for u in units]
         self.recorder.last_put = None
         try:
