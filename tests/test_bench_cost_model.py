@@ -49,8 +49,10 @@ def test_llog_pays_requests_per_flush_and_storage_per_stored_byte() -> None:
     assert zstd["keep"] == pytest.approx(
         (WEEK_IN_MONTHS / r["chunk_ratio"] + 24 / 730 / r["wal_ratio"]) * 0.023)
     assert none["read"] == pytest.approx(req["s3_get_read_compacted"] * 1024 * 0.0004 / 1000)
-    # Random bytes are stored raw: trying zstd costs nothing here.
-    assert cm.llog_costs(INPUTS, "random", "zstd") == cm.llog_costs(INPUTS, "random", "none")
+    # Random bytes are stored raw: trying zstd costs nothing here (measured ratios of
+    # raw bodies are a hair under 1: the LLS1 header and record framing).
+    tried = cm.llog_costs(INPUTS, "random", "zstd")
+    assert tried == pytest.approx(cm.llog_costs(INPUTS, "random", "none"), rel=0.03)
     assert none["total_any_zone"] == pytest.approx(none["total"] + 2 * 2 / 3 * 0.02)
 
 

@@ -195,6 +195,10 @@ def test_llog_dev_runs_several_brokers_behind_caddy(tmp_path: Path) -> None:
                 r = client.post("/produce", json={"topic_partitions": [
                     {"topic": "dev-lb", "partition": 0, "records": [f"r{i}"]}]})
                 assert r.status_code == 200 and r.json()["results"][0]["ok"]
+        # Topics created on use store their records compressed, as llog dev ships.
+        with httpx.Client(base_url=url, timeout=30) as client:
+            described = client.get("/topics/dev-lb").json()
+        assert (described["compression"], described["compression_level"]) == ("zstd", 1)
         # Round robin: both brokers took produce requests; the one that does not prefer
         # partition 0 forwarded its records to the one that does.
         assert all(_produced_by(b["url"]) > 0 for b in stack["brokers"])

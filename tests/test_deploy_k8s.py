@@ -398,6 +398,7 @@ def test_brokers_forward_to_each_other_pod_to_pod_with_one_cluster_secret(
     env = {e["name"]: e for e in container["env"]}
     settings = _served_settings(example, "llog-broker")
     assert settings.affinity == "forward"
+    assert settings.topic_default_compression == "zstd:1"  # new topics compressed
     assert env["LLOG_FORWARD_HOST"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
     (port,) = [p for p in container["ports"] if p["name"] == "forward"]
     assert port["containerPort"] == settings.forward_port
