@@ -6,6 +6,7 @@ import time
 from collections.abc import Sequence
 
 import anyio
+import anyio.abc
 import pytest
 
 from app.batching.batcher import Batcher, BatcherState, BatcherStats, paced_for
@@ -336,6 +337,21 @@ async def test_submit_is_enqueue_without_a_deadline() -> None:
         await b.enqueue([AppendGroup(A, [b"late"])], take_by=time.monotonic() + 3600)
 
 
+async def _flushes(log: FakeLog, n: int) -> None:
+    """Until ``n`` flushes have started (each is held in the fake append)."""
+    with anyio.fail_after(5):
+        while len(log.calls) < n:
+            await anyio.wait_all_tasks_blocked()
+
+
+async def _one_in_flight_one_buffered(tg: anyio.abc.TaskGroup, b: Batcher, log: FakeLog
+                                      ) -> None:
+    tg.start_soon(b.submit, [AppendGroup(A, [b"x"])])
+    with anyio.fail_after(5):
+        await log.entered.wait()
+    tg.start_soon(b.submit, [AppendGroup(B, [b"y"])])
+
+
 async def test_a_batch_below_the_size_threshold_waits_for_the_eager_flush() -> None:
     """Four slots, one eager flush: a second small batch waits for the first flush to
     finish instead of taking a slot, so it grows; a full batch goes on a free slot."""
@@ -353,9 +369,7 @@ async def test_a_batch_below_the_size_threshold_waits_for_the_eager_flush() -> N
         assert len(log.calls) == 1  # held: one small flush is in flight
         assert b.statistics().buffered_bytes == 20
         tg.start_soon(b.submit, [AppendGroup(B, [b"w" * 80])])  # the batch is full now
-        with anyio.fail_after(5):
-            while len(log.calls) < 2:
-                await anyio.wait_all_tasks_blocked()
+        await _flushes(log, 2)
         assert [len(c) for c in log.calls] == [1, 3]
         b.close()
         log.release.set()
@@ -368,13 +382,8 @@ async def test_without_eager_flushes_every_slot_takes_a_small_batch() -> None:
     b = batcher(log, max_delay_s=0, max_bytes=100, max_inflight_flushes=2)
     async with anyio.create_task_group() as tg:
         await tg.start(b.run)
-        tg.start_soon(b.submit, [AppendGroup(A, [b"x"])])
-        with anyio.fail_after(5):
-            await log.entered.wait()
-        tg.start_soon(b.submit, [AppendGroup(B, [b"y"])])
-        with anyio.fail_after(5):
-            while len(log.calls) < 2:
-                await anyio.wait_all_tasks_blocked()
+        await _one_in_flight_one_buffered(tg, b, log)
+        await _flushes(log, 2)
         b.close()
         log.release.set()
 
@@ -386,16 +395,11 @@ async def test_a_wider_share_lets_a_held_batch_go() -> None:
     b.pace(2)  # two members: one eager flush each
     async with anyio.create_task_group() as tg:
         await tg.start(b.run)
-        tg.start_soon(b.submit, [AppendGroup(A, [b"x"])])
-        with anyio.fail_after(5):
-            await log.entered.wait()
-        tg.start_soon(b.submit, [AppendGroup(B, [b"y"])])
+        await _one_in_flight_one_buffered(tg, b, log)
         await anyio.wait_all_tasks_blocked()
         assert len(log.calls) == 1
         b.pace(1)  # the other member left
-        with anyio.fail_after(5):
-            while len(log.calls) < 2:
-                await anyio.wait_all_tasks_blocked()
+        await _flushes(log, 2)
         b.close()
         log.release.set()
 
