@@ -352,7 +352,7 @@ def _topic_call(llog: LlogClient, args: argparse.Namespace) -> Any:
     action = args.action
     if action == "list":
         return llog.list_topics()
-    compression: tuple[str, int | None] | None = getattr(args, "compression", None)
+    compression: tuple[str, int | None] | None = getattr(args, "topic_compression", None)
     if action == "create":
         name, level = compression or (None, None)
         return llog.create_topic(args.name, args.partitions, retention_ms=args.retention_ms,
@@ -524,8 +524,9 @@ def _add_topics(sub: Any) -> None:
         for flag in ("--retention-ms", "--retention-bytes", "--max-record-bytes"):
             parser.add_argument(flag, type=limit_type, default=None, metavar="N",
                                 help=f"(default: {default})")
+        # Its own dest: a client's --compression (of request bodies) is another thing.
         parser.add_argument("--compression", type=_compression, default=None,
-                            metavar="none|zstd[:LEVEL]",
+                            dest="topic_compression", metavar="none|zstd[:LEVEL]",
                             help=f"how new appends are stored (default: {stored})")
     for name, text in (("describe", "a topic and its partitions"), ("delete", "delete a topic")):
         actions.add_parser(name, help=text, parents=parents).add_argument("name", metavar="TOPIC")

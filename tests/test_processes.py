@@ -73,3 +73,14 @@ def _kill_parent_then_wait_for_the_child(parent: subprocess.Popen[str]) -> None:
     finally:
         parent.kill()
         parent.wait(timeout=30)
+
+
+def test_free_port_avoids_the_ports_already_taken() -> None:
+    """A probe's port is free again once it closes: the OS may hand it out twice, and
+    two listeners of one Oxia server on one port fail to start."""
+    first = processes.free_port()
+    taken = {first}
+    for _ in range(50):
+        port = processes.free_port(avoid=taken)
+        assert port not in taken
+        taken.add(port)

@@ -80,6 +80,8 @@ class OxiaCluster:
     startup_timeout_s: float = 60.0
     nodes: list[OxiaNode] = field(default_factory=list)
     coordinator: ManagedProcess | None = None
+    # Every port the cluster listens on, so a metrics port never repeats one of them.
+    _taken_ports: set[int] = field(default_factory=set, repr=False)
 
     @property
     def service_address(self) -> str:
@@ -103,6 +105,7 @@ class OxiaCluster:
 
     def start(self) -> None:
         ports = self.config.resolved_ports(self.first_port)
+        self._taken_ports = set(ports)
         for i in range(self.config.servers):
             public, internal = ports[2 * i], ports[2 * i + 1]
             name = f"oxia-{i}"
@@ -158,6 +161,13 @@ class OxiaCluster:
 
     # -- processes -------------------------------------------------------------------
 
+    def _metrics_port(self) -> int:
+        """A metrics port none of the cluster's servers or other metrics listeners use."""
+        taken = self._taken_ports
+        port = free_port(self.host, avoid=taken)
+        taken.add(port)
+        return port
+
     def _server_process(self, name: str, public: int, internal: int) -> ManagedProcess:
         data = self.base_dir / name
         return ManagedProcess(
@@ -166,7 +176,7 @@ class OxiaCluster:
                 str(self.binary), "server",
                 "--public-addr", f"{self.host}:{public}",
                 "--internal-addr", f"{self.host}:{internal}",
-                "--metrics-addr", f"{self.host}:{free_port(self.host)}",
+                "--metrics-addr", f"{self.host}:{self._metrics_port()}",
                 "--data-dir", str(data / "db"),
                 "--wal-dir", str(data / "wal"),
             ],
@@ -195,7 +205,7 @@ class OxiaCluster:
                 "--metadata", "file",
                 "--file-clusters-status-path", str(self.base_dir / "cluster-status.json"),
                 "--internal-addr", f"{self.host}:{port}",
-                "--metrics-addr", f"{self.host}:{free_port(self.host)}",
+                "--metrics-addr", f"{self.host}:{self._metrics_port()}",
             ],
             self.logs_dir / "oxia-coordinator.log",
         )

@@ -133,7 +133,7 @@ class LocalStack:
                 startup_timeout_s=c.startup_timeout_s)
             self.oxia_cluster.start()
             return
-        metrics_port = c.oxia_metrics_port or free_port(c.host)
+        metrics_port = c.oxia_metrics_port or free_port(c.host, avoid={c.oxia_port, c.s3_port})
         self.oxia = ManagedProcess(
             "oxia",
             [
