@@ -12,6 +12,7 @@ import atexit
 import importlib.util
 import json
 import shutil
+import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,20 +51,39 @@ SPARK_TESTS = [
 _SESSION: Any = None
 
 
+_GATEWAY_ATTEMPTS = 3
+
+
 def get_spark() -> Any:
-    """The process-wide local[2] SparkSession of the tests."""
+    """The process-wide local[2] SparkSession of the tests.
+
+    Its JVM is started again (up to :data:`_GATEWAY_ATTEMPTS` times) when it exits
+    before it is up: on a loaded machine that has happened at the start of a run, and
+    the session is shared, so one such exit would fail every Spark test of the worker.
+    Any other failure, and a third exit, fail as they are."""
     global _SESSION
     if _SESSION is None:
+        from pyspark.errors import PySparkRuntimeError
+
         from jobs.spark.session import build_spark
 
-        _SESSION = build_spark("llog-spark-tests", "local[2]", {
-            "spark.ui.enabled": "false",
-            "spark.ui.showConsoleProgress": "false",
-            "spark.sql.shuffle.partitions": "4",
-            "spark.default.parallelism": "2",
-            "spark.driver.memory": "1g",
-            "spark.sql.adaptive.enabled": "true",
-        })
+        for attempt in range(1, _GATEWAY_ATTEMPTS + 1):
+            try:
+                _SESSION = build_spark("llog-spark-tests", "local[2]", {
+                    "spark.ui.enabled": "false",
+                    "spark.ui.showConsoleProgress": "false",
+                    "spark.sql.shuffle.partitions": "4",
+                    "spark.default.parallelism": "2",
+                    "spark.driver.memory": "1g",
+                    "spark.sql.adaptive.enabled": "true",
+                })
+                break
+            except PySparkRuntimeError as exc:
+                if (exc.getCondition() != "JAVA_GATEWAY_EXITED"
+                        or attempt == _GATEWAY_ATTEMPTS):
+                    raise
+                print(f"spark: the JVM exited while starting (attempt {attempt}); again",
+                      file=sys.stderr)
         atexit.register(_SESSION.stop)
     return _SESSION
 
