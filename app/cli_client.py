@@ -20,6 +20,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
+from app.cli_records import (
+    FORMAT_HELP,
+    OutputFormat,
+    Template,
+    batches,
+    output_format,
+    partition_list,
+)
 from app.client.compression import COMPRESSIONS, DEFAULT_COMPRESSION
 from app.client.config import BROKER_URL_ENV, DEFAULT_BROKER_URL, version
 
@@ -259,22 +267,23 @@ def record_json(record: ConsumedRecord) -> dict[str, Any]:
     return out
 
 
-def _write_record(out: IO[bytes], record: ConsumedRecord, fmt: str) -> None:
-    if fmt == "json":
+def _write_record(out: IO[bytes], record: ConsumedRecord, fmt: OutputFormat) -> None:
+    if isinstance(fmt, Template):
+        out.write(fmt.render(record))
+    elif fmt == "json":
         out.write(json.dumps(record_json(record), ensure_ascii=False).encode() + b"\n")
     else:
         out.write(record.value + b"\n")
 
 
-def _show(llog: LlogClient, args: argparse.Namespace, start: Start, follow: bool) -> int:
+def _show(llog: LlogClient, args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     progress = Progress(sys.stderr, f"llog {args.command}",
                         enabled=sys.stderr.isatty() and not sys.stdout.isatty())
     left = args.count
     try:
-        for fetched in llog.iter_batches(args.topic, args.partition, start, follow=follow,
-                                         max_wait_ms=args.max_wait_ms):
-            records = fetched.records[:left] if left is not None else fetched.records
+        for run in batches(llog, args):
+            records = run[:left] if left is not None else run
             for record in records:
                 _write_record(out, record, args.format)
             out.flush()
@@ -290,14 +299,12 @@ def _show(llog: LlogClient, args: argparse.Namespace, start: Start, follow: bool
 
 def cmd_consume(args: argparse.Namespace) -> int:
     with _client(args) as llog:
-        return _show(llog, args, args.start, args.follow)
+        return _show(llog, args)
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
     with _client(args) as llog:
-        where = llog.offsets(args.topic, args.partition)
-        start = max(where.log_start_offset, where.high_watermark + 1 - args.lines)
-        return _show(llog, args, start, args.follow)
+        return _show(llog, args)
 
 
 # -- topics ------------------------------------------------------------------------
@@ -463,31 +470,45 @@ def _add_produce(sub: Any) -> None:
 
 def _add_reading_options(p: argparse.ArgumentParser, wait_ms: int) -> None:
     p.add_argument("topic", metavar="TOPIC")
-    p.add_argument("--partition", type=int, default=0, metavar="N")
+    p.add_argument("--partition", type=partition_list, action="extend", default=None,
+                   metavar="N[,N...]",
+                   help="read only these partitions (repeatable; default: every partition)")
     p.add_argument("--count", type=lambda text: _number(text, 1), default=None, metavar="N",
-                   help="stop after N records (default: no limit)")
-    p.add_argument("--format", choices=("value", "json"), default="value",
-                   help="value: each value on a line; json: JSON lines with offset, key, "
-                        "headers and timestamps")
+                   help="stop after N records in all (default: no limit)")
+    p.add_argument("--format", type=output_format, default="value",
+                   metavar="value|json|TEMPLATE", help=FORMAT_HELP)
     p.add_argument("--max-wait-ms", type=int, default=wait_ms, metavar="MS",
                    help="longest wait of one long-poll while following")
     p.add_argument("-f", "--follow", action="store_true",
-                   help="keep waiting for new records (Ctrl-C stops)")
+                   help="keep waiting for new records on every partition read (Ctrl-C "
+                        "stops)")
+
+
+_ALL_PARTITIONS = ("Every partition of the topic is read (kcat's default), or those "
+                   "--partition names, the records interleaved by append time (ties by "
+                   "partition, then offset). ")
 
 
 def _add_consume(sub: Any) -> None:
-    p = _command(sub, "consume", cmd_consume, help="print records of a partition",
-                 description="Print the records of one partition from --from to the end "
-                             "(with -f: and then those that arrive).")
+    p = _command(sub, "consume", cmd_consume, help="print records of a topic",
+                 description="Print the records of a topic from --from to the end (with "
+                             "-f: and then those that arrive). " + _ALL_PARTITIONS +
+                             "--from applies to each partition: an OFFSET outside a "
+                             "partition's log starts it at the nearer end (with "
+                             "--partition, it is an error); --count counts records of "
+                             "all partitions.")
     _add_reading_options(p, 10_000)
     p.add_argument("--from", dest="start", type=_start, default="earliest",
-                   metavar="earliest|latest|OFFSET", help="where to start")
+                   metavar="earliest|latest|OFFSET",
+                   help="where to start in each partition")
 
 
 def _add_tail(sub: Any) -> None:
     p = _command(sub, "tail", cmd_tail, help="print the last records (-f: and follow)",
-                 description="Print the last records of one partition; with -f, keep "
-                             "printing those that arrive.")
+                 description="Print the last records of a topic; with -f, keep printing "
+                             "those that arrive. " + _ALL_PARTITIONS + "--lines counts "
+                             "the last records of all partitions together, as does "
+                             "--count (the first ones included).")
     _add_reading_options(p, 10_000)
     p.add_argument("-n", "--lines", type=lambda text: _number(text, 0), default=10, metavar="N",
                    help="how many of the last records to print first")

@@ -139,8 +139,10 @@ def test_topics_compression_option(default_broker: Broker, topic: str) -> None:
 def test_failures_say_what_failed(default_broker: Broker, topic: str) -> None:
     bad = llog(default_broker, "produce", "not a topic", "x")
     assert bad.returncode == 1 and bad.stderr.startswith(b"llog produce: InvalidRequest")
-    beyond = llog(default_broker, "consume", topic, "--from", "9")
+    beyond = llog(default_broker, "consume", topic, "--partition", "0", "--from", "9")
     assert beyond.returncode == 1 and b"OffsetOutOfRange" in beyond.stderr
+    unknown = llog(default_broker, "consume", topic)  # every partition: of no topic
+    assert unknown.returncode == 1 and b"UnknownTopic" in unknown.stderr
     nobody = llog(None, "topics", "list", "--timeout", "2")
     assert nobody.returncode == 1 and b"TransportError" in nobody.stderr
 
@@ -200,3 +202,105 @@ def test_lines_are_read_in_batches_with_a_last_line_without_newline() -> None:
     with os.fdopen(read, "rb") as source:
         batches = list(read_lines(source.fileno(), limit=3))
     assert [line for batch in batches for line in batch] == [b"a", b"b", b"", b"last"]
+
+
+# -- every partition, templates and groups (kcat's manner) ------------------------------
+
+
+def _keyed_topic(broker: Broker, topic: str) -> list[tuple[int, int, str]]:
+    """A topic of 3 partitions with keyed records on each, appended one request at a
+    time: the (partition, offset, value) of each, in the order produced."""
+    from app.client import LlogClient, Record
+
+    produced: list[tuple[int, int, str]] = []
+    with LlogClient(broker.url) as client:
+        client.create_topic(topic, 3)
+        for i in range(12):
+            value = f"v{i}"
+            result = client.produce(topic, Record(value, key=f"customer-{i}"))
+            (partition, offset), = result.offsets()
+            produced.append((partition, offset, value))
+    assert {p for p, _, _ in produced} == {0, 1, 2}  # the keys spread over every partition
+    return produced
+
+
+def _json_rows(out: bytes) -> list[dict[str, object]]:
+    return [json.loads(line) for line in out.splitlines()]
+
+
+def _in_time_order(rows: list[dict[str, object]]) -> bool:
+    keys = [(r["append_time_ms"], r["partition"], r["offset"]) for r in rows]
+    return keys == sorted(keys)
+
+
+def test_consume_and_tail_read_every_partition_by_append_time(default_broker: Broker,
+                                                               topic: str) -> None:
+    produced = _keyed_topic(default_broker, topic)
+    rows = _json_rows(ok(llog(default_broker, "consume", topic, "--format", "json")))
+    assert sorted((r["partition"], r["offset"], r["value"]) for r in rows) == sorted(produced)
+    assert _in_time_order(rows)
+    values = ok(llog(default_broker, "consume", topic)).decode().splitlines()
+    assert values == [r["value"] for r in rows]
+    # tail, which printed nothing on a keyed topic: the last records of all partitions.
+    assert ok(llog(default_broker, "tail", "-n", "4", topic)).decode().splitlines() == \
+        values[-4:]
+    # --count is the total; --from an offset applies to each partition.
+    assert ok(llog(default_broker, "consume", topic, "--count", "5")).decode().splitlines() \
+        == values[:5]
+    later = _json_rows(ok(llog(default_broker, "consume", topic, "--from", "3",
+                               "--format", "json")))
+    assert sorted((r["partition"], r["offset"]) for r in later) == sorted(
+        (p, o) for p, o, _ in produced if o >= 3)
+
+
+def test_partition_filter(default_broker: Broker, topic: str) -> None:
+    produced = _keyed_topic(default_broker, topic)
+    for args in (["--partition", "1,2"], ["--partition", "2", "--partition", "1"]):
+        rows = _json_rows(ok(llog(default_broker, "consume", topic, *args, "--format", "json")))
+        assert sorted((r["partition"], r["offset"]) for r in rows) == sorted(
+            (p, o) for p, o, _ in produced if p in (1, 2))
+        assert _in_time_order(rows)
+    last = _json_rows(ok(llog(default_broker, "tail", topic, "--partition", "2", "-n", "1",
+                              "--format", "json")))
+    assert [(r["partition"], r["offset"]) for r in last] == [
+        max((p, o) for p, o, _ in produced if p == 2)]
+    assert llog(default_broker, "consume", topic, "--partition", "one").returncode == 2
+
+
+def test_follow_sees_new_records_on_any_partition(default_broker: Broker, topic: str
+                                                  ) -> None:
+    produced = _keyed_topic(default_broker, topic)
+    env = {**os.environ, "LLOG_BROKER_URL": default_broker.url}
+    command = [*LLOG, "tail", "-f", "-n", "1", "--count", "3", "--format", "%p %s\\n", topic]
+    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as tail:
+        assert tail.stdout is not None
+        # The last record printed first proves the tail is positioned on every partition.
+        newest = tail.stdout.readline()
+        assert newest.split()[1] in {v.encode() for _, _, v in produced}
+        ok(llog(default_broker, "produce", topic, "--partition", "2", "new-on-2"))
+        assert tail.stdout.readline() == b"2 new-on-2\n"
+        ok(llog(default_broker, "produce", topic, "--partition", "1", "new-on-1"))
+        out, err = tail.communicate(timeout=60)
+    assert tail.returncode == 0, err.decode()
+    assert out == b"1 new-on-1\n" and err == b""
+
+
+def test_template_format(default_broker: Broker, topic: str, tmp_path: Path) -> None:
+    ok(llog(default_broker, "produce", topic, "--partition", "0", "--key", "k-1",
+            "--header", "trace=abc", "--header", "span=7", "--timestamp-ms", "1700000000000",
+            "first"))
+    source = tmp_path / "raw.bin"
+    source.write_bytes(b"\xff\xfe\n")
+    ok(llog(default_broker, "produce", topic, "--partition", "0", "--file", str(source)))
+    out = ok(llog(default_broker, "consume", topic, "--format",
+                  "%t|%p|%o|%k|%K|%s|%S|%T|%h|100%%\\t.\\n"))
+    first, raw = out.split(b"\n")[:2]
+    assert first == (f"{topic}|0|1|k-1|3|first|5|1700000000000|trace=abc,span=7|100%\t."
+                     ).encode()
+    fields = raw.split(b"|")
+    assert fields[3:7] == [b"", b"-1", b"\xff\xfe", b"2"]  # no key; the value's raw bytes
+    assert int(fields[7]) > 1_700_000_000_000  # no producer time: the append time
+    for bad in ("%x", "jsn"):
+        refused = llog(default_broker, "consume", topic, "--format", bad)
+        assert refused.returncode == 2 and b"--format" in refused.stderr
