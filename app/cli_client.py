@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
+from app.cli_groups import reset_target, run_groups
 from app.cli_records import (
     FORMAT_HELP,
     OutputFormat,
@@ -553,7 +554,44 @@ def _add_topics(sub: Any) -> None:
         actions.add_parser(name, help=text, parents=parents).add_argument("name", metavar="TOPIC")
 
 
+def cmd_groups(args: argparse.Namespace) -> int:
+    with _client(args) as llog:
+        print(run_groups(llog, args))
+    return 0
+
+
+def _add_groups(sub: Any) -> None:
+    p: argparse.ArgumentParser = sub.add_parser(
+        "groups", help="list, describe or reset consumer groups",
+        description="Consumer groups: their members, committed offsets and lag.")
+    p.set_defaults(func=lambda args: run(cmd_groups, args))
+    parents = [_connection(), _topic_format()]
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True,
+                               parser_class=ArgumentParser)
+    actions.add_parser("list", help="every group", parents=parents)
+    actions.add_parser("describe", parents=parents,
+                       help="members, generation, committed offsets and lag"
+                       ).add_argument("group", metavar="GROUP")
+    reset = actions.add_parser(
+        "reset", parents=parents, help="set a group's committed offsets",
+        description="Set the committed offsets of a group without live members (the "
+                    "broker refuses while one is live), for one partition or every "
+                    "partition of --topic.")
+    reset.add_argument("group", metavar="GROUP")
+    reset.add_argument("--topic", required=True, metavar="TOPIC")
+    reset.add_argument("--partition", type=int, default=None, metavar="N",
+                       help="only this partition (default: every partition of the topic)")
+    to = reset.add_mutually_exclusive_group(required=True)
+    to.add_argument("--to", type=reset_target, default=None,
+                    metavar="earliest|latest|OFFSET",
+                    help="earliest: read from the log start next; latest: only what is "
+                         "written next; OFFSET: the last offset processed (reading "
+                         "resumes at OFFSET+1)")
+    to.add_argument("--to-timestamp-ms", type=int, default=None, metavar="MS",
+                    help="read next from the first record appended at or after MS")
+
+
 def add_client_commands(sub: Any) -> None:
-    """Register produce, consume, tail and topics on ``llog``'s subcommands."""
-    for add in (_add_produce, _add_consume, _add_tail, _add_topics):
+    """Register produce, consume, tail, topics and groups on ``llog``'s subcommands."""
+    for add in (_add_produce, _add_consume, _add_tail, _add_topics, _add_groups):
         add(sub)

@@ -56,9 +56,9 @@ def test_the_engine_knows_nothing_above_it() -> None:
     assert "cluster" in graph["loadtest"]  # the load generator ranks with the same hash
     # The client speaks HTTP only, so it can be vendored into any program.
     assert graph["client"] == set()
-    assert graph["cli_client"] <= {"client", "cli_records"}
+    assert graph["cli_client"] <= {"client", "cli_records", "cli_groups"}
     # Its parts move into the client distribution with it.
-    assert graph["cli_records"] <= {"client"}
+    assert graph["cli_records"] <= {"client"} and graph["cli_groups"] <= {"client"}
 
 
 def test_functions_are_short_or_say_why() -> None:

@@ -304,3 +304,46 @@ def test_template_format(default_broker: Broker, topic: str, tmp_path: Path) -> 
     for bad in ("%x", "jsn"):
         refused = llog(default_broker, "consume", topic, "--format", bad)
         assert refused.returncode == 2 and b"--format" in refused.stderr
+
+
+def test_groups_list_describe_and_reset(default_broker: Broker, topic: str) -> None:
+    from app.client import LlogClient
+
+    group = f"g-{topic}"
+    with LlogClient(default_broker.url) as client:
+        client.create_topic(topic, 2)
+        client.produce(topic, ["a", "b", "c"], partition=0)
+        client.produce(topic, ["x"], partition=1)
+        client.commit_offsets(group, {(topic, 0): 1})
+        listed = json.loads(ok(llog(default_broker, "groups", "list", "--format", "json")))
+        assert group in {g["group"] for g in listed}
+        table = ok(llog(default_broker, "groups", "list")).decode().splitlines()
+        assert table[0].split()[:3] == ["GROUP", "GENERATION", "MEMBERS"]
+        assert any(line.split()[0] == group for line in table[1:])
+        described = json.loads(ok(llog(default_broker, "groups", "describe", group,
+                                       "--format", "json")))
+        lag = {p["partition"]: (p["committed_offset"], p["lag"])
+               for p in described["partitions"]}
+        assert lag[0] == (1, 2)
+        text = ok(llog(default_broker, "groups", "describe", group)).decode()
+        assert "LAG" in text and "HIGH_WATERMARK" in text
+        reset = json.loads(ok(llog(default_broker, "groups", "reset", group, "--topic", topic,
+                                   "--to", "latest", "--format", "json")))
+        assert reset == [{"topic": topic, "partition": 0, "offset": 3},
+                         {"topic": topic, "partition": 1, "offset": 1}]
+        member = client.join_group(group, topic)
+        try:
+            busy = llog(default_broker, "groups", "reset", group, "--topic", topic,
+                        "--to", "earliest")
+            assert busy.returncode == 1
+            assert busy.stderr.startswith(b"llog groups: GroupNotEmpty: ")
+            assert b"stop its consumers" in busy.stderr
+        finally:
+            client.leave_group(group, member.member_id)
+        one = ok(llog(default_broker, "groups", "reset", group, "--topic", topic,
+                      "--partition", "0", "--to", "2")).decode().splitlines()
+        assert one[1].split() == [topic, "0", "2"]
+        assert client.describe_group(group).partitions[0].committed_offset == 2
+    assert llog(default_broker, "groups", "reset", group, "--topic", topic).returncode == 2
+    missing = llog(default_broker, "groups", "describe", f"no-{group}")
+    assert missing.returncode == 1 and b"UnknownGroup" in missing.stderr

@@ -10,10 +10,14 @@ from typing import Any
 
 import pytest
 
+from app.cli_groups import all_groups
 from app.cli_records import TopicReader, output_format, template
 from app.client import (
     ConsumedRecord,
     Fetched,
+    GroupPage,
+    GroupSummary,
+    LlogClient,
     LlogError,
     RetryPolicy,
     StorageUnavailable,
@@ -122,3 +126,18 @@ def test_templates_write_fields_escapes_and_raw_bytes() -> None:
     for bad in ("%q", "jsno", "50%"):
         with pytest.raises(argparse.ArgumentTypeError):
             output_format(bad)
+
+
+def test_groups_are_listed_page_after_page() -> None:
+    def summary(name: str) -> GroupSummary:
+        return GroupSummary(name, 1, 0, (), 0, 0)
+
+    pages = {None: GroupPage((summary("a"), summary("b")), "b"),
+             "b": GroupPage((summary("c"),), None)}
+
+    class Groups:
+        def list_groups(self, *, after: str | None, limit: int) -> GroupPage:
+            return pages[after]
+
+    client: LlogClient = Groups()  # type: ignore[assignment]
+    assert [g.group for g in all_groups(client)] == ["a", "b", "c"]
