@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli_client import Progress, read_lines
 from app.localstack.stack import LocalStack
+from llog_client._cli import Progress, read_lines
 from tests.helpers.stack import Broker, BrokerFactory
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,5 +1,5 @@
 """The consumer-group calls (docs/http-api.md, Consumer groups), free of I/O like
-:mod:`app.client.ops`: join, heartbeat, leave, commit, list, describe, reset, and a
+:mod:`llog_client._ops`: join, heartbeat, leave, commit, list, describe, reset, and a
 fetch of several partitions with a group's committed offsets."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
-from app.client import wire
-from app.client.errors import LlogError
-from app.client.models import (
+from llog_client import _wire as wire
+from llog_client._errors import LlogError
+from llog_client._models import (
     Fetched,
     GroupDescription,
     GroupMembership,
@@ -18,9 +18,9 @@ from app.client.models import (
     Resume,
     TopicPartitionKey,
 )
-from app.client.ops import Op, Send, attempts, call, failure, results_of
-from app.client.retry import RetryPolicy
-from app.client.wire import Json, Outcome, Reply
+from llog_client._ops import Op, Send, attempts, call, failure, results_of
+from llog_client._retry import RetryPolicy
+from llog_client._wire import Json, Outcome, Reply
 
 Committed = dict[TopicPartitionKey, int]
 

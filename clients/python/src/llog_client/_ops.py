@@ -1,7 +1,7 @@
 """What each client call does, free of I/O, so the sync and the async client share it.
 
 An operation is a generator: it yields :class:`Send` (the driver answers with the
-broker's :class:`~app.client.wire.Reply` or :class:`~app.client.wire.Broken`) and
+broker's :class:`~llog_client._wire.Reply` or :class:`~llog_client._wire.Broken`) and
 :class:`Pause` (the driver sleeps, then moves on to the next broker), and returns the
 call's result or raises its error. Following a partition also yields :class:`Deliver`
 for the driver to hand each batch of records to its caller.
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from app.client import wire
-from app.client.batching import Entry as _Entry
-from app.client.batching import KeySource, plan_requests, request_body
-from app.client.errors import LlogError
-from app.client.models import (
+from llog_client import _wire as wire
+from llog_client._batching import Entry as _Entry
+from llog_client._batching import KeySource, plan_requests, request_body
+from llog_client._errors import LlogError
+from llog_client._models import (
     Fetched,
     PartitionOffsets,
     ProducedBatch,
@@ -28,8 +28,8 @@ from app.client.models import (
     TopicDescription,
     TopicInfo,
 )
-from app.client.retry import ProduceLimits, RetryPolicy
-from app.client.wire import Broken, Json, Outcome, Reply
+from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._wire import Broken, Json, Outcome, Reply
 
 T = TypeVar("T")
 
