@@ -240,3 +240,32 @@ def test_the_wheel_alone_produces_consumes_and_runs_a_group_and_the_cli(
     out = _run(llog, "consume", cli_topic, "--count", "20", "--broker", broker.url,
                cwd=tmp_path).stdout
     assert out.splitlines() == [f"line {i} {'y' * 200}" for i in range(20)]
+
+    # Another installed distribution adds its command, as the broker's does.
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "pyproject.toml").write_text(PLUGIN)
+    (plugin / "llog_hello.py").write_text(
+        "def add(sub):\n"
+        "    hello = sub.add_parser('hello', help='greets')\n"
+        "    hello.set_defaults(func=lambda args: print('hello from a plug-in') or 0)\n")
+    _run(python, "-m", "pip", "install", "--quiet", plugin, cwd=tmp_path)
+    assert "greets" in _run(llog, "--help", cwd=tmp_path).stdout
+    assert _run(llog, "hello", cwd=tmp_path).stdout == "hello from a plug-in\n"
+
+
+PLUGIN = """
+[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "llog-hello"
+version = "1"
+
+[project.entry-points."llog.commands"]
+hello = "llog_hello:add"
+
+[tool.setuptools]
+py-modules = ["llog_hello"]
+"""
