@@ -36,6 +36,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$hash" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
   # One command: the broker depends on llog-client, found here rather than on an index.
   .venv/bin/python -m pip install --quiet -e clients/python -e ".[dev,spark]"
+  # In a venv installed before the client was a distribution of its own, pip removes the
+  # old broker's llog script after llog-client wrote its own there: write it again.
+  [ -x .venv/bin/llog ] || \
+    .venv/bin/python -m pip install --quiet --force-reinstall --no-deps -e clients/python
   echo "$hash" > "$stamp"
 fi
 [ "$want" = python ] && exit 0
