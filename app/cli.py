@@ -9,6 +9,7 @@ import secrets
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -302,14 +303,12 @@ def _add_dev_and_serve(sub: Any) -> None:
     serve.set_defaults(func=cmd_serve)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def add_broker_commands(sub: Any) -> None:
+    """Add the broker's commands to ``llog`` (llog_client's command; the broker's
+    pyproject.toml registers this in the entry-point group ``llog.commands``)."""
     from app.cli_auth import add_auth_commands
-    from app.cli_client import ArgumentParser, add_client_commands, version_text
 
-    parser = ArgumentParser(prog="llog", description="leaderless-log broker tools")
-    parser.add_argument("--version", action="version", version=version_text())
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
-    add_client_commands(sub)
+    client_commands = set(sub.choices)
     _add_dev_and_serve(sub)
     add_auth_commands(sub)
 
@@ -331,12 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     loadtest.add_argument("args", nargs=argparse.REMAINDER)
-    loadtest.set_defaults(func=cmd_loadtest)
+    loadtest.set_defaults(func=cmd_loadtest, pass_through=_everything_to(cmd_loadtest))
 
     spark = sub.add_parser("spark", help="Spark jobs: audit|vacuum|backfill|export",
                            add_help=False)
     spark.add_argument("args", nargs=argparse.REMAINDER)
-    spark.set_defaults(func=cmd_spark)
+    spark.set_defaults(func=cmd_spark, pass_through=_everything_to(cmd_spark))
 
     servers = sub.add_parser("servers", help="manage the Go-built Oxia and MinIO binaries")
     servers_sub = servers.add_subparsers(dest="servers_command", required=True)
@@ -347,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     build.add_argument("--quiet", action="store_true",
                        help="print only what is built, not where every binary is")
     build.set_defaults(func=cmd_servers_build)
-    return parser
+    for name in set(sub.choices) - client_commands:
+        sub.choices[name].set_defaults(runner=_run)
 
 
 def cmd_spark(args: argparse.Namespace) -> int:
@@ -357,16 +357,14 @@ def cmd_spark(args: argparse.Namespace) -> int:
 
 
 # Subcommands with their own argument parsers: everything after the name is theirs.
-PASS_THROUGH = {"loadtest": cmd_loadtest, "spark": cmd_spark}
+def _everything_to(command: Callable[[argparse.Namespace], int]) -> Callable[[list[str]], int]:
+    return lambda argv: command(argparse.Namespace(args=argv))
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in PASS_THROUGH:
-        return PASS_THROUGH[argv[0]](argparse.Namespace(args=argv[1:]))
-    args = build_parser().parse_args(argv)
+def _run(func: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    """Run a broker command: bad settings and failed builds become a message."""
     try:
-        return int(args.func(args))
+        return int(func(args))
     except SettingsError as exc:
         print(f"llog: {exc}", file=sys.stderr)
         return 2
@@ -377,6 +375,21 @@ def main(argv: list[str] | None = None) -> int:
             print(f"llog: {exc}", file=sys.stderr)
             return 1
         raise
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``llog``'s parser with the broker's commands (whatever the entry points say)."""
+    from llog_client._cli import build_parser as llog_parser
+
+    return llog_parser([add_broker_commands])
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``llog`` with the client's and the broker's commands: ``python -m app.cli`` runs
+    it in a tree that is not installed (its entry points not registered)."""
+    from llog_client._cli import main as llog_main
+
+    return llog_main(argv, [add_broker_commands])
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Both sides: 1 KiB records over 4 partitions.
 - produce, Kafka: confluent-kafka, acks=all, linger 5 ms (bench/peer_clients.py).
   llog: the Go load generator, 4 partitions x 25 records x 1 KiB per request, 32
   connections (``--peer-connections``), JSON and binary; and the project's Python client
-  (app.client), as many produce calls in flight, 100 x 1 KiB to one partition each.
+  (llog_client), as many produce calls in flight, 100 x 1 KiB to one partition each.
 - catch-up of the same amount (``--catchup-mib``), Kafka: the confluent consumer from
   offset 0, 4 MiB fetches. llog: one client reading all 4 partitions from offset 1 in
   every request, binary answers, 4 MiB per request: the Python client
@@ -208,7 +208,7 @@ FIGURES = [
     # figure, llog row, Kafka row
     ("produce, JSON (Go load generator) vs confluent-kafka", "produce_json", "produce"),
     ("produce, binary (Go load generator) vs confluent-kafka", "produce_binary", "produce"),
-    ("produce, Python client (app.client) vs confluent-kafka", "produce_python", "produce"),
+    ("produce, Python client (llog_client) vs confluent-kafka", "produce_python", "produce"),
     ("catch-up fresh, one Python client", "catchup_fresh_python", "catchup"),
     ("catch-up fresh, Go load generator", "catchup_fresh_go", "catchup"),
     ("catch-up compacted, one Python client", "catchup_compacted_python", "catchup"),

@@ -11,7 +11,7 @@ printing one JSON object: what a Python user of each system gets.
     kafka-topic BOOTSTRAP TOPIC
         creates the topic with 4 partitions (the admin client: no JVM start).
     llog-produce URL TOPIC SECONDS TASKS
-        the project's Python client (app.client.AsyncLlogClient): TASKS produce calls in
+        the project's Python client (llog_client.AsyncLlogClient): TASKS produce calls in
         flight, each 100 records of 1 KiB (the Go load generator's bytes per request) to
         one partition, round-robin over 4 (the client sends one partition per call
         without keys), for SECONDS: what a Python user of llog gets.
@@ -21,7 +21,7 @@ printing one JSON object: what a Python user of each system gets.
         answer decoded to records with app.wire.records.parse, until MIB of values or
         every high watermark.
 
-The project's Python client (app.client) reads one partition per request and JSON
+The project's Python client (llog_client) reads one partition per request and JSON
 answers only, so the llog consumer here is what it would be with binary answers: the
 same HTTP client (httpx) and the project's own decoder.
 """
@@ -120,7 +120,7 @@ def kafka_consume(bootstrap: str, topic: str, mib: float) -> dict[str, Any]:
 def llog_produce(url: str, topic: str, seconds: float, tasks: int) -> dict[str, Any]:
     import asyncio
 
-    from app.client import AsyncLlogClient
+    from llog_client import AsyncLlogClient
 
     values = [os.urandom(RECORD_BYTES // 2).hex()] * 100  # 1 KiB each, JSON text values
 

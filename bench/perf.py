@@ -859,7 +859,7 @@ def peer_section(run: Run) -> dict[str, Any]:
             llog[f"produce_{fmt}"] = peer.timed(functools.partial(
                 hb.run_loadgen, load_args(broker.url, topic, shape, fmt, seconds, conns),
                 timeout=seconds + 120))
-        # What a Python user of llog gets, beside confluent-kafka: app.client.
+        # What a Python user of llog gets, beside confluent-kafka: llog_client.
         topic = _topic("pp")
         create_topic(broker, topic, shape[0])
         warm(broker, shape, "json", topic)

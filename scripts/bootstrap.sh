@@ -8,7 +8,8 @@
 #                                 and nginx for the load-balancer tests, every Go-built
 #                                 server and tool (the default)
 # Each step is a no-op when it is done already (the venv is stamped by the hash of
-# pyproject.toml; binaries are cached by the hash of their pinned modules).
+# pyproject.toml and the client's, clients/python/pyproject.toml; binaries are cached by
+# the hash of their pinned modules).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=${1:-test}
@@ -29,11 +30,16 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.llog-installed
-hash=$(sha256sum pyproject.toml | cut -d' ' -f1)
+hash=$(cat pyproject.toml clients/python/pyproject.toml | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$hash" ]; then
-  step "installing the project and its dev extras into .venv (pip)"
+  step "installing the project, its client (clients/python) and its dev extras into .venv (pip)"
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[dev,spark]"
+  # One command: the broker depends on llog-client, found here rather than on an index.
+  .venv/bin/python -m pip install --quiet -e clients/python -e ".[dev,spark]"
+  # In a venv installed before the client was a distribution of its own, pip removes the
+  # old broker's llog script after llog-client wrote its own there: write it again.
+  [ -x .venv/bin/llog ] || \
+    .venv/bin/python -m pip install --quiet --force-reinstall --no-deps -e clients/python
   echo "$hash" > "$stamp"
 fi
 [ "$want" = python ] && exit 0

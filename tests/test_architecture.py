@@ -4,10 +4,12 @@ cycles (docs/architecture.md draws the graph), and functions stay short."""
 from __future__ import annotations
 
 import ast
+import sys
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+CLIENT = ROOT / "clients/python/src/llog_client"
 MAX_FUNCTION_LINES = 60
 # A longer function says why in its docstring with this phrase.
 LONG_BECAUSE = "long because"
@@ -54,16 +56,29 @@ def test_the_engine_knows_nothing_above_it() -> None:
     assert "cluster" in graph["broker"]
     assert not graph["cluster"] & {"broker", "routes", "groups", "compaction", "loadtest"}
     assert "cluster" in graph["loadtest"]  # the load generator ranks with the same hash
-    # The client speaks HTTP only, so it can be vendored into any program.
-    assert graph["client"] == set()
-    assert graph["cli_client"] <= {"client", "cli_records", "cli_groups"}
-    # Its parts move into the client distribution with it.
-    assert graph["cli_records"] <= {"client"} and graph["cli_groups"] <= {"client"}
+
+
+def test_the_client_needs_nothing_but_httpx() -> None:
+    """llog-client is installed alone: its modules import the standard library, httpx
+    (and anyio, httpx's own), zstandard (the optional zstd extra) and each other; nothing
+    of the broker."""
+    allowed = set(sys.stdlib_module_names) | {"httpx", "anyio", "zstandard", "llog_client"}
+    found: dict[str, set[str]] = defaultdict(set)
+    for path in CLIENT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     and not node.level
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                if name.split(".")[0] not in allowed:
+                    found[path.name].add(name)
+    assert not found, f"llog_client imports beyond httpx: {dict(found)}"
+    assert list(CLIENT.glob("*.py")), "the client's sources moved?"
 
 
 def test_functions_are_short_or_say_why() -> None:
     long: list[str] = []
-    for folder in ("app", "jobs"):
+    for folder in ("app", "jobs", "clients/python/src"):
         for path in (ROOT / folder).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):

@@ -476,7 +476,7 @@ async def test_openapi_declares_the_bearer_scheme_on_protected_operations(
 async def test_the_python_client_sends_its_token_and_names_each_refusal(
         stack: LocalStack, auth_file: Path, keys: Keys, topic: str,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.client import (
+    from llog_client import (
         NO_RETRIES,
         AsyncLlogClient,
         Forbidden,

@@ -25,10 +25,14 @@ class Machine:
         (root / "scripts").mkdir()
         shutil.copy(SCRIPT, root / "scripts" / "bootstrap.sh")
         (root / "pyproject.toml").write_text("[project]\nname = 'scratch'\n")
+        (root / "clients" / "python").mkdir(parents=True)
+        (root / "clients" / "python" / "pyproject.toml").write_text(
+            "[project]\nname = 'scratch-client'\n")
         venv = root / ".venv" / "bin"
         venv.mkdir(parents=True)
         (venv / "python").symlink_to(sys.executable)
-        digest = hashlib.sha256((root / "pyproject.toml").read_bytes()).hexdigest()
+        digest = hashlib.sha256((root / "pyproject.toml").read_bytes() + (
+            root / "clients" / "python" / "pyproject.toml").read_bytes()).hexdigest()
         (root / ".venv" / ".llog-installed").write_text(digest + "\n")
         self.command("llog", 'echo "llog $*" >> "$(dirname "$0")/../../built"', where=venv)
         for tool in ("bash", "sh", "sha256sum", "cut", "cat", "sed", "dirname"):

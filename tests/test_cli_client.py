@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli_client import Progress, read_lines
 from app.localstack.stack import LocalStack
+from llog_client._cli import Progress, read_lines
 from tests.helpers.stack import Broker, BrokerFactory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,7 +210,7 @@ def test_lines_are_read_in_batches_with_a_last_line_without_newline() -> None:
 def _keyed_topic(broker: Broker, topic: str) -> list[tuple[int, int, str]]:
     """A topic of 3 partitions with keyed records on each, appended one request at a
     time: the (partition, offset, value) of each, in the order produced."""
-    from app.client import LlogClient, Record
+    from llog_client import LlogClient, Record
 
     produced: list[tuple[int, int, str]] = []
     with LlogClient(broker.url) as client:
@@ -307,7 +307,7 @@ def test_template_format(default_broker: Broker, topic: str, tmp_path: Path) -> 
 
 
 def test_groups_list_describe_and_reset(default_broker: Broker, topic: str) -> None:
-    from app.client import LlogClient
+    from llog_client import LlogClient
 
     group = f"g-{topic}"
     with LlogClient(default_broker.url) as client:

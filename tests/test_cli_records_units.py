@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.cli_groups import all_groups
-from app.cli_records import TopicReader, output_format, template
-from app.client import (
+from llog_client import (
     ConsumedRecord,
     Fetched,
     GroupPage,
@@ -22,6 +20,8 @@ from app.client import (
     RetryPolicy,
     StorageUnavailable,
 )
+from llog_client._cli_groups import all_groups
+from llog_client._cli_records import TopicReader, output_format, template
 
 TOPIC = "orders"
 
@@ -32,7 +32,7 @@ def rec(partition: int, offset: int, at: int, value: bytes = b"v", **kw: Any
 
 
 class FakeLog:
-    """Partitions as lists of records (offset = index + 1), answering fetch_group as the
+    """Partitions as lists of records (offset = index + 1), answering fetch_many as the
     broker does, at most ``per_answer`` records a partition; ``on_wait`` runs when a
     request would long-poll at the tail (it may append, as a producer would)."""
 
@@ -43,7 +43,7 @@ class FakeLog:
         self.on_wait: Any = None
         self.errors: dict[int, list[LlogError]] = {}
 
-    def fetch_group(self, group: str, positions: Mapping[tuple[str, int], Any], *,
+    def fetch_many(self, positions: Mapping[tuple[str, int], Any], *,
                     max_wait_ms: int, max_bytes: int) -> list[Fetched | LlogError]:
         self.requests.append(([p for _, p in positions], max_wait_ms))
         if max_wait_ms and self.on_wait is not None:

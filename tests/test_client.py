@@ -9,7 +9,9 @@ from urllib.parse import urlsplit
 import anyio
 import pytest
 
-from app.client import (
+from app.localstack.processes import free_port
+from app.storage.partitioner import partition_for_key
+from llog_client import (
     NO_RETRIES,
     AsyncLlogClient,
     InvalidRequest,
@@ -25,8 +27,6 @@ from app.client import (
     TransportError,
     UnknownTopic,
 )
-from app.localstack.processes import free_port
-from app.storage.partitioner import partition_for_key
 from tests.helpers.cut_proxy import cutting_proxy, cutting_proxy_thread
 from tests.helpers.stack import Broker, BrokerFactory
 

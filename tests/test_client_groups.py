@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from app.client import (
+from llog_client import (
     AsyncLlogClient,
     GroupNotEmpty,
     LlogClient,

@@ -8,11 +8,13 @@ import json
 
 import pytest
 
-from app.client import errors, ops, wire
-from app.client.batching import KeySource, plan_requests, request_body
-from app.client.models import Record
-from app.client.retry import ProduceLimits, RetryPolicy
-from app.client.wire import Broken, Reply
+from llog_client import _errors as errors
+from llog_client import _ops as ops
+from llog_client import _wire as wire
+from llog_client._batching import KeySource, plan_requests, request_body
+from llog_client._models import Record
+from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._wire import Broken, Reply
 
 
 def _bodies(records: list[object], partition: int | None = 0, **limits: int) -> list[dict]:

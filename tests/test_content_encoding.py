@@ -1,6 +1,6 @@
 """The wire's codings (app/wire/content_encoding.py): request bodies decoded within a
 limit however they were made, streams that do not decode refused, and Accept-Encoding
-read with its q-values; and the client's side (app/client/compression.py)."""
+read with its q-values; and the client's side (clients/python/src/llog_client/_compression.py)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 import zstandard
 
-from app.client.compression import encode_body
 from app.errors import InvalidRequest, PayloadTooLarge, UnsupportedEncoding
 from app.wire import content_encoding as ce
+from llog_client._compression import encode_body
 
 MiB = 1024 * 1024
 RECORDS = b"".join(b'{"user":"u%d","path":"/api/items","status":200}\n' % i

@@ -547,7 +547,8 @@ def test_the_jobs_image_has_spark_and_java_and_runs_as_non_root() -> None:
     last = list(stages)[-1]
     assert stages[last].base == "python:3.11-slim-bookworm"
     runs = " ".join(effective(stages, last, "RUN"))
-    assert 'pip install ".[spark]"' in runs and "jre-headless" in runs
+    # the broker with its spark extra, and llog-client (which it depends on) from the tree
+    assert 'pip install ./clients/python ".[spark]"' in runs and "jre-headless" in runs
     users = effective(stages, last, "USER")
     assert users and users[-1] not in ("root", "0")
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from app.client import GroupDescription, LlogClient, RetryPolicy, UnknownGroup
+from llog_client import GroupDescription, LlogClient, RetryPolicy, UnknownGroup
 from tests.helpers.stack import BrokerFactory
 
 pytestmark = pytest.mark.slow  # chaos: a member killed mid-stream

@@ -10,9 +10,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from app.client import AsyncLlogClient
 from app.localstack.stack import LocalStack
 from app.settings import Settings
+from llog_client import AsyncLlogClient
 from tests.helpers.auth import Keys, bearer
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import BrokerFactory

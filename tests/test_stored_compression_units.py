@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from app import cli_client
 from app.errors import CorruptData, InvalidRequest
 from app.settings import ZSTD_LEVELS, Settings
 from app.storage import codec, compression, slices, writer
@@ -19,6 +18,7 @@ from app.storage.records import IndexEntry, Pending
 from app.storage.spans import Span
 from app.storage.topic_compression import parse_compression, topic_compression
 from app.storage.topics import Topic, TopicConfig
+from llog_client import _cli as cli_client
 
 ZSTD = Compression(Codec.ZSTD)
 TEXT = b"".join(b'{"user":"user-%d","path":"/api/v1/orders/%d","status":200}' % (i % 40, i)

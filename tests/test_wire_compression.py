@@ -21,7 +21,6 @@ import httpx
 import pytest
 import zstandard
 
-from app.client import AsyncLlogClient, LlogClient
 from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.routes.hot_lane import HotLane
@@ -29,6 +28,7 @@ from app.storage import codec
 from app.storage.log_record import payload_value
 from app.wire import produce as llp1
 from app.wire import records as llr1
+from llog_client import AsyncLlogClient, LlogClient
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import Broker, BrokerFactory, make_settings
 from tests.test_stream import events

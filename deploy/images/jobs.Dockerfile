@@ -19,10 +19,12 @@ RUN apt-get update \
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY clients/python/ ./clients/python/
 COPY app/ ./app/
 COPY jobs/ ./jobs/
-RUN pip install ".[spark]" \
-    && rm -rf /src/build /src/*.egg-info
+# One command: the broker depends on llog-client (the llog command), built from the tree.
+RUN pip install ./clients/python ".[spark]" \
+    && rm -rf /src/build /src/*.egg-info /src/clients/python/build /src/clients/python/src/*.egg-info
 
 RUN groupadd --system --gid 10001 llog \
     && useradd --system --uid 10001 --gid llog --home-dir /home/llog --create-home \

@@ -23,10 +23,12 @@ ENV PATH=/usr/local/go/bin:$PATH \
     LLOG_BIN_CACHE_DIR=/build/bin
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY clients/python/ ./clients/python/
 COPY app/ ./app/
 COPY jobs/ ./jobs/
-# Editable, so that llog finds deploy/servers/ beside its app package.
-RUN pip install -e .
+# Editable, so that llog finds deploy/servers/ beside its app package; the broker depends
+# on llog-client (the llog command), installed from the tree in the same command.
+RUN pip install -e clients/python -e .
 COPY deploy/servers/ ./deploy/servers/
 RUN --mount=type=cache,target=/root/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \

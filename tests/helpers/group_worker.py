@@ -15,7 +15,7 @@ import signal
 import sys
 from types import FrameType
 
-from app.client import LlogClient, RetryPolicy
+from llog_client import LlogClient, RetryPolicy
 
 
 def main() -> None:

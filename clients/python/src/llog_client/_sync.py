@@ -8,19 +8,20 @@ from typing import Any, TypeVar
 
 import httpx
 
-from app.client import group_ops, ops
-from app.client.batching import KeySource
-from app.client.compression import DEFAULT_COMPRESSION, Compression, checked
-from app.client.config import (
+from llog_client import _group_ops as group_ops
+from llog_client import _ops as ops
+from llog_client._batching import KeySource
+from llog_client._compression import DEFAULT_COMPRESSION, Compression, checked
+from llog_client._config import (
     ClientConfig,
     broken_of,
     broker_urls,
     default_headers,
     reply_of,
 )
-from app.client.consumer import GroupConsumer
-from app.client.errors import LlogError
-from app.client.models import (
+from llog_client._consumer import GroupConsumer
+from llog_client._errors import LlogError
+from llog_client._models import (
     ConsumedRecord,
     Fetched,
     GroupDescription,
@@ -36,7 +37,7 @@ from app.client.models import (
     TopicInfo,
     TopicPartitionKey,
 )
-from app.client.params import (
+from llog_client._params import (
     DEFAULT_FETCH_BYTES,
     DEFAULT_WAIT_MS,
     UNSET,
@@ -46,8 +47,8 @@ from app.client.params import (
     topic_changes,
     topic_config,
 )
-from app.client.retry import ProduceLimits, RetryPolicy
-from app.client.wire import Outcome
+from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._wire import Outcome
 
 T = TypeVar("T")
 
@@ -56,7 +57,8 @@ class LlogClient:
     """A client of one or more leaderless-log brokers (any broker serves any
     partition). Thread-safe; close it (or use ``with``) to release its connections.
     Produce bodies are compressed with ``compression`` (zstd, gzip or none; bodies
-    under 1 KiB go raw), and answers are accepted compressed with zstd or gzip.
+    under 1 KiB go raw), and answers are accepted compressed with zstd or gzip. Without
+    the ``zstd`` extra (zstandard) the default is gzip and answers come in gzip.
 
     >>> with LlogClient("http://127.0.0.1:8080") as llog:      # doctest: +SKIP
     ...     llog.produce("orders", ["alpha", b"\\x00\\x01"])
@@ -71,6 +73,12 @@ class LlogClient:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
                                     limits or ProduceLimits(), checked(compression))
         self._http = httpx.Client(headers=default_headers(token), transport=transport)
+
+    @property
+    def compression(self) -> Compression:
+        """How produce bodies are compressed: as given, else the default (zstd, or
+        gzip when the ``zstd`` extra is not installed)."""
+        return self._config.compression
 
     def close(self) -> None:
         self._http.close()
@@ -124,7 +132,7 @@ class LlogClient:
         what may succeed without ever storing a record twice. Without ``partition``,
         records with a key go to the key's partition and the others to partition 0.
 
-        Raises a :class:`~app.client.errors.LlogError`; its ``produced`` lists the
+        Raises a :class:`~llog_client.LlogError`; its ``produced`` lists the
         batches acknowledged before the failure."""
         return self._run(ops.produce(topic, as_records(records), partition,
                                      self._config.limits, self._keys(idempotency_key),
@@ -226,6 +234,15 @@ class LlogClient:
             group, offsets, member.member_id if member else None,
             member.generation if member else None, self._config.retry))
 
+    def fetch_many(self, positions: Mapping[TopicPartitionKey, Start], *,
+                   max_wait_ms: int = 0, max_bytes: int = DEFAULT_FETCH_BYTES
+                   ) -> list[Fetched | LlogError]:
+        """One consume request over several partitions, each from its own offset: each
+        partition's answer or its error, in the order given (the answer's byte budget
+        goes to them in that order)."""
+        return self._run(ops.fetch_many(positions, max_wait_ms=max_wait_ms,
+                                           max_bytes=max_bytes, policy=self._config.retry))
+
     def fetch_group(self, group: str, positions: Mapping[TopicPartitionKey, Resume], *,
                     auto_offset_reset: Position = "earliest", max_wait_ms: int = 0,
                     max_bytes: int = DEFAULT_FETCH_BYTES) -> list[Fetched | LlogError]:
@@ -253,5 +270,5 @@ class LlogClient:
     def group_consumer(self, group: str, topics: Iterable[str] | str, **options: Any
                        ) -> GroupConsumer:
         """A member of ``group`` that consumes its partitions and commits what was
-        processed (at-least-once): see :class:`~app.client.consumer.GroupConsumer`."""
+        processed (at-least-once): see :class:`~llog_client.GroupConsumer`."""
         return GroupConsumer(self, group, as_topics(topics), **options)

@@ -7,7 +7,7 @@ Each error carries what a caller needs to act on it:
 - ``error_type``: the broker's name for it (for a name this client does not know yet,
   the nearest class is raised and ``error_type`` keeps the broker's name);
 - ``retriable``: sending the same request again may succeed (the client already did,
-  up to its :class:`~app.client.retry.RetryPolicy`, before raising);
+  up to its :class:`~llog_client.RetryPolicy`, before raising);
 - ``maybe_written``: for a produce, the records may have been committed although that
   could not be confirmed;
 - ``status``: the HTTP status of the answer, if there was one;
@@ -66,7 +66,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from app.client.models import ProducedBatch
+    from llog_client._models import ProducedBatch
 
 
 class LlogError(Exception):

@@ -1,7 +1,7 @@
 """What each client call does, free of I/O, so the sync and the async client share it.
 
 An operation is a generator: it yields :class:`Send` (the driver answers with the
-broker's :class:`~app.client.wire.Reply` or :class:`~app.client.wire.Broken`) and
+broker's :class:`~llog_client._wire.Reply` or :class:`~llog_client._wire.Broken`) and
 :class:`Pause` (the driver sleeps, then moves on to the next broker), and returns the
 call's result or raises its error. Following a partition also yields :class:`Deliver`
 for the driver to hand each batch of records to its caller.
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import quote
 
-from app.client import wire
-from app.client.batching import Entry as _Entry
-from app.client.batching import KeySource, plan_requests, request_body
-from app.client.errors import LlogError
-from app.client.models import (
+from llog_client import _wire as wire
+from llog_client._batching import Entry as _Entry
+from llog_client._batching import KeySource, plan_requests, request_body
+from llog_client._errors import LlogError
+from llog_client._models import (
     Fetched,
     PartitionOffsets,
     ProducedBatch,
@@ -28,8 +28,8 @@ from app.client.models import (
     TopicDescription,
     TopicInfo,
 )
-from app.client.retry import ProduceLimits, RetryPolicy
-from app.client.wire import Broken, Json, Outcome, Reply
+from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._wire import Broken, Json, Outcome, Reply
 
 T = TypeVar("T")
 
@@ -188,6 +188,31 @@ def fetch(topic: str, partition: int, offset: Start, *, max_wait_ms: int, max_by
         "max_wait_ms": max_wait_ms, "max_bytes": max_bytes})
     send = Send("POST", "/consume", body, wait_s=max_wait_ms / 1000)
     return (yield from attempts(lambda: send, policy, _one_result(wire.fetched)))
+
+
+def fetch_many(positions: Mapping[tuple[str, int], Start | str], *, max_wait_ms: int,
+               max_bytes: int, policy: RetryPolicy, group: str | None = None,
+               reset: str | None = None) -> Op[list[Fetched | LlogError]]:
+    """One consume request over several partitions (the answer's budget goes to them in
+    the order given); each partition's records or its error. A ``group`` is only sent
+    with it, for ``"committed"`` positions to be read from its committed offsets."""
+    request: dict[str, Any] = {
+        "topic_partitions": [{"topic": t, "partition": p, "fetch_offset": position}
+                             for (t, p), position in positions.items()],
+        "max_wait_ms": max_wait_ms, "max_bytes": max_bytes}
+    if group is not None:
+        request.update(group=group, auto_offset_reset=reset or "earliest")
+    send = Send("POST", "/consume", wire.dumps(request), wait_s=max_wait_ms / 1000)
+
+    def interpret(outcome: Outcome) -> list[Fetched | LlogError] | LlogError:
+        if isinstance(outcome, Reply):
+            results = results_of(outcome, (200,), len(positions))
+            if results is not None:
+                return [wire.fetched(r) if r.get("ok") else wire.entry_error(r, outcome)
+                        for r in results]
+        return failure(outcome, idempotent=True)
+
+    return (yield from attempts(lambda: send, policy, interpret))
 
 
 def follow(topic: str, partition: int, start: Start, *, forever: bool, max_wait_ms: int,

@@ -18,13 +18,13 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from app.client.errors import (
+from llog_client._errors import (
     OffsetOutOfRange,
     PartitionNotAssigned,
     StaleGeneration,
     UnknownMember,
 )
-from app.client.models import (
+from llog_client._models import (
     ConsumedRecord,
     Fetched,
     GroupMembership,
@@ -32,10 +32,10 @@ from app.client.models import (
     Resume,
     TopicPartitionKey,
 )
-from app.client.params import DEFAULT_FETCH_BYTES, DEFAULT_WAIT_MS
+from llog_client._params import DEFAULT_FETCH_BYTES, DEFAULT_WAIT_MS
 
 if TYPE_CHECKING:
-    from app.client.sync import LlogClient
+    from llog_client._sync import LlogClient
 
 
 class GroupConsumer:

@@ -16,14 +16,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app.client import ConsumedRecord, LlogClient, LlogError, RetryPolicy
+from llog_client import ConsumedRecord, LlogClient, LlogError, RetryPolicy
 
 Start = Literal["earliest", "latest"] | int
 
-# The client's one request over several partitions is its group fetch. Without a
-# "committed" position (never asked for here) the broker reads no group state and needs
-# no group right (docs/http-api.md, POST /consume), so this name only fills the field.
-READER_GROUP = "llog-cli"
 # What the partitions' records waiting to be printed may hold at most, shared out over
 # the partitions (each answer brings at least one record, however large).
 BUFFER_BYTES = 8 * 1024 * 1024
@@ -156,8 +152,8 @@ class TopicReader:
         self._turn = (self._turn + 1) % len(wanted)
         wanted = wanted[self._turn:] + wanted[:self._turn]
         tail_only = all(p.at_end for p in wanted)
-        answers = self._llog.fetch_group(
-            READER_GROUP, {(self._topic, p.number): p.position for p in wanted},
+        answers = self._llog.fetch_many(
+            {(self._topic, p.number): p.position for p in wanted},
             max_wait_ms=self._max_wait_ms if tail_only else 0, max_bytes=self._budget)
         pause = 0.0
         for part, got in zip(wanted, answers, strict=True):

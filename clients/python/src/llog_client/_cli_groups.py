@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from app.client import (
+from llog_client import (
     GroupDescription,
     GroupNotEmpty,
     GroupSummary,

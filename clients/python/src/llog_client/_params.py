@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Final
 
-from app.client.models import Record, RecordLike
+from llog_client._models import Record, RecordLike
 
 DEFAULT_FETCH_BYTES: Final = 4 * 1024 * 1024
 # A long-poll well under the broker's ceiling (LLOG_MAX_WAIT_MS_CEILING, 30 s by default).

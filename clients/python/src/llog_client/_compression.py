@@ -8,6 +8,11 @@ MiB. A body under :data:`MIN_COMPRESSED_BODY` goes raw (it fits a packet either 
 and so does one that compression would not shrink by a tenth (random bytes): the
 broker then has nothing to decode. Answers are decoded by httpx, which reads zstd with
 the same ``zstandard`` package.
+
+zstd needs ``zstandard``, the ``zstd`` extra (``pip install 'llog-client[zstd]'``).
+Without it the client still works: bodies go gzip compressed by default, answers are
+asked for in gzip only (httpx could not decode zstd either), and asking for zstd is a
+ValueError that names the extra. :data:`DEFAULT_COMPRESSION` says which applies.
 """
 
 from __future__ import annotations
@@ -16,12 +21,18 @@ import threading
 import zlib
 from typing import Literal
 
-import zstandard
+try:
+    import zstandard
+except ImportError:  # the zstd extra is not installed: gzip is the default instead
+    HAS_ZSTD = False
+else:
+    HAS_ZSTD = True
 
 Compression = Literal["zstd", "gzip", "none"]
 COMPRESSIONS: tuple[Compression, ...] = ("zstd", "gzip", "none")
-DEFAULT_COMPRESSION: Compression = "zstd"
-ACCEPT_ENCODING = "zstd, gzip"
+DEFAULT_COMPRESSION: Compression = "zstd" if HAS_ZSTD else "gzip"
+ACCEPT_ENCODING = "zstd, gzip" if HAS_ZSTD else "gzip"
+ZSTD_EXTRA = "pip install 'llog-client[zstd]'"
 MIN_COMPRESSED_BODY = 1024
 # Compressed output must be at most this fraction of the body to be sent compressed.
 _WORTH_IT = 0.9
@@ -32,7 +43,10 @@ _LOCAL = threading.local()  # zstd contexts are not for two threads at once
 
 
 def checked(compression: str) -> Compression:
-    """``compression`` if it is one the client sends; ValueError otherwise."""
+    """``compression`` if it is one the client can send; ValueError otherwise."""
+    if compression == "zstd" and not HAS_ZSTD:
+        raise ValueError(f"compression 'zstd' needs the zstandard package ({ZSTD_EXTRA}); "
+                         "gzip and none work without it")
     for known in COMPRESSIONS:
         if compression == known:
             return known

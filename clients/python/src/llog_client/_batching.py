@@ -10,9 +10,9 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
-from app.client.models import RecordLike
-from app.client.retry import ProduceLimits
-from app.client.wire import dumps, record_json, record_key
+from llog_client._models import RecordLike
+from llog_client._retry import ProduceLimits
+from llog_client._wire import dumps, record_json, record_key
 
 _PRINTABLE = re.compile(r"^[\x21-\x7e]{1,100}$")
 # Bytes of an entry besides its records ({"topic":…,"partition":…,"idempotency_key":…,

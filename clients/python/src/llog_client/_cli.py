@@ -1,5 +1,10 @@
 """``llog produce``, ``llog consume``, ``llog tail`` and ``llog topics``: the broker's
-client on the command line (in the manner of kcat), built on :mod:`app.client`.
+client on the command line (in the manner of kcat), built on :mod:`llog_client`.
+
+This is the ``llog`` command itself (:func:`main`): other installed distributions add
+their commands through the entry-point group ``llog.commands`` (the broker adds serve,
+dev, compactor, spark, loadtest, auth, ...: app/cli.py), so a machine with only
+``llog-client`` has the client's commands and nothing that needs the broker.
 
 Records go to stdout, one a line (``--format value``) or as JSON lines
 (``--format json``); messages and progress go to stderr, progress only when stderr is
@@ -18,10 +23,11 @@ import select
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from importlib import metadata
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
-from app.cli_groups import reset_target, run_groups
-from app.cli_records import (
+from llog_client._cli_groups import reset_target, run_groups
+from llog_client._cli_records import (
     FORMAT_HELP,
     OutputFormat,
     Template,
@@ -29,12 +35,12 @@ from app.cli_records import (
     output_format,
     partition_list,
 )
-from app.client.compression import COMPRESSIONS, DEFAULT_COMPRESSION
-from app.client.config import BROKER_URL_ENV, DEFAULT_BROKER_URL, version
+from llog_client._compression import COMPRESSIONS, DEFAULT_COMPRESSION
+from llog_client._config import BROKER_URL_ENV, DEFAULT_BROKER_URL, version
 
 if TYPE_CHECKING:
-    from app.client import ConsumedRecord, LlogClient
-    from app.client.models import RecordLike, Start
+    from llog_client import ConsumedRecord, LlogClient
+    from llog_client._models import RecordLike, Start
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -178,7 +184,7 @@ def _header(text: str) -> tuple[str, str]:
 
 
 def _records(values: Sequence[bytes], args: argparse.Namespace) -> list[RecordLike]:
-    from app.client import Record
+    from llog_client import Record
 
     if args.key is None and not args.header and args.timestamp_ms is None:
         return list(values)
@@ -355,7 +361,7 @@ def _print_topics(args: argparse.Namespace, found: Any) -> None:
 
 
 def _topic_call(llog: LlogClient, args: argparse.Namespace) -> Any:
-    from app.client import UNSET
+    from llog_client import UNSET
 
     action = args.action
     if action == "list":
@@ -390,7 +396,7 @@ def cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> LlogClient:
-    from app.client import LlogClient
+    from llog_client import LlogClient
 
     return LlogClient(args.broker, timeout_s=args.timeout,
                       compression=getattr(args, "compression", DEFAULT_COMPRESSION))
@@ -398,7 +404,7 @@ def _client(args: argparse.Namespace) -> LlogClient:
 
 def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
     """Run a client command: its errors become a message and an exit code."""
-    from app.client import LlogError
+    from llog_client import LlogError
 
     name = f"llog {args.command}"
     try:
@@ -595,3 +601,65 @@ def add_client_commands(sub: Any) -> None:
     """Register produce, consume, tail, topics and groups on ``llog``'s subcommands."""
     for add in (_add_produce, _add_consume, _add_tail, _add_topics, _add_groups):
         add(sub)
+
+
+# -- the llog command ----------------------------------------------------------------
+
+# Each entry point of this group names a function that takes ``llog``'s subcommands (the
+# action ``add_subparsers`` returns) and adds its distribution's commands to them. A
+# command's parser may set two defaults beside ``func``: ``pass_through``, a function of
+# the arguments after the command's name, for a command with an argument parser of its
+# own (nothing after the name is parsed here, not even --help); and ``runner``, called
+# as ``runner(func, args)`` instead of ``func(args)`` (to turn its own errors into
+# messages). Both reach the nested subcommands of the parser that sets them.
+COMMANDS_GROUP = "llog.commands"
+Register = Callable[[Any], None]
+
+
+def installed_commands() -> list[Register]:
+    """The registering functions of the installed distributions, in their names' order.
+    One that fails to load is left out with a note on stderr: the client's own commands
+    still work (and a broken install still says what is broken)."""
+    found: list[Register] = []
+    for entry in sorted(metadata.entry_points(group=COMMANDS_GROUP), key=lambda e: e.name):
+        try:
+            found.append(entry.load())
+        except Exception as exc:
+            print(f"llog: the commands of {entry.value} are left out: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)
+    return found
+
+
+def _build(commands: Sequence[Register] | None) -> tuple[ArgumentParser, Any]:
+    parser = ArgumentParser(prog="llog", description="leaderless-log: the client's commands "
+                            "and, where the broker is installed, its tools")
+    parser.add_argument("--version", action="version", version=version_text())
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=ArgumentParser)
+    add_client_commands(sub)
+    for register in installed_commands() if commands is None else commands:
+        register(sub)
+    return parser, sub
+
+
+def build_parser(commands: Sequence[Register] | None = None) -> ArgumentParser:
+    """``llog``'s parser: the client's commands, and those that ``commands`` add
+    (default: those of the installed distributions, :data:`COMMANDS_GROUP`)."""
+    return _build(commands)[0]
+
+
+def main(argv: Sequence[str] | None = None, commands: Sequence[Register] | None = None
+         ) -> int:
+    """Run ``llog`` with ``argv`` (default: the process's arguments); the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser, sub = _build(commands)
+    named = sub.choices.get(argv[0]) if argv else None
+    pass_through = named.get_default("pass_through") if named is not None else None
+    if pass_through is not None:
+        return int(pass_through(argv[1:]))
+    args = parser.parse_args(argv)
+    runner = getattr(args, "runner", None)
+    return int(args.func(args) if runner is None else runner(args.func, args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

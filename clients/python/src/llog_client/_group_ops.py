@@ -1,16 +1,15 @@
 """The consumer-group calls (docs/http-api.md, Consumer groups), free of I/O like
-:mod:`app.client.ops`: join, heartbeat, leave, commit, list, describe, reset, and a
+:mod:`llog_client._ops`: join, heartbeat, leave, commit, list, describe, reset, and a
 fetch of several partitions with a group's committed offsets."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 from urllib.parse import quote
 
-from app.client import wire
-from app.client.errors import LlogError
-from app.client.models import (
+from llog_client import _wire as wire
+from llog_client._errors import LlogError
+from llog_client._models import (
     Fetched,
     GroupDescription,
     GroupMembership,
@@ -18,9 +17,9 @@ from app.client.models import (
     Resume,
     TopicPartitionKey,
 )
-from app.client.ops import Op, Send, attempts, call, failure, results_of
-from app.client.retry import RetryPolicy
-from app.client.wire import Json, Outcome, Reply
+from llog_client._ops import Op, Send, attempts, call, failure, fetch_many, results_of
+from llog_client._retry import RetryPolicy
+from llog_client._wire import Json, Outcome, Reply
 
 Committed = dict[TopicPartitionKey, int]
 
@@ -112,19 +111,5 @@ def fetch(group: str, positions: Mapping[TopicPartitionKey, Resume], *, reset: s
           ) -> Op[list[Fetched | LlogError]]:
     """One consume request over several partitions, ``"committed"`` read from the
     group's committed offsets; each partition's records or its error."""
-    body: dict[str, Any] = {
-        "topic_partitions": [{"topic": t, "partition": p, "fetch_offset": position}
-                             for (t, p), position in positions.items()],
-        "group": group, "auto_offset_reset": reset, "max_wait_ms": max_wait_ms,
-        "max_bytes": max_bytes}
-    send = Send("POST", "/consume", wire.dumps(body), wait_s=max_wait_ms / 1000)
-
-    def interpret(outcome: Outcome) -> list[Fetched | LlogError] | LlogError:
-        if isinstance(outcome, Reply):
-            results = results_of(outcome, (200,), len(positions))
-            if results is not None:
-                return [wire.fetched(r) if r.get("ok") else wire.entry_error(r, outcome)
-                        for r in results]
-        return failure(outcome, idempotent=True)
-
-    return (yield from attempts(lambda: send, policy, interpret))
+    return fetch_many(positions, max_wait_ms=max_wait_ms, max_bytes=max_bytes,
+                      policy=policy, group=group, reset=reset)

@@ -1,7 +1,7 @@
 """The Python client of leaderless-log: it speaks the broker's HTTP API
 (docs/http-api.md) and nothing else, so it runs wherever httpx does.
 
-    from app.client import LlogClient, Record
+    from llog_client import LlogClient, Record
 
     with LlogClient("http://127.0.0.1:8080") as llog:
         llog.produce("orders", ["alpha", Record("created", key="customer-17")])
@@ -11,11 +11,11 @@
 See docs/client.md.
 """
 
-from app.client.aio import AsyncLlogClient
-from app.client.compression import Compression
-from app.client.config import DEFAULT_BROKER_URL, version
-from app.client.consumer import GroupConsumer
-from app.client.errors import (
+from llog_client._aio import AsyncLlogClient
+from llog_client._compression import Compression
+from llog_client._config import DEFAULT_BROKER_URL, version
+from llog_client._consumer import GroupConsumer
+from llog_client._errors import (
     AccessError,
     AppendError,
     BackPressureRejected,
@@ -60,7 +60,7 @@ from app.client.errors import (
     UnknownTopic,
     UnsupportedEncoding,
 )
-from app.client.models import (
+from llog_client._models import (
     ConsumedRecord,
     Fetched,
     GroupDescription,
@@ -77,9 +77,9 @@ from app.client.models import (
     TopicDescription,
     TopicInfo,
 )
-from app.client.params import UNSET
-from app.client.retry import NO_RETRIES, ProduceLimits, RetryPolicy
-from app.client.sync import LlogClient
+from llog_client._params import UNSET
+from llog_client._retry import NO_RETRIES, ProduceLimits, RetryPolicy
+from llog_client._sync import LlogClient
 
 __all__ = [
     "DEFAULT_BROKER_URL",

@@ -1,5 +1,5 @@
 """The asyncio (and trio, through anyio) client: the same calls as
-:class:`~app.client.sync.LlogClient`, awaited."""
+:class:`~llog_client.LlogClient`, awaited."""
 
 from __future__ import annotations
 
@@ -9,18 +9,19 @@ from typing import TypeVar
 import anyio
 import httpx
 
-from app.client import group_ops, ops
-from app.client.batching import KeySource
-from app.client.compression import DEFAULT_COMPRESSION, Compression, checked
-from app.client.config import (
+from llog_client import _group_ops as group_ops
+from llog_client import _ops as ops
+from llog_client._batching import KeySource
+from llog_client._compression import DEFAULT_COMPRESSION, Compression, checked
+from llog_client._config import (
     ClientConfig,
     broken_of,
     broker_urls,
     default_headers,
     reply_of,
 )
-from app.client.errors import LlogError
-from app.client.models import (
+from llog_client._errors import LlogError
+from llog_client._models import (
     ConsumedRecord,
     Fetched,
     GroupDescription,
@@ -36,7 +37,7 @@ from app.client.models import (
     TopicInfo,
     TopicPartitionKey,
 )
-from app.client.params import (
+from llog_client._params import (
     DEFAULT_FETCH_BYTES,
     DEFAULT_WAIT_MS,
     UNSET,
@@ -46,14 +47,14 @@ from app.client.params import (
     topic_changes,
     topic_config,
 )
-from app.client.retry import ProduceLimits, RetryPolicy
-from app.client.wire import Outcome
+from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._wire import Outcome
 
 T = TypeVar("T")
 
 
 class AsyncLlogClient:
-    """See :class:`~app.client.sync.LlogClient`; every call is a coroutine, and
+    """See :class:`~llog_client.LlogClient`; every call is a coroutine, and
     ``iter_records`` / ``iter_batches`` are async iterators. Leaving an ``async for``
     early leaves its generator open until it is collected: wrap it in
     ``contextlib.aclosing`` to end its long-poll at once."""
@@ -66,6 +67,12 @@ class AsyncLlogClient:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
                                     limits or ProduceLimits(), checked(compression))
         self._http = httpx.AsyncClient(headers=default_headers(token), transport=transport)
+
+    @property
+    def compression(self) -> Compression:
+        """How produce bodies are compressed: as given, else the default (zstd, or
+        gzip when the ``zstd`` extra is not installed)."""
+        return self._config.compression
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -119,7 +126,7 @@ class AsyncLlogClient:
     async def produce(self, topic: str, records: Iterable[RecordLike] | RecordLike, *,
                       partition: int | None = None, idempotency_key: str | None = None
                       ) -> ProduceResult:
-        """See :meth:`LlogClient.produce <app.client.sync.LlogClient.produce>`."""
+        """See :meth:`LlogClient.produce <llog_client.LlogClient.produce>`."""
         keys = self._config.keys if idempotency_key is None else KeySource(idempotency_key)
         return await self._run(ops.produce(topic, as_records(records), partition,
                                            self._config.limits, keys, self._config.retry))
@@ -181,7 +188,7 @@ class AsyncLlogClient:
     async def delete_topic(self, topic: str) -> TopicInfo:
         return await self._run(ops.delete_topic(topic, self._config.retry))
 
-    # -- consumer groups: the calls of LlogClient (app/client/sync.py), awaited -------
+    # -- consumer groups: the calls of LlogClient (_sync.py), awaited -------
 
     async def join_group(self, group: str, topics: Iterable[str] | str, *,
                          client_id: str | None = None, session_timeout_ms: int | None = None
@@ -201,6 +208,15 @@ class AsyncLlogClient:
         return await self._run(group_ops.commit(
             group, offsets, member.member_id if member else None,
             member.generation if member else None, self._config.retry))
+
+    async def fetch_many(self, positions: Mapping[TopicPartitionKey, Start], *,
+                   max_wait_ms: int = 0, max_bytes: int = DEFAULT_FETCH_BYTES
+                   ) -> list[Fetched | LlogError]:
+        """One consume request over several partitions, each from its own offset: each
+        partition's answer or its error, in the order given (the answer's byte budget
+        goes to them in that order)."""
+        return await self._run(ops.fetch_many(positions, max_wait_ms=max_wait_ms,
+                                           max_bytes=max_bytes, policy=self._config.retry))
 
     async def fetch_group(self, group: str, positions: Mapping[TopicPartitionKey, Resume],
                           *, auto_offset_reset: Position = "earliest", max_wait_ms: int = 0,

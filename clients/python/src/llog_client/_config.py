@@ -11,16 +11,16 @@ from importlib import metadata
 
 import httpx
 
-from app.client.batching import KeySource
-from app.client.compression import (
+from llog_client._batching import KeySource
+from llog_client._compression import (
     ACCEPT_ENCODING,
     DEFAULT_COMPRESSION,
     Compression,
     encode_body,
 )
-from app.client.ops import Send
-from app.client.retry import ProduceLimits, RetryPolicy
-from app.client.wire import Broken, Reply, parse_retry_after
+from llog_client._ops import Send
+from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._wire import Broken, Reply, parse_retry_after
 
 DEFAULT_BROKER_URL = "http://127.0.0.1:8080"
 BROKER_URL_ENV = "LLOG_BROKER_URL"
@@ -34,7 +34,7 @@ OFF_LOOP_BYTES = 64 * 1024
 
 def version() -> str:
     try:
-        return metadata.version("leaderless-log")
+        return metadata.version("llog-client")
     except metadata.PackageNotFoundError:
         return "unknown"
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from app.client import errors
-from app.client.models import (
+from llog_client import _errors as errors
+from llog_client._models import (
     Bytesish,
     ConsumedRecord,
     Fetched,

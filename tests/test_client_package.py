@@ -1,0 +1,271 @@
+"""llog-client is a distribution of its own (clients/python): released at the broker's
+version, the ``llog`` command's home (other distributions add commands to it), working
+without zstandard; and, built into a wheel and an sdist and installed alone in a fresh
+venv (httpx from the package index, nothing of the broker), it produces, consumes, runs a
+consumer group and the ``llog`` command against a real broker."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tomllib
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from llog_client import _cli
+from tests.helpers.stack import Broker
+
+ROOT = Path(__file__).resolve().parents[1]
+CLIENT = ROOT / "clients" / "python"
+
+
+def _project(path: Path) -> dict[str, Any]:
+    with path.open("rb") as f:
+        project: dict[str, Any] = tomllib.load(f)["project"]
+    return project
+
+
+def test_the_client_is_its_own_distribution_at_the_brokers_version() -> None:
+    broker, client = _project(ROOT / "pyproject.toml"), _project(CLIENT / "pyproject.toml")
+    assert client["name"] == "llog-client"
+    assert client["version"] == broker["version"]
+    assert f"llog-client=={broker['version']}" in broker["dependencies"]
+    # httpx alone (anyio is httpx's own); zstandard only through the extra
+    assert {d.split(">")[0] for d in client["dependencies"]} == {"httpx", "anyio"}
+    assert [d.split(">")[0] for d in client["optional-dependencies"]["zstd"]] == ["zstandard"]
+    assert client["scripts"] == {"llog": "llog_client._cli:main"}
+    assert "scripts" not in broker
+    assert broker["entry-points"]["llog.commands"] == {
+        "broker": "app.cli:add_broker_commands"}
+
+
+def test_other_distributions_add_their_commands_to_llog(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    seen: list[Any] = []
+
+    def register(sub: Any) -> None:
+        hello = sub.add_parser("hello")
+        hello.add_argument("--n", type=int, default=0)
+        hello.set_defaults(func=lambda args: seen.append(args.n) or 0,
+                           runner=lambda func, args: func(args) + 3)
+        raw = sub.add_parser("raw", add_help=False)
+        raw.add_argument("args", nargs=argparse.REMAINDER)
+        raw.set_defaults(pass_through=lambda argv: seen.append(argv) or 5)
+
+    assert _cli.main(["hello", "--n", "4"], [register]) == 3  # through its runner
+    assert _cli.main(["raw", "--help", "-x"], [register]) == 5  # nothing parsed here
+    assert seen == [4, ["--help", "-x"]]
+    with pytest.raises(SystemExit):
+        _cli.main(["hello"], [])  # only the client's commands
+    assert "invalid choice: 'hello'" in capsys.readouterr().err
+
+
+def test_an_entry_point_that_fails_to_load_leaves_only_its_commands_out(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    broken = _cli.metadata.EntryPoint("broken", "no_such_module_here:add", _cli.COMMANDS_GROUP)
+    monkeypatch.setattr(_cli.metadata, "entry_points", lambda group: [broken])
+    assert _cli.installed_commands() == []
+    assert "no_such_module_here:add are left out: ModuleNotFoundError" in capsys.readouterr().err
+    assert "produce" in _cli.build_parser().format_help()
+
+
+def test_the_broker_registers_its_commands_and_keeps_its_own_errors(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import build_parser, main
+
+    text = build_parser().format_help()
+    for name in ("produce", "consume", "serve", "dev", "compactor", "compact-once", "spark",
+                 "loadtest", "auth", "servers"):
+        assert name in text
+    monkeypatch.setenv("LLOG_PORT", "not-a-port")
+    assert main(["compact-once", "--topic", "t", "--partition", "0"]) == 2
+    assert "llog: invalid configuration" in capsys.readouterr().err
+
+
+# Where the zstd extra is not installed: what the client sends instead.
+WITHOUT_ZSTANDARD = """
+import sys
+sys.modules["zstandard"] = None  # an import of it fails, as where it is not installed
+from llog_client import LlogClient, _compression, _config
+from llog_client._cli import main
+
+assert LlogClient("http://127.0.0.1:9").compression == "gzip"
+assert _config.default_headers(None)["accept-encoding"] == "gzip"
+assert _compression.encode_body(b"x" * 4096, "gzip")[1] == "gzip"
+try:
+    LlogClient("http://127.0.0.1:9", compression="zstd")
+except ValueError as exc:
+    assert "llog-client[zstd]" in str(exc), exc
+else:
+    raise AssertionError("zstd without zstandard")
+sys.exit(main(["produce", "t", "v", "--compression", "zstd", "--broker", "http://127.0.0.1:9"]))
+"""
+
+
+def test_without_zstandard_the_client_sends_and_accepts_gzip() -> None:
+    done = subprocess.run([sys.executable, "-c", WITHOUT_ZSTANDARD], capture_output=True,
+                          text=True, timeout=60, check=False, cwd=ROOT)
+    assert done.returncode == 2, done.stderr
+    assert "llog produce: compression 'zstd' needs the zstandard package" in done.stderr
+
+
+# -- the wheel, installed alone ---------------------------------------------------------
+
+# Run by the fresh venv's Python: the calls of docs/client.md, and what went on the wire.
+USER_PROGRAM = """
+import sys
+
+import httpx
+
+from llog_client import LlogClient, Record
+
+url, topic, group = sys.argv[1:4]
+sent = []
+
+
+class Recording(httpx.HTTPTransport):
+    def handle_request(self, request):
+        sent.append((request.url.path, request.headers.get("content-encoding"),
+                     request.headers.get("accept-encoding")))
+        return super().handle_request(request)
+
+
+with LlogClient(url, transport=Recording()) as llog:
+    assert llog.compression == "gzip", llog.compression  # no zstandard here
+    llog.create_topic(topic, partitions=2)
+    big = ["x" * 300 + str(i) for i in range(10)]  # over 1 KiB: a compressed body
+    result = llog.produce(topic, ["alpha", Record("beta", key="k", headers=[("h", "v")]),
+                                  *big], partition=0)
+    assert result.offsets() == [(0, i) for i in range(1, 13)], result.offsets()
+    assert ("/produce", "gzip", "gzip") in sent, sent
+    assert {accept for _, _, accept in sent} == {"gzip"}, sent
+    records = list(llog.iter_records(topic, 0, start="earliest", follow=False))
+    assert [r.value for r in records] == [b"alpha", b"beta", *(b.encode() for b in big)]
+    assert records[1].key == b"k" and records[1].headers == (("h", b"v"),), records[1]
+
+    member = llog.join_group(group, [topic], session_timeout_ms=30000)
+    assert sorted(member.assignment) == [(topic, 0), (topic, 1)], member
+    batches = llog.fetch_group(group, {p: "committed" for p in member.assignment},
+                               max_wait_ms=0)
+    by_partition = {b.partition: b for b in batches}
+    assert len(by_partition[0].records) == 12 and not by_partition[1].records, batches
+    llog.commit_offsets(group, {(topic, 0): 5}, member=member)
+    member = llog.heartbeat(group, member.member_id)
+    (again,) = llog.fetch_group(group, {(topic, 0): "committed"}, max_wait_ms=0)
+    assert again.records[0].offset == 6, again
+    committed = {p.partition: p.committed_offset for p in llog.describe_group(group).partitions}
+    assert committed[0] == 5, committed
+    assert llog.leave_group(group, member.member_id)
+
+    with llog.group_consumer(group, [topic], client_id="worker-1") as consumer:
+        offsets = []
+        for record in consumer:
+            offsets.append(record.offset)
+            if record.offset == 12:
+                break
+    assert offsets == list(range(6, 13)), offsets
+print("ok")
+"""
+
+
+def _run(*args: str | Path, cwd: Path, timeout: float = 300, stdin: str = ""
+         ) -> subprocess.CompletedProcess[str]:
+    """A command of the fresh venv: nothing of this tree on its path."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    done = subprocess.run([str(a) for a in args], input=stdin, capture_output=True, text=True,
+                          timeout=timeout, cwd=cwd, env=env, check=False)
+    assert done.returncode == 0, f"{args}: {done.stdout}\n{done.stderr}"
+    return done
+
+
+def _build(out: Path) -> tuple[Path, Path]:
+    """The sdist, and the wheel built from it (so the sdist is shown complete); from a
+    copy, as setuptools leaves its egg-info beside the sources."""
+    source = out / "source"
+    shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns(
+        "__pycache__", "*.egg-info", "build", "dist"))
+    _run(sys.executable, "-m", "build", "--outdir", out, source, cwd=out)
+    (sdist,), (wheel,) = out.glob("llog_client-*.tar.gz"), out.glob("llog_client-*.whl")
+    with tarfile.open(sdist) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"pyproject.toml", "README.md", "src/llog_client/__init__.py",
+            "src/llog_client/_cli.py", "src/llog_client/py.typed"} <= names, names
+    with zipfile.ZipFile(wheel) as whl:
+        names = set(whl.namelist())
+        meta = next(n for n in names if n.endswith(".dist-info/METADATA"))
+        requires = [line for line in whl.read(meta).decode().splitlines()
+                    if line.startswith("Requires-Dist:")]
+        scripts = whl.read(meta.replace("METADATA", "entry_points.txt")).decode()
+    assert {"llog_client/__init__.py", "llog_client/_cli.py", "llog_client/py.typed"} <= names
+    assert not any(n.startswith(("app/", "jobs/", "tests/")) for n in names), names
+    assert any("httpx" in r for r in requires) and not any("fastapi" in r for r in requires)
+    assert "llog = llog_client._cli:main" in scripts
+    return sdist, wheel
+
+
+@pytest.mark.slow
+def test_the_wheel_alone_produces_consumes_and_runs_a_group_and_the_cli(
+        broker: Broker, tmp_path: Path) -> None:
+    _, wheel = _build(tmp_path)
+    venv = tmp_path / "venv"
+    _run(sys.executable, "-m", "venv", venv, cwd=tmp_path)
+    python, llog = venv / "bin" / "python", venv / "bin" / "llog"
+    _run(python, "-m", "pip", "install", "--quiet", wheel, cwd=tmp_path)
+    for absent in ("fastapi", "app", "zstandard"):
+        gone = subprocess.run([python, "-c", f"import {absent}"], capture_output=True,
+                              cwd=tmp_path, timeout=60, check=False)
+        assert gone.returncode == 1 and b"ModuleNotFoundError" in gone.stderr, absent
+
+    topic, group = f"pkg-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    program = tmp_path / "program.py"
+    program.write_text(USER_PROGRAM)
+    assert _run(python, program, broker.url, topic, group, cwd=tmp_path).stdout == "ok\n"
+
+    assert _run(llog, "--version", cwd=tmp_path).stdout.strip() == (
+        f"llog {_project(CLIENT / 'pyproject.toml')['version']}")
+    listed = _run(llog, "--help", cwd=tmp_path).stdout
+    assert "produce" in listed and "serve" not in listed  # no broker installed here
+    cli_topic = f"{topic}-cli"
+    _run(llog, "topics", "create", cli_topic, "--broker", broker.url, cwd=tmp_path)
+    _run(llog, "produce", cli_topic, "--broker", broker.url, cwd=tmp_path,
+         stdin="".join(f"line {i} {'y' * 200}\n" for i in range(20)))
+    out = _run(llog, "consume", cli_topic, "--count", "20", "--broker", broker.url,
+               cwd=tmp_path).stdout
+    assert out.splitlines() == [f"line {i} {'y' * 200}" for i in range(20)]
+
+    # Another installed distribution adds its command, as the broker's does.
+    plugin = tmp_path / "plugin"
+    plugin.mkdir()
+    (plugin / "pyproject.toml").write_text(PLUGIN)
+    (plugin / "llog_hello.py").write_text(
+        "def add(sub):\n"
+        "    hello = sub.add_parser('hello', help='greets')\n"
+        "    hello.set_defaults(func=lambda args: print('hello from a plug-in') or 0)\n")
+    _run(python, "-m", "pip", "install", "--quiet", plugin, cwd=tmp_path)
+    assert "greets" in _run(llog, "--help", cwd=tmp_path).stdout
+    assert _run(llog, "hello", cwd=tmp_path).stdout == "hello from a plug-in\n"
+
+
+PLUGIN = """
+[build-system]
+requires = ["setuptools>=77"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "llog-hello"
+version = "1"
+
+[project.entry-points."llog.commands"]
+hello = "llog_hello:add"
+
+[tool.setuptools]
+py-modules = ["llog_hello"]
+"""
