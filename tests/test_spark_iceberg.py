@@ -96,9 +96,14 @@ def test_options_of_the_other_format_are_refused(spark: Any, tmp_path: Path) -> 
         (ExportOptions(format="iceberg", table=TABLE, output="o"), "for --format parquet"),
         (ExportOptions(format="iceberg", table=TABLE, verify_output=True), "--format parquet"),
         (ExportOptions(output="o", table=TABLE), "--table is for --format delta or iceberg"),
+        (ExportOptions(format="delta", table=str(tmp_path / "t"),
+                       catalog_properties=("uri=x",)),
+         "--catalog-property are for --format iceberg"),
+        (ExportOptions(output="o", catalog="other"), "are for --format iceberg"),
     ]:
         with pytest.raises(ValueError, match=message):
             run_export(spark, settings, options, report)
+    assert not (tmp_path / "t").exists()
 
 
 def _produce(settings: Settings, topic: str, tag: str, written: Written) -> None:

@@ -223,6 +223,9 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
 
     if options.range_records < 1:
         raise ValueError("--range-records must be positive")
+    if options.format != "iceberg" and (options.catalog_properties or
+                                        options.catalog != ExportOptions.catalog):
+        raise ValueError("--catalog and --catalog-property are for --format iceberg")
     if options.format == "delta":
         return run_delta_export(spark, settings, options, report)
     if options.format == "iceberg":
