@@ -1,5 +1,5 @@
 # The Spark jobs image: the broker image's package with the `spark` extra (pyspark,
-# pyarrow, deltalake) and a Java 17 runtime, for `llog spark audit|vacuum|backfill|export` in local
+# pyarrow, deltalake, pyiceberg) and a Java 17 runtime, for `llog spark audit|vacuum|backfill|export` in local
 # mode (the audit CronJob of deploy/k8s/). Runs as the same non-root user as the broker.
 #
 # Build from the repository root:

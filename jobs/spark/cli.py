@@ -17,7 +17,7 @@ USAGE = """usage: llog spark {audit,vacuum,backfill,export} [options]
   audit     check indexes, objects, strays, stale records and orphans (exit 1: corruption)
   vacuum    delete orphan objects older than the retry horizon (dry run unless --apply)
   backfill  bulk-load Parquet / JSON Lines / CSV records through the commit protocol
-  export    export topic-partition offset ranges to Parquet
+  export    export topic-partition offset ranges to Parquet, Delta or Iceberg
 
 `llog spark <job> --help` describes a job's options. See docs/spark-jobs.md."""
 

@@ -1,5 +1,6 @@
 """export: topic-partition offset ranges to Parquet (this module), or appended to a Delta
-Lake table (``--format delta``: :mod:`jobs.spark.export_delta`).
+Lake table (``--format delta``: :mod:`jobs.spark.export_delta`) or an Apache Iceberg table
+(``--format iceberg``: :mod:`jobs.spark.export_iceberg`).
 
 The driver discovers the partitions, a first Spark stage reads their high watermarks
 (the export's snapshot: records appended later are not exported), and the driver cuts
@@ -19,6 +20,9 @@ any URI pyarrow's filesystems open.
 
     python -m jobs.spark.export --report /tmp/exp --output /tmp/orders.parquet --topic orders
     python -m jobs.spark.export --report /tmp/exp --format delta --table s3://lake/events
+    python -m jobs.spark.export --report /tmp/exp --format iceberg --table llog.events \
+        --catalog-property uri=sqlite:////tmp/iceberg.db \
+        --catalog-property warehouse=s3://lake/iceberg
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from app.storage.log_record import payload_value
 from app.storage.reader import LogReader
 from app.storage.records import now_ms
 from jobs.spark.export_delta import run_delta_export
+from jobs.spark.export_iceberg import run_iceberg_export
 from jobs.spark.export_read import (
     JOB,
     MAX_SLICES,
@@ -218,10 +223,16 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
 
     if options.range_records < 1:
         raise ValueError("--range-records must be positive")
+    if options.format != "iceberg" and (options.catalog_properties or
+                                        options.catalog != ExportOptions.catalog):
+        raise ValueError("--catalog and --catalog-property are for --format iceberg")
     if options.format == "delta":
         return run_delta_export(spark, settings, options, report)
+    if options.format == "iceberg":
+        return run_iceberg_export(spark, settings, options, report)
     if options.output is None or options.table is not None:
-        raise ValueError("--format parquet needs --output (--table is for --format delta)")
+        raise ValueError("--format parquet needs --output (--table is for --format delta "
+                         "or iceberg)")
     output = options.output
     started = now_ms()
     tasks = default_tasks(spark, options.tasks)
@@ -262,13 +273,24 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
 
 def build_parser() -> argparse.ArgumentParser:
     parser = base_parser(JOB, "Export topic-partition offset ranges to Parquet files, or "
-                              "append them to a Delta Lake table.")
-    parser.add_argument("--format", choices=("parquet", "delta"), default="parquet",
-                        help="parquet: a dataset of part files (--output); delta: append "
-                             "what the table does not hold yet to a Delta table (--table)")
+                              "append them to a Delta Lake or Apache Iceberg table.")
+    parser.add_argument("--format", choices=("parquet", "delta", "iceberg"),
+                        default="parquet",
+                        help="parquet: a dataset of part files (--output); delta, iceberg: "
+                             "append what the table does not hold yet to a Delta or "
+                             "Iceberg table (--table)")
     parser.add_argument("--output", help="--format parquet: the Parquet dataset to write")
     parser.add_argument("--table", help="--format delta: the table, s3://bucket/prefix on "
-                                        "the store's S3 endpoint, or a local path")
+                                        "the store's S3 endpoint, or a local path; "
+                                        "--format iceberg: NAMESPACE.NAME in the catalog")
+    parser.add_argument("--catalog", default="llog",
+                        help="--format iceberg: the pyiceberg catalog's name (its "
+                             "configuration: .pyiceberg.yaml, PYICEBERG_CATALOG__NAME__*)")
+    parser.add_argument("--catalog-property", action="append", default=[],
+                        dest="catalog_properties", metavar="KEY=VALUE",
+                        help="--format iceberg: a catalog property, over its configuration "
+                             "(repeatable; e.g. uri=sqlite:////path/catalog.db, "
+                             "warehouse=s3://bucket/prefix)")
     parser.add_argument("--topic", action="append", default=[], dest="topics",
                         help="topic to export (repeatable; default: all)")
     parser.add_argument("--partition", action="append", type=int, default=[],

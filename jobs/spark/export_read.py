@@ -45,6 +45,8 @@ class ExportOptions:
     verify_output: bool = False
     format: str = "parquet"
     table: str | None = None
+    catalog: str = "llog"
+    catalog_properties: tuple[str, ...] = ()
 
 
 def high_watermarks_task(payload: Mapping[str, str], tps: Iterable[tuple[str, int]]
