@@ -367,6 +367,38 @@ async def _refusals(g: SimpleNamespace, client: Any, topic: str) -> None:
     assert missing.parsed.error_type is m.ErrorType.UNKNOWN_TOPIC
 
 
+async def test_a_generated_client_produces_record_objects(
+    broker: Broker, generated: SimpleNamespace, topic: str
+) -> None:
+    """A record object with a key, a text and a base64 header and a timestamp, beside a
+    plain string; results told apart by ``outcome`` (``ok`` beside it)."""
+    g, m = generated, generated.models
+    record = m.RecordObject(
+        value="order created", key=m.Base64Record(base64="AAE="), timestamp_ms=1_700_000_000_000,
+        headers=[m.TextHeader(name="trace-id", value="4bf92f35"),
+                 m.Base64Header(name="bin", base64="AAI=")])
+    with anyio.fail_after(60):
+        async with g.client.Client(base_url=broker.url, timeout=httpx.Timeout(30)) as client:
+            answer = await g.produce.asyncio_detailed(client=client, body=m.ProduceRequest(
+                topic_partitions=[m.ProduceTopicPartition(topic=topic, partition=0,
+                                                          records=["alpha", record])]))
+            assert answer.status_code == 200, answer.content
+            (written,) = answer.parsed.results
+            assert isinstance(written, m.ProduceSuccess) and written.ok is True
+            assert written.outcome == "success" and written.end_offset == 2
+            read = await g.consume.asyncio(client=client, body=m.ConsumeRequest(
+                topic_partitions=[m.ConsumeTopicPartition(topic=topic, partition=0,
+                                                          fetch_offset=1)], max_wait_ms=0))
+    (partition,) = read.results
+    assert isinstance(partition, m.ConsumeSuccess) and partition.outcome == "success"
+    plain, full = partition.records
+    assert plain.value == "alpha"
+    assert (full.value, full.key_base64, full.timestamp_ms) == (
+        "order created", "AAE=", 1_700_000_000_000)
+    assert [(h.name, h.value, h.base64) for h in full.headers] == [
+        ("trace-id", "4bf92f35", g.types.UNSET), ("bin", g.types.UNSET, "AAI=")]
+
+
 def test_the_generated_client_snippet_in_the_docs_runs(
     broker: Broker, generated: SimpleNamespace, topic: str,
     capsys: pytest.CaptureFixture[str]
