@@ -3,7 +3,7 @@
 A bare FastAPI app served by uvicorn exactly as ``llog serve`` serves the broker (one
 worker, same event loop and HTTP implementation, log level warning). Its one POST
 /produce parses the body with the broker's own ``ProduceRequest`` model, decodes every
-record to bytes, and answers a response of the broker's shape (``ProduceResponse``,
+record to bytes, and answers a response of the broker's shape (``ProduceResults``,
 ``exclude_none``) with made-up offsets, without batching, Oxia or S3. No middleware
 (body limit, Prometheus instrumentation) and no dependency injection: it is the floor of
 the HTTP cost, so the broker's throughput divided by this one says how much of the
@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse  # noqa: E402
 
 from app.routes.models import (  # noqa: E402
     ProduceRequest,
-    ProduceResponse,
+    ProduceResults,
     ProduceSuccess,
 )
 from app.storage.log_record import payload_size  # noqa: E402
@@ -43,7 +43,7 @@ def create_app() -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/produce", response_model=ProduceResponse)
+    @app.post("/produce", response_model=ProduceResults)
     async def produce(body: ProduceRequest) -> JSONResponse:
         results: list[ProduceSuccess] = []
         for entry in body.topic_partitions:
@@ -59,7 +59,7 @@ def create_app() -> FastAPI:
                 index_key=f"llog/{entry.topic}/partitions/{key[1]}/index/{end:020d}",
                 wal_uri=WAL_URI if size >= 0 else "",
             ))
-        response = ProduceResponse(results=results, success_count=len(results), error_count=0)
+        response = ProduceResults(results=results, success_count=len(results), error_count=0)
         return JSONResponse(response.model_dump(exclude_none=True), status_code=200)
 
     return app

@@ -6,7 +6,8 @@
 #                                 --brokers N, on first use)
 #   scripts/bootstrap.sh test     everything the whole suite runs: Java for Spark, HAProxy
 #                                 and nginx for the load-balancer tests, every Go-built
-#                                 server and tool (the default)
+#                                 server and tool, the client generators and Node.js for
+#                                 the generated-client tests (the default)
 # Each step is a no-op when it is done already (the venv is stamped by the hash of
 # pyproject.toml and the client's, clients/python/pyproject.toml; binaries are cached by
 # the hash of their pinned modules).
@@ -66,6 +67,8 @@ missing=()
 java_ok || missing+=(default-jre-headless)   # the Spark jobs: Java 17+
 has haproxy || missing+=(haproxy)            # the reference load-balancer configurations
 has nginx || missing+=(nginx)
+has node || missing+=(nodejs)                # a generated TypeScript client runs on it
+has npm || missing+=(npm)                    # and is compiled by TypeScript from npm
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=()
   [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && sudo=(sudo -n); }
@@ -79,7 +82,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   java_ok || fail "the Spark tests need Java 17+ on PATH: install a JRE (Debian/Ubuntu: apt-get install default-jre-headless) and retry"
   has haproxy || fail "the load-balancer tests need HAProxy: install it (Debian/Ubuntu: apt-get install haproxy) and retry"
   has nginx || fail "the load-balancer tests need nginx: install it (Debian/Ubuntu: apt-get install nginx) and retry"
+  { has node && has npm; } || fail "the generated-client tests need Node.js 18+ and npm: install them (Debian/Ubuntu: apt-get install nodejs npm) and retry"
 fi
 
 # --- the whole suite: Go-built servers and tools (cached under .llog/bin) --------------
 .venv/bin/llog servers build --quiet
+
+# --- the generated-client tests: openapi-generator (Maven Central) and TypeScript (npm),
+# pinned, cached under .llog/bin beside oapi-codegen ----------------------------------
+.venv/bin/python -m tests.helpers.generators >/dev/null || \
+  fail "fetching the client generators failed (see above): check the network to Maven Central and npm, and retry"

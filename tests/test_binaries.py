@@ -14,6 +14,7 @@ def test_the_local_stack_builds_only_oxia_and_minio() -> None:
 
 def test_servers_build_takes_names_or_builds_everything() -> None:
     assert [m.name for m in binaries.by_name(["minio", "caddy"])] == ["minio", "caddy"]
-    assert [m.name for m in binaries.by_name([])] == ["oxia", "minio", "caddy", "promtool"]
+    assert [m.name for m in binaries.by_name([])] == [
+        "oxia", "minio", "caddy", "promtool", "oapi-codegen"]
     with pytest.raises(binaries.BuildError, match="no such server or tool: kafka"):
         binaries.by_name(["kafka", "oxia"])

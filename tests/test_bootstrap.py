@@ -35,6 +35,14 @@ class Machine:
             root / "clients" / "python" / "pyproject.toml").read_bytes()).hexdigest()
         (root / ".venv" / ".llog-installed").write_text(digest + "\n")
         self.command("llog", 'echo "llog $*" >> "$(dirname "$0")/../../built"', where=venv)
+        helpers = root / "tests" / "helpers"
+        helpers.mkdir(parents=True)
+        for package in (root / "tests", helpers):
+            (package / "__init__.py").write_text("")
+        (helpers / "generators.py").write_text(
+            "from pathlib import Path\n"
+            "with (Path(__file__).parents[2] / 'built').open('a') as f:\n"
+            "    f.write('client generators\\n')\n")
         for tool in ("bash", "sh", "sha256sum", "cut", "cat", "sed", "dirname"):
             found = shutil.which(tool)
             assert found is not None
@@ -68,9 +76,22 @@ def test_everything_present_builds_the_servers(machine: Machine) -> None:
     machine.java(17)
     machine.command("haproxy", "exit 0")
     machine.command("nginx", "exit 0")
+    machine.command("node", "exit 0")
+    machine.command("npm", "exit 0")
     done = machine.run()
     assert done.returncode == 0, done.stderr
-    assert (machine.root / "built").read_text() == "llog servers build --quiet\n"
+    assert (machine.root / "built").read_text() == (
+        "llog servers build --quiet\nclient generators\n")
+
+
+def test_a_missing_node_is_named(machine: Machine) -> None:
+    machine.java(17)
+    machine.command("haproxy", "exit 0")
+    machine.command("nginx", "exit 0")
+    done = machine.run()
+    assert done.returncode == 1
+    assert "Node.js 18+ and npm" in done.stderr
+    assert not (machine.root / "built").exists()
 
 
 def test_an_unreachable_apt_stops_before_the_tests_and_says_what_to_install(

@@ -62,7 +62,8 @@ async def test_never_written_partition_is_an_empty_log(http: httpx.AsyncClient,
                                                         topic: str) -> None:
     r = await http.post("/consume", json=consume_body(topic, 0))
     (c,) = r.json()["results"]
-    assert c == {"topic": topic, "partition": 0, "ok": True, "high_watermark": 0,
+    assert c == {"topic": topic, "partition": 0, "ok": True, "outcome": "success",
+                 "high_watermark": 0,
                  "log_start_offset": 1, "next_offset": 1, "records": []}
 
 
@@ -265,7 +266,7 @@ async def test_health_metrics_and_openapi(http: httpx.AsyncClient, broker: Broke
 
     spec = (await http.get("/openapi.json")).json()
     schemas = spec["components"]["schemas"]
-    for name in ("ProduceRequest", "ProduceResponse", "ConsumeRequest", "ConsumeResponse",
+    for name in ("ProduceRequest", "ProduceResults", "ConsumeRequest", "ConsumeResults",
                  "ErrorResponse", "HealthResponse", "Base64Record"):
         assert name in schemas, name
     produce_op = spec["paths"]["/produce"]["post"]

@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import jsonschema
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from app.factory import create_app
 from app.routes.group_models import CommitRequest, ResetEntry
@@ -64,7 +64,7 @@ def test_the_document_states_the_configured_limits(document: dict[str, Any]) -> 
     s = Settings()
     schemas = document["components"]["schemas"]
     assert schemas["ConsumeRequest"]["properties"]["max_wait_ms"]["maximum"] == 2000
-    session = schemas["JoinRequest"]["properties"]["session_timeout_ms"]["anyOf"][0]
+    session = schemas["JoinRequest"]["properties"]["session_timeout_ms"]
     assert (session["minimum"], session["maximum"]) == (
         s.group_min_session_timeout_ms, s.group_max_session_timeout_ms)
     assert _valid(document, "TopicCreateRequest", {"topic": "t", "partitions": 64})
@@ -97,6 +97,9 @@ def test_the_document_states_the_configured_limits(document: dict[str, Any]) -> 
     ("Header", {"name": "h", "value": "v", "base64": "AAE="}, False),
     ("Header", {"name": "h", "base64": "AAA"}, False),
     ("Header", {"name": "h", "base64": "AAE="}, True),
+    ("Header", {"name": "h", "value": "v"}, True),
+    ("Header", {"name": "h", "value": "v", "base64": None}, False),
+    ("Header", {"name": "h"}, False),
     ("TopicCreateRequest", {"topic": "."}, False),
     ("TopicCreateRequest", {"topic": "...", "timestamp_ms": 1}, False),
     ("TopicCreateRequest", {"topic": "..."}, True),
@@ -108,9 +111,7 @@ def test_the_document_and_the_models_draw_the_same_lines(
                "TopicCreateRequest": TopicCreateRequest}
     assert _valid(document, model, body) is accepted
     try:
-        parsed = classes[model].model_validate(body)
-        if isinstance(parsed, Header):
-            parsed.pair()  # a produce checks a header's one value here
+        TypeAdapter(classes[model]).validate_python(body)
         served = True
     except (ValidationError, ValueError):
         served = False

@@ -62,7 +62,7 @@ def test_generated_models_round_trip_through_the_broker(
         r = http.post("/produce", content=request.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
-        produced = m.ProduceResponse.model_validate(r.json())
+        produced = m.ProduceResults.model_validate(r.json())
         # Results are a union discriminated on ok: success and failure are two classes.
         (written,) = [result.root for result in produced.results]
         assert isinstance(written, m.ProduceSuccess) and written.end_offset == 2
@@ -71,7 +71,7 @@ def test_generated_models_round_trip_through_the_broker(
             topic=topic, partition=0, fetch_offset=1)], max_wait_ms=0)
         r = http.post("/consume", content=consume.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
-        consumed = m.ConsumeResponse.model_validate(r.json())
+        consumed = m.ConsumeResults.model_validate(r.json())
         records = consumed.results[0].root.records
         assert [(x.offset, x.value, x.base64) for x in records] == [
             (1, "alpha", None), (2, None, "AAE=")]
@@ -93,17 +93,17 @@ def test_generated_models_cover_records_topics_and_offsets(
         assert m.TopicInfo.model_validate(created.json()).partitions == 4
 
         record = m.RecordObject(value="order created", key="customer-17",
-                                headers=[m.Header(name="trace", value="abc")],
+                                headers=[m.TextHeader(name="trace", value="abc")],
                                 timestamp_ms=1_700_000_000_000)
         request = m.ProduceRequest(topic_partitions=[m.ProduceTopicPartition(
             topic=topic, records=[record], idempotency_key="order-1")])
         r = http.post("/produce", content=request.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
         assert r.status_code == 200, r.text
-        (result,) = [x.root for x in m.ProduceResponse.model_validate(r.json()).results]
+        (result,) = [x.root for x in m.ProduceResults.model_validate(r.json()).results]
         again = http.post("/produce", content=request.model_dump_json(exclude_none=True),
                           headers={"content-type": "application/json"})
-        (retried,) = [x.root for x in m.ProduceResponse.model_validate(again.json()).results]
+        (retried,) = [x.root for x in m.ProduceResults.model_validate(again.json()).results]
         assert retried.duplicate and retried.start_offset == result.start_offset
 
         query = m.OffsetsRequest(topic_partitions=[m.OffsetsTopicPartition(
@@ -117,7 +117,7 @@ def test_generated_models_cover_records_topics_and_offsets(
             topic=topic, partition=result.partition, fetch_offset="earliest")], max_wait_ms=0)
         r = http.post("/consume", content=consume.model_dump_json(exclude_none=True),
                       headers={"content-type": "application/json"})
-        (got,) = m.ConsumeResponse.model_validate(r.json()).results[0].root.records
+        (got,) = m.ConsumeResults.model_validate(r.json()).results[0].root.records
         assert (got.value, got.key, got.timestamp_ms) == ("order created", "customer-17",
                                                           1_700_000_000_000)
         assert got.headers[0].name == "trace" and got.append_time_ms > 0
@@ -148,7 +148,7 @@ def test_generated_models_join_a_group_consume_committed_and_commit(
             r = http.post("/consume", content=request.model_dump_json(exclude_none=True),
                           headers=headers)
             assert r.status_code == 200, r.text
-            (result,) = m.ConsumeResponse.model_validate(r.json()).results
+            (result,) = m.ConsumeResults.model_validate(r.json()).results
             assert isinstance(result.root, m.ConsumeSuccess), result
             return [x.offset for x in result.root.records]
 
@@ -205,7 +205,7 @@ def test_a_generated_client_sends_its_token_to_a_broker_with_auth_on(
         r = http.post("/produce", content=body,
                       headers={"content-type": "application/json", **credentials})
         assert r.status_code == 200, r.text
-        (written,) = m.ProduceResponse.model_validate(r.json()).results
+        (written,) = m.ProduceResults.model_validate(r.json()).results
         assert isinstance(written.root, m.ProduceSuccess) and written.root.end_offset == 1
 
         r = http.post("/produce", content=body, headers={"content-type": "application/json"})
@@ -327,7 +327,7 @@ async def _produce_and_consume(g: SimpleNamespace, client: Any, topic: str) -> N
     read = await g.consume.asyncio(client=client, body=m.ConsumeRequest(
         topic_partitions=[m.ConsumeTopicPartition(topic=topic, partition=0,
                                                   fetch_offset=1)], max_wait_ms=0))
-    assert isinstance(read, m.ConsumeResponse)
+    assert isinstance(read, m.ConsumeResults)
     (partition,) = read.results
     assert isinstance(partition, m.ConsumeSuccess) and partition.high_watermark == 2
     assert [(r.offset, r.value, r.base64) for r in partition.records] == [
@@ -365,6 +365,38 @@ async def _refusals(g: SimpleNamespace, client: Any, topic: str) -> None:
     missing = await g.describe_topic.asyncio_detailed(f"{topic}-absent", client=client)
     assert missing.status_code == 404 and isinstance(missing.parsed, m.ErrorResponse)
     assert missing.parsed.error_type is m.ErrorType.UNKNOWN_TOPIC
+
+
+async def test_a_generated_client_produces_record_objects(
+    broker: Broker, generated: SimpleNamespace, topic: str
+) -> None:
+    """A record object with a key, a text and a base64 header and a timestamp, beside a
+    plain string; results told apart by ``outcome`` (``ok`` beside it)."""
+    g, m = generated, generated.models
+    record = m.RecordObject(
+        value="order created", key=m.Base64Record(base64="AAE="), timestamp_ms=1_700_000_000_000,
+        headers=[m.TextHeader(name="trace-id", value="4bf92f35"),
+                 m.Base64Header(name="bin", base64="AAI=")])
+    with anyio.fail_after(60):
+        async with g.client.Client(base_url=broker.url, timeout=httpx.Timeout(30)) as client:
+            answer = await g.produce.asyncio_detailed(client=client, body=m.ProduceRequest(
+                topic_partitions=[m.ProduceTopicPartition(topic=topic, partition=0,
+                                                          records=["alpha", record])]))
+            assert answer.status_code == 200, answer.content
+            (written,) = answer.parsed.results
+            assert isinstance(written, m.ProduceSuccess) and written.ok is True
+            assert written.outcome == "success" and written.end_offset == 2
+            read = await g.consume.asyncio(client=client, body=m.ConsumeRequest(
+                topic_partitions=[m.ConsumeTopicPartition(topic=topic, partition=0,
+                                                          fetch_offset=1)], max_wait_ms=0))
+    (partition,) = read.results
+    assert isinstance(partition, m.ConsumeSuccess) and partition.outcome == "success"
+    plain, full = partition.records
+    assert plain.value == "alpha"
+    assert (full.value, full.key_base64, full.timestamp_ms) == (
+        "order created", "AAE=", 1_700_000_000_000)
+    assert [(h.name, h.value, h.base64) for h in full.headers] == [
+        ("trace-id", "4bf92f35", g.types.UNSET), ("bin", g.types.UNSET, "AAI=")]
 
 
 def test_the_generated_client_snippet_in_the_docs_runs(

@@ -130,13 +130,16 @@ def test_a_new_route_is_named_after_its_handler_and_a_clash_is_refused() -> None
 
 
 @pytest.mark.parametrize(("answer", "result", "success", "failure"), [
-    ("ProduceResponse", "ProducePartitionResult", "ProduceSuccess", "ProduceFailure"),
-    ("ConsumeResponse", "ConsumePartitionResult", "ConsumeSuccess", "ConsumeFailure"),
+    ("ProduceResults", "ProducePartitionResult", "ProduceSuccess", "ProduceFailure"),
+    ("ConsumeResults", "ConsumePartitionResult", "ConsumeSuccess", "ConsumeFailure"),
     ("OffsetsResponse", "OffsetsPartitionResult", "OffsetsSuccess", "OffsetsFailure"),
     ("OffsetResults", "OffsetResult", "OffsetSuccess", "OffsetFailure"),
 ])
-def test_results_are_discriminated_on_ok(answer: str, result: str, success: str,
-                                         failure: str) -> None:
+def test_results_are_discriminated_on_a_string_beside_ok(answer: str, result: str,
+                                                          success: str, failure: str) -> None:
+    """``outcome`` ("success"/"failure") picks the schema, since generators cannot match
+    a boolean discriminator; ``ok`` stays in every result, a plain boolean (a ``const:
+    true`` reads as the string "true" to openapi-generator)."""
     spec = _broker_spec()
     schemas = spec["components"]["schemas"]
     ref = "#/components/schemas/"
@@ -144,18 +147,70 @@ def test_results_are_discriminated_on_ok(answer: str, result: str, success: str,
     assert items == {"$ref": f"{ref}{result}"}
     union = schemas[result]
     assert union["oneOf"] == [{"$ref": ref + success}, {"$ref": ref + failure}]
-    assert union["discriminator"] == {"propertyName": "ok", "mapping": {
-        "true": ref + success, "false": ref + failure}}
-    assert schemas[success]["properties"]["ok"]["const"] is True
-    assert schemas[failure]["properties"]["ok"]["const"] is False
+    assert union["discriminator"] == {"propertyName": "outcome", "mapping": {
+        "success": ref + success, "failure": ref + failure}}
+    assert schemas[success]["properties"]["outcome"]["const"] == "success"
+    assert schemas[failure]["properties"]["outcome"]["const"] == "failure"
     for name in (success, failure):
-        assert "ok" in schemas[name]["required"]
+        assert {"ok", "outcome"} <= set(schemas[name]["required"])
+        assert schemas[name]["properties"]["ok"]["type"] == "boolean"
+        assert "const" not in schemas[name]["properties"]["ok"]
     assert {"error_type", "error", "retriable"} <= set(schemas[failure]["required"])
     assert schemas[failure]["properties"]["error_type"] == {"$ref": ref + "ErrorType"}
     # Fields left out of an answer are optional, never null.
     for name in (success, failure):
         for prop, schema in schemas[name]["properties"].items():
             assert "anyOf" not in schema, (name, prop)
+
+
+def test_no_schema_is_named_like_a_generated_operation_wrapper() -> None:
+    """oapi-codegen names its answer wrappers ``<Operation>Response`` (ProduceResponse for
+    produce): a schema of that name makes its output fail to compile."""
+    spec = _broker_spec()
+    wrappers = {"".join(w.title() for w in op["operationId"].split("_")) + "Response"
+                for _, _, op in operations(spec)}
+    assert not wrappers & set(spec["components"]["schemas"])
+
+
+def test_unions_of_records_and_headers_are_named_and_exclusive() -> None:
+    """A record, its bytes and a header are each a named ``oneOf`` of whole shapes:
+    ``anyOf`` reads to generators as one type with every member's fields (TypeScript's
+    client then required both ``base64`` and ``value``), and an anonymous union
+    becomes a type named after its place (``RecordsInner``)."""
+    schemas = _broker_spec()["components"]["schemas"]
+    ref = "#/components/schemas/"
+    records = schemas["ProduceTopicPartition"]["properties"]["records"]
+    assert records["items"] == {"$ref": ref + "ProduceRecord"}
+    assert schemas["ProduceRecord"]["oneOf"] == [
+        {"type": "string"}, {"$ref": ref + "Base64Record"}, {"$ref": ref + "RecordObject"}]
+    assert schemas["RecordBytes"]["oneOf"] == [
+        {"type": "string"}, {"$ref": ref + "Base64Record"}]
+    assert schemas["RecordObject"]["properties"]["value"] == {"$ref": ref + "RecordBytes"}
+    assert schemas["Header"]["oneOf"] == [{"$ref": ref + "TextHeader"},
+                                          {"$ref": ref + "Base64Header"}]
+    for name in ("Base64Record", "RecordObject", "TextHeader", "Base64Header"):
+        assert schemas[name]["additionalProperties"] is False, name
+
+
+def test_nullable_values_are_type_lists() -> None:
+    """``T | None`` is ``type: [T, "null"]``, not ``anyOf`` with a null branch, which
+    openapi-generator's Python generator cannot build a client from."""
+    spec = _broker_spec()
+
+    def nullable_unions(node: Any) -> Iterator[Any]:
+        if isinstance(node, dict):
+            branches = node.get("anyOf", [])
+            if {"type": "null"} in branches and not any("$ref" in b for b in branches):
+                yield node
+            for value in node.values():
+                yield from nullable_unions(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from nullable_unions(value)
+
+    assert list(nullable_unions(spec)) == []
+    fetch = spec["components"]["schemas"]["TopicUpdateRequest"]["properties"]["retention_ms"]
+    assert fetch["type"] == ["integer", "null"] and fetch["minimum"] == 1
 
 
 def test_error_type_is_the_error_tree_with_what_each_means() -> None:
@@ -205,7 +260,7 @@ def test_every_status_a_route_answers_is_declared() -> None:
                 assert retry_after is None, (path, status)
     produce_503 = spec["paths"]["/produce"]["post"]["responses"]["503"]
     assert produce_503["content"]["application/json"]["schema"] == {"anyOf": [
-        {"$ref": "#/components/schemas/ProduceResponse"},
+        {"$ref": "#/components/schemas/ProduceResults"},
         {"$ref": "#/components/schemas/ErrorResponse"}]}
 
 

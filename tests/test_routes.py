@@ -104,7 +104,7 @@ async def test_a_partly_failed_produce_is_409_with_each_entry_as_it_is(
         assert (body["success_count"], body["error_count"]) == (1, 1)
         ok, fenced = body["results"]
         assert ok["ok"] and ok["start_offset"] == 1
-        assert fenced == {"topic": topic, "partition": 1, "ok": False,
+        assert fenced == {"topic": topic, "partition": 1, "ok": False, "outcome": "failure",
                           "error_type": "PartitionFenced", "error": fenced["error"],
                           "retriable": False, "maybe_written": False}
 

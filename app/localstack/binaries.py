@@ -1,5 +1,6 @@
-"""Builds Oxia, MinIO and Caddy (and promtool, which checks the alert rules) from their
-pinned Go modules and caches the binaries.
+"""Builds Oxia, MinIO and Caddy (and promtool, which checks the alert rules, and
+oapi-codegen, which the generated-client tests run) from their pinned Go modules and
+caches the binaries.
 
 Each server has a tiny Go module of ours under ``deploy/servers/<name>/`` whose ``go.mod``
 and ``go.sum`` pin the upstream release. The binary is cached as
@@ -93,7 +94,11 @@ STACK = (OXIA, MINIO)
 # Prometheus's rule checker, for the tests of deploy/prometheus/alerts.yml.
 PROMTOOL = ServerModule("promtool", "github.com/prometheus/prometheus/cmd/promtool",
                         "github.com/prometheus/prometheus")
-TOOLS = (PROMTOOL,)
+# The Go client generator whose output the generated-client tests compile and run.
+OAPI_CODEGEN = ServerModule("oapi-codegen",
+                            "github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen",
+                            "github.com/oapi-codegen/oapi-codegen/v2")
+TOOLS = (PROMTOOL, OAPI_CODEGEN)
 
 
 def cache_dir() -> Path:

@@ -30,7 +30,7 @@ from app.routes.deps import broker_state, groups_of
 from app.routes.disconnect import unless_disconnected
 from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
 from app.routes.json_body import read_body
-from app.routes.models import ConsumeRequest, ConsumeResponse
+from app.routes.models import ConsumeRequest, ConsumeResults
 from app.routes.offsets import lookup_all
 from app.routes.openapi import (
     COMMIT_REFUSALS,
@@ -124,12 +124,12 @@ def with_binary(answer: Responses) -> Responses:
 
 @router.post(
     "/consume",
-    response_model=ConsumeResponse,
+    response_model=ConsumeResults,
     summary="Read records, waiting up to max_wait_ms for min_bytes",
     openapi_extra={"parameters": [ACCEPT_ENCODING]},
     responses={**compressible(with_binary(response(
                    200, "each partition's records, or why it could not be read",
-                   ConsumeResponse, CONSUMED_ANSWERS))),
+                   ConsumeResults, CONSUMED_ANSWERS))),
                **errors(400),
                **error(409, *COMMIT_REFUSALS, description=(
                    "with commit: the group refuses this member's commit (it left, its "
@@ -344,6 +344,7 @@ def _count(state: BrokerState, outcomes: list[ReadOutcome]) -> None:
 def _error(tp: TopicPartition, outcome: LlogError) -> dict[str, Any]:
     """A failed partition, as :class:`ConsumePartitionResult` dumps it."""
     out: dict[str, Any] = {"topic": tp.topic, "partition": tp.partition, "ok": False,
+                           "outcome": "failure",
                            "error_type": outcome.error_type, "error": str(outcome),
                            "retriable": outcome.retriable}
     if isinstance(outcome, OffsetOutOfRange):
@@ -356,7 +357,7 @@ def _result(tp: TopicPartition, outcome: ReadOutcome, encoding: str,
             committed: int | LlogError | None = None) -> dict[str, Any]:
     if not isinstance(outcome, ReadResult):
         return _error(tp, outcome)
-    out = {"topic": tp.topic, "partition": tp.partition, "ok": True,
+    out = {"topic": tp.topic, "partition": tp.partition, "ok": True, "outcome": "success",
            "high_watermark": outcome.high_watermark,
            "log_start_offset": outcome.log_start, "next_offset": outcome.next_offset,
            "records": [_record(o, v, t, encoding) for (o, v), t in zip(

@@ -12,6 +12,7 @@ from typing_extensions import TypeAliasType
 from app.routes.models import (
     MAX_SAFE_INTEGER,
     NAME_PATTERN,
+    SUCCESS,
     Partition,
     TopicName,
     _check_topic,
@@ -130,9 +131,11 @@ class CommitRequest(_Strict):
         return self
 
 
-COMMITTED: JsonDict = {"topic": "orders", "partition": 0, "ok": True, "offset": 41}
+COMMITTED: JsonDict = {"topic": "orders", "partition": 0, "ok": True, "outcome": "success",
+                        "offset": 41}
 STALE: JsonDict = {
-    "topic": "orders", "partition": 1, "ok": False, "error_type": "StaleGeneration",
+    "topic": "orders", "partition": 1, "ok": False, "outcome": "failure",
+    "error_type": "StaleGeneration",
     "error": "orders:1 was committed by generation 5 of group 'billing'; this commit is of "
              "generation 4", "retriable": False}
 
@@ -143,6 +146,8 @@ class OffsetSuccess(_PartitionResult):
     model_config = ConfigDict(json_schema_extra={"examples": [COMMITTED]})
 
     ok: Literal[True] = Field(description="true: the offset is committed")
+    outcome: Literal["success"] = Field(default=SUCCESS, description=(
+        "success: the offset is committed (ok is true)"))
     offset: int = Field(description="the committed offset (the last processed)")
 
 
@@ -154,7 +159,7 @@ class OffsetFailure(_Failure):
 
 OffsetResult = TypeAliasType("OffsetResult", Annotated[
     OffsetSuccess | OffsetFailure,
-    Field(discriminator="ok", description="A partition's commit, told by its ok")])
+    Field(discriminator="outcome", description="A partition's commit")])
 
 
 class OffsetResults(BaseModel):

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetJsonSchemaHandler,
     StrictBool,
     StrictInt,
     StrictStr,
@@ -23,7 +24,8 @@ from pydantic import (
     model_validator,
 )
 from pydantic.config import JsonDict, JsonValue
-from pydantic.json_schema import SkipJsonSchema
+from pydantic.json_schema import JsonSchemaValue, SkipJsonSchema
+from pydantic_core import CoreSchema
 from typing_extensions import TypeAliasType
 
 from app.routes.error_types import ErrorType
@@ -121,37 +123,63 @@ class Base64Record(_Strict):
         return base64.b64decode(self.base64, validate=True)
 
 
-Bytes = Annotated[StrictStr | Base64Record, Field(
-    description="A UTF-8 string, or {\"base64\": ...} for arbitrary bytes")]
+class OneOf:
+    """Marks a union whose members never overlap (a string, or objects that forbid each
+    other's fields) to be described as ``oneOf`` rather than pydantic's ``anyOf``.
+    Generators read ``anyOf`` as one type holding every member's fields at once
+    (openapi-generator's TypeScript: an interface requiring both ``base64`` and
+    ``value``, whose serializer mangles every record); ``oneOf`` as the union it is."""
+
+    def __get_pydantic_json_schema__(self, core_schema: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        if "anyOf" in schema:
+            schema["oneOf"] = schema.pop("anyOf")
+        return schema
+
+
+# Named, so that generated clients have a type for it rather than an anonymous one.
+RecordBytes = TypeAliasType("RecordBytes", Annotated[StrictStr | Base64Record, OneOf(), Field(
+    description="A UTF-8 string, or {\"base64\": ...} for arbitrary bytes")])
 
 
 def _to_bytes(value: str | Base64Record) -> bytes:
     return value.encode() if isinstance(value, str) else value.decoded()
 
 
-class Header(_Strict):
-    # Exactly one of value and base64 (pair() refuses a header with both or neither).
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
-        "oneOf": [_given("value"), _given("base64")]})
+class TextHeader(_Strict):
+    """A header whose value is a UTF-8 string."""
 
     name: StrictStr = Field(min_length=1, max_length=256, examples=["trace-id"])
-    value: StrictStr | None = Field(default=None, examples=["4bf92f35"])
-    base64: StrictStr | None = Field(default=None, examples=["AAE="],
-                                     pattern=BASE64_PATTERN)
+    value: StrictStr = Field(examples=["4bf92f35"])
+
+    def pair(self) -> tuple[str, bytes]:
+        return self.name, self.value.encode()
+
+
+class Base64Header(_Strict):
+    """A header whose value is arbitrary bytes, base64-encoded."""
+
+    name: StrictStr = Field(min_length=1, max_length=256, examples=["trace-id"])
+    base64: StrictStr = Field(examples=["AAE="], pattern=BASE64_PATTERN)
 
     @field_validator("base64")
     @classmethod
-    def _decodable(cls, value: str | None) -> str | None:
-        if value is not None:
-            Base64Record(base64=value)
+    def _decodable(cls, value: str) -> str:
+        Base64Record(base64=value)
         return value
 
     def pair(self) -> tuple[str, bytes]:
-        if (self.value is None) == (self.base64 is None):
-            raise ValueError(f"header {self.name!r} needs exactly one of value or base64")
-        if self.value is not None:
-            return self.name, self.value.encode()
-        return self.name, base64.b64decode(self.base64 or "", validate=True)
+        return self.name, base64.b64decode(self.base64, validate=True)
+
+
+# Exactly one of value and base64: two shapes, each a whole object with its name, so
+# that generated clients have a type for each (a null member is refused: no generator
+# reads a property whose type is null). (Rules alone,
+# {"oneOf": [{"required": ["value"]}, ...]}, become types without the name: TypeScript's
+# serializer then sends {"value": ...} alone.)
+Header = TypeAliasType("Header", Annotated[TextHeader | Base64Header, OneOf(), Field(
+    description="A header: its name, and a UTF-8 value or base64 bytes")])
 
 
 class RecordObject(_Strict):
@@ -162,8 +190,8 @@ class RecordObject(_Strict):
          "headers": [{"name": "trace-id", "value": "4bf92f35"}],
          "timestamp_ms": 1760000000000}]})
 
-    value: Bytes
-    key: Bytes | None = None
+    value: RecordBytes
+    key: RecordBytes | None = None
     headers: list[Header] | None = None
     timestamp_ms: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = None
 
@@ -175,11 +203,11 @@ class RecordObject(_Strict):
                          tuple(h.pair() for h in self.headers or ()), self.timestamp_ms)
 
 
-ProduceRecord = Annotated[
-    StrictStr | Base64Record | RecordObject,
+ProduceRecord = TypeAliasType("ProduceRecord", Annotated[
+    StrictStr | Base64Record | RecordObject, OneOf(),
     Field(description="A UTF-8 string, {\"base64\": ...} for arbitrary bytes, or an "
                       "object with a value and a key, headers or a timestamp"),
-]
+])
 
 
 class ProduceTopicPartition(_Strict):
@@ -229,7 +257,7 @@ def _texts(record: Base64Record | RecordObject) -> list[str]:
     out = [v for v in (record.value, record.key) if isinstance(v, str)]
     for header in record.headers or ():
         out.append(header.name)
-        if header.value is not None:
+        if isinstance(header, TextHeader):
             out.append(header.value)
     return out
 
@@ -250,23 +278,53 @@ class ProduceRequest(_Strict):
 
 
 class _PartitionResult(BaseModel):
+    """One entry of a result list: a success or a failure, told apart by ``outcome``
+    (``"success"``/``"failure"``) and by ``ok`` (``true``/``false``), which always agree.
+
+    ``outcome`` is what the document discriminates on: generators read a boolean
+    discriminator's ``const: true`` as the string ``"true"`` and then match no answer
+    (openapi-generator) or cannot decode it (oapi-codegen), so ``ok`` is described as a
+    plain boolean and ``outcome``, a string, picks the schema."""
+
     topic: str = Field(examples=["orders"])
     partition: int = Field(examples=[0])
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        json_schema = super().__get_pydantic_json_schema__(core_schema, handler)
+        schema = handler.resolve_ref_schema(json_schema)
+        properties = schema.get("properties", {})
+        if "outcome" in properties:
+            properties["ok"].pop("const", None)
+            # Answered in every result (it has a default only so that code building a
+            # model need not repeat what the class already says).
+            if "outcome" not in schema.setdefault("required", []):
+                schema["required"].insert(schema["required"].index("ok") + 1, "outcome")
+        return json_schema
+
+
+SUCCESS: Literal["success"] = "success"
+FAILURE: Literal["failure"] = "failure"
 
 
 class _Failure(_PartitionResult):
     ok: Literal[False] = Field(description="false: this entry failed, error_type says why")
+    outcome: Literal["failure"] = Field(default=FAILURE, description=(
+        "failure: this entry failed (ok is false)"))
     error_type: ErrorType
     error: str = Field(description="what went wrong, for people")
     retriable: bool = Field(description="sending the same entry again may succeed")
 
 
 PRODUCED: JsonDict = {
-    "topic": "orders", "partition": 0, "ok": True, "start_offset": 1, "end_offset": 2,
-    "count": 2, "index_key": "llog/orders/partitions/0/index/00000000000000000002",
+    "topic": "orders", "partition": 0, "ok": True, "outcome": "success", "start_offset": 1,
+    "end_offset": 2, "count": 2,
+    "index_key": "llog/orders/partitions/0/index/00000000000000000002",
     "wal_uri": "s3://leaderless-log-wal/llog/wal-shared/3f6c2a0e"}
 FENCED: JsonDict = {
-    "topic": "audit", "partition": 3, "ok": False, "error_type": "PartitionFenced",
+    "topic": "audit", "partition": 3, "ok": False, "outcome": "failure",
+    "error_type": "PartitionFenced",
     "error": "audit/3 is fenced; appends are refused", "retriable": False,
     "maybe_written": False}
 
@@ -278,6 +336,8 @@ class ProduceSuccess(_PartitionResult):
         PRODUCED, {**PRODUCED, "duplicate": True}]})
 
     ok: Literal[True] = Field(description="true: the records are written")
+    outcome: Literal["success"] = Field(default=SUCCESS, description=(
+        "success: the records are written (ok is true)"))
     start_offset: int = Field(description="the offset of the entry's first record")
     end_offset: int = Field(description="the offset of the entry's last record")
     count: int = Field(description="how many records the entry holds")
@@ -304,10 +364,10 @@ class ProduceFailure(_Failure):
 
 ProducePartitionResult = TypeAliasType("ProducePartitionResult", Annotated[
     ProduceSuccess | ProduceFailure,
-    Field(discriminator="ok", description="An entry's outcome, told by its ok")])
+    Field(discriminator="outcome", description="An entry's outcome")])
 
 
-class ProduceResponse(BaseModel):
+class ProduceResults(BaseModel):
     """Each entry's outcome; entries succeed or fail independently."""
 
     model_config = ConfigDict(json_schema_extra={"examples": [
@@ -426,13 +486,15 @@ class OffsetsRequest(_Strict):
 
 class OffsetsSuccess(_PartitionResult):
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"topic": "orders", "partition": 0, "ok": True, "log_start_offset": 1,
-         "high_watermark": 42},
-        {"topic": "orders", "partition": 1, "ok": True, "log_start_offset": 101,
-         "high_watermark": 250, "offset": 188},
+        {"topic": "orders", "partition": 0, "ok": True, "outcome": "success",
+         "log_start_offset": 1, "high_watermark": 42},
+        {"topic": "orders", "partition": 1, "ok": True, "outcome": "success",
+         "log_start_offset": 101, "high_watermark": 250, "offset": 188},
     ]})
 
     ok: Literal[True] = Field(description="true: the partition could be looked up")
+    outcome: Literal["success"] = Field(default=SUCCESS, description=(
+        "success: the partition could be looked up (ok is true)"))
     log_start_offset: int = Field(description=(
         "the first offset still readable (retention moves it forward)"))
     high_watermark: int = Field(description="the last committed offset (0: empty)")
@@ -443,18 +505,19 @@ class OffsetsSuccess(_PartitionResult):
 
 class OffsetsFailure(_Failure):
     model_config = ConfigDict(json_schema_extra={"examples": [
-        {"topic": "orders", "partition": 9, "ok": False, "error_type": "UnknownPartition",
+        {"topic": "orders", "partition": 9, "ok": False, "outcome": "failure",
+         "error_type": "UnknownPartition",
          "error": "topic 'orders' has 4 partitions", "retriable": False}]})
 
 
 OffsetsPartitionResult = TypeAliasType("OffsetsPartitionResult", Annotated[
     OffsetsSuccess | OffsetsFailure,
-    Field(discriminator="ok", description="A partition's offsets, told by its ok")])
+    Field(discriminator="outcome", description="A partition's offsets")])
 
 
 class OffsetsResponse(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [{"results": [
-        {"topic": "orders", "partition": 0, "ok": True, "log_start_offset": 1,
+        {"topic": "orders", "partition": 0, "ok": True, "outcome": "success", "log_start_offset": 1,
          "high_watermark": 42}]}]})
 
     results: list[OffsetsPartitionResult]
@@ -602,12 +665,13 @@ class ConsumedRecord(BaseModel):
 
 
 CONSUMED: JsonDict = {
-    "topic": "orders", "partition": 0, "ok": True, "high_watermark": 2,
+    "topic": "orders", "partition": 0, "ok": True, "outcome": "success", "high_watermark": 2,
     "log_start_offset": 1, "next_offset": 3, "records": [
         {"offset": 1, "value": "alpha", "append_time_ms": 1760000000000},
         {"offset": 2, "base64": "AAE=", "append_time_ms": 1760000000000}]}
 OUT_OF_RANGE: JsonDict = {
-    "topic": "orders", "partition": 1, "ok": False, "error_type": "OffsetOutOfRange",
+    "topic": "orders", "partition": 1, "ok": False, "outcome": "failure",
+    "error_type": "OffsetOutOfRange",
     "error": "offset 9 of orders/1 is beyond the high watermark 5 + 1", "retriable": False,
     "log_start_offset": 1, "high_watermark": 5}
 
@@ -618,6 +682,8 @@ class ConsumeSuccess(_PartitionResult):
     model_config = ConfigDict(json_schema_extra={"examples": [CONSUMED]})
 
     ok: Literal[True] = Field(description="true: the partition could be read")
+    outcome: Literal["success"] = Field(default=SUCCESS, description=(
+        "success: the partition could be read (ok is true)"))
     high_watermark: int = Field(description=(
         "the last committed offset when the partition was read (0: empty)"))
     log_start_offset: int = Field(description="the first offset still readable")
@@ -640,10 +706,10 @@ class ConsumeFailure(_Failure):
 
 ConsumePartitionResult = TypeAliasType("ConsumePartitionResult", Annotated[
     ConsumeSuccess | ConsumeFailure,
-    Field(discriminator="ok", description="A partition's outcome, told by its ok")])
+    Field(discriminator="outcome", description="A partition's outcome")])
 
 
-class ConsumeResponse(BaseModel):
+class ConsumeResults(BaseModel):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {"results": [CONSUMED]}, {"results": [CONSUMED, OUT_OF_RANGE]}]})
 

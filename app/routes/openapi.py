@@ -168,6 +168,7 @@ def install_openapi(app: FastAPI, *, extra_models: Sequence[type[BaseModel]] = (
                                           ref_template="#/components/schemas/{model}")
             for name, model_schema in extra.get("$defs", {}).items():
                 schemas.setdefault(name, model_schema)
+            nullable_as_type_lists(schema)
             if finish is not None:
                 finish(schema)
             app.openapi_schema = schema
@@ -184,3 +185,32 @@ def _tidy(responses: dict[str, Any]) -> None:
         for media in answer.get("content", {}).values():
             if media.get("schema", {}).get("title", "").startswith("Response "):
                 del media["schema"]["title"]
+
+
+_NULL = {"type": "null"}
+
+
+def nullable_as_type_lists(node: Any) -> Any:
+    """Rewrite, in place, each ``anyOf: [{type: T, ...}, {type: null}]`` (pydantic's
+    ``T | None``) as ``{type: [T, "null"], ...}``: the same values, in OpenAPI 3.1's own
+    spelling of "nullable". openapi-generator's Python client generator cannot build a
+    client from the ``anyOf`` form when the branch has bounds or examples of its own (it
+    makes a model of the union and fails on its null member). Unions with a ``$ref``
+    or more members, and constants, are left as they are."""
+    if isinstance(node, list):
+        for item in node:
+            nullable_as_type_lists(item)
+    elif isinstance(node, dict):
+        for value in node.values():
+            nullable_as_type_lists(value)
+        branches = node.get("anyOf")
+        if (isinstance(branches, list) and len(branches) == 2 and _NULL in branches):
+            (typed,) = [b for b in branches if b != _NULL]
+            if isinstance(typed.get("type"), str) and not {"$ref", "const"} & set(typed):
+                del node["anyOf"]
+                for key, value in typed.items():
+                    node.setdefault(key, value)
+                node["type"] = [typed["type"], "null"]
+                if "enum" in node:
+                    node["enum"] = [*node["enum"], None]
+    return node

@@ -22,7 +22,7 @@ from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.routes.access import account, authorize, charge_produce, control_of, holds
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
-from app.routes.models import ErrorResponse, ProduceResponse
+from app.routes.models import ErrorResponse, ProduceResults
 from app.routes.openapi import error, errors, named, response
 from app.routes.openapi_encoding import CONTENT_ENCODING, unsupported_encoding
 from app.routes.produce_body import is_binary, parse_json, read_decoded
@@ -46,24 +46,24 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
 
 @router.post(
     "/produce",
-    response_model=ProduceResponse,
+    response_model=ProduceResults,
     summary="Append records to topic-partitions",
     openapi_extra=REQUEST_BODY,
     responses={
-        **response(200, "every entry was written", ProduceResponse, PRODUCE_WRITTEN),
+        **response(200, "every entry was written", ProduceResults, PRODUCE_WRITTEN),
         **errors(400),
         **error(404, description="unknown topic or partition (topics are not created on "
                                  "use); nothing was written"),
         **response(409, "some entries failed, and not every one before writing: each "
                         "result says how; retry only those with ok false",
-                   ProduceResponse, PRODUCE_PARTLY),
+                   ProduceResults, PRODUCE_PARTLY),
         **error(413, description="over a size or count limit (a compressed body: its "
                                  "decoded size); nothing was written"),
         **unsupported_encoding(),
         **error(500, "CorruptData"),
         **response(503, "nothing was written: every entry was refused before writing "
                         "(results), or the request as a whole (error body)",
-                   ProduceResponse | ErrorResponse, PRODUCE_REFUSED),
+                   ProduceResults | ErrorResponse, PRODUCE_REFUSED),
     },
 )
 async def produce(request: Request) -> Response:
@@ -192,7 +192,7 @@ def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome,
             metrics.records.inc(outcome.count)
             metrics.bytes.inc(group.size)
         result: dict[str, Any] = {
-            "topic": tp.topic, "partition": tp.partition, "ok": True,
+            "topic": tp.topic, "partition": tp.partition, "ok": True, "outcome": "success",
             "start_offset": outcome.start_offset, "end_offset": outcome.end_offset,
             "count": outcome.count}
         if located(tp.topic):
@@ -202,6 +202,6 @@ def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome,
             result["duplicate"] = True
         return result
     metrics.failed_entries.labels(outcome.error_type).inc()
-    return {"topic": tp.topic, "partition": tp.partition, "ok": False,
+    return {"topic": tp.topic, "partition": tp.partition, "ok": False, "outcome": "failure",
             "error_type": outcome.error_type, "error": str(outcome),
             "retriable": outcome.retriable, "maybe_written": outcome.maybe_written}

@@ -1,0 +1,144 @@
+// Produces, consumes and reads refusals through the client oapi-codegen generates (with
+// its default options, into llog.gen.go of this package) from the broker's
+// /openapi.json, and prints what it saw as one JSON object, which
+// tests/test_generated_clients.py checks. LLOG_URL: the broker; LLOG_TOPIC: a topic
+// that may be written; LLOG_TOKEN: a bearer token allowed to produce to and consume it.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+)
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	return v
+}
+
+func check(err error) {
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}
+
+func record(build func(*ProduceRecord) error) ProduceRecord {
+	var r ProduceRecord
+	check(build(&r))
+	return r
+}
+
+func bytesOf(text string) RecordBytes {
+	var b RecordBytes
+	check(b.FromRecordBytes0(text))
+	return b
+}
+
+func fetchOffset(offset int) ConsumeTopicPartition_FetchOffset {
+	var o ConsumeTopicPartition_FetchOffset
+	check(o.FromConsumeTopicPartitionFetchOffset0(offset))
+	return o
+}
+
+func main() {
+	url, topic, token := os.Getenv("LLOG_URL"), os.Getenv("LLOG_TOPIC"), os.Getenv("LLOG_TOKEN")
+	bearer := WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+		req.Header.Set("Authorization", "Bearer "+token)
+		return nil
+	})
+	client := must(NewClientWithResponses(url, bearer))
+	ctx := context.Background()
+	out := map[string]any{}
+
+	var header Header
+	check(header.FromTextHeader(TextHeader{Name: "trace-id", Value: "4bf92f35"}))
+	key, timestamp := bytesOf("customer-17"), 1700000000000
+	partition := 0
+	records := []ProduceRecord{
+		record(func(r *ProduceRecord) error { return r.FromProduceRecord0("alpha") }),
+		record(func(r *ProduceRecord) error { return r.FromBase64Record(Base64Record{Base64: "AAE="}) }),
+		record(func(r *ProduceRecord) error {
+			return r.FromRecordObject(RecordObject{Value: bytesOf("order created"), Key: &key,
+				Headers: &[]Header{header}, TimestampMs: &timestamp})
+		}),
+	}
+	produced := must(client.ProduceWithResponse(ctx, &ProduceParams{}, ProduceJSONRequestBody{
+		TopicPartitions: []ProduceTopicPartition{{Topic: topic, Partition: &partition, Records: records}}}))
+	if produced.JSON200 == nil {
+		check(fmt.Errorf("produce answered %d: %s", produced.StatusCode(), produced.Body))
+	}
+	var results []any
+	for _, r := range produced.JSON200.Results {
+		switch v := must(r.ValueByDiscriminator()).(type) {
+		case ProduceSuccess:
+			results = append(results, map[string]any{"outcome": v.Outcome, "ok": v.Ok,
+				"start": v.StartOffset, "end": v.EndOffset})
+		case ProduceFailure:
+			results = append(results, map[string]any{"outcome": v.Outcome, "ok": v.Ok,
+				"error_type": v.ErrorType})
+		}
+	}
+	out["produced"] = results
+
+	wait := 0
+	read := func(offset int) []any {
+		answer := must(client.ConsumeWithResponse(ctx, &ConsumeParams{}, ConsumeJSONRequestBody{
+			TopicPartitions: []ConsumeTopicPartition{{Topic: topic, Partition: 0,
+				FetchOffset: fetchOffset(offset)}}, MaxWaitMs: &wait}))
+		if answer.JSON200 == nil {
+			check(fmt.Errorf("consume answered %d: %s", answer.StatusCode(), answer.Body))
+		}
+		var seen []any
+		for _, r := range answer.JSON200.Results {
+			switch v := must(r.ValueByDiscriminator()).(type) {
+			case ConsumeSuccess:
+				var got []any
+				for _, x := range v.Records {
+					var headers [][2]any
+					for _, h := range deref(x.Headers) {
+						headers = append(headers, [2]any{h.Name, h.Value})
+					}
+					got = append(got, map[string]any{"offset": x.Offset, "value": x.Value,
+						"base64": x.Base64, "key": x.Key, "headers": headers,
+						"timestamp_ms": x.TimestampMs})
+				}
+				seen = append(seen, map[string]any{"outcome": v.Outcome, "records": got})
+			case ConsumeFailure:
+				seen = append(seen, map[string]any{"outcome": v.Outcome, "ok": v.Ok,
+					"error_type": v.ErrorType, "high_watermark": v.HighWatermark})
+			}
+		}
+		return seen
+	}
+	out["consumed"] = read(1)
+	out["out_of_range"] = read(99)
+
+	missing := must(client.DescribeTopicWithResponse(ctx, topic+"-absent"))
+	if missing.JSON404 == nil {
+		check(fmt.Errorf("describe answered %d: %s", missing.StatusCode(), missing.Body))
+	}
+	out["unknown_topic"] = []any{missing.StatusCode(), missing.JSON404.ErrorType}
+
+	anonymous := must(NewClientWithResponses(url))
+	refused := must(anonymous.ProduceWithResponse(ctx, &ProduceParams{}, ProduceJSONRequestBody{
+		TopicPartitions: []ProduceTopicPartition{{Topic: topic, Partition: &partition,
+			Records: records[:1]}}}))
+	if refused.JSON401 == nil {
+		check(fmt.Errorf("anonymous produce answered %d: %s", refused.StatusCode(), refused.Body))
+	}
+	out["anonymous"] = []any{refused.StatusCode(), refused.JSON401.ErrorType}
+	check(json.NewEncoder(os.Stdout).Encode(out))
+}
+
+func deref[T any](p *[]T) []T {
+	if p == nil {
+		return nil
+	}
+	return *p
+}

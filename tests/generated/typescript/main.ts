@@ -1,0 +1,66 @@
+// Produces, consumes and reads refusals through the client openapi-generator's
+// typescript-fetch generates (into ./generated) from the broker's /openapi.json, and
+// prints what it saw as one JSON object, which tests/test_generated_clients.py checks.
+// Node 18+ (its global fetch). LLOG_URL: the broker; LLOG_TOPIC: a topic that may be
+// written; LLOG_TOKEN: a bearer token allowed to produce to and consume from it.
+import {
+    Configuration, ConsumeApi, ErrorResponseFromJSON, ProduceApi, ResponseError, TopicsApi,
+} from "./generated";
+
+declare const process: { env: Record<string, string | undefined>; exitCode?: number };
+
+const url = process.env.LLOG_URL ?? "http://127.0.0.1:8080";
+const topic = process.env.LLOG_TOPIC ?? "orders";
+const token = process.env.LLOG_TOKEN;
+
+async function refusal(call: Promise<unknown>): Promise<[number, string]> {
+    try {
+        await call;
+    } catch (e) {
+        if (e instanceof ResponseError) {
+            const body = ErrorResponseFromJSON(await e.response.json());
+            return [e.response.status, body.errorType];
+        }
+        throw e;
+    }
+    throw new Error("expected a refusal");
+}
+
+async function main(): Promise<void> {
+    const config = new Configuration({ basePath: url, accessToken: token });
+    const written = await new ProduceApi(config).produce({ produceRequest: {
+        topicPartitions: [{ topic, partition: 0, records: [
+            "alpha",
+            { base64: "AAE=" },
+            { value: "order created", key: "customer-17",
+              headers: [{ name: "trace-id", value: "4bf92f35" }], timestampMs: 1700000000000 },
+        ] }],
+    } });
+    const produced = written.results.map((r) => r.outcome === "success"
+        ? { outcome: r.outcome, ok: r.ok, start: r.startOffset, end: r.endOffset }
+        : { outcome: r.outcome, ok: r.ok, error_type: r.errorType });
+
+    const consume = new ConsumeApi(config);
+    const read = await consume.consume({ consumeRequest: {
+        topicPartitions: new Set([{ topic, partition: 0, fetchOffset: 1 }]), maxWaitMs: 0 } });
+    const consumed = read.results.map((r) => r.outcome === "success"
+        ? { outcome: r.outcome, records: r.records.map((x) => ({
+            offset: x.offset, value: x.value, base64: x.base64, key: x.key,
+            headers: x.headers?.map((h) => [h.name, h.value]), timestamp_ms: x.timestampMs })) }
+        : { outcome: r.outcome, error_type: r.errorType });
+
+    const beyond = await consume.consume({ consumeRequest: {
+        topicPartitions: new Set([{ topic, partition: 0, fetchOffset: 99 }]), maxWaitMs: 0 } });
+    const outOfRange = beyond.results.map((r) => r.outcome === "failure"
+        ? { outcome: r.outcome, ok: r.ok, error_type: r.errorType, high_watermark: r.highWatermark }
+        : { outcome: r.outcome });
+
+    const unknownTopic = await refusal(
+        new TopicsApi(config).describeTopic({ topic: `${topic}-absent` }));
+    const anonymous = await refusal(new ProduceApi(new Configuration({ basePath: url }))
+        .produce({ produceRequest: { topicPartitions: [{ topic, partition: 0, records: ["x"] }] } }));
+    console.log(JSON.stringify({ produced, consumed, out_of_range: outOfRange,
+                                 unknown_topic: unknownTopic, anonymous }));
+}
+
+main().catch((e) => { console.error(e); process.exitCode = 1; });

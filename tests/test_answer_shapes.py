@@ -1,0 +1,92 @@
+"""The answers the hot lane builds by hand (app/routes/produce.py and consume.py build
+their results as dicts, not models, to answer fast) are byte for byte what the answer
+models dump: the document describes the models, so a field added to one and not the
+other would be an answer the document does not describe."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import orjson
+import pytest
+from pydantic import TypeAdapter
+
+from app.errors import OffsetOutOfRange, PartitionFenced, UnknownPartition
+from app.routes import consume, produce
+from app.routes.models import (
+    ConsumeFailure,
+    ConsumePartitionResult,
+    ConsumeSuccess,
+    ProduceFailure,
+    ProducePartitionResult,
+    ProduceSuccess,
+)
+from app.storage.appends import AppendGroup, AppendResult
+from app.storage.keys import TopicPartition
+from app.storage.log_record import LogRecord
+from app.storage.reader import ReadResult
+
+TP = TopicPartition("orders", 3)
+
+
+class _Metric:
+    def inc(self, *_: Any) -> None:
+        pass
+
+    def labels(self, *_: Any) -> _Metric:
+        return self
+
+
+_METRICS = SimpleNamespace(records=_Metric(), bytes=_Metric(), failed_entries=_Metric())
+STATE: Any = SimpleNamespace(produce_metrics=_METRICS)
+
+
+def _as_dumped(adapter: TypeAdapter[Any], built: dict[str, Any]) -> Any:
+    """The model ``built`` validates as, after checking it dumps to the same bytes."""
+    model = adapter.validate_python(built)
+    assert orjson.dumps(built) == adapter.dump_json(model, exclude_none=True)
+    return model
+
+
+@pytest.mark.parametrize(("located", "duplicate"), [(True, False), (False, True)])
+def test_a_written_entry_is_the_json_of_produce_success(located: bool,
+                                                        duplicate: bool) -> None:
+    group = AppendGroup(TP, [b"alpha", b"beta"])
+    written = AppendResult(TP, 7, 8, 2, "llog/orders/partitions/3/index/8",
+                           "s3://bucket/wal/1", duplicate=duplicate)
+    built = produce._result(STATE, group, written, lambda _: located)
+    model = _as_dumped(TypeAdapter(ProducePartitionResult), built)
+    assert isinstance(model, ProduceSuccess)
+    assert (built["ok"], built["outcome"]) == (True, "success")
+
+
+def test_a_failed_entry_is_the_json_of_produce_failure() -> None:
+    group = AppendGroup(TP, [b"alpha"])
+    built = produce._result(STATE, group, PartitionFenced("orders/3 is fenced"),
+                            lambda _: True)
+    model = _as_dumped(TypeAdapter(ProducePartitionResult), built)
+    assert isinstance(model, ProduceFailure)
+    assert (built["ok"], built["outcome"]) == (False, "failure")
+
+
+@pytest.mark.parametrize("committed", [None, 2])
+def test_a_read_partition_is_the_json_of_consume_success(committed: int | None) -> None:
+    read = ReadResult(TP, [(1, b"alpha"), (2, b"\x00\x01"),
+                           (3, LogRecord(b"v", b"k", (("h", b"x"),), 1_700_000_000_000))],
+                      high_watermark=3, next_offset=4, append_times=[10, 11, 12])
+    built = consume._result(TP, read, "auto", committed)
+    model = _as_dumped(TypeAdapter(ConsumePartitionResult), built)
+    assert isinstance(model, ConsumeSuccess) and len(model.records) == 3
+    assert (built["ok"], built["outcome"]) == (True, "success")
+
+
+@pytest.mark.parametrize("error", [
+    OffsetOutOfRange("offset 9 is beyond", log_start=1, high_watermark=5),
+    UnknownPartition("orders has 3 partitions"),
+])
+def test_a_failed_partition_is_the_json_of_consume_failure(error: Exception) -> None:
+    built = consume._result(TP, error, "auto")  # type: ignore[arg-type]
+    model = _as_dumped(TypeAdapter(ConsumePartitionResult), built)
+    assert isinstance(model, ConsumeFailure)
+    assert (built["ok"], built["outcome"]) == (False, "failure")
