@@ -157,7 +157,7 @@ def _expected(topic: str, written: Written) -> list[dict[str, Any]]:
 
 
 def _without_date(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    from jobs.spark.delta_files import append_date
+    from jobs.spark.export_read import append_date
 
     for row in rows:
         assert str(row.pop("append_date")) == append_date(row["append_time_ms"])

@@ -167,7 +167,7 @@ def test_incremental_exports_hold_every_record_once(
         stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
     from pyiceberg.expressions import And, EqualTo, GreaterThan
 
-    from jobs.spark.iceberg_files import append_date
+    from jobs.spark.export_read import append_date
 
     settings = stack_settings(stack)
     written = Written()

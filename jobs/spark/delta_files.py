@@ -13,7 +13,6 @@ its ``add`` action, so readers skip files by offset and time.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,23 +30,18 @@ from jobs.spark.export_read import (
     read_batches,
     record_batch,
     record_schema,
+    split_by_day,
 )
 from jobs.spark.job_settings import settings_from_payload
 from jobs.spark.stores import open_stores
 from jobs.spark.tasks import task_identity, task_logger
 
-DAY_MS = 86_400_000
 # One row per data file: what the driver needs for the file's add action and the report.
 DATA_FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, "
                      "last_offset long, records long, bytes long, file string, size long, "
                      "append_date string, stats string")
 STATS_COLUMNS = ("partition", "offset", "append_time_ms")
 
-
-def append_date(append_time_ms: int) -> str:
-    """The UTC date of an append time, as the table's partition value."""
-    return datetime.datetime.fromtimestamp(append_time_ms / 1000, datetime.UTC) \
-        .date().isoformat()
 
 
 def data_schema() -> Any:
@@ -85,18 +79,6 @@ class _OpenFile:
                            "nullCount": dict.fromkeys(STATS_COLUMNS, 0)})
 
 
-def _split_by_date(batch: Any) -> Iterator[tuple[str, Any]]:
-    """``(append_date, rows of that date)`` of a batch (usually one date)."""
-    import pyarrow.compute as pc  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    days = pc.divide(batch.column("append_time_ms"), DAY_MS)  # integer division
-    distinct = pc.unique(days).to_pylist()
-    if len(distinct) == 1:
-        yield append_date(distinct[0] * DAY_MS), batch
-        return
-    for day in distinct:
-        yield append_date(day * DAY_MS), batch.filter(pc.equal(days, day))
-
 
 def _open(fs: Any, path: str) -> Any:
     import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
@@ -117,7 +99,7 @@ async def write_range(reader: LogReader, fs: Any, base: str, part: PartRange,
     try:
         async for got in read_batches(reader, part, batch_records):
             batch = record_batch(full, part, got).drop_columns(["topic"])
-            for date, rows in _split_by_date(batch):
+            for date, rows in split_by_day(batch):
                 if date not in files:
                     path = f"topic={part.topic}/append_date={date}/{name}"
                     stream = _open(fs, f"{base}/{path}")

@@ -27,6 +27,7 @@ from jobs.spark.export_read import (
     MAX_SLICES,
     RANGE_COLUMNS,
     ExportOptions,
+    new_high_waters,
     plan_ranges,
     read_bounds,
     select_partitions,
@@ -66,13 +67,6 @@ def _write_files(spark: SparkSession, payload: Mapping[str, str], table: str,
     return [row.asDict() for row in files.collect()]
 
 
-def _new_high_waters(files: Sequence[Mapping[str, Any]]) -> dict[TopicPartition, int]:
-    out: dict[TopicPartition, int] = {}
-    for row in files:
-        tp = TopicPartition(row["topic"], row["partition"])
-        out[tp] = max(out.get(tp, 0), int(row["last_offset"]))
-    return out
-
 
 def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOptions,
                      report: Report) -> JobOutcome:
@@ -98,7 +92,7 @@ def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOpt
     ok = exported == expected
     version = table.version()
     if ok and files:  # a mismatch commits nothing: the table stays as it was
-        version = commit(table, files, _new_high_waters(files),
+        version = commit(table, files, new_high_waters(files),
                          {"llog.job": JOB, "llog.root_prefix": settings.root_prefix})
     finished = now_ms()
     summary: dict[str, Any] = {

@@ -19,7 +19,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
-from app.storage.keys import TopicPartition
 from app.storage.records import now_ms
 from jobs.spark.export_delta import resume_bounds
 from jobs.spark.export_read import (
@@ -27,6 +26,7 @@ from jobs.spark.export_read import (
     MAX_SLICES,
     RANGE_COLUMNS,
     ExportOptions,
+    new_high_waters,
     plan_ranges,
     read_bounds,
     select_partitions,
@@ -61,14 +61,6 @@ def _write_files(spark: SparkSession, payload: Mapping[str, str], location: str,
         spark.createDataFrame(rows, DATA_FILE_COLUMNS, verifySchema=False), "files"))
     return [row.asDict() for row in files.collect()]
 
-
-def new_high_waters(files: Sequence[Mapping[str, Any]]) -> dict[TopicPartition, int]:
-    """The last offset the files hold of each partition."""
-    out: dict[TopicPartition, int] = {}
-    for row in files:
-        tp = TopicPartition(row["topic"], row["partition"])
-        out[tp] = max(out.get(tp, 0), int(row["last_offset"]))
-    return out
 
 
 def run_iceberg_export(spark: SparkSession, settings: Settings, options: ExportOptions,

@@ -3,6 +3,7 @@ range with :class:`LogReader` into Arrow record batches of the export's columns.
 
 from __future__ import annotations
 
+import datetime
 import functools
 from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -209,3 +210,36 @@ def read_bounds(spark: SparkSession, payload: Mapping[str, str],
     items = [(tp.topic, tp.partition) for tp in partitions]
     return spark.sparkContext.parallelize(items, partition_slices(len(items), tasks)) \
         .mapPartitions(functools.partial(high_watermarks_task, payload)).collect()
+
+
+DAY_MS = 86_400_000
+
+
+def append_date(append_time_ms: int) -> str:
+    """The UTC date of an append time, as the tables' partition value."""
+    return datetime.datetime.fromtimestamp(append_time_ms / 1000, datetime.UTC) \
+        .date().isoformat()
+
+
+def split_by_day(batch: Any) -> Iterator[tuple[str, Any]]:
+    """``(UTC date of append time, rows of that date)`` of a batch (usually one date):
+    the tables' files hold one day each."""
+    import pyarrow.compute as pc  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+    days = pc.divide(batch.column("append_time_ms"), DAY_MS)  # integer division
+    distinct = pc.unique(days).to_pylist()
+    if len(distinct) == 1:
+        yield append_date(distinct[0] * DAY_MS), batch
+        return
+    for day in distinct:
+        yield append_date(day * DAY_MS), batch.filter(pc.equal(days, day))
+
+
+def new_high_waters(files: Sequence[Mapping[str, Any]]) -> dict[TopicPartition, int]:
+    """The last offset the data files (rows with ``topic``, ``partition`` and
+    ``last_offset``) hold of each partition: what a table commit records."""
+    out: dict[TopicPartition, int] = {}
+    for row in files:
+        tp = TopicPartition(row["topic"], row["partition"])
+        out[tp] = max(out.get(tp, 0), int(row["last_offset"]))
+    return out

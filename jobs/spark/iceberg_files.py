@@ -21,7 +21,6 @@ from typing import Any
 import anyio
 
 from app.storage.reader import LogReader
-from jobs.spark.delta_files import DAY_MS, append_date
 from jobs.spark.export_read import (
     JOB,
     READ_RECORDS,
@@ -29,6 +28,7 @@ from jobs.spark.export_read import (
     read_batches,
     record_batch,
     record_schema,
+    split_by_day,
 )
 from jobs.spark.iceberg_catalog import data_file_io
 from jobs.spark.stores import open_stores
@@ -56,18 +56,6 @@ def with_append_time(batch: Any) -> Any:
     return pa.record_batch([*batch.columns, micros.cast(pa.timestamp("us", tz="UTC"))],
                            schema=file_schema())
 
-
-def split_by_day(batch: Any) -> Iterator[tuple[str, Any]]:
-    """``(UTC date of append time, rows of that date)`` of a batch (usually one date)."""
-    import pyarrow.compute as pc  # type: ignore[import-untyped,import-not-found,unused-ignore]
-
-    days = pc.divide(batch.column("append_time_ms"), DAY_MS)  # integer division
-    distinct = pc.unique(days).to_pylist()
-    if len(distinct) == 1:
-        yield append_date(distinct[0] * DAY_MS), batch
-        return
-    for day in distinct:
-        yield append_date(day * DAY_MS), batch.filter(pc.equal(days, day))
 
 
 @dataclass
