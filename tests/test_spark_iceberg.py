@@ -1,10 +1,21 @@
 """export --format iceberg against real Oxia and MinIO: an Iceberg table (SQL catalog in
 SQLite, data on the store's S3) that each run extends with exactly the records past its
 high-water offsets, also after a run that crashed between writing its data files and
-committing them. The table is read back with pyiceberg."""
+committing them (an exception in the test's process, and a SIGKILLed export process with
+its Spark JVM). The table is read back with pyiceberg."""
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +41,7 @@ from tests.helpers.spark_support import (
 Written = dict[tuple[int, int], tuple[Payload, int]]
 pytestmark = SPARK_TESTS
 TABLE = "llog.events"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_catalog_properties_default_to_the_store_and_options_win(tmp_path: Path) -> None:
@@ -228,29 +240,42 @@ def test_a_crash_before_the_commit_is_re_run_without_duplicates(
     monkeypatch.undo()
     assert iceberg_task is export_iceberg.iceberg_task  # the files were written for real
     assert len(_rows(_open(settings, tmp_path))) == 21  # nothing of the crashed run
+    table = _rerun_exports_the_rest_once(stack, settings, tmp_path, topic, written)
+    assert _unreferenced(table)  # harmless: no snapshot references them
 
+
+def _export_args(stack: LocalStack, settings: Settings, tmp_path: Path, report: str,
+                 topic: str) -> list[str]:
+    """The command line of an export to the test's table (``llog spark export ...``)."""
+    catalog_args = [a for p in _catalog_options(settings, tmp_path)
+                    for a in ("--catalog-property", p)]
+    return ["--report", str(tmp_path / report), "--root-prefix", settings.root_prefix,
+            "--stack-json", str(stack_json(stack, tmp_path / "stack.json")),
+            "--format", "iceberg", "--table", TABLE, "--catalog", "llog-test",
+            *catalog_args, "--topic", topic, "--range-records", "5"]
+
+
+def _rerun_exports_the_rest_once(stack: LocalStack, settings: Settings, tmp_path: Path,
+                                 topic: str, written: Written) -> Any:
+    """After a first export of 21 records and a run that died before its commit: a
+    re-run through the command line, as an operator would run it, exports the 21 records
+    the first did not, and the table holds every record once. Returns the table."""
     # Retention moves partition 1's log start into what the table holds: no effect.
     run(settings, lambda e: move_log_start(e.oxia, e.layout, TopicPartition(topic, 1), 5,
                                           None))
-    # The re-run through the command line, as an operator would run it.
     from jobs.spark.export import main
 
-    catalog_args = [a for p in _catalog_options(settings, tmp_path)
-                    for a in ("--catalog-property", p)]
-    assert main(["--report", str(tmp_path / "r2"), "--root-prefix", settings.root_prefix,
-                 "--stack-json", str(stack_json(stack, tmp_path / "stack.json")),
-                 "--format", "iceberg", "--table", TABLE, "--catalog", "llog-test",
-                 *catalog_args, "--topic", topic, "--range-records", "5"]) == 0
+    assert main(_export_args(stack, settings, tmp_path, "r2", topic)) == 0
     rerun = read_summary(tmp_path / "r2")
     assert rerun["records_exported"] == 21 and rerun["records_lost_to_retention"] == 0
     assert rerun["committed"]
     table = _open(settings, tmp_path)
     assert _rows(table) == _expected(topic, written)
     assert len(table.history()) == 2
-    assert _orphans(table) > 0  # harmless: no snapshot references them
+    return table
 
 
-def _orphans(table: Any) -> int:
+def _unreferenced(table: Any) -> set[str]:
     """Data files under the table's location that no snapshot references."""
     import pyarrow.fs
 
@@ -264,7 +289,136 @@ def _orphans(table: Any) -> int:
     referenced = {task.file.file_path for snapshot in table.snapshots()
                   for task in table.scan(snapshot_id=snapshot.snapshot_id).plan_files()}
     assert referenced <= listed
-    return len(listed - referenced)
+    return listed - referenced
+
+
+# `llog spark export ...` in a process of its own whose commit, the step right after the
+# data files are written, announces the files and waits to be killed instead. A closed
+# stdin (the test died) ends it without a commit.
+_HELD_AT_COMMIT = textwrap.dedent("""
+    import json, os, sys
+    import jobs.spark.export_iceberg as export_iceberg
+    from jobs.spark.cli import main
+
+    def held(table, files, *rest):
+        print("data files written: " + json.dumps(list(files)), flush=True)
+        sys.stdin.read()
+        os._exit(3)
+
+    export_iceberg.commit = held
+    sys.exit(main(sys.argv[1:]))
+""")
+_WRITTEN = b"data files written: "
+
+
+def _await_line(proc: subprocess.Popen[bytes], prefix: bytes, timeout: float,
+                log: Path) -> bytes:
+    """The rest of the first line ``proc`` prints that starts with ``prefix``."""
+    assert proc.stdout is not None
+    fd, seen, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while True:
+        for line in seen.splitlines(keepends=True):
+            if line.startswith(prefix) and line.endswith(b"\n"):
+                return line[len(prefix):]
+        left = deadline - time.monotonic()
+        assert left > 0, f"no {prefix!r} in {timeout}s: {_tail(log)}"
+        if select.select([fd], [], [], left)[0]:
+            chunk = os.read(fd, 65536)
+            assert chunk, f"exited ({proc.wait()}) first: {_tail(log)}"
+            seen += chunk
+
+
+def _tail(log: Path) -> str:
+    return log.read_text(errors="replace")[-3000:]
+
+
+def _session(sid: int) -> dict[int, int]:
+    """The live (not zombie) processes of session ``sid``: pid -> process group."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                state, _, group, session = (entry / "stat").read_text(
+                ).rsplit(")", 1)[1].split()[:4]
+            except (OSError, ValueError):  # exited meanwhile
+                continue
+            if state != "Z" and int(session) == sid:
+                out[int(entry.name)] = int(group)
+    return out
+
+
+def _await_exits(pids: Iterable[int], timeout: float) -> None:
+    """Until every one of ``pids`` has exited, or ``timeout``."""
+    fds = []
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            fds.append(os.pidfd_open(pid))  # readable once the process exits
+    try:
+        pending, deadline = set(fds), time.monotonic() + timeout
+        while pending and (left := deadline - time.monotonic()) > 0:
+            pending -= set(select.select(list(pending), [], [], left)[0])
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _kill_session(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group ``proc`` leads (the driver and its Spark JVM) and wait
+    for it; then every process of its session (PySpark's worker daemon puts itself in a
+    group of its own, and leaves when the JVM is gone) must be gone too."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    _await_exits(_session(proc.pid), 60)
+    left = _session(proc.pid)
+    for pid in left:  # never leave anything running, even when the test fails
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"still running after the kill (pid: group): {left}"
+
+
+@pytest.mark.timeout(360)
+def test_an_export_killed_before_its_commit_is_re_run_without_duplicates(
+        stack: LocalStack, spark: Any, topic: str, tmp_path: Path) -> None:
+    """The crash is real: the export runs as its own process (driver and Spark JVM),
+    which is SIGKILLed once its data files are in the store and before it commits."""
+    settings = stack_settings(stack)
+    written = Written()
+    _produce(settings, topic, "a", written)
+    first = _export(spark, settings, tmp_path, "r1", topic)
+    after_first, held = dict(written), _open(settings, tmp_path).properties
+    _produce(settings, topic, "b", written)
+
+    args = ["export", *_export_args(stack, settings, tmp_path, "killed", topic),
+            "--master", "local[2]", "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.ui.showConsoleProgress=false"]
+    # Connection settings from the stack.json only, as an operator's run takes them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LLOG_")}
+    log = tmp_path / "killed.log"
+    with open(log, "wb") as log_fh:
+        proc = subprocess.Popen([sys.executable, "-c", _HELD_AT_COMMIT, *args], cwd=REPO,
+                                env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=log_fh, start_new_session=True)
+        try:
+            files = json.loads(_await_line(proc, _WRITTEN, 240, log))
+        finally:
+            _kill_session(proc)
+            for pipe in (proc.stdin, proc.stdout):
+                assert pipe is not None
+                pipe.close()
+    assert proc.returncode == -signal.SIGKILL
+    assert len(files) >= 5  # 9 and 12 new records, in ranges of 5 or fewer
+
+    # Nothing of the killed run is in the table; its data files are in the store, and
+    # no snapshot references them.
+    table = _open(settings, tmp_path)
+    assert _rows(table) == _expected(topic, after_first)
+    assert [e.snapshot_id for e in table.history()] == [first["snapshot_id"]]
+    assert table.properties == held
+    assert set(files) <= _unreferenced(table)
+
+    table = _rerun_exports_the_rest_once(stack, settings, tmp_path, topic, written)
+    assert set(files) <= _unreferenced(table)
 
 
 def test_a_commit_never_lands_on_a_table_another_export_moved(
