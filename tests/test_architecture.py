@@ -30,8 +30,28 @@ def _package_imports() -> dict[str, set[str]]:
     return graph
 
 
-def test_packages_import_each_other_without_cycles() -> None:
-    graph = _package_imports()
+def _job_module_imports() -> dict[str, set[str]]:
+    """jobs/spark's modules -> the ones they import (at the top or inside a function:
+    a cycle through a deferred import is still one)."""
+    graph: dict[str, set[str]] = defaultdict(set)
+    for path in (ROOT / "jobs/spark").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                parts = name.split(".")
+                if parts[:2] == ["jobs", "spark"] and len(parts) > 2 \
+                        and (ROOT / "jobs/spark" / f"{parts[2]}.py").exists() \
+                        and parts[2] != path.stem:
+                    graph[path.stem].add(parts[2])
+    return graph
+
+
+def _assert_acyclic(graph: dict[str, set[str]]) -> None:
     state: dict[str, str] = {}
 
     def visit(node: str, path: list[str]) -> None:
@@ -45,6 +65,18 @@ def test_packages_import_each_other_without_cycles() -> None:
     for node in sorted(graph):
         if node not in state:
             visit(node, [node])
+
+
+def test_packages_import_each_other_without_cycles() -> None:
+    _assert_acyclic(_package_imports())
+
+
+def test_the_spark_jobs_import_each_other_without_cycles() -> None:
+    """A job is run by name (``llog spark NAME``, ``python -m jobs.spark.NAME``) without
+    the runner it uses knowing the jobs."""
+    graph = _job_module_imports()
+    assert graph["cli"] >= {"audit", "vacuum", "backfill", "export"}  # the graph is read
+    _assert_acyclic(graph)
 
 
 def test_the_engine_knows_nothing_above_it() -> None:

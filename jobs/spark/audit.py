@@ -59,7 +59,6 @@ from jobs.spark.runner import (
     entry_point,
     finish,
     parse_duration_ms,
-    run_module,
 )
 from jobs.spark.scan import (
     SnapshotHandler,
@@ -328,4 +327,8 @@ main = entry_point(JOB, build_parser, run_audit, AuditOptions)
 
 
 if __name__ == "__main__":
-    sys.exit(run_module(JOB))
+    # The importable module's main, not this __main__'s: the functions Spark ships to its
+    # executors must be found there under jobs.spark.audit.
+    from jobs.spark.audit import main as module_main
+
+    sys.exit(module_main(sys.argv[1:]))

@@ -38,7 +38,6 @@ import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
@@ -59,9 +58,10 @@ from jobs.spark.backfill_input import (
     plan_input,
     read_input,
 )
+from jobs.spark.backfill_options import BackfillOptions, MiB
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
-from jobs.spark.runner import base_parser, entry_point, finish, run_module
+from jobs.spark.runner import base_parser, entry_point, finish
 from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import job_object_key, open_stores
 from jobs.spark.tasks import run_async, task_identity
@@ -70,34 +70,9 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 
-MiB = 1024 * 1024
 MAX_MARKER_EVERY = IDEMPOTENCY_WINDOW // 2
 
 
-@dataclass(frozen=True)
-class BackfillOptions:
-    inputs: tuple[str, ...]
-    input_format: str | None = None  # parquet | json | csv; None: by file extension
-    value_column: str = "value"
-    value_encoding: str = "auto"  # auto | utf8 | base64 | hex | binary
-    # Record fields: None takes the column of the field's name when the input has one,
-    # "" ignores the field, a name must be a column of the input.
-    key_column: str | None = None
-    key_encoding: str = "auto"  # as value_encoding
-    headers_column: str | None = None
-    timestamp_column: str | None = None
-    topic_column: str | None = None
-    partition_column: str | None = None
-    topic: str | None = None
-    partition: int | None = None
-    csv_header: bool = True
-    job_id: str | None = None
-    chunk_records: int = 5000
-    chunk_bytes: int = 4 * MiB
-    blob_bytes: int = 16 * MiB
-    marker_every: int = 16
-    tasks: int = 0
-    max_records_per_second: float = 0.0  # per task; 0: unlimited
 
 
 
@@ -332,4 +307,8 @@ main = entry_point(JOB, build_parser, run_backfill, BackfillOptions)
 
 
 if __name__ == "__main__":
-    sys.exit(run_module(JOB))
+    # The importable module's main, not this __main__'s: the functions Spark ships to its
+    # executors must be found there under jobs.spark.backfill.
+    from jobs.spark.backfill import main as module_main
+
+    sys.exit(module_main(sys.argv[1:]))

@@ -14,7 +14,7 @@ from app.storage.keys import TopicPartition, validate_partition, validate_topic
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
-    from jobs.spark.backfill import BackfillOptions
+    from jobs.spark.backfill_options import BackfillOptions
 
 
 _SUFFIXES = ((".parquet", "parquet"), (".jsonl", "json"), (".ndjson", "json"),

@@ -59,7 +59,7 @@ from jobs.spark.export_read import (
 )
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
-from jobs.spark.runner import base_parser, entry_point, finish, run_module
+from jobs.spark.runner import base_parser, entry_point, finish
 from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import open_stores
 from jobs.spark.tasks import task_attempt_id, task_identity, task_logger
@@ -313,4 +313,8 @@ main = entry_point(JOB, build_parser, run_export, ExportOptions)
 
 
 if __name__ == "__main__":
-    sys.exit(run_module(JOB))
+    # The importable module's main, not this __main__'s: the functions Spark ships to its
+    # executors must be found there under jobs.spark.export.
+    from jobs.spark.export import main as module_main
+
+    sys.exit(module_main(sys.argv[1:]))

@@ -142,14 +142,6 @@ def _failed(report: Report, job: str, started: int, exc: Exception) -> JobOutcom
     return outcome
 
 
-def run_module(job: str) -> int:
-    """``python -m jobs.spark.<job>``: run the job through its importable module (not
-    ``__main__``), so the functions Spark ships to executors are found there."""
-    from jobs.spark.cli import main
-
-    return main([job, *sys.argv[1:]])
-
-
 def entry_point(job: str, build_parser: Callable[[], argparse.ArgumentParser],
                 runner: JobRunner[Options], options_type: type[Options]
                 ) -> Callable[[Sequence[str] | None], int]:

@@ -50,7 +50,7 @@ from jobs.spark.report import (
     Report,
     job_header,
 )
-from jobs.spark.runner import base_parser, entry_point, finish, run_module
+from jobs.spark.runner import base_parser, entry_point, finish
 from jobs.spark.scan import (
     SnapshotHandler,
     Tagged,
@@ -362,4 +362,8 @@ main = entry_point(JOB, build_parser, run_vacuum, VacuumOptions)
 
 
 if __name__ == "__main__":
-    sys.exit(run_module(JOB))
+    # The importable module's main, not this __main__'s: the functions Spark ships to its
+    # executors must be found there under jobs.spark.vacuum.
+    from jobs.spark.vacuum import main as module_main
+
+    sys.exit(module_main(sys.argv[1:]))
