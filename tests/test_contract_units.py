@@ -152,3 +152,14 @@ def test_a_null_target_beside_the_one_given_is_still_read_as_absent(
     body = {"topic": "t", "to": None, "offset": 3}
     assert ResetEntry.model_validate(body).offset == 3
     assert not _valid(document, "ResetEntry", body)
+
+
+def test_no_list_of_the_document_claims_unique_items(document: dict[str, Any]) -> None:
+    """A list of partitions names each partition once, whatever its offsets: a rule of
+    a part of each item, which ``uniqueItems`` (whole items) does not state, and which
+    made typescript-fetch type the lists as a ``Set`` (objects held by identity)."""
+    assert "uniqueItems" not in json.dumps(document)
+    schemas = document["components"]["schemas"]
+    for model, field in (("ConsumeRequest", "topic_partitions"), ("CommitRequest", "offsets")):
+        assert "each partition at most once (400 otherwise)" in (
+            schemas[model]["properties"][field]["description"])

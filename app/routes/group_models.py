@@ -128,8 +128,9 @@ class CommitRequest(_Strict):
         "with generation: commit as this member (it must own every partition); without "
         "both, the group must have no live members"))
     generation: Generation | None = None
-    offsets: list[CommitOffset] = Field(min_length=1, json_schema_extra={
-        "uniqueItems": True, "description": "each partition at most once"})
+    # Not uniqueItems, as ConsumeRequest.topic_partitions (app/routes/models.py).
+    offsets: list[CommitOffset] = Field(min_length=1, description=(
+        "each partition at most once (400 otherwise)"))
 
     @model_validator(mode="after")
     def _member(self) -> Self:

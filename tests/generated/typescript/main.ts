@@ -37,7 +37,7 @@ async function group(config: Configuration): Promise<Record<string, unknown>> {
     const joined = member.assignment.map((a) => [a.topic, a.partitions]);
     const committed = await groups.commitOffsets({ group: topic, commitRequest: {
         memberId: member.memberId, generation: member.generation,
-        offsets: new Set([{ topic, partition: 0, offset: 2 }]) } });
+        offsets: [{ topic, partition: 0, offset: 2 }] } });
     const outcomes = (answer: OffsetResults) => answer.results.map((r) => r.outcome === "success"
         ? [r.outcome, r.partition, r.offset] : [r.outcome, r.partition, r.errorType]);
     const reset = async (...entries: ResetEntry[]) => outcomes(await groups.resetOffsets({
@@ -74,7 +74,7 @@ async function main(): Promise<void> {
 
     const consume = new ConsumeApi(config);
     const read = await consume.consume({ consumeRequest: {
-        topicPartitions: new Set([{ topic, partition: 0, fetchOffset: 1 }]), maxWaitMs: 0 } });
+        topicPartitions: [{ topic, partition: 0, fetchOffset: 1 }], maxWaitMs: 0 } });
     const consumed = read.results.map((r) => r.outcome === "success"
         ? { outcome: r.outcome, records: r.records.map((x) => ({
             offset: x.offset, value: x.value, base64: x.base64, key: x.key,
@@ -82,7 +82,7 @@ async function main(): Promise<void> {
         : { outcome: r.outcome, error_type: r.errorType });
 
     const beyond = await consume.consume({ consumeRequest: {
-        topicPartitions: new Set([{ topic, partition: 0, fetchOffset: 99 }]), maxWaitMs: 0 } });
+        topicPartitions: [{ topic, partition: 0, fetchOffset: 99 }], maxWaitMs: 0 } });
     const outOfRange = beyond.results.map((r) => r.outcome === "failure"
         ? { outcome: r.outcome, ok: r.ok, error_type: r.errorType, high_watermark: r.highWatermark }
         : { outcome: r.outcome });
