@@ -93,7 +93,14 @@ def test_the_document_states_the_configured_limits(document: dict[str, Any]) -> 
     ("CommitRequest", {"member_id": "m", "generation": None,
                        "offsets": [{"topic": "t", "partition": 0, "offset": 1}]}, False),
     ("ResetEntry", {"topic": "t", "to": "earliest", "offset": 3}, False),
-    ("ResetEntry", {"topic": "t", "to": None, "offset": 3}, True),
+    ("ResetEntry", {"topic": "t"}, False),
+    ("ResetEntry", {"to": "earliest"}, False),
+    ("ResetEntry", {"topic": ".", "to": "earliest"}, False),
+    ("ResetEntry", {"topic": "t", "to": "earliest"}, True),
+    ("ResetEntry", {"topic": "t", "partition": None, "to": "latest"}, True),
+    ("ResetEntry", {"topic": "t", "partition": 2, "timestamp_ms": 0}, True),
+    ("ResetEntry", {"topic": "t", "offset": 3}, True),
+    ("ResetEntry", {"topic": "t", "to": "first"}, False),
     ("Header", {"name": "h", "value": "v", "base64": "AAE="}, False),
     ("Header", {"name": "h", "base64": "AAA"}, False),
     ("Header", {"name": "h", "base64": "AAE="}, True),
@@ -116,3 +123,43 @@ def test_the_document_and_the_models_draw_the_same_lines(
     except (ValidationError, ValueError):
         served = False
     assert served is accepted
+
+
+def test_a_reset_entry_is_one_of_three_named_shapes_each_with_its_topic(
+        document: dict[str, Any]) -> None:
+    """Named, closed shapes, so that generators give each a type with the topic and the
+    partition (rules alone beside the properties came out as types holding the target
+    only, whose serializers sent ``{"to": ...}`` without the topic)."""
+    schemas = document["components"]["schemas"]
+    shapes = {"ResetToPosition": "to", "ResetToTimestamp": "timestamp_ms",
+              "ResetToOffset": "offset"}
+    assert schemas["ResetEntry"]["oneOf"] == [
+        {"$ref": f"#/components/schemas/{name}"} for name in shapes]
+    assert "properties" not in schemas["ResetEntry"]
+    for name, target in shapes.items():
+        shape = schemas[name]
+        assert shape["additionalProperties"] is False, name
+        assert set(shape["properties"]) == {"topic", "partition", target}, name
+        assert shape["required"] == ["topic", target], name
+        assert _valid(document, name, shape["examples"][0]), name
+
+
+def test_a_null_target_beside_the_one_given_is_still_read_as_absent(
+        document: dict[str, Any]) -> None:
+    """The broker takes what it took before the document named the shapes: a null
+    target beside the one given. The document describes the shapes clients send, and
+    does not mention the null."""
+    body = {"topic": "t", "to": None, "offset": 3}
+    assert ResetEntry.model_validate(body).offset == 3
+    assert not _valid(document, "ResetEntry", body)
+
+
+def test_no_list_of_the_document_claims_unique_items(document: dict[str, Any]) -> None:
+    """A list of partitions names each partition once, whatever its offsets: a rule of
+    a part of each item, which ``uniqueItems`` (whole items) does not state, and which
+    made typescript-fetch type the lists as a ``Set`` (objects held by identity)."""
+    assert "uniqueItems" not in json.dumps(document)
+    schemas = document["components"]["schemas"]
+    for model, field in (("ConsumeRequest", "topic_partitions"), ("CommitRequest", "offsets")):
+        assert "each partition at most once (400 otherwise)" in (
+            schemas[model]["properties"][field]["description"])

@@ -6,7 +6,10 @@ default options work against a real broker with access control on: openapi-gener
 Each produces JSON (a plain string, base64 bytes and a record object with a key,
 headers and a timestamp), consumes it back, reads a failed entry as its failure type
 with its error type, reads a refused request (unknown topic; no token) as the typed
-error body, and sends its bearer token. Each client is generated once per module; the
+error body, and sends its bearer token. Each then uses a consumer group: joins it,
+commits an offset, is refused a reset while its member is live, leaves, resets the
+group's offsets to the earliest and to an offset, and describes it. Each client is
+generated once per module; the
 generators, pinned, are fetched on first use (tests/helpers/generators.py), and a
 missing one fails the test.
 """
@@ -43,14 +46,15 @@ TOPIC_PREFIX = "gen-"
 def secured(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[Broker, str]]:
     """A broker with access control on, and a token that may produce to, consume from
-    and describe the ``gen-*`` topics."""
+    and describe the ``gen-*`` topics and use the ``gen-*`` groups."""
     keys = Keys()
     token = keys.new("app")
     where = tmp_path_factory.mktemp("secured")
     auth_file = where / "auth.toml"
     rights = f'["{TOPIC_PREFIX}*"]'
     auth_file.write_text(f'[principals.app]\nkeys = ["{keys.entries["app"]}"]\n'
-                         f"produce = {rights}\nconsume = {rights}\nadmin = {rights}\n")
+                         f"produce = {rights}\nconsume = {rights}\nadmin = {rights}\n"
+                         f"group = {rights}\n")
     factory = BrokerFactory(stack, where)
     yield factory.start(auth="on", auth_file=str(auth_file)), token
     factory.stop_all()
@@ -80,7 +84,7 @@ def _present(value: Any) -> Any:
     return value
 
 
-def _check(seen: dict[str, Any]) -> None:
+def _check(seen: dict[str, Any], topic: str) -> None:
     """What every generated client must have seen (the programs print these fields)."""
     seen = _present(seen)
     assert seen["produced"] == [{"outcome": "success", "ok": True, "start": 1, "end": 3}]
@@ -95,6 +99,16 @@ def _check(seen: dict[str, Any]) -> None:
                                      "error_type": "OffsetOutOfRange", "high_watermark": 3}]
     assert seen["unknown_topic"] == [404, "UnknownTopic"]
     assert seen["anonymous"] == [401, "Unauthenticated"]
+    # The group (named as the topic) and its partition 0, which holds offsets 1..3.
+    assert seen["group"] == {
+        "joined": [[topic, [0]]],
+        "committed": [["success", 2]],
+        "reset_while_live": [409, "GroupNotEmpty"],
+        "left": True,
+        # earliest: the log starts at 1, so the group has processed nothing (0).
+        "reset_earliest": [["success", 0, 0]],
+        "reset_offset": [["success", 0, 2]],
+        "described": {"members": 0, "partitions": [[topic, 0, 2, 3, 1]]}}
 
 
 def _run(argv: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
@@ -178,6 +192,7 @@ def _python_program(c: Any, url: str, token: str, topic: str) -> dict[str, Any]:
             c.TopicsApi(api).describe_topic(f"{topic}-absent")
         assert isinstance(missing.value.data, c.ErrorResponse)
         out["unknown_topic"] = [missing.value.status, missing.value.data.error_type.value]
+        out["group"] = _python_group(c, api, topic)
     with c.ApiClient(c.Configuration(host=url)) as api:
         with pytest.raises(c.exceptions.UnauthorizedException) as refused:
             c.ProduceApi(api).produce(c.ProduceRequest(topic_partitions=[
@@ -187,11 +202,45 @@ def _python_program(c: Any, url: str, token: str, topic: str) -> dict[str, Any]:
     return out
 
 
+def _python_group(c: Any, api: Any, topic: str) -> dict[str, Any]:
+    """Join, commit, a refused reset, leave, two resets and a describe of the group
+    named as the topic."""
+    groups, out = c.GroupsApi(api), {}
+    member = groups.join_group(topic, c.JoinRequest(topics=[topic], client_id="generated"))
+    out["joined"] = [[a.topic, a.partitions] for a in member.assignment]
+    committed = groups.commit_offsets(topic, c.CommitRequest(
+        member_id=member.member_id, generation=member.generation,
+        offsets=[c.CommitOffset(topic=topic, partition=0, offset=2)]))
+    out["committed"] = [[r.actual_instance.outcome, r.actual_instance.offset]
+                        for r in committed.results]
+
+    def reset(*entries: Any) -> list[list[Any]]:
+        answer = groups.reset_offsets(topic, c.ResetRequest(
+            topic_partitions=[c.ResetEntry(e) for e in entries]))
+        return [[r.actual_instance.outcome, r.actual_instance.partition,
+                 r.actual_instance.offset] for r in answer.results]
+
+    earliest = c.ResetToPosition(topic=topic, to="earliest")
+    with pytest.raises(c.exceptions.ConflictException) as live:
+        reset(earliest)
+    error = live.value.data.actual_instance
+    assert isinstance(error, c.ErrorResponse), error
+    out["reset_while_live"] = [live.value.status, error.error_type.value]
+    out["left"] = groups.leave_group(topic, c.MemberRequest(member_id=member.member_id)).left
+    out["reset_earliest"] = reset(earliest)
+    out["reset_offset"] = reset(c.ResetToOffset(topic=topic, partition=0, offset=2))
+    described = groups.describe_group(topic)
+    out["described"] = {"members": len(described.members), "partitions": [
+        [p.topic, p.partition, p.committed_offset, p.high_watermark, p.lag]
+        for p in described.partitions]}
+    return out
+
+
 def test_openapi_generator_python_client(
     secured: tuple[Broker, str], python_client: Any, gen_topic: str
 ) -> None:
     broker, token = secured
-    _check(_python_program(python_client, broker.url, token, gen_topic))
+    _check(_python_program(python_client, broker.url, token, gen_topic), gen_topic)
 
 
 # -- openapi-generator: typescript-fetch ------------------------------------------------
@@ -215,7 +264,7 @@ def test_openapi_generator_typescript_client(
     node = generators.need("node", "the generated TypeScript client runs on Node.js 18+")
     out = _run([node, str(typescript_program)], typescript_program.parent,
                _program_env(broker, token, gen_topic))
-    _check(json.loads(out))
+    _check(json.loads(out), gen_topic)
 
 
 # -- oapi-codegen (Go) ------------------------------------------------------------------
@@ -240,4 +289,4 @@ def test_oapi_codegen_go_client(
 ) -> None:
     broker, token = secured
     out = _run([str(go_program)], go_program.parent, _program_env(broker, token, gen_topic))
-    _check(json.loads(out))
+    _check(json.loads(out), gen_topic)

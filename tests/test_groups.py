@@ -489,6 +489,12 @@ async def test_bad_input_is_a_4xx_and_writes_nothing(stack: LocalStack, topic: s
         ]:
             r = await http.post(path, json=body)
             assert r.status_code in (400, 404), (path, body, r.text)
+        # A reset entry names exactly one target: none, or two, is one 400 in these words.
+        for entry in ({"topic": topic}, {"topic": topic, "to": "earliest", "offset": 1}):
+            r = await http.post(f"/groups/{group}/reset-offsets",
+                                json={"topic_partitions": [entry]})
+            assert r.status_code == 400, r.text
+            assert "exactly one of to, timestamp_ms and offset" in r.text
         # Beyond the high watermark (1): refused by the log's state, with nothing written.
         r = await http.post(f"/groups/{group}/commit", json={"offsets": [
             {"topic": topic, "partition": 0, "offset": 2}]})

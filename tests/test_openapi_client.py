@@ -219,7 +219,8 @@ def test_a_generated_client_sends_its_token_to_a_broker_with_auth_on(
 # import, because of the two body types), so its produce() sends JSON.
 SKIPPED_BINARY_BODY = "Unsupported content type application/vnd.llog.produce"
 MODULES = ("client", "models", "types", "api.produce.produce", "api.consume.consume",
-           "api.topics.describe_topic")
+           "api.topics.describe_topic", "api.groups.join_group", "api.groups.commit_offsets",
+           "api.groups.reset_offsets", "api.groups.leave_group", "api.groups.describe_group")
 
 
 @contextlib.contextmanager
@@ -397,6 +398,57 @@ async def test_a_generated_client_produces_record_objects(
         "order created", "AAE=", 1_700_000_000_000)
     assert [(h.name, h.value, h.base64) for h in full.headers] == [
         ("trace-id", "4bf92f35", g.types.UNSET), ("bin", g.types.UNSET, "AAI=")]
+
+
+async def test_a_generated_client_uses_a_consumer_group(
+    broker: Broker, generated: SimpleNamespace, topic: str
+) -> None:
+    """Join, commit, a reset refused while the member is live, leave, a reset of the
+    whole topic to the earliest and of a partition to an offset, describe: each reset
+    entry one of the typed shapes (``ResetToPosition``, ``ResetToOffset``), its topic
+    sent with it."""
+    g, m = generated, generated.models
+    group = f"g-{topic}"
+    with anyio.fail_after(60):
+        async with g.client.Client(base_url=broker.url, timeout=httpx.Timeout(30)) as client:
+            written = await g.produce.asyncio(client=client, body=m.ProduceRequest(
+                topic_partitions=[m.ProduceTopicPartition(topic=topic, partition=0,
+                                                          records=["a", "b", "c"])]))
+            assert isinstance(written, m.ProduceResults), written
+            member = await g.join_group.asyncio(group, client=client, body=m.JoinRequest(
+                topics=[topic], client_id="generated"))
+            assert isinstance(member, m.MemberAssignment), member
+            assert [(a.topic, a.partitions) for a in member.assignment] == [(topic, [0])]
+            committed = await g.commit_offsets.asyncio(group, client=client, body=m.CommitRequest(
+                member_id=member.member_id, generation=member.generation,
+                offsets=[m.CommitOffset(topic=topic, partition=0, offset=2)]))
+            assert isinstance(committed, m.OffsetResults), committed
+            assert [(r.outcome, r.offset) for r in committed.results] == [("success", 2)]
+
+            async def reset(*entries: Any) -> Any:
+                return await g.reset_offsets.asyncio_detailed(
+                    group, client=client, body=m.ResetRequest(topic_partitions=list(entries)))
+
+            earliest = m.ResetToPosition(topic=topic, to=m.ResetToPositionTo.EARLIEST)
+            live = await reset(earliest)
+            assert live.status_code == 409, live.content
+            assert isinstance(live.parsed, m.ErrorResponse)
+            assert live.parsed.error_type is m.ErrorType.GROUP_NOT_EMPTY
+            left = await g.leave_group.asyncio(group, client=client, body=m.MemberRequest(
+                member_id=member.member_id))
+            assert isinstance(left, m.LeaveResponse) and left.left is True
+            answers = [await reset(earliest),
+                       await reset(m.ResetToOffset(topic=topic, partition=0, offset=2))]
+            described = await g.describe_group.asyncio(group, client=client)
+    seen = []
+    for answer in answers:
+        assert answer.status_code == 200, answer.content
+        seen.append([(r.outcome, r.partition, r.offset) for r in answer.parsed.results])
+    # earliest: the log starts at 1, so the group has processed nothing (offset 0).
+    assert seen == [[("success", 0, 0)], [("success", 0, 2)]]
+    assert isinstance(described, m.GroupDescription) and described.members == []
+    assert [(p.topic, p.partition, p.committed_offset, p.high_watermark, p.lag)
+            for p in described.partitions] == [(topic, 0, 2, 3, 1)]
 
 
 def test_the_generated_client_snippet_in_the_docs_runs(

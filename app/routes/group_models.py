@@ -5,8 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    StrictInt,
+    StrictStr,
+    model_validator,
+)
 from pydantic.config import JsonDict
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema, core_schema
 from typing_extensions import TypeAliasType
 
 from app.routes.models import (
@@ -17,7 +27,6 @@ from app.routes.models import (
     TopicName,
     _check_topic,
     _Failure,
-    _given,
     _PartitionResult,
     _Strict,
     together,
@@ -119,8 +128,9 @@ class CommitRequest(_Strict):
         "with generation: commit as this member (it must own every partition); without "
         "both, the group must have no live members"))
     generation: Generation | None = None
-    offsets: list[CommitOffset] = Field(min_length=1, json_schema_extra={
-        "uniqueItems": True, "description": "each partition at most once"})
+    # Not uniqueItems, as ConsumeRequest.topic_partitions (app/routes/models.py).
+    offsets: list[CommitOffset] = Field(min_length=1, description=(
+        "each partition at most once (400 otherwise)"))
 
     @model_validator(mode="after")
     def _member(self) -> Self:
@@ -171,21 +181,80 @@ class OffsetResults(BaseModel):
     results: list[OffsetResult]
 
 
-class ResetEntry(_Strict):
-    """Exactly one of ``to``, ``timestamp_ms`` and ``offset``."""
+ResetPartition = Annotated[Partition | None, Field(description=(
+    "omitted: every partition of the topic"))]
+ResetPosition = Annotated[Literal["earliest", "latest"], Field(description=(
+    "earliest: read from the log start next; latest: only what is written next"))]
+ResetTimestamp = Annotated[StrictInt, Field(
+    ge=0, le=MAX_SAFE_INTEGER, examples=[1760000000000],
+    description="read next from the first offset appended at or after it")]
+ResetOffset = Annotated[Offset, Field(description=(
+    "the committed offset itself (the last processed; reading resumes one past it)"))]
 
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
-        "oneOf": [_given("to"), _given("timestamp_ms"), _given("offset")]})
+
+# The three shapes of a reset entry, each a whole object with its topic: what the
+# document describes (ResetEntry below), so that generated clients have a type for each.
+class ResetToPosition(_Strict):
+    """Reset to the log start or to its end."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"topic": "orders", "to": "earliest"}]})
 
     topic: TopicName
-    partition: Partition | None = Field(default=None, description=(
-        "omitted: every partition of the topic"))
-    to: Literal["earliest", "latest"] | None = Field(default=None, description=(
-        "earliest: read from the log start next; latest: only what is written next"))
-    timestamp_ms: Annotated[StrictInt, Field(ge=0, le=MAX_SAFE_INTEGER)] | None = Field(
-        default=None, description="read next from the first offset appended at or after it")
-    offset: Offset | None = Field(default=None, description=(
-        "the committed offset itself (the last processed; reading resumes one past it)"))
+    partition: ResetPartition = None
+    to: ResetPosition
+
+
+class ResetToTimestamp(_Strict):
+    """Reset to the first offset appended at or after a time."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"topic": "audit", "partition": 0, "timestamp_ms": 1760000000000}]})
+
+    topic: TopicName
+    partition: ResetPartition = None
+    timestamp_ms: ResetTimestamp
+
+
+class ResetToOffset(_Strict):
+    """Set the committed offset itself."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"examples": [
+        {"topic": "audit", "partition": 2, "offset": 41}]})
+
+    topic: TopicName
+    partition: ResetPartition = None
+    offset: ResetOffset
+
+
+RESET_SHAPES = (ResetToPosition, ResetToTimestamp, ResetToOffset)
+
+
+class ResetEntry(_Strict):
+    """Exactly one of ``to``, ``timestamp_ms`` and ``offset``.
+
+    Validated as one model (a missing or second target is one 400 in the broker's
+    words, and a null target reads as an absent one, as it always did) but described
+    as ``oneOf`` the three closed shapes above. Rules alone beside the properties
+    (``oneOf: [{required: [to]}, ...]``) become types without the topic in the
+    generators (openapi-generator's TypeScript and Python, openapi-python-client),
+    whose serializers then send ``{"to": ...}`` alone."""
+
+    topic: TopicName
+    partition: ResetPartition = None
+    to: ResetPosition | None = None
+    timestamp_ms: ResetTimestamp | None = None
+    offset: ResetOffset | None = None
+
+    @classmethod
+    def __get_pydantic_json_schema__(cls, schema: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        # A union's members are generated as references to their named schemas.
+        shapes = handler(core_schema.union_schema(
+            [shape.__pydantic_core_schema__ for shape in RESET_SHAPES]))
+        return {"description": "A partition, or every partition of a topic, and exactly "
+                               "one target: to, timestamp_ms or offset",
+                "oneOf": shapes["anyOf"]}
 
     @model_validator(mode="after")
     def _one_target(self) -> Self:

@@ -425,9 +425,11 @@ class ConsumeRequest(_Strict):
 
     # Bounded here, so a body of many entries is refused while it is read; the route
     # applies the configured limit (LLOG_MAX_PARTITIONS_PER_REQUEST, at most this).
+    # Not uniqueItems: it compares whole entries (the same partition at two offsets
+    # passes it), and typescript-fetch types such a list as a Set, which tells objects
+    # apart by identity, so it keeps nothing unique.
     topic_partitions: list[ConsumeTopicPartition] = Field(
-        min_length=1, max_length=MAX_PARTITIONS_PER_REQUEST_CEILING,
-        json_schema_extra={"uniqueItems": True}, description=(
+        min_length=1, max_length=MAX_PARTITIONS_PER_REQUEST_CEILING, description=(
             "each partition at most once (400 otherwise); at most "
             "LLOG_MAX_PARTITIONS_PER_REQUEST partitions (413 beyond; 1000 by default), "
             "never more than this schema's maxItems (400)"))

@@ -16,8 +16,9 @@ other failure of every check stands.
   cannot decode. Those two, and only they, are dropped too;
   tests/test_wire_compression.py covers the codings.
 - A list of partitions names each partition once (a commit's ``offsets``, a reset's
-  and a consume's ``topic_partitions``). The document says ``uniqueItems``, which
-  compares whole items: the same partition with two different offsets passes it.
+  and a consume's ``topic_partitions``). The document says so in the list's
+  description only: ``uniqueItems`` compares whole items (the same partition with two
+  different offsets passes it), and no keyword compares a part of each item.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-// Produces, consumes and reads refusals through the client oapi-codegen generates (with
-// its default options, into llog.gen.go of this package) from the broker's
-// /openapi.json, and prints what it saw as one JSON object, which
+// Produces, consumes, uses a consumer group and reads refusals through the client
+// oapi-codegen generates (with its default options, into llog.gen.go of this package)
+// from the broker's /openapi.json, and prints what it saw as one JSON object, which
 // tests/test_generated_clients.py checks. LLOG_URL: the broker; LLOG_TOPIC: a topic
-// that may be written; LLOG_TOKEN: a bearer token allowed to produce to and consume it.
+// that may be written, and the name of the group; LLOG_TOKEN: a bearer token allowed to
+// produce to and consume it and to use the group.
 package main
 
 import (
@@ -124,6 +125,7 @@ func main() {
 		check(fmt.Errorf("describe answered %d: %s", missing.StatusCode(), missing.Body))
 	}
 	out["unknown_topic"] = []any{missing.StatusCode(), missing.JSON404.ErrorType}
+	out["group"] = group(ctx, client, topic)
 
 	anonymous := must(NewClientWithResponses(url))
 	refused := must(anonymous.ProduceWithResponse(ctx, &ProduceParams{}, ProduceJSONRequestBody{
@@ -134,6 +136,94 @@ func main() {
 	}
 	out["anonymous"] = []any{refused.StatusCode(), refused.JSON401.ErrorType}
 	check(json.NewEncoder(os.Stdout).Encode(out))
+}
+
+// group joins, commits, is refused a reset while its member is live, leaves, resets
+// twice and describes the group named as the topic.
+func group(ctx context.Context, client *ClientWithResponses, topic string) map[string]any {
+	out := map[string]any{}
+	clientID := "generated"
+	joined := must(client.JoinGroupWithResponse(ctx, topic, JoinGroupJSONRequestBody{
+		Topics: []string{topic}, ClientId: &clientID}))
+	if joined.JSON200 == nil {
+		check(fmt.Errorf("join answered %d: %s", joined.StatusCode(), joined.Body))
+	}
+	member := joined.JSON200
+	var assignment []any
+	for _, a := range member.Assignment {
+		assignment = append(assignment, []any{a.Topic, a.Partitions})
+	}
+	out["joined"] = assignment
+
+	outcomes := func(results []OffsetResult) []any {
+		var seen []any
+		for _, r := range results {
+			switch v := must(r.ValueByDiscriminator()).(type) {
+			case OffsetSuccess:
+				seen = append(seen, []any{v.Outcome, v.Partition, v.Offset})
+			case OffsetFailure:
+				seen = append(seen, []any{v.Outcome, v.Partition, v.ErrorType})
+			}
+		}
+		return seen
+	}
+	committed := must(client.CommitOffsetsWithResponse(ctx, topic, CommitOffsetsJSONRequestBody{
+		MemberId: &member.MemberId, Generation: &member.Generation,
+		Offsets: []CommitOffset{{Topic: topic, Partition: 0, Offset: 2}}}))
+	if committed.JSON200 == nil {
+		check(fmt.Errorf("commit answered %d: %s", committed.StatusCode(), committed.Body))
+	}
+	var commits []any
+	for _, r := range outcomes(committed.JSON200.Results) {
+		commits = append(commits, []any{r.([]any)[0], r.([]any)[2]})
+	}
+	out["committed"] = commits
+
+	var earliest, offset ResetEntry
+	check(earliest.FromResetToPosition(ResetToPosition{Topic: topic, To: ResetToPositionToEarliest}))
+	partition := 0
+	check(offset.FromResetToOffset(ResetToOffset{Topic: topic, Partition: &partition, Offset: 2}))
+	reset := func(entry ResetEntry) *ResetOffsetsResponse {
+		return must(client.ResetOffsetsWithResponse(ctx, topic, ResetOffsetsJSONRequestBody{
+			TopicPartitions: []ResetEntry{entry}}))
+	}
+	live := reset(earliest)
+	if live.JSON409 == nil {
+		check(fmt.Errorf("reset of a live group answered %d: %s", live.StatusCode(), live.Body))
+	}
+	refusal := must(live.JSON409.AsErrorResponse())
+	out["reset_while_live"] = []any{live.StatusCode(), refusal.ErrorType}
+
+	left := must(client.LeaveGroupWithResponse(ctx, topic, LeaveGroupJSONRequestBody{
+		MemberId: member.MemberId}))
+	if left.JSON200 == nil {
+		check(fmt.Errorf("leave answered %d: %s", left.StatusCode(), left.Body))
+	}
+	out["left"] = left.JSON200.Left
+	// In this order: the group reads from the start, then from offset 3.
+	for _, step := range []struct {
+		name  string
+		entry ResetEntry
+	}{{"reset_earliest", earliest}, {"reset_offset", offset}} {
+		done := reset(step.entry)
+		if done.JSON200 == nil {
+			check(fmt.Errorf("%s answered %d: %s", step.name, done.StatusCode(), done.Body))
+		}
+		out[step.name] = outcomes(done.JSON200.Results)
+	}
+
+	described := must(client.DescribeGroupWithResponse(ctx, topic))
+	if described.JSON200 == nil {
+		check(fmt.Errorf("describe answered %d: %s", described.StatusCode(), described.Body))
+	}
+	var partitions []any
+	for _, p := range described.JSON200.Partitions {
+		partitions = append(partitions, []any{p.Topic, p.Partition, p.CommittedOffset,
+			p.HighWatermark, p.Lag})
+	}
+	out["described"] = map[string]any{"members": len(described.JSON200.Members),
+		"partitions": partitions}
+	return out
 }
 
 func deref[T any](p *[]T) []T {
