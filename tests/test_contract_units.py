@@ -144,14 +144,18 @@ def test_a_reset_entry_is_one_of_three_named_shapes_each_with_its_topic(
         assert _valid(document, name, shape["examples"][0]), name
 
 
-def test_a_null_target_beside_the_one_given_is_still_read_as_absent(
+def test_a_null_target_beside_the_one_given_is_refused_as_the_document_refuses_it(
         document: dict[str, Any]) -> None:
-    """The broker takes what it took before the document named the shapes: a null
-    target beside the one given. The document describes the shapes clients send, and
-    does not mention the null."""
+    """The document's shapes leave unused targets out; the broker refuses a null one
+    too, so it takes exactly what its document admits."""
     body = {"topic": "t", "to": None, "offset": 3}
-    assert ResetEntry.model_validate(body).offset == 3
+    with pytest.raises(ValidationError, match="leave the others out rather than null"):
+        ResetEntry.model_validate(body)
     assert not _valid(document, "ResetEntry", body)
+    assert ResetEntry.model_validate({"topic": "t", "offset": 3}).offset == 3
+    every_partition = {"topic": "t", "partition": None, "offset": 3}  # null: every one
+    assert _valid(document, "ResetEntry", every_partition)
+    assert ResetEntry.model_validate(every_partition).partition is None
 
 
 def test_no_list_of_the_document_claims_unique_items(document: dict[str, Any]) -> None:

@@ -262,6 +262,13 @@ class ResetEntry(_Strict):
         given = [x for x in (self.to, self.timestamp_ms, self.offset) if x is not None]
         if len(given) != 1:
             raise ValueError("exactly one of to, timestamp_ms and offset")
+        # The document's shapes leave the other targets out; a null for one is refused
+        # as the document refuses it (as for a header's unused value or base64).
+        if {"to", "timestamp_ms", "offset"} & self.model_fields_set != {
+                name for name in ("to", "timestamp_ms", "offset")
+                if getattr(self, name) is not None}:
+            raise ValueError("exactly one of to, timestamp_ms and offset; leave the others "
+                             "out rather than null")
         return self
 
 
