@@ -16,10 +16,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from app.localstack.binaries import REPO_ROOT
+from app.storage.names import NAME_RULE, is_name
 
 SCENARIO_DIR = REPO_ROOT / "deploy" / "loadtest" / "scenarios"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 RoleName = Literal["write", "read", "compact"]
 ProxyName = Literal["none", "caddy", "haproxy", "nginx"]
 _ALL_ROLES: tuple[RoleName, ...] = ("write", "read", "compact")
@@ -67,8 +67,8 @@ class TopicSpec(_Model):
 
     @model_validator(mode="after")
     def _check(self) -> TopicSpec:
-        if not _TOPIC.fullmatch(self.name) or self.name in (".", ".."):
-            raise ValueError(f"topic {self.name!r}: 1..249 characters of [A-Za-z0-9._-]")
+        if not is_name(self.name):
+            raise ValueError(f"topic {self.name!r}: {NAME_RULE}")
         return self
 
 

@@ -21,7 +21,6 @@ from typing_extensions import TypeAliasType
 
 from app.routes.models import (
     MAX_SAFE_INTEGER,
-    NAME_PATTERN,
     SUCCESS,
     Partition,
     TopicName,
@@ -31,10 +30,11 @@ from app.routes.models import (
     _Strict,
     together,
 )
+from app.storage.names import NAME_MAX_CHARS, NAME_PATTERN, NAME_RULE
 
 GroupName = Annotated[StrictStr, Field(
-    min_length=1, max_length=249, pattern=NAME_PATTERN,
-    description="1..249 characters of [A-Za-z0-9._-], not '.' or '..' (as topics)",
+    min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN,
+    description=f"{NAME_RULE} (as topics)",
     examples=["billing"])]
 MemberId = Annotated[StrictStr, Field(
     min_length=1, max_length=64, pattern=r"^[A-Za-z0-9._-]+$",

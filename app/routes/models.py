@@ -33,23 +33,29 @@ from app.settings import MAX_PARTITIONS_PER_REQUEST_CEILING
 from app.storage.compression import ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
+from app.storage.names import (
+    IDEMPOTENCY_KEY_MAX_CHARS,
+    IDEMPOTENCY_KEY_PATTERN,
+    IDEMPOTENCY_KEY_RULE,
+    NAME_MAX_CHARS,
+    NAME_PATTERN,
+    NAME_RULE,
+)
 
 # An answer's field that is left out when it does not apply: answers are sent without
 # their None fields, so the document says "optional", never "null".
 Absent = SkipJsonSchema[None]
 IdempotencyKey = Annotated[StrictStr, Field(
-    min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$",
-    description="1..128 printable ASCII characters, chosen by the client: a retry with "
+    min_length=1, max_length=IDEMPOTENCY_KEY_MAX_CHARS, pattern=IDEMPOTENCY_KEY_PATTERN,
+    description=f"{IDEMPOTENCY_KEY_RULE}, chosen by the client: a retry with "
                 "the same key for the same partition is answered with the first "
                 "attempt's offsets and writes nothing (see docs/http-api.md)",
     examples=["order-4711"])]
 
-# [A-Za-z0-9._-]+ but not "." or "..": up to two dots, then another character, or three.
-NAME_PATTERN = r"^(\.{0,2}[A-Za-z0-9_-]|\.\.\.)[A-Za-z0-9._-]*$"
 TopicName = Annotated[
     StrictStr,
-    Field(min_length=1, max_length=249, pattern=NAME_PATTERN,
-          description="1..249 characters of [A-Za-z0-9._-], not '.' or '..'",
+    Field(min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN,
+          description=NAME_RULE,
           examples=["orders"]),
 ]
 # A topic in a path: the document declares the same pattern, so a client generated from
@@ -438,7 +444,7 @@ class ConsumeRequest(_Strict):
     max_bytes: Annotated[StrictInt, Field(ge=1)] = 4 * 1024 * 1024
     encoding: Literal["auto", "base64"] = "auto"
     group: Annotated[StrictStr, Field(
-        min_length=1, max_length=249, pattern=NAME_PATTERN)] | None = Field(
+        min_length=1, max_length=NAME_MAX_CHARS, pattern=NAME_PATTERN)] | None = Field(
         default=None, examples=["billing"], description=(
             "the consumer group whose committed offsets \"committed\" reads and commit "
             "writes"))

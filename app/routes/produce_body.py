@@ -11,7 +11,6 @@ bodies are the ``LLP1`` envelope (app/wire/produce.py). Either may come compress
 from __future__ import annotations
 
 import json
-import re
 from typing import Any
 
 import anyio
@@ -25,12 +24,11 @@ from app.routes.models import MAX_SAFE_INTEGER, ProduceRequest
 from app.storage.batch import RecordBatch
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
+from app.storage.names import is_idempotency_key, is_name
 from app.wire import content_encoding
 from app.wire import produce as wire
 from app.wire.produce import Entry
 
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
-_KEY = re.compile(r"[\x21-\x7e]{1,128}")
 _ENTRY_FIELDS = frozenset({"topic", "partition", "records", "idempotency_key"})
 _RECORD_FIELDS = frozenset({"value", "key", "headers", "timestamp_ms"})
 _MAX_TIMESTAMP = MAX_SAFE_INTEGER
@@ -78,10 +76,10 @@ def _fast(doc: Any) -> list[Entry] | None:
             return None
         topic, partition = e.get("topic"), e.get("partition")
         key, records = e.get("idempotency_key"), e.get("records")
-        if (type(topic) is not str or not _TOPIC.fullmatch(topic) or topic in (".", "..")
+        if (type(topic) is not str or not is_name(topic)
                 or (partition is not None and (type(partition) is not int
                                                or not 0 <= partition <= MAX_PARTITION))
-                or (key is not None and (type(key) is not str or not _KEY.fullmatch(key)))
+                or (key is not None and (type(key) is not str or not is_idempotency_key(key)))
                 or type(records) is not list or not records):
             return None
         try:

@@ -6,10 +6,10 @@ import re
 from dataclasses import dataclass
 
 from app.errors import InvalidRequest
+from app.storage.names import NAME_RULE, is_name
 
 MAX_PARTITION = 2**31 - 1
 OFFSET_DIGITS = 20
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 _MEMBER_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
 _DIGITS = re.compile(r"[0-9]+")
 # Every consumer group's record lives on one shard (one range scan lists them); each
@@ -22,20 +22,16 @@ MEMBERS_PARTITION_KEY = "_brokers"
 
 
 def validate_topic(topic: object) -> str:
-    """Kafka's rule: 1..249 of ``[A-Za-z0-9._-]``, not ``.`` or ``..``."""
-    if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or topic in (".", ".."):
-        raise InvalidRequest(
-            f"invalid topic {topic!r}: 1..249 characters of [A-Za-z0-9._-], not '.' or '..'"
-        )
+    """Kafka's rule (app/storage/names.py)."""
+    if not is_name(topic):
+        raise InvalidRequest(f"invalid topic {topic!r}: {NAME_RULE}")
     return topic
 
 
 def validate_group(group: object) -> str:
     """Consumer group names follow the topic rule, so they are safe in a key."""
-    if not isinstance(group, str) or not _TOPIC.fullmatch(group) or group in (".", ".."):
-        raise InvalidRequest(
-            f"invalid group {group!r}: 1..249 characters of [A-Za-z0-9._-], not '.' or '..'"
-        )
+    if not is_name(group):
+        raise InvalidRequest(f"invalid group {group!r}: {NAME_RULE}")
     return group
 
 

@@ -16,7 +16,6 @@ record: it is the fast way in (docs/http-api.md, Binary bodies).
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ from app.errors import CorruptData, InvalidRequest, PayloadTooLarge
 from app.storage import codec
 from app.storage.batch import RecordBatch
 from app.storage.keys import validate_topic
+from app.storage.names import IDEMPOTENCY_KEY_RULE, is_idempotency_key
 
 CONTENT_TYPE = "application/vnd.llog.produce"
 MAGIC = b"LLP1"
@@ -34,7 +34,6 @@ _HEAD = struct.Struct(">4sI")
 _TOPIC = struct.Struct(">H")
 _PARTITION_KEY = struct.Struct(">iB")
 _BODY = struct.Struct(">BI")
-_KEY = re.compile(rb"[\x21-\x7e]{1,128}")
 MAX_ENTRIES = 1_000_000
 
 
@@ -89,9 +88,8 @@ def _entry(view: memoryview, pos: int, i: int) -> tuple[Entry, int]:
         raise InvalidRequest(f"{what}: partition {partition} (-1 means: by key)")
     pos, end = end, _take(view, end, key_len, what)
     key = bytes(view[pos:end])
-    if key_len and not _KEY.fullmatch(key):
-        raise InvalidRequest(f"{what}: an idempotency key is 1..128 printable ASCII "
-                             "characters")
+    if key_len and not is_idempotency_key(key):
+        raise InvalidRequest(f"{what}: an idempotency key is {IDEMPOTENCY_KEY_RULE}")
     pos, end = end, _take(view, end, _BODY.size, what)
     code, body_len = _BODY.unpack_from(view, pos)
     if code not in ENCODINGS:
