@@ -24,13 +24,13 @@ from jobs.spark.delta_location import table_location
 from jobs.spark.delta_table import commit, high_waters, open_table
 from jobs.spark.export_read import (
     JOB,
-    MAX_SLICES,
     RANGE_COLUMNS,
     ExportOptions,
     new_high_waters,
     plan_ranges,
     read_bounds,
     select_partitions,
+    write_data_files,
 )
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
@@ -54,20 +54,6 @@ def resume_bounds(bounds: Sequence[tuple[str, int, int, int]],
     return resumed, lost
 
 
-def _write_files(spark: SparkSession, payload: Mapping[str, str], table: str,
-                 ranges: Sequence[tuple[str, int, int, int]], report: Report
-                 ) -> list[dict[str, Any]]:
-    """One task per range; the data files they wrote (also ``report/files``)."""
-    indexed = [(i, *r) for i, r in enumerate(ranges)]
-    rows = spark.sparkContext.parallelize(
-        indexed, max(1, min(len(indexed), MAX_SLICES))
-    ).mapPartitions(functools.partial(delta_task, payload, table))
-    files = spark.read.parquet(report.write_table(
-        spark.createDataFrame(rows, DATA_FILE_COLUMNS, verifySchema=False), "files"))
-    return [row.asDict() for row in files.collect()]
-
-
-
 def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOptions,
                      report: Report) -> JobOutcome:
     """The job (see the module's docstring); exit 1 when the files do not hold the plan."""
@@ -87,7 +73,9 @@ def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOpt
     report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
     expected = sum(last - first + 1 for _, _, first, last in ranges)
     describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.table}")
-    files = _write_files(spark, payload, options.table, ranges, report) if ranges else []
+    task = functools.partial(delta_task, payload, options.table)
+    files = write_data_files(spark, task, DATA_FILE_COLUMNS, ranges, report) \
+        if ranges else []
     exported = sum(int(f["records"]) for f in files)
     ok = exported == expected
     version = table.version()

@@ -15,7 +15,6 @@ snapshot). Offsets retention removed before they were exported are counted
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
@@ -23,13 +22,13 @@ from app.storage.records import now_ms
 from jobs.spark.export_delta import resume_bounds
 from jobs.spark.export_read import (
     JOB,
-    MAX_SLICES,
     RANGE_COLUMNS,
     ExportOptions,
     new_high_waters,
     plan_ranges,
     read_bounds,
     select_partitions,
+    write_data_files,
 )
 from jobs.spark.iceberg_catalog import (
     check_location,
@@ -47,20 +46,6 @@ from jobs.spark.session import default_tasks, describe
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-
-def _write_files(spark: SparkSession, payload: Mapping[str, str], location: str,
-                 io_properties: Mapping[str, str], ranges: Sequence[tuple[str, int, int, int]],
-                 report: Report) -> list[dict[str, Any]]:
-    """One task per range; the data files they wrote (also ``report/files``)."""
-    indexed = [(i, *r) for i, r in enumerate(ranges)]
-    rows = spark.sparkContext.parallelize(
-        indexed, max(1, min(len(indexed), MAX_SLICES))
-    ).mapPartitions(functools.partial(iceberg_task, payload, location, dict(io_properties)))
-    files = spark.read.parquet(report.write_table(
-        spark.createDataFrame(rows, DATA_FILE_COLUMNS, verifySchema=False), "files"))
-    return [row.asDict() for row in files.collect()]
-
 
 
 def run_iceberg_export(spark: SparkSession, settings: Settings, options: ExportOptions,
@@ -88,8 +73,10 @@ def run_iceberg_export(spark: SparkSession, settings: Settings, options: ExportO
     report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
     expected = sum(last - first + 1 for _, _, first, last in ranges)
     describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.table}")
-    files = _write_files(spark, payload, location, file_io_properties(table.io.properties),
-                         ranges, report) if ranges else []
+    task = functools.partial(iceberg_task, payload, location,
+                             dict(file_io_properties(table.io.properties)))
+    files = write_data_files(spark, task, DATA_FILE_COLUMNS, ranges, report) \
+        if ranges else []
     exported = sum(int(f["records"]) for f in files)
     ok = exported == expected
     snapshot = table.current_snapshot()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,8 @@ from jobs.spark.tasks import partition_slices, task_identity
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+    from jobs.spark.report import Report
 
 JOB = "export"
 MiB = 1024 * 1024
@@ -243,3 +245,16 @@ def new_high_waters(files: Sequence[Mapping[str, Any]]) -> dict[TopicPartition, 
         tp = TopicPartition(row["topic"], row["partition"])
         out[tp] = max(out.get(tp, 0), int(row["last_offset"]))
     return out
+
+
+def write_data_files(spark: SparkSession, task: Callable[[Iterable[Any]], Iterator[Any]],
+                     columns: str, ranges: Sequence[tuple[str, int, int, int]],
+                     report: Report) -> list[dict[str, Any]]:
+    """A table export's tasks, one per range, each writing its data files; the rows
+    (``columns``) describing the files they wrote, also kept as ``report/files``."""
+    indexed = [(i, *r) for i, r in enumerate(ranges)]
+    rows = spark.sparkContext.parallelize(
+        indexed, max(1, min(len(indexed), MAX_SLICES))).mapPartitions(task)
+    files = spark.read.parquet(report.write_table(
+        spark.createDataFrame(rows, columns, verifySchema=False), "files"))
+    return [row.asDict() for row in files.collect()]
