@@ -103,7 +103,7 @@ class _Flusher:
 
     async def _flush(self, batch: list[_Waiter]) -> None:
         try:
-            bodies = [codec.PartBody(w.topic, w.partition, [w.body], columnar.ENCODING_V3,
+            bodies = [codec.SliceBody(w.topic, w.partition, [w.body], columnar.ENCODING_V3,
                                      w.count) for w in batch]
             blob, _ = codec.pack_shared_blob(bodies, 0)
             await self._s3.put(f"floor/{uuid.uuid4().hex}", blob)

@@ -19,7 +19,7 @@ from app.storage.codec import (
     MAGIC,
     MAX_BLOB_PARTITIONS,
     MAX_HEADER_BYTES,
-    BlobPart,
+    SliceEntry,
     crc32c,
     decode_batch,
     decode_batch_v2,
@@ -509,7 +509,7 @@ def test_shared_blob_too_many_partitions() -> None:
 
 
 def test_blob_part_is_frozen() -> None:
-    part = BlobPart("t", 0, 1, 8, 8, 0)
+    part = SliceEntry("t", 0, 1, 8, 8, 0)
     with pytest.raises(AttributeError):
         part.topic = "u"  # type: ignore[misc]
 

@@ -25,8 +25,8 @@ TEXT = b"".join(b'{"user":"user-%d","path":"/api/v1/orders/%d","status":200}' % 
                 for i in range(2_000))
 
 
-def _body(topic: str, data: bytes, how: Compression) -> codec.PartBody:
-    return codec.PartBody(topic, 0, [data[:100], memoryview(data)[100:]], codec.ENCODING_V1,
+def _body(topic: str, data: bytes, how: Compression) -> codec.SliceBody:
+    return codec.SliceBody(topic, 0, [data[:100], memoryview(data)[100:]], codec.ENCODING_V1,
                           1, how)
 
 

@@ -52,8 +52,8 @@ from app.storage.reader import (
     ReadResult,
     _min,
     _Plan,
+    _SpanFetch,
     _trim_to_total,
-    _Unit,
 )
 from app.storage.records import Control, IndexEntry
 from app.storage.spans import Span
@@ -132,7 +132,7 @@ class ModelReader(LogReader):
                                    byte_length=len(self.log.records[o])))
                 for o in range(offset, control.sequence_counter + 1)]
 
-    async def _fetch(self, units: list[_Unit]) -> None:
+    async def _fetch(self, units: list[_SpanFetch]) -> None:
         await Gate("fetches the records")
         for unit in units:
             unit.records = [self.log.records[unit.span.end]]

@@ -314,7 +314,7 @@ def decode_records(view: memoryview, pos: int, end: int, count: int, encoding: s
 
 
 @dataclass(frozen=True)
-class BlobPart:
+class SliceEntry:
     """One partition's body inside a shared blob (offsets absolute from the blob start).
     ``body_length`` and ``crc32c`` describe the stored bytes; compressed (``codec``),
     they decompress to ``raw_length`` bytes of ``encoding``."""
@@ -332,18 +332,18 @@ class BlobPart:
 
 def encode_shared_blob(
     groups: Sequence[tuple[str, int, Sequence[Payload]]], created_at_ms: int
-) -> tuple[bytes, list[BlobPart]]:
+) -> tuple[bytes, list[SliceEntry]]:
     """Pack one body per (topic, partition, records) group into an LLS1 blob (the
     encodings of releases before bytes-batch-v3: tools and tests)."""
     bodies = []
     for topic, partition, records in groups:
         body, encoding = encode_body(records)
-        bodies.append(PartBody(topic, partition, [body], encoding, len(records)))
+        bodies.append(SliceBody(topic, partition, [body], encoding, len(records)))
     return pack_shared_blob(bodies, created_at_ms)
 
 
 @dataclass(frozen=True)
-class PartBody:
+class SliceBody:
     """One partition's body for a shared blob, as parts to be joined, and how it is to
     be stored (compressed when that pays: :func:`~app.storage.compression.compress`)."""
 
@@ -364,7 +364,7 @@ class _Stored:
     raw_length: int | None
 
 
-def _stored(body: PartBody) -> _Stored:
+def _stored(body: SliceBody) -> _Stored:
     """A body as it goes into the blob: compressed if its setting says so and that
     pays, and the CRC32C of those stored bytes."""
     parts, used, raw_length = body.parts, Codec.NONE, None
@@ -380,14 +380,14 @@ def _stored(body: PartBody) -> _Stored:
     return _Stored(parts, size, crc, used, raw_length)
 
 
-def compresses(bodies: Sequence[PartBody]) -> bool:
+def compresses(bodies: Sequence[SliceBody]) -> bool:
     """Whether packing ``bodies`` compresses any (a writer does that in a worker
     thread, off the event loop)."""
     return any(b.compression.codec is not Codec.NONE for b in bodies)
 
 
-def pack_shared_blob(bodies: Sequence[PartBody], created_at_ms: int
-                     ) -> tuple[bytes, list[BlobPart]]:
+def pack_shared_blob(bodies: Sequence[SliceBody], created_at_ms: int
+                     ) -> tuple[bytes, list[SliceEntry]]:
     """The LLS1 blob of ``bodies``: their parts are copied once, into the blob (or
     compressed into it)."""
     stored = [_stored(b) for b in bodies]
@@ -395,10 +395,10 @@ def pack_shared_blob(bodies: Sequence[PartBody], created_at_ms: int
     # iterate until the header length is stable (at most a couple of rounds).
     header_len = 0
     while True:
-        parts: list[BlobPart] = []
+        parts: list[SliceEntry] = []
         pos = 8 + header_len
         for b, st in zip(bodies, stored, strict=True):
-            parts.append(BlobPart(b.topic, b.partition, b.count, pos, st.size, st.crc32c,
+            parts.append(SliceEntry(b.topic, b.partition, b.count, pos, st.size, st.crc32c,
                                   b.encoding, st.codec, st.raw_length))
             pos += st.size
         header = json.dumps(
@@ -417,7 +417,7 @@ def pack_shared_blob(bodies: Sequence[PartBody], created_at_ms: int
     return blob, parts
 
 
-def _part_to_dict(p: BlobPart) -> dict[str, Any]:
+def _part_to_dict(p: SliceEntry) -> dict[str, Any]:
     out: dict[str, Any] = {
         "topic": p.topic,
         "partition": p.partition,
@@ -437,7 +437,7 @@ def _part_to_dict(p: BlobPart) -> dict[str, Any]:
 class SharedBlobHeader:
     version: int
     created_at_ms: int
-    parts: list[BlobPart]
+    parts: list[SliceEntry]
     header_end: int
 
 
@@ -463,10 +463,10 @@ def decode_shared_header(blob: bytes | memoryview) -> SharedBlobHeader:
     if len(header["partitions"]) > MAX_BLOB_PARTITIONS:
         raise CorruptData("LLS1 header lists too many partitions")
     header_end = 8 + header_len
-    parts: list[BlobPart] = []
+    parts: list[SliceEntry] = []
     for raw in header["partitions"]:
         try:
-            part = BlobPart(
+            part = SliceEntry(
                 topic=_typed(raw, "topic", str),
                 partition=_typed(raw, "partition", int),
                 msg_count=_typed(raw, "msg_count", int),
@@ -531,7 +531,7 @@ def raw_body(stored: bytes | memoryview, expected_crc32c: int | None, codec: obj
     return raw
 
 
-def decode_shared_blob(blob: bytes | memoryview) -> list[tuple[BlobPart, list[Payload]]]:
+def decode_shared_blob(blob: bytes | memoryview) -> list[tuple[SliceEntry, list[Payload]]]:
     """Decode a whole LLS1 blob, verifying every body (audit and tools)."""
     view = memoryview(blob)
     header = decode_shared_header(view)

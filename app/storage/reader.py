@@ -63,7 +63,7 @@ _UNLIMITED = 1 << 62
 # Shared WAL objects are at most LLOG_BATCH_MAX_BYTES as written (default 4 MiB).
 WAL_OBJECT_MAX_BYTES = 4 * 1024 * 1024
 Records = Sequence[Payload]
-_Job = tuple[Callable[[], Awaitable[None]], list["_Unit"]]
+_Job = tuple[Callable[[], Awaitable[None]], list["_SpanFetch"]]
 
 
 @dataclass(frozen=True)
@@ -215,7 +215,7 @@ class _CountingLRU(LRUCache[tuple[str, int], _Cached]):
 
 
 @dataclass(eq=False)
-class _Unit:
+class _SpanFetch:
     """Bytes to fetch for one span: its records from ``first_offset`` on."""
 
     span: Span
@@ -233,7 +233,7 @@ class _Plan:
     offset: int
     high_watermark: int
     log_start: int = 1
-    units: list[_Unit] = field(default_factory=list)
+    units: list[_SpanFetch] = field(default_factory=list)
     looked_up_ahead: bool = False
     # The control record and first index page the plan began from, and when they were
     # read: kept for the next read when the answer had no room for this partition.
@@ -319,7 +319,7 @@ class LogReader:
         """The records of one chunk of a compacted span, as decoded (append times
         kept); the whole object's for a span without a chunk table."""
         chunks = span.chunks
-        unit = _Unit(span, span.start, None if chunks is None else (chunk, chunk))
+        unit = _SpanFetch(span, span.start, None if chunks is None else (chunk, chunk))
         await self._fetch([unit])
         if unit.error is not None:
             raise unit.error
@@ -619,11 +619,11 @@ class LogReader:
 
     # -- fetching (S3) -----------------------------------------------------------------
 
-    async def _fetch(self, units: list[_Unit]) -> None:
+    async def _fetch(self, units: list[_SpanFetch]) -> None:
         """Fill every unit's records (or error); a failure only touches its own units."""
         limiter = anyio.CapacityLimiter(self._fetch_concurrency)
 
-        async def run(job: Callable[[], Awaitable[None]], group: list[_Unit]) -> None:
+        async def run(job: Callable[[], Awaitable[None]], group: list[_SpanFetch]) -> None:
             async with limiter, self._process_fetches:
                 try:
                     await job()
@@ -640,9 +640,9 @@ class LogReader:
             if parts is not None and unit.error is None and unit.records is None:
                 unit.records = Pieces([part for part in parts if part is not None])
 
-    def _jobs(self, units: list[_Unit]) -> list[_Job]:
-        slices: dict[str, list[_Unit]] = {}
-        wholes: dict[str, list[_Unit]] = {}
+    def _jobs(self, units: list[_SpanFetch]) -> list[_Job]:
+        slices: dict[str, list[_SpanFetch]] = {}
+        wholes: dict[str, list[_SpanFetch]] = {}
         jobs: list[_Job] = []
         for unit in units:
             key = unit.span.object_key(self._layout)
@@ -661,7 +661,7 @@ class LogReader:
             jobs.append((functools.partial(self._fetch_whole, key, group), group))
         return jobs
 
-    def _slice_jobs(self, key: str, group: list[_Unit]) -> list[_Job]:
+    def _slice_jobs(self, key: str, group: list[_SpanFetch]) -> list[_Job]:
         """One ranged GET for slices of one blob when their span is at most twice what
         is wanted (several partitions of one flush), else one GET per slice."""
         lo = min(_slice(u)[0] for u in group)
@@ -672,14 +672,14 @@ class LogReader:
         return [(functools.partial(self._fetch_slices, key, [u], *_bounds(u)), [u])
                 for u in group]
 
-    async def _fetch_slices(self, key: str, group: list[_Unit], lo: int, hi: int) -> None:
+    async def _fetch_slices(self, key: str, group: list[_SpanFetch], lo: int, hi: int) -> None:
         data = await self._s3.get_range(key, lo, hi - lo)
         for unit in group:
             start, length = _slice(unit)
             unit.records = await _slice_records(
                 memoryview(data)[start - lo:start - lo + length], unit.span.entry)
 
-    async def _fetch_from_object(self, key: str, group: list[_Unit]) -> None:
+    async def _fetch_from_object(self, key: str, group: list[_SpanFetch]) -> None:
         """The group's slices from the whole object (kept, or read once for all): each
         verified; a slice that fails is its unit's error alone."""
         data = await self.wal.read(key, len(group))
@@ -696,7 +696,7 @@ class LogReader:
             except LlogError as exc:
                 unit.error = exc
 
-    def _chunk_jobs(self, key: str, unit: _Unit) -> list[_Job]:
+    def _chunk_jobs(self, key: str, unit: _SpanFetch) -> list[_Job]:
         """A job for the unit's chunks unless the cache holds them all (a previous
         read's last chunk often is cached: its answer ended inside it)."""
         assert unit.chunk_range is not None
@@ -706,7 +706,7 @@ class LogReader:
             return []
         return [(functools.partial(self._fetch_chunks, key, unit), [unit])]
 
-    async def _fetch_chunks(self, key: str, unit: _Unit) -> None:
+    async def _fetch_chunks(self, key: str, unit: _SpanFetch) -> None:
         """The unit's chunks not yet in its parts: those a read-ahead under way brings
         from the cache once it has, the rest with one ranged GET."""
         assert unit.chunks is not None and unit.chunk_range is not None
@@ -721,7 +721,7 @@ class LogReader:
         if missing:
             await self._get_chunks(key, unit, missing[0], missing[-1])
 
-    async def _get_chunks(self, key: str, unit: _Unit, first: int, last: int) -> None:
+    async def _get_chunks(self, key: str, unit: _SpanFetch, first: int, last: int) -> None:
         """Chunks ``first .. last`` of a unit's blob, in one ranged GET, into its parts
         and the object cache."""
         chunks = unit.span.chunks
@@ -750,7 +750,7 @@ class LogReader:
             self.objects.put(key, records, i)
             unit.chunks[i - unit.chunk_range[0]] = records
 
-    def _read_on(self, unit: _Unit) -> None:
+    def _read_on(self, unit: _SpanFetch) -> None:
         """After a read that stopped inside a compacted blob: fetch as many bytes of the
         chunks that follow in the background, for the next read."""
         chunks = unit.span.chunks
@@ -768,12 +768,12 @@ class LogReader:
         missing = [i for i in range(start, end + 1) if not self.objects.holds(key, i)]
         if not missing:
             return
-        ahead = _Unit(unit.span, unit.span.start + chunks[start].first_record, (start, end))
+        ahead = _SpanFetch(unit.span, unit.span.start + chunks[start].first_record, (start, end))
         ahead.chunks = [None] * (end - start + 1)
         self.ahead.start(key, functools.partial(self._get_chunks, key, ahead, missing[0],
                                                 missing[-1]))
 
-    async def _fetch_whole(self, key: str, group: list[_Unit]) -> None:
+    async def _fetch_whole(self, key: str, group: list[_SpanFetch]) -> None:
         entry = group[0].span.entry
         records = self.objects.get(key)
         if records is None:
@@ -813,26 +813,26 @@ def _min(a: int | None, b: int | None) -> int | None:
     return min(values) if values else None
 
 
-def _slice(unit: _Unit) -> tuple[int, int]:
+def _slice(unit: _SpanFetch) -> tuple[int, int]:
     e = unit.span.entry
     assert e.byte_offset is not None and e.byte_length is not None
     return e.byte_offset, e.byte_length
 
 
-def _bounds(unit: _Unit) -> tuple[int, int]:
+def _bounds(unit: _SpanFetch) -> tuple[int, int]:
     start, length = _slice(unit)
     return start, start + length
 
 
-def _units(spans: list[Span], offset: int, budget: int | None) -> list[_Unit]:
+def _units(spans: list[Span], offset: int, budget: int | None) -> list[_SpanFetch]:
     """What to fetch for ``spans`` read from ``offset``: for a chunked compacted blob,
     only the chunks from the one holding the offset until the budget is met."""
-    units: list[_Unit] = []
+    units: list[_SpanFetch] = []
     nxt, planned = offset, 0
     for span in spans:
         chunks = span.chunks
         if chunks is None:
-            units.append(_Unit(span, span.start))
+            units.append(_SpanFetch(span, span.start))
             planned += span.cost_from(nxt)
         else:
             first = last = chunk_index(chunks, max(nxt, span.start) - span.start)
@@ -840,7 +840,7 @@ def _units(spans: list[Span], offset: int, budget: int | None) -> list[_Unit]:
             while last + 1 < len(chunks) and (budget is None or planned < budget):
                 last += 1
                 planned += span.chunks_cost(last, last)
-            units.append(_Unit(span, span.start + chunks[first].first_record, (first, last)))
+            units.append(_SpanFetch(span, span.start + chunks[first].first_record, (first, last)))
             if last + 1 < len(chunks):
                 break  # the budget ends inside this blob
         nxt = span.end + 1
@@ -880,7 +880,7 @@ def _trim_to_total(plans: list[_Plan | LlogError], max_bytes: int | None) -> Non
     for plan in plans:
         if not isinstance(plan, _Plan):
             continue
-        keep: list[_Unit] = []
+        keep: list[_SpanFetch] = []
         for unit in plan.units:
             if kept_any and planned >= max_bytes:
                 break
@@ -890,7 +890,7 @@ def _trim_to_total(plans: list[_Plan | LlogError], max_bytes: int | None) -> Non
         plan.units = keep
 
 
-def _unit_bytes(unit: _Unit) -> int:
+def _unit_bytes(unit: _SpanFetch) -> int:
     chunks = unit.span.chunks
     if unit.chunk_range is not None and chunks is not None:
         return unit.span.chunks_cost(*unit.chunk_range)

@@ -109,13 +109,13 @@ class _PartitionAppend:
         self.members.append(_Member(index, group, self.size))
         self.size += len(group.records)
 
-    def body(self, encoding: str) -> codec.PartBody:
+    def body(self, encoding: str) -> codec.SliceBody:
         parts, used, count = partition_body([m.group.records for m in self.members],
                                             encoding)
         # The newest view of the topic's setting among the groups (it may have changed
         # while they were buffered; each stored body says its own codec).
         compression = self.members[-1].group.compression
-        return codec.PartBody(self.tp.topic, self.tp.partition, parts, used, count,
+        return codec.SliceBody(self.tp.topic, self.tp.partition, parts, used, count,
                               compression)
 
     def resolve(self, outcomes: list[AppendOutcome | None],
@@ -143,7 +143,7 @@ class _PartitionAppend:
 
 
 @dataclass(frozen=True)
-class _Upload:
+class _UploadedSlice:
     """Where one partition's body of a flush was uploaded."""
 
     data_key: str
@@ -163,7 +163,7 @@ class _Commit:
 
     tp: TopicPartition
     part: _PartitionAppend
-    upload: _Upload
+    upload: _UploadedSlice
     append_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     # (expected version, start, end) of CAS attempts whose outcome is unknown.
     in_doubt: list[tuple[int, int, int]] = field(default_factory=list)
@@ -388,8 +388,8 @@ class LogWriter:
         uri = self._layout.uri(key)
         again: list[_PartitionAppend] = []
 
-        async def commit_one(part: _PartitionAppend, body: codec.BlobPart) -> None:
-            upload = _Upload(uri, body.body_offset, body.body_length, body.crc32c,
+        async def commit_one(part: _PartitionAppend, body: codec.SliceEntry) -> None:
+            upload = _UploadedSlice(uri, body.body_offset, body.body_length, body.crc32c,
                              body.msg_count, created, body.encoding,
                              None if body.codec is Codec.NONE else body.codec.value,
                              body.raw_length)
@@ -688,8 +688,8 @@ class LogWriter:
                            retries=self._metrics.cas_retries, op="log_state")
 
 
-async def _pack(bodies: list[codec.PartBody], created_at_ms: int
-                ) -> tuple[bytes, list[codec.BlobPart]]:
+async def _pack(bodies: list[codec.SliceBody], created_at_ms: int
+                ) -> tuple[bytes, list[codec.SliceEntry]]:
     """The flush's LLS1 blob. Compressing bodies (a few milliseconds per MiB) is done
     in a worker thread, never on the event loop; a flush that compresses nothing is
     packed in place, as a thread hop would cost more than the copy."""
