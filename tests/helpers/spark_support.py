@@ -9,11 +9,13 @@ The session is created on first use and stopped when the process exits, so every
 from __future__ import annotations
 
 import atexit
+import gc
 import importlib.util
 import json
 import shutil
 import sys
 import uuid
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -82,8 +84,13 @@ def get_spark() -> Any:
                 if (exc.getCondition() != "JAVA_GATEWAY_EXITED"
                         or attempt == _GATEWAY_ATTEMPTS):
                     raise
-                print(f"spark: the JVM exited while starting (attempt {attempt}); again",
-                      file=sys.stderr)
+            # pyspark leaves the dead JVM's stdin pipe open: collected here, where its
+            # ResourceWarning is expected, rather than failing whatever runs next.
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ResourceWarning)
+                gc.collect()
+            print(f"spark: the JVM exited while starting (attempt {attempt}); again",
+                  file=sys.stderr)
         atexit.register(_SESSION.stop)
     return _SESSION
 
