@@ -15,7 +15,7 @@ from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload
 from app.storage.retention import move_log_start
 from jobs.spark.delta_table import app_id
-from jobs.spark.export_delta import resume_bounds
+from jobs.spark.export_read import resume_bounds
 from tests.helpers.spark_records import export_row, sample_records
 from tests.helpers.spark_support import (
     SPARK_TESTS,

@@ -13,46 +13,26 @@ never waited for.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
-from app.storage.keys import TopicPartition
 from app.storage.records import now_ms
 from jobs.spark.delta_files import DATA_FILE_COLUMNS, delta_task
 from jobs.spark.delta_location import table_location
 from jobs.spark.delta_table import commit, high_waters, open_table
 from jobs.spark.export_read import (
     JOB,
-    RANGE_COLUMNS,
     ExportOptions,
     new_high_waters,
-    plan_ranges,
-    read_bounds,
-    select_partitions,
+    plan_table_export,
     write_data_files,
 )
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
 from jobs.spark.runner import finish
-from jobs.spark.session import default_tasks, describe
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
-
-def resume_bounds(bounds: Sequence[tuple[str, int, int, int]],
-                  held: Mapping[TopicPartition, int], from_offset: int = 1
-                  ) -> tuple[list[tuple[str, int, int, int]], int]:
-    """Each partition's bounds starting past what the table holds (and at
-    ``from_offset`` or later), and how many offsets retention removed before any export
-    read them."""
-    resumed, lost = [], 0
-    for topic, partition, log_start, hw in bounds:
-        start = max(from_offset, held.get(TopicPartition(topic, partition), 0) + 1)
-        lost += max(0, min(log_start, hw + 1) - start)
-        resumed.append((topic, partition, max(log_start, start), hw))
-    return resumed, lost
-
 
 def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOptions,
                      report: Report) -> JobOutcome:
@@ -63,16 +43,8 @@ def run_delta_export(spark: SparkSession, settings: Settings, options: ExportOpt
         raise ValueError("--output and --verify-output are for --format parquet")
     started, payload = now_ms(), settings_payload(settings)
     table = open_table(table_location(options.table, settings))
-    describe(spark, "export: discovering partitions")
-    partitions = select_partitions(settings, options.topics, options.partitions)
-    bounds, lost = resume_bounds(
-        read_bounds(spark, payload, partitions, default_tasks(spark, options.tasks)),
-        high_waters(table, partitions), options.from_offset)
-    ranges = plan_ranges(bounds, options.from_offset, options.to_offset,
-                         options.range_records)
-    report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
-    expected = sum(last - first + 1 for _, _, first, last in ranges)
-    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.table}")
+    partitions, ranges, lost, expected = plan_table_export(
+        spark, settings, payload, options, functools.partial(high_waters, table), report)
     task = functools.partial(delta_task, payload, options.table)
     files = write_data_files(spark, task, DATA_FILE_COLUMNS, ranges, report) \
         if ranges else []

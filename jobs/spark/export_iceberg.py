@@ -19,15 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
 from app.storage.records import now_ms
-from jobs.spark.export_delta import resume_bounds
 from jobs.spark.export_read import (
     JOB,
-    RANGE_COLUMNS,
     ExportOptions,
     new_high_waters,
-    plan_ranges,
-    read_bounds,
-    select_partitions,
+    plan_table_export,
     write_data_files,
 )
 from jobs.spark.iceberg_catalog import (
@@ -42,7 +38,6 @@ from jobs.spark.iceberg_table import commit, high_waters, open_table
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
 from jobs.spark.runner import finish
-from jobs.spark.session import default_tasks, describe
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,16 +58,8 @@ def run_iceberg_export(spark: SparkSession, settings: Settings, options: ExportO
     table = open_table(catalog, options.table)
     location = table.location().rstrip("/")
     check_location(options.table, location, settings)
-    describe(spark, "export: discovering partitions")
-    partitions = select_partitions(settings, options.topics, options.partitions)
-    bounds, lost = resume_bounds(
-        read_bounds(spark, payload, partitions, default_tasks(spark, options.tasks)),
-        high_waters(table, partitions), options.from_offset)
-    ranges = plan_ranges(bounds, options.from_offset, options.to_offset,
-                         options.range_records)
-    report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
-    expected = sum(last - first + 1 for _, _, first, last in ranges)
-    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.table}")
+    partitions, ranges, lost, expected = plan_table_export(
+        spark, settings, payload, options, functools.partial(high_waters, table), report)
     task = functools.partial(iceberg_task, payload, location,
                              dict(file_io_properties(table.io.properties)))
     files = write_data_files(spark, task, DATA_FILE_COLUMNS, ranges, report) \

@@ -7,7 +7,7 @@ import datetime
 import functools
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import anyio
 
@@ -17,7 +17,7 @@ from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_value
 from app.storage.reader import LogReader
 from jobs.spark.discovery import discover_on_driver
-from jobs.spark.session import describe
+from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import open_stores
 from jobs.spark.tasks import partition_slices, task_identity
 
@@ -258,3 +258,43 @@ def write_data_files(spark: SparkSession, task: Callable[[Iterable[Any]], Iterat
     files = spark.read.parquet(report.write_table(
         spark.createDataFrame(rows, columns, verifySchema=False), "files"))
     return [row.asDict() for row in files.collect()]
+
+
+def resume_bounds(bounds: Sequence[tuple[str, int, int, int]],
+                  held: Mapping[TopicPartition, int], from_offset: int = 1
+                  ) -> tuple[list[tuple[str, int, int, int]], int]:
+    """Each partition's bounds starting past what the table holds (and at
+    ``from_offset`` or later), and how many offsets retention removed before any export
+    read them."""
+    resumed, lost = [], 0
+    for topic, partition, log_start, hw in bounds:
+        start = max(from_offset, held.get(TopicPartition(topic, partition), 0) + 1)
+        lost += max(0, min(log_start, hw + 1) - start)
+        resumed.append((topic, partition, max(log_start, start), hw))
+    return resumed, lost
+
+
+class TablePlan(NamedTuple):
+    partitions: list[TopicPartition]
+    ranges: list[tuple[str, int, int, int]]
+    lost: int  # offsets retention removed before any export read them
+    expected: int  # records the ranges hold
+
+
+def plan_table_export(spark: SparkSession, settings: Settings, payload: Mapping[str, str],
+                      options: ExportOptions,
+                      held: Callable[[list[TopicPartition]], Mapping[TopicPartition, int]],
+                      report: Report) -> TablePlan:
+    """A table export's plan: the selected partitions read past what the table holds
+    (``held``: its high-water offsets), in ranges (also ``report/ranges``)."""
+    describe(spark, "export: discovering partitions")
+    partitions = select_partitions(settings, options.topics, options.partitions)
+    bounds, lost = resume_bounds(
+        read_bounds(spark, payload, partitions, default_tasks(spark, options.tasks)),
+        held(partitions), options.from_offset)
+    ranges = plan_ranges(bounds, options.from_offset, options.to_offset,
+                         options.range_records)
+    report.write_table(spark.createDataFrame(ranges, RANGE_COLUMNS), "ranges")
+    expected = sum(last - first + 1 for _, _, first, last in ranges)
+    describe(spark, f"export: {expected} records in {len(ranges)} ranges to {options.table}")
+    return TablePlan(partitions, ranges, lost, expected)
