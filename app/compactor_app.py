@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from app.compaction.service import CompactorService, run_compactor
 from app.drain import drain_on_sigterm as draining
-from app.routes import health, metrics
+from app.routes import table
 from app.routes.openapi import install_openapi
 from app.routes.openapi_auth import declare_metrics_token
 from app.settings import Settings
@@ -36,8 +36,7 @@ def create_compactor_app(settings: Settings, *, drain_on_sigterm: bool = False) 
     app.state.compactor = service
     app.state.service = service
     app.state.metrics_token = settings.metrics_token
-    for module in (health, metrics):
-        app.router.routes.extend(module.router.routes)
+    app.router.routes.extend(row.route for row in table.compactor_routes())
     install_openapi(app, finish=functools.partial(declare_metrics_token, settings=settings))
     app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
     return app

@@ -12,24 +12,12 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_fastapi_instrumentator import Instrumentator
 from prometheus_fastapi_instrumentator import metrics as http_metrics
-from starlette.middleware import Middleware
 
 from app.auth.control import AccessControl, run_access_control
 from app.auth.exposure import announce
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
-from app.routes import (
-    cluster,
-    consume,
-    groups,
-    health,
-    metrics,
-    offsets,
-    produce,
-    stream,
-    stream_tickets,
-    topics,
-)
+from app.routes import table
 from app.routes.access import AccessMiddleware
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
 from app.routes.hot_lane import HotLane
@@ -73,17 +61,14 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     app.state.auth = control
     app.state.metrics_token = settings.metrics_token
     install_error_handlers(app)
+    routes = table.broker_routes(tickets=control is not None)
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.
-    for module in (produce, consume, stream, offsets, topics, groups, cluster, health,
-                   metrics):
-        app.router.routes.extend(module.router.routes)
-    if control is not None:  # tickets stand in for a token: there is none with auth off
-        app.router.routes.extend(stream_tickets.router.routes)
+    app.router.routes.extend(row.route for row in routes)
     # The produce route parses its body itself, so FastAPI does not name its model.
     install_openapi(app, extra_models=[ProduceRequest],
                     finish=functools.partial(_finish_openapi, settings=settings))
-    _install_middleware(app, settings, state, control)
+    _install_middleware(app, settings, state, control, routes)
     return app
 
 
@@ -97,34 +82,27 @@ def _finish_openapi(schema: dict[str, Any], settings: Settings) -> None:
 
 
 def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
-                        control: AccessControl | None) -> None:
-    """From the innermost: access control, HTTP metrics, the edge (request id, body
-    limit, draining), the hot lane (app/routes/hot_lane.py: produce and consume served by
-    the same pieces without the framework's layers), CORS."""
-    access = (Middleware(AccessMiddleware, control=control, log_requests=settings.access_log)
-              if control is not None else None)
-    if access is not None:  # innermost: the HTTP metrics count its refusals
-        app.add_middleware(access.cls, *access.args, **access.kwargs)
+                        control: AccessControl | None, routes: list[table.Route]) -> None:
+    """From the innermost: access control, HTTP metrics, draining, the body limit, the
+    request id, the hot lane (app/routes/hot_lane.py: produce and consume served through
+    every middleware added before it, without the framework's layers), CORS."""
+    if control is not None:  # innermost: the HTTP metrics count its refusals
+        app.add_middleware(AccessMiddleware, control=control, log_requests=settings.access_log)
     instrumentator = Instrumentator(
         registry=state.registry,
         excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
         should_group_status_codes=False,
     )
-    # Made here rather than by the middleware, so that the hot lane records the same series.
+    # Made here rather than by the middleware: the hot lane builds the middleware once
+    # more per route, and each would register the same series again.
     instrumentator.add(http_metrics.default(metric_namespace="llog", registry=state.registry))
     instrumentator.instrument(app, metric_namespace="llog")
-    edge = [
-        # Every answer, refusals included, carries the request's id.
-        Middleware(RequestIdMiddleware, max_length=settings.request_id_max_length),
-        # Outside the rest, so an oversized body is refused before anything reads it.
-        Middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes),
-        Middleware(CloseWhileDraining, draining=lambda: state.status == "stopping"),
-    ]
-    for middleware in reversed(edge):  # added innermost first
-        app.add_middleware(middleware.cls, *middleware.args, **middleware.kwargs)
-    app.add_middleware(HotLane, routes={"/produce": produce.produce,
-                                        "/consume": consume.consume_in_lane}, edge=edge,
-                       access=access, instrumentations=instrumentator.instrumentations)
+    app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
+    # Outside the rest, so an oversized body is refused before anything reads it.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
+    # Every answer, refusals included, carries the request's id.
+    app.add_middleware(RequestIdMiddleware, max_length=settings.request_id_max_length)
+    app.add_middleware(HotLane, routes=routes, served=app)
     if settings.cors_allow_origins:  # outermost: preflights and refusals carry CORS headers
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_allow_origins),

@@ -11,9 +11,10 @@ from typing import Any
 
 import httpx
 from fastapi import FastAPI
+from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
 from prometheus_fastapi_instrumentator import metrics as http_metrics
-from starlette.middleware import Middleware
+from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -23,6 +24,7 @@ from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.routes.errors import BodyLimitMiddleware, install_error_handlers
 from app.routes.hot_lane import HotLane
+from app.routes.table import Route
 from app.telemetry.request_id import RequestIdMiddleware
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import make_settings
@@ -58,12 +60,17 @@ async def _lane(registry: CollectorRegistry) -> AsyncIterator[tuple[httpx.AsyncC
     app = FastAPI()
     install_error_handlers(app)
     app.router.routes.clear()
+    routes = [Route(APIRoute("/produce", _answer, methods=["POST"]), lane=_answer)]
+    app.router.routes.extend(row.route for row in routes)
     instrumentation = http_metrics.default(metric_namespace="t", registry=registry)
     assert instrumentation is not None
-    lane = HotLane(inner, routes={"/produce": _answer}, access=None,
-                   edge=[Middleware(RequestIdMiddleware, max_length=64),
-                         Middleware(BodyLimitMiddleware, max_bytes=100)],
-                   instrumentations=[instrumentation])
+    app.add_middleware(PrometheusInstrumentatorMiddleware, registry=registry,
+                       instrumentations=[instrumentation], should_group_status_codes=False)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=100)
+    app.add_middleware(RequestIdMiddleware, max_length=64)
+    app.add_middleware(HotLane, routes=routes, served=app)
+    # The lane in front of the rest of the app: here ``inner``, which records what reached it.
+    lane = HotLane(inner, routes=routes, served=app)
 
     async def asgi(scope: Scope, receive: Receive, send: Send) -> None:
         scope["app"] = app  # as Starlette sets it before its middleware runs

@@ -1,146 +1,86 @@
-"""The hot lane: ``POST /produce`` and ``POST /consume`` served by short chains instead of
-the whole stack.
+"""The hot lane: the hot routes of the route table (app/routes/table.py: ``POST /produce``
+and ``POST /consume``) served by short chains instead of the whole stack.
 
-A request to the app passes about fifteen ASGI layers: the framework's error, exception,
-exit-stack, body-limit and telemetry middlewares, the router (which matches the path
-against every route), FastAPI's request handler, and the HTTP metrics middleware, which
-matches the route once more to name it. For produce, the request the broker serves most,
-they cost about a third of its CPU (docs/performance.md), and about as much of a small
-consume answer's.
+A request to the app passes about fifteen ASGI layers: the framework's error,
+exception-telemetry and body-limit middlewares, the app's own, the exception middleware,
+FastAPI's exit stack, the router (which matches the path against every route) and
+FastAPI's request handler (dependencies, body parsing). For produce, the request the
+broker serves most, they cost about a third of its CPU (docs/performance.md), and about
+as much of a small consume answer's.
 
-:class:`HotLane` sits outside them and serves the hot routes itself, through a chain
-built from the same pieces the stack uses, in the same order:
+:class:`HotLane` is one of the app's middlewares. It serves the hot routes itself,
+through a chain made of the framework's own pieces:
 
-- the edge middlewares (request id, body limit, ``Connection: close`` while draining),
-  the very classes and settings of the main stack (``edge``);
-- the HTTP metrics, observed by the instrumentator's own instrumentation functions with
-  the route's path as the handler label (:class:`HttpMetrics`);
-- access control, when it is on (``access``);
-- the app's exception handlers, looked up by the exception's class as the framework
-  does (:class:`Endpoint`); an exception no handler takes propagates to the server's
-  error middleware, which answers 500 as it does for any route.
+- every middleware of the app inside the lane: the very entries (classes and
+  arguments) the app builds its stack from, in the same order, read from the app when
+  the stack is built. A middleware added to the app is in the lane too;
+  tests/test_ways_in.py checks that every way in passes every middleware;
+- Starlette's ``ExceptionMiddleware`` with the app's exception handlers (all but the
+  500 one, which the app gives to the server's error middleware, as here), around the
+  handler served by Starlette's ``request_response``: an exception no handler takes
+  propagates to the server's error middleware, which answers 500 as for any route.
 
-Any other method or path goes through the app unchanged. The routes stay registered in
-the app as well, so the OpenAPI document describes them as before.
+Any other request goes on through the app unchanged.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
-from timeit import default_timer
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from prometheus_fastapi_instrumentator.metrics import Info
-from starlette.datastructures import Headers
+from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.middleware.exceptions import ExceptionMiddleware
+from starlette.routing import request_response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-Handler = Callable[[Request], Awaitable[Response]]
-Instrumentation = Callable[[Info], None]
-
-
-class Endpoint:
-    """``handler`` as an ASGI app, its exceptions answered by the app's handlers."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        request = Request(scope, receive, send)
-        try:
-            response = await self.handler(request)
-        except Exception as exc:
-            answer = _exception_handler(scope, exc)
-            if answer is None:
-                raise
-            response = await answer(request, exc)
-        await response(scope, receive, send)
-
-
-def _exception_handler(scope: Scope, exc: Exception) -> Any:
-    """The app's handler for ``exc``'s class or its nearest base, None if there is none."""
-    handlers = scope["app"].exception_handlers
-    for cls in type(exc).__mro__:
-        if cls in handlers:
-            return handlers[cls]
-    return None
-
-
-class _Answer:
-    """What an instrumentation reads of a response: its headers."""
-
-    def __init__(self, raw: list[tuple[bytes, bytes]]) -> None:
-        self.headers = Headers(raw=raw)
-
-
-class HttpMetrics:
-    """The HTTP request metrics, as the instrumentator's middleware records them, for a
-    route known in advance (no route matching per request)."""
-
-    def __init__(self, app: ASGIApp, *, handler: str,
-                 instrumentations: Sequence[Instrumentation]) -> None:
-        self.app = app
-        self.handler = handler
-        self.instrumentations = instrumentations
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        started = default_timer()
-        status = 500
-        headers: list[tuple[bytes, bytes]] = []
-
-        async def observing_send(message: Message) -> None:
-            nonlocal status, headers
-            if message["type"] == "http.response.start":
-                status = message["status"]
-                headers = list(message.get("headers", ()))
-            await send(message)
-
-        try:
-            await self.app(scope, receive, observing_send)
-        finally:
-            info = Info(request=Request(scope), response=_Answer(headers),  # type: ignore[arg-type]
-                        method=scope["method"], modified_handler=self.handler,
-                        modified_status=str(status),
-                        modified_duration=max(default_timer() - started, 0.0))
-            for instrumentation in self.instrumentations:
-                instrumentation(info)
+from app.routes.table import Handler, Route
 
 
 class HotLane:
-    """Serves ``routes`` (``POST`` path -> handler) through their own short chains; passes
-    everything else to ``app``."""
+    """Serves the hot rows of ``routes`` (those with a lane handler) through their own
+    short chains; passes everything else to ``app``. ``served``: the app this is a
+    middleware of, whose middlewares and exception handlers the chains are built from."""
 
-    def __init__(self, app: ASGIApp, *, routes: dict[str, Handler],
-                 edge: Sequence[Middleware], access: Middleware | None,
-                 instrumentations: Sequence[Instrumentation]) -> None:
+    def __init__(self, app: ASGIApp, *, routes: Sequence[Route], served: Starlette) -> None:
         self.app = app
-        self.routes = {path: _chain(path, handler, edge, access, instrumentations)
-                       for path, handler in routes.items()}
+        inside = _inside(served.user_middleware, type(self))
+        handlers = {key: handler for key, handler in served.exception_handlers.items()
+                    if key not in (500, Exception)}  # as Starlette splits them
+        self.lanes: dict[tuple[str, str], ASGIApp] = {}
+        for row in routes:
+            if row.lane is None:
+                continue
+            if "{" in row.path:  # matched by equality, not by the route's pattern
+                raise ValueError(f"{row.path}: the hot lane serves fixed paths only")
+            chain = _chain(row.lane, inside, handlers, debug=served.debug)
+            for method in row.methods:
+                self.lanes[(method, row.path)] = chain
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            lane = self.routes.get(scope["path"])
+        if scope["type"] == "http":
+            lane = self.lanes.get((scope["method"], scope["path"]))
             if lane is not None:
                 await lane(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
 
-def _chain(path: str, handler: Handler, edge: Sequence[Middleware],
-           access: Middleware | None, instrumentations: Sequence[Instrumentation]
-           ) -> ASGIApp:
-    """edge (outermost first) -> metrics -> access -> the handler, as in the stack."""
-    app: ASGIApp = Endpoint(handler)
-    if access is not None:
-        app = _wrap(access, app)
-    app = HttpMetrics(app, handler=path, instrumentations=instrumentations)
-    for middleware in reversed(edge):
-        app = _wrap(middleware, app)
+def _inside(middleware: Sequence[Middleware], lane: object) -> list[Middleware]:
+    """The entries of the app's middleware list inside the lane's own (outermost first)."""
+    own = [i for i, entry in enumerate(middleware) if entry.cls is lane]
+    if len(own) != 1:
+        raise ValueError("the hot lane must be among the middlewares of the app it "
+                         f"serves, once (found {len(own)})")
+    return list(middleware[own[0] + 1:])
+
+
+def _chain(handler: Handler, inside: Sequence[Middleware],
+           handlers: Mapping[Any, Any], *, debug: bool) -> ASGIApp:
+    """``inside`` (outermost first) -> the exception handlers -> the handler, as in the
+    app's stack."""
+    app: ASGIApp = ExceptionMiddleware(request_response(handler), handlers=handlers,
+                                       debug=debug)
+    for cls, args, kwargs in reversed(inside):
+        app = cls(app, *args, **kwargs)
     return app
-
-
-def _wrap(middleware: Middleware, app: ASGIApp) -> ASGIApp:
-    wrapped: ASGIApp = middleware.cls(app, *middleware.args, **middleware.kwargs)
-    return wrapped
