@@ -10,9 +10,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 from prometheus_client import CollectorRegistry
+from prometheus_fastapi_instrumentator import Instrumentator
 from prometheus_fastapi_instrumentator import metrics as http_metrics
 from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
 from starlette.requests import Request
@@ -112,6 +114,59 @@ async def test_the_lane_keeps_the_edge_errors_and_metrics() -> None:
                        handler="/produce") == count, status
     assert _sample(registry, "t_http_request_size_bytes_sum", handler="/produce") == 3 + 7 + 3
     assert _sample(registry, "t_http_response_size_bytes_count", handler="/produce") == 3
+
+
+def _app(registry: CollectorRegistry, *, lane: bool, **instrumentator: Any) -> FastAPI:
+    """The unit app, its metrics made by an Instrumentator given ``instrumentator``;
+    with ``lane``, POST /produce served by the hot lane, else by the framework's route."""
+    app = FastAPI()
+    install_error_handlers(app)
+    app.router.routes.clear()
+    routes = [Route(APIRoute("/produce", _answer, methods=["POST"]), lane=_answer)]
+    app.router.routes.extend(row.route for row in routes)
+    metrics = Instrumentator(registry=registry, **instrumentator)
+    metrics.add(http_metrics.default(metric_namespace="t", registry=registry))
+    metrics.instrument(app, metric_namespace="t")
+    app.add_middleware(BodyLimitMiddleware, max_bytes=100)
+    if lane:
+        app.add_middleware(HotLane, routes=routes, served=app)
+    return app
+
+
+def _figures(registry: CollectorRegistry) -> dict[tuple[Any, ...], float]:
+    """Every HTTP sample but those that depend on how long a request took."""
+    timed = ("duration", "latency")
+    return {(s.name, *sorted(s.labels.items())): s.value
+            for family in registry.collect() for s in family.samples
+            if s.name.startswith("t_http") and not s.name.endswith("_created")
+            and not (any(t in s.name for t in timed) and not s.name.endswith("_count"))}
+
+
+@pytest.mark.parametrize("options", [
+    {"should_group_status_codes": False}, {"should_group_status_codes": True},
+    {"excluded_handlers": ["/prod"]}], ids=["statuses", "grouped", "excluded"])
+async def test_the_lane_records_what_the_instrumentators_middleware_records(
+        options: dict[str, Any]) -> None:
+    figures = []
+    for lane in (True, False):
+        registry = CollectorRegistry()
+        transport = httpx.ASGITransport(app=_app(registry, lane=lane, **options),
+                                        raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+            for body in (b"abc", b"unknown", b"bug", b"x" * 101, b"abc"):
+                await client.post("/produce", content=body)
+        figures.append(_figures(registry))
+    assert figures[0] == figures[1]
+    assert any(figures[0].values()) != ("excluded_handlers" in options)
+
+
+@pytest.mark.parametrize("option", [{"should_round_latency_decimals": True},
+                                    {"body_handlers": ["/produce"]}])
+def test_the_lane_refuses_metrics_options_it_does_not_implement(
+        option: dict[str, Any]) -> None:
+    app = _app(CollectorRegistry(), lane=True, **option)
+    with pytest.raises(ValueError, match="do not implement"):
+        app.build_middleware_stack()
 
 
 async def test_the_broker_counts_a_produce_and_a_consume_once_with_the_same_labels(
