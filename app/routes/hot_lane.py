@@ -127,12 +127,15 @@ class HttpMetrics:
     matching the request against every route to name it and without the response object
     it builds for each request.
 
-    A copy, kept for its cost. Measured in process (a trivial handler behind the
-    broker's middlewares and routes, the whole app called directly; 20,000 requests per
-    row, 5 rows alternating, on a shared 2-core machine): the lane with this copy
-    76-94 µs of CPU per request, with the instrumentator's middleware 126-141 µs (of
-    which 20-25 µs its route matching), the lane before Starlette's exception pieces
-    replaced its own copy of them 76-94 µs (Starlette's cost no more than the noise).
+    A copy, kept for its cost (bench/hot_lane_cost.py: the broker's app called in
+    process, a trivial handler, 7 rows of 20,000 requests alternating, on a shared
+    2-core machine): with this copy the lane costs 72.8-95.0 µs of CPU per produce
+    request (median 73.9) and 72.2-106.6 per consume (76.7); with the instrumentator's
+    middleware, 101.5-116.8 (109.5) and 106.2-131.4 (119.5), about half of the
+    difference its matching the request against every route. Starlette's exception
+    handling, which replaced the lane's own copy of it, measured within the noise of
+    the same bench (median +5-10 µs). End to end a produce of 4 x 25 x 1 KiB costs
+    1,500-2,300 µs there, a spread that hides either.
     """
 
     def __init__(self, app: ASGIApp, *, handler: str,
