@@ -217,8 +217,9 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
     s = state.settings
     layout = KeyLayout(s.root_prefix, s.s3_bucket)
     async with contextlib.AsyncExitStack() as stack:
-        oxia = await stack.enter_async_context(OxiaStore(s, state.store_metrics))
-        s3 = await stack.enter_async_context(S3Store(s, state.store_metrics))
+        oxia = await stack.enter_async_context(
+            OxiaStore(s.oxia, state.store_metrics, identity=s.broker_id))
+        s3 = await stack.enter_async_context(S3Store(s.s3, state.store_metrics))
         store_id = store_id_of(s.s3_bucket, s.root_prefix, await store_identity(oxia, layout))
         state.cache = open_tail_cache(s.tail_cache_dir, s.tail_cache_max_bytes,
                                       store_id=store_id,
@@ -229,7 +230,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
             auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s,
             max_partitions=s.max_topic_partitions,
             default_config=default_topic_config(s.topic_default_compression))
-        state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s)
+        state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s.writer)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
                 await _start_batcher(state, writers)
@@ -302,7 +303,8 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         found = await topics.topic(topic)
         return 0 if found is None else found.partitions
 
-    state.groups = GroupService(oxia, layout, state.reader, s, partitions_of)
+    state.groups = GroupService(oxia, layout, state.reader, s.consumer_groups, partitions_of,
+                                broker_id=s.broker_id)
     state.consume = BudgetedConsumeService(
         state.reader, state.cache, state.watch, state.consume_metrics,
         max_long_polls=s.max_concurrent_long_polls, max_streams=s.max_concurrent_streams,

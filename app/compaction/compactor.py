@@ -38,7 +38,7 @@ from app.compaction.assemble import build_compacted_body
 from app.compaction.metrics import CompactionMetrics
 from app.compaction.recompress import compaction_compression, compress_chunks, topic_compression
 from app.errors import CorruptData, LlogError, LogGap, VersionMismatch
-from app.settings import Settings
+from app.settings import CompactionSettings
 from app.storage import codec
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.chunks import DEFAULT_CHUNK_BYTES
@@ -89,7 +89,7 @@ class CompactionConfig:
     zstd_level: int | None = None  # None: the topic's level + 3 (app/compaction/recompress.py)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> CompactionConfig:
+    def from_settings(cls, settings: CompactionSettings) -> CompactionConfig:
         return cls(
             max_bytes=settings.compaction_max_bytes,
             max_entries=settings.compaction_max_entries,
