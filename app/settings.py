@@ -5,23 +5,33 @@ setting names in lower case; variables win over the file.
 Built once at start (``Settings.from_env()``) and passed down explicitly; nothing in the
 package reads the environment on its own.
 
-Groups. The settings are declared in groups (app/settings_groups.py: Oxia, S3, the
+Groups. The fields are declared in groups (app/settings_groups.py: Oxia, S3, the
 store's rules, writer, batching, read path, tail cache, compaction, consumer groups,
 auth, limits, topics, cluster, server, observability), each field in exactly one, and a
-component takes only its group: ``LeanS3(s3: S3Settings)``, ``OxiaStore(oxia:
-OxiaSettings, ...)``, ``GroupService(..., groups: GroupSettings, ...)``. ``Settings``
-stays flat and inherits every group, rather than nesting them, because the flat model is
-what operators and callers see and it must not change: every ``LLOG_*`` name and TOML
-key is a field name as before (nested fields would need a delimiter or aliases per
-field), an error still names the variable (``loc`` is the flat field), and
-``Settings(**flat)``, ``model_copy(update=...)``, ``as_env()`` and every
-``settings.<field>`` read keep working unchanged. Fields and their checks live once, in
-their group; the checks that span groups (forwarding with auth, TLS pairs, auth's
-needs) stay here. ``settings.oxia`` (etc.) builds that group's model from the validated
-values on each call (a few microseconds, paid when a component is built), so a copy
-with updated fields never hands out a stale group. Since ``Settings`` is a subclass of
-each group, a caller (a test, a tool) may still pass the whole settings where a group
-is asked for; a component's signature still bounds what it may read.
+component takes only its group, so what it depends on is in its signature:
+``LeanS3(s3: S3Settings)``, ``OxiaStore(oxia: OxiaSettings, ...)``,
+``GroupService(..., groups: GroupSettings, ...)``. The writer's and compaction's groups
+both extend ``StoreSettings``, the rules every writer and compactor of a store must
+share (the retry horizon, the age compaction takes entries at).
+
+Why ``Settings`` stays flat and inherits the groups, rather than nesting them (a field
+per group with a before-validator folding flat keys in): the flat model is what
+operators and callers see, and it must not change. Inherited fields keep every
+``LLOG_*`` name and TOML key a plain field name (nested fields would make
+pydantic-settings look for ``LLOG_S3__...`` and TOML tables, or need an alias per
+field), keep an error's location the flat field, so the message still names the
+variable, and keep ``Settings(**flat)``, ``model_copy(update=...)``, ``as_env()`` and
+every ``settings.<field>`` read working as they were. Each field and its own checks are
+written once, in its group; the checks that span groups (forwarding with auth, the TLS
+pairs, what auth needs) stay here.
+
+``settings.oxia``, ``settings.s3`` and the like (``access`` for auth, whose name
+``auth`` is a field; ``consumer_groups``) build that group's model from the validated
+values on each call (about 15 µs, paid when a component is built, never per request),
+so a copy with updated fields never hands out a stale group. As ``Settings`` is a
+subclass of each group, a test or tool may still pass the whole settings where a group
+is asked for; the signature still bounds what the component reads (mypy holds it to
+the group's fields).
 """
 
 from __future__ import annotations

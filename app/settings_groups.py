@@ -1,12 +1,11 @@
 """The settings, in groups: one frozen model per part of the process that reads them.
 
-Each field is declared once, here, in the group of the component that uses it; the flat
+Each field is declared once, here, in the group of the component that uses it, with the
+checks of its own value (and those between fields of one group). The flat
 :class:`app.settings.Settings` (the input surface: ``LLOG_*`` variables, TOML keys,
-``Settings(**flat)``) inherits every group, and ``settings.<group>`` hands a component
-a model of its group's fields alone. A component's signature names its group
-(``LeanS3(s3: S3Settings)``), so what it depends on is visible there and mypy refuses
-a read of anything else. Field names are the flat names, so that a setting is called
-the same in code, in the environment and in the TOML file.
+``Settings(**flat)``) inherits every group; app/settings.py says why. Field names are
+the flat names, so that a setting is called the same in code, in the environment and in
+the TOML file. The package imports these classes from app.settings.
 
 This module imports nothing of the package: settings come first.
 """
