@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.auth.rights import Right
+from app.broker import answers
 from app.broker.state import BrokerState
 from app.broker.topics import TopicDirectory
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
@@ -75,22 +75,25 @@ async def produce(request: Request) -> Response:
     else:
         entries = parse_json(body)
     authorize(request, Right.PRODUCE, (e.topic for e in entries))
-    if state.batcher is None or state.topics is None:
-        outcomes: list[AppendOutcome] = [
-            RoleDisabled("this broker does not have the write role")] * len(entries)
+    outcomes: list[AppendOutcome]
+    try:
+        topics = state.write_topics()
+    except RoleDisabled as exc:  # every entry answers the refusal
+        outcomes = [exc] * len(entries)
         groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), e.records)
                   for e in entries]
     else:
         _check_limits(entries, state.settings)  # every limit first: before a topic is made
         charge_produce(request, sum(e.records.size for e in entries))
-        groups = await _place(entries, state.settings, state.topics)
+        groups = await _place(entries, state.settings, topics)
         try:
             outcomes = await state.append(groups)
         except LlogError as exc:  # refused as a whole: nothing was written
             outcomes = [exc] * len(groups)
     located = _locations_shown(request, state.settings)
-    results = [_result(state, group, outcome, located)
+    results = [answers.produce_result(group, outcome, located)
                for group, outcome in zip(groups, outcomes, strict=True)]
+    _count(state, groups, outcomes)
     if control_of(request) is not None:
         account(request, produced=sum(g.size for g, o in zip(groups, outcomes, strict=True)
                                       if isinstance(o, AppendResult) and not o.duplicate))
@@ -103,8 +106,7 @@ async def produce(request: Request) -> Response:
         headers["Retry-After"] = "1"
     else:
         status = 409
-    content = orjson.dumps({"results": results, "success_count": len(results) - errors,
-                            "error_count": errors})
+    content = answers.produce_answer(results)
     state.produce_metrics.requests.labels(str(status)).inc()
     state.produce_metrics.latency.observe(time.monotonic() - started)
     return Response(content, status_code=status, headers=headers,
@@ -182,26 +184,12 @@ def _locations_shown(request: Request, s: Settings) -> Callable[[str], bool]:
     return functools.cache(lambda topic: holds(request, Right.ADMIN, topic))
 
 
-def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome,
-            located: Callable[[str], bool]) -> dict[str, Any]:
-    """One entry of the answer, as :class:`ProducePartitionResult` would dump it."""
-    tp = group.tp
+def _count(state: BrokerState, groups: list[AppendGroup], outcomes: list[AppendOutcome]
+           ) -> None:
     metrics = state.produce_metrics
-    if isinstance(outcome, AppendResult):
-        if not outcome.duplicate:
+    for group, outcome in zip(groups, outcomes, strict=True):
+        if not isinstance(outcome, AppendResult):
+            metrics.failed_entries.labels(outcome.error_type).inc()
+        elif not outcome.duplicate:
             metrics.records.inc(outcome.count)
             metrics.bytes.inc(group.size)
-        result: dict[str, Any] = {
-            "topic": tp.topic, "partition": tp.partition, "ok": True, "outcome": "success",
-            "start_offset": outcome.start_offset, "end_offset": outcome.end_offset,
-            "count": outcome.count}
-        if located(tp.topic):
-            result["index_key"] = outcome.index_key
-            result["wal_uri"] = outcome.wal_uri
-        if outcome.duplicate:
-            result["duplicate"] = True
-        return result
-    metrics.failed_entries.labels(outcome.error_type).inc()
-    return {"topic": tp.topic, "partition": tp.partition, "ok": False, "outcome": "failure",
-            "error_type": outcome.error_type, "error": str(outcome),
-            "retriable": outcome.retriable, "maybe_written": outcome.maybe_written}
