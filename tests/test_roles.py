@@ -11,9 +11,13 @@ from typing import Any
 
 import httpx
 import orjson
+import pytest
 
+from app.broker.state import BrokerState
+from app.errors import RoleDisabled
 from app.factory import create_app
 from app.localstack.stack import LocalStack
+from app.settings import Settings
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import make_settings
 
@@ -71,3 +75,22 @@ async def test_a_broker_without_the_write_role_refuses_every_entry(stack: LocalS
         assert r.content == orjson.dumps({
             "results": [_failed(topic, WRITE, maybe_written=False)],
             "success_count": 0, "error_count": 1})
+
+
+@pytest.mark.parametrize(("ask", "message"), [
+    (BrokerState.consume_service, READ), (BrokerState.log_reader, READ),
+    (BrokerState.group_service, GROUPS), (BrokerState.topic_admin, ADMIN),
+    (BrokerState.write_topics, WRITE),
+])
+def test_a_service_the_broker_lacks_refuses_when_asked_for(ask: Any, message: str) -> None:
+    """Not started, a broker has none of its roles' services: each refuses, by name."""
+    state = BrokerState.create(Settings(broker_id="roles"))
+    with pytest.raises(RoleDisabled) as refused:
+        ask(state)
+    assert str(refused.value) == message
+
+
+async def test_appending_without_the_write_role_is_refused() -> None:
+    state = BrokerState.create(Settings(broker_id="roles"))
+    with pytest.raises(RoleDisabled, match=WRITE):
+        await state.append([])

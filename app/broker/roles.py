@@ -1,9 +1,10 @@
 """The services of a role this broker process does not have refuse when called.
 
 A broker runs the roles LLOG_ROLES names; the services of the others are never built.
-Asking :class:`~app.broker.state.BrokerState` for one of those (its ``*_service``-style
-accessors) raises :class:`~app.errors.RoleDisabled` with the refusal below, as a closed
-stream raises its own error when used: no handler checks for a missing service, and the
+Asking :class:`~app.broker.state.BrokerState` for one of those (``consume_service``,
+``log_reader``, ``group_service``, ``topic_admin``, ``write_topics``, or appending)
+raises :class:`~app.errors.RoleDisabled` with the refusal below, as a closed stream
+raises its own error when used: no handler checks for a missing service, and the
 refusal of each role is written once.
 """
 
