@@ -120,34 +120,33 @@ class ConsumeCall:
         try:
             service = self.state.consume_service()
         except RoleDisabled as exc:  # every partition answers the refusal
-            return await self._answer(None, exc)
+            await self._positions()
+            return await self._answered([exc] * len(self.fetches), None)
         hold = service.answer(BINARY_FACTOR if self.binary else JSON_FACTOR)
         try:
-            return await self._answer((service, hold), None)
+            await self._positions()
+            outcomes = await self._read(service, hold)
+            if outcomes is None:  # the client went away; nobody reads this answer
+                hold.release()
+                return None
+            return await self._answered(outcomes, hold)
         except BaseException:
             hold.release()
             raise
 
-    async def _answer(self, reading: tuple[BudgetedConsumeService, AnswerHold] | None,
-                      disabled: RoleDisabled | None) -> ConsumeAnswer | None:
+    async def _positions(self) -> None:
+        """The request as fetches within the limits, each at the offset it names."""
         self.fetches = self._checked()
         await self._resolve_named()
         await self._resolve_committed()
-        outcomes: Outcomes
-        if reading is None:
-            assert disabled is not None
-            outcomes = [disabled] * len(self.fetches)
-        else:
-            read = await self._read(*reading)
-            if read is None:  # the client went away; nobody reads this answer
-                reading[1].release()
-                return None
-            outcomes = read
+
+    async def _answered(self, outcomes: Outcomes, hold: AnswerHold | None) -> ConsumeAnswer:
+        """What was delivered committed (when asked), the outcomes counted, the answer
+        encoded."""
         committed = await self._commit_delivered(outcomes) if self.ask.commit else {}
         outcomes = [_unless_refused(o, committed.get(i)) for i, o in enumerate(outcomes)]
         self._count(outcomes)
-        return await self._encoded(outcomes, committed,
-                                   None if reading is None else reading[1])
+        return await self._encoded(outcomes, committed, hold)
 
     def _checked(self) -> list[Fetch]:
         """The request as fetches, within the configured limits (400/413 otherwise)."""
