@@ -161,8 +161,8 @@ async def commit_offsets(group: PathGroup, body: CommitRequest, request: Request
         raise PayloadTooLarge(f"{len(body.offsets)} partitions in one request; the limit is "
                               f"{state.settings.max_partitions_per_request}")
     offsets = [(TopicPartition(e.topic, e.partition), e.offset) for e in body.offsets]
-    done = await state.group_service().offsets.commit(group, body.member_id, body.generation,
-                                                offsets)
+    done = await state.group_service().offsets.commit(group, body.member_id,
+                                                      body.generation, offsets)
     return _results([(tp, o) for (tp, _), o in zip(offsets, done, strict=True)])
 
 

@@ -100,8 +100,8 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
     if "compression" in changes:
         changes["compression_level"] = body.compression_level  # the two go together
     try:
-        updated = await state.topic_admin().catalog.update(topic, partitions=body.partitions,
-                                                     config=changes)
+        updated = await state.topic_admin().catalog.update(
+            topic, partitions=body.partitions, config=changes)
     except InvalidRequest as exc:
         # The body's model checked its shape and bounds: what the catalog refuses
         # still is a count below the topic's own, a conflict with the topic as it
