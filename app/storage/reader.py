@@ -2,25 +2,27 @@
 
 A read is planned, fetched and assembled:
 
-1. **Plan** (Oxia only): read ``meta/control``, then walk the index from the offset in
-   pages (``range_scan`` over windows of offsets, app/storage/index_windows.py),
-   skipping strays (WAL entries left inside a compacted range, docs/protocol.md), until
-   the byte budget is planned (a partition behind ones that fill the call's total stops
-   at its first page); the tail may be the ``pending`` append. Each span becomes a
-   *unit* of bytes to fetch: a WAL slice, a run of chunks of a compacted blob (its
-   chunk table says where records start), or, for a blob without one, the whole object.
-   The budget is planned by bytes, so a catch-up read through compacted data fetches
-   about what it returns.
-2. **Fetch** (S3 only): at most ``fetch_concurrency`` downloads per call and
-   ``max_concurrent_fetches`` per process; a shared WAL blob is read whole once for all
-   the partitions that want its slices and kept (app/storage/wal_objects.py), else slices
-   of one blob wanted by several partitions share one ranged GET when that is not
-   wasteful; whole objects and chunks are kept verified and decoded in a byte-bounded
-   :class:`ObjectCache`. After an answer that stopped in the WAL, the objects of the
-   next one are read ahead, as the chunks after one that stopped in a compacted blob.
-3. **Assemble**: records from the offset within each request's budgets and the call's
-   total budget, in request order. The first record of the whole answer is returned
-   even if it alone exceeds the budget, so a reader is never stuck.
+1. **Plan** (Oxia only; app/storage/index_walk.py, app/storage/read_plan.py): read
+   ``meta/control``, then walk the index from the offset in pages (``range_scan`` over
+   windows of offsets, app/storage/index_windows.py), skipping strays (WAL entries left
+   inside a compacted range, docs/protocol.md), until the byte budget is planned (a
+   partition behind ones that fill the call's total stops at its first page); the tail
+   may be the ``pending`` append. Each span becomes a *unit* of bytes to fetch: a WAL
+   slice, a run of chunks of a compacted blob (its chunk table says where records
+   start), or, for a blob without one, the whole object. The budget is planned by bytes,
+   so a catch-up read through compacted data fetches about what it returns.
+2. **Fetch** (S3 only; app/storage/span_fetch.py): at most ``fetch_concurrency``
+   downloads per call and ``max_concurrent_fetches`` per process; a shared WAL blob is
+   read whole once for all the partitions that want its slices and kept
+   (app/storage/wal_objects.py), else slices of one blob wanted by several partitions
+   share one ranged GET when that is not wasteful; whole objects and chunks are kept
+   verified and decoded in a byte-bounded :class:`ObjectCache`. After an answer that
+   stopped in the WAL, the objects of the next one are read ahead, as the chunks after
+   one that stopped in a compacted blob.
+3. **Assemble** (app/storage/read_assembly.py): records from the offset within each
+   request's budgets and the call's total budget, in request order. The first record of
+   the whole answer is returned even if it alone exceeds the budget, so a reader is
+   never stuck.
 
 A partition whose read meets a missing object or a gap is planned once more from fresh
 metadata, skipping WAL entries below the compaction cursor (strays whose blob vacuum may
