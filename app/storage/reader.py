@@ -203,7 +203,8 @@ class LogReader:
         always, so an entry seen here (a stray, one compacted since) costs at most a
         download; that read waits for an object under way rather than fetch it again."""
         control, page = await self._look_up(tp, offset)
-        spans = [span for record in page or () if (span := self._index.span_of(tp, record))]
+        spans = [span for record in page or ()
+                 if (span := self._index.span_of(tp, record)) is not None]
         keys = self._fetcher.wal_objects_from(spans, offset, budget)
         if keys:
             self._fetcher.read_objects_ahead(f"{tp}@{offset}", keys)
