@@ -37,7 +37,7 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     """The broker app. ``drain_on_sigterm``: the first SIGTERM drains before the server
     stops (app/drain.py); set where uvicorn serves it, not for apps run in tests."""
     state = BrokerState.create(settings)
-    control = AccessControl(settings, state.registry) if settings.auth_enabled else None
+    control = AccessControl(settings.access, state.registry) if settings.auth_enabled else None
     state.registry.register(announce(settings))
 
     @contextlib.asynccontextmanager

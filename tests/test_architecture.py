@@ -1,5 +1,6 @@
 """Rules of the code's shape, checked on every run: packages import each other without
-cycles (docs/architecture.md draws the graph), and functions stay short."""
+cycles (docs/architecture.md draws the graph), functions stay short, and the HTTP edge
+(app/routes/) holds adapters, models and OpenAPI pieces, the work being the broker's."""
 
 from __future__ import annotations
 
@@ -13,6 +14,12 @@ CLIENT = ROOT / "clients/python/src/llog_client"
 MAX_FUNCTION_LINES = 60
 # A longer function says why in its docstring with this phrase.
 LONG_BECAUSE = "long because"
+# What of the storage engine a route module may name: the vocabulary its models and
+# parsers share with the engine (keys, names, records, batches, topic settings, append
+# outcomes), never what reads, writes or caches.
+ROUTE_STORAGE_MODULES = {"keys", "names", "log_record", "batch", "compression", "topics",
+                         "appends"}
+MODEL_MODULES = {"models.py", "group_models.py"}
 
 
 def _package_imports() -> dict[str, set[str]]:
@@ -121,3 +128,52 @@ def test_functions_are_short_or_say_why() -> None:
                     long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} "
                                 f"({lines} lines)")
     assert not long, "functions over 60 lines without a reason:\n" + "\n".join(long)
+
+
+def _route_modules() -> list[tuple[str, ast.Module]]:
+    found = [(path.name, ast.parse(path.read_text()))
+             for path in sorted((ROOT / "app/routes").glob("*.py"))]
+    assert len(found) > 10, "the route modules moved?"
+    return found
+
+
+def test_routes_reach_the_engine_through_the_broker() -> None:
+    """A route adapts a request to a broker service and its outcome to a response: it
+    imports no storage module that reads, writes or caches, nor the tail cache."""
+    found: list[str] = []
+    for name, tree in _route_modules():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom) or not node.module:
+                continue
+            modules = ([node.module] if node.module != "app.storage"
+                       else [f"app.storage.{a.name}" for a in node.names])
+            for module in modules:
+                parts = module.split(".")
+                if parts[:2] == ["app", "tailcache"] or (
+                        parts[:2] == ["app", "storage"]
+                        and parts[2] not in ROUTE_STORAGE_MODULES):
+                    found.append(f"{name}: {module}")
+    assert not found, "route modules import the engine:\n" + "\n".join(found)
+
+
+def test_routes_import_no_private_name_of_another_module() -> None:
+    """What two ways in share lives in one module that says so (app/broker/answers.py,
+    say), not in one route borrowed by another. (The model modules are one document
+    in two files: group_models.py builds on models.py's private bases.)"""
+    found = [f"{name}: {node.module}.{a.name}"
+             for name, tree in _route_modules() for node in ast.walk(tree)
+             if isinstance(node, ast.ImportFrom) and node.module
+             and not (name in MODEL_MODULES and node.module == "app.routes.models")
+             for a in node.names if a.name.startswith("_")]
+    assert not found, "private names imported across modules:\n" + "\n".join(found)
+
+
+def test_no_route_refuses_a_role_itself() -> None:
+    """A role the broker lacks is refused by its service (app/broker/roles.py), with
+    one message per role, not by handlers checking for a missing service."""
+    found = [f"{name}:{node.lineno}"
+             for name, tree in _route_modules() for node in ast.walk(tree)
+             if isinstance(node, ast.Call) and (
+                 getattr(node.func, "id", None) == "RoleDisabled"
+                 or getattr(node.func, "attr", None) == "RoleDisabled")]
+    assert not found, "routes that build RoleDisabled: " + ", ".join(found)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.routes.consume import _text
+from app.broker.answers import text as _text
 
 
 @pytest.mark.parametrize(("value", "text"), [

@@ -45,16 +45,8 @@ from app.errors import LlogError
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.own_writes import OwnWrites
 from app.storage.plan_ahead import PlanAhead
-from app.storage.reader import (
-    LogReader,
-    ReadOutcome,
-    ReadRequest,
-    ReadResult,
-    _min,
-    _Plan,
-    _SpanFetch,
-    _trim_to_total,
-)
+from app.storage.read_plan import ReadPlan, SpanFetch, min_budget, trim_to_total
+from app.storage.reader import LogReader, ReadOutcome, ReadRequest, ReadResult
 from app.storage.records import Control, IndexEntry
 from app.storage.spans import Span
 from app.tailcache import MemoryTailCache
@@ -108,15 +100,15 @@ class ModelReader(LogReader):
         self.run_ahead_in(group)  # type: ignore[arg-type]
 
     async def _plan_all(self, requests: Sequence[ReadRequest], max_bytes: int | None,
-                        skip_strays: bool) -> list[_Plan | LlogError]:
-        plans: list[_Plan | LlogError] = []
+                        skip_strays: bool) -> list[ReadPlan | LlogError]:
+        plans: list[ReadPlan | LlogError] = []
         for request in requests:
             try:
-                plans.append(await self._plan(request, _min(request.max_bytes, max_bytes),
+                plans.append(await self._plan(request, min_budget(request.max_bytes, max_bytes),
                                               skip_strays))
             except LlogError as exc:
                 plans.append(exc)
-        _trim_to_total(plans, max_bytes)
+        trim_to_total(plans, max_bytes)
         return plans
 
     async def _look_up(self, tp: TopicPartition, offset: int) -> Any:
@@ -132,7 +124,7 @@ class ModelReader(LogReader):
                                    byte_length=len(self.log.records[o])))
                 for o in range(offset, control.sequence_counter + 1)]
 
-    async def _fetch(self, units: list[_SpanFetch]) -> None:
+    async def _fetch(self, units: list[SpanFetch]) -> None:
         await Gate("fetches the records")
         for unit in units:
             unit.records = [self.log.records[unit.span.end]]

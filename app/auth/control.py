@@ -26,7 +26,7 @@ from app.auth.reload import AuthFileWatch
 from app.auth.rights import Right
 from app.auth.tickets import MAX_REDEEMED, StreamTickets, Ticket
 from app.errors import Forbidden, Unauthenticated
-from app.settings import Settings
+from app.settings import AuthSettings
 
 # A refusal names at most this many of the names it refuses.
 _SHOWN_NAMES = 10
@@ -45,24 +45,24 @@ class Principal:
 
 
 class AccessControl:
-    def __init__(self, settings: Settings, registry: CollectorRegistry,
+    def __init__(self, auth: AuthSettings, registry: CollectorRegistry,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        assert settings.auth_file is not None
-        self.settings = settings
+        assert auth.auth_file is not None
+        self.settings = auth
         self.metrics = AuthMetrics(registry)
-        self.quotas = QuotaBook(settings.auth_max_tracked_principals, clock)
-        self.jwt = JwtVerifier(settings, clock) if settings.jwt_enabled else None
-        self._labels = PrincipalLabels(settings.auth_metrics_max_principals)
+        self.quotas = QuotaBook(auth.auth_max_tracked_principals, clock)
+        self.jwt = JwtVerifier(auth, clock) if auth.jwt_enabled else None
+        self._labels = PrincipalLabels(auth.auth_metrics_max_principals)
         self._config: AuthConfig | None = None
         # Bumped by every load of the auth file; long-lived requests wait on ``changed``
         # to re-check their principal instead of polling.
         self.generation = 0
         self._changed = anyio.Event()
-        secret = (settings.stream_ticket_secret.get_secret_value().encode()
-                  if settings.stream_ticket_secret is not None else secrets.token_bytes(32))
-        self.tickets = StreamTickets(secret, settings.stream_ticket_ttl_s, MAX_REDEEMED)
-        self.watch = AuthFileWatch(settings.auth_file, settings.auth_reload_interval_s,
-                                   settings.auth_file_max_bytes, self._apply, self._loaded)
+        secret = (auth.stream_ticket_secret.get_secret_value().encode()
+                  if auth.stream_ticket_secret is not None else secrets.token_bytes(32))
+        self.tickets = StreamTickets(secret, auth.stream_ticket_ttl_s, MAX_REDEEMED)
+        self.watch = AuthFileWatch(auth.auth_file, auth.auth_reload_interval_s,
+                                   auth.auth_file_max_bytes, self._apply, self._loaded)
 
     def _apply(self, config: AuthConfig) -> None:
         self._config = config

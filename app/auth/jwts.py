@@ -24,7 +24,7 @@ from jwt import PyJWK
 
 from app.auth.jwks import JwksError, fetch_document, signing_keys
 from app.errors import Unauthenticated, Unavailable
-from app.settings import Settings
+from app.settings import AuthSettings
 
 log = logging.getLogger(__name__)
 MAX_PRINCIPAL_CHARS = 256
@@ -41,14 +41,14 @@ _DESCRIPTIONS: tuple[tuple[type[jwt.PyJWTError], str], ...] = (
 
 
 class JwtVerifier:
-    def __init__(self, settings: Settings, clock: Callable[[], float] = time.monotonic
+    def __init__(self, auth: AuthSettings, clock: Callable[[], float] = time.monotonic
                  ) -> None:
-        self._s = settings
+        self._s = auth
         self._clock = clock
         self._keys: dict[str | None, PyJWK] = {}
         self._fetched_at: float | None = None
         self._lock = anyio.Lock()
-        self._require = sorted({"exp", "iss", "aud", settings.auth_jwt_principal_claim})
+        self._require = sorted({"exp", "iss", "aud", auth.auth_jwt_principal_claim})
 
     async def refresh(self) -> None:
         """Fetch the key set; on failure keep the keys held and raise JwksError."""

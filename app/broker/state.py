@@ -25,6 +25,7 @@ import anyio.abc
 
 from app.batching.batcher import Batcher
 from app.batching.metrics import BatcherMetrics
+from app.broker import roles
 from app.broker.answer_budget import AnswerBudget
 from app.broker.answering import BudgetedConsumeService
 from app.broker.metrics import (
@@ -48,7 +49,7 @@ from app.cluster.membership import Membership
 from app.cluster.router import AffinityRouter, RouterMetrics
 from app.cluster.slots import member_id, take_slot
 from app.compaction.service import run_in_broker
-from app.errors import InvalidRequest, LlogError, RoleDisabled
+from app.errors import InvalidRequest, LlogError
 from app.groups.service import GroupService
 from app.observability import (
     READY,
@@ -64,7 +65,7 @@ from app.observability import (
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.identity import store_identity
-from app.storage.keys import KeyLayout
+from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
@@ -147,9 +148,38 @@ class BrokerState:
         cluster member, else into this worker's batcher."""
         if self.router is not None:
             return await self.router.submit(groups)
-        if self.batcher is None:
-            raise RoleDisabled("this broker does not have the write role")
-        return await self.batcher.submit(groups)
+        return await roles.required(self.batcher, roles.WRITE).submit(groups)
+
+    # The services of the roles: each raises RoleDisabled on a broker without its role
+    # (app/broker/roles.py), so a handler never checks for one that is missing.
+
+    def consume_service(self) -> BudgetedConsumeService:
+        return roles.required(self.consume, roles.READ)
+
+    def log_reader(self) -> LogReader:
+        return roles.required(self.reader, roles.READ)
+
+    def group_service(self) -> GroupService:
+        return roles.required(self.groups, roles.GROUPS)
+
+    def topic_admin(self) -> TopicAdmin:
+        return roles.required(self.admin, roles.ADMIN)
+
+    def write_topics(self) -> TopicDirectory:
+        """The topics produce places its entries in; RoleDisabled without the write
+        role (a batcher to append through)."""
+        roles.required(self.batcher, roles.WRITE)
+        return roles.required(self.topics, roles.WRITE)
+
+    async def forget_topic(self, topic: str, partitions: int = 0) -> None:
+        """Forget what this process caches of a topic that changed: its entry in the
+        topic directory, and the tail cache of its first ``partitions`` partitions (a
+        deleted topic's)."""
+        if self.topics is not None:
+            self.topics.forget(topic)
+        if self.cache is not None and partitions:
+            # Dropping a partition may remove files (a shared cache): in a worker thread.
+            await anyio.to_thread.run_sync(_drop_cached, self.cache, topic, partitions)
 
     def set_forward_address(self, address: str) -> None:
         """This worker's forward listener listens at ``address`` ("host:port"): the
@@ -211,14 +241,20 @@ class BrokerState:
             self.registry.register(SnapshotMetrics(prefix, source, figures))
 
 
+def _drop_cached(cache: TailCache, topic: str, partitions: int) -> None:
+    for p in range(partitions):
+        cache.drop(TopicPartition(topic, p))
+
+
 @contextlib.asynccontextmanager
 async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
     """Start clients and background loops; on exit flush, answer every waiter, close."""
     s = state.settings
     layout = KeyLayout(s.root_prefix, s.s3_bucket)
     async with contextlib.AsyncExitStack() as stack:
-        oxia = await stack.enter_async_context(OxiaStore(s, state.store_metrics))
-        s3 = await stack.enter_async_context(S3Store(s, state.store_metrics))
+        oxia = await stack.enter_async_context(
+            OxiaStore(s.oxia, state.store_metrics, identity=s.broker_id))
+        s3 = await stack.enter_async_context(S3Store(s.s3, state.store_metrics))
         store_id = store_id_of(s.s3_bucket, s.root_prefix, await store_identity(oxia, layout))
         state.cache = open_tail_cache(s.tail_cache_dir, s.tail_cache_max_bytes,
                                       store_id=store_id,
@@ -229,7 +265,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
             auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s,
             max_partitions=s.max_topic_partitions,
             default_config=default_topic_config(s.topic_default_compression))
-        state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s)
+        state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s.writer)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
                 await _start_batcher(state, writers)
@@ -302,7 +338,8 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         found = await topics.topic(topic)
         return 0 if found is None else found.partitions
 
-    state.groups = GroupService(oxia, layout, state.reader, s, partitions_of)
+    state.groups = GroupService(oxia, layout, state.reader, s.consumer_groups, partitions_of,
+                                broker_id=s.broker_id)
     state.consume = BudgetedConsumeService(
         state.reader, state.cache, state.watch, state.consume_metrics,
         max_long_polls=s.max_concurrent_long_polls, max_streams=s.max_concurrent_streams,

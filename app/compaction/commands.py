@@ -54,8 +54,10 @@ async def compact_partition(settings: Settings, tp: TopicPartition, *, claim: bo
     """One ``compact_once`` of ``tp`` under its claim; None if the claim is held."""
     metrics = StoreMetrics()
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
-    async with OxiaStore(settings, metrics) as oxia, S3Store(settings, metrics) as s3:
-        compactor = Compactor(oxia, s3, layout, CompactionConfig.from_settings(settings))
+    async with OxiaStore(settings.oxia, metrics, identity=settings.broker_id) as oxia, \
+            S3Store(settings.s3, metrics) as s3:
+        compactor = Compactor(oxia, s3, layout, CompactionConfig.from_settings(
+            settings.compaction))
         if not claim:
             return await compactor.compact_once(tp)
         async with Claims(oxia, layout, settings.broker_id).held(tp) as mine:

@@ -3,7 +3,11 @@
 A run rewrites the contiguous run of WAL entries that starts at the compaction cursor into
 one compacted blob, swaps the run's end key for a COMPACTED entry, deletes the other keys
 and advances the cursor. ``meta/compaction`` records how far it got, so any process can
-finish a run that another one abandoned (see :meth:`Compactor._drive`).
+finish a run that another one abandoned (see :meth:`RunSteps.drive`).
+
+The parts: the cursor and ``meta/compaction`` (app/compaction/progress.py), which entries
+make a run (app/compaction/selection.py), the blob (app/compaction/assemble.py) and the
+steps after the intent is recorded (app/compaction/run_steps.py).
 
 Safety beyond the protocol text, because claims are advisory and requests can be slow:
 
@@ -24,56 +28,42 @@ Safety beyond the protocol text, because claims are advisory and requests can be
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import inspect
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 import anyio
 
-from app.compaction.assemble import build_compacted_body
+from app.compaction.assemble import CompactedBody, build_compacted_body
 from app.compaction.metrics import CompactionMetrics
+from app.compaction.outcome import Action, CompactionOutcome
+from app.compaction.progress import MAX_CAS_ATTEMPTS, CompactionProgress, CursorRead
 from app.compaction.recompress import compaction_compression, compress_chunks, topic_compression
+from app.compaction.run_steps import STEPS, RunSteps, StepHook, timed
+from app.compaction.selection import select_run
 from app.errors import CorruptData, LlogError, LogGap, VersionMismatch
-from app.settings import Settings
+from app.settings import CompactionSettings
 from app.storage import codec
-from app.storage.cas import Done, Retry, cas_loop
 from app.storage.chunks import DEFAULT_CHUNK_BYTES
 from app.storage.compression import Codec
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import materialise_pending
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.records import (
-    Compaction,
-    CompactionCursor,
-    CompactionState,
-    Control,
-    IndexEntry,
-    now_ms,
-)
+from app.storage.records import Compaction, Control, now_ms
 from app.storage.retention import trim_index
 from app.storage.s3 import S3Store
-from app.storage.spans import Span, index_span
+from app.storage.spans import Span
 
-Action = Literal["compacted", "resumed", "advanced_cursor", "abandoned", "nothing_to_do",
-                 "raced", "trimmed"]
-StepHook = Callable[[str], object]
-"""Test hook called between protocol steps; it may raise, kill the process, or return an
-awaitable (awaited before the next step) to pause the compactor there."""
-
-STEPS = (
-    "after_compacted_put",          # blob written, no Oxia change yet
-    "after_compaction_record",      # meta/compaction created (WRITING_COMPACTED_INDEX)
-    "after_index_overwrite",        # end key COMPACTED, state still WRITING_COMPACTED_INDEX
-    "after_state_deleting_old",     # state DELETING_OLD, old keys still there
-    "after_delete_range",           # old keys gone, state still DELETING_OLD
-    "after_state_updating_cursor",  # state UPDATING_CURSOR, cursor not moved
-    "after_cursor_put",             # cursor moved, meta/compaction still there
-)
-_MAX_CAS_ATTEMPTS = 16
+__all__ = [
+    "STEPS",
+    "Action",
+    "CompactionConfig",
+    "CompactionOutcome",
+    "Compactor",
+    "StepHook",
+]
 
 
 @dataclass(frozen=True)
@@ -89,7 +79,7 @@ class CompactionConfig:
     zstd_level: int | None = None  # None: the topic's level + 3 (app/compaction/recompress.py)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> CompactionConfig:
+    def from_settings(cls, settings: CompactionSettings) -> CompactionConfig:
         return cls(
             max_bytes=settings.compaction_max_bytes,
             max_entries=settings.compaction_max_entries,
@@ -102,58 +92,12 @@ class CompactionConfig:
         )
 
 
-@dataclass(frozen=True)
-class CompactionOutcome:
-    """What one ``compact_once`` call did.
-
-    ``action``: ``compacted`` (a new range), ``resumed`` (finished an interrupted run found
-    in ``resumed_from``), ``advanced_cursor`` (the entry at the cursor was already
-    compacted), ``abandoned`` (dropped a stale ``meta/compaction`` that had changed
-    nothing, or a blob that grew too old to reference), ``trimmed`` (index entries below
-    the log start let go, see app/storage/retention.py), ``nothing_to_do`` (see
-    ``reason``) or ``raced`` (another compactor changed the partition under this one;
-    nothing was changed by this call's later steps).
-    """
-
-    tp: TopicPartition
-    action: Action
-    start_offset: int | None = None
-    end_offset: int | None = None
-    records: int = 0
-    bytes: int = 0
-    entries: int = 0
-    data_key: str | None = None
-    resumed_from: CompactionState | None = None
-    reason: str | None = None
-    materialised_pending: bool = False
-    cursor: int | None = None
-    high_watermark: int | None = None
-
-    @property
-    def did_work(self) -> bool:
-        """True if the partition changed, so another call may find more to do."""
-        return self.action in ("compacted", "resumed", "advanced_cursor", "abandoned",
-                               "trimmed")
-
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["tp"] = str(self.tp)
-        return out
-
-
-@dataclass
-class _Cursor:
-    offset: int
-    version: int | None  # None: the record does not exist (treated as offset 1)
-    record: CompactionCursor = field(default_factory=CompactionCursor)
-
-
-class _Stale(Exception):
-    """The in-flight record was dropped as stale (internal)."""
-
-
 class Compactor:
-    """Compacts one partition per call; safe to run from any number of processes."""
+    """Compacts one partition per call; safe to run from any number of processes.
+
+    It finishes a run in flight, or materialises, trims, selects a run, writes its blob
+    and records the intent; :class:`RunSteps` takes the run from there.
+    """
 
     def __init__(
         self,
@@ -171,8 +115,10 @@ class Compactor:
         self._layout = layout
         self._config = config
         self._metrics = metrics
-        self._crash_hook = crash_hook
         self._clock = clock
+        self._progress = CompactionProgress(oxia, layout)
+        self._steps = RunSteps(oxia, layout, self._progress, metrics=metrics,
+                               step_hook=crash_hook)
 
     @property
     def config(self) -> CompactionConfig:
@@ -198,12 +144,12 @@ class Compactor:
 
     async def _compact_once(self, tp: TopicPartition) -> CompactionOutcome:
         # 1. An interrupted run is finished first, whoever started it.
-        found = await self._read_compaction(tp)
+        found = await self._progress.in_flight(tp)
         if found is not None:
             record, version = found
             if self._metrics is not None:
                 self._metrics.recoveries.labels(record.state).inc()
-            return await self._drive(tp, record, version, resumed_from=record.state)
+            return await self._steps.drive(tp, record, version, resumed_from=record.state)
         # 2. Materialise the pending append, so the index holds every committed offset;
         # then let go of what retention moved below the log start.
         with self._stage("materialise"):
@@ -216,8 +162,8 @@ class Compactor:
                                              cursor=None, high_watermark=hw)
         # 3. Select the run at the cursor.
         with self._stage("select"):
-            cursor = await self._read_cursor(tp)
-            scanned = await self._scan(tp, cursor.offset, self._config.max_entries)
+            cursor = await self._progress.cursor(tp)
+            scanned = await self._progress.scan(tp, cursor.offset, self._config.max_entries)
         base = CompactionOutcome(tp, "nothing_to_do", materialised_pending=materialised,
                                  cursor=cursor.offset, high_watermark=hw)
         if not scanned:
@@ -239,19 +185,8 @@ class Compactor:
         """Steps 4 and 5: write the blob, record the intent, then drive steps 6-8."""
         started = self._clock()
         with self._stage("read_write_blob"):
-            merged = await build_compacted_body(
-                self._s3, self._layout, run, concurrency=self._config.fetch_concurrency,
-                chunk_bytes=self._config.chunk_bytes, encoding=self._config.encoding)
-            compression = compaction_compression(
-                await topic_compression(self._oxia, self._layout, tp.topic),
-                self._config.zstd_level)
-            # zstd releases the GIL: a large object compresses off the event loop.
-            merged = await anyio.to_thread.run_sync(compress_chunks, merged, compression)
-            object_key = self._layout.compacted_object(tp, uuid.uuid4().hex)
-            await self._s3.put(object_key, merged.body)
-            self._s3.metrics.count_stored("chunk", merged.raw_length or len(merged.body),
-                                          len(merged.body))
-        await self._step("after_compacted_put")
+            merged, object_key = await self._write_blob(tp, run)
+        await self._steps.step("after_compacted_put")
         start, end = run[0].start, run[-1].end
         if merged.msg_count != end - start + 1:
             raise CorruptData(f"{tp}: run [{start}, {end}] holds {merged.msg_count} records")
@@ -279,175 +214,52 @@ class Compactor:
         except VersionMismatch:
             return dataclasses.replace(base, action="raced",
                                        reason="another compaction started meanwhile")
-        await self._step("after_compaction_record")
-        outcome = await self._drive(tp, record, version, resumed_from=None)
+        await self._steps.step("after_compaction_record")
+        outcome = await self._steps.drive(tp, record, version, resumed_from=None)
         return dataclasses.replace(outcome, materialised_pending=base.materialised_pending,
                                    high_watermark=base.high_watermark)
 
-    async def _drive(self, tp: TopicPartition, record: Compaction, version: int, *,
-                     resumed_from: CompactionState | None) -> CompactionOutcome:
-        """Steps 6-8 from ``record.state`` on; every step may be repeated by anyone.
-
-        A version conflict means another compactor moved the record on (or finished
-        the run): the next attempt follows what the record says now.
-        """
-        action: Action = "resumed" if resumed_from is not None else "compacted"
-        done = CompactionOutcome(
-            tp, action, record.start_offset, record.end_offset, record.msg_count,
-            _int(record.extra.get("bytes")), _int(record.extra.get("entries")),
-            record.data_key, resumed_from, cursor=record.end_offset + 1,
-        )
-        current = [(record, version)]
-
-        async def attempt(_: int) -> Done[CompactionOutcome] | Retry:
-            try:
-                await self._run_steps(tp, *current[0])
-                return Done(done)
-            except _Stale:
-                cursor = await self._read_cursor(tp)
-                return Done(dataclasses.replace(
-                    done, action="raced" if resumed_from is None else "abandoned",
-                    records=0, bytes=0, entries=0, cursor=cursor.offset,
-                    reason="the run did not start at the compaction cursor (stale selection)"))
-            except VersionMismatch:
-                followed = await self._follow(tp, current[0][0], done)
-                if isinstance(followed, CompactionOutcome):
-                    return Done(followed)
-                current[0] = followed
-                return Retry("conflict")
-
-        return await cas_loop(attempt, attempts=_MAX_CAS_ATTEMPTS,
-                              what=f"{tp}: meta/compaction kept changing under this compactor")
-
-    async def _run_steps(self, tp: TopicPartition, record: Compaction, version: int) -> None:
-        """Advance the run from its recorded state to the end (raises VersionMismatch)."""
-        if record.state == "WRITING_COMPACTED_INDEX":
-            with self._stage("swap_end_key"):
-                await self._swap_end_key(tp, record, version)
-            await self._step("after_index_overwrite")
-            record, version = await self._advance_state(tp, record, version, "DELETING_OLD")
-            await self._step("after_state_deleting_old")
-        if record.state == "DELETING_OLD":
-            with self._stage("delete_old"):
-                await self._oxia.delete_range(
-                    self._layout.index(tp, record.start_offset),
-                    self._layout.index(tp, record.end_offset), tp.partition_key)
-            await self._step("after_delete_range")
-            record, version = await self._advance_state(tp, record, version, "UPDATING_CURSOR")
-            await self._step("after_state_updating_cursor")
-        with self._stage("advance_cursor"):
-            await self._advance_cursor(tp, record.end_offset + 1)
-        await self._step("after_cursor_put")
-        # A mismatch means a concurrent resumer finished this run and a new run has
-        # started since: that record is not ours to delete.
-        with contextlib.suppress(VersionMismatch):
-            await self._oxia.delete(self._layout.compaction(tp), tp.partition_key,
-                                    expected_version=version)
-
-    async def _follow(self, tp: TopicPartition, record: Compaction,
-                      done: CompactionOutcome) -> tuple[Compaction, int] | CompactionOutcome:
-        """After a conflict: the run's record as it is now, or how the run ended."""
-        found = await self._read_compaction(tp)
-        if found is not None and found[0].compaction_id == record.compaction_id:
-            return found
-        cursor = await self._read_cursor(tp)
-        if cursor.offset > record.end_offset:
-            return dataclasses.replace(done, cursor=cursor.offset,
-                                       reason="finished by another compactor")
-        return dataclasses.replace(done, action="raced", records=0, bytes=0, entries=0,
-                                   cursor=cursor.offset, reason="dropped by another compactor")
-
-    async def _swap_end_key(self, tp: TopicPartition, record: Compaction, version: int) -> None:
-        """Step 6: the end key becomes the COMPACTED entry (unless it already is)."""
-        cursor = await self._read_cursor(tp)
-        if cursor.offset != record.start_offset:
-            # Not a run that ever started at the cursor: it has changed nothing yet, so
-            # dropping it is safe. (A VersionMismatch here goes back to _drive.)
-            await self._oxia.delete(self._layout.compaction(tp), tp.partition_key,
-                                    expected_version=version)
-            raise _Stale()
-        key = self._layout.index(tp, record.end_offset)
-        compacted = record.compacted_entry()
-
-        async def attempt(_: int) -> Done[None] | Retry:
-            found = await self._oxia.get(key, tp.partition_key)
-            if found is None:
-                raise CorruptData(f"{tp}: {key} is missing while meta/compaction "
-                                  f"[{record.start_offset}, {record.end_offset}] is in flight")
-            entry = IndexEntry.from_json(found.value)
-            if entry.type == "COMPACTED" and entry.data_key == record.data_key:
-                return Done(None)  # done before a crash, or by a concurrent resumer
-            start = record.end_offset - entry.msg_count + 1
-            if entry.type != "WAL" or start != record.tail_entry_start_offset:
-                raise CorruptData(
-                    f"{tp}: {key} holds a {entry.type} entry starting at {start}, not the WAL "
-                    f"entry starting at {record.tail_entry_start_offset} that compaction "
-                    f"{record.compaction_id} selected")
-            try:
-                await self._oxia.put(key, compacted.to_json(), tp.partition_key,
-                                     expected_version=found.version_id)
-            except VersionMismatch:
-                return Retry("conflict")  # most likely a concurrent resumer swapped it
-            return Done(None)
-
-        await cas_loop(attempt, attempts=_MAX_CAS_ATTEMPTS,
-                       what=f"{tp}: {key} kept changing during compaction")
-
-    async def _advance_state(self, tp: TopicPartition, record: Compaction, version: int,
-                             state: CompactionState) -> tuple[Compaction, int]:
-        updated = dataclasses.replace(record, state=state, extra=dict(record.extra))
-        with self._stage("record_state"):
-            new_version = await self._oxia.put(
-                self._layout.compaction(tp), updated.to_json(), tp.partition_key,
-                expected_version=version,
-            )
-        return updated, new_version
+    async def _write_blob(self, tp: TopicPartition, run: list[Span]
+                          ) -> tuple[CompactedBody, str]:
+        """The run's records as one compacted blob (compressed as the topic says),
+        written to S3: the merged body and its key."""
+        merged = await build_compacted_body(
+            self._s3, self._layout, run, concurrency=self._config.fetch_concurrency,
+            chunk_bytes=self._config.chunk_bytes, encoding=self._config.encoding)
+        compression = compaction_compression(
+            await topic_compression(self._oxia, self._layout, tp.topic),
+            self._config.zstd_level)
+        # zstd releases the GIL: a large object compresses off the event loop.
+        merged = await anyio.to_thread.run_sync(compress_chunks, merged, compression)
+        object_key = self._layout.compacted_object(tp, uuid.uuid4().hex)
+        await self._s3.put(object_key, merged.body)
+        self._s3.metrics.count_stored("chunk", merged.raw_length or len(merged.body),
+                                      len(merged.body))
+        return merged, object_key
 
     # -- selection -----------------------------------------------------------------------
 
     def _select(self, scanned: list[Span]) -> tuple[list[Span], str | None]:
-        """The run of WAL entries from the first one on, within the budgets.
-
-        The byte budget is soft below ``min_entries``: a run always gets that many entries
-        if they qualify, or one oversized entry would stop the cursor for good.
-        """
+        """The run of WAL entries from the first one on (app/compaction/selection.py)."""
         c = self._config
-        newest_allowed = self._clock() - c.min_entry_age_ms
-        run: list[Span] = []
-        size = 0
-        too_young = False
-        for item in scanned:
-            entry = item.entry
-            if entry.type != "WAL" or (run and item.start != run[-1].end + 1):
-                break
-            if entry.created_at_ms > newest_allowed:
-                too_young = True
-                break
-            item_bytes = entry.raw_length or entry.byte_length or 0  # as decompressed
-            if len(run) >= c.max_entries or (
-                len(run) >= c.min_entries and size + item_bytes > c.max_bytes
-            ):
-                break
-            run.append(item)
-            size += item_bytes
-        if len(run) < c.min_entries:
-            return [], "entries_too_young" if too_young else "too_few_entries"
-        return run, None
+        return select_run(scanned, newest_allowed_ms=self._clock() - c.min_entry_age_ms,
+                          min_entries=c.min_entries, max_entries=c.max_entries,
+                          max_bytes=c.max_bytes)
 
-    async def _skip_compacted(self, tp: TopicPartition, cursor: _Cursor, first: Span,
+    async def _skip_compacted(self, tp: TopicPartition, cursor: CursorRead, first: Span,
                               base: CompactionOutcome) -> CompactionOutcome:
         """Step 3's special case: the entry at the cursor is compacted already."""
         try:
-            await self._put_cursor(tp, cursor, first.end + 1)
+            await self._progress.put_cursor(tp, cursor, first.end + 1)
         except VersionMismatch:
             return dataclasses.replace(base, action="raced", reason="the cursor moved")
         return dataclasses.replace(base, action="advanced_cursor", start_offset=first.start,
                                    end_offset=first.end, cursor=first.end + 1)
 
-    async def _misaligned(self, tp: TopicPartition, cursor: _Cursor, first: Span,
+    async def _misaligned(self, tp: TopicPartition, cursor: CursorRead, first: Span,
                           base: CompactionOutcome) -> CompactionOutcome:
         """The first entry at or above the cursor does not start at it."""
-        again = await self._read_cursor(tp)
+        again = await self._progress.cursor(tp)
         if again.offset != cursor.offset:
             return dataclasses.replace(base, action="raced", reason="the cursor moved")
         if first.start > cursor.offset:
@@ -467,69 +279,16 @@ class Compactor:
         it here would cost every active writer a control re-read.
         """
         found = await materialise_pending(
-            self._oxia, self._layout, tp, attempts=_MAX_CAS_ATTEMPTS, metrics=None,
+            self._oxia, self._layout, tp, attempts=MAX_CAS_ATTEMPTS, metrics=None,
             by="compactor", min_age_ms=self._config.min_entry_age_ms, clock=self._clock)
         if found.done and self._metrics is not None:
             self._metrics.pending_materialised.inc()
         return found.done, found.control
 
-    async def _read_compaction(self, tp: TopicPartition) -> tuple[Compaction, int] | None:
-        found = await self._oxia.get(self._layout.compaction(tp), tp.partition_key)
-        if found is None:
-            return None
-        return Compaction.from_json(found.value), found.version_id
-
-    async def _read_cursor(self, tp: TopicPartition) -> _Cursor:
-        found = await self._oxia.get(self._layout.compaction_cursor(tp), tp.partition_key)
-        if found is None:
-            return _Cursor(1, None)
-        record = CompactionCursor.from_json(found.value)
-        return _Cursor(record.offset, found.version_id, record)
-
-    async def _put_cursor(self, tp: TopicPartition, cursor: _Cursor, offset: int) -> None:
-        """CAS the cursor from what was read to ``offset`` (raises VersionMismatch)."""
-        updated = CompactionCursor(offset=offset, extra=dict(cursor.record.extra))
-        await self._oxia.put(
-            self._layout.compaction_cursor(tp), updated.to_json(), tp.partition_key,
-            expected_version=EXPECT_NOT_EXISTS if cursor.version is None else cursor.version,
-        )
-
-    async def _advance_cursor(self, tp: TopicPartition, offset: int) -> None:
-        """Move the cursor to ``offset`` unless it is there or beyond already (never back)."""
-
-        async def attempt(_: int) -> Done[None] | Retry:
-            cursor = await self._read_cursor(tp)
-            if cursor.offset >= offset:
-                return Done(None)
-            try:
-                await self._put_cursor(tp, cursor, offset)
-            except VersionMismatch:
-                return Retry("conflict")
-            return Done(None)
-
-        await cas_loop(attempt, attempts=_MAX_CAS_ATTEMPTS,
-                       what=f"{tp}: the compaction cursor kept changing")
-
-    async def _scan(self, tp: TopicPartition, from_offset: int, limit: int) -> list[Span]:
-        records = await self._oxia.range_scan(
-            self._layout.index(tp, from_offset), self._layout.index_scan_end(tp),
-            tp.partition_key, limit=limit,
-        )
-        spans = (index_span(self._layout, tp, r.key, r.value, r.version_id) for r in records)
-        return [span for span in spans if span is not None]
-
     # -- plumbing ------------------------------------------------------------------------
 
-    async def _step(self, name: str) -> None:
-        if self._crash_hook is not None:
-            result = self._crash_hook(name)
-            if inspect.isawaitable(result):
-                await result
-
     def _stage(self, name: str) -> Any:
-        if self._metrics is None:
-            return contextlib.nullcontext()
-        return self._metrics.stage(name)
+        return timed(self._metrics, name)
 
     def _count(self, outcome: CompactionOutcome) -> None:
         m = self._metrics
@@ -548,7 +307,3 @@ class Compactor:
         if self._metrics is not None:
             self._metrics.runs.labels("failed").inc()
             self._metrics.failures.labels(error_type).inc()
-
-
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0

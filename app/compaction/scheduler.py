@@ -29,7 +29,7 @@ from app.compaction.claims import Claims
 from app.compaction.compactor import CompactionOutcome, Compactor
 from app.compaction.metrics import CompactionMetrics, PartitionLag
 from app.errors import InvalidRequest, LlogError
-from app.settings import Settings
+from app.settings import CompactionSettings, OxiaSettings, S3Settings
 from app.storage.catalog import discover_partitions
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.oxia_store import OxiaStore
@@ -65,13 +65,22 @@ def parse_targets(targets: Iterable[str]) -> list[TopicPartition]:
     return out
 
 
+def visit_timeout_s(s3: S3Settings, oxia: OxiaSettings) -> float:
+    """How long one visit may run: a stuck request must not hold a pool slot (and a
+    claim) for ever. Each S3/Oxia call has its own deadline; this bounds their sum."""
+    return max(120.0, 4 * s3.s3_request_timeout_s + 8 * oxia.oxia_request_timeout_s)
+
+
+DEFAULT_VISIT_TIMEOUT_S = visit_timeout_s(S3Settings(), OxiaSettings())
+
+
 class CompactionScheduler:
     def __init__(
         self,
         compactor: Compactor,
         oxia: OxiaStore,
         layout: KeyLayout,
-        settings: Settings,
+        compaction: CompactionSettings,
         *,
         compactor_id: str,
         metrics: CompactionMetrics | None = None,
@@ -82,13 +91,13 @@ class CompactionScheduler:
         self._compactor = compactor
         self._oxia = oxia
         self._layout = layout
-        self._settings = settings
+        self._settings = compaction
         self._metrics = metrics
         # Called after every visit (tests, and hosts that want to log or export visits).
         self.listeners: list[Callable[[Visit], None]] = [on_visit] if on_visit else []
         self._rng = rng or random.Random()
         self.claims = Claims(oxia, layout, compactor_id, metrics=metrics)
-        self._known: set[TopicPartition] = set(parse_targets(settings.compaction_seed_targets))
+        self._known: set[TopicPartition] = set(parse_targets(compaction.compaction_seed_targets))
         self._catalog = TopicCatalog(oxia, layout)
         self._topics: dict[str, Topic] = {}
         self._bootstrapped = False
@@ -99,9 +108,8 @@ class CompactionScheduler:
         self._stopped = False
         self._wakeup: anyio.Event | None = None  # created in run(), inside the event loop
         # A visit is bounded: a stuck request must not hold a pool slot (and a claim) for
-        # ever. Each S3/Oxia call has its own deadline; this bounds their sum.
-        self._task_timeout_s = task_timeout_s or max(
-            120.0, 4 * settings.s3_request_timeout_s + 8 * settings.oxia_request_timeout_s)
+        # ever (visit_timeout_s; by default, that of the default request deadlines).
+        self._task_timeout_s = task_timeout_s or DEFAULT_VISIT_TIMEOUT_S
         self._update_known_gauge()
 
     @property

@@ -29,7 +29,7 @@ from prometheus_client.registry import Collector
 
 from app.compaction.compactor import CompactionConfig, Compactor
 from app.compaction.metrics import CompactionMetrics
-from app.compaction.scheduler import CompactionScheduler, Visit
+from app.compaction.scheduler import CompactionScheduler, Visit, visit_timeout_s
 from app.observability import (
     READY,
     S3_REQUEST_COST,
@@ -63,11 +63,13 @@ def build_scheduler(
     on_visit: Callable[[Visit], None] | None = None,
 ) -> CompactionScheduler:
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
-    compactor = Compactor(oxia, s3, layout, CompactionConfig.from_settings(settings),
+    compaction = settings.compaction
+    compactor = Compactor(oxia, s3, layout, CompactionConfig.from_settings(compaction),
                           metrics=metrics)
-    return CompactionScheduler(compactor, oxia, layout, settings,
+    return CompactionScheduler(compactor, oxia, layout, compaction,
                                compactor_id=compactor_id or settings.broker_id,
-                               metrics=metrics, on_visit=on_visit)
+                               metrics=metrics, on_visit=on_visit,
+                               task_timeout_s=visit_timeout_s(settings.s3, settings.oxia))
 
 
 async def run_in_broker(
@@ -180,8 +182,8 @@ async def run_compactor(service: CompactorService) -> AsyncIterator[CompactorSer
     """Open the store clients and run the scheduler; on exit stop it gracefully."""
     s = service.settings
     async with (
-        OxiaStore(s, service.store_metrics, identity=service.compactor_id) as oxia,
-        S3Store(s, service.store_metrics) as s3,
+        OxiaStore(s.oxia, service.store_metrics, identity=service.compactor_id) as oxia,
+        S3Store(s.s3, service.store_metrics) as s3,
         anyio.create_task_group() as tg,
     ):
         scheduler = build_scheduler(s, oxia, s3, service.metrics,

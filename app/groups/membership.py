@@ -32,7 +32,7 @@ from app.errors import (
 from app.groups.assignment import Assignment, Subscription, assign
 from app.groups.records import GroupRecord, Lease, Member
 from app.groups.store import GroupStore, Versioned
-from app.settings import Settings
+from app.settings import GroupSettings, default_broker_id
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import TopicPartition, validate_group, validate_topic
 from app.storage.oxia_store import EXPECT_NOT_EXISTS
@@ -60,16 +60,19 @@ class GroupView:
 
 
 class Membership:
-    def __init__(self, store: GroupStore, settings: Settings, partitions_of: PartitionCount,
-                 *, clock: Callable[[], int] = now_ms) -> None:
+    def __init__(self, store: GroupStore, groups: GroupSettings, partitions_of: PartitionCount,
+                 *, broker_id: str | None = None, clock: Callable[[], int] = now_ms) -> None:
+        """``broker_id``: the broker a lease names as its renewer (LLOG_BROKER_ID; none:
+        the default broker id)."""
         self._store = store
-        self._settings = settings
+        self._settings = groups
+        self._broker_id = broker_id or default_broker_id()
         self._partitions_of = partitions_of
         self._clock = clock
         self._assignments: LRUCache[tuple[str, int, int], Assignment] = LRUCache(1024)
         # When this broker last settled a group: heartbeats settle at most this often.
         self._settled: TTLCache[str, bool] = TTLCache(
-            maxsize=100_000, ttl=settings.group_min_session_timeout_ms / 2000)
+            maxsize=100_000, ttl=groups.group_min_session_timeout_ms / 2000)
 
     def assignment(self, view: GroupView) -> Assignment:
         """The group's assignment (cached: a generation never changes its inputs; the
@@ -221,7 +224,7 @@ class Membership:
     def _lease(self, member: Member) -> Lease:
         now = self._clock()
         return Lease(member_id=member.member_id, expires_at_ms=now + member.session_timeout_ms,
-                     renewed_at_ms=now, broker_id=self._settings.broker_id)
+                     renewed_at_ms=now, broker_id=self._broker_id)
 
     async def _check_room(self, group: str, member: Member) -> None:
         """Refuse, before writing anything, a join to a group that is full (after

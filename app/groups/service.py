@@ -12,7 +12,7 @@ from app.groups.membership import GroupView, Membership, PartitionCount
 from app.groups.offsets import GroupOffsets
 from app.groups.records import CommittedOffset, GroupRecord
 from app.groups.store import GroupStore
-from app.settings import Settings
+from app.settings import GroupSettings
 from app.storage.keys import KeyLayout, TopicPartition, validate_group
 from app.storage.offsets import PartitionOffsets, list_offsets
 from app.storage.oxia_store import OxiaStore
@@ -42,11 +42,12 @@ class GroupDescription:
 
 class GroupService:
     def __init__(self, oxia: OxiaStore, layout: KeyLayout, reader: LogReader,
-                 settings: Settings, partitions_of: PartitionCount) -> None:
+                 groups: GroupSettings, partitions_of: PartitionCount, *,
+                 broker_id: str) -> None:
         self._store = GroupStore(oxia, layout)
         self._reader = reader
-        self._settings = settings
-        self.membership = Membership(self._store, settings, partitions_of)
+        self._settings = groups
+        self.membership = Membership(self._store, groups, partitions_of, broker_id=broker_id)
         self.offsets = GroupOffsets(self._store, self.membership, reader)
 
     async def describe(self, group: str) -> GroupDescription:

@@ -34,8 +34,9 @@ async def _precreate(settings: Settings, partitions: list[TopicPartition],
                      concurrency: int) -> None:
     metrics = StoreMetrics()
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
-    async with OxiaStore(settings, metrics) as oxia, S3Store(settings, metrics) as s3:
-        writer = LogWriter.from_settings(oxia, s3, layout, metrics, settings)
+    async with OxiaStore(settings.oxia, metrics, identity=settings.broker_id) as oxia, \
+            S3Store(settings.s3, metrics) as s3:
+        writer = LogWriter.from_settings(oxia, s3, layout, metrics, settings.writer)
         limiter = anyio.CapacityLimiter(concurrency)
 
         async def one(tp: TopicPartition) -> None:

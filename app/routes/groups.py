@@ -22,7 +22,7 @@ from app.groups.offsets import ResetTarget
 from app.groups.records import Member
 from app.groups.service import GroupService, PartitionLag
 from app.routes.access import authorize, holds, require
-from app.routes.deps import broker_state, groups_of
+from app.routes.deps import broker_state
 from app.routes.group_models import (
     COMMITTED,
     STALE,
@@ -100,7 +100,7 @@ def _assignment(service: GroupService, view: GroupView, member: Member) -> Membe
 async def join_group(group: PathGroup, body: JoinRequest, request: Request, state: State
                      ) -> MemberAssignment:
     authorize(request, Right.CONSUME, body.topics)
-    service = groups_of(state)
+    service = state.group_service()
     view, member = await service.membership.join(
         group, body.topics, client_id=body.client_id,
         session_timeout_ms=body.session_timeout_ms)
@@ -116,7 +116,7 @@ async def join_group(group: PathGroup, body: JoinRequest, request: Request, stat
                                 "again")), **errors(413), **_STORE},
              summary="Keep a member's session; the current generation and its partitions")
 async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> MemberAssignment:
-    service = groups_of(state)
+    service = state.group_service()
     view, member = await service.membership.heartbeat(group, body.member_id)
     return _assignment(service, view, member)
 
@@ -126,7 +126,7 @@ async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> Memb
                         **errors(400), **_UNKNOWN, **errors(413), **_STORE},
              summary="Leave a group: its partitions move now")
 async def leave_group(group: PathGroup, body: MemberRequest, state: State) -> LeaveResponse:
-    view, left = await groups_of(state).membership.leave(group, body.member_id)
+    view, left = await state.group_service().membership.leave(group, body.member_id)
     if view is None:
         raise UnknownGroup(f"group {group!r} does not exist")
     return LeaveResponse(group=group, member_id=body.member_id, left=left,
@@ -161,8 +161,8 @@ async def commit_offsets(group: PathGroup, body: CommitRequest, request: Request
         raise PayloadTooLarge(f"{len(body.offsets)} partitions in one request; the limit is "
                               f"{state.settings.max_partitions_per_request}")
     offsets = [(TopicPartition(e.topic, e.partition), e.offset) for e in body.offsets]
-    done = await groups_of(state).offsets.commit(group, body.member_id, body.generation,
-                                                offsets)
+    done = await state.group_service().offsets.commit(group, body.member_id,
+                                                      body.generation, offsets)
     return _results([(tp, o) for (tp, _), o in zip(offsets, done, strict=True)])
 
 
@@ -182,7 +182,7 @@ async def list_groups(
     if limit > state.settings.group_list_max:
         raise InvalidRequest(f"limit {limit} exceeds LLOG_GROUP_LIST_MAX "
                              f"({state.settings.group_list_max})")
-    page, next_after = await groups_of(state).page(after, limit)
+    page, next_after = await state.group_service().page(after, limit)
     return GroupList(next_after=next_after, groups=[GroupSummary(
         group=r.group, generation=r.generation, members=len(r.members),
         topics=sorted({t for m in r.members for t in m.topics}),
@@ -205,7 +205,7 @@ def _partition(p: PartitionLag) -> GroupPartition:
                        **_UNKNOWN, **_STORE},
             summary="A group: members, assignment, generation, committed offsets and lag")
 async def describe_group(group: PathGroup, state: State) -> GroupDescription:
-    found = await groups_of(state).describe(group)
+    found = await state.group_service().describe(group)
     record, leases = found.view.record, found.view.leases or {}
     return GroupDescription(
         group=record.group, generation=record.generation, created_at_ms=record.created_at_ms,
@@ -253,7 +253,7 @@ async def _targets(state: BrokerState, entries: list[ResetEntry]) -> list[ResetT
 async def reset_offsets(group: PathGroup, body: ResetRequest, request: Request, state: State
                         ) -> JSONResponse:
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
-    service = groups_of(state)
+    service = state.group_service()
     targets = await _targets(state, body.topic_partitions)
     done = await service.offsets.reset(group, targets)
     return _results([(t.tp, o) for t, o in zip(targets, done, strict=True)])

@@ -10,7 +10,7 @@ Each part goes out in slices of at most ``SLICE`` bytes: the server's transport 
 what the socket does not take at once into a buffer of its own, so a whole answer
 written in one message would be held twice while a slow client reads it.
 
-``content_encoding`` names how the parts are compressed (app/routes/answer_compression.py);
+``content_encoding`` names how the parts are compressed (app/broker/answer_compression.py);
 every answer says it varies by ``Accept-Encoding``, compressed or not.
 
 ``on_sent`` runs once the answer has been handed to the server, or failed to be (the
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from app.routes.answer_compression import VARY
+from app.broker.answer_compression import VARY
 
 SLICE = 1024 * 1024
 

@@ -12,14 +12,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.auth.rights import Right
+from app.broker.produce_call import ProduceCall
 from app.broker.state import BrokerState
-from app.broker.topics import TopicDirectory
-from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.routes.access import account, authorize, charge_produce, control_of, holds
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import ErrorResponse, ProduceResults
@@ -27,12 +25,7 @@ from app.routes.openapi import error, errors, named, response
 from app.routes.openapi_encoding import CONTENT_ENCODING, unsupported_encoding
 from app.routes.produce_body import is_binary, parse_json, read_decoded
 from app.settings import Settings
-from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
-from app.storage.batch import RecordBatch
-from app.storage.keys import TopicPartition
-from app.storage.log_record import payload_size
 from app.wire import produce as wire
-from app.wire.produce import Entry
 
 router = APIRouter(tags=["produce"])
 
@@ -67,6 +60,8 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     },
 )
 async def produce(request: Request) -> Response:
+    """The answer of app/broker/produce_call.py for the body, parsed, of a caller
+    allowed to write to its topics."""
     started = time.monotonic()
     state: BrokerState = request.app.state.broker
     body = await read_decoded(request, state.settings.max_request_bytes)
@@ -75,100 +70,22 @@ async def produce(request: Request) -> Response:
     else:
         entries = parse_json(body)
     authorize(request, Right.PRODUCE, (e.topic for e in entries))
-    if state.batcher is None or state.topics is None:
-        outcomes: list[AppendOutcome] = [
-            RoleDisabled("this broker does not have the write role")] * len(entries)
-        groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), e.records)
-                  for e in entries]
-    else:
-        _check_limits(entries, state.settings)  # every limit first: before a topic is made
-        charge_produce(request, sum(e.records.size for e in entries))
-        groups = await _place(entries, state.settings, state.topics)
-        try:
-            outcomes = await state.append(groups)
-        except LlogError as exc:  # refused as a whole: nothing was written
-            outcomes = [exc] * len(groups)
-    located = _locations_shown(request, state.settings)
-    results = [_result(state, group, outcome, located)
-               for group, outcome in zip(groups, outcomes, strict=True)]
+    call = ProduceCall(state, entries, charge=functools.partial(charge_produce, request),
+                       located=_locations_shown(request, state.settings), started=started)
+    answer = await call.answer()
     if control_of(request) is not None:
-        account(request, produced=sum(g.size for g, o in zip(groups, outcomes, strict=True)
-                                      if isinstance(o, AppendResult) and not o.duplicate))
-    errors = sum(not r["ok"] for r in results)
+        account(request, produced=answer.produced)
     headers = {}
-    if errors == 0:
+    if answer.errors == 0:
         status = 200
-    elif all(isinstance(o, Unavailable) for o in outcomes):
+    elif answer.unavailable:
         status = 503
         headers["Retry-After"] = "1"
     else:
         status = 409
-    content = orjson.dumps({"results": results, "success_count": len(results) - errors,
-                            "error_count": errors})
-    state.produce_metrics.requests.labels(str(status)).inc()
-    state.produce_metrics.latency.observe(time.monotonic() - started)
-    return Response(content, status_code=status, headers=headers,
+    call.done(status)
+    return Response(answer.body, status_code=status, headers=headers,
                     media_type="application/json")
-
-
-def _check_limits(entries: list[Entry], s: Settings) -> None:
-    """The request within the configured limits (413 otherwise)."""
-    if len(entries) > s.max_partitions_per_request:
-        raise PayloadTooLarge(f"{len(entries)} entries in one request; the "
-                              f"limit is {s.max_partitions_per_request}")
-    total = sum(e.records.n_records for e in entries)
-    if total > s.max_records_per_request:
-        raise PayloadTooLarge(
-            f"{total} records in one request; the limit is {s.max_records_per_request}")
-    for entry in entries:
-        _check_records(entry.topic, entry.records, s, s.max_record_bytes)
-
-
-async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory
-                 ) -> list[AppendGroup]:
-    """The entries as append groups in their partitions, or refused as a whole (unknown
-    topic or partition: 404; a topic's own record limit: 413)."""
-    groups: list[AppendGroup] = []
-    for entry in entries:
-        where = await topics.place(entry.topic, entry.partition, entry.records)
-        if where.max_record_bytes is not None:
-            _check_records(entry.topic, entry.records, s, where.max_record_bytes)
-        groups.append(AppendGroup(where.tp, entry.records, entry.idempotency_key,
-                                  where.compression))
-    return groups
-
-
-def _check_records(tp: str, records: RecordBatch, s: Settings, max_record_bytes: int
-                   ) -> None:
-    """Each record within the size limits: by columns for a bytes-batch-v3 body (no
-    step per record), record by record otherwise."""
-    columns = records.columns
-    if columns is not None:
-        largest = max(columns.record_sizes())
-        if largest > max_record_bytes:
-            raise PayloadTooLarge(f"a record of {largest} bytes for {tp} exceeds the limit "
-                                  f"of {max_record_bytes} bytes")
-        if columns.key_lengths is not None and max(columns.key_lengths) > s.max_key_bytes:
-            raise PayloadTooLarge(f"a key of {max(columns.key_lengths)} bytes for {tp} "
-                                  f"exceeds the limit of {s.max_key_bytes} bytes")
-        return
-    for payload in records:
-        size = payload_size(payload)
-        if size > max_record_bytes:
-            raise PayloadTooLarge(f"a record of {size} bytes for {tp} exceeds the limit of "
-                                  f"{max_record_bytes} bytes")
-        if isinstance(payload, bytes):
-            continue
-        if payload.key is not None and len(payload.key) > s.max_key_bytes:
-            raise PayloadTooLarge(f"a key of {len(payload.key)} bytes for {tp} exceeds the "
-                                  f"limit of {s.max_key_bytes} bytes")
-        if len(payload.headers) > s.max_headers:
-            raise PayloadTooLarge(f"{len(payload.headers)} headers on a record for {tp}; "
-                                  f"the limit is {s.max_headers}")
-        header_bytes = sum(len(n.encode()) + len(v) for n, v in payload.headers)
-        if header_bytes > s.max_header_bytes:
-            raise PayloadTooLarge(f"headers of {header_bytes} bytes on a record for {tp} "
-                                  f"exceed the limit of {s.max_header_bytes} bytes")
 
 
 def _locations_shown(request: Request, s: Settings) -> Callable[[str], bool]:
@@ -180,28 +97,3 @@ def _locations_shown(request: Request, s: Settings) -> Callable[[str], bool]:
     if s.produce_locations == "none":
         return lambda _: False
     return functools.cache(lambda topic: holds(request, Right.ADMIN, topic))
-
-
-def _result(state: BrokerState, group: AppendGroup, outcome: AppendOutcome,
-            located: Callable[[str], bool]) -> dict[str, Any]:
-    """One entry of the answer, as :class:`ProducePartitionResult` would dump it."""
-    tp = group.tp
-    metrics = state.produce_metrics
-    if isinstance(outcome, AppendResult):
-        if not outcome.duplicate:
-            metrics.records.inc(outcome.count)
-            metrics.bytes.inc(group.size)
-        result: dict[str, Any] = {
-            "topic": tp.topic, "partition": tp.partition, "ok": True, "outcome": "success",
-            "start_offset": outcome.start_offset, "end_offset": outcome.end_offset,
-            "count": outcome.count}
-        if located(tp.topic):
-            result["index_key"] = outcome.index_key
-            result["wal_uri"] = outcome.wal_uri
-        if outcome.duplicate:
-            result["duplicate"] = True
-        return result
-    metrics.failed_entries.labels(outcome.error_type).inc()
-    return {"topic": tp.topic, "partition": tp.partition, "ok": False, "outcome": "failure",
-            "error_type": outcome.error_type, "error": str(outcome),
-            "retriable": outcome.retriable, "maybe_written": outcome.maybe_written}

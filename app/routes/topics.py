@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
 from app.broker.state import BrokerState
 from app.broker.topics import default_topic_config
-from app.errors import InvalidRequest, PartitionsOnlyGrow, RoleDisabled
+from app.errors import InvalidRequest, PartitionsOnlyGrow
 from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
 from app.routes.models import (
@@ -24,10 +23,7 @@ from app.routes.models import (
     TopicUpdateRequest,
 )
 from app.routes.openapi import error, errors, store_errors
-from app.storage.keys import TopicPartition
-from app.storage.topic_admin import TopicAdmin
 from app.storage.topics import Topic, TopicConfig
-from app.tailcache import TailCache
 
 router = APIRouter(tags=["topics"])
 # Every topic operation reads the catalog in Oxia, and needs the read role.
@@ -35,13 +31,6 @@ _STORE = store_errors()
 _NAMED = {**errors(400), **error(404, "UnknownTopic", description="no such topic"), **_STORE}
 # Changing or deleting a topic needs the admin right on it (checked before the handler).
 _ADMIN = [Depends(require(Right.ADMIN, param="topic"))]
-
-
-def _admin(state: BrokerState) -> TopicAdmin:
-    if state.admin is None:
-        raise RoleDisabled("this broker does not serve topic administration (it needs the "
-                           "read role)")
-    return state.admin
 
 
 def _info(topic: Topic) -> TopicInfo:
@@ -62,14 +51,14 @@ async def create_topic(body: TopicCreateRequest, request: Request,
                        state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
     authorize(request, Right.ADMIN, [body.topic])
     _check_partitions(body.partitions, state)
-    admin = _admin(state)
+    admin = state.topic_admin()
     stored = (default_topic_config(state.settings.topic_default_compression)
               if body.compression is None else
               TopicConfig(compression=body.compression, compression_level=body.compression_level))
     topic = await admin.catalog.create(body.topic, body.partitions, TopicConfig(
         body.retention_ms, body.retention_bytes, body.max_record_bytes,
         stored.compression, stored.compression_level))
-    _forget(state, topic.name)
+    await state.forget_topic(topic.name)
     return JSONResponse(_info(topic).model_dump(), status_code=201)
 
 
@@ -79,7 +68,7 @@ async def create_topic(body: TopicCreateRequest, request: Request,
                                             "holds a right on)"}, **_STORE})
 async def list_topics(request: Request, state: Annotated[BrokerState, Depends(broker_state)]
                       ) -> TopicList:
-    return TopicList(topics=[_info(t) for t in await _admin(state).catalog.list()
+    return TopicList(topics=[_info(t) for t in await state.topic_admin().catalog.list()
                              if sees_topic(request, t.name)])
 
 
@@ -90,7 +79,7 @@ async def describe_topic(topic: PathTopic, request: Request,
                          state: Annotated[BrokerState, Depends(broker_state)]
                          ) -> TopicDescription:
     authorize_describe(request, topic)
-    found, partitions = await _admin(state).describe(topic)
+    found, partitions = await state.topic_admin().describe(topic)
     return TopicDescription(**_info(found).model_dump(), partition_states=[
         PartitionInfo(partition=p.partition, log_start_offset=p.log_start,
                       high_watermark=p.high_watermark, retained_bytes=p.retained_bytes,
@@ -111,14 +100,14 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
     if "compression" in changes:
         changes["compression_level"] = body.compression_level  # the two go together
     try:
-        updated = await _admin(state).catalog.update(topic, partitions=body.partitions,
-                                                     config=changes)
+        updated = await state.topic_admin().catalog.update(
+            topic, partitions=body.partitions, config=changes)
     except InvalidRequest as exc:
         # The body's model checked its shape and bounds: what the catalog refuses
         # still is a count below the topic's own, a conflict with the topic as it
         # stands (which the request alone cannot show), not a malformed request.
         raise PartitionsOnlyGrow(str(exc)) from None
-    _forget(state, topic)
+    await state.forget_topic(topic)
     return _info(updated)
 
 
@@ -128,17 +117,9 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                summary="Delete a topic: its records are removed, its offsets never reused")
 async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
                        ) -> TopicInfo:
-    deleted = await _admin(state).delete(topic)
-    _forget(state, topic)
-    if state.cache is not None:
-        # Dropping a partition may remove files (a shared cache): in a worker thread.
-        await anyio.to_thread.run_sync(_drop_cached, state.cache, topic, deleted.partitions)
+    deleted = await state.topic_admin().delete(topic)
+    await state.forget_topic(topic, deleted.partitions)
     return _info(deleted)
-
-
-def _drop_cached(cache: TailCache, topic: str, partitions: int) -> None:
-    for p in range(partitions):
-        cache.drop(TopicPartition(topic, p))
 
 
 def _check_partitions(partitions: int | None, state: BrokerState) -> None:
@@ -148,7 +129,3 @@ def _check_partitions(partitions: int | None, state: BrokerState) -> None:
         raise InvalidRequest(f"partitions {partitions} exceeds LLOG_MAX_TOPIC_PARTITIONS "
                              f"({limit})")
 
-
-def _forget(state: BrokerState, topic: str) -> None:
-    if state.topics is not None:
-        state.topics.forget(topic)

@@ -23,7 +23,7 @@ import oxia
 import oxia.ex
 
 from app.errors import StorageUnavailable, VersionMismatch
-from app.settings import Settings
+from app.settings import OxiaSettings, default_broker_id
 from app.storage import oxia_compat
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_discovery import STALE_LEADER_CODES
@@ -40,16 +40,19 @@ class Record:
 
 
 class OxiaStore:
-    def __init__(self, settings: Settings, metrics: StoreMetrics, *,
+    def __init__(self, oxia: OxiaSettings, metrics: StoreMetrics, *,
                  identity: str | None = None) -> None:
-        self._settings = settings
+        """``identity`` names this client's session to Oxia (its ephemeral records carry
+        it): the process's LLOG_BROKER_ID, or a compactor's or task's id; none: the
+        default broker id."""
+        self._settings = oxia
         self._metrics = metrics
-        self._identity = identity or settings.broker_id
-        self._limiter = anyio.CapacityLimiter(settings.oxia_max_threads)
+        self._identity = identity or default_broker_id()
+        self._limiter = anyio.CapacityLimiter(oxia.oxia_max_threads)
         self._client: Any = None
         self._reads: EventLoopReads | None = None
-        self._timeout = settings.oxia_request_timeout_s
-        self._puts = _PutCoalescer(self, max_inflight=settings.oxia_max_inflight_writes)
+        self._timeout = oxia.oxia_request_timeout_s
+        self._puts = _PutCoalescer(self, max_inflight=oxia.oxia_max_inflight_writes)
 
     @property
     def limiter(self) -> anyio.CapacityLimiter:

@@ -29,7 +29,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import SecretStr
 
 from app.errors import ObjectMissing, StorageUnavailable
-from app.settings import Settings
+from app.settings import S3Settings
 from app.storage import s3_lean
 from app.storage.metrics import StoreMetrics
 from app.storage.s3_lean import LeanS3, S3Status
@@ -105,10 +105,10 @@ def _send_bytes(request: Any, **_: Any) -> None:
 class S3Store:
     """put, conditional create, get, range get, list, delete, with counters."""
 
-    def __init__(self, settings: Settings, metrics: StoreMetrics) -> None:
-        self._settings = settings
+    def __init__(self, s3: S3Settings, metrics: StoreMetrics) -> None:
+        self._settings = s3
         self._metrics = metrics
-        self.bucket = settings.s3_bucket
+        self.bucket = s3.s3_bucket
         self._client: Any = None
         self._lean: LeanS3 | None = None  # GET, ranged GET and PUT when usable
         self._stack: contextlib.AsyncExitStack | None = None

@@ -29,7 +29,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from yarl import URL
 
-from app.settings import Settings
+from app.settings import S3Settings
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException",
@@ -51,37 +51,37 @@ class S3Status(Exception):
         self.code = code
 
 
-def usable(settings: Settings) -> bool:
+def usable(s3: S3Settings) -> bool:
     """Whether the lean path can serve this configuration: it needs an explicit
     endpoint and static keys (any other credentials come through botocore's chain)."""
-    return (settings.s3_lean_requests and settings.s3_endpoint is not None
-            and settings.s3_access_key is not None and settings.s3_secret_key is not None)
+    return (s3.s3_lean_requests and s3.s3_endpoint is not None
+            and s3.s3_access_key is not None and s3.s3_secret_key is not None)
 
 
 class LeanS3:
     """One aiohttp connection pool and a SigV4 signer for one bucket."""
 
-    def __init__(self, settings: Settings, *, backoff_s: float = 1.0) -> None:
-        assert usable(settings)
-        assert settings.s3_endpoint is not None  # for mypy: usable() checked it
-        assert settings.s3_access_key is not None and settings.s3_secret_key is not None
-        self._base = settings.s3_endpoint.rstrip("/") + "/" + quote(settings.s3_bucket)
-        self._attempts = settings.s3_max_attempts
+    def __init__(self, s3: S3Settings, *, backoff_s: float = 1.0) -> None:
+        assert usable(s3)
+        assert s3.s3_endpoint is not None  # for mypy: usable() checked it
+        assert s3.s3_access_key is not None and s3.s3_secret_key is not None
+        self._base = s3.s3_endpoint.rstrip("/") + "/" + quote(s3.s3_bucket)
+        self._attempts = s3.s3_max_attempts
         self._backoff_s = backoff_s  # the first retry waits up to this long, then doubling
         self._signer = S3SigV4Auth(
-            Credentials(settings.s3_access_key.get_secret_value(),
-                        settings.s3_secret_key.get_secret_value()),
-            "s3", settings.s3_region)
+            Credentials(s3.s3_access_key.get_secret_value(),
+                        s3.s3_secret_key.get_secret_value()),
+            "s3", s3.s3_region)
         # The signer reads the payload choice from the client config in the context.
         self._context = {"client_config": Config(
-            s3={"payload_signing_enabled": settings.s3_sign_payload})}
+            s3={"payload_signing_enabled": s3.s3_sign_payload})}
         self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=min(10.0, settings.s3_request_timeout_s),
-            sock_read=settings.s3_request_timeout_s)
+            total=None, connect=min(10.0, s3.s3_request_timeout_s),
+            sock_read=s3.s3_request_timeout_s)
         self._ssl: ssl.SSLContext | bool = True
-        if settings.s3_ca_bundle is not None:
-            self._ssl = ssl.create_default_context(cafile=str(settings.s3_ca_bundle))
-        self._limit = settings.s3_max_pool_connections
+        if s3.s3_ca_bundle is not None:
+            self._ssl = ssl.create_default_context(cafile=str(s3.s3_ca_bundle))
+        self._limit = s3.s3_max_pool_connections
         self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> LeanS3:

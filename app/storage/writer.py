@@ -35,7 +35,7 @@ from app.errors import (
     StorageUnavailable,
     VersionMismatch,
 )
-from app.settings import Settings
+from app.settings import WriterSettings
 from app.storage import codec
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.cas import Done, Retry, cas_loop
@@ -129,7 +129,8 @@ class LogWriter:
 
     @classmethod
     def from_settings(cls, oxia: OxiaStore, s3: S3Store, layout: KeyLayout,
-                      metrics: StoreMetrics, settings: Settings, **overrides: Any) -> LogWriter:
+                      metrics: StoreMetrics, writer: WriterSettings,
+                      **overrides: Any) -> LogWriter:
         """A writer configured from the shared settings, as every writer of a store must
         be: vacuum deletes an unreferenced object once it is older than
         ``LLOG_RETRY_HORIZON_MS``, which is safe only if no writer commits a blob older
@@ -138,11 +139,11 @@ class LogWriter:
         at half that age. A writer built with the constructor's defaults instead would
         assume the default horizon whatever the store's operators configured."""
         options: dict[str, Any] = {
-            "max_attempts": settings.commit_max_attempts,
-            "commit_horizon_ms": settings.retry_horizon_safe_ms,
-            "pending_reread_ms": settings.compaction_min_entry_age_ms // 2,
-            "encoding": settings.wal_encoding,
-            "outage_s": settings.oxia_outage_s,
+            "max_attempts": writer.commit_max_attempts,
+            "commit_horizon_ms": writer.retry_horizon_safe_ms,
+            "pending_reread_ms": writer.compaction_min_entry_age_ms // 2,
+            "encoding": writer.wal_encoding,
+            "outage_s": writer.oxia_outage_s,
         }
         return cls(oxia, s3, layout, metrics, **{**options, **overrides})
 

@@ -1,10 +1,11 @@
 """Tail cache in a directory shared by the worker processes of one host.
 
-Layout: ``{directory}/{store_id}/v1/{topic}/{partition}/`` holds immutable segment files
-named ``{start:020d}-{end:020d}.seg`` (one per put) and a ``hw`` file; temporary files
-start with ``.tmp-``. Topic names are ``[A-Za-z0-9._-]`` and never ``.``/``..``, so they
-are safe path components as they are (and every file also names its topic-partition
-inside, see :mod:`app.tailcache.segment`).
+Layout (app/tailcache/segment_files.py):
+``{directory}/{store_id}/v1/{topic}/{partition}/`` holds immutable segment files named
+``{start:020d}-{end:020d}.seg`` (one per put) and a ``hw`` file; temporary files start
+with ``.tmp-``. Topic names are ``[A-Za-z0-9._-]`` and never ``.``/``..``, so they are
+safe path components as they are (and every file also names its topic-partition inside,
+see :mod:`app.tailcache.segment`).
 
 The store id names the store (the Oxia and S3 data) whose records the files hold. An
 offset means something only within one store: after the store is reset, or with two
@@ -34,23 +35,23 @@ Why this is safe with several writers and readers and no locks:
   last returned offset; a lower value only makes a consumer think it is nearer the tail.
   The next put or note raises it again.
 
-Budget: the segment bytes of the store's subtree are kept near ``max_bytes``. Each
-process counts what it wrote since its last full scan; when that estimate passes the
-budget it deletes the oldest segments it wrote itself (it remembers them, so nothing is
-listed) until the estimate is at most 3/4 of the budget. When that is not enough (the
-other processes' files) or the last full scan is older than
+Budget (app/tailcache/segment_budget.py): the segment bytes of the store's subtree are
+kept near ``max_bytes``. Each process counts what it wrote since its last full scan;
+when that estimate passes the budget it deletes the oldest segments it wrote itself (it
+remembers them, so nothing is listed) until the estimate is at most 3/4 of the budget.
+When that is not enough (the other processes' files) or the last full scan is older than
 :data:`FULL_SCAN_INTERVAL_NS`, it lists every partition of its store and deletes the
 oldest segments of anyone (by mtime, then start offset) down to 3/4 of the budget. With
 N writing processes the total can overshoot by up to about N x max_bytes/4 between
 scans; a single process stays within ``max_bytes``. (Listing thousands of segment files
 at every quarter of the budget cost more CPU than writing them.)
 
-Index: each process keeps a bounded in-memory index of what it has seen of the store's
-subtree, for the partitions it used most recently (``max_partitions``), each with its
-newest :data:`MAX_SEGMENTS_PER_PARTITION` segments. Files vanish under it as other
-processes evict or supersede them; an entry is forgotten when a read finds its file gone
-and at every full scan, so beyond what is on disk the index holds at most the segments
-this process wrote since its last scan.
+Index (app/tailcache/partition_index.py): each process keeps a bounded in-memory index
+of what it has seen of the store's subtree, for the partitions it used most recently
+(``max_partitions``), each with its newest :data:`MAX_SEGMENTS_PER_PARTITION` segments.
+Files vanish under it as other processes evict or supersede them; an entry is forgotten
+when a read finds its file gone and at every full scan, so beyond what is on disk the
+index holds at most the segments this process wrote since its last scan.
 
 All calls do blocking file I/O on small files; put the directory on a tmpfs
 (e.g. ``/dev/shm``) to keep it to memory copies.
@@ -58,24 +59,17 @@ All calls do blocking file I/O on small files; put the directory on a tmpfs
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import hashlib
-import itertools
 import logging
 import os
 import re
-import secrets
 import shutil
 import threading
-import time
-from collections import OrderedDict, deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
-from app.errors import InvalidRequest
 from app.storage import columnar
 from app.storage.batch import RecordBatch, partition_body, records_size
 from app.storage.keys import TopicPartition
@@ -87,53 +81,54 @@ from app.tailcache.base import (
     suffix_within,
     within_budget,
 )
+from app.tailcache.partition_index import (
+    MAX_SEGMENTS_PER_PARTITION,
+    PartitionIndex,
+    PartitionIndexes,
+)
 from app.tailcache.segment import (
     decode_high_watermark,
     decode_segment,
     encode_high_watermark,
-    parse_segment_name,
     segment_name,
     segment_overhead,
     segment_parts,
 )
+from app.tailcache.segment_budget import MAX_WRITTEN_REMEMBERED, SegmentBudget
+from app.tailcache.segment_files import (
+    STALE_TMP_NS,
+    TMP_PREFIX,
+    FoundSegment,
+    list_segment_files,
+    partition_dir,
+    read_file,
+    write_atomic,
+)
+
+__all__ = [
+    "FORMAT_DIR",
+    "FULL_SCAN_INTERVAL_NS",
+    "HW_FILE",
+    "MAX_SEGMENTS_PER_PARTITION",
+    "MAX_WRITTEN_REMEMBERED",
+    "STALE_TMP_NS",
+    "TMP_PREFIX",
+    "FileTailCache",
+    "PendingPut",
+    "check_store_id",
+    "store_id_of",
+]
 
 log = logging.getLogger(__name__)
 
 FORMAT_DIR = "v1"
 _STORE_ID = re.compile(r"[A-Za-z0-9._-]{1,128}")
 HW_FILE = "hw"
-TMP_PREFIX = ".tmp-"
-# A listing that started this long after the directory's last change surely saw it
-# (directory mtimes come from a coarse clock, so a listing in the same tick may not have).
-SETTLED_NS = 1_000_000_000
-# A miss below everything indexed re-lists at most this often: new segments appear at the
-# tail, so the offset was most likely evicted, and listing on every request would be waste.
-RELIST_BELOW_INTERVAL_NS = 1_000_000_000
-# Temporary files older than this belong to a crashed writer.
-STALE_TMP_NS = 600 * 1_000_000_000
-# Index entries kept per partition: the newest ones, since consumers read at the tail. A
-# segment left out of the index is still on disk and counted by the budget; reading it is
-# a miss, which the cache may always answer.
-MAX_SEGMENTS_PER_PARTITION = 1024
 # A process evicts the segments it wrote itself, oldest first, without listing the
 # directory; it lists everything (other processes' files, stale temporary files) when
 # that does not bring the directory within budget, or at most this often otherwise.
 FULL_SCAN_INTERVAL_NS = 30 * 1_000_000_000
-MAX_WRITTEN_REMEMBERED = 100_000
 _HW_ATTEMPTS = 3
-_MAX_BACKTRACK = 8  # overlapping segments are rare: look back this far for a covering one
-
-
-def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
-    """Write every byte of ``parts`` to ``fd`` (``writev`` may write less than asked)."""
-    views = [memoryview(p).cast("B") for p in parts if len(p)]
-    while views:
-        written = os.writev(fd, views)
-        while views and written >= len(views[0]):
-            written -= len(views[0])
-            views.pop(0)
-        if views and written:
-            views[0] = views[0][written:]
 
 
 def _coalesced(puts: Sequence[PendingPut]) -> list[PendingPut]:
@@ -184,66 +179,6 @@ def store_id_of(*names: str) -> str:
     return f"s-{digest[:32]}"
 
 
-@dataclass
-class _Index:
-    """What this process knows of one partition directory (a cache of a listing)."""
-
-    segments: list[tuple[int, int]] = field(default_factory=list)  # (start, end) sorted
-    high_watermark: int | None = None
-    listed_mtime_ns: int | None = None
-    listed_at_ns: int = 0
-
-    def find(self, offset: int) -> tuple[int, int] | None:
-        i = bisect.bisect_right(self.segments, (offset, float("inf"))) - 1
-        for j in range(i, max(i - _MAX_BACKTRACK, -1), -1):
-            start, end = self.segments[j]
-            if start <= offset <= end:
-                return start, end
-        return None
-
-    def add(self, seg: tuple[int, int]) -> None:
-        i = bisect.bisect_left(self.segments, seg)
-        if i == len(self.segments) or self.segments[i] != seg:
-            self.segments.insert(i, seg)
-            if len(self.segments) > MAX_SEGMENTS_PER_PARTITION:
-                del self.segments[0]
-
-    def replace(self, segments: list[tuple[int, int]]) -> None:
-        """Index exactly the newest of ``segments`` (sorted)."""
-        self.segments = segments[-MAX_SEGMENTS_PER_PARTITION:]
-
-    def discard(self, seg: tuple[int, int]) -> None:
-        with contextlib.suppress(ValueError):
-            self.segments.remove(seg)
-
-    def keep_only(self, present: set[tuple[int, int]]) -> None:
-        """Forget the segments whose files are not in ``present``."""
-        self.segments = [seg for seg in self.segments if seg in present]
-
-    def records(self) -> int:
-        return sum(end - start + 1 for start, end in self.segments)
-
-    def overlapping(self, start: int, end: int) -> list[tuple[int, int]]:
-        """Indexed segments sharing an offset with ``start..end`` (a bounded search)."""
-        out: list[tuple[int, int]] = []
-        misses = 0
-        j = bisect.bisect_right(self.segments, (end, float("inf"))) - 1
-        while j >= 0 and misses <= _MAX_BACKTRACK:
-            seg = self.segments[j]
-            if seg[1] >= start:
-                out.append(seg)
-            else:
-                misses += 1
-            j -= 1
-        return out
-
-    def raise_hw(self, high_watermark: int) -> bool:
-        if self.high_watermark is None or high_watermark > self.high_watermark:
-            self.high_watermark = high_watermark
-            return True
-        return False
-
-
 class PendingPut(NamedTuple):
     """Committed records to store: ``records`` at ``start_offset`` onwards."""
 
@@ -252,26 +187,6 @@ class PendingPut(NamedTuple):
     records: Sequence[Payload]
     append_time_ms: int = 0
     nbytes: int = 0  # their size, for a queue that bounds what waits
-
-
-class _Written(NamedTuple):
-    """A segment file this process wrote."""
-
-    path: str
-    tp: TopicPartition
-    seg: tuple[int, int]
-    size: int
-    write: int  # which write of this process (a name can be written again)
-
-
-class _Found(NamedTuple):
-    """A segment file seen by a full scan."""
-
-    mtime_ns: int
-    path: str
-    tp: TopicPartition | None  # None: a directory whose name is no topic-partition
-    seg: tuple[int, int]
-    size: int
 
 
 class FileTailCache:
@@ -295,112 +210,38 @@ class FileTailCache:
         self._root.mkdir(parents=True, exist_ok=True)
         self._root_str = str(self._root)
         self._max_bytes = max_bytes
-        self._max_partitions = max_partitions
         self._lock = threading.RLock()
-        # Least recently used first.
-        self._indexes: OrderedDict[TopicPartition, _Index] = OrderedDict()
+        self._index = PartitionIndexes(self._root_str, max_partitions)
+        self._budget = SegmentBudget(max_bytes, FULL_SCAN_INTERVAL_NS)
         self._counters = Counters()
         self._closed = False
         self._warned = False
-        self._estimate = 0
-        # The segments this process wrote, oldest first, to evict without listing.
-        self._written: deque[_Written] = deque()
-        self._newest: dict[str, int] = {}  # path -> its newest write in ``_written``
-        self._writes = itertools.count()
-        self._scanned_at_ns = 0
         self._scan_and_evict(protect=None)
 
-    # -- paths and small files -------------------------------------------------------------
+    # -- files (app/tailcache/segment_files.py) -------------------------------------------
 
     def _dir(self, tp: TopicPartition) -> str:
-        # Plain strings, not Path objects: the write path makes several per put, and
-        # building Paths cost more than the system calls they name.
-        return f"{self._root_str}/{tp.topic}/{tp.partition}"
+        return partition_dir(self._root_str, tp)
 
     def _write_atomic(self, directory: str, name: str,
                       data: bytes | Sequence[bytes | memoryview]) -> None:
-        """Write ``data`` (bytes, or parts in order) as ``directory/name`` so that
-        nobody sees a partial file."""
-        tmp = f"{directory}/{TMP_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileNotFoundError:
-            os.makedirs(directory, exist_ok=True)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            try:
-                _write_all(fd, [data] if isinstance(data, bytes) else data)
-            finally:
-                os.close(fd)
-            os.replace(tmp, f"{directory}/{name}")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        """Every file this cache writes, written whole (:func:`write_atomic`)."""
+        write_atomic(directory, name, data)
 
-    @staticmethod
-    def _read(path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except OSError:  # vanished (evicted), unreadable, a directory...: a miss
-            return None
-
-    # -- index ----------------------------------------------------------------------------
-
-    def _index(self, tp: TopicPartition) -> _Index:
-        idx = self._indexes.get(tp)
-        if idx is not None:
-            self._indexes.move_to_end(tp)
-            return idx
-        idx = self._indexes[tp] = _Index()
-        if len(self._indexes) > self._max_partitions:
-            self._indexes.popitem(last=False)
-        self._list(tp, idx)
-        return idx
-
-    def _list(self, tp: TopicPartition, idx: _Index) -> None:
-        """Rebuild the index of one partition from its directory."""
-        directory = self._dir(tp)
-        listed_at = time.time_ns()
-        try:
-            mtime = os.stat(directory).st_mtime_ns
-            names = os.listdir(directory)
-        except OSError:
-            idx.replace([])
-            idx.listed_mtime_ns = None
-            idx.listed_at_ns = listed_at
-            return
-        idx.replace(sorted(s for s in map(parse_segment_name, names) if s is not None))
-        idx.listed_mtime_ns = mtime
-        idx.listed_at_ns = listed_at
-
-    def _relist_if_changed(self, tp: TopicPartition, idx: _Index, offset: int) -> bool:
-        """Re-list when the directory may hold segments the index does not (another
-        worker wrote them). Cheap when nothing changed: one ``stat``."""
-        try:
-            mtime = os.stat(self._dir(tp)).st_mtime_ns
-        except OSError:
-            return False
-        now = time.time_ns()
-        if mtime == idx.listed_mtime_ns and idx.listed_at_ns - mtime > SETTLED_NS:
-            return False
-        below_everything = bool(idx.segments) and offset < idx.segments[0][0]
-        if below_everything and now - idx.listed_at_ns < RELIST_BELOW_INTERVAL_NS:
-            return False
-        self._list(tp, idx)
-        return True
+    def _list_segments(self) -> list[FoundSegment]:
+        """Every segment file of the store's subtree (a full scan)."""
+        return list_segment_files(self._root)
 
     # -- high watermark -------------------------------------------------------------------
 
-    def _load_hw(self, tp: TopicPartition, idx: _Index) -> int | None:
-        data = self._read(f"{self._dir(tp)}/{HW_FILE}")
+    def _load_hw(self, tp: TopicPartition, idx: PartitionIndex) -> int | None:
+        data = read_file(f"{self._dir(tp)}/{HW_FILE}")
         stored = None if data is None else decode_high_watermark(data, tp)
         if stored is not None:
             idx.raise_hw(stored)
         return idx.high_watermark
 
-    def _raise_hw(self, tp: TopicPartition, idx: _Index, high_watermark: int) -> None:
+    def _raise_hw(self, tp: TopicPartition, idx: PartitionIndex, high_watermark: int) -> None:
         """Raise the shared hw file to ``high_watermark`` (read, compare, replace).
 
         Re-reads after replacing and tries again if a racing writer put a lower value
@@ -410,7 +251,7 @@ class FileTailCache:
             return  # this process already knows (and wrote or read) something as high
         directory = self._dir(tp)
         for _ in range(_HW_ATTEMPTS):
-            data = self._read(f"{directory}/{HW_FILE}")
+            data = read_file(f"{directory}/{HW_FILE}")
             stored = None if data is None else decode_high_watermark(data, tp)
             if stored is not None and stored >= high_watermark:
                 idx.raise_hw(stored)
@@ -466,7 +307,7 @@ class FileTailCache:
         with self._lock:
             if self._closed:
                 return
-            idx = self._indexes.get(tp)
+            idx = self._index.held(tp)
             if idx is not None and idx.high_watermark is not None and (
                     high_watermark <= idx.high_watermark):
                 return
@@ -475,7 +316,7 @@ class FileTailCache:
             except OSError as exc:
                 self._warn("note_high_watermark", tp, exc)
 
-    def _write_segment(self, tp: TopicPartition, idx: _Index, seg: tuple[int, int],
+    def _write_segment(self, tp: TopicPartition, idx: PartitionIndex, seg: tuple[int, int],
                        records: Sequence[Payload], append_time_ms: int) -> None:
         parts = segment_parts(tp, seg[0], records, append_time_ms)
         size = sum(len(part) for part in parts)
@@ -484,47 +325,28 @@ class FileTailCache:
         path = f"{directory}/{name}"
         self._write_atomic(directory, name, parts)
         idx.add(seg)
-        self._estimate += size
-        self._remember(_Written(path, tp, seg, size, next(self._writes)))
-        if len(self._written) > MAX_WRITTEN_REMEMBERED:
-            self._forget_oldest()  # still on disk: the next full scan sees it
-        if self._estimate > self._max_bytes:
+        self._budget.wrote(path, tp, seg, size)
+        if self._budget.over:
             self._evict_for(protect=path)
-
-    def _remember(self, written: _Written) -> None:
-        self._written.append(written)
-        self._newest[written.path] = written.write
-
-    def _forget_oldest(self) -> tuple[_Written, bool]:
-        """The oldest remembered write, and whether it is its file's newest."""
-        old = self._written.popleft()
-        newest = self._newest.get(old.path) == old.write
-        if newest:
-            del self._newest[old.path]
-        return old, newest
 
     def _evict_for(self, protect: str) -> None:
         """Back within the budget: first by deleting this process's own oldest
         segments, which it remembers, without listing anything; with a full scan when
         that is not enough (other processes' files) or the last one is old."""
-        target = self._max_bytes * 3 // 4
-        if time.monotonic_ns() - self._scanned_at_ns < FULL_SCAN_INTERVAL_NS:
-            while self._estimate > target and len(self._written) > 1:
-                old, newest = self._forget_oldest()
-                self._estimate -= old.size
-                if not newest:
-                    continue  # the same name was written again since: that copy stays
+        if not self._budget.scan_due:
+            for old in self._budget.own_oldest():
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(old.path)  # gone already: superseded or evicted by another
                 self._counters.evictions += old.seg[1] - old.seg[0] + 1
-                idx = self._indexes.get(old.tp)
+                idx = self._index.held(old.tp)
                 if idx is not None:
                     idx.discard(old.seg)
-            if self._estimate <= self._max_bytes:
+            if not self._budget.over:
                 return
         self._scan_and_evict(protect=protect)
 
-    def _drop_overlapping(self, tp: TopicPartition, idx: _Index, start: int, end: int,
+
+    def _drop_overlapping(self, tp: TopicPartition, idx: PartitionIndex, start: int, end: int,
                           keep: tuple[int, int] | None) -> None:
         """Delete the indexed segments sharing an offset with a put of ``start..end``.
 
@@ -547,24 +369,17 @@ class FileTailCache:
         found = self._list_segments()
         total = sum(f.size for f in found)
         found.sort(key=lambda f: (f.mtime_ns, f.seg[0]))
-        target = self._max_bytes * 3 // 4
         present: dict[TopicPartition | None, set[tuple[int, int]]] = {}
         for f in found:
-            if total > target and f.path != protect and self._evict(f):
+            if total > self._budget.target and f.path != protect and self._evict(f):
                 total -= f.size
             else:
                 present.setdefault(f.tp, set()).add(f.seg)
-        for tp, idx in self._indexes.items():
+        for tp, idx in self._index.items():
             idx.keep_only(present.get(tp, set()))
-        self._estimate = total
-        kept = [w for w in self._written if w.seg in present.get(w.tp, ())
-                and self._newest.get(w.path) == w.write]
-        self._written, self._newest = deque(), {}
-        for written in kept:
-            self._remember(written)
-        self._scanned_at_ns = time.monotonic_ns()
+        self._budget.scanned(total, present)
 
-    def _evict(self, f: _Found) -> bool:
+    def _evict(self, f: FoundSegment) -> bool:
         """Delete one segment file; False if it could not be deleted."""
         try:
             os.unlink(f.path)
@@ -574,53 +389,6 @@ class FileTailCache:
             return False
         self._counters.evictions += f.seg[1] - f.seg[0] + 1
         return True
-
-    def _list_segments(self) -> list[_Found]:
-        """Every segment file of the directory; deletes stale temporary files on the way."""
-        found: list[_Found] = []
-        now = time.time_ns()
-        for part_dir, tp in self._partition_dirs():
-            try:
-                entries = list(os.scandir(part_dir))
-            except OSError:
-                continue
-            for entry in entries:
-                try:
-                    if entry.name.startswith(TMP_PREFIX):
-                        if now - entry.stat().st_mtime_ns > STALE_TMP_NS:
-                            os.unlink(entry.path)
-                        continue
-                    seg = parse_segment_name(entry.name)
-                    if seg is None:
-                        continue
-                    st = entry.stat()
-                except OSError:
-                    continue
-                found.append(_Found(st.st_mtime_ns, entry.path, tp, seg, st.st_size))
-        return found
-
-    def _partition_dirs(self) -> list[tuple[Path, TopicPartition | None]]:
-        out: list[tuple[Path, TopicPartition | None]] = []
-        try:
-            topics = list(os.scandir(self._root))
-        except OSError:
-            return out
-        for topic in topics:
-            if not topic.is_dir(follow_symlinks=False):
-                continue
-            try:
-                partitions = list(os.scandir(topic.path))
-            except OSError:
-                continue
-            for part in partitions:
-                if not part.is_dir(follow_symlinks=False):
-                    continue
-                tp: TopicPartition | None = None
-                if part.name.isdigit() and str(int(part.name)) == part.name:
-                    with contextlib.suppress(InvalidRequest):
-                        tp = TopicPartition(topic.name, int(part.name))
-                out.append((Path(part.path), tp))
-        return out
 
     def _warn(self, what: str, tp: TopicPartition, exc: OSError) -> None:
         # The cache is optional: a failing disk must not fail produce or consume.
@@ -653,7 +421,7 @@ class FileTailCache:
             if offset == hw + 1:
                 return CacheHit([], hw, offset)
             relisted = True
-            seg = idx.find(offset) if self._relist_if_changed(tp, idx, offset) else None
+            seg = idx.find(offset) if self._index.relist_if_changed(tp, idx, offset) else None
         out: list[tuple[int, Payload]] = []
         times: list[int] = []
         size = 0
@@ -678,11 +446,11 @@ class FileTailCache:
                 # The index ends here; another worker may have written what follows.
                 relisted = True
                 hw = self._fresh_hw(tp, idx, at)
-                if hw is not None and at <= hw and self._relist_if_changed(tp, idx, at):
+                if hw is not None and at <= hw and self._index.relist_if_changed(tp, idx, at):
                     seg = idx.find(at)
         return self._hit(tp, idx, out, at, times) if out else None
 
-    def _fresh_hw(self, tp: TopicPartition, idx: _Index, offset: int) -> int | None:
+    def _fresh_hw(self, tp: TopicPartition, idx: PartitionIndex, offset: int) -> int | None:
         """The hw, re-read from the shared file only if ``offset`` is beyond what this
         process knows (at the tail, where another worker may have moved it)."""
         hw = idx.high_watermark
@@ -690,7 +458,7 @@ class FileTailCache:
             hw = self._load_hw(tp, idx)
         return hw
 
-    def _hit(self, tp: TopicPartition, idx: _Index, out: list[tuple[int, Payload]],
+    def _hit(self, tp: TopicPartition, idx: PartitionIndex, out: list[tuple[int, Payload]],
              next_offset: int, times: list[int]) -> CacheHit:
         # Records another worker wrote can be newer than the hw this process knows.
         self._fresh_hw(tp, idx, next_offset - 1)
@@ -698,10 +466,10 @@ class FileTailCache:
         assert idx.high_watermark is not None
         return CacheHit(out, idx.high_watermark, next_offset, times)
 
-    def _read_segment(self, tp: TopicPartition, idx: _Index,
+    def _read_segment(self, tp: TopicPartition, idx: PartitionIndex,
                       seg: tuple[int, int]) -> tuple[list[Payload], int] | None:
         path = f"{self._dir(tp)}/{segment_name(*seg)}"
-        data = self._read(path)
+        data = read_file(path)
         values = None if data is None else decode_segment(data, tp, *seg)
         if values is None:
             idx.discard(seg)
@@ -724,19 +492,19 @@ class FileTailCache:
 
     def statistics(self) -> TailCacheStats:
         with self._lock:
-            indexes = self._indexes.values()
+            indexes = [idx for _, idx in self._index.items()]
             return self._counters.stats(
                 partitions=sum(1 for i in indexes if i.segments),
                 segments=sum(len(i.segments) for i in indexes),
-                records=sum(i.records() for i in indexes), nbytes=self._estimate)
+                records=sum(i.records() for i in indexes), nbytes=self._budget.estimate)
 
     def drop(self, tp: TopicPartition) -> None:
         with self._lock:
-            self._indexes.pop(tp, None)
+            self._index.forget(tp)
             with contextlib.suppress(OSError):
                 shutil.rmtree(self._dir(tp))
 
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            self._indexes.clear()
+            self._index.clear()

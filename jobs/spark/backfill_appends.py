@@ -340,7 +340,7 @@ def backfill_task(payload: Mapping[str, str], params: TaskParams,
             # The store's own horizons (LLOG_RETRY_HORIZON_MS, which vacuum assumes),
             # never the constructor's defaults.
             writer = LogWriter.from_settings(stores.oxia, cast(S3Store, recorder),
-                                             stores.layout, stores.metrics, stores.settings)
+                                             stores.layout, stores.metrics, stores.settings.writer)
             async with writer:
                 task = _Task(stores, writer, recorder, params)
                 last_log = time.monotonic()

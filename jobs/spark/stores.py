@@ -45,9 +45,9 @@ async def open_stores(payload: Mapping[str, str], identity: str) -> AsyncIterato
     settings = settings_from_payload(payload, broker_id=identity, oxia_event_loop_reads=False)
     metrics = StoreMetrics()
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
-    async with OxiaStore(settings, metrics, identity=identity) as ox:
+    async with OxiaStore(settings.oxia, metrics, identity=identity) as ox:
         try:
-            async with S3Store(settings, metrics) as s3:
+            async with S3Store(settings.s3, metrics) as s3:
                 yield Stores(settings, layout, metrics, ox, s3)
         finally:
             quiet_oxia_close(ox)

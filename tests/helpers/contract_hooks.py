@@ -28,7 +28,7 @@ from typing import Any
 import schemathesis
 
 # The broker's words for the two refusals (app/broker/topics.py, app/groups/offsets.py,
-# app/routes/consume.py).
+# app/broker/consume_call.py).
 CODINGS = ("zstd", "gzip", "x-gzip")
 INEXPRESSIBLE = ("without a partition needs one key on every record",
                  "a partition appears more than once")

@@ -1,0 +1,296 @@
+"""One ``POST /consume``, served the same whichever way it came in (the FastAPI route or
+the hot lane, app/routes/consume.py).
+
+One small object per request, holding what the request needs (the broker, the parsed
+request, its share of the answer budget), its steps in order: the request within the
+limits, its partitions' positions resolved ("earliest"/"latest" from the log,
+"committed" from the group), a committing member checked, unknown partitions refused,
+the read (a long-poll), what was delivered committed, the outcomes counted, and the
+answer's bytes, JSON or binary (app/broker/answers.py), compressed for the caller. It
+answers bytes and what they hold, not HTTP: the route adds only the response around
+them.
+
+The answer holds its share of the answer budget (app/broker/answering.py) from its first
+read until it has been sent (:attr:`ConsumeAnswer.release`); on any failure before the
+answer is handed over, the share is given back here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from app.broker import answers
+from app.broker.answer_compression import compress_answer
+from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold, BudgetedConsumeService
+from app.broker.consume import Fetch
+from app.broker.positions import NAMED, resolve_named
+from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled
+from app.groups.offsets import Reset
+from app.storage.keys import TopicPartition
+from app.storage.reader import ReadOutcome, ReadResult
+from app.wire import records as wire
+
+if TYPE_CHECKING:
+    from app.broker.state import BrokerState
+
+Outcomes = list[ReadOutcome]
+# Runs the read, or answers None when the caller went away first (the read cancelled).
+Until = Callable[[Callable[[], Awaitable[Outcomes]]], Awaitable[tuple[Outcomes] | None]]
+
+
+class FetchAsk(Protocol):
+    """One partition of a consume request (app/routes/models.py's ConsumeTopicPartition)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def partition(self) -> int: ...
+    @property
+    def fetch_offset(self) -> int | str: ...
+    @property
+    def partition_max_bytes(self) -> int | None: ...
+
+
+class ConsumeAsk(Protocol):
+    """A consume request, parsed (app/routes/models.py's ConsumeRequest)."""
+
+    @property
+    def topic_partitions(self) -> Sequence[FetchAsk]: ...
+    @property
+    def max_wait_ms(self) -> int: ...
+    @property
+    def min_bytes(self) -> int: ...
+    @property
+    def max_bytes(self) -> int: ...
+    @property
+    def encoding(self) -> str: ...
+    @property
+    def group(self) -> str | None: ...
+    @property
+    def member_id(self) -> str | None: ...
+    @property
+    def generation(self) -> int | None: ...
+    @property
+    def auto_offset_reset(self) -> Reset: ...
+    @property
+    def commit(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class ConsumeAnswer:
+    """The answer's bytes, as sent (compressed with ``content_encoding``, if named)."""
+
+    parts: Sequence[bytes | memoryview]
+    media_type: str
+    content_encoding: str | None
+    consumed: int  # the record bytes handed over, for the caller's account
+    # Gives the answer's share of the budget back: call it once the answer was sent.
+    release: Callable[[], None] | None
+
+
+def group_of(ask: ConsumeAsk) -> str:
+    assert ask.group is not None  # the model requires it with committed and commit
+    return ask.group
+
+
+def needs_group(ask: ConsumeAsk) -> bool:
+    """Whether the request reads or writes its group's offsets."""
+    return ask.commit or any(e.fetch_offset == "committed" for e in ask.topic_partitions)
+
+
+class ConsumeCall:
+    def __init__(self, state: BrokerState, ask: ConsumeAsk, *, binary: bool,
+                 accept_encoding: str | None, until: Until) -> None:
+        self.state = state
+        self.ask = ask
+        self.binary = binary
+        self.accept_encoding = accept_encoding
+        self.until = until
+        self.started = time.monotonic()
+        self.fetches: list[Fetch] = []
+        # The fetches that are answered with an error without being read, by index.
+        self.refused: dict[int, LlogError] = {}
+
+    async def answer(self) -> ConsumeAnswer | None:
+        """The answer; None when the caller went away while the read waited."""
+        try:
+            service = self.state.consume_service()
+        except RoleDisabled as exc:  # every partition answers the refusal
+            await self._positions()
+            return await self._answered([exc] * len(self.fetches), None)
+        hold = service.answer(BINARY_FACTOR if self.binary else JSON_FACTOR)
+        try:
+            await self._positions()
+            outcomes = await self._read(service, hold)
+            if outcomes is None:  # the client went away; nobody reads this answer
+                hold.release()
+                return None
+            return await self._answered(outcomes, hold)
+        except BaseException:
+            hold.release()
+            raise
+
+    async def _positions(self) -> None:
+        """The request as fetches within the limits, each at the offset it names."""
+        self.fetches = self._checked()
+        await self._resolve_named()
+        await self._resolve_committed()
+
+    async def _answered(self, outcomes: Outcomes, hold: AnswerHold | None) -> ConsumeAnswer:
+        """What was delivered committed (when asked), the outcomes counted, the answer
+        encoded."""
+        committed = await self._commit_delivered(outcomes) if self.ask.commit else {}
+        outcomes = [_unless_refused(o, committed.get(i)) for i, o in enumerate(outcomes)]
+        self._count(outcomes)
+        return await self._encoded(outcomes, committed, hold)
+
+    def _checked(self) -> list[Fetch]:
+        """The request as fetches, within the configured limits (400/413 otherwise)."""
+        ask, s = self.ask, self.state.settings
+        if ask.max_wait_ms > s.max_wait_ms_ceiling:
+            raise InvalidRequest(f"max_wait_ms {ask.max_wait_ms} exceeds the ceiling of "
+                                 f"{s.max_wait_ms_ceiling}")
+        if len(ask.topic_partitions) > s.max_partitions_per_request:
+            raise PayloadTooLarge(f"{len(ask.topic_partitions)} partitions in one request; "
+                                  f"the limit is {s.max_partitions_per_request}")
+        if ask.max_bytes > s.max_fetch_bytes:
+            raise InvalidRequest(f"max_bytes {ask.max_bytes} exceeds the limit of "
+                                 f"{s.max_fetch_bytes}")
+        fetches: list[Fetch] = []
+        seen: set[TopicPartition] = set()
+        for entry in ask.topic_partitions:
+            tp = TopicPartition(entry.topic, entry.partition)
+            if tp in seen:
+                raise InvalidRequest(f"a partition appears more than once ({tp}); name "
+                                     "each partition once")
+            seen.add(tp)
+            most = entry.partition_max_bytes
+            if most is not None and most > s.max_fetch_bytes:
+                raise InvalidRequest(f"partition_max_bytes {most} for {tp} exceeds the "
+                                     f"limit of {s.max_fetch_bytes}")
+            # A named position is resolved below; 0 (the log start) until then.
+            offset = entry.fetch_offset if isinstance(entry.fetch_offset, int) else 0
+            fetches.append(Fetch(tp, offset, most))
+        return fetches
+
+    async def _resolve_named(self) -> None:
+        """"earliest" and "latest" as offsets; a partition whose offsets could not be
+        looked up reads from the log start, and its read answers why."""
+        named = [(i, e.fetch_offset) for i, e in enumerate(self.ask.topic_partitions)
+                 if e.fetch_offset in NAMED]
+        if not named:
+            return
+        found = await resolve_named(self.state, [(self.fetches[i].tp, name)
+                                                 for i, name in named])
+        for (i, _), offset in zip(named, found, strict=True):
+            if isinstance(offset, int):
+                self.fetches[i] = dataclasses.replace(self.fetches[i], offset=offset)
+
+    async def _resolve_committed(self) -> None:
+        """"committed" as one past the group's committed offset (or by
+        auto_offset_reset); a partition without one is refused, not read."""
+        at = [i for i, e in enumerate(self.ask.topic_partitions) if e.fetch_offset == "committed"]
+        if not at:
+            return
+        positions = await self.state.group_service().offsets.positions(
+            group_of(self.ask), [self.fetches[i].tp for i in at], self.ask.auto_offset_reset)
+        for i, position in zip(at, positions, strict=True):
+            if isinstance(position, LlogError):
+                self.refused[i] = position
+            else:
+                self.fetches[i] = dataclasses.replace(self.fetches[i], offset=position)
+
+    async def _read(self, service: BudgetedConsumeService, hold: AnswerHold
+                    ) -> Outcomes | None:
+        """Each fetch's outcome: read (a long-poll), or why it was refused; None when
+        the caller went away first."""
+        ask = self.ask
+        if ask.commit:  # a member that may not commit is refused before any wait
+            await self.state.group_service().offsets.authorise(
+                group_of(ask), ask.member_id, ask.generation, [f.tp for f in self.fetches])
+        self.refused.update(await self._unknown())
+        readable = [f for i, f in enumerate(self.fetches) if i not in self.refused]
+        answered = await self.until(lambda: service.consume_holding(
+            hold, readable, max_wait_s=ask.max_wait_ms / 1000, min_bytes=ask.min_bytes,
+            max_bytes=ask.max_bytes)) if readable else ([],)
+        if answered is None:
+            return None
+        read = iter(answered[0])
+        return [self.refused[i] if i in self.refused else next(read)
+                for i in range(len(self.fetches))]
+
+    async def _unknown(self) -> dict[int, LlogError]:
+        """The fetches of partitions that do not exist (when topics are not auto-created),
+        by index, with their error (those refused already are not looked at)."""
+        out: dict[int, LlogError] = {}
+        topics = self.state.topics
+        if topics is None:
+            return out
+        for i, fetch in enumerate(self.fetches):
+            if i in self.refused:
+                continue
+            try:
+                await topics.check_readable(fetch.tp)
+            except LlogError as exc:
+                out[i] = exc
+        return out
+
+    async def _commit_delivered(self, outcomes: Outcomes) -> dict[int, int | LlogError]:
+        """Commit the last record delivered of each partition that delivered any, before
+        the answer leaves (at-most-once); by index, the offset committed or why not."""
+        delivered = [(i, fetch.tp, outcome.next_offset - 1) for i, (fetch, outcome)
+                     in enumerate(zip(self.fetches, outcomes, strict=True))
+                     if isinstance(outcome, ReadResult) and outcome.records]
+        if not delivered:
+            return {}
+        ask = self.ask
+        done: list[int | LlogError]
+        try:
+            done = await self.state.group_service().offsets.commit(
+                group_of(ask), ask.member_id, ask.generation,
+                [(tp, offset) for _, tp, offset in delivered], check_bounds=False)
+        except LlogError as exc:  # the group changed while the request waited
+            done = [exc] * len(delivered)
+        return {i: outcome for (i, _, _), outcome in zip(delivered, done, strict=True)}
+
+    def _count(self, outcomes: Outcomes) -> None:
+        metrics = self.state.consume_metrics
+        for outcome in outcomes:
+            if isinstance(outcome, ReadResult):
+                metrics.records.inc(len(outcome.records))
+                metrics.bytes.inc(outcome.size)
+            else:
+                metrics.failed_entries.labels(outcome.error_type).inc()
+
+    async def _encoded(self, outcomes: Outcomes, committed: dict[int, int | LlogError],
+                       hold: AnswerHold | None) -> ConsumeAnswer:
+        parts: Sequence[bytes | memoryview]
+        if self.binary:
+            parts = wire.build_parts([answers.consume_binary(f.tp, o)
+                                      for f, o in zip(self.fetches, outcomes, strict=True)])
+        else:
+            parts = [answers.consume_answer([
+                answers.consume_result(fetch.tp, outcome, self.ask.encoding, committed.get(i))
+                for i, (fetch, outcome) in enumerate(zip(self.fetches, outcomes,
+                                                         strict=True))])]
+        if hold is not None:  # from here the answer holds what it sends, until it is sent
+            # (the raw size: compressed, the answer is smaller, and both exist meanwhile)
+            hold.hold(sum(len(p) for p in parts))
+        s = self.state.settings
+        parts, encoding = await compress_answer(parts, self.accept_encoding,
+                                                s.answer_encodings)
+        self.state.consume_metrics.requests.inc()
+        self.state.consume_metrics.latency.observe(time.monotonic() - self.started)
+        return ConsumeAnswer(parts, wire.CONTENT_TYPE if self.binary else "application/json",
+                             encoding,
+                             sum(o.size for o in outcomes if isinstance(o, ReadResult)),
+                             None if hold is None else hold.release)
+
+
+def _unless_refused(outcome: ReadOutcome, commit: int | LlogError | None) -> ReadOutcome:
+    """A partition whose commit failed answers the error, not records it did not commit."""
+    return commit if isinstance(commit, LlogError) else outcome

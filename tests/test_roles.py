@@ -1,0 +1,96 @@
+"""A broker without a role refuses that role's operations the same way on every way in
+(the hot lane, the FastAPI routes, the event stream): each answer here is pinned byte
+for byte, so that moving the refusal into the services (app/broker/roles.py) changed
+no answer. On the real Oxia and MinIO, in process."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from app.broker.state import BrokerState
+from app.errors import RoleDisabled
+from app.factory import create_app
+from app.localstack.stack import LocalStack
+from app.settings import Settings
+from tests.helpers.bodies import consume_body, produce_body
+from tests.helpers.stack import make_settings
+
+READ = "this broker does not have the read role"
+WRITE = "this broker does not have the write role"
+GROUPS = "this broker does not serve consumer groups (it needs the read role)"
+ADMIN = "this broker does not serve topic administration (it needs the read role)"
+
+
+@contextlib.asynccontextmanager
+async def _client(stack: LocalStack, roles: str) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(make_settings(stack, roles=roles))
+    async with app.router.lifespan_context(app), httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
+        yield client
+
+
+def _refused(message: str) -> bytes:
+    """A whole request refused: the error body, as the error handler writes it."""
+    return orjson.dumps({"error_type": "RoleDisabled", "error": message})
+
+
+def _failed(topic: str, message: str, **more: Any) -> dict[str, Any]:
+    return {"topic": topic, "partition": 0, "ok": False, "outcome": "failure",
+            "error_type": "RoleDisabled", "error": message, "retriable": True, **more}
+
+
+async def test_a_broker_without_the_read_role_refuses_every_read(stack: LocalStack,
+                                                                 topic: str) -> None:
+    async with _client(stack, "write") as client:
+        for offset in (1, "earliest", "latest"):
+            r = await client.post("/consume", json=consume_body(topic, offset))
+            assert (r.status_code, r.content) == (200, orjson.dumps(
+                {"results": [_failed(topic, READ)]}))
+        r = await client.post("/consume", json=consume_body(topic, "committed", group="g"))
+        assert (r.status_code, r.content) == (503, _refused(GROUPS))
+        assert r.headers["retry-after"] == "1"
+        r = await client.post("/offsets", json={"topic_partitions": [
+            {"topic": topic, "partition": 0}]})
+        assert (r.status_code, r.content) == (200, orjson.dumps(
+            {"results": [_failed(topic, READ)]}))
+        r = await client.get(f"/topics/{topic}/stream", params={"from": "earliest"})
+        assert (r.status_code, r.content) == (503, _refused(READ))
+        r = await client.get("/groups")
+        assert (r.status_code, r.content) == (503, _refused(GROUPS))
+        r = await client.get("/topics")
+        assert (r.status_code, r.content) == (503, _refused(ADMIN))
+
+
+async def test_a_broker_without_the_write_role_refuses_every_entry(stack: LocalStack,
+                                                                   topic: str) -> None:
+    async with _client(stack, "read") as client:
+        r = await client.post("/produce", json=produce_body(topic, "x"))
+        assert (r.status_code, r.headers["retry-after"]) == (503, "1")
+        assert r.content == orjson.dumps({
+            "results": [_failed(topic, WRITE, maybe_written=False)],
+            "success_count": 0, "error_count": 1})
+
+
+@pytest.mark.parametrize(("ask", "message"), [
+    (BrokerState.consume_service, READ), (BrokerState.log_reader, READ),
+    (BrokerState.group_service, GROUPS), (BrokerState.topic_admin, ADMIN),
+    (BrokerState.write_topics, WRITE),
+])
+def test_a_service_the_broker_lacks_refuses_when_asked_for(ask: Any, message: str) -> None:
+    """Not started, a broker has none of its roles' services: each refuses, by name."""
+    state = BrokerState.create(Settings(broker_id="roles"))
+    with pytest.raises(RoleDisabled) as refused:
+        ask(state)
+    assert str(refused.value) == message
+
+
+async def test_appending_without_the_write_role_is_refused() -> None:
+    state = BrokerState.create(Settings(broker_id="roles"))
+    with pytest.raises(RoleDisabled, match=WRITE):
+        await state.append([])
