@@ -75,6 +75,8 @@ class HotLane:
 
 
 def _is(entry: Middleware, cls: object) -> bool:
+    """Whether ``entry`` makes ``cls`` (its ``cls`` is typed as a factory protocol, which
+    a type checker sees no class as)."""
     found: object = entry.cls
     return found is cls
 
