@@ -206,7 +206,8 @@ class Settings(
         return LimitSettings.model_construct(**self._fields_of(LimitSettings))
 
     @property
-    def topics(self) -> TopicSettings:
+    def topic_rules(self) -> TopicSettings:
+        """The topics group (auto-creation, defaults; not the broker's topic directory)."""
         return TopicSettings.model_construct(**self._fields_of(TopicSettings))
 
     @property

@@ -61,7 +61,8 @@ async def fill_and_compact(settings: Settings, mib: int, record_bytes: int) -> i
     metrics = StoreMetrics()
     per_append = max(1, 4 * MiB // record_bytes)
     records = mib * MiB // record_bytes
-    async with OxiaStore(settings, metrics) as oxia, S3Store(settings, metrics) as s3:
+    async with (OxiaStore(settings.oxia, metrics, identity=settings.broker_id) as oxia,
+                S3Store(settings.s3, metrics) as s3):
         writer = LogWriter(oxia, s3, layout, metrics)
         written, started = 0, time.monotonic()
         while written < records:
@@ -86,7 +87,8 @@ async def consume_all(settings: Settings, fetch_bytes: int) -> dict[str, Any]:
     tp = TopicPartition(TOPIC, 0)
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
     metrics = StoreMetrics()
-    async with OxiaStore(settings, metrics) as oxia, S3Store(settings, metrics) as s3:
+    async with (OxiaStore(settings.oxia, metrics, identity=settings.broker_id) as oxia,
+                S3Store(settings.s3, metrics) as s3):
         reader = LogReader(oxia, s3, layout,
                            object_cache_bytes=settings.read_object_cache_bytes)
         hw = await reader.high_watermark(tp)

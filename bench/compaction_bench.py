@@ -163,7 +163,8 @@ async def run_bench(settings: Settings, args: argparse.Namespace) -> dict[str, A
     config = CompactionConfig(max_bytes=settings.compaction_max_bytes,
                               max_entries=settings.compaction_max_entries,
                               min_entries=2, min_entry_age_ms=0)
-    async with OxiaStore(settings, metrics) as oxia, S3Store(settings, metrics) as s3:
+    async with (OxiaStore(settings.oxia, metrics, identity=settings.broker_id) as oxia,
+                S3Store(settings.s3, metrics) as s3):
         writer = LogWriter(oxia, s3, layout, metrics)
         fill_s = await fill(writer, tps, args.appends, args.records, args.record_bytes,
                             args.appenders)

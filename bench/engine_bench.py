@@ -82,8 +82,8 @@ async def run_engine(settings: Settings, partitions: int, record_bytes: int,
     latencies: list[float] = []
     appends = 0
     async with (
-        OxiaStore(settings, metrics) as ox,
-        S3Store(settings, metrics) as s3,
+        OxiaStore(settings.oxia, metrics, identity=settings.broker_id) as ox,
+        S3Store(settings.s3, metrics) as s3,
         LogWriter(ox, s3, layout, metrics) as writer,
     ):
         for tp in tps:  # initialisation is a one-off, not part of the steady state
@@ -131,7 +131,7 @@ async def baseline_s3(settings: Settings, blob_bytes: int, concurrency: int,
     metrics = StoreMetrics()
     blob = os.urandom(blob_bytes)
     count = 0
-    async with S3Store(settings, metrics) as s3:
+    async with S3Store(settings.s3, metrics) as s3:
         deadline = time.monotonic() + duration
 
         async def put_loop() -> None:
@@ -154,7 +154,7 @@ async def baseline_oxia_cas(settings: Settings, keys: int, concurrency: int,
     metrics = StoreMetrics()
     count = 0
     value = b'{"log_state":"OPEN","sequence_counter":1,"pending":{"append_id":"x"}}' * 3
-    async with OxiaStore(settings, metrics) as ox:
+    async with OxiaStore(settings.oxia, metrics, identity=settings.broker_id) as ox:
         prefix = f"{settings.root_prefix}/bench-cas-{uuid.uuid4().hex[:8]}"
         deadline = time.monotonic() + duration
 

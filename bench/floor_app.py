@@ -210,8 +210,9 @@ def create_app(settings: Settings, window_s: float, max_inflight: int,
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         metrics = StoreMetrics()
         async with AsyncExitStack() as stack:
-            s3 = await stack.enter_async_context(S3Store(settings, metrics))
-            oxia = await stack.enter_async_context(OxiaStore(settings, metrics))
+            s3 = await stack.enter_async_context(S3Store(settings.s3, metrics))
+            oxia = await stack.enter_async_context(
+                OxiaStore(settings.oxia, metrics, identity=settings.broker_id))
             flusher.append(_Flusher(s3, oxia, window_s, max_inflight))
             chunks.append(_Chunks(s3, record_bytes))
             await chunks[0].store(max(1, fetch_bytes // record_bytes))

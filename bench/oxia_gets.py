@@ -44,7 +44,7 @@ def _cpu() -> float:
 async def _measure(settings: Settings, gets: int, concurrency: int, busy_ms: float
                    ) -> tuple[float, float, float]:
     """Gets/s, CPU µs per get and mean ms per get, for one way and one load."""
-    async with OxiaStore(settings, StoreMetrics()) as store:
+    async with OxiaStore(settings.oxia, StoreMetrics(), identity=settings.broker_id) as store:
         await store.put("bench/gets", b"x" * 200, "bench")
         for _ in range(20):
             await store.get("bench/gets", "bench")

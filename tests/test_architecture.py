@@ -177,3 +177,22 @@ def test_no_route_refuses_a_role_itself() -> None:
                  getattr(node.func, "id", None) == "RoleDisabled"
                  or getattr(node.func, "attr", None) == "RoleDisabled")]
     assert not found, "routes that build RoleDisabled: " + ", ".join(found)
+
+
+def test_no_route_handler_publishes_its_docstring() -> None:
+    """FastAPI publishes a handler's docstring as its operation's description when the
+    decorator sets none: a note for the code's readers would land in the API document.
+    The document's descriptions are written in the decorators (or the OpenAPI pieces)."""
+    found: list[str] = []
+    for name, tree in _route_modules():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
+                continue
+            routes = [d for d in node.decorator_list if isinstance(d, ast.Call)
+                      and isinstance(d.func, ast.Attribute)
+                      and getattr(d.func.value, "id", None) == "router"]
+            described = any(k.arg == "description" for d in routes for k in d.keywords)
+            if routes and not described and ast.get_docstring(node) is not None:
+                found.append(f"{name}:{node.lineno} {node.name}")
+    assert not found, "route handlers whose docstring FastAPI would publish:\n" + "\n".join(
+        found)

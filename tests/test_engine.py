@@ -149,8 +149,8 @@ async def test_neighbouring_keys_never_answer_an_index_scan(
         await _append(engine, dotted, b"dot")
     await engine.writer.materialise_pending(p1)
 
-    assert [span async for span in engine.reader._index_from(p1, 2, 1)] == []
-    assert [span.end async for span in engine.reader._index_from(p1, 1, 1)] == [1]
+    assert [span async for span in engine.reader.index.spans_from(p1, 2, 1)] == []
+    assert [span.end async for span in engine.reader.index.spans_from(p1, 1, 1)] == [1]
     # Break p1's index under its high watermark: the reader reports a gap instead of
     # returning a neighbour's records.
     await engine.oxia.delete(engine.layout.index(p1, 1), p1.partition_key)

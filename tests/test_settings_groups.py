@@ -109,7 +109,7 @@ ACCESSORS: dict[str, type[BaseModel]] = {
     "oxia": OxiaSettings, "s3": S3Settings, "store": StoreSettings, "writer": WriterSettings,
     "batching": BatchSettings, "read_path": ReadSettings, "tail_cache": TailCacheSettings,
     "compaction": CompactionSettings, "consumer_groups": GroupSettings,
-    "access": AuthSettings, "limits": LimitSettings, "topics": TopicSettings,
+    "access": AuthSettings, "limits": LimitSettings, "topic_rules": TopicSettings,
     "cluster": ClusterSettings, "server": ServerSettings,
     "observability": ObservabilitySettings,
 }
@@ -153,7 +153,7 @@ def test_the_environment_names_are_unchanged() -> None:
     ("consumer_groups", "LLOG_GROUP_MAX_MEMBERS", "5", 5),
     ("access", "LLOG_AUTH_JWT_ALGORITHMS", "RS256,ES256", ("RS256", "ES256")),
     ("limits", "LLOG_MAX_HEADERS", "3", 3),
-    ("topics", "LLOG_TOPIC_DEFAULT_COMPRESSION", " zstd:4 ", "zstd:4"),
+    ("topic_rules", "LLOG_TOPIC_DEFAULT_COMPRESSION", " zstd:4 ", "zstd:4"),
     ("cluster", "LLOG_ADVERTISED_URL", "http://b.example/", "http://b.example"),
     ("server", "LLOG_ROLES", "read,read", ("read",)),
     ("observability", "LLOG_METRICS_DIR", "", None),

@@ -527,6 +527,30 @@ def test_a_writer_evicts_its_own_oldest_segments_without_listing(
     assert disk_bytes(tmp_path) <= budget
 
 
+def test_a_segment_that_cannot_be_deleted_leaves_the_budget_true(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A delete refused (EACCES, EBUSY) while evicting its own oldest segments: the
+    writer lists the directory at once, so the files still there count again and the
+    directory stays within its budget."""
+    budget = 20_000
+    cache = FileTailCache(tmp_path, budget, store_id=STORE)
+    real_unlink = os.unlink
+    refused: list[str] = []
+
+    def unlink_refusing_once(path: Any, *args: Any, **kwargs: Any) -> None:
+        if not refused and str(path).endswith(".seg"):
+            refused.append(str(path))
+            raise PermissionError(13, "refused", str(path))
+        real_unlink(path, *args, **kwargs)
+
+    monkeypatch.setattr(file_cache.os, "unlink", unlink_refusing_once)
+    for offset in range(1, 401):
+        cache.put(TP, offset, [value(offset) * 20])
+        assert disk_bytes(tmp_path) <= budget, offset
+    assert refused
+    assert cache.get(TP, 400, None, None) is not None
+
+
 def test_index_of_one_partition_is_bounded(tmp_path: Path) -> None:
     bound = file_cache.MAX_SEGMENTS_PER_PARTITION
     last = bound + 100

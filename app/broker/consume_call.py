@@ -12,7 +12,8 @@ them.
 
 The answer holds its share of the answer budget (app/broker/answering.py) from its first
 read until it has been sent (:attr:`ConsumeAnswer.release`); on any failure before the
-answer is handed over, the share is given back here.
+answer is ready, the share is given back here; once it is, by whoever holds the
+answer (the route, if building the response around it fails).
 """
 
 from __future__ import annotations
@@ -104,13 +105,15 @@ def needs_group(ask: ConsumeAsk) -> bool:
 
 class ConsumeCall:
     def __init__(self, state: BrokerState, ask: ConsumeAsk, *, binary: bool,
-                 accept_encoding: str | None, until: Until) -> None:
+                 accept_encoding: str | None, until: Until,
+                 started: float | None = None) -> None:
         self.state = state
         self.ask = ask
         self.binary = binary
         self.accept_encoding = accept_encoding
         self.until = until
-        self.started = time.monotonic()
+        # When the request arrived (time.monotonic()), for the latency metric.
+        self.started = time.monotonic() if started is None else started
         self.fetches: list[Fetch] = []
         # The fetches that are answered with an error without being read, by index.
         self.refused: dict[int, LlogError] = {}

@@ -256,15 +256,17 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
             OxiaStore(s.oxia, state.store_metrics, identity=s.broker_id))
         s3 = await stack.enter_async_context(S3Store(s.s3, state.store_metrics))
         store_id = store_id_of(s.s3_bucket, s.root_prefix, await store_identity(oxia, layout))
-        state.cache = open_tail_cache(s.tail_cache_dir, s.tail_cache_max_bytes,
+        tc = s.tail_cache
+        state.cache = open_tail_cache(tc.tail_cache_dir, tc.tail_cache_max_bytes,
                                       store_id=store_id,
-                                      max_partitions=s.tail_cache_max_partitions)
+                                      max_partitions=tc.tail_cache_max_partitions)
         stack.callback(state.cache.close)
+        rules = s.topic_rules
         state.topics = TopicDirectory(
-            TopicCatalog(oxia, layout), auto_create=s.auto_create_topics,
-            auto_partitions=s.auto_create_partitions, ttl_s=s.topic_cache_ttl_s,
-            max_partitions=s.max_topic_partitions,
-            default_config=default_topic_config(s.topic_default_compression))
+            TopicCatalog(oxia, layout), auto_create=rules.auto_create_topics,
+            auto_partitions=rules.auto_create_partitions, ttl_s=rules.topic_cache_ttl_s,
+            max_partitions=rules.max_topic_partitions,
+            default_config=default_topic_config(rules.topic_default_compression))
         state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s.writer)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
@@ -296,7 +298,6 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
 
 
 async def _start_batcher(state: BrokerState, tg: anyio.abc.TaskGroup) -> None:
-    s = state.settings
     assert state.writer is not None and state.cache is not None
     cache, watch = state.cache, state.watch
 
@@ -309,11 +310,12 @@ async def _start_batcher(state: BrokerState, tg: anyio.abc.TaskGroup) -> None:
         for group, _ in committed:
             watch.notify(group.tp)
 
+    b = state.settings.batching
     state.batcher = Batcher(
-        state.writer.append_shared, max_bytes=s.batch_max_bytes,
-        max_delay_s=s.batch_max_delay_ms / 1000, buffer_max_bytes=s.batch_buffer_max_bytes,
-        max_inflight_flushes=s.batch_max_inflight,
-        eager_flushes=min(s.batch_eager_flushes, s.batch_max_inflight),
+        state.writer.append_shared, max_bytes=b.batch_max_bytes,
+        max_delay_s=b.batch_max_delay_ms / 1000, buffer_max_bytes=b.batch_buffer_max_bytes,
+        max_inflight_flushes=b.batch_max_inflight,
+        eager_flushes=min(b.batch_eager_flushes, b.batch_max_inflight),
         metrics=BatcherMetrics(state.registry),
         on_committed=on_committed)
     await tg.start(_watched, state, state.batcher.run)
@@ -323,12 +325,13 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
                         tg: anyio.abc.TaskGroup, stack: contextlib.AsyncExitStack) -> None:
     s = state.settings
     assert state.writer is not None
+    r = s.read_path
     state.reader = LogReader(
-        oxia, s3, layout, object_cache_bytes=s.read_object_cache_bytes,
-        fetch_concurrency=s.read_fetch_concurrency,
-        max_concurrent_fetches=s.read_max_concurrent_fetches,
-        read_ahead=s.read_ahead_max_inflight,
-        wal_object_max_bytes=s.read_wal_object_max_bytes)
+        oxia, s3, layout, object_cache_bytes=r.read_object_cache_bytes,
+        fetch_concurrency=r.read_fetch_concurrency,
+        max_concurrent_fetches=r.read_max_concurrent_fetches,
+        read_ahead=r.read_ahead_max_inflight,
+        wal_object_max_bytes=r.read_wal_object_max_bytes)
     state.reader.run_ahead_in(tg)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
@@ -340,11 +343,13 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
 
     state.groups = GroupService(oxia, layout, state.reader, s.consumer_groups, partitions_of,
                                 broker_id=s.broker_id)
+    limits = s.limits
     state.consume = BudgetedConsumeService(
         state.reader, state.cache, state.watch, state.consume_metrics,
-        max_long_polls=s.max_concurrent_long_polls, max_streams=s.max_concurrent_streams,
-        answers=AnswerBudget(s.max_answer_bytes_in_flight,
-                             max_wait_s=s.answer_bytes_wait_ms / 1000))
+        max_long_polls=limits.max_concurrent_long_polls,
+        max_streams=limits.max_concurrent_streams,
+        answers=AnswerBudget(limits.max_answer_bytes_in_flight,
+                             max_wait_s=limits.answer_bytes_wait_ms / 1000))
     # A change seen while this process's own write of it is in flight is decided when
     # that write returns; a foreign one then wakes the partition's waiters.
     state.writer.own.on_foreign = state.watch.notify_remote
@@ -359,7 +364,7 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     """Take this worker's slot, listen for forwarded appends, register as a member with
     a first view of the cluster, and route produce through the affinity router; all of
     it before the broker reports ready."""
-    s = state.settings
+    s, c = state.settings, state.settings.cluster
     assert state.batcher is not None
     batcher = state.batcher
     slot = await anyio.to_thread.run_sync(take_slot, state.registry.shared_dir)
@@ -369,7 +374,7 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     except InvalidRequest:
         raise ValueError(f"LLOG_BROKER_ID {s.broker_id!r} cannot name a cluster member "
                          "(LLOG_AFFINITY): up to 60 characters of [A-Za-z0-9._-]") from None
-    secret = None if s.cluster_secret is None else s.cluster_secret.get_secret_value()
+    secret = None if c.cluster_secret is None else c.cluster_secret.get_secret_value()
     forward_metrics = ForwardMetrics(state.registry, member=me_id)
 
     async def forwarded(groups: list[AppendGroup], take_by: float) -> list[AppendOutcome]:
@@ -379,7 +384,7 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
         stored = await state.topics.stored_as(groups)
         return await batcher.enqueue(stored, take_by=take_by)
 
-    server = ForwardServer(forwarded, host=s.forward_host, port=s.forward_port,
+    server = ForwardServer(forwarded, host=c.forward_host, port=c.forward_port,
                            secret=secret, metrics=forward_metrics)
     with anyio.fail_after(30):
         await tg.start(_watched, state, server.run)
@@ -387,7 +392,7 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     state.forward_address = server.address
     me = Member(me_id, s.broker_id, s.broker_url, server.address, tuple(s.roles),
                 uuid.uuid4().hex)
-    state.membership = Membership(oxia, layout, me, refresh_s=s.membership_refresh_s,
+    state.membership = Membership(oxia, layout, me, refresh_s=c.membership_refresh_s,
                                   registry=state.registry,
                                   call_timeout_s=s.oxia_request_timeout_s * 2 + 5)
     with anyio.fail_after(30):
@@ -395,8 +400,8 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
 
     def client(peer: Member) -> ForwardClient:
         return ForwardClient(peer.forward, secret=secret,
-                             deadline_s=s.forward_deadline_ms / 1000,
-                             answer_timeout_s=s.forward_answer_timeout_ms / 1000,
+                             deadline_s=c.forward_deadline_ms / 1000,
+                             answer_timeout_s=c.forward_answer_timeout_ms / 1000,
                              metrics=forward_metrics)
 
     state.router = AffinityRouter(

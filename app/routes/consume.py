@@ -5,6 +5,7 @@ app/broker/consume_call.py, and its answer to a response."""
 from __future__ import annotations
 
 import functools
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Request
@@ -85,6 +86,7 @@ async def consume_in_lane(request: Request) -> Response:
 async def serve(body: ConsumeRequest, request: Request, state: BrokerState) -> Response:
     """The answer of app/broker/consume_call.py, for a caller allowed to read (and with
     a group, to use its offsets)."""
+    started = time.monotonic()  # the latency metric counts authorization, as before
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
     if needs_group(body):
         authorize(request, Right.GROUP, [group_of(body)])
@@ -92,7 +94,7 @@ async def serve(body: ConsumeRequest, request: Request, state: BrokerState) -> R
     answer = await ConsumeCall(
         state, body, binary=wire.wants_binary(headers.get("accept", "")),
         accept_encoding=headers.get("accept-encoding"),
-        until=functools.partial(unless_disconnected, request)).answer()
+        until=functools.partial(unless_disconnected, request), started=started).answer()
     if answer is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     try:

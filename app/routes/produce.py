@@ -60,8 +60,9 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     },
 )
 async def produce(request: Request) -> Response:
-    """The answer of app/broker/produce_call.py for the body, parsed, of a caller
-    allowed to write to its topics."""
+    # The answer of app/broker/produce_call.py for the body, parsed, of a caller allowed
+    # to write to its topics. (A comment, not a docstring: FastAPI would publish a
+    # docstring as the operation's description.)
     started = time.monotonic()
     state: BrokerState = request.app.state.broker
     body = await read_decoded(request, state.settings.max_request_bytes)

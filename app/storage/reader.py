@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
@@ -92,7 +92,8 @@ class LogReader:
         self.plans = PlanAhead(read_ahead)
         # A catch-up inside a compacted blob: its entry and recent control records.
         self._blobs = BlobLookups(layout, self.plans.now)
-        self._index = IndexWalk(oxia, layout, self._blobs)
+        # The sparse index in Oxia, as this reader walks it (app/storage/index_walk.py).
+        self.index = IndexWalk(oxia, layout, self._blobs)
         self._fetcher = SpanFetcher(s3, layout, self.objects, self.wal, self.ahead,
                                     fetch_concurrency=fetch_concurrency,
                                     max_concurrent_fetches=max_concurrent_fetches)
@@ -204,7 +205,7 @@ class LogReader:
         download; that read waits for an object under way rather than fetch it again."""
         control, page = await self._look_up(tp, offset)
         spans = [span for record in page or ()
-                 if (span := self._index.span_of(tp, record)) is not None]
+                 if (span := self.index.span_of(tp, record)) is not None]
         keys = self._fetcher.wal_objects_from(spans, offset, budget)
         if keys:
             self._fetcher.read_objects_ahead(f"{tp}@{offset}", keys)
@@ -267,7 +268,7 @@ class LogReader:
         if control is None or offset == hw + 1 or (
                 request.max_records is not None and request.max_records <= 0):
             return plan
-        stray_floor = await self._index.cursor(tp) if skip_strays else 1
+        stray_floor = await self.index.cursor(tp) if skip_strays else 1
         spans = await self._resolve(tp, offset, control, budget, request.max_records,
                                     stray_floor, page if offset == request.offset else None,
                                     room)
@@ -302,8 +303,8 @@ class LogReader:
         async def read_page() -> None:
             nonlocal page
             with contextlib.suppress(LlogError):  # the walk reads it again
-                page = await self._index.page(tp, offset, FIRST_PAGE,
-                                              self._index.window_end(tp, offset, FIRST_PAGE))
+                page = await self.index.page(tp, offset, FIRST_PAGE,
+                                              self.index.window_end(tp, offset, FIRST_PAGE))
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(read_control)
@@ -317,12 +318,8 @@ class LogReader:
                        first_page: list[Record] | None = None,
                        room: Callable[[], Awaitable[bool]] | None = None) -> list[Span]:
         """Contiguous spans from ``offset`` (:meth:`IndexWalk.resolve`)."""
-        return await self._index.resolve(tp, offset, control, budget, max_records,
+        return await self.index.resolve(tp, offset, control, budget, max_records,
                                          stray_floor, first_page, room)
-
-    def _index_from(self, tp: TopicPartition, offset: int, hw: int) -> AsyncIterator[Span]:
-        """The partition's index entries from ``offset`` (:meth:`IndexWalk.spans_from`)."""
-        return self._index.spans_from(tp, offset, hw)
 
     # -- fetching (S3: app/storage/span_fetch.py) ----------------------------------------
 

@@ -334,14 +334,23 @@ class FileTailCache:
         segments, which it remembers, without listing anything; with a full scan when
         that is not enough (other processes' files) or the last one is old."""
         if not self._budget.scan_due:
+            kept = 0
             for old in self._budget.own_oldest():
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(old.path)  # gone already: superseded or evicted by another
+                try:
+                    os.unlink(old.path)
+                except FileNotFoundError:
+                    pass  # gone already: superseded or evicted by another
+                except OSError as exc:
+                    # Still on disk, yet off the estimate already: only a full scan
+                    # (below) makes the estimate true again.
+                    log.warning("tail cache: could not delete %s: %s", old.path, exc)
+                    kept += 1
+                    continue
                 self._counters.evictions += old.seg[1] - old.seg[0] + 1
                 idx = self._index.held(old.tp)
                 if idx is not None:
                     idx.discard(old.seg)
-            if not self._budget.over:
+            if not self._budget.over and not kept:
                 return
         self._scan_and_evict(protect=protect)
 
