@@ -5,17 +5,13 @@ principals) from anyone without it, on brokers and compactors alike."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
-from fastapi import FastAPI
 
 from app.auth.exposure import insecure_listener, is_loopback
 from app.compactor_app import create_compactor_app
@@ -24,6 +20,7 @@ from app.localstack.broker import broker_process, wait_healthy
 from app.localstack.processes import free_port
 from app.localstack.stack import LocalStack
 from app.settings import Settings, SettingsError
+from tests.helpers.asgi import served
 from tests.helpers.auth import Keys, bearer
 from tests.helpers.stack import make_settings
 
@@ -34,15 +31,6 @@ INSECURE = "llog_insecure_listener"
 def gauge(text: str, name: str) -> float:
     (line,) = [ln for ln in text.splitlines() if ln.startswith(f"{name} ")]
     return float(line.split()[1])
-
-
-@contextlib.asynccontextmanager
-async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    with anyio.fail_after(60):
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://broker",
-                timeout=30) as client:
-            yield client
 
 
 # -- the listener -------------------------------------------------------------------------

@@ -14,12 +14,11 @@ CORS on, and the middlewares it entered are compared with the app's list.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
-import httpx
 import pytest
 from fastapi import FastAPI
 from prometheus_fastapi_instrumentator.middleware import PrometheusInstrumentatorMiddleware
@@ -28,6 +27,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.routes.hot_lane import HttpMetrics
+from tests.helpers.asgi import served
 from tests.helpers.auth import Keys, bearer
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import make_settings
@@ -126,15 +126,6 @@ async def _stream_starts(app: ASGIApp, path: str, query: str,
     return started[0]
 
 
-@contextlib.asynccontextmanager
-async def _broker(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    with anyio.fail_after(60):
-        async with app.router.lifespan_context(app), httpx.AsyncClient(
-                transport=httpx.ASGITransport(app=app), base_url="http://broker",
-                timeout=30) as client:
-            yield client
-
-
 @pytest.mark.parametrize("auth", [False, True], ids=["auth-off", "auth-on"])
 async def test_every_way_in_passes_every_middleware_in_order(
         stack: LocalStack, topic: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
@@ -147,7 +138,7 @@ async def test_every_way_in_passes_every_middleware_in_order(
     app = create_app(make_settings(stack, **overrides))
     entered, middleware = _watched(app, monkeypatch)
     headers = {"origin": SITE, **bearer(token)}
-    async with _broker(app) as http:
+    async with served(app) as http:
         with entered.during() as hot_produce:
             r = await http.post("/produce", json=produce_body(topic, "a"), headers=headers)
             assert r.status_code == 200, r.text

@@ -6,7 +6,9 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import httpx
+from fastapi import FastAPI
 
 from app.factory import create_app
 from app.localstack.stack import LocalStack
@@ -22,3 +24,13 @@ async def in_process_broker(stack: LocalStack, **overrides: Any
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
         yield client
+
+
+@contextlib.asynccontextmanager
+async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of ``app``, its lifespan entered within a minute, each request bounded."""
+    with anyio.fail_after(60):
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://broker",
+                timeout=30) as client:
+            yield client
