@@ -65,6 +65,13 @@ def _empty_is_unset(value: object) -> object:
     return None if value == "" else value
 
 
+def _unlimited_is_unset(value: object) -> object:
+    """A limit given as "" or "unlimited" (any case) is no limit."""
+    if isinstance(value, str) and value.strip().lower() in ("", "unlimited"):
+        return None
+    return value
+
+
 def _comma_list(value: object) -> object:
     if isinstance(value, str):
         return tuple(p.strip() for p in value.split(",") if p.strip())
@@ -264,11 +271,18 @@ class CompactionSettings(StoreSettings):
     compaction_interval_s: float = Field(default=5.0, gt=0)
     compaction_discovery_interval_s: float = Field(default=30.0, gt=0)
     compaction_concurrency: int = Field(default=2, ge=1, le=64)
+    # At most this many WAL bytes (as decompressed) rewritten per second by one compactor
+    # process, runs paid for once done (app/compaction/throttle.py). None, "" or
+    # "unlimited": no limit (the default: a compactor on its own CPU should catch up at
+    # full speed). `llog dev` sets 4 MiB/s: there it shares the broker's cores.
+    compaction_max_bytes_per_s: int | None = Field(default=None, ge=64 * 1024)
     compaction_seed_targets: Annotated[tuple[str, ...], NoDecode] = ()
     # How often the compactor applies a topic's retention to a partition.
     retention_check_interval_s: float = Field(default=60.0, gt=0)
 
     _compaction_unset = field_validator("compaction_zstd_level", mode="before")(_empty_is_unset)
+    _compaction_unlimited = field_validator("compaction_max_bytes_per_s", mode="before")(
+        _unlimited_is_unset)
     _compaction_targets = field_validator("compaction_seed_targets", mode="before")(_comma_list)
 
     @field_validator("compaction_seed_targets")

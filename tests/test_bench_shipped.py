@@ -14,7 +14,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import shipped  # noqa: E402
 
-from app.localstack.dev import broker_env  # noqa: E402
+from app.localstack.dev import broker_env, compactor_env  # noqa: E402
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
 from app.settings import Settings  # noqa: E402
 
@@ -89,3 +89,24 @@ def test_dev_broker_is_the_one_llog_dev_starts(stack: LocalStack, tmp_path: Path
     assert {k: v for k, v in env.items() if k not in ("LLOG_DRAIN_S", "LLOG_BROKER_ID")} == {
         k: v for k, v in dev.items() if k not in ("LLOG_DRAIN_S", "LLOG_BROKER_ID")}
     assert env["LLOG_DRAIN_S"] == "0"
+
+
+def _compactor_settings(stack: LocalStack) -> Settings:
+    return Settings(**{k.removeprefix("LLOG_").lower(): v  # type: ignore[arg-type]
+                       for k, v in compactor_env(stack).items()})
+
+
+def test_dev_compactor_is_throttled_unless_the_user_says_otherwise(
+        stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`llog dev` (and the benchmark's dev rows, which start the compactor through
+    start_compactor and so compactor_env) ship the throttle; an explicit value wins,
+    "unlimited" included."""
+    monkeypatch.delenv("LLOG_COMPACTION_MAX_BYTES_PER_S", raising=False)
+    assert compactor_env(stack)["LLOG_COMPACTION_MAX_BYTES_PER_S"] == "4194304"
+    assert _compactor_settings(stack).compaction_max_bytes_per_s == 4 * 1024 * 1024
+    monkeypatch.setenv("LLOG_COMPACTION_MAX_BYTES_PER_S", "1048576")
+    assert _compactor_settings(stack).compaction_max_bytes_per_s == 1024 * 1024
+    for unlimited in ("unlimited", ""):
+        monkeypatch.setenv("LLOG_COMPACTION_MAX_BYTES_PER_S", unlimited)
+        assert compactor_env(stack)["LLOG_COMPACTION_MAX_BYTES_PER_S"] == unlimited
+        assert _compactor_settings(stack).compaction_max_bytes_per_s is None

@@ -70,7 +70,8 @@ ENV_NAMES = (
     "LLOG_BATCH_MAX_INFLIGHT", "LLOG_BROKER_ID", "LLOG_CLUSTER_SECRET",
     "LLOG_COMMIT_MAX_ATTEMPTS", "LLOG_COMPACTION_CHUNK_BYTES", "LLOG_COMPACTION_CONCURRENCY",
     "LLOG_COMPACTION_DISCOVERY_INTERVAL_S", "LLOG_COMPACTION_ENCODING",
-    "LLOG_COMPACTION_INTERVAL_S", "LLOG_COMPACTION_MAX_BYTES", "LLOG_COMPACTION_MAX_ENTRIES",
+    "LLOG_COMPACTION_INTERVAL_S", "LLOG_COMPACTION_MAX_BYTES",
+    "LLOG_COMPACTION_MAX_BYTES_PER_S", "LLOG_COMPACTION_MAX_ENTRIES",
     "LLOG_COMPACTION_MIN_ENTRIES", "LLOG_COMPACTION_MIN_ENTRY_AGE_MS",
     "LLOG_COMPACTION_SEED_TARGETS", "LLOG_COMPACTION_ZSTD_LEVEL", "LLOG_CORS_ALLOW_ORIGINS",
     "LLOG_CORS_MAX_AGE_S", "LLOG_DRAIN_S", "LLOG_FORWARDED_ALLOW_IPS",
@@ -150,6 +151,9 @@ def test_the_environment_names_are_unchanged() -> None:
     ("tail_cache", "LLOG_TAIL_CACHE_MAX_PARTITIONS", "7", 7),
     ("compaction", "LLOG_COMPACTION_SEED_TARGETS", "t:0, u:1", ("t:0", "u:1")),
     ("compaction", "LLOG_COMPACTION_MIN_ENTRY_AGE_MS", "5", 5),
+    ("compaction", "LLOG_COMPACTION_MAX_BYTES_PER_S", "4194304", 4 * 1024 * 1024),
+    ("compaction", "LLOG_COMPACTION_MAX_BYTES_PER_S", "Unlimited", None),
+    ("compaction", "LLOG_COMPACTION_MAX_BYTES_PER_S", "", None),
     ("consumer_groups", "LLOG_GROUP_MAX_MEMBERS", "5", 5),
     ("access", "LLOG_AUTH_JWT_ALGORITHMS", "RS256,ES256", ("RS256", "ES256")),
     ("limits", "LLOG_MAX_HEADERS", "3", 3),
@@ -190,6 +194,8 @@ def test_a_group_checks_its_own_fields() -> None:
     with pytest.raises(ValidationError):
         OxiaSettings(oxia_addres="typo:1")  # a group refuses a name it does not hold
     assert ServerSettings(roles="write, read,write").roles == ("write", "read")  # type: ignore[arg-type]
+    with pytest.raises(ValidationError, match="greater than or equal to 65536"):
+        CompactionSettings(compaction_max_bytes_per_s=1000)
 
 
 @pytest.mark.parametrize(("function", "parameter", "group"), [

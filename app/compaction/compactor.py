@@ -42,7 +42,7 @@ from app.compaction.outcome import Action, CompactionOutcome
 from app.compaction.progress import MAX_CAS_ATTEMPTS, CompactionProgress, CursorRead
 from app.compaction.recompress import compaction_compression, compress_chunks, topic_compression
 from app.compaction.run_steps import STEPS, RunSteps, StepHook, timed
-from app.compaction.selection import select_run
+from app.compaction.selection import run_bytes, select_run
 from app.errors import CorruptData, LlogError, LogGap, VersionMismatch
 from app.settings import CompactionSettings
 from app.storage import codec
@@ -178,7 +178,8 @@ class Compactor:
             return dataclasses.replace(base, reason=reason)
         if self._metrics is not None:
             self._metrics.candidates.inc()
-        return await self._compact_run(tp, run, base)
+        outcome = await self._compact_run(tp, run, base)
+        return dataclasses.replace(outcome, wal_bytes=run_bytes(run))
 
     async def _compact_run(self, tp: TopicPartition, run: list[Span],
                            base: CompactionOutcome) -> CompactionOutcome:

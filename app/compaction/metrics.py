@@ -108,6 +108,21 @@ class CompactionMetrics:
         self.discoveries = Counter("llog_compaction_discoveries",
                                    "Partition discovery scans, by outcome", ["outcome"],
                                    registry=r)
+        # The throttle (LLOG_COMPACTION_MAX_BYTES_PER_S, app/compaction/throttle.py): what
+        # it charged, how long new work waited for it, and visits it ended early. With a
+        # steady wait and a growing lag, compaction is slower than produce.
+        self.throttle_paid_bytes = Counter(
+            "llog_compaction_throttle_paid_bytes",
+            "WAL bytes (as decompressed) of finished runs charged to the throttle",
+            registry=r)
+        self.throttle_wait_seconds = Counter(
+            "llog_compaction_throttle_wait_seconds",
+            "Seconds the scheduler waited for the throttle before claiming a partition",
+            registry=r)
+        self.throttle_visits_ended = Counter(
+            "llog_compaction_throttle_visits_ended",
+            "Visits that let go of their partition early because the throttle was in debt",
+            registry=r)
         self.stage_seconds = Histogram("llog_compaction_stage_seconds",
                                        "Time spent in each compaction stage", ["stage"],
                                        buckets=_STAGE_BUCKETS, registry=r)

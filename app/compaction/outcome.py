@@ -25,6 +25,11 @@ class CompactionOutcome:
     the log start let go, see app/storage/retention.py), ``nothing_to_do`` (see
     ``reason``) or ``raced`` (another compactor changed the partition under this one;
     nothing was changed by this call's later steps).
+
+    ``wal_bytes``: the WAL bytes (as decompressed) this call read and rewrote into a
+    blob, whatever became of the run afterwards (raced and abandoned runs cost the same
+    I/O); what the compaction throttle charges. Finishing another process's run costs
+    no rewrite and counts 0.
     """
 
     tp: TopicPartition
@@ -40,6 +45,7 @@ class CompactionOutcome:
     materialised_pending: bool = False
     cursor: int | None = None
     high_watermark: int | None = None
+    wal_bytes: int = 0
 
     @property
     def did_work(self) -> bool:

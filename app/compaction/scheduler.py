@@ -8,6 +8,14 @@ never two of the same partition. A visit takes the partition's ephemeral claim, 
 ``compact_once`` until there is nothing more to do (bounded), lets go of the claim, and
 records the partition's lag. A busy claim means another compactor is on it: move on.
 
+With a throttle (LLOG_COMPACTION_MAX_BYTES_PER_S, app/compaction/throttle.py) each
+finished run is paid for with its WAL bytes; a visit that leaves the throttle in debt
+lets go of its partition instead of running another round, and the next visit waits
+until the debt is paid off *before* it claims a partition, so no claim is ever held
+while waiting. A pass whose visits the throttle cut short is followed by the next one
+at once (the throttle paces it), not after ``compaction_interval_s``. Retention and
+trimming write little and pay nothing.
+
 ``run`` is meant for a task group (``await tg.start(scheduler.run)``), so the broker's
 lifespan and the standalone service host it the same way. ``stop()`` is graceful: no new
 visit starts and the running ones finish; cancelling is also safe, because every
@@ -28,6 +36,7 @@ import anyio.abc
 from app.compaction.claims import Claims
 from app.compaction.compactor import CompactionOutcome, Compactor
 from app.compaction.metrics import CompactionMetrics, PartitionLag
+from app.compaction.throttle import Throttle
 from app.errors import InvalidRequest, LlogError
 from app.settings import CompactionSettings, OxiaSettings, S3Settings
 from app.storage.catalog import discover_partitions
@@ -51,6 +60,7 @@ class Visit:
     busy: bool = False
     error: str | None = None
     lag: PartitionLag | None = None
+    throttled: bool = False  # let go early: the throttle was in debt
 
 
 def parse_targets(targets: Iterable[str]) -> list[TopicPartition]:
@@ -87,6 +97,7 @@ class CompactionScheduler:
         on_visit: Callable[[Visit], None] | None = None,
         task_timeout_s: float | None = None,
         rng: random.Random | None = None,
+        throttle: Throttle | None = None,
     ) -> None:
         self._compactor = compactor
         self._oxia = oxia
@@ -96,6 +107,8 @@ class CompactionScheduler:
         # Called after every visit (tests, and hosts that want to log or export visits).
         self.listeners: list[Callable[[Visit], None]] = [on_visit] if on_visit else []
         self._rng = rng or random.Random()
+        # One per scheduler, so one per compactor process, shared by its visits.
+        self.throttle = throttle or Throttle(compaction.compaction_max_bytes_per_s)
         self.claims = Claims(oxia, layout, compactor_id, metrics=metrics)
         self._known: set[TopicPartition] = set(parse_targets(compaction.compaction_seed_targets))
         self._catalog = TopicCatalog(oxia, layout)
@@ -127,6 +140,7 @@ class CompactionScheduler:
     def stop(self) -> None:
         """Start no new visit; ``run`` returns once the running ones are done."""
         self._stopped = True
+        self.throttle.close()  # a visit waiting for the budget starts nothing
         if self._wakeup is not None:
             self._wakeup.set()
 
@@ -214,7 +228,9 @@ class CompactionScheduler:
                 except LlogError as exc:
                     log.warning("partition discovery failed: %s", exc)
                 next_discovery = time.monotonic() + s.compaction_discovery_interval_s
-            await self.run_pass()
+            visits = await self.run_pass()
+            if any(v.throttled for v in visits):
+                continue  # a backlog: the throttle, not the interval, paces the next pass
             with anyio.move_on_after(s.compaction_interval_s):
                 await self._wakeup.wait()
 
@@ -237,6 +253,9 @@ class CompactionScheduler:
                 if tp in self._running:
                     continue  # a visit from an overlapping pass is still on it
                 await slots.acquire()
+                # Out of debt before the claim is taken, never while holding one.
+                if not self._stopped:
+                    await self._wait_for_budget()
                 if self._stopped:
                     slots.release()
                     break
@@ -264,7 +283,13 @@ class CompactionScheduler:
                         for _ in range(MAX_ROUNDS_PER_VISIT):
                             outcome = await self._compactor.compact_once(tp)
                             result.outcomes.append(outcome)
+                            self._pay(outcome)
                             if not outcome.did_work or self._stopped:
+                                break
+                            if self.throttle.in_debt:  # the claim goes; back next pass
+                                result.throttled = True
+                                if self._metrics is not None:
+                                    self._metrics.throttle_visits_ended.inc()
                                 break
                 result.lag = await self._observe_lag(tp)
         except LlogError as exc:
@@ -294,6 +319,26 @@ class CompactionScheduler:
         if self._metrics is not None:
             self._metrics.observe_lag(tp, lag)
         return lag
+
+    async def _wait_for_budget(self) -> None:
+        """Wait until the throttle is out of debt (or the scheduler stops)."""
+        if not self.throttle.in_debt:
+            return
+        # Only the pass's loop waits (one visit at a time), so the difference is this
+        # wait's alone.
+        before = self.throttle.statistics().seconds_waited
+        try:
+            await self.throttle.wait()
+        finally:
+            if self._metrics is not None:
+                self._metrics.throttle_wait_seconds.inc(
+                    self.throttle.statistics().seconds_waited - before)
+
+    def _pay(self, outcome: CompactionOutcome) -> None:
+        if outcome.wal_bytes:
+            self.throttle.pay(outcome.wal_bytes)
+            if self._metrics is not None:
+                self._metrics.throttle_paid_bytes.inc(outcome.wal_bytes)
 
     def _active(self, delta: int) -> None:
         if self._metrics is not None:

@@ -24,7 +24,7 @@ def select_run(scanned: list[Span], *, newest_allowed_ms: int, min_entries: int,
         if entry.created_at_ms > newest_allowed_ms:
             too_young = True
             break
-        item_bytes = entry.raw_length or entry.byte_length or 0  # as decompressed
+        item_bytes = span_bytes(item)
         if len(run) >= max_entries or (
             len(run) >= min_entries and size + item_bytes > max_bytes
         ):
@@ -34,3 +34,13 @@ def select_run(scanned: list[Span], *, newest_allowed_ms: int, min_entries: int,
     if len(run) < min_entries:
         return [], "entries_too_young" if too_young else "too_few_entries"
     return run, None
+
+
+def span_bytes(item: Span) -> int:
+    """The WAL bytes of one entry as a run counts them: as decompressed."""
+    return item.entry.raw_length or item.entry.byte_length or 0
+
+
+def run_bytes(run: list[Span]) -> int:
+    """The WAL bytes a run rewrites (what the compaction throttle charges for it)."""
+    return sum(span_bytes(item) for item in run)

@@ -150,6 +150,7 @@ class CompactorService:
                 "interval_s": s.compaction_interval_s,
                 "discovery_interval_s": s.compaction_discovery_interval_s,
                 "concurrency": s.compaction_concurrency,
+                "max_bytes_per_s": s.compaction_max_bytes_per_s,  # None: unlimited
             },
             "s3_prices_note": "S3 cost figures are estimates at S3 Standard us-east-1 list "
                               "prices",
@@ -173,6 +174,7 @@ class _ServiceInfo(Collector):
             "max_bytes": str(s.compaction_max_bytes),
             "max_entries": str(s.compaction_max_entries),
             "min_entry_age_ms": str(s.compaction_min_entry_age_ms),
+            "max_bytes_per_s": str(s.compaction_max_bytes_per_s or "unlimited"),
         })
         yield info
 
