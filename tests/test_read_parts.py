@@ -186,37 +186,31 @@ async def test_the_process_limit_bounds_downloads_across_calls() -> None:
 
 
 def _plan(units: int, size: int) -> ReadPlan:
-    entry = IndexEntry("COMPACTED", 1, LAYOUT.uri("compacted/a"), object_bytes=size)
+    entry = IndexEntry("WAL", 1, LAYOUT.uri("wal/a"), byte_offset=0, byte_length=size)
     return ReadPlan(ReadRequest(TP, 1), 1, 1,
                     units=[SpanFetch(Span(i + 1, entry), i + 1) for i in range(units)])
 
 
 async def test_a_plan_has_room_only_once_the_plans_before_it_left_some() -> None:
-    # Compacted data keeps request order (the WAL's merged order: tests/test_read_order.py).
     room = PlannedRoom(3, max_bytes=100)
-    for i in range(3):
-        room.started(i)
     answers: list[bool] = []
-    spans = [u.span for u in _plan(1, 30).units]
 
     async def third() -> None:
-        answers.append(await room.left(2, 1, spans))
+        answers.append(await room.left(2))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(third)
         await anyio.wait_all_tasks_blocked()
         assert answers == []  # waits for the plans before it
-        room.planned(0, _plan(1, 30))
+        room.planned(0, _plan(1, 60))
         await anyio.wait_all_tasks_blocked()
         assert answers == []
         room.planned(1, LogGap("no entry"))  # a failed plan takes no room
         await anyio.wait_all_tasks_blocked()
     assert answers == [True]
-    assert await room.left(0, 1, spans)
+    assert await room.left(0)
     room.planned(2, _plan(1, 40))
     later = PlannedRoom(2, max_bytes=100)
     later.planned(0, _plan(2, 50))
-    assert not await later.left(1, 1, spans)
-    assert await PlannedRoom(2, max_bytes=None).left(1, 1, spans)
-    unstarted = PlannedRoom(2, max_bytes=100)
-    assert await unstarted.left(1, 1, spans)  # plan 0 waits for its turn: not for it
+    assert not await later.left(1)
+    assert await PlannedRoom(2, max_bytes=None).left(1)

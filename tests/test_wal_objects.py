@@ -4,7 +4,6 @@ reported. Against the real Oxia and MinIO."""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import anyio
@@ -13,7 +12,7 @@ import pytest
 from app.errors import CorruptData, LlogError, ObjectMissing
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.reader import LogReader, ReadRequest, ReadResult
+from app.storage.reader import LogReader, ReadRequest
 from tests.helpers.stack import Engine
 
 PARTITIONS = 4
@@ -28,14 +27,14 @@ def _gets(e: Engine) -> float:
                for op in ("get", "range_get"))
 
 
-async def _flushes(e: Engine, topic: str, flushes: int = FLUSHES) -> tuple[
-        list[TopicPartition], dict[TopicPartition, list[bytes]], list[str]]:
-    """``flushes`` shared blobs, each with a slice of every partition; what each
+async def _flushes(e: Engine, topic: str) -> tuple[list[TopicPartition], dict[
+        TopicPartition, list[bytes]], list[str]]:
+    """``FLUSHES`` shared blobs, each with a slice of every partition; what each
     partition holds, in order, and the blobs' keys."""
     tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
     written: dict[TopicPartition, list[bytes]] = {tp: [] for tp in tps}
     keys = []
-    for flush in range(flushes):
+    for flush in range(FLUSHES):
         groups = [AppendGroup(tp, [f"{tp.partition}-{flush}-{i}-".encode() + b"v" * 200
                                    for i in range(PER_GROUP)]) for tp in tps]
         results = await e.writer.append_shared(groups)
@@ -43,7 +42,7 @@ async def _flushes(e: Engine, topic: str, flushes: int = FLUSHES) -> tuple[
             assert isinstance(result, AppendResult), result
             written[group.tp].extend(group.records)
         keys.append(e.layout.parse_uri(results[0].wal_uri)[1])
-    assert len(set(keys)) == flushes
+    assert len(set(keys)) == FLUSHES
     return tps, written, keys
 
 
@@ -97,40 +96,6 @@ async def test_one_read_of_several_partitions_and_concurrent_reads_share_the_get
         got[tp] = [v for _, v in result.records]  # type: ignore[misc]
     assert got == written
     assert _gets(engine) - before == FLUSHES
-
-
-async def test_one_answer_reads_each_object_once_for_all_its_partitions(
-        engine: Engine, topic: str) -> None:
-    flushes = 12
-    tps, written, _ = await _flushes(engine, topic, flushes)
-    # Room for about four objects: a partition read to its end before the next starts
-    # would leave the first objects dropped by the time the others want them.
-    blob = PARTITIONS * PER_GROUP * 220
-    reader = LogReader(engine.oxia, engine.s3, engine.layout,
-                       object_cache_bytes=4 * blob, wal_object_max_bytes=blob * 2)
-    budget = 6 * PER_GROUP * 220  # about six slices: one object and a half
-    before = _gets(engine)
-    offsets = dict.fromkeys(tps, 1)
-    got: dict[TopicPartition, list[bytes]] = {tp: [] for tp in tps}
-    answers = 0
-    while any(offsets[tp] <= len(written[tp]) for tp in tps):
-        results = await reader.read_many([ReadRequest(tp, offsets[tp]) for tp in tps],
-                                         max_bytes=budget)
-        answers += 1
-        behind = [tp for tp in tps if offsets[tp] <= len(written[tp])]
-        for tp, result in zip(tps, results, strict=True):
-            assert isinstance(result, ReadResult), result
-            assert [at for at, _ in result.records] == list(
-                range(offsets[tp], result.next_offset))
-            got[tp].extend(v for _, v in result.records)  # type: ignore[misc]
-            offsets[tp] = result.next_offset
-            if tp in behind and len(behind) == len(tps):
-                assert result.records  # every partition advances in every answer
-        assert sum(r.size for r in results if isinstance(r, ReadResult)) <= budget
-    assert got == written
-    assert answers > flushes // 2  # many answers, each smaller than what is there
-    assert _gets(engine) - before == flushes  # one GET per object, for all partitions
-    assert reader.objects.statistics().wal_objects_read == flushes
 
 
 async def test_records_stay_whole_when_the_cache_drops_objects(
@@ -212,14 +177,11 @@ async def test_a_catch_up_in_the_wal_reads_the_next_objects_ahead(
 async def test_a_partition_behind_one_that_fills_the_answer_plans_no_further(
         engine: Engine, topic: str) -> None:
     tps = [TopicPartition(topic, p) for p in range(2)]
-    # Partition 0's objects, then partition 1's: all of partition 0's slices come first
-    # in the order an answer's budget is shared (objects of several partitions would
-    # be shared object by object, and each partition planned on).
-    for tp in tps:
-        for flush in range(40):
-            results = await engine.writer.append_shared(
-                [AppendGroup(tp, [b"%d-%d" % (flush, i) + b"v" * 100 for i in range(5)])])
-            assert all(isinstance(r, AppendResult) for r in results)
+    for flush in range(40):
+        results = await engine.writer.append_shared(
+            [AppendGroup(tp, [b"%d-%d" % (flush, i) + b"v" * 100 for i in range(5)])
+             for tp in tps])
+        assert all(isinstance(r, AppendResult) for r in results)
     reader = LogReader(engine.oxia, engine.s3, engine.layout)
     scans: list[str] = []
     real = engine.oxia.range_scan
@@ -238,20 +200,3 @@ async def test_a_partition_behind_one_that_fills_the_answer_plans_no_further(
     assert second.high_watermark == 200
     behind = [lo for lo in scans if lo.startswith(engine.layout.index_prefix(tps[1]))]
     assert len(behind) == 1  # its first page, read beside its control record
-
-
-async def test_partitions_sharing_objects_each_plan_as_far_as_the_answer_takes_them(
-        engine: Engine, topic: str) -> None:
-    tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
-    for _ in range(40):  # incompressible: a slice's planned cost is its records' bytes
-        results = await engine.writer.append_shared(
-            [AppendGroup(tp, [os.urandom(110) for _ in range(5)]) for tp in tps])
-        assert all(isinstance(r, AppendResult) for r in results)
-    reader = LogReader(engine.oxia, engine.s3, engine.layout)
-    # About thirty entries of each partition: more than the first index page of any.
-    results = await reader.read_many([ReadRequest(tp, 1) for tp in tps],
-                                     max_bytes=PARTITIONS * 30 * 5 * 110)
-    for result in results:
-        assert isinstance(result, ReadResult), result
-        assert len(result.records) >= 25 * 5
-        assert result.high_watermark == 200

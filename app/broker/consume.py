@@ -7,11 +7,9 @@ between a look and the wait still wakes it; between looks it sleeps on a
 listener (everyone else's) wake, so a hot tail is served from memory without polling
 Oxia or S3.
 
-The total byte budget is applied while reading: the tail cache's records in request
-order, each partition getting what the ones before it left; then the log reader's, in
-request order for compacted data and object by object across partitions for slices of
-shared WAL objects (app/storage/read_plan.py, :func:`merged`). Only the first record of
-the whole answer may exceed it (so a consumer is never stuck on one large record).
+The total byte budget is applied while reading, in request order: each partition gets
+what the ones before it left, and only the first record of the whole answer may exceed
+it (so a consumer is never stuck on one large record).
 """
 
 from __future__ import annotations

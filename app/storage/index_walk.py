@@ -6,7 +6,7 @@ the entries already parsed."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from app.errors import LogGap
 from app.storage.blob_lookups import BlobLookups, Remembered
@@ -21,8 +21,6 @@ FIRST_PAGE, PAGE = 16, 64  # index entries per range_scan: a tail read needs few
 MAX_STRAYS_SKIPPED = 10_000  # beyond this, an uncovered offset is reported as a gap
 
 More = Callable[[], Awaitable[bool]]
-# Whether a walk from an offset, having planned these spans, may read another page.
-Room = Callable[[int, Sequence[Span]], Awaitable[bool]]
 
 
 class IndexWalk:
@@ -66,11 +64,10 @@ class IndexWalk:
     async def resolve(self, tp: TopicPartition, offset: int, control: Control,
                       budget: int | None, max_records: int | None, stray_floor: int,
                       first_page: list[Record] | None = None,
-                      room: Room | None = None) -> list[Span]:
+                      room: More | None = None) -> list[Span]:
         """Contiguous spans from ``offset`` until the budgets or the high watermark, or,
-        once it has one, until ``room`` (asked with ``offset`` and the spans so far) says
-        the reads of the call have planned its total budget before this walk's next
-        page (what it would plan beyond would be trimmed).
+        once it has one, until ``room`` says the reads before it in the call have
+        planned its total budget (what it would plan beyond would be trimmed).
 
         WAL spans ending below ``stray_floor`` (the compaction cursor, on a second look)
         are strays and skipped, as is any span that starts beyond the next offset wanted
@@ -86,7 +83,7 @@ class IndexWalk:
                 max_records is None or nxt - offset < max_records)
 
         async def more() -> bool:
-            return not spans or room is None or await room(offset, spans)
+            return not spans or room is None or await room()
 
         if pending is None or not pending.covers(nxt):
             async for span in self.spans_from(tp, offset, hw, first_page, more):

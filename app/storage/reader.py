@@ -6,9 +6,8 @@ A read is planned, fetched and assembled:
    ``meta/control``, then walk the index from the offset in pages (``range_scan`` over
    windows of offsets, app/storage/index_windows.py), skipping strays (WAL entries left
    inside a compacted range, docs/protocol.md), until the byte budget is planned (a
-   partition whose next page would come after units that fill the call's total, in the
-   order the total is shared, stops; app/storage/read_plan.py); the tail may be the
-   ``pending`` append. Each span becomes a *unit* of bytes to fetch: a WAL
+   partition behind ones that fill the call's total stops at its first page); the tail
+   may be the ``pending`` append. Each span becomes a *unit* of bytes to fetch: a WAL
    slice, a run of chunks of a compacted blob (its chunk table says where records
    start), or, for a blob without one, the whole object. The budget is planned by bytes,
    so a catch-up read through compacted data fetches about what it returns.
@@ -21,11 +20,9 @@ A read is planned, fetched and assembled:
    stopped in the WAL, the objects of the next one are read ahead, as the chunks after
    one that stopped in a compacted blob.
 3. **Assemble** (app/storage/read_assembly.py): records from the offset within each
-   request's budgets and the call's total budget, shared as the plans were trimmed: in
-   request order, except slices of shared WAL objects, taken object by object across
-   partitions (so that one answer fetches each object once for all of them). The first
-   record of the whole answer is returned even if it alone exceeds the budget, so a
-   reader is never stuck.
+   request's budgets and the call's total budget, in request order. The first record of
+   the whole answer is returned even if it alone exceeds the budget, so a reader is
+   never stuck.
 
 A partition whose read meets a missing object or a gap is planned once more from fresh
 metadata, skipping WAL entries below the compaction cursor (strays whose blob vacuum may
@@ -36,13 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
 
 from app.errors import LlogError, LogGap, ObjectMissing, OffsetOutOfRange
 from app.storage.blob_lookups import CONTROL_REUSE_S, BlobLookups
-from app.storage.index_walk import FIRST_PAGE, IndexWalk, Room
+from app.storage.index_walk import FIRST_PAGE, IndexWalk
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
 from app.storage.object_cache import ObjectCache
@@ -125,8 +122,7 @@ class LogReader:
     async def read_many(self, requests: Sequence[ReadRequest], *,
                         max_bytes: int | None = None, oversized_first: bool = True
                         ) -> list[ReadOutcome]:
-        """Read several partitions; ``max_bytes`` bounds the whole answer (shared as
-        app/storage/read_plan.py's :func:`merged` orders the units).
+        """Read several partitions; ``max_bytes`` bounds the whole answer (request order).
 
         ``oversized_first``: the first record of the answer is returned even if it alone
         exceeds the budgets (False when the caller already has records for its answer).
@@ -226,7 +222,6 @@ class LogReader:
         async def plan(i: int, request: ReadRequest) -> None:
             budget = min_budget(request.max_bytes, max_bytes)
             async with limiter:
-                room.started(i)
                 try:
                     plans[i] = await self._plan(request, budget, skip_strays,
                                                 functools.partial(room.left, i))
@@ -242,7 +237,7 @@ class LogReader:
         return plans
 
     async def _plan(self, request: ReadRequest, budget: int | None, skip_strays: bool,
-                    room: Room | None = None) -> ReadPlan:
+                    room: Callable[[], Awaitable[bool]] | None = None) -> ReadPlan:
         tp = request.tp
         page: list[Record] | None = None
         ahead: Taken | None = None
@@ -321,7 +316,7 @@ class LogReader:
     async def _resolve(self, tp: TopicPartition, offset: int, control: Control,
                        budget: int | None, max_records: int | None, stray_floor: int,
                        first_page: list[Record] | None = None,
-                       room: Room | None = None) -> list[Span]:
+                       room: Callable[[], Awaitable[bool]] | None = None) -> list[Span]:
         """Contiguous spans from ``offset`` (:meth:`IndexWalk.resolve`)."""
         return await self.index.resolve(tp, offset, control, budget, max_records,
                                          stray_floor, first_page, room)

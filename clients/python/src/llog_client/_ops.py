@@ -194,8 +194,7 @@ def fetch_many(positions: Mapping[tuple[str, int], Start | str], *, max_wait_ms:
                max_bytes: int, policy: RetryPolicy, group: str | None = None,
                reset: str | None = None) -> Op[list[Fetched | LlogError]]:
     """One consume request over several partitions (the answer's budget goes to them in
-    the order given, but for records not compacted yet, which the broker shares across
-    them object by object); each partition's records or its error. A ``group`` is only sent
+    the order given); each partition's records or its error. A ``group`` is only sent
     with it, for ``"committed"`` positions to be read from its committed offsets."""
     request: dict[str, Any] = {
         "topic_partitions": [{"topic": t, "partition": p, "fetch_offset": position}
