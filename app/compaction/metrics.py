@@ -108,6 +108,18 @@ class CompactionMetrics:
         self.discoveries = Counter("llog_compaction_discoveries",
                                    "Partition discovery scans, by outcome", ["outcome"],
                                    registry=r)
+        self._throttle_metrics(r)
+        self.stage_seconds = Histogram("llog_compaction_stage_seconds",
+                                       "Time spent in each compaction stage", ["stage"],
+                                       buckets=_STAGE_BUCKETS, registry=r)
+        self._lag: dict[TopicPartition, PartitionLag] = {}
+        self._lag_top_n = lag_top_n
+        self.known_partitions = 0
+        self.active_tasks = 0
+        registry.register(_TopLagCollector(self))
+        registry.register(SnapshotMetrics("llog_compaction", self.statistics, LAG_FIGURES))
+
+    def _throttle_metrics(self, r: CollectorRegistry) -> None:
         # The throttle (LLOG_COMPACTION_MAX_BYTES_PER_S, app/compaction/throttle.py): what
         # it charged, how long new work waited for it, and visits it ended early. With a
         # steady wait and a growing lag, compaction is slower than produce.
@@ -123,15 +135,6 @@ class CompactionMetrics:
             "llog_compaction_throttle_visits_ended",
             "Visits that let go of their partition early because the throttle was in debt",
             registry=r)
-        self.stage_seconds = Histogram("llog_compaction_stage_seconds",
-                                       "Time spent in each compaction stage", ["stage"],
-                                       buckets=_STAGE_BUCKETS, registry=r)
-        self._lag: dict[TopicPartition, PartitionLag] = {}
-        self._lag_top_n = lag_top_n
-        self.known_partitions = 0
-        self.active_tasks = 0
-        registry.register(_TopLagCollector(self))
-        registry.register(SnapshotMetrics("llog_compaction", self.statistics, LAG_FIGURES))
 
     def stage(self, name: str) -> _StageTimer:
         return _StageTimer(self.stage_seconds, name)
