@@ -38,10 +38,21 @@ class TokenBucket:
         self.level = capacity
         self._at = now
 
-    def take(self, cost: float, now: float) -> float:
-        """0.0 if ``cost`` was granted (and taken), else the seconds until it would be."""
+    def level_at(self, now: float) -> float:
+        """The tokens held at ``now`` (refilled since the last look, up to the capacity;
+        negative while in debt)."""
         self.level = min(self.capacity, self.level + (now - self._at) * self.rate)
         self._at = now
+        return self.level
+
+    def charge(self, cost: float, now: float) -> None:
+        """Take ``cost`` unconditionally, going into debt if need be (work paid for
+        after it is done)."""
+        self.level = self.level_at(now) - cost
+
+    def take(self, cost: float, now: float) -> float:
+        """0.0 if ``cost`` was granted (and taken), else the seconds until it would be."""
+        self.level_at(now)
         need = min(cost, self.capacity)
         if self.level >= need:
             self.level -= cost

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 
 import anyio
 
+from app.auth.quotas import TokenBucket
+
 # How much unspent budget the balance keeps: one second at the rate. A pause in the
 # load banks no more than that, so a burst after it stays near the rate.
 BURST_S = 1.0
@@ -54,9 +56,9 @@ class Throttle:
         self._rate = max_bytes_per_s
         self._clock = clock or time.monotonic
         self._sleep = sleep or anyio.sleep
-        self._capacity = 0.0 if max_bytes_per_s is None else max_bytes_per_s * BURST_S
-        self._balance = self._capacity
-        self._updated: float | None = None  # the clock is read first inside the loop
+        # The balance: the project's token bucket, charged after the work (a debt).
+        self._bucket = None if max_bytes_per_s is None else TokenBucket(
+            max_bytes_per_s, max_bytes_per_s * BURST_S, self._clock())
         self._bytes_paid = 0
         self._seconds_waited = 0.0
         self._waiting = 0
@@ -77,8 +79,8 @@ class Throttle:
         if nbytes <= 0:
             return
         self._bytes_paid += nbytes
-        if self._rate is not None:
-            self._balance = self._settle() - nbytes
+        if self._bucket is not None:
+            self._bucket.charge(nbytes, self._clock())
 
     def seconds_owed(self) -> float:
         """How long until the balance is back at zero (0 when not in debt)."""
@@ -130,12 +132,5 @@ class Throttle:
         scope.cancel()
 
     def _settle(self) -> float:
-        """The balance now: refilled at the rate since the last look, up to the cap."""
-        if self._rate is None:
-            return 0.0
-        now = self._clock()
-        if self._updated is not None:
-            self._balance = min(self._capacity,
-                                self._balance + (now - self._updated) * self._rate)
-        self._updated = now
-        return self._balance
+        """The balance now (0 when unlimited)."""
+        return 0.0 if self._bucket is None else self._bucket.level_at(self._clock())
