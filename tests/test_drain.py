@@ -5,9 +5,7 @@ compactor behave the same."""
 
 from __future__ import annotations
 
-import os
 import signal
-import sys
 from pathlib import Path
 
 import anyio
@@ -19,7 +17,7 @@ from app.localstack.processes import ManagedProcess, free_port
 from app.localstack.stack import LocalStack
 from tests.helpers.bodies import consume_body
 from tests.helpers.long_polls import NEVER_MS, until_parked
-from tests.helpers.stack import BrokerFactory
+from tests.helpers.stack import BrokerFactory, compactor_process
 
 # A drain that outlasts every check made during it (the tests end it with SIGINT, which
 # stops a service at once), and one that ends by itself before the service stops.
@@ -89,14 +87,8 @@ async def test_sigterm_drains_a_broker_then_stops_it(brokers: BrokerFactory, top
 
 def _compactor(stack: LocalStack, tmp_path: Path, drain_s: str) -> tuple[ManagedProcess, str]:
     port = free_port()
-    proc = ManagedProcess(
-        "compactor",
-        [sys.executable, "-m", "app.cli", "compactor", "--port", str(port),
-         "--log-level", "warning"],
-        tmp_path / "compactor.log",
-        env={**os.environ, **stack.settings_env(), "LLOG_DRAIN_S": drain_s,
-             "LLOG_BROKER_ID": "compactor-drain"},
-    )
+    proc = compactor_process(stack, tmp_path / "compactor.log", port, LLOG_DRAIN_S=drain_s,
+                             LLOG_BROKER_ID="compactor-drain")
     return proc, f"http://127.0.0.1:{port}"
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -107,11 +109,18 @@ class BrokerFactory:
         the same port with the same settings."""
         broker.process.stop(timeout=60)
         port = int(broker.url.rsplit(":", 1)[1])
+        # At info the log says how far a slow start got (supervisor, workers, startup).
         proc = broker_process(broker.env["LLOG_BROKER_ID"], port, broker.env,
                               self._logs / f"{broker.env['LLOG_BROKER_ID']}-again.log",
-                              workers=broker.workers)
+                              workers=broker.workers, log_level="info")
         proc.start()
-        wait_healthy(proc, broker.url)
+        try:
+            # Workers import the app afresh; on a machine busy with other tests that has
+            # taken over a minute, so a restart gets twice the first start's wait.
+            wait_healthy(proc, broker.url, timeout=120)
+        except BaseException:
+            proc.stop()  # never left running past the test that started it
+            raise
         again = Broker(broker.url, proc, broker.env, broker.workers)
         self.started.append(again)
         return again
@@ -119,6 +128,18 @@ class BrokerFactory:
     def stop_all(self) -> None:
         for broker in self.started:
             broker.process.stop()
+
+
+def compactor_process(stack: LocalStack, log: Path, port: int, **env: str) -> ManagedProcess:
+    """A standalone `llog compactor` on ``port`` against ``stack``, with ``env`` (LLOG_*
+    variables) on top of the stack's settings; not started."""
+    return ManagedProcess(
+        log.stem,
+        [sys.executable, "-m", "app.cli", "compactor", "--port", str(port),
+         "--log-level", "warning"],
+        log,
+        env={**os.environ, **stack.settings_env(), **env},
+    )
 
 
 @contextlib.contextmanager
