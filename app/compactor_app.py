@@ -15,6 +15,7 @@ from fastapi import FastAPI
 
 from app.compaction.service import CompactorService, run_compactor
 from app.drain import drain_on_sigterm as draining
+from app.gc_policy import collector_policy, own_process
 from app.routes import table
 from app.routes.openapi import install_openapi
 from app.routes.openapi_auth import declare_metrics_token
@@ -46,4 +47,6 @@ def create_compactor_app_from_env() -> FastAPI:
     """Entry point for uvicorn's ``--factory``."""
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return create_compactor_app(Settings.from_env(), drain_on_sigterm=True)
+    settings = Settings.from_env()
+    app = create_compactor_app(settings, drain_on_sigterm=True)
+    return own_process(app, collector_policy(settings), app.state.compactor.registry)

@@ -17,6 +17,7 @@ from app.auth.control import AccessControl, run_access_control
 from app.auth.exposure import announce
 from app.broker.state import BrokerState, run_broker
 from app.drain import drain_on_sigterm as draining
+from app.gc_policy import collector_policy, own_process
 from app.routes import table
 from app.routes.access import AccessMiddleware
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
@@ -115,4 +116,6 @@ def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
 def create_app_from_env() -> FastAPI:
     """Entry point for uvicorn's ``--factory`` (each worker builds its own app)."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    return create_app(Settings.from_env(), drain_on_sigterm=True)
+    settings = Settings.from_env()
+    app = create_app(settings, drain_on_sigterm=True)
+    return own_process(app, collector_policy(settings), app.state.broker.registry)

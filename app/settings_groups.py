@@ -525,6 +525,12 @@ class ServerSettings(_Group):
     # the broker several times zstd's CPU per MiB (docs/http-api.md, Compression).
     answer_encodings: Annotated[tuple[Literal["zstd", "gzip"], ...], NoDecode] = ("zstd",)
     cors_max_age_s: int = Field(default=600, ge=0, le=86_400)
+    # Python's collector in `llog serve` and compactor processes (app/gc_policy.py): the
+    # youngest generation is collected after this many net allocations (0: Python's own
+    # 700, under which full collections stall the event loop every few seconds); and
+    # what exists once the process has started is frozen, out of full collections.
+    gc_young_threshold: int = Field(default=50_000, ge=0, le=10_000_000)
+    gc_freeze_after_start: bool = True
 
     _server_unset = field_validator(
         "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", mode="before",
