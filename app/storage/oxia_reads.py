@@ -1,18 +1,21 @@
-"""Oxia gets on the event loop (``grpc.aio``): the reads consumers wait on.
+"""Oxia gets and range scans on the event loop (``grpc.aio``): the reads consumers wait on.
 
 The ``oxia`` package is synchronous, so every call of :class:`OxiaStore` runs in a worker
 thread, and a get hands over the GIL between the event loop, the worker and gRPC's
 polling thread several times. With the loop busy (a catch-up sending 4 MiB answers), each
 handover waits its turn: a control-record get took 15 ms on average there, against about
 1 ms idle, and every answer of a catch-up waits for one (docs/performance.md). Here a get
-is one ``Read`` call on a ``grpc.aio`` channel of the loop's own.
+is one ``Read`` call on a ``grpc.aio`` channel of the loop's own, and a range scan (the
+index pages a catch-up through WAL entries walks) one ``RangeScan`` call.
 
-The two messages are small and fixed, so they are written and read with a few lines of
+The messages are small and fixed, so they are written and read with a few lines of
 protobuf wire format, after Oxia's ``client.proto``: ``ReadRequest{shard = 1, gets = 2}``,
 ``GetRequest{key = 1, include_value = 2}``, ``ReadResponse{gets = 1}``,
-``GetResponse{status = 1, version = 2, value = 3, key = 4}``, ``Version{version_id = 1}``.
+``GetResponse{status = 1, version = 2, value = 3, key = 4}``, ``Version{version_id = 1}``,
+``RangeScanRequest{shard = 1, start_inclusive = 2, end_exclusive = 3}``,
+``RangeScanResponse{records = 1}`` (each a ``GetResponse``).
 
-Only gets, and only as a fast path: which shard and which leader come from the package's
+Only as a fast path: which shard and which leader come from the package's
 own discovery (which follows leader changes, app/storage/oxia_discovery.py), a gRPC
 error is reported as the package's would be (:class:`OxiaStore` maps both), and anything
 else that goes wrong here (an answer this does not understand) sends the get through the
@@ -28,6 +31,7 @@ import grpc
 import grpc.aio
 
 READ_METHOD = "/io.streamnative.oxia.proto.OxiaClient/Read"
+RANGE_SCAN_METHOD = "/io.streamnative.oxia.proto.OxiaClient/RangeScan"
 _OK, _KEY_NOT_FOUND = 0, 1
 _VARINT, _FIXED64, _BYTES, _FIXED32 = 0, 1, 2, 5
 
@@ -63,10 +67,7 @@ class EventLoopReads:
         """The record under ``key`` on ``partition_key``'s shard, None when there is
         none. Raises ``grpc.aio.AioRpcError`` as a call fails, :class:`NotUnderstood`
         when the answer is not one this reads."""
-        try:
-            shard = self._discovery.get_shard(partition_key)
-        except Exception as exc:  # no assignments yet: the package waits for them
-            raise NotUnderstood(f"no shard for {partition_key!r}: {exc}") from exc
+        shard = self._shard(partition_key)
         read = self._channel(shard.leader).unary_stream(READ_METHOD)
         call = read(encode_get(shard.shard, key), timeout=self._timeout)
         try:
@@ -75,6 +76,29 @@ class EventLoopReads:
         finally:
             call.cancel()  # the stream has one answer: do not wait for its end
         raise NotUnderstood("the Read stream ended without an answer")
+
+    async def range_scan(self, start: str, end: str, partition_key: str,
+                         limit: int | None = None) -> list[Found]:
+        """The records of ``[start, end)`` on ``partition_key``'s shard, in key order, at
+        most ``limit``. Raises as :meth:`get` does."""
+        shard = self._shard(partition_key)
+        scan = self._channel(shard.leader).unary_stream(RANGE_SCAN_METHOD)
+        call = scan(encode_range_scan(shard.shard, start, end), timeout=self._timeout)
+        found: list[Found] = []
+        try:
+            async for answer in call:
+                found.extend(decode_range_scan(answer))
+                if limit is not None and len(found) >= limit:
+                    return found[:limit]
+        finally:
+            call.cancel()  # ends a stream left early; nothing once it has ended
+        return found
+
+    def _shard(self, partition_key: str) -> Any:
+        try:
+            return self._discovery.get_shard(partition_key)
+        except Exception as exc:  # no assignments yet: the package waits for them
+            raise NotUnderstood(f"no shard for {partition_key!r}: {exc}") from exc
 
     def _channel(self, address: str) -> grpc.aio.Channel:
         channel = self._channels.get(address)
@@ -112,6 +136,17 @@ def encode_get(shard: int, key: str) -> bytes:
     raw = key.encode()
     get = b"\x0a" + _varint(len(raw)) + raw + b"\x10\x01"
     return b"\x08" + _varint(shard) + b"\x12" + _varint(len(get)) + get
+
+
+def encode_range_scan(shard: int, start: str, end: str) -> bytes:
+    """``RangeScanRequest{shard, start_inclusive, end_exclusive}`` (an empty string, as
+    proto3 writes it: not at all)."""
+    out = b"\x08" + _varint(shard)
+    for tag, text in ((b"\x12", start), (b"\x1a", end)):
+        if text:
+            raw = text.encode()
+            out += tag + _varint(len(raw)) + raw
+    return out
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -159,6 +194,25 @@ def decode_get(answer: bytes, asked: str) -> Found | None:
     response = next((v for n, v in _fields(answer) if n == 1 and isinstance(v, bytes)), None)
     if response is None:
         raise NotUnderstood("a ReadResponse without a GetResponse")
+    return _get_response(response, asked)
+
+
+def decode_range_scan(answer: bytes) -> list[Found]:
+    """The records of one ``RangeScanResponse`` (a scan's answer comes in several); each
+    must carry its key and be found."""
+    found: list[Found] = []
+    for number, field in _fields(answer):
+        if number != 1 or not isinstance(field, bytes):
+            continue
+        record = _get_response(field, None)
+        if record is None:
+            raise NotUnderstood("a range scan answered a record as not found")
+        found.append(record)
+    return found
+
+
+def _get_response(response: bytes, asked: str | None) -> Found | None:
+    """One ``GetResponse``; ``asked`` is its key when it carries none (None: it must)."""
     status, value, key, version_id = _OK, b"", asked, None
     for number, field in _fields(response):
         if number == 1 and isinstance(field, int):
@@ -174,6 +228,8 @@ def decode_get(answer: bytes, asked: str) -> Found | None:
         return None
     if status != _OK or version_id is None:
         raise NotUnderstood(f"a GetResponse with status {status}")
+    if key is None:
+        raise NotUnderstood("a scanned record without its key")
     if version_id >= 1 << 63:  # int64 on the wire as two's complement
         version_id -= 1 << 64
     return Found(key, value, version_id)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -151,13 +151,17 @@ class OxiaStore:
 
     async def _get_on_loop(self, reads: EventLoopReads, key: str, partition_key: str
                            ) -> Record | None:
-        """A get through ``reads``, timed and counted as :meth:`_call` does, its gRPC
-        errors reported as the package's are; :class:`NotUnderstood` is left to the
-        caller, which makes the get again through the package."""
+        found = await self._on_loop("get", reads.get(key, partition_key))
+        return None if found is None else Record(found.key, found.value, found.version_id)
+
+    async def _on_loop(self, op: str, read: Awaitable[T]) -> T:
+        """A read through :class:`EventLoopReads`, timed and counted as :meth:`_call`
+        does, its gRPC errors reported as the package's are; :class:`NotUnderstood` is
+        left to the caller, which makes the read again through the package."""
         started = time.monotonic()
         outcome = "ok"
         try:
-            found = await reads.get(key, partition_key)
+            return await read
         except NotUnderstood:
             outcome = "fallback"
             raise
@@ -165,11 +169,10 @@ class OxiaStore:
             outcome = "error"
             if exc.code() in STALE_LEADER_CODES:
                 _suspect_leaders(self._client)
-            raise StorageUnavailable(f"Oxia get failed: {describe(exc)}") from exc
+            raise StorageUnavailable(f"Oxia {op} failed: {describe(exc)}") from exc
         finally:
-            self._metrics.oxia_requests.labels("get", outcome).inc()
-            self._metrics.oxia_latency.labels("get").observe(time.monotonic() - started)
-        return None if found is None else Record(found.key, found.value, found.version_id)
+            self._metrics.oxia_requests.labels(op, outcome).inc()
+            self._metrics.oxia_latency.labels(op).observe(time.monotonic() - started)
 
     async def get_ceiling(self, key: str, partition_key: str) -> Record | None:
         """The first record with key >= ``key`` on the partition's shard (any prefix!)."""
@@ -239,6 +242,14 @@ class OxiaStore:
 
     async def range_scan(self, min_inclusive: str, max_exclusive: str, partition_key: str,
                          *, limit: int | None = None) -> list[Record]:
+        if self._reads is not None:
+            try:
+                found = await self._on_loop("range_scan", self._reads.range_scan(
+                    min_inclusive, max_exclusive, partition_key, limit))
+                return [Record(f.key, f.value, f.version_id) for f in found]
+            except NotUnderstood:
+                pass  # through the package, which reports what it makes of it
+
         def run() -> list[Record]:
             out: list[Record] = []
             it: Iterator[Any] = self._client.range_scan(
