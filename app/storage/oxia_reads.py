@@ -18,7 +18,7 @@ protobuf wire format, after Oxia's ``client.proto``: ``ReadRequest{shard = 1, ge
 Only as a fast path: which shard and which leader come from the package's
 own discovery (which follows leader changes, app/storage/oxia_discovery.py), a gRPC
 error is reported as the package's would be (:class:`OxiaStore` maps both), and anything
-else that goes wrong here (an answer this does not understand) sends the get through the
+else that goes wrong here (an answer this does not understand) sends the read through the
 package instead. Only under asyncio, which ``grpc.aio`` needs.
 """
 

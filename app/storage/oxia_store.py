@@ -1,7 +1,9 @@
 """An asynchronous facade over the synchronous ``oxia`` client.
 
-Every call runs in a bounded worker pool (``anyio.to_thread.run_sync`` with a
-``CapacityLimiter``), never on the event loop. The client sets no gRPC deadlines of its
+Every call of the package runs in a bounded worker pool (``anyio.to_thread.run_sync``
+with a ``CapacityLimiter``), never on the event loop; gets and range scans go through
+``grpc.aio`` on the loop instead (app/storage/oxia_reads.py), and through the package only
+when that cannot answer them. The client sets no gRPC deadlines of its
 own, so it is built with channels that add one to every request/response call
 (:func:`app.storage.oxia_compat.connect`); a stuck call therefore ends by itself and a
 worker thread is never leaked.
