@@ -108,8 +108,11 @@ async def test_an_app_owning_its_process_freezes_after_its_startup(collector: No
         frozen = gc.get_freeze_count()
         assert frozen > 0
         families = {f.name: f for f in registry.collect()}
+        # A frozen object that dies leaves the permanent generation, so the count only
+        # falls after the freeze (another thread of the test process may free one).
+        still_frozen = gc.get_freeze_count()
         assert families["llog_gc_young_threshold"].samples[0].value == 23_456
-        assert families["llog_gc_frozen_objects"].samples[0].value == frozen
+        assert still_frozen <= families["llog_gc_frozen_objects"].samples[0].value <= frozen
         assert "llog_gc_full_pause_seconds" in families
     assert all(getattr(cb, "__self__", None) is None or not isinstance(
         cb.__self__, CollectorPolicy) for cb in gc.callbacks)  # stopped counting
