@@ -5,6 +5,8 @@ real Oxia and MinIO is tests/test_reader_bounds.py and tests/test_engine.py."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 import anyio.lowlevel
 import pytest
@@ -125,6 +127,11 @@ class FakeS3:
 
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         return await self._download(key, start, length)
+
+    async def get_range_cut(self, key: str, start: int, spans: Sequence[tuple[int, int]]
+                            ) -> list[bytes]:
+        data = await self._download(key, start, spans[-1][1])
+        return [data[offset:end] for offset, end in spans]
 
 
 def _fetcher(s3: FakeS3, *, process_limit: int = 64) -> SpanFetcher:

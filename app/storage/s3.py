@@ -16,7 +16,7 @@ import contextlib
 import io
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from pydantic import SecretStr
 from app.errors import ObjectMissing, StorageUnavailable
 from app.settings import S3Settings
 from app.storage import s3_lean
+from app.storage.body_cuts import cut
 from app.storage.metrics import StoreMetrics
 from app.storage.s3_lean import LeanS3, S3Status
 
@@ -235,25 +236,50 @@ class S3Store:
             )
         return data
 
+    async def get_range_cut(self, key: str, start: int, spans: Sequence[tuple[int, int]]
+                            ) -> list[bytes]:
+        """Bytes ``start`` up to the end of the last of ``spans`` in one ranged GET, as
+        one ``bytes`` per span (``(offset, end)`` from ``start``, in order): each is cut
+        once from what was received, where cutting a joined range would copy every byte
+        twice. What keeps spans one by one (the object cache) needs them apart, or one
+        kept span would hold the whole range in memory."""
+        length = spans[-1][1] if spans else 0
+        if length <= 0:
+            return [b"" for _ in spans]
+        pieces = await self._read_pieces("range_get", key,
+                                         f"bytes={start}-{start + length - 1}")
+        got = sum(len(p) for p in pieces)
+        if got != length:
+            raise ObjectMissing(
+                f"s3://{self.bucket}/{key}: range [{start}, {start + length}) returned "
+                f"{got} bytes (object truncated?)"
+            )
+        return cut(pieces, spans)
+
     async def get_head(self, key: str, length: int) -> bytes:
         """The object's first ``length`` bytes, or all of it when it is shorter (one
         ranged GET: an object's size need not be known to read it whole)."""
         return await self._read("range_get", key, f"bytes=0-{max(length, 1) - 1}")
 
     async def _read(self, op: str, key: str, byte_range: str | None) -> bytes:
-        data: bytes
+        pieces = await self._read_pieces(op, key, byte_range)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def _read_pieces(self, op: str, key: str, byte_range: str | None
+                           ) -> list[bytes]:
+        pieces: list[bytes]
         async with self._request(op, key):
             if self._lean is not None:
-                data = await self._lean.get(key, byte_range)
+                pieces = await self._lean.get(key, byte_range)
             else:
                 kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
                 if byte_range is not None:
                     kwargs["Range"] = byte_range
                 resp = await self._client.get_object(**kwargs)
                 async with resp["Body"] as stream:
-                    data = await stream.read()
-        self._metrics.s3_bytes.labels("in").inc(len(data))
-        return data
+                    pieces = [await stream.read()]
+        self._metrics.s3_bytes.labels("in").inc(sum(len(p) for p in pieces))
+        return pieces
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:

@@ -198,19 +198,21 @@ class SpanFetcher:
         assert chunks is not None and unit.chunks is not None and unit.chunk_range is not None
         lo, hi = chunks[first].byte_offset, chunks[last].byte_end
         stored_codec = unit.span.codec
-        data = memoryview(await self._s3.get_range(key, lo, hi - lo))
         encoding = unit.span.entry.encoding
+        wanted = chunks[first:last + 1]
+        bodies: list[bytes | memoryview]
+        if encoding in _KEPT_AS_COLUMNS and stored_codec is Codec.NONE and last > first:
+            # Kept as they are stored, so a cached chunk must not pin the range (a
+            # decompressed one has its own): each cut from the body on its own.
+            bodies = list(await self._s3.get_range_cut(
+                key, lo, [(c.byte_offset - lo, c.byte_end - lo) for c in wanted]))
+        else:
+            data = memoryview(await self._s3.get_range(key, lo, hi - lo))
+            bodies = [data[c.byte_offset - lo:c.byte_end - lo] for c in wanted]
 
         def decode() -> list[Records]:
-            out = []
-            for c in chunks[first:last + 1]:
-                body = data[c.byte_offset - lo:c.byte_end - lo]
-                if (encoding in _KEPT_AS_COLUMNS and stored_codec is Codec.NONE
-                        and len(body) != len(data)):
-                    # A cached chunk must not pin the range (a decompressed one has its own).
-                    body = memoryview(bytes(body))
-                out.append(chunk_records(body, c, encoding, stored_codec))
-            return out
+            return [chunk_records(memoryview(body), c, encoding, stored_codec)
+                    for body, c in zip(bodies, wanted, strict=True)]
 
         if stored_codec is Codec.NONE or unit.span.chunks_cost(first, last) <= _INLINE_RAW_BYTES:
             decoded = decode()
