@@ -11,7 +11,7 @@ import anyio
 import anyio.lowlevel
 import pytest
 
-from app.errors import LogGap, ObjectMissing
+from app.errors import LlogError, LogGap, ObjectMissing
 from app.storage import codec
 from app.storage.blob_lookups import BlobLookups
 from app.storage.index_walk import IndexWalk
@@ -19,7 +19,15 @@ from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.object_cache import ObjectCache
 from app.storage.oxia_store import Record
 from app.storage.read_ahead import ReadAhead
-from app.storage.read_plan import PlannedRoom, ReadPlan, ReadRequest, SpanFetch
+from app.storage.read_plan import (
+    PlannedRoom,
+    ReadPlan,
+    ReadRequest,
+    SpanFetch,
+    bytes_to_fetch,
+    trim_to_total,
+    units_for,
+)
 from app.storage.records import Control, IndexEntry
 from app.storage.span_fetch import SpanFetcher
 from app.storage.spans import Span
@@ -221,3 +229,44 @@ async def test_a_plan_has_room_only_once_the_plans_before_it_left_some() -> None
     later.planned(0, _plan(2, 50))
     assert not await later.left(1)
     assert await PlannedRoom(2, max_bytes=None).left(1)
+
+
+def _chunked(key: str, chunks: int, records: int = 100, size: int = 1000) -> Span:
+    """A compacted blob of ``chunks`` chunks of ``records`` records, ``size`` bytes each."""
+    rows = [[i * records, 4 + i * size, 0] for i in range(chunks)]
+    entry = IndexEntry("COMPACTED", chunks * records, LAYOUT.uri(key),
+                       object_bytes=4 + chunks * size, chunks=rows)
+    return Span(chunks * records, entry)
+
+
+def test_a_read_resuming_near_the_end_of_a_chunk_plans_the_chunks_after_it() -> None:
+    span = _chunked("compacted/a", 4)
+    # Record 91 of 100 in chunk 0: a tenth of it is left, so one chunk's budget
+    # plans the next chunk too (the whole first chunk counted, it planned that one only).
+    (unit,) = units_for([span], 91, budget=1000)
+    assert unit.chunk_range == (0, 1)
+    (unit,) = units_for([span], 1, budget=1000)
+    assert unit.chunk_range == (0, 0)
+
+
+def _resuming(key: str) -> ReadPlan:
+    """A partition read again from inside the chunk its previous answer ended in."""
+    span = _chunked(key, 8)
+    return ReadPlan(ReadRequest(TP, 151, max_bytes=1000), 151, 800,
+                    units=units_for([span], 151, budget=1000))
+
+
+def test_chunks_kept_from_the_previous_read_leave_the_budget_to_later_partitions() -> None:
+    def held(unit: SpanFetch, chunk: int) -> bool:
+        return chunk == 1  # where each partition's previous answer ended
+
+    plans: list[ReadPlan | LlogError] = [_resuming(f"compacted/{p}") for p in range(4)]
+    assert all(isinstance(p, ReadPlan) and p.units[0].chunk_range == (1, 2) for p in plans)
+    trim_to_total(plans, 4000, lambda unit: bytes_to_fetch(unit, held))
+    assert all(isinstance(p, ReadPlan) and p.units for p in plans)  # every partition reads
+    # Counted whole (what each unit would fetch were nothing kept), the last one got none.
+    counted_whole: list[ReadPlan | LlogError] = [_resuming(f"compacted/{p}")
+                                                 for p in range(4)]
+    trim_to_total(counted_whole, 4000)
+    assert [bool(p.units) for p in counted_whole if isinstance(p, ReadPlan)] == [
+        True, True, False, False]

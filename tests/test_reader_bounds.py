@@ -245,3 +245,34 @@ async def test_a_read_inside_a_compacted_blob_reads_the_next_chunks_ahead(
     assert stats.started > 10 and stats.failed == 0 and stats.inflight == 0
     assert served == probes > 10
 
+
+
+async def test_partitions_with_a_budget_each_share_the_answer_through_compacted_blobs(
+        stack: LocalStack, topic: str) -> None:
+    """One consumer reading 4 compacted partitions, a budget each that together make
+    the answer's: once each resumes inside the chunk its last answer ended in, every
+    partition gets records in every answer (the chunks kept from the last read are not
+    counted again against the answer's budget), and each record comes once, in order."""
+    settings = compaction_settings(stack, compaction_chunk_bytes=4096)
+    async with open_engine(settings) as e:
+        tps = [TopicPartition(topic, p) for p in range(4)]
+        acked = {tp: await _compacted_partition(e, tp, batches=10, per_batch=40,
+                                                chunk_bytes=4096) for tp in tps}
+        reader = _fresh_reader(e)
+        offsets = dict.fromkeys(tps, 1)
+        got: dict[TopicPartition, dict[int, bytes]] = {tp: {} for tp in tps}
+        starved = []
+        for round_ in range(8):
+            results = await reader.read_many(
+                [ReadRequest(tp, offsets[tp], max_bytes=4096) for tp in tps],
+                max_bytes=4 * 4096)
+            for tp, result in zip(tps, results, strict=True):
+                assert isinstance(result, ReadResult)
+                if round_ and not result.records:
+                    starved.append((round_, tp.partition))
+                got[tp].update(result.records)
+                offsets[tp] = result.next_offset
+        assert starved == []
+        for tp in tps:
+            assert list(got[tp]) == list(range(1, offsets[tp]))
+            assert got[tp] == {o: v for o, v in acked[tp].items() if o < offsets[tp]}

@@ -5,7 +5,7 @@ protocol)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -72,8 +72,13 @@ def units_for(spans: list[Span], offset: int, budget: int | None) -> list[SpanFe
             units.append(SpanFetch(span, span.start))
             planned += span.cost_from(nxt)
         else:
-            first = last = chunk_index(chunks, max(nxt, span.start) - span.start)
-            planned += span.chunks_cost(first, first)
+            record = max(nxt, span.start) - span.start
+            first = last = chunk_index(chunks, record)
+            # The first chunk counts from the offset: a read that resumes near its end
+            # (the previous answer ended inside it) still plans the chunks after it.
+            chunk = chunks[first]
+            planned += (span.chunks_cost(first, first) * (chunk.end_record - record)
+                        // max(1, chunk.end_record - chunk.first_record))
             while last + 1 < len(chunks) and (budget is None or planned < budget):
                 last += 1
                 planned += span.chunks_cost(last, last)
@@ -90,10 +95,12 @@ class PlannedRoom:
     one behind a partition that fills the budget would plan its own budget for nothing,
     page after page.)"""
 
-    def __init__(self, count: int, max_bytes: int | None) -> None:
+    def __init__(self, count: int, max_bytes: int | None,
+                 cost: Callable[[SpanFetch], int] | None = None) -> None:
         self._done = [anyio.Event() for _ in range(count)]
         self._bytes = [0] * count
         self._max = max_bytes
+        self._cost = cost or unit_bytes
 
     async def left(self, i: int) -> bool:
         """Whether plans ``0 .. i-1`` (once done) planned less than the total budget."""
@@ -106,15 +113,18 @@ class PlannedRoom:
     def planned(self, i: int, plan: ReadPlan | LlogError) -> None:
         """Plan ``i`` is done (its bytes count against the budget of those after it)."""
         if isinstance(plan, ReadPlan):
-            self._bytes[i] = sum(unit_bytes(u) for u in plan.units)
+            self._bytes[i] = sum(self._cost(u) for u in plan.units)
         self._done[i].set()
 
 
-def trim_to_total(plans: list[ReadPlan | LlogError], max_bytes: int | None) -> None:
-    """Drop the units beyond the call's total budget (in request order), keeping at
-    least one unit overall so that the first record is always served."""
+def trim_to_total(plans: list[ReadPlan | LlogError], max_bytes: int | None,
+                  cost: Callable[[SpanFetch], int] | None = None) -> None:
+    """Drop the units beyond the call's total budget (in request order), counting what
+    each would fetch (``cost``, by default all its bytes), keeping at least one unit
+    overall so that the first record is always served."""
     if max_bytes is None:
         return
+    cost = cost or unit_bytes
     planned, kept_any = 0, False
     for plan in plans:
         if not isinstance(plan, ReadPlan):
@@ -125,7 +135,7 @@ def trim_to_total(plans: list[ReadPlan | LlogError], max_bytes: int | None) -> N
                 break
             keep.append(unit)
             kept_any = True
-            planned += unit_bytes(unit)
+            planned += cost(unit)
         plan.units = keep
 
 
@@ -135,3 +145,17 @@ def unit_bytes(unit: SpanFetch) -> int:
     if unit.chunk_range is not None and chunks is not None:
         return unit.span.chunks_cost(*unit.chunk_range)
     return unit.span.cost_from(unit.first_offset)
+
+
+def bytes_to_fetch(unit: SpanFetch, held: Callable[[SpanFetch, int], bool]) -> int:
+    """:func:`unit_bytes` but for the chunks ``held`` says are kept already: a consumer
+    reading several partitions with a budget each resumes every one inside the chunk
+    its previous answer ended in, kept from that read. Counted whole, those chunks
+    filled the call's budget before its last partitions were planned (so they got no
+    records while the first ones had any left), though they cost no fetch."""
+    chunks = unit.span.chunks
+    if unit.chunk_range is None or chunks is None:
+        return unit_bytes(unit)
+    first, last = unit.chunk_range
+    return sum(unit.span.chunks_cost(i, i) for i in range(first, last + 1)
+               if not held(unit, i))

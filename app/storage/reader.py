@@ -52,6 +52,7 @@ from app.storage.read_plan import (
     ReadPlan,
     ReadRequest,
     SpanFetch,
+    bytes_to_fetch,
     min_budget,
     trim_to_total,
     units_for,
@@ -217,7 +218,7 @@ class LogReader:
                         skip_strays: bool) -> list[ReadPlan | LlogError]:
         plans: list[ReadPlan | LlogError] = [LogGap("not planned")] * len(requests)
         limiter = anyio.CapacityLimiter(self._fetch_concurrency)
-        room = PlannedRoom(len(requests), max_bytes)
+        room = PlannedRoom(len(requests), max_bytes, self._bytes_to_fetch)
 
         async def plan(i: int, request: ReadRequest) -> None:
             budget = min_budget(request.max_bytes, max_bytes)
@@ -233,8 +234,14 @@ class LogReader:
         async with anyio.create_task_group() as tg:
             for i, request in enumerate(requests):
                 tg.start_soon(plan, i, request)
-        trim_to_total(plans, max_bytes)
+        trim_to_total(plans, max_bytes, self._bytes_to_fetch)
         return plans
+
+    def _bytes_to_fetch(self, unit: SpanFetch) -> int:
+        return bytes_to_fetch(unit, self._holds_chunk)
+
+    def _holds_chunk(self, unit: SpanFetch, chunk: int) -> bool:
+        return self.objects.holds(unit.span.object_key(self._layout), chunk)
 
     async def _plan(self, request: ReadRequest, budget: int | None, skip_strays: bool,
                     room: Callable[[], Awaitable[bool]] | None = None) -> ReadPlan:

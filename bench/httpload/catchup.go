@@ -22,6 +22,7 @@ type CatchupResult struct {
 	Format       string         `json:"format"`
 	Partitions   int            `json:"partitions"`
 	MaxBytes     int            `json:"max_bytes"`
+	PartitionMax int            `json:"partition_max_bytes"`
 	Requests     uint64         `json:"requests"`
 	Records      uint64         `json:"records"`
 	RecordBytes  int64          `json:"record_bytes"`
@@ -52,7 +53,7 @@ type jsonConsume struct {
 
 func runCatchup(c *config) (*CatchupResult, error) {
 	res := &CatchupResult{Mode: "catchup", URL: c.consumeURL, Format: c.format,
-		Partitions: c.readParts, MaxBytes: c.maxBytes, GoVersion: runtime.Version()}
+		Partitions: c.readParts, MaxBytes: c.maxBytes, PartitionMax: c.partMax, GoVersion: runtime.Version()}
 	var dials dialCounter
 	client := newClient(1, c.timeout, &dials)
 	defer client.CloseIdleConnections()
@@ -113,8 +114,11 @@ func (c *config) consumeOnce(client *http.Client, offsets map[int]int64, buf *[]
 	sort.Ints(order)
 	tps := make([]map[string]any, 0, len(order))
 	for _, p := range order {
-		tps = append(tps, map[string]any{"topic": c.topic, "partition": p,
-			"fetch_offset": offsets[p]})
+		tp := map[string]any{"topic": c.topic, "partition": p, "fetch_offset": offsets[p]}
+		if c.partMax > 0 {
+			tp["partition_max_bytes"] = c.partMax
+		}
+		tps = append(tps, tp)
 	}
 	req, _ := json.Marshal(map[string]any{
 		"topic_partitions": tps, "max_wait_ms": 0, "max_bytes": c.maxBytes,

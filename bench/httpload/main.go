@@ -55,6 +55,7 @@ type config struct {
 	rate        float64
 	consumeURL  string
 	maxBytes    int
+	partMax     int // catchup mode: partition_max_bytes of every partition (0: none)
 	catchupMiB  int
 	fromOffset  int64
 	readParts   int // catchup mode: partitions 0..n-1, all of them in every request
@@ -99,6 +100,9 @@ func main() {
 	flag.StringVar(&c.consumeURL, "consume-url", "",
 		"e2e and catchup modes: the broker consumers read from (default: -url)")
 	flag.IntVar(&c.maxBytes, "max-bytes", 8<<20, "catchup mode: max_bytes per consume request")
+	flag.IntVar(&c.partMax, "partition-max-bytes", 0,
+		"catchup mode: partition_max_bytes of every partition in a request (0: none, the "+
+			"partitions share max_bytes in request order)")
 	flag.IntVar(&c.catchupMiB, "catchup-mib", 1024, "catchup mode: MiB of records to read")
 	flag.Int64Var(&c.fromOffset, "from-offset", 1, "catchup mode: the first offset")
 	flag.IntVar(&c.readParts, "catchup-partitions", 1,
@@ -160,6 +164,7 @@ func validate(c *config) error {
 			"-key-bytes and -headers need -format json"},
 		{c.rate < 0, "-rate must not be negative"},
 		{c.maxBytes < 1, "-max-bytes must be positive"},
+		{c.partMax < 0, "-partition-max-bytes must not be negative"},
 		{c.readParts < 1, "-catchup-partitions must be at least 1"},
 		{c.connections < 1, "-connections must be at least 1"},
 		{c.duration <= 0, "-duration must be positive"},
