@@ -239,21 +239,11 @@ def _chunked(key: str, chunks: int, records: int = 100, size: int = 1000) -> Spa
     return Span(chunks * records, entry)
 
 
-def test_a_read_resuming_near_the_end_of_a_chunk_plans_the_chunks_after_it() -> None:
-    span = _chunked("compacted/a", 4)
-    # Record 91 of 100 in chunk 0: a tenth of it is left, so one chunk's budget
-    # plans the next chunk too (the whole first chunk counted, it planned that one only).
-    (unit,) = units_for([span], 91, budget=1000)
-    assert unit.chunk_range == (0, 1)
-    (unit,) = units_for([span], 1, budget=1000)
-    assert unit.chunk_range == (0, 0)
-
-
 def _resuming(key: str) -> ReadPlan:
     """A partition read again from inside the chunk its previous answer ended in."""
     span = _chunked(key, 8)
-    return ReadPlan(ReadRequest(TP, 151, max_bytes=1000), 151, 800,
-                    units=units_for([span], 151, budget=1000))
+    return ReadPlan(ReadRequest(TP, 151, max_bytes=1500), 151, 800,
+                    units=units_for([span], 151, budget=1500))
 
 
 def test_chunks_kept_from_the_previous_read_leave_the_budget_to_later_partitions() -> None:
@@ -270,3 +260,9 @@ def test_chunks_kept_from_the_previous_read_leave_the_budget_to_later_partitions
     trim_to_total(counted_whole, 4000)
     assert [bool(p.units) for p in counted_whole if isinstance(p, ReadPlan)] == [
         True, True, False, False]
+
+
+def test_a_wal_slice_of_a_kept_object_costs_no_fetch() -> None:
+    (unit,) = _slices("wal/a", [b"a" * 100])[1]
+    assert bytes_to_fetch(unit, lambda u, part: part == -1) == 0
+    assert bytes_to_fetch(unit, lambda u, part: False) == unit.span.cost_from(1) > 0

@@ -72,13 +72,8 @@ def units_for(spans: list[Span], offset: int, budget: int | None) -> list[SpanFe
             units.append(SpanFetch(span, span.start))
             planned += span.cost_from(nxt)
         else:
-            record = max(nxt, span.start) - span.start
-            first = last = chunk_index(chunks, record)
-            # The first chunk counts from the offset: a read that resumes near its end
-            # (the previous answer ended inside it) still plans the chunks after it.
-            chunk = chunks[first]
-            planned += (span.chunks_cost(first, first) * (chunk.end_record - record)
-                        // max(1, chunk.end_record - chunk.first_record))
+            first = last = chunk_index(chunks, max(nxt, span.start) - span.start)
+            planned += span.chunks_cost(first, first)
             while last + 1 < len(chunks) and (budget is None or planned < budget):
                 last += 1
                 planned += span.chunks_cost(last, last)
@@ -148,14 +143,15 @@ def unit_bytes(unit: SpanFetch) -> int:
 
 
 def bytes_to_fetch(unit: SpanFetch, held: Callable[[SpanFetch, int], bool]) -> int:
-    """:func:`unit_bytes` but for the chunks ``held`` says are kept already: a consumer
-    reading several partitions with a budget each resumes every one inside the chunk
-    its previous answer ended in, kept from that read. Counted whole, those chunks
-    filled the call's budget before its last partitions were planned (so they got no
-    records while the first ones had any left), though they cost no fetch."""
+    """:func:`unit_bytes` but for what ``held`` says is kept already (a chunk by its
+    index, a WAL slice's whole object as -1): a consumer reading several partitions
+    with a budget each resumes every one inside the chunk or the WAL object its
+    previous answer ended in, kept from that read. Counted whole, those filled the
+    call's budget before its last partitions were planned (so they got no records
+    while the first ones had any left), though they cost no fetch."""
     chunks = unit.span.chunks
     if unit.chunk_range is None or chunks is None:
-        return unit_bytes(unit)
+        return 0 if held(unit, -1) else unit_bytes(unit)
     first, last = unit.chunk_range
     return sum(unit.span.chunks_cost(i, i) for i in range(first, last + 1)
                if not held(unit, i))

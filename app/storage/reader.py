@@ -241,7 +241,11 @@ class LogReader:
         return bytes_to_fetch(unit, self._holds_chunk)
 
     def _holds_chunk(self, unit: SpanFetch, chunk: int) -> bool:
-        return self.objects.holds(unit.span.object_key(self._layout), chunk)
+        key = unit.span.object_key(self._layout)
+        if chunk >= 0:
+            return self.objects.holds(key, chunk)
+        # A WAL slice is served from its whole object when the cache keeps that.
+        return unit.span.entry.byte_offset is not None and self.objects.holds_object(key)
 
     async def _plan(self, request: ReadRequest, budget: int | None, skip_strays: bool,
                     room: Callable[[], Awaitable[bool]] | None = None) -> ReadPlan:
