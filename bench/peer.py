@@ -184,15 +184,25 @@ def kafka_side(run_dir: Path, seconds: float, catchup_mib: int) -> dict[str, Any
     return rows
 
 
+# Readers: the Python client and the Go load generator, the partitions sharing each
+# request's budget in request order; and the load generator with an equal share each
+# (``partition_max_bytes``), as Kafka's consumers fetch (max.partition.fetch.bytes).
+READERS = {"go": "Go load generator", "go-shared": "Go, a quarter per partition",
+           "python": "one Python client"}
+
+
 def read(url: str, topic: str, reader: str, mib: int, fetch_bytes: int = FETCH_BYTES
          ) -> dict[str, Any]:
     """One client reads the 4 partitions of ``topic`` from offset 1, all of them in every
-    request, binary answers: ``python`` (bench/peer_clients.py) or ``go`` (the load
-    generator's catch-up mode)."""
+    request, binary answers: ``python`` (bench/peer_clients.py), ``go`` (the load
+    generator's catch-up mode) or ``go-shared`` (the same, each partition with a
+    ``partition_max_bytes`` of a quarter of the request's)."""
     if reader == "python":
         return client("llog-consume", url, topic, str(mib), str(fetch_bytes), timeout=3600)
+    share = fetch_bytes // SHAPE[0] if reader == "go-shared" else 0
     out = hb.run_loadgen(["-mode", "catchup", "-url", url, "-topic", topic,
                           "-format", "binary", "-max-bytes", str(fetch_bytes),
+                          "-partition-max-bytes", str(share),
                           "-catchup-partitions", str(SHAPE[0]), "-catchup-mib", str(mib),
                           "-timeout", "60s"], timeout=3600)
     return {"records": out["records"], "mib": out["record_bytes"] / MiB,

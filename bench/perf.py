@@ -25,8 +25,9 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   them from S3 (binary, one GET per answer, one ahead); then the partition is compacted
   (`llog compact-once` until nothing is left) and read again. Then catch-up as users
   meet it: a 4-partition topic written 4 x 25 x 1 KiB binary per request, read by one
-  client (the Go load generator, then one Python client) asking for all 4 partitions in
-  every request, binary answers: fresh (WAL objects), then compacted.
+  client (the Go load generator; the same with a quarter of each request's bytes per
+  partition, as Kafka's consumers fetch; one Python client) asking for all 4 partitions
+  in every request, binary answers: fresh (WAL objects), then compacted.
 - latency: a second broker; produce to one, long-poll the other, paced at a quarter of
   the measured maximum; produce and produce-to-consume percentiles against the batch
   window.
@@ -462,7 +463,8 @@ def users_catchup_rows(run: Run) -> list[dict[str, Any]]:
     25 x 1 KiB binary per request), read by one client asking for all 4 partitions in
     every request (binary answers, --fetch-bytes): fresh, right after it was written
     (nothing compacted: the reader meets WAL objects), then after compacting every
-    partition. Both the Go load generator and one plain Python client read; the broker
+    partition. The Go load generator (the partitions sharing each request's budget in
+    request order, then with a quarter each) and one plain Python client read; the broker
     restarts before each read, so no read starts with objects another one cached."""
     a = run.args
     topic = _topic("cu")
@@ -481,7 +483,7 @@ def users_catchup_rows(run: Run) -> list[dict[str, Any]]:
         if state == "compacted":
             rows.append({**compact_all(run, topic, range(SHAPES[0][0])),
                          "section": "catchup4"})
-        for reader in ("go", "python"):
+        for reader in peer.READERS:
             for base in (False, True) if run.baseline else (False,):
                 broker = start_broker(run, f"users-{state}-{reader}{'-base' * base}",
                                       base=base)
@@ -983,9 +985,9 @@ def print_report(results: dict[str, Any]) -> None:
                 print(f"  then compacted: {r['mib']:,.0f} MiB in {r['passes']} passes of "
                       f"llog compact-once, {r['seconds']:.1f} s; read again:")
                 continue
-            reader = "Go load generator" if r["reader"] == "go" else "one Python client"
+            reader = peer.READERS[r["reader"]]
             broker = f" ({s['baseline']})" if r.get("broker") == "base" else ""
-            print(f"  {r['target']:>9} {reader:>17}{broker}: {r['mib_per_s']:8.1f} MiB/s "
+            print(f"  {r['target']:>9} {reader:>28}{broker}: {r['mib_per_s']:8.1f} MiB/s "
                   f"{r['records_per_s']:>10,.0f} records/s, {r['requests']} requests, srv CPU "
                   f"{r['server_cpu_cores']:.2f}, box CPU {r['box_cpu_cores']:.2f}, ratio "
                   f"{_f(r.get('ratio'), '.2f', 4)}{'' if r['complete'] else ' (incomplete)'}")
