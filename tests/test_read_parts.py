@@ -239,27 +239,42 @@ def _chunked(key: str, chunks: int, records: int = 100, size: int = 1000) -> Spa
     return Span(chunks * records, entry)
 
 
-def _resuming(key: str) -> ReadPlan:
+def _resuming(key: str, budget: int | None = 1500) -> ReadPlan:
     """A partition read again from inside the chunk its previous answer ended in."""
     span = _chunked(key, 8)
-    return ReadPlan(ReadRequest(TP, 151, max_bytes=1500), 151, 800,
-                    units=units_for([span], 151, budget=1500))
+    return ReadPlan(ReadRequest(TP, 151, max_bytes=budget), 151, 800,
+                    units=units_for([span], 151, budget=budget or 4000))
+
+
+def _held(unit: SpanFetch, chunk: int) -> bool:
+    return chunk == 1  # where each partition's previous answer ended
 
 
 def test_chunks_kept_from_the_previous_read_leave_the_budget_to_later_partitions() -> None:
-    def held(unit: SpanFetch, chunk: int) -> bool:
-        return chunk == 1  # where each partition's previous answer ended
-
     plans: list[ReadPlan | LlogError] = [_resuming(f"compacted/{p}") for p in range(4)]
     assert all(isinstance(p, ReadPlan) and p.units[0].chunk_range == (1, 2) for p in plans)
-    trim_to_total(plans, 4000, lambda unit: bytes_to_fetch(unit, held))
+    trim_to_total(plans, 4 * 1500, lambda unit: bytes_to_fetch(unit, _held))
     assert all(isinstance(p, ReadPlan) and p.units for p in plans)  # every partition reads
     # Counted whole (what each unit would fetch were nothing kept), the last one got none.
     counted_whole: list[ReadPlan | LlogError] = [_resuming(f"compacted/{p}")
                                                  for p in range(4)]
-    trim_to_total(counted_whole, 4000)
+    trim_to_total(counted_whole, 4 * 1500)
     assert [bool(p.units) for p in counted_whole if isinstance(p, ReadPlan)] == [
-        True, True, False, False]
+        True, True, True, False]
+
+
+def test_a_partition_without_a_budget_of_its_own_still_takes_what_it_answers() -> None:
+    # Read in request order, the first partition answers the whole budget: what it
+    # keeps from its last read makes no room for the next one to fetch for nothing.
+    plans: list[ReadPlan | LlogError] = [_resuming(f"compacted/{p}", None) for p in range(2)]
+    first = plans[0]
+    assert isinstance(first, ReadPlan) and first.units[0].chunk_range == (1, 4)
+    trim_to_total(plans, 4000, lambda unit: bytes_to_fetch(unit, _held))
+    assert [bool(p.units) for p in plans if isinstance(p, ReadPlan)] == [True, False]
+    # Many small budgets are counted by what they fetch: no more partitions than fit.
+    small: list[ReadPlan | LlogError] = [_resuming(f"compacted/{p}", 10) for p in range(8)]
+    trim_to_total(small, 4000, lambda unit: bytes_to_fetch(unit, lambda u, c: False))
+    assert [bool(p.units) for p in small if isinstance(p, ReadPlan)].count(True) == 4
 
 
 def test_a_wal_slice_of_a_kept_object_costs_no_fetch() -> None:

@@ -108,15 +108,16 @@ class PlannedRoom:
     def planned(self, i: int, plan: ReadPlan | LlogError) -> None:
         """Plan ``i`` is done (its bytes count against the budget of those after it)."""
         if isinstance(plan, ReadPlan):
-            self._bytes[i] = sum(self._cost(u) for u in plan.units)
+            self._bytes[i] = plan_charge(plan, plan.units, self._cost)
         self._done[i].set()
 
 
 def trim_to_total(plans: list[ReadPlan | LlogError], max_bytes: int | None,
                   cost: Callable[[SpanFetch], int] | None = None) -> None:
-    """Drop the units beyond the call's total budget (in request order), counting what
-    each would fetch (``cost``, by default all its bytes), keeping at least one unit
-    overall so that the first record is always served."""
+    """Drop the units beyond the call's total budget (in request order), each plan
+    counted as :func:`plan_charge` says (``cost``: what a unit would fetch, by default
+    all its bytes), keeping at least one unit overall so that the first record is always
+    served."""
     if max_bytes is None:
         return
     cost = cost or unit_bytes
@@ -126,12 +127,25 @@ def trim_to_total(plans: list[ReadPlan | LlogError], max_bytes: int | None,
             continue
         keep: list[SpanFetch] = []
         for unit in plan.units:
-            if kept_any and planned >= max_bytes:
+            if kept_any and planned + plan_charge(plan, keep, cost) >= max_bytes:
                 break
             keep.append(unit)
             kept_any = True
-            planned += cost(unit)
+        planned += plan_charge(plan, keep, cost)
         plan.units = keep
+
+
+def plan_charge(plan: ReadPlan, units: Sequence[SpanFetch],
+                cost: Callable[[SpanFetch], int]) -> int:
+    """What ``units`` of ``plan`` take of the answer's budget: the records they can
+    answer (their bytes, up to the partition's own budget), or what they would fetch
+    (``cost``) when that is more. So a partition with a budget of its own leaves the
+    rest to those after it even where its units span more (the chunk its last answer
+    ended in), and many small budgets cannot fetch many times the answer's."""
+    whole = sum(unit_bytes(u) for u in units)
+    budget = plan.request.max_bytes
+    answered = whole if budget is None else min(whole, budget)
+    return max(answered, sum(cost(u) for u in units))
 
 
 def unit_bytes(unit: SpanFetch) -> int:
