@@ -126,12 +126,16 @@ def trim_to_total(plans: list[ReadPlan | LlogError], max_bytes: int | None,
         if not isinstance(plan, ReadPlan):
             continue
         keep: list[SpanFetch] = []
+        whole = fetch = charge = 0  # plan_charge(plan, keep, cost), kept as it grows
         for unit in plan.units:
-            if kept_any and planned + plan_charge(plan, keep, cost) >= max_bytes:
+            if kept_any and planned + charge >= max_bytes:
                 break
             keep.append(unit)
             kept_any = True
-        planned += plan_charge(plan, keep, cost)
+            whole += unit_bytes(unit)
+            fetch += cost(unit)
+            charge = _charge(whole, fetch, plan.request.max_bytes)
+        planned += charge
         plan.units = keep
 
 
@@ -142,10 +146,12 @@ def plan_charge(plan: ReadPlan, units: Sequence[SpanFetch],
     (``cost``) when that is more. So a partition with a budget of its own leaves the
     rest to those after it even where its units span more (the chunk its last answer
     ended in), and many small budgets cannot fetch many times the answer's."""
-    whole = sum(unit_bytes(u) for u in units)
-    budget = plan.request.max_bytes
-    answered = whole if budget is None else min(whole, budget)
-    return max(answered, sum(cost(u) for u in units))
+    return _charge(sum(unit_bytes(u) for u in units), sum(cost(u) for u in units),
+                   plan.request.max_bytes)
+
+
+def _charge(whole: int, fetch: int, budget: int | None) -> int:
+    return max(whole if budget is None else min(whole, budget), fetch)
 
 
 def unit_bytes(unit: SpanFetch) -> int:

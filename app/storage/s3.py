@@ -228,13 +228,8 @@ class S3Store:
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        data = await self._read("range_get", key, f"bytes={start}-{start + length - 1}")
-        if len(data) != length:
-            raise ObjectMissing(
-                f"s3://{self.bucket}/{key}: range [{start}, {start + length}) returned "
-                f"{len(data)} bytes (object truncated?)"
-            )
-        return data
+        pieces = await self._range_pieces(key, start, length)
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def get_range_cut(self, key: str, start: int, spans: Sequence[tuple[int, int]]
                             ) -> list[bytes]:
@@ -246,6 +241,9 @@ class S3Store:
         length = spans[-1][1] if spans else 0
         if length <= 0:
             return [b"" for _ in spans]
+        return cut(await self._range_pieces(key, start, length), spans)
+
+    async def _range_pieces(self, key: str, start: int, length: int) -> list[bytes]:
         pieces = await self._read_pieces("range_get", key,
                                          f"bytes={start}-{start + length - 1}")
         got = sum(len(p) for p in pieces)
@@ -254,7 +252,7 @@ class S3Store:
                 f"s3://{self.bucket}/{key}: range [{start}, {start + length}) returned "
                 f"{got} bytes (object truncated?)"
             )
-        return cut(pieces, spans)
+        return pieces
 
     async def get_head(self, key: str, length: int) -> bytes:
         """The object's first ``length`` bytes, or all of it when it is shorter (one
