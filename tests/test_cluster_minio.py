@@ -78,6 +78,7 @@ async def test_a_drive_lost_under_load_loses_nothing(
             await load.wait_acked(load.acknowledged + 300)
             after = time.monotonic()
             await load.wait_acked(load.acknowledged + 100)
+            await load.wait_all_served_since(after, within_s=60)
         marks = await load.verify(erasure_coded)
     figures = load.figures(failed_at, window_s=3.0).summary()
     print(json.dumps({"minio_drive_lost": figures, "records": sum(marks.values()),

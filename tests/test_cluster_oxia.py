@@ -50,6 +50,9 @@ SESSION_S = 3.0
 # each part: generous, so only brokers that stopped acknowledging meet it.
 LATE_ACKS = 20
 OUTAGE_STEP_S = 60.0
+# The bound on each broker's first acknowledgement once the server is back: several
+# Oxia call deadlines (5 s) and retry pauses, so only a broker that stopped serving meets it.
+SERVED_AGAIN_S = 60.0
 
 
 @pytest.fixture
@@ -135,6 +138,7 @@ async def test_a_data_server_lost_and_back_under_load_loses_nothing(
                 await anyio.to_thread.run_sync(oxia.wait_ready)
                 back_at = time.monotonic()
                 await load.wait_acked(load.acknowledged + 150)
+                await load.wait_all_served_since(back_at, within_s=SERVED_AGAIN_S)
         assert not problems, "\n".join(problems)
         marks = await load.verify(cluster)
     figures = load.figures(failed_at, window_s=5.0).summary()
@@ -143,7 +147,8 @@ async def test_a_data_server_lost_and_back_under_load_loses_nothing(
     print(json.dumps({f"oxia_server_{failure}": figures,
                       "down_s": round(restored_at - failed_at, 1),
                       "late_from_s": round((lost_late or failed_at) - failed_at, 1),
-                      "back": back, "records": sum(marks.values()),
+                      "back": back, "served_again_s": load.first_acked_since(back_at),
+                      "records": sum(marks.values()),
                       "consume_errors": load.consume_errors}))
     # Both brokers, never restarted, kept serving through the failure and after it.
     await load.assert_all_served_since(back_at)
