@@ -136,6 +136,13 @@ class FakeS3:
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         return await self._download(key, start, length)
 
+    async def get_range_buffer(self, key: str, start: int, length: int) -> bytearray:
+        # A bytearray, as the lean path reads a body into.
+        return bytearray(await self._download(key, start, length))
+
+    async def get_head_buffer(self, key: str, length: int) -> bytearray:
+        return bytearray(await self._download(key, 0, length))
+
     async def get_range_cut(self, key: str, start: int, spans: Sequence[tuple[int, int]]
                             ) -> list[bytes]:
         data = await self._download(key, start, spans[-1][1])

@@ -102,9 +102,9 @@ async def test_downloads_per_request_are_bounded(stack: LocalStack, topic: str) 
         for tp in tps:  # a blob of its own for every partition
             await e.writer.append_shared([AppendGroup(tp, [b"v" * 1000])])
         active, peak = 0, 0
-        real, real_head = e.s3.get_range, e.s3.get_head
+        real, real_head = e.s3.get_range_buffer, e.s3.get_head_buffer
 
-        async def counted(fetch: Awaitable[bytes]) -> bytes:
+        async def counted(fetch: Awaitable[bytes | bytearray]) -> bytes | bytearray:
             nonlocal active, peak
             active += 1
             peak = max(peak, active)
@@ -114,14 +114,15 @@ async def test_downloads_per_request_are_bounded(stack: LocalStack, topic: str) 
             finally:
                 active -= 1
 
-        async def counting(key: str, start: int, length: int) -> bytes:
+        async def counting(key: str, start: int, length: int) -> bytes | bytearray:
             return await counted(real(key, start, length))
 
-        async def counting_head(key: str, length: int) -> bytes:  # WAL objects read whole
+        async def counting_head(key: str, length: int
+                                ) -> bytes | bytearray:  # WAL objects read whole
             return await counted(real_head(key, length))
 
-        e.s3.get_range = counting  # type: ignore[method-assign]
-        e.s3.get_head = counting_head  # type: ignore[method-assign]
+        e.s3.get_range_buffer = counting  # type: ignore[method-assign]
+        e.s3.get_head_buffer = counting_head  # type: ignore[method-assign]
         reader = _fresh_reader(e, fetch_concurrency=2, max_concurrent_fetches=3)
         results = await reader.read_many([ReadRequest(tp, 1) for tp in tps])
         assert all(isinstance(r, ReadResult) and len(r.records) == 1 for r in results)

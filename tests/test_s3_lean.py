@@ -46,7 +46,8 @@ async def test_lean_and_botocore_read_the_same_objects(stack: LocalStack) -> Non
                 spans = [(0, 100), (100, 300_000), (300_010, 700_000), (700_000, 700_000)]
                 cuts = await store.get_range_cut(key, 5, spans)
                 assert cuts == [body[5 + a:5 + b] for a, b in spans]
-                assert all(type(c) is bytes for c in cuts)  # none holds the whole range
+                # Each span in a buffer of its own: none holds the whole range.
+                assert all(type(c) in (bytes, bytearray) for c in cuts)
         assert _count(metrics, "put", "ok") == 1
         assert _count(metrics, "range_get", "ok") == 4
 
@@ -130,7 +131,7 @@ async def test_throttling_and_5xx_are_retried_until_an_answer() -> None:
                web.Response(status=206, body=b"the bytes")]
     async with _serving(answers, seen, []) as url, \
             LeanS3(_settings(url), backoff_s=0.001) as lean:
-        assert b"".join(await lean.get("wal/a b", "bytes=0-8")) == b"the bytes"
+        assert await lean.get("wal/a b", "bytes=0-8") == b"the bytes"
     assert len(seen) == 3
     assert seen[-1].raw_path == "/bkt/wal/a%20b"
     assert seen[-1].headers["Range"] == "bytes=0-8"

@@ -56,20 +56,20 @@ class ObjectCache:
             self.misses += 1
             return None
         self.hits += 1
-        assert not isinstance(item[0], bytes)
+        assert not isinstance(item[0], bytes | bytearray)
         return item[0]
 
-    def get_object(self, key: str) -> bytes | None:
+    def get_object(self, key: str) -> bytes | bytearray | None:
         """A shared WAL object's bytes, as kept by :meth:`put_object`."""
         item = self._items.get((key, _WAL_OBJECT))
         if item is None:
             self.misses += 1
             return None
         self.hits += 1
-        assert isinstance(item[0], bytes)
+        assert isinstance(item[0], bytes | bytearray)
         return item[0]
 
-    def put_object(self, key: str, data: bytes) -> bool:
+    def put_object(self, key: str, data: bytes | bytearray) -> bool:
         """Keep a shared WAL object's bytes (not verified: its slices are, when used);
         whether they were kept.
 
@@ -115,7 +115,8 @@ class ObjectCache:
                                 self.wal_slices_served)
 
 
-_Cached = tuple[Records | bytes, int]
+# A WAL object's bytes may be the buffer they were read into: kept, never changed.
+_Cached = tuple[Records | bytes | bytearray, int]
 
 
 class _CountingLRU(LRUCache[tuple[str, int], _Cached]):

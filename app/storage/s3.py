@@ -31,7 +31,6 @@ from pydantic import SecretStr
 from app.errors import ObjectMissing, StorageUnavailable
 from app.settings import S3Settings
 from app.storage import s3_lean
-from app.storage.body_cuts import cut
 from app.storage.metrics import StoreMetrics
 from app.storage.s3_lean import LeanS3, S3Status
 
@@ -223,61 +222,96 @@ class S3Store:
         raise StorageUnavailable(f"S3 conditional PUT {key}: conflicts did not clear")
 
     async def get(self, key: str) -> bytes:
-        return await self._read("get", key, None)
+        return await self._read("get", key, 0, None)
 
     async def get_range(self, key: str, start: int, length: int) -> bytes:
         if length <= 0:
             return b""
-        pieces = await self._range_pieces(key, start, length)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+        body = await self._read("range_get", key, start, length)
+        self._check_length(key, start, length, len(body))
+        return body
+
+    async def get_range_buffer(self, key: str, start: int, length: int
+                               ) -> bytes | bytearray:
+        """:meth:`get_range` in the buffer the body was read into (a ``bytearray`` on
+        the lean path), not copied into ``bytes``: for a reader that reads it and
+        never changes it, as the reader's caches hold what they keep."""
+        if length <= 0:
+            return b""
+        body = await self._fetch("range_get", key, start, length)
+        self._check_length(key, start, length, len(body))
+        return body
 
     async def get_range_cut(self, key: str, start: int, spans: Sequence[tuple[int, int]]
-                            ) -> list[bytes]:
+                            ) -> list[bytes | bytearray]:
         """Bytes ``start`` up to the end of the last of ``spans`` in one ranged GET, as
-        one ``bytes`` per span (``(offset, end)`` from ``start``, in order): each is cut
-        once from what was received, where cutting a joined range would copy every byte
-        twice. What keeps spans one by one (the object cache) needs them apart, or one
-        kept span would hold the whole range in memory."""
+        one buffer per span (``(offset, end)`` from ``start``, in order), each holding
+        its span alone: what keeps spans one by one (the object cache) needs them apart,
+        or one kept span would hold the whole range in memory. The lean path reads each
+        span straight into its own ``bytearray``; botocore's answer is cut once."""
         length = spans[-1][1] if spans else 0
         if length <= 0:
             return [b"" for _ in spans]
-        return cut(await self._range_pieces(key, start, length), spans)
+        buffers: list[bytes | bytearray]
+        async with self._request("range_get", key):
+            if self._lean is not None:
+                cuts, got = await self._lean.get_cut(key, start, spans)
+                buffers = list(cuts)
+            else:
+                body = await self._boto_get(key, f"bytes={start}-{start + length - 1}")
+                got, view = len(body), memoryview(body)
+                buffers = [bytes(view[a:b]) for a, b in spans] if got == length else []
+        self._metrics.s3_bytes.labels("in").inc(got)
+        self._check_length(key, start, length, got)
+        return buffers
 
-    async def _range_pieces(self, key: str, start: int, length: int) -> list[bytes]:
-        pieces = await self._read_pieces("range_get", key,
-                                         f"bytes={start}-{start + length - 1}")
-        got = sum(len(p) for p in pieces)
+    def _check_length(self, key: str, start: int, length: int, got: int) -> None:
         if got != length:
             raise ObjectMissing(
                 f"s3://{self.bucket}/{key}: range [{start}, {start + length}) returned "
                 f"{got} bytes (object truncated?)"
             )
-        return pieces
 
     async def get_head(self, key: str, length: int) -> bytes:
         """The object's first ``length`` bytes, or all of it when it is shorter (one
         ranged GET: an object's size need not be known to read it whole)."""
-        return await self._read("range_get", key, f"bytes=0-{max(length, 1) - 1}")
+        return await self._read("range_get", key, 0, max(length, 1))
 
-    async def _read(self, op: str, key: str, byte_range: str | None) -> bytes:
-        pieces = await self._read_pieces(op, key, byte_range)
-        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+    async def get_head_buffer(self, key: str, length: int) -> bytes | bytearray:
+        """:meth:`get_head` in the buffer it was read into (as :meth:`get_range_buffer`)."""
+        return await self._fetch("range_get", key, 0, max(length, 1))
 
-    async def _read_pieces(self, op: str, key: str, byte_range: str | None
-                           ) -> list[bytes]:
-        pieces: list[bytes]
+    async def _read(self, op: str, key: str, start: int, length: int | None) -> bytes:
+        """As :meth:`_fetch`, in immutable ``bytes``: callers may keep or hash them."""
+        body = await self._fetch(op, key, start, length)
+        return body if isinstance(body, bytes) else bytes(body)
+
+    async def _fetch(self, op: str, key: str, start: int, length: int | None
+                     ) -> bytes | bytearray:
+        """The object, or ``length`` bytes of it from ``start`` (fewer where it ends:
+        more are refused), in the buffer it was read into."""
+        body: bytes | bytearray
+        byte_range = None if length is None else f"bytes={start}-{start + length - 1}"
         async with self._request(op, key):
-            if self._lean is not None:
-                pieces = await self._lean.get(key, byte_range)
+            if self._lean is None:
+                body = await self._boto_get(key, byte_range)
             else:
-                kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-                if byte_range is not None:
-                    kwargs["Range"] = byte_range
-                resp = await self._client.get_object(**kwargs)
-                async with resp["Body"] as stream:
-                    pieces = [await stream.read()]
-        self._metrics.s3_bytes.labels("in").inc(sum(len(p) for p in pieces))
-        return pieces
+                if length is None:
+                    buffer = await self._lean.get(key, None)
+                else:
+                    (buffer, *_), _ = await self._lean.get_cut(key, start, [(0, length)])
+                body = buffer
+        self._metrics.s3_bytes.labels("in").inc(len(body))
+        return body
+
+    async def _boto_get(self, key: str, byte_range: str | None) -> bytes:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if byte_range is not None:
+            kwargs["Range"] = byte_range
+        resp = await self._client.get_object(**kwargs)
+        async with resp["Body"] as stream:
+            body: bytes = await stream.read()
+        return body
 
     async def head(self, key: str) -> ObjectInfo | None:
         try:

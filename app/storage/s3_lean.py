@@ -7,7 +7,9 @@ the development machine, where signing it and sending it through aiohttp costs a
 0.45 ms (0.27 since it is signed by ``app/storage/sigv4.py`` rather than botocore's
 signer). A catch-up answer is up to thirty ranged
 GETs and a flush one PUT, so the broker sends these three requests itself; everything
-else (listing, HEAD, DELETE, conditional creates) still goes through botocore.
+else (listing, HEAD, DELETE, conditional creates) still goes through botocore. PUTs go
+through aiohttp; GETs through ``app/storage/s3_wire.py``, which reads a body straight
+into the buffers that keep it (each pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
 
 It retries as botocore's standard mode does: connection errors, timeouts, 5xx and
 throttling answers, up to ``LLOG_S3_MAX_ATTEMPTS`` attempts with jittered exponential
@@ -20,6 +22,8 @@ from __future__ import annotations
 import random
 import re
 import ssl
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -27,6 +31,7 @@ import anyio
 from yarl import URL
 
 from app.settings import S3Settings
+from app.storage.s3_wire import Answer, WirePool
 from app.storage.sigv4 import SigV4Signer
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -38,6 +43,8 @@ _MAX_ERROR_BODY = 64 * 1024
 # aiohttp pauses a connection holding twice this much unread: a body is read as it comes
 # (the default, 64 KiB, pauses and resumes the socket every few reads of a large body).
 _READ_BUFFER = 256 * 1024
+_GET_OK = frozenset({200, 206})
+_T = TypeVar("_T")
 
 
 class S3Status(Exception):
@@ -69,6 +76,7 @@ class LeanS3:
         base = urlsplit(self._base)
         self._origin = f"{base.scheme}://{base.netloc}"
         self._base_path = base.path
+        self._scheme, self._host_port = base.scheme, (base.hostname or "", base.port)
         self._signer = SigV4Signer(
             s3.s3_access_key.get_secret_value(), s3.s3_secret_key.get_secret_value(),
             s3.s3_region, s3.s3_endpoint, sign_payload=s3.s3_sign_payload)
@@ -79,7 +87,10 @@ class LeanS3:
         if s3.s3_ca_bundle is not None:
             self._ssl = ssl.create_default_context(cafile=str(s3.s3_ca_bundle))
         self._limit = s3.s3_max_pool_connections
+        self._connect_timeout_s = min(10.0, s3.s3_request_timeout_s)
+        self._request_timeout_s = s3.s3_request_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._gets: WirePool | None = None
 
     async def __aenter__(self) -> LeanS3:
         connector = aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl)
@@ -87,9 +98,21 @@ class LeanS3:
             connector=connector, timeout=self._timeout, auto_decompress=False,
             read_bufsize=_READ_BUFFER,
             skip_auto_headers=("Content-Type", "User-Agent", "Accept-Encoding"))
+        host, port = self._host_port
+        tls = self._scheme == "https"
+        context = self._ssl if isinstance(self._ssl, ssl.SSLContext) else (
+            ssl.create_default_context() if tls else None)
+        # A whole GET has this long: a body of hundreds of MiB at the speed of a slow
+        # link fits in it (aiohttp's sock_read bounds each read instead).
+        self._gets = WirePool(host, port or (443 if tls else 80), ssl_context=context,
+                              limit=self._limit, connect_timeout_s=self._connect_timeout_s,
+                              timeout_s=self._request_timeout_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        if self._gets is not None:
+            self._gets.close()
+            self._gets = None
         if self._session is not None:
             await self._session.close()
             self._session = None
@@ -97,63 +120,75 @@ class LeanS3:
     def _path(self, key: str) -> str:
         return f"{self._base_path}/{quote(key, safe='/~')}"
 
-    async def get(self, key: str, byte_range: str | None) -> list[bytes]:
-        """The body as it was received, in pieces: joining them is the caller's choice
-        (one object of many parts is better cut once, part by part)."""
-        headers = {"Range": byte_range} if byte_range is not None else {}
-        return await self._send("GET", key, headers, None, (200, 206))
+    async def get(self, key: str, byte_range: str | None) -> bytearray:
+        """The body (of the range, when given)."""
+        answer = await self._retrying(self._get_once, self._path(key), byte_range, ())
+        return answer.buffers[0]
+
+    async def get_cut(self, key: str, start: int, spans: Sequence[tuple[int, int]]
+                      ) -> tuple[list[bytearray], int]:
+        """Bytes ``start`` up to the end of the last span, read into one buffer per
+        span (``(offset, end)`` from ``start``, in order, not overlapping), and the
+        length of the body. A body shorter than the spans (the object ends before
+        them) comes back whole in one buffer."""
+        length = spans[-1][1]
+        answer = await self._retrying(self._get_once, self._path(key),
+                                      f"bytes={start}-{start + length - 1}", spans)
+        return answer.buffers, answer.length
 
     async def put(self, key: str, body: bytes, checksum: str | None) -> None:
         headers = {}
         if checksum is not None:
             headers["x-amz-checksum-crc32c"] = checksum
-        await self._send("PUT", key, headers, body, (200,))
+        await self._retrying(self._put_once, self._path(key), headers, body)
 
-    async def _send(self, method: str, key: str, headers: dict[str, str],
-                    body: bytes | None, ok: tuple[int, ...]) -> list[bytes]:
+    async def _retrying(self, once: Callable[..., Awaitable[_T]], *args: Any) -> _T:
         """One request, retried as botocore's standard mode retries."""
-        path = self._path(key)
         for attempt in range(1, self._attempts + 1):
             try:
-                return await self._once(method, path, headers, body, ok)
+                return await once(*args)
             except S3Status as exc:
                 retryable = exc.status in _RETRY_STATUS or exc.code in _RETRY_CODES
                 if not retryable or attempt == self._attempts:
                     raise
-            # A body cut short (ClientPayloadError) is read again, as a refused connection.
-            except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, TimeoutError):
+            # A body cut short is read again, as a refused connection is (a WireError
+            # and a refused connection are OSErrors).
+            except (OSError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                    TimeoutError):
                 if attempt == self._attempts:
                     raise
             await anyio.sleep(min(random.random() * self._backoff_s * 2 ** (attempt - 1),
                                    _MAX_BACKOFF_S))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
-    async def _once(self, method: str, path: str, headers: dict[str, str],
-                    body: bytes | None, ok: tuple[int, ...]) -> list[bytes]:
+    async def _get_once(self, path: str, byte_range: str | None,
+                        spans: Sequence[tuple[int, int]]) -> Answer:
+        if self._gets is None:
+            raise aiohttp.ClientConnectionError("the S3 session is closed")
+        headers = {"Range": byte_range} if byte_range is not None else {}
+        # Signed per attempt: the signature carries the time.
+        signed = self._signer.headers("GET", path, headers, None)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in signed.items())
+        request = f"GET {path} HTTP/1.1\r\nHost: {self._signer.host}\r\n{lines}\r\n"
+        answer = await self._gets.exchange(request.encode("latin-1"), _GET_OK, spans)
+        if answer.status not in _GET_OK:
+            raise _status_error(answer.status, bytes(answer.buffers[0]))
+        return answer
+
+    async def _put_once(self, path: str, headers: dict[str, str], body: bytes) -> None:
         if self._session is None:
             raise aiohttp.ClientConnectionError("the S3 session is closed")
-        # Signed per attempt: the signature carries the time.
-        signed = self._signer.headers(method, path, headers, body)
-        async with self._session.request(method, URL(self._origin + path, encoded=True),
+        signed = self._signer.headers("PUT", path, headers, body)
+        async with self._session.request("PUT", URL(self._origin + path, encoded=True),
                                          headers=signed, data=body) as response:
-            if response.status in ok:
-                return await _pieces(response)
-            raw = await response.content.read(_MAX_ERROR_BODY)
-            match = _CODE.search(raw)
-            code = match.group(1).decode("utf-8", "replace") if match else ""
-            raise S3Status(response.status, code or str(response.status),
-                           f"HTTP {response.status} {code}".strip())
+            if response.status != 200:
+                raise _status_error(response.status,
+                                    await response.content.read(_MAX_ERROR_BODY))
+            await response.read()
 
 
-async def _pieces(response: aiohttp.ClientResponse) -> list[bytes]:
-    """The whole body, in the pieces it came in. (``read()`` joins what is buffered at
-    each wake-up, then joins those joins: two copies of every byte of a megabytes-long
-    answer, where its caller joins or cuts the pieces once.)"""
-    pieces: list[bytes] = []
-    while True:
-        piece, end_of_http_chunk = await response.content.readchunk()
-        if piece:
-            pieces.append(piece)
-        elif not end_of_http_chunk:  # (b"", False) is the end of the body
-            break
-    return pieces
+def _status_error(status: int, body: bytes) -> S3Status:
+    """The final (or retried) answer other than success, with the code of its body."""
+    match = _CODE.search(body)
+    code = match.group(1).decode("utf-8", "replace") if match else ""
+    return S3Status(status, code or str(status), f"HTTP {status} {code}".strip())

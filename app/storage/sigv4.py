@@ -54,6 +54,11 @@ class SigV4Signer:
         self._day = ""
         self._key = b""
 
+    @property
+    def host(self) -> str:
+        """The Host header every request it signs must carry."""
+        return self._host
+
     def headers(self, method: str, path: str, headers: Mapping[str, str],
                 body: bytes | None) -> dict[str, str]:
         """``headers`` and those that sign the request: ``X-Amz-Date``,

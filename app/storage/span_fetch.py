@@ -143,7 +143,7 @@ class SpanFetcher:
                 for u in group]
 
     async def _fetch_slices(self, key: str, group: list[SpanFetch], lo: int, hi: int) -> None:
-        data = await self._s3.get_range(key, lo, hi - lo)
+        data = await self._s3.get_range_buffer(key, lo, hi - lo)
         for unit in group:
             start, length = _slice(unit)
             unit.records = await _slice_records(
@@ -200,14 +200,14 @@ class SpanFetcher:
         stored_codec = unit.span.codec
         encoding = unit.span.entry.encoding
         wanted = chunks[first:last + 1]
-        bodies: list[bytes | memoryview]
+        bodies: list[bytes | bytearray | memoryview]
         if encoding in _KEPT_AS_COLUMNS and stored_codec is Codec.NONE and last > first:
             # Kept as they are stored, so a cached chunk must not pin the range (a
             # decompressed one has its own): each cut from the body on its own.
             bodies = list(await self._s3.get_range_cut(
                 key, lo, [(c.byte_offset - lo, c.byte_end - lo) for c in wanted]))
         else:
-            data = memoryview(await self._s3.get_range(key, lo, hi - lo))
+            data = memoryview(await self._s3.get_range_buffer(key, lo, hi - lo))
             bodies = [data[c.byte_offset - lo:c.byte_end - lo] for c in wanted]
 
         def decode() -> list[Records]:

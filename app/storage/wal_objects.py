@@ -39,21 +39,21 @@ class ObjectBytes(Protocol):
     wal_objects_read: int
     wal_slices_served: int
 
-    def get_object(self, key: str) -> bytes | None: ...
+    def get_object(self, key: str) -> bytes | bytearray | None: ...
 
-    def put_object(self, key: str, data: bytes) -> bool: ...
+    def put_object(self, key: str, data: bytes | bytearray) -> bool: ...
 
     def dropped(self, key: str) -> bool: ...
 
 
 class Fetcher(Protocol):
-    async def get_head(self, key: str, length: int) -> bytes: ...
+    async def get_head_buffer(self, key: str, length: int) -> bytes | bytearray: ...
 
 
 @dataclass(eq=False)
 class _Flight:
     done: anyio.Event = field(default_factory=anyio.Event)
-    data: bytes | None = None
+    data: bytes | bytearray | None = None
 
 
 class WalObjects:
@@ -69,7 +69,7 @@ class WalObjects:
         return (0 < end <= self.max_bytes <= self._cache.max_bytes // 2
                 and not self._cache.dropped(key))
 
-    async def read(self, key: str, slices: int) -> bytes:
+    async def read(self, key: str, slices: int) -> bytes | bytearray:
         """The object's bytes (its first ``max_bytes`` at most), for ``slices`` slices:
         kept, being fetched by another read (then its GET is shared), or fetched now."""
         data = self._cache.get_object(key)
@@ -83,10 +83,11 @@ class WalObjects:
         self._cache.wal_slices_served += slices
         return data
 
-    async def _fetch(self, key: str) -> bytes:
+    async def _fetch(self, key: str) -> bytes | bytearray:
         flight = self._flights[key] = _Flight()
         try:
-            data = flight.data = await self._s3.get_head(key, self.max_bytes)
+            # Not copied into bytes: kept and read, never changed.
+            data = flight.data = await self._s3.get_head_buffer(key, self.max_bytes)
             self._cache.wal_objects_read += 1
             self._cache.put_object(key, data)
         finally:

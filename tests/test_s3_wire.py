@@ -1,0 +1,267 @@
+"""The lean path's GET connections (app/storage/s3_wire.py) against a scripted server
+that writes its answers in pieces of random sizes: bodies and spans land where they
+belong, connections are kept and reused only when the answer allows it, and every way
+an answer can go wrong fails the request (retryably) without leaving the next one
+reading its leftovers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import pytest
+import uvloop
+
+from app.storage.s3_wire import MAX_ERROR_BODY, MAX_HEAD, WireError, WirePool
+
+OK = frozenset({200, 206})
+
+REQUEST = b"GET /b/k HTTP/1.1\r\nHost: x\r\n\r\n"
+
+
+@dataclass
+class Script:
+    """What the server does with the n-th request it reads (over all connections):
+    ``answer(n)`` gives the bytes of its answer, written in pieces of random sizes
+    (``whole``: in one write); ``close_after(n)``, whether it then closes the connection;
+    ``drop(n)``, close without answering; ``stall(n)``, write half the answer and wait
+    until the client goes."""
+
+    answer: Callable[[int], bytes]
+    close_after: Callable[[int], bool] = lambda n: False
+    drop: Callable[[int], bool] = lambda n: False
+    stall: Callable[[int], bool] = lambda n: False
+    whole: bool = False
+    gone: asyncio.Event = field(default_factory=asyncio.Event)  # a stalled client went
+    connections: int = 0
+    requests: int = 0
+    rng: random.Random = field(default_factory=lambda: random.Random(5))
+
+
+def ok(body: bytes, status: int = 206, extra: bytes = b"") -> bytes:
+    return (b"HTTP/1.1 %d Partial Content\r\nContent-Length: %d\r\n%s\r\n"
+            % (status, len(body), extra)) + body
+
+
+@asynccontextmanager
+async def serving(script: Script) -> AsyncIterator[int]:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        script.connections += 1
+        try:
+            while True:
+                await reader.readuntil(b"\r\n\r\n")
+                n = script.requests
+                script.requests += 1
+                if script.drop(n):
+                    return
+                data = script.answer(n)
+                if script.stall(n):
+                    writer.write(data[:len(data) // 2])
+                    await reader.read()  # until the client closes
+                    script.gone.set()
+                    return
+                while data:  # in pieces, so a body crosses many reads
+                    size = len(data) if script.whole else script.rng.choice(
+                        (1, 7, 100, 4096, 70_000))
+                    writer.write(data[:size])
+                    data = data[size:]
+                    await writer.drain()
+                if script.close_after(n):
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            return  # the client went (or read no further)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+
+
+def pool(port: int, timeout_s: float = 10.0) -> WirePool:
+    return WirePool("127.0.0.1", port, ssl_context=None, limit=4, connect_timeout_s=5,
+                    timeout_s=timeout_s)
+
+
+async def test_spans_land_in_buffers_of_their_own_on_one_kept_connection() -> None:
+    rng = random.Random(11)
+    body = rng.randbytes(300_000)
+    script = Script(lambda n: ok(body))
+    async with serving(script) as port:
+        wire = pool(port)
+        for _ in range(40):
+            cuts = sorted(rng.sample(range(len(body)), 6))
+            spans = [(cuts[i], cuts[i + 1]) for i in range(0, 6, 2)]
+            spans[-1] = (spans[-1][0], len(body))  # the range ends with the last span
+            answer = await wire.exchange(REQUEST, OK, spans)
+            assert answer.length == len(body)
+            assert answer.buffers == [body[a:b] for a, b in spans]
+            whole = await wire.exchange(REQUEST, OK)
+            assert whole.buffers == [body]
+        wire.close()
+    assert script.connections == 1
+
+
+async def test_a_body_shorter_than_its_spans_comes_back_whole() -> None:
+    async with serving(Script(lambda n: ok(b"0123456789"))) as port:
+        answer = await pool(port).exchange(REQUEST, OK, [(0, 4), (4, 20)])
+    assert (answer.length, answer.buffers) == (10, [bytearray(b"0123456789")])
+
+
+async def test_a_kept_connection_the_server_closed_is_replaced_once_unseen() -> None:
+    # The server closes a kept connection as the next request arrives on it (a race no
+    # idle check can win): sent again on a new connection, once.
+    script = Script(lambda n: ok(b"body %d" % n), drop=lambda n: n % 2 == 1)
+    async with serving(script) as port:
+        wire = pool(port)
+        got = [(await wire.exchange(REQUEST, OK)).buffers for _ in range(3)]
+    assert got == [[b"body 0"], [b"body 2"], [b"body 4"]]
+    assert script.connections == 3
+
+
+async def test_a_new_connection_closed_without_an_answer_fails() -> None:
+    script = Script(lambda n: ok(b"first"), drop=lambda n: n > 0)
+    async with serving(script) as port:
+        wire = pool(port)
+        assert (await wire.exchange(REQUEST, OK)).buffers == [b"first"]
+        with pytest.raises(WireError, match="closed after 0 bytes"):
+            await wire.exchange(REQUEST, OK)
+    assert script.requests == 3  # on the kept connection, then once on a new one
+
+
+@pytest.mark.parametrize("closing", [b"Connection: close\r\n", None])
+async def test_an_answer_that_ends_its_connection_is_not_reused(closing: bytes | None
+                                                                ) -> None:
+    def answer(n: int) -> bytes:
+        if closing is None:  # HTTP/1.0 closes unless told otherwise
+            return b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nhi"
+        return ok(b"hi", 200, closing)
+
+    script = Script(answer)
+    async with serving(script) as port:
+        wire = pool(port)
+        for _ in range(3):
+            assert (await wire.exchange(REQUEST, OK)).buffers == [b"hi"]
+    assert script.connections == 3
+
+
+@pytest.mark.parametrize("framing", ["length", "chunked", "until-close", "too-long"])
+async def test_an_error_answer_is_read_for_its_code_and_its_connection_closed(
+        framing: str) -> None:
+    error = b"<Error><Code>NoSuchKey</Code></Error>"
+    if framing == "too-long":
+        error += b" " * (2 * MAX_ERROR_BODY)
+    heads = {"length": b"Content-Length: %d\r\n" % len(error),
+             "chunked": b"Transfer-Encoding: chunked\r\n",
+             "until-close": b"Connection: close\r\n",
+             "too-long": b"Content-Length: %d\r\n" % len(error)}
+    body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(error), error) if framing == "chunked" else error
+
+    def answer(n: int) -> bytes:
+        if n % 2:
+            return ok(b"fine")
+        return b"HTTP/1.1 404 Not Found\r\n" + heads[framing] + b"\r\n" + body
+
+    script = Script(answer, close_after=lambda n: framing == "until-close" and n % 2 == 0)
+    async with serving(script) as port:
+        wire = pool(port)
+        for _ in range(2):
+            failed = await wire.exchange(REQUEST, OK)
+            assert failed.status == 404
+            assert b"<Code>NoSuchKey</Code>" in failed.buffers[0]
+            assert len(failed.buffers[0]) <= MAX_ERROR_BODY
+            assert (await wire.exchange(REQUEST, OK)).buffers == [b"fine"]
+    # Each error ends its connection; each fine answer comes on a new one.
+    assert script.connections == 3
+
+
+@pytest.mark.parametrize(("answer", "message"), [
+    (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+     "without Content-Length"),
+    (b"HTTP/1.1 200 OK\r\n\r\n", "without Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: x1\r\n\r\n", "malformed Content-Length"),
+    (b"HTTP/1.1 200 OK\r\nno colon\r\n\r\n", "malformed header"),
+    (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x answer"),
+    (b"HTTP/1.1 200 OK\r\nX: " + b"y" * 2 * MAX_HEAD + b"\r\n\r\n", "head is over"),
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nonly 7", "closed after"),
+])
+async def test_an_answer_this_client_cannot_read_fails_retryably(answer: bytes,
+                                                                  message: str) -> None:
+    script = Script(lambda n: answer if n == 0 else ok(b"next"),
+                    close_after=lambda n: n == 0)
+    async with serving(script) as port:
+        wire = pool(port)
+        with pytest.raises(WireError, match=message) as raised:
+            await wire.exchange(REQUEST, OK)
+        assert isinstance(raised.value, OSError)  # retried as a failed connection is
+        # The next request is not fed what is left of that answer.
+        assert (await wire.exchange(REQUEST, OK)).buffers == [b"next"]
+
+
+async def test_bytes_beyond_the_content_length_end_the_connection() -> None:
+    # Written with the answer, in one write: they arrive with it.
+    script = Script(lambda n: ok(b"abc") + b"surplus" if n == 0 else ok(b"next"),
+                    whole=True)
+    async with serving(script) as port:
+        wire = pool(port)
+        assert (await wire.exchange(REQUEST, OK)).buffers == [b"abc"]
+        assert (await wire.exchange(REQUEST, OK)).buffers == [b"next"]
+    assert script.connections == 2
+
+
+async def test_a_request_cancelled_mid_answer_closes_its_connection() -> None:
+    script = Script(lambda n: ok(bytes(100_000)) if n == 0 else ok(b"next"),
+                    stall=lambda n: n == 0)
+    async with serving(script) as port:
+        wire = pool(port)
+        with anyio.move_on_after(0.5) as scope:
+            await wire.exchange(REQUEST, OK)
+        assert scope.cancelled_caught
+        with anyio.fail_after(5):  # closed, not left to the garbage collector
+            await script.gone.wait()
+        assert (await wire.exchange(REQUEST, OK)).buffers == [b"next"]
+    assert script.connections == 2
+
+
+async def test_a_server_that_never_answers_times_out() -> None:
+    async with serving(Script(lambda n: ok(b"x" * 10), stall=lambda n: True)) as port:
+        with pytest.raises(TimeoutError):
+            await pool(port, timeout_s=0.3).exchange(REQUEST, OK)
+
+
+async def test_a_closed_pool_refuses_requests() -> None:
+    async with serving(Script(lambda n: ok(b"x"))) as port:
+        wire = pool(port)
+        wire.close()
+        with pytest.raises(WireError, match="closed"):
+            await wire.exchange(REQUEST, OK)
+
+
+async def test_an_answer_longer_than_the_range_asked_for_is_refused() -> None:
+    # A server that ignored the Range header: nothing of its answer is kept.
+    script = Script(lambda n: ok(bytes(5_000_000), 200) if n == 0 else ok(b"next"))
+    async with serving(script) as port:
+        wire = pool(port)
+        with pytest.raises(WireError, match="an answer of 5000000 bytes to a request for 10"):
+            await wire.exchange(REQUEST, OK, [(0, 4), (6, 10)])
+        assert (await wire.exchange(REQUEST, OK)).buffers == [b"next"]
+
+
+@pytest.mark.parametrize("test", [
+    test_spans_land_in_buffers_of_their_own_on_one_kept_connection,
+    test_a_kept_connection_the_server_closed_is_replaced_once_unseen,
+    test_bytes_beyond_the_content_length_end_the_connection,
+    test_a_request_cancelled_mid_answer_closes_its_connection,
+    test_an_answer_longer_than_the_range_asked_for_is_refused,
+], ids=lambda t: t.__name__.removeprefix("test_"))
+def test_on_uvloop(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """The same on uvloop, the broker's loop under uvicorn: its transports and its
+    buffered reads are its own (the suite's loop is asyncio's)."""
+    uvloop.run(test())
