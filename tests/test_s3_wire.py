@@ -7,6 +7,7 @@ reading its leftovers."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import random
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
@@ -107,6 +108,17 @@ async def test_spans_land_in_buffers_of_their_own_on_one_kept_connection() -> No
             assert whole.buffers == [body]
         wire.close()
     assert script.connections == 1
+
+
+async def test_an_idle_connection_holds_none_of_the_bodies_it_read() -> None:
+    async with serving(Script(lambda n: ok(bytes(100_000)))) as port:
+        wire = pool(port)
+        for spans in ((), [(0, 10), (20, 100_000)]):
+            answer = await wire.exchange(REQUEST, OK, spans)
+            assert len(wire._idle) == 1
+            held = [r for r in gc.get_referrers(answer.buffers, *answer.buffers)
+                    if r is not answer.buffers and r is not answer]
+            assert not [r for r in held if isinstance(r, asyncio.BufferedProtocol | list)]
 
 
 async def test_a_body_shorter_than_its_spans_comes_back_whole() -> None:

@@ -237,7 +237,11 @@ class _Connection(asyncio.BufferedProtocol):
         assert self._waiter is not None
         if not self._keep:
             self.close()
-        self._waiter.set_result(Answer(self._status, self._buffers, self._length))
+        answer = Answer(self._status, self._buffers, self._length)
+        # An idle connection must not pin the last body it read (megabytes each, up to
+        # a pool's worth of them) beyond what the caches bound.
+        self._buffers, self._segments = [], []
+        self._waiter.set_result(answer)
 
     def _take_error(self, data: memoryview) -> None:
         assert self._error is not None and self._waiter is not None
@@ -250,7 +254,8 @@ class _Connection(asyncio.BufferedProtocol):
 
     def _error_answer(self) -> Answer:
         assert self._error is not None
-        return Answer(self._status, [self._error], len(self._error))
+        error, self._error = self._error, bytearray()  # as _finish: kept by no one here
+        return Answer(self._status, [error], len(error))
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
