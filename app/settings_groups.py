@@ -148,7 +148,9 @@ class S3Settings(_Group):
     s3_sign_payload: bool = False
     # GETs, ranged GETs and WAL uploads are signed and sent by the broker itself
     # (app/storage/s3_lean.py) rather than through botocore's request pipeline, when an
-    # endpoint and static keys are set.
+    # endpoint and static keys are set: GETs on connections of its own
+    # (app/storage/s3_wire.py), uploads through aiohttp, each pool up to
+    # s3_max_pool_connections.
     s3_lean_requests: bool = True
 
     _s3_unset = field_validator(

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import random
+import ssl
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from typing import Any
 
 import anyio
 import pytest
+import trustme
 import uvloop
 
 from app.storage.s3_wire import MAX_ERROR_BODY, MAX_HEAD, WireError, WirePool
@@ -31,14 +33,17 @@ class Script:
     ``answer(n)`` gives the bytes of its answer, written in pieces of random sizes
     (``whole``: in one write); ``close_after(n)``, whether it then closes the connection;
     ``drop(n)``, close without answering; ``stall(n)``, write half the answer and wait
-    until the client goes."""
+    until the client goes (``stalled`` is set then, ``gone`` once it went); ``pause_s``
+    between pieces."""
 
     answer: Callable[[int], bytes]
     close_after: Callable[[int], bool] = lambda n: False
     drop: Callable[[int], bool] = lambda n: False
     stall: Callable[[int], bool] = lambda n: False
     whole: bool = False
-    gone: asyncio.Event = field(default_factory=asyncio.Event)  # a stalled client went
+    pause_s: float = 0.0
+    stalled: asyncio.Event = field(default_factory=asyncio.Event)
+    gone: asyncio.Event = field(default_factory=asyncio.Event)
     connections: int = 0
     requests: int = 0
     rng: random.Random = field(default_factory=lambda: random.Random(5))
@@ -50,7 +55,8 @@ def ok(body: bytes, status: int = 206, extra: bytes = b"") -> bytes:
 
 
 @asynccontextmanager
-async def serving(script: Script) -> AsyncIterator[int]:
+async def serving(script: Script, tls: ssl.SSLContext | None = None
+                  ) -> AsyncIterator[int]:
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         script.connections += 1
         try:
@@ -63,6 +69,8 @@ async def serving(script: Script) -> AsyncIterator[int]:
                 data = script.answer(n)
                 if script.stall(n):
                     writer.write(data[:len(data) // 2])
+                    await writer.drain()
+                    script.stalled.set()
                     await reader.read()  # until the client closes
                     script.gone.set()
                     return
@@ -72,6 +80,8 @@ async def serving(script: Script) -> AsyncIterator[int]:
                     writer.write(data[:size])
                     data = data[size:]
                     await writer.drain()
+                    if script.pause_s:
+                        await asyncio.sleep(script.pause_s)
                 if script.close_after(n):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -79,24 +89,30 @@ async def serving(script: Script) -> AsyncIterator[int]:
         finally:
             writer.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=tls)
     try:
         yield server.sockets[0].getsockname()[1]
     finally:
         server.close()
+        await server.wait_closed()
 
 
-def pool(port: int, timeout_s: float = 10.0) -> WirePool:
-    return WirePool("127.0.0.1", port, ssl_context=None, limit=4, connect_timeout_s=5,
-                    timeout_s=timeout_s)
+@asynccontextmanager
+async def pool(port: int, read_timeout_s: float = 10.0,
+               tls: ssl.SSLContext | None = None) -> AsyncIterator[WirePool]:
+    wire = WirePool("127.0.0.1", port, ssl_context=tls, limit=4, connect_timeout_s=5,
+                    read_timeout_s=read_timeout_s)
+    try:
+        yield wire
+    finally:
+        wire.close()
 
 
 async def test_spans_land_in_buffers_of_their_own_on_one_kept_connection() -> None:
     rng = random.Random(11)
     body = rng.randbytes(300_000)
     script = Script(lambda n: ok(body))
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         for _ in range(40):
             cuts = sorted(rng.sample(range(len(body)), 6))
             spans = [(cuts[i], cuts[i + 1]) for i in range(0, 6, 2)]
@@ -111,8 +127,7 @@ async def test_spans_land_in_buffers_of_their_own_on_one_kept_connection() -> No
 
 
 async def test_an_idle_connection_holds_none_of_the_bodies_it_read() -> None:
-    async with serving(Script(lambda n: ok(bytes(100_000)))) as port:
-        wire = pool(port)
+    async with serving(Script(lambda n: ok(bytes(100_000)))) as port, pool(port) as wire:
         for spans in ((), [(0, 10), (20, 100_000)]):
             answer = await wire.exchange(REQUEST, OK, spans)
             assert len(wire._idle) == 1
@@ -122,8 +137,8 @@ async def test_an_idle_connection_holds_none_of_the_bodies_it_read() -> None:
 
 
 async def test_a_body_shorter_than_its_spans_comes_back_whole() -> None:
-    async with serving(Script(lambda n: ok(b"0123456789"))) as port:
-        answer = await pool(port).exchange(REQUEST, OK, [(0, 4), (4, 20)])
+    async with serving(Script(lambda n: ok(b"0123456789"))) as port, pool(port) as wire:
+        answer = await wire.exchange(REQUEST, OK, [(0, 4), (4, 20)])
     assert (answer.length, answer.buffers) == (10, [bytearray(b"0123456789")])
 
 
@@ -131,8 +146,7 @@ async def test_a_kept_connection_the_server_closed_is_replaced_once_unseen() -> 
     # The server closes a kept connection as the next request arrives on it (a race no
     # idle check can win): sent again on a new connection, once.
     script = Script(lambda n: ok(b"body %d" % n), drop=lambda n: n % 2 == 1)
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         got = [(await wire.exchange(REQUEST, OK)).buffers for _ in range(3)]
     assert got == [[b"body 0"], [b"body 2"], [b"body 4"]]
     assert script.connections == 3
@@ -140,8 +154,7 @@ async def test_a_kept_connection_the_server_closed_is_replaced_once_unseen() -> 
 
 async def test_a_new_connection_closed_without_an_answer_fails() -> None:
     script = Script(lambda n: ok(b"first"), drop=lambda n: n > 0)
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         assert (await wire.exchange(REQUEST, OK)).buffers == [b"first"]
         with pytest.raises(WireError, match="closed after 0 bytes"):
             await wire.exchange(REQUEST, OK)
@@ -157,8 +170,7 @@ async def test_an_answer_that_ends_its_connection_is_not_reused(closing: bytes |
         return ok(b"hi", 200, closing)
 
     script = Script(answer)
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         for _ in range(3):
             assert (await wire.exchange(REQUEST, OK)).buffers == [b"hi"]
     assert script.connections == 3
@@ -182,8 +194,7 @@ async def test_an_error_answer_is_read_for_its_code_and_its_connection_closed(
         return b"HTTP/1.1 404 Not Found\r\n" + heads[framing] + b"\r\n" + body
 
     script = Script(answer, close_after=lambda n: framing == "until-close" and n % 2 == 0)
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         for _ in range(2):
             failed = await wire.exchange(REQUEST, OK)
             assert failed.status == 404
@@ -208,8 +219,7 @@ async def test_an_answer_this_client_cannot_read_fails_retryably(answer: bytes,
                                                                   message: str) -> None:
     script = Script(lambda n: answer if n == 0 else ok(b"next"),
                     close_after=lambda n: n == 0)
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         with pytest.raises(WireError, match=message) as raised:
             await wire.exchange(REQUEST, OK)
         assert isinstance(raised.value, OSError)  # retried as a failed connection is
@@ -221,8 +231,7 @@ async def test_bytes_beyond_the_content_length_end_the_connection() -> None:
     # Written with the answer, in one write: they arrive with it.
     script = Script(lambda n: ok(b"abc") + b"surplus" if n == 0 else ok(b"next"),
                     whole=True)
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         assert (await wire.exchange(REQUEST, OK)).buffers == [b"abc"]
         assert (await wire.exchange(REQUEST, OK)).buffers == [b"next"]
     assert script.connections == 2
@@ -231,9 +240,13 @@ async def test_bytes_beyond_the_content_length_end_the_connection() -> None:
 async def test_a_request_cancelled_mid_answer_closes_its_connection() -> None:
     script = Script(lambda n: ok(bytes(100_000)) if n == 0 else ok(b"next"),
                     stall=lambda n: n == 0)
-    async with serving(script) as port:
-        wire = pool(port)
-        with anyio.move_on_after(0.5) as scope:
+    async with serving(script) as port, pool(port) as wire, anyio.create_task_group() as tg:
+        with anyio.CancelScope() as scope:
+            async def cancel_once_stalled() -> None:
+                await script.stalled.wait()
+                scope.cancel()
+
+            tg.start_soon(cancel_once_stalled)
             await wire.exchange(REQUEST, OK)
         assert scope.cancelled_caught
         with anyio.fail_after(5):  # closed, not left to the garbage collector
@@ -242,25 +255,67 @@ async def test_a_request_cancelled_mid_answer_closes_its_connection() -> None:
     assert script.connections == 2
 
 
-async def test_a_server_that_never_answers_times_out() -> None:
-    async with serving(Script(lambda n: ok(b"x" * 10), stall=lambda n: True)) as port:
-        with pytest.raises(TimeoutError):
-            await pool(port, timeout_s=0.3).exchange(REQUEST, OK)
+async def test_an_answer_that_stops_coming_times_out() -> None:
+    script = Script(lambda n: ok(b"x" * 10), stall=lambda n: True)
+    async with serving(script) as port, pool(port, read_timeout_s=0.3) as wire:
+        with pytest.raises(TimeoutError, match="no byte of the S3 answer for 0.3 s"):
+            await wire.exchange(REQUEST, OK)
+
+
+async def test_a_long_answer_is_not_cut_short_while_its_bytes_keep_coming() -> None:
+    # 40 pieces 20 ms apart: 0.8 s in all, over a read timeout of 0.25 s.
+    body = random.Random(3).randbytes(40 * 100)
+    script = Script(lambda n: ok(body), pause_s=0.02)
+    script.rng = random.Random(1)
+    script.rng.choice = lambda pieces: 100  # type: ignore[method-assign]
+    async with serving(script) as port, pool(port, read_timeout_s=0.25) as wire:
+        assert (await wire.exchange(REQUEST, OK)).buffers == [body]
 
 
 async def test_a_closed_pool_refuses_requests() -> None:
-    async with serving(Script(lambda n: ok(b"x"))) as port:
-        wire = pool(port)
+    async with serving(Script(lambda n: ok(b"x"))) as port, pool(port) as wire:
         wire.close()
         with pytest.raises(WireError, match="closed"):
             await wire.exchange(REQUEST, OK)
 
 
+async def test_tls_answers_land_whole_and_apart() -> None:
+    # Bodies over many TLS records (16 KiB each), each of its own byte, cut into spans.
+    ca = trustme.CA()
+    server_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(server_tls)
+    client_tls = ssl.create_default_context()
+    ca.configure_trust(client_tls)
+    bodies = [bytes([65 + n % 26]) * (200_000 + n) for n in range(6)]
+    script = Script(lambda n: ok(bodies[n]))
+    async with serving(script, server_tls) as port, pool(port, tls=client_tls) as wire:
+        for n, body in enumerate(bodies):
+            spans = [(0, 70_000), (100_000, len(body))] if n % 2 else []
+            answer = await wire.exchange(REQUEST, OK, spans)
+            assert answer.buffers == ([body[a:b] for a, b in spans] or [body])
+    assert script.connections == 1
+
+
+async def test_connection_close_among_other_tokens_ends_the_connection() -> None:
+    script = Script(lambda n: ok(b"hi", 200, b"Connection: close, TE\r\n"))
+    async with serving(script) as port, pool(port) as wire:
+        for _ in range(2):
+            assert (await wire.exchange(REQUEST, OK)).buffers == [b"hi"]
+    assert script.connections == 2
+
+
+async def test_an_empty_chunked_error_ends_at_its_last_chunk() -> None:
+    script = Script(lambda n: b"HTTP/1.1 404 Not Found\r\nTransfer-Encoding: chunked\r\n"
+                              b"\r\n0\r\n\r\n")
+    async with serving(script) as port, pool(port) as wire:
+        with anyio.fail_after(5):  # not the read timeout (10 s)
+            assert (await wire.exchange(REQUEST, OK)).status == 404
+
+
 async def test_an_answer_longer_than_the_range_asked_for_is_refused() -> None:
     # A server that ignored the Range header: nothing of its answer is kept.
     script = Script(lambda n: ok(bytes(5_000_000), 200) if n == 0 else ok(b"next"))
-    async with serving(script) as port:
-        wire = pool(port)
+    async with serving(script) as port, pool(port) as wire:
         with pytest.raises(WireError, match="an answer of 5000000 bytes to a request for 10"):
             await wire.exchange(REQUEST, OK, [(0, 4), (6, 10)])
         assert (await wire.exchange(REQUEST, OK)).buffers == [b"next"]
@@ -272,6 +327,8 @@ async def test_an_answer_longer_than_the_range_asked_for_is_refused() -> None:
     test_bytes_beyond_the_content_length_end_the_connection,
     test_a_request_cancelled_mid_answer_closes_its_connection,
     test_an_answer_longer_than_the_range_asked_for_is_refused,
+    test_tls_answers_land_whole_and_apart,
+    test_an_answer_that_stops_coming_times_out,
 ], ids=lambda t: t.__name__.removeprefix("test_"))
 def test_on_uvloop(test: Callable[[], Coroutine[Any, Any, None]]) -> None:
     """The same on uvloop, the broker's loop under uvicorn: its transports and its

@@ -99,14 +99,15 @@ class LeanS3:
             read_bufsize=_READ_BUFFER,
             skip_auto_headers=("Content-Type", "User-Agent", "Accept-Encoding"))
         host, port = self._host_port
-        tls = self._scheme == "https"
-        context = self._ssl if isinstance(self._ssl, ssl.SSLContext) else (
-            ssl.create_default_context() if tls else None)
-        # A whole GET has this long: a body of hundreds of MiB at the speed of a slow
-        # link fits in it (aiohttp's sock_read bounds each read instead).
-        self._gets = WirePool(host, port or (443 if tls else 80), ssl_context=context,
+        context: ssl.SSLContext | None = None
+        if self._scheme == "https":  # a CA bundle means nothing to a plain endpoint
+            context = (self._ssl if isinstance(self._ssl, ssl.SSLContext)
+                       else ssl.create_default_context())
+        # As aiohttp's sock_read: the request timeout bounds each wait for bytes of an
+        # answer, not the whole of a long body.
+        self._gets = WirePool(host, port or (443 if context else 80), ssl_context=context,
                               limit=self._limit, connect_timeout_s=self._connect_timeout_s,
-                              timeout_s=self._request_timeout_s)
+                              read_timeout_s=self._request_timeout_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:

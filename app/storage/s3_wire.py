@@ -34,8 +34,9 @@ import anyio
 MAX_HEAD = 64 * 1024
 MAX_ERROR_BODY = 64 * 1024
 _SCRATCH = 64 * 1024
-_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) (\d{3})")
-_CHUNKED_END = b"\r\n0\r\n\r\n"
+_STATUS_LINE = re.compile(rb"HTTP/1\.([01]) (\d{3})(?: |$)")
+# The end of a chunked error body (trailers are not expected), or of the error itself.
+_ERROR_ENDS = (b"0\r\n\r\n", b"</Error>")
 
 
 class WireError(ConnectionError):
@@ -67,6 +68,10 @@ class _Connection(asyncio.BufferedProtocol):
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
         self._scratch = bytearray(_SCRATCH)
+        # Always handed out as a view: asyncio's TLS transport fills what get_buffer
+        # gave it in slices, and a slice of a bytearray is a copy, so every byte past
+        # its first TLS record would be lost (CPython issue 156275).
+        self._scratch_view = memoryview(self._scratch)
         self._waiter: asyncio.Future[Answer] | None = None
         self._ok: frozenset[int] = frozenset()
         self._spans: Sequence[tuple[int, int]] = ()
@@ -92,21 +97,29 @@ class _Connection(asyncio.BufferedProtocol):
                 and not self._transport.is_closing())
 
     async def exchange(self, request: bytes, ok: frozenset[int],
-                       spans: Sequence[tuple[int, int]]) -> Answer:
-        """Send ``request`` and read its answer. Cancelled or failed midway, the
-        connection is closed: what is left of the answer would come first on it."""
-        assert self._transport is not None and self._waiter is None
-        self._waiter = asyncio.get_running_loop().create_future()
+                       spans: Sequence[tuple[int, int]], read_timeout_s: float) -> Answer:
+        """Send ``request`` and read its answer; :class:`TimeoutError` when no byte of
+        it comes for ``read_timeout_s`` (a long body on a slow link is not cut short).
+        Cancelled or failed midway, the connection is closed: what is left of the
+        answer would come first on it."""
+        assert self._waiter is None
+        self.received = 0
+        if self.lost or self._transport is None or self._transport.is_closing():
+            raise WireError("the connection closed before the request was sent")
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[Answer] = loop.create_future()
+        self._waiter = waiter
         self._ok, self._spans = ok, spans
         self._head, self._error, self._segments, self._buffers = bytearray(), None, [], []
-        self.received = 0
-        self._transport.write(request)
+        watch = _ReadWatch(self, waiter, read_timeout_s)
         try:
-            return await self._waiter
+            self._transport.write(request)
+            return await waiter
         except BaseException:
             self.close()
             raise
         finally:
+            watch.cancel()
             self._waiter = None
 
     def close(self) -> None:
@@ -120,13 +133,13 @@ class _Connection(asyncio.BufferedProtocol):
         # A stream transport (uvloop's does not derive from asyncio.Transport).
         self._transport = cast(asyncio.Transport, transport)
 
-    def get_buffer(self, sizehint: int) -> memoryview | bytearray:
+    def get_buffer(self, sizehint: int) -> memoryview:
         if self._segments:
             segment = self._segments[0]
             if segment.buffer is not None:
                 return memoryview(segment.buffer)[self._filled:]
-            return memoryview(self._scratch)[:min(segment.size - self._filled, _SCRATCH)]
-        return self._scratch
+            return self._scratch_view[:min(segment.size - self._filled, _SCRATCH)]
+        return self._scratch_view
 
     def buffer_updated(self, nbytes: int) -> None:
         waiter = self._waiter
@@ -138,9 +151,9 @@ class _Connection(asyncio.BufferedProtocol):
             if self._segments:
                 self._advance(nbytes)
             elif self._error is not None:
-                self._take_error(memoryview(self._scratch)[:nbytes])
+                self._take_error(self._scratch_view[:nbytes])
             else:
-                self._take_head(memoryview(self._scratch)[:nbytes])
+                self._take_head(self._scratch_view[:nbytes])
         except WireError as exc:
             self.close()
             if not waiter.done():
@@ -248,7 +261,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._error += data[:MAX_ERROR_BODY - len(self._error)]
         if (len(self._error) >= MAX_ERROR_BODY
                 or (self._length >= 0 and len(self._error) >= self._length)
-                or (self._chunked and self._error.endswith(_CHUNKED_END))):
+                or (self._chunked and self._error.endswith(_ERROR_ENDS[0]))
+                or _ERROR_ENDS[1] in self._error):
             self.close()  # the rest of a long error is not read: the connection goes
             self._waiter.set_result(self._error_answer())
 
@@ -256,6 +270,32 @@ class _Connection(asyncio.BufferedProtocol):
         assert self._error is not None
         error, self._error = self._error, bytearray()  # as _finish: kept by no one here
         return Answer(self._status, [error], len(error))
+
+
+class _ReadWatch:
+    """Fails an answer with :class:`TimeoutError` once no byte of it came for a whole
+    period (aiohttp's ``sock_read``): one timer per period, not one per read."""
+
+    def __init__(self, conn: _Connection, waiter: asyncio.Future[Answer],
+                 period_s: float) -> None:
+        self._conn, self._waiter, self._period_s = conn, waiter, period_s
+        self._seen = 0  # bytes of the answer at the last check
+        self._loop = asyncio.get_running_loop()
+        self._timer = self._loop.call_later(period_s, self._check)
+
+    def _check(self) -> None:
+        if self._waiter.done():
+            return
+        if self._conn.received == self._seen:
+            self._waiter.set_exception(TimeoutError(
+                f"no byte of the S3 answer for {self._period_s} s "
+                f"({self._conn.received} received)"))
+            return
+        self._seen = self._conn.received
+        self._timer = self._loop.call_later(self._period_s, self._check)
+
+    def cancel(self) -> None:
+        self._timer.cancel()
 
 
 def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
@@ -271,45 +311,46 @@ def _parse_head(head: bytes) -> tuple[int, dict[str, str], bool]:
             raise WireError(f"a malformed header line: {line[:80]!r}")
         headers[name.strip().lower().decode("latin-1")] = value.strip().decode("latin-1")
     length = headers.get("content-length")
-    if length is not None and not length.isdigit():
+    if length is not None and not (length.isascii() and length.isdigit()):
         raise WireError(f"a malformed Content-Length: {length[:40]!r}")
-    connection = headers.get("connection", "").lower()
-    keep = connection != "close" if matched.group(1) == b"1" else connection == "keep-alive"
+    tokens = {t.strip() for t in headers.get("connection", "").lower().split(",")}
+    keep = "close" not in tokens if matched.group(1) == b"1" else "keep-alive" in tokens
     return int(matched.group(2)), headers, keep
 
 
 class WirePool:
-    """Kept-alive connections to one server, at most ``limit`` at a time."""
+    """Kept-alive connections to one server, at most ``limit`` at a time. A connection
+    is opened within ``connect_timeout_s``; an answer fails when no byte of it comes
+    for ``read_timeout_s``."""
 
     def __init__(self, host: str, port: int, *, ssl_context: ssl.SSLContext | None,
-                 limit: int, connect_timeout_s: float, timeout_s: float) -> None:
+                 limit: int, connect_timeout_s: float, read_timeout_s: float) -> None:
         self._host, self._port, self._ssl = host, port, ssl_context
         self._slots = anyio.Semaphore(limit)
         self._connect_timeout_s = connect_timeout_s
-        self._timeout_s = timeout_s
+        self._read_timeout_s = read_timeout_s
         self._idle: list[_Connection] = []
         self._closed = False
 
     async def exchange(self, request: bytes, ok: frozenset[int],
                        spans: Sequence[tuple[int, int]] = ()) -> Answer:
-        """``request`` on a connection of the pool, within the pool's timeout. A kept
-        connection the server closed while idle is found out by the request it fails
-        before any answer: that request is sent again once, on a new connection."""
+        """``request`` on a connection of the pool. A kept connection the server
+        closed while idle is found out by the request it fails before any answer: that
+        request is sent again once, on a new connection."""
         if self._closed:
             raise WireError("the S3 connection pool is closed")
         async with self._slots:
             conn = self._reusable()
-            with anyio.fail_after(self._timeout_s):
-                if conn is not None:
-                    try:
-                        answer = await conn.exchange(request, ok, spans)
-                    except WireError:
-                        if conn.received:
-                            raise
-                        conn = None
-                if conn is None:
-                    conn = await self._connect()
-                    answer = await conn.exchange(request, ok, spans)
+            if conn is not None:
+                try:
+                    answer = await conn.exchange(request, ok, spans, self._read_timeout_s)
+                except WireError:
+                    if conn.received:
+                        raise
+                    conn = None
+            if conn is None:
+                conn = await self._connect()
+                answer = await conn.exchange(request, ok, spans, self._read_timeout_s)
             if conn.usable and not self._closed:
                 self._idle.append(conn)
             else:
