@@ -104,6 +104,9 @@ class OxiaSettings(_Group):
     # Gets (the control records and cursors reads wait on) on the event loop through
     # grpc.aio rather than the package in a worker thread (app/storage/oxia_reads.py).
     oxia_event_loop_reads: bool = True
+    # The group puts of commits likewise (app/storage/oxia_writes.py); ephemeral puts,
+    # deletes and sessions stay with the package.
+    oxia_event_loop_writes: bool = True
     oxia_max_inflight_writes: int = Field(default=2, ge=1, le=64)
     # TLS to Oxia: the CA bundle that signs its certificate (none: the system's roots),
     # and a client certificate and key for servers that require one.

@@ -5,7 +5,9 @@ pure-Python protobuf runtime, run in worker threads (app/storage/oxia_store.py).
 alternative is an asyncio client on ``grpc.aio`` with the C protobuf runtime. This
 measures both on one Oxia server in one run: single-put writes, ``--concurrency`` at a
 time, writes/s and the client process's CPU per write (threads included), which is
-what a broker pays per commit, get or index scan besides the server's round trip.
+what a broker pays per commit, get or index scan besides the server's round trip. Then
+the broker's own store (``OxiaStore.put_group``, a flush's commits of 4 partitions in
+one request) with its writes through the package and on the event loop.
 
 The grpc.aio side needs stubs compiled from Oxia's own ``client.proto`` (taken from
 the Go module the server is built from) with ``grpcio-tools``, which is not a project
@@ -41,6 +43,7 @@ from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
 from app.storage import oxia_compat  # noqa: E402
 
 VALUE = b"x" * 200
+GROUP = 4  # partitions committed by one flush in the store rows
 OXIA_MODULE = "github.com/oxia-db/oxia"
 
 
@@ -136,6 +139,26 @@ async def through_grpc_aio_betterproto(address: str, writes: int, concurrency: i
         return await _timed(writes, concurrency, write)
 
 
+async def through_store(address: str, writes: int, concurrency: int, *, on_loop: bool
+                        ) -> dict[str, float]:
+    """The broker's own path: ``OxiaStore.put_group`` of a flush's commits (``GROUP``
+    partitions of one topic), through the package in worker threads or on the loop
+    (app/storage/oxia_writes.py). A row's "write" is one group."""
+    from app.settings import Settings
+    from app.storage.metrics import StoreMetrics
+    from app.storage.oxia_store import OxiaStore, PutSpec
+
+    settings = Settings(oxia_address=address, oxia_event_loop_writes=on_loop)
+    async with OxiaStore(settings.oxia, StoreMetrics()) as store:
+        async def write(key: str) -> None:
+            outcomes = await store.put_group([PutSpec(f"{key}/{p}", VALUE, f"bench:{p}")
+                                              for p in range(GROUP)])
+            if any(isinstance(o, Exception) for o in outcomes):
+                raise RuntimeError(f"write refused: {outcomes}")
+
+        return await _timed(writes, concurrency, write)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -159,7 +182,11 @@ def main() -> int:
                          through_grpc_aio(address, args.writes, args.concurrency, pb, pbg)),
                         ("grpc.aio, the package's messages",
                          through_grpc_aio_betterproto(address, args.writes,
-                                                      args.concurrency))):
+                                                      args.concurrency)),
+                        (f"store, {GROUP} puts a group, package",
+                         through_store(address, args.writes, args.concurrency, on_loop=False)),
+                        (f"store, {GROUP} puts a group, loop",
+                         through_store(address, args.writes, args.concurrency, on_loop=True))):
                     row = asyncio.run(run)
                     print(f"  {name:30s} {row['writes_per_s']:8,.0f} writes/s "
                           f"{row['cpu_us_per_write']:7,.0f} us CPU per write")

@@ -18,6 +18,7 @@ from app.localstack.stack import LocalStack, StackConfig
 from app.storage import oxia_store
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
+from app.storage.oxia_writes import EventLoopWrites
 from tests.helpers.selection import starts_servers
 from tests.helpers.stack import make_settings
 
@@ -72,18 +73,30 @@ async def test_calls_to_a_paused_oxia_end_at_their_deadline(own_stack: LocalStac
         assert record is not None and record.value == b"1"
 
 
+@pytest.mark.parametrize("path", ["package", "loop"])
 async def test_an_unexpected_write_error_fails_every_waiter(
-        own_stack: LocalStack, monkeypatch: pytest.MonkeyPatch) -> None:
-    settings = make_settings(own_stack)
-    real_write = oxia_store._write
+        own_stack: LocalStack, monkeypatch: pytest.MonkeyPatch, path: str) -> None:
+    settings = make_settings(own_stack, oxia_event_loop_writes=path == "loop")
     broken = {"on": True}
+    if path == "package":
+        real_write = oxia_store._write
 
-    def flaky_write(client: object, batch: list[PutSpec]) -> list[int | Exception]:
-        if broken["on"]:
-            raise Exception("No shard found for key")  # what the client raises
-        return real_write(client, batch)
+        def flaky_write(client: object, batch: list[PutSpec]) -> list[int | Exception]:
+            if broken["on"]:
+                raise Exception("No shard found for key")  # what the client raises
+            return real_write(client, batch)
 
-    monkeypatch.setattr(oxia_store, "_write", flaky_write)
+        monkeypatch.setattr(oxia_store, "_write", flaky_write)
+    else:
+        real_loop_write = EventLoopWrites.write
+
+        async def flaky_loop_write(self: EventLoopWrites, puts: list[PutSpec]
+                                   ) -> list[int | Exception]:
+            if broken["on"]:
+                raise RuntimeError("a bug of the loop's writer")
+            return await real_loop_write(self, puts)
+
+        monkeypatch.setattr(EventLoopWrites, "write", flaky_loop_write)
     async with OxiaStore(settings, StoreMetrics()) as store:
         outcomes: list[object] = []
 

@@ -10,7 +10,7 @@ from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
 from app.settings import Settings
 from app.storage.metrics import StoreMetrics
-from app.storage.oxia_reads import (
+from app.storage.oxia_wire import (
     NotUnderstood,
     decode_get,
     decode_range_scan,

@@ -1,12 +1,12 @@
 """An asynchronous facade over the synchronous ``oxia`` client.
 
 Every call of the package runs in a bounded worker pool (``anyio.to_thread.run_sync``
-with a ``CapacityLimiter``), never on the event loop; gets and range scans go through
-``grpc.aio`` on the loop instead (app/storage/oxia_reads.py), and through the package only
-when that cannot answer them. The client sets no gRPC deadlines of its
-own, so it is built with channels that add one to every request/response call
-(:func:`app.storage.oxia_compat.connect`); a stuck call therefore ends by itself and a
-worker thread is never leaked.
+with a ``CapacityLimiter``), never on the event loop; gets, range scans and the group
+puts of commits go through ``grpc.aio`` on the loop instead (app/storage/oxia_reads.py,
+app/storage/oxia_writes.py), and through the package only when that cannot take them.
+The package sets no gRPC deadlines of its own, so it is built with channels that add one
+to every request/response call (:func:`app.storage.oxia_compat.connect`); a stuck call
+therefore ends by itself and a worker thread is never leaked.
 """
 
 from __future__ import annotations
@@ -28,11 +28,16 @@ from app.errors import StorageUnavailable, VersionMismatch
 from app.settings import OxiaSettings, default_broker_id
 from app.storage import oxia_compat
 from app.storage.metrics import StoreMetrics
+from app.storage.oxia_channels import LeaderChannels
 from app.storage.oxia_discovery import STALE_LEADER_CODES
-from app.storage.oxia_reads import EventLoopReads, NotUnderstood
+from app.storage.oxia_reads import EventLoopReads
+from app.storage.oxia_wire import NotUnderstood, PutSpec
+from app.storage.oxia_writes import EventLoopWrites
 
 T = TypeVar("T")
 EXPECT_NOT_EXISTS = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
+
+__all__ = ["EXPECT_NOT_EXISTS", "OxiaStore", "PutSpec", "Record", "describe"]
 
 @dataclass(frozen=True)
 class Record:
@@ -52,7 +57,9 @@ class OxiaStore:
         self._identity = identity or default_broker_id()
         self._limiter = anyio.CapacityLimiter(oxia.oxia_max_threads)
         self._client: Any = None
+        self._channels: LeaderChannels | None = None
         self._reads: EventLoopReads | None = None
+        self._writes: EventLoopWrites | None = None
         self._timeout = oxia.oxia_request_timeout_s
         self._puts = _PutCoalescer(self, max_inflight=oxia.oxia_max_inflight_writes)
 
@@ -76,20 +83,26 @@ class OxiaStore:
             self._client = await anyio.to_thread.run_sync(connect, limiter=self._limiter)
         except Exception as exc:
             raise StorageUnavailable(f"cannot reach Oxia at {s.oxia_address}: {exc}") from exc
-        if s.oxia_event_loop_reads and _on_asyncio():
+        if (s.oxia_event_loop_reads or s.oxia_event_loop_writes) and _on_asyncio():
             credentials = None if not s.oxia_tls else await anyio.to_thread.run_sync(
                 oxia_compat.TlsFiles(s.oxia_tls_ca_file, s.oxia_tls_cert_file,
                                      s.oxia_tls_key_file).credentials)
-            self._reads = EventLoopReads(self._client, timeout_s=self._timeout,
-                                         credentials=credentials,
-                                         options=oxia_compat.CHANNEL_OPTIONS)
+            self._channels = LeaderChannels(self._client, credentials=credentials,
+                                            options=oxia_compat.CHANNEL_OPTIONS)
+            if s.oxia_event_loop_reads:
+                self._reads = EventLoopReads(self._channels, timeout_s=self._timeout)
+            if s.oxia_event_loop_writes:
+                self._writes = EventLoopWrites(
+                    self._channels, timeout_s=self._timeout, describe=describe,
+                    on_stale_leader=lambda exc: _suspect_if_stale(self._client, exc))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        reads, self._reads = self._reads, None
-        if reads is not None:
+        channels, self._channels = self._channels, None
+        self._reads = self._writes = None
+        if channels is not None:
             with anyio.CancelScope(shield=True):
-                await reads.aclose()
+                await channels.aclose()
         client, self._client = self._client, None
         if client is not None:
             await anyio.to_thread.run_sync(client.close, limiter=self._limiter)
@@ -156,10 +169,25 @@ class OxiaStore:
         found = await self._on_loop("get", reads.get(key, partition_key))
         return None if found is None else Record(found.key, found.value, found.version_id)
 
+    async def _write_batch(self, puts: list[PutSpec]) -> list[int | Exception]:
+        """One Write request per shard for ``puts``: on the loop, or through the package
+        in a worker thread when the loop's client cannot send them (nothing was sent)."""
+        if self._writes is not None:
+            try:
+                return await self._on_loop("write_batch", self._writes.write(puts))
+            except NotUnderstood:
+                pass  # not sent: the package waits for the shard's leader or fails
+        client = self._client
+        try:
+            return await self._call("write_batch", lambda: _write(client, puts))
+        except StorageUnavailable as exc:
+            return [exc] * len(puts)
+
     async def _on_loop(self, op: str, read: Awaitable[T]) -> T:
-        """A read through :class:`EventLoopReads`, timed and counted as :meth:`_call`
-        does, its gRPC errors reported as the package's are; :class:`NotUnderstood` is
-        left to the caller, which makes the read again through the package."""
+        """A call through :class:`EventLoopReads` or :class:`EventLoopWrites`, timed and
+        counted as :meth:`_call` does, its gRPC errors reported as the package's are;
+        :class:`NotUnderstood` is left to the caller, which makes the call again through
+        the package."""
         started = time.monotonic()
         outcome = "ok"
         try:
@@ -349,13 +377,8 @@ class _PutCoalescer:
                 raise  # cancellation and the like still propagate
 
     async def _send(self, groups: list[_QueuedGroup]) -> None:
-        client = self._store.client
         puts = [p for g in groups for p in g.puts]
-        outcomes: list[int | Exception]
-        try:
-            outcomes = await self._store._call("write_batch", lambda: _write(client, puts))
-        except StorageUnavailable as exc:
-            outcomes = [exc] * len(puts)
+        outcomes = await self._store._write_batch(puts)
         if len(outcomes) != len(puts):
             raise StorageUnavailable(f"Oxia answered {len(outcomes)} of {len(puts)} puts")
         metrics = self._store._metrics
@@ -371,17 +394,6 @@ class _PutCoalescer:
             i += len(group.puts)
             if not group.future.done():
                 group.future.set_result(mine)
-
-
-@dataclass(frozen=True)
-class PutSpec:
-    """One put of a group: ``expected_version`` None (blind), a version (CAS) or
-    ``EXPECT_NOT_EXISTS`` (create-if-absent)."""
-
-    key: str
-    value: bytes
-    partition_key: str
-    expected_version: int | None = None
 
 
 @dataclass
@@ -410,6 +422,11 @@ def _stale_leader(exc: BaseException) -> bool:
     """Whether a call failed as a call to a dead or stalled leader does."""
     return (isinstance(exc, grpc.RpcError) and callable(getattr(exc, "code", None))
             and exc.code() in STALE_LEADER_CODES)
+
+
+def _suspect_if_stale(client: Any, exc: BaseException) -> None:
+    if _stale_leader(exc):
+        _suspect_leaders(client)
 
 
 def _suspect_leaders(client: Any) -> None:

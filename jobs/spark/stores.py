@@ -37,12 +37,13 @@ class Stores:
 @contextlib.asynccontextmanager
 async def open_stores(payload: Mapping[str, str], identity: str) -> AsyncIterator[Stores]:
     """The project's own Oxia and S3 clients, for one task (or the driver)."""
-    # Gets through the oxia package, not grpc.aio: a task runs in a Python worker that
+    # Gets and puts through the oxia package, not grpc.aio: a task runs in a Python worker that
     # Spark's daemon forked without exec, which gRPC Python does not support (grpc's
     # doc/fork_support.md); a grpc.aio channel there failed to connect in a CI run
     # ("timed out before receiving SETTINGS frame") where the package's client always
     # has. A task reads a few keys per partition: the event loop would gain it nothing.
-    settings = settings_from_payload(payload, broker_id=identity, oxia_event_loop_reads=False)
+    settings = settings_from_payload(payload, broker_id=identity, oxia_event_loop_reads=False,
+                                     oxia_event_loop_writes=False)
     metrics = StoreMetrics()
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
     async with OxiaStore(settings.oxia, metrics, identity=identity) as ox:
