@@ -10,6 +10,7 @@ from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
 from app.settings import Settings
 from app.storage.metrics import StoreMetrics
+from app.storage.oxia_store import OxiaStore
 from app.storage.oxia_wire import (
     NotUnderstood,
     decode_get,
@@ -17,7 +18,6 @@ from app.storage.oxia_wire import (
     encode_get,
     encode_range_scan,
 )
-from app.storage.oxia_store import OxiaStore
 
 
 @pytest.mark.parametrize(("shard", "key"), [(0, "k"), (3, "a/b"), (2**40, "ü/" + "x" * 300)])
