@@ -32,6 +32,7 @@ from app.storage.oxia_writes import EventLoopWrites
 @pytest.mark.parametrize("puts", [
     [PutSpec("k", b"v", "pk")],
     [PutSpec("a/b", b"", "", EXPECT_NOT_EXISTS)],  # no value, an empty partition key
+    [PutSpec("", b"v", "pk", 7)],  # an empty key, as proto3 writes it: not at all
     [PutSpec("ü/" + "x" * 300, b"\x00" * 70_000, "t:0", 2**40),
      PutSpec("c", b"1", "t:1", 0), PutSpec("d", b"2", "t:2", None)],
 ])
@@ -169,20 +170,57 @@ async def test_a_failed_write_is_an_unknown_outcome_and_not_sent_again(
         def dead_leader(partition_key: str) -> tuple[int, grpc.aio.Channel]:
             return channels.shard(partition_key).shard, gone
 
-        def through_package(*_: object) -> None:
-            raise AssertionError("a write already sent was sent again")
+        resent: list[object] = []
+
+        def through_package(client: object, batch: object) -> list[int | Exception]:
+            resent.append(batch)
+            return []
 
         monkeypatch.setattr(channels, "leader", dead_leader)
         monkeypatch.setattr(oxia_store_module, "_write", through_package)
         keys = _keys(3)
         try:
             outcomes = await store.put_group([PutSpec(k, b"v", pk) for k, pk in keys])
+            with pytest.raises(StorageUnavailable, match="UNAVAILABLE|DEADLINE"):
+                await store.put(keys[0][0], b"v", keys[0][1])
         finally:
             await gone.close()
+        assert resent == []
         assert all(isinstance(o, StorageUnavailable) for o in outcomes)
-        assert "UNAVAILABLE" in str(outcomes[0]) or "DEADLINE" in str(outcomes[0])
-        with pytest.raises(StorageUnavailable):
-            await store.put(keys[0][0], b"v", keys[0][1])
+        assert all("UNAVAILABLE" in str(o) or "DEADLINE" in str(o) for o in outcomes)
+
+
+async def test_a_write_cut_off_by_the_client_closing_is_an_unknown_outcome() -> None:
+    """Closing a channel cancels its calls; the put's outcome is unknown, which is what
+    its waiter hears (not a cancellation of a task nobody cancelled)."""
+    connected = asyncio.Event()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connected.set()  # and never answers
+        await reader.read()
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+
+    class Leaders:
+        def leader(self, partition_key: str) -> tuple[int, object]:
+            return 0, channel
+
+    writes = EventLoopWrites(Leaders(), timeout_s=30,  # type: ignore[arg-type]
+                             describe=str, on_stale_leader=lambda exc: None)
+    try:
+        async with asyncio.timeout(20):
+            pending = asyncio.create_task(writes.write([PutSpec("k", b"v", "pk")]))
+            await connected.wait()
+            await channel.close()
+            (outcome,) = await pending
+        assert isinstance(outcome, StorageUnavailable)
+        assert "closing" in str(outcome)
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 async def test_turned_off_every_put_goes_through_the_package(settings: Settings) -> None:

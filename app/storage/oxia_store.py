@@ -200,6 +200,9 @@ class OxiaStore:
             if exc.code() in STALE_LEADER_CODES:
                 _suspect_leaders(self._client)
             raise StorageUnavailable(f"Oxia {op} failed: {describe(exc)}") from exc
+        except BaseException:
+            outcome = "error"
+            raise
         finally:
             self._metrics.oxia_requests.labels(op, outcome).inc()
             self._metrics.oxia_latency.labels(op).observe(time.monotonic() - started)

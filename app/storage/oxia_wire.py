@@ -191,7 +191,7 @@ def encode_write(shard: int, puts: Sequence[PutSpec]) -> bytes:
     partition_key}]}``; the shard is always written (it is optional, so 0 is too)."""
     parts = [b"\x08", _varint(shard)]
     for put in puts:
-        request = _text(b"\x0a", put.key)
+        request = _text(b"\x0a", put.key) if put.key else b""  # proto3: "" is not written
         if put.value:
             request += b"\x12" + _varint(len(put.value)) + put.value
         if put.expected_version is not None:

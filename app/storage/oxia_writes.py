@@ -62,7 +62,8 @@ class EventLoopWrites:
             return []
         by_shard: dict[int, tuple[grpc.aio.Channel, list[int]]] = {}
         for i, put in enumerate(puts):
-            shard, channel = self._leaders.leader(put.partition_key)
+            # As the package routes: by the partition key, else by the key itself.
+            shard, channel = self._leaders.leader(put.partition_key or put.key)
             by_shard.setdefault(shard, (channel, []))[1].append(i)
         out: list[PutResult] = [StorageUnavailable("not sent")] * len(puts)
         sends = [self._send_shard(shard, channel, [puts[i] for i in indexes])
@@ -80,6 +81,16 @@ class EventLoopWrites:
         try:
             answer = await write(encode_write(shard, puts), timeout=self._timeout)
             outcomes = decode_write(answer)
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # this task is being cancelled: not the call's doing
+            # The channel was closed under the call (the store is closing): grpc.aio
+            # cancels its calls, and the put's outcome is unknown.
+            return [StorageUnavailable(f"Oxia write to shard {shard} was cut off: "
+                                       "the client is closing")] * len(puts)
+        except grpc.aio.UsageError as exc:  # a closed channel: nothing was sent
+            return [StorageUnavailable(f"Oxia write to shard {shard}: {exc}")] * len(puts)
         except grpc.aio.AioRpcError as exc:
             self._on_stale_leader(exc)
             error = StorageUnavailable(
