@@ -141,8 +141,7 @@ class OxiaStore:
             raise
         except Exception as exc:  # gRPC errors, the client's own ("No shard found", ...)
             outcome = "error"
-            if _stale_leader(exc):
-                _suspect_leaders(self._client)
+            _suspect_if_stale(self._client, exc)
             raise StorageUnavailable(f"Oxia {op} failed: {describe(exc)}") from exc
         finally:
             self._metrics.oxia_requests.labels(op, outcome).inc()
@@ -197,8 +196,7 @@ class OxiaStore:
             raise
         except grpc.aio.AioRpcError as exc:
             outcome = "error"
-            if exc.code() in STALE_LEADER_CODES:
-                _suspect_leaders(self._client)
+            _suspect_if_stale(self._client, exc)
             raise StorageUnavailable(f"Oxia {op} failed: {describe(exc)}") from exc
         except BaseException:
             outcome = "error"
@@ -428,6 +426,7 @@ def _stale_leader(exc: BaseException) -> bool:
 
 
 def _suspect_if_stale(client: Any, exc: BaseException) -> None:
+    """:func:`_suspect_leaders` when ``exc`` is how calls to a replaced leader fail."""
     if _stale_leader(exc):
         _suspect_leaders(client)
 
@@ -459,8 +458,7 @@ def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
         try:
             response = stub.write(request)
         except grpc.RpcError as exc:
-            if _stale_leader(exc):
-                _suspect_leaders(client)
+            _suspect_if_stale(client, exc)
             for i in indexes:
                 out[i] = StorageUnavailable(
                     f"Oxia write to shard {shard} failed: {describe(exc)}")

@@ -76,8 +76,7 @@ def _varint(value: int) -> bytes:
 
 def encode_get(shard: int, key: str) -> bytes:
     """``ReadRequest{shard, gets: [GetRequest{key, include_value: true}]}``."""
-    raw = key.encode()
-    get = b"\x0a" + _varint(len(raw)) + raw + b"\x10\x01"
+    get = _text(b"\x0a", key) + b"\x10\x01"
     return b"\x08" + _varint(shard) + b"\x12" + _varint(len(get)) + get
 
 
@@ -87,8 +86,7 @@ def encode_range_scan(shard: int, start: str, end: str) -> bytes:
     out = b"\x08" + _varint(shard)
     for tag, text in ((b"\x12", start), (b"\x1a", end)):
         if text:
-            raw = text.encode()
-            out += tag + _varint(len(raw)) + raw
+            out += _text(tag, text)
     return out
 
 
@@ -161,8 +159,7 @@ def _get_response(response: bytes, asked: str | None) -> Found | None:
         if number == 1 and isinstance(field, int):
             status = field
         elif number == 2 and isinstance(field, bytes):
-            version_id = next((v for n, v in _fields(field) if n == 1 and isinstance(v, int)),
-                              0)
+            version_id = _version_id(field)
         elif number == 3 and isinstance(field, bytes):
             value = field
         elif number == 4 and isinstance(field, bytes):
@@ -173,11 +170,12 @@ def _get_response(response: bytes, asked: str | None) -> Found | None:
         raise NotUnderstood(f"a GetResponse with status {status}")
     if key is None:
         raise NotUnderstood("a scanned record without its key")
-    return Found(key, value, _int64(version_id))
+    return Found(key, value, version_id)
 
 
-def _int64(value: int) -> int:
-    """An int64 read as a varint: two's complement on the wire."""
+def _version_id(version: bytes) -> int:
+    """``Version.version_id``: an int64, two's complement on the wire (0 when absent)."""
+    value = next((v for n, v in _fields(version) if n == 1 and isinstance(v, int)), 0)
     return value - (1 << 64) if value >= 1 << 63 else value
 
 
@@ -212,8 +210,7 @@ def decode_write(answer: bytes) -> list[PutOutcome]:
             if inner == 1 and isinstance(value, int):
                 status = value
             elif inner == 2 and isinstance(value, bytes):
-                version_id = next((_int64(v) for n, v in _fields(value)
-                                   if n == 1 and isinstance(v, int)), 0)
+                version_id = _version_id(value)
         if status == OK and version_id is None:
             raise NotUnderstood("a PutResponse of OK without its version")
         outcomes.append(PutOutcome(status, version_id))
