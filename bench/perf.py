@@ -638,18 +638,20 @@ def cost_section(run: Run) -> list[dict[str, Any]]:
     return rows + proxy_rows(run)
 
 
-SCALE_OUT_CASES = ("1", "2", "3", "1x2")
+SCALE_OUT_CASES = ("1", "2", "3", "1x2", "smart")
 
 
 def proxy_rows(run: Run) -> list[dict[str, Any]]:
-    """Brokers behind Caddy, with and without affinity: bench/scale_out.py's rows (the
-    issue's load: 16 connections, 16 partitions x 5 x 1 KiB binary per request), the
-    brokers at their shipped settings, each row its own key space on this run's stack."""
+    """Brokers behind Caddy, with and without affinity, and 3 brokers whose client routes
+    each partition to its broker (``smart``): bench/scale_out.py's rows (the issue's load:
+    16 connections, 16 partitions x 5 x 1 KiB binary per request), the brokers at their
+    shipped settings, each row its own key space on this run's stack."""
     a = run.args
     if a.scale_out_duration <= 0:
         return []
     args = argparse.Namespace(duration=a.scale_out_duration, warmup=3.0, connections=16,
-                              ideal_connections=16)
+                              ideal_connections=16, load_per_member=False,
+                              ideal_whole_requests=False)
     variants = [scale_out.Variant(affinity, "this tree") for affinity in ("off", "forward")]
     if run.baseline is not None:
         variants.append(scale_out.Variant("off", f"at {a.baseline}", run.baseline[0]))

@@ -13,7 +13,16 @@ colliding: 16 connections, each request 16 partitions x 5 x 1 KiB records, binar
   (``owner_set(0, topic, partition, members, 1)``, app/loadtest/routing.py, over the
   member ids ``{broker_id}.w0``), with ``--ideal-connections`` each: what clients that
   split each request per broker would send. No broker ever writes another's partitions
-  and no request makes a second hop: the most affinity can give.
+  and no request makes a second hop: the most affinity can give;
+- ``smart`` (``smart2``: 2 brokers): 3 brokers behind Caddy and one load generator that
+  asks the proxy for the brokers' map (``GET /cluster``) and sends each partition's
+  records straight to the broker preferred for it, each request carrying as many records
+  as one through the proxy (``-route members``): a client that gathers each broker's
+  records.
+
+``--load-per-member`` gives the load generator ``--connections`` per member (broker
+worker) instead of ``--connections`` in all: the load grows with the brokers, as it does
+when brokers are added for it.
 
 Each case runs with every ``--affinity`` value (``LLOG_AFFINITY``; every broker also gets
 ``LLOG_FORWARD_HOST=127.0.0.1``), and with ``--baseline REV`` again with brokers of that
@@ -30,7 +39,8 @@ records/s and p50/p99; the CPU of the brokers (workers included), Oxia, MinIO an
 records per broker CPU-second, and the whole machine's.
 
     .venv/bin/python bench/scale_out.py [--duration 15] [--affinity off,forward]
-        [--cases 1,2,3,1x2,ideal] [--baseline REV]
+        [--cases 1,2,3,1x2,ideal,smart] [--baseline REV] [--load-per-member]
+        [--ideal-whole-requests]
 
 Prints a table and writes the results as JSON to .llog/bench/scale-out-<time>.json. It
 measures; it asserts nothing.
@@ -47,6 +57,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,6 +99,7 @@ class Case:
     brokers: int
     workers: int = 1
     direct: bool = False  # no proxy: one load generator per broker, its partitions only
+    smart: bool = False  # the load generator routes by the brokers' map (-route members)
 
     def member_ids(self) -> list[str]:
         """The members rendezvous ranks: ``{broker_id}.w{slot}``, one per worker."""
@@ -98,7 +110,8 @@ class Case:
 BROKER_SETTINGS: dict[str, str] = {}
 
 CASES = {c.name: c for c in (Case("1", 1), Case("2", 2), Case("3", 3),
-                             Case("1x2", 1, workers=2), Case("ideal", 3, direct=True))}
+                             Case("1x2", 1, workers=2), Case("ideal", 3, direct=True),
+                             Case("smart2", 2, smart=True), Case("smart", 3, smart=True))}
 
 
 @dataclass(frozen=True)
@@ -167,6 +180,8 @@ class Cluster:
             broker.proc.start()
         for broker in self.brokers:
             wait_healthy(broker.proc, broker.url, timeout=90)
+        if self.variant.affinity != "off":
+            self._wait_for_members()
         if self.case.direct:
             return
         binary = find_binary("caddy")
@@ -180,6 +195,26 @@ class Cluster:
         self.proxy.start()
         wait_serving(self.proxy, config)
         self.proxy_url = f"http://127.0.0.1:{config.listen_port}"
+
+    def _wait_for_members(self, timeout: float = 60.0) -> None:
+        """Until every broker's view lists every member: rows measure the settled
+        cluster, and a client's map (``smart``) is the one the brokers use."""
+        want = sorted(self.case.member_ids())
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                views = [sorted(m["member_id"]
+                                for m in hb.get_json(f"{b.url}/cluster")["members"])
+                         for b in self.brokers]
+            except urllib.error.HTTPError as exc:
+                if exc.code == 404:  # code from before membership: nothing to wait for
+                    return
+                raise
+            if all(v == want for v in views):
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"members not settled in {timeout:.0f} s: {views}")
+            time.sleep(0.2)
 
     def stop(self) -> None:
         for broker in self.brokers:
@@ -213,25 +248,36 @@ def create_topic(url: str) -> None:
 
 
 def loadgen_args(url: str, seconds: float, connections: int,
-                 partition_set: list[int] | None = None) -> list[str]:
+                 partition_set: list[int] | None = None, records: int = RECORDS
+                 ) -> list[str]:
     args = ["-mode", "throughput", "-url", url, "-topic", TOPIC, "-format", "binary",
             "-connections", str(connections), "-partitions", str(PARTITIONS),
-            "-entries", str(PARTITIONS), "-records", str(RECORDS),
+            "-entries", str(PARTITIONS), "-records", str(records),
             "-size", str(RECORD_BYTES), "-duration", f"{seconds}s", "-timeout", "30s"]
     if partition_set is not None:
         args += ["-partition-set", ",".join(map(str, partition_set))]
     return args
 
 
-def loads_of(cluster: Cluster, seconds: float, connections: int, ideal_connections: int
+def loads_of(cluster: Cluster, seconds: float, args: argparse.Namespace
              ) -> list[list[str]]:
     """Through the proxy: one load generator. Direct: one per broker, writing the
-    partitions its broker is preferred for."""
+    partitions its broker is preferred for (with ``--ideal-whole-requests``, as many
+    records per request as through the proxy, spread over those partitions)."""
+    members = len(cluster.case.member_ids())
     if cluster.proxy_url is not None:
-        return [loadgen_args(cluster.proxy_url, seconds, connections)]
+        connections = args.connections * (members if args.load_per_member else 1)
+        routed = ["-route", "members"] if cluster.case.smart else []
+        return [loadgen_args(cluster.proxy_url, seconds, connections) + routed]
     owned = preferred(cluster.case.member_ids())
-    return [loadgen_args(b.url, seconds, ideal_connections, owned[f"{b.id}.w0"])
-            for b in cluster.brokers if owned[f"{b.id}.w0"]]
+    out = []
+    for b in cluster.brokers:
+        mine = owned[f"{b.id}.w0"]
+        if mine:
+            records = (max(1, round(RECORDS * PARTITIONS / len(mine)))
+                       if args.ideal_whole_requests else RECORDS)
+            out.append(loadgen_args(b.url, seconds, args.ideal_connections, mine, records))
+    return out
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:
@@ -316,8 +362,7 @@ def measure_row(stack: LocalStack, logs: Path, case: Case, variant: Variant,
         cluster.start()
         create_topic(cluster.proxy_url or cluster.brokers[0].url)
         if args.warmup > 0:  # every partition written; connections and caches warm
-            run_loads(loads_of(cluster, args.warmup, args.connections,
-                               args.ideal_connections), timeout=args.warmup + 120)
+            run_loads(loads_of(cluster, args.warmup, args), timeout=args.warmup + 120)
         return _measured(cluster, args)
     finally:
         cluster.stop()
@@ -335,8 +380,7 @@ def _measured(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
     server_cpu0 = {k: hb.cpu_seconds(p) for k, p in servers.items() if p}
     box0 = hb.box_busy_seconds()
     t0 = time.monotonic()
-    procs = [_spawn(a) for a in loads_of(cluster, args.duration, args.connections,
-                                         args.ideal_connections)]
+    procs = [_spawn(a) for a in loads_of(cluster, args.duration, args)]
     middle: list[dict[str, Any]] | None = None
     t_mid = 0.0
     try:
@@ -426,16 +470,14 @@ def _measured(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
 def rows_to_run(cases: list[Case], variants: list[Variant]
                 ) -> list[tuple[Case, Variant]]:
     """Each case with each variant, their order reversed every other case (so no variant
-    always meets the machine first). ``ideal`` does not depend on the affinity setting
-    (each broker gets only its own partitions): once per code tree, affinity off."""
+    always meets the machine first). ``ideal`` runs with each affinity value too: no
+    request needs forwarding there, but with affinity on the brokers are members and share
+    the flush budget (app/batching/batcher.py, pacing). ``smart`` needs the members' map:
+    affinity on, and this tree (a ``--baseline`` may predate ``GET /cluster``)."""
     out: list[tuple[Case, Variant]] = []
     for i, case in enumerate(cases):
-        chosen = variants
-        if case.direct:
-            seen: dict[str, Variant] = {}
-            for v in variants:
-                seen.setdefault(v.code, Variant("off", v.code, v.tree))
-            chosen = list(seen.values())
+        chosen = [v for v in variants
+                  if not case.smart or (v.affinity != "off" and v.tree is None)]
         out += [(case, v) for v in (chosen if i % 2 == 0 else chosen[::-1])]
     return out
 
@@ -521,6 +563,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--ideal-connections", type=int, default=None,
                         help="ideal: connections of each broker's load generator "
                              "(default: --connections)")
+    parser.add_argument("--load-per-member", action="store_true",
+                        help="through the proxy, --connections per member (broker worker): "
+                             "the load grows with the brokers instead of staying fixed")
+    parser.add_argument("--ideal-whole-requests", action="store_true",
+                        help="ideal: each request carries as many records as one through "
+                             "the proxy (a client that gathers each broker's records)")
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated, of {', '.join(CASES)} (default: all)")
     parser.add_argument("--affinity", default="off",
@@ -564,6 +612,8 @@ def main() -> int:
         "settings": {"duration_s": args.duration, "warmup_s": args.warmup,
                      "connections": args.connections,
                      "ideal_connections": args.ideal_connections,
+                     "load_per_member": args.load_per_member,
+                     "ideal_whole_requests": args.ideal_whole_requests,
                      "broker_settings": dict(BROKER_SETTINGS),
                      "partitions": PARTITIONS, "records": RECORDS,
                      "record_bytes": RECORD_BYTES, "format": "binary",

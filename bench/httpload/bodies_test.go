@@ -87,7 +87,7 @@ func TestCorpusBodies(t *testing.T) {
 	}
 	c := &config{records: 2, entries: 1, written: []int{0, 1}, format: "binary",
 		topic: "t", corpus: corpus}
-	bodies, sizes, _ := throughputBodies(c)
+	bodies, sizes, _, _ := throughputBodies(c)
 	// 5 records, 2 per body, 2 partitions: 2 rounds of 2 bodies.
 	if len(bodies) != 4 || sizes[0] != 3 || sizes[1] != 7 || sizes[2] != 6 || sizes[3] != 5 {
 		t.Fatalf("bodies %d, sizes %v", len(bodies), sizes)

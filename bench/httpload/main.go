@@ -66,6 +66,9 @@ type config struct {
 	// 0..partitions-1). validate fills it in.
 	partitionSet string
 	written      []int
+	// throughput mode: "members" sends each partition's records to its preferred
+	// member's URL (route.go); "" sends everything to -url.
+	route string
 	// throughput mode: record values from a file (-records-file), taken in turn.
 	recordsFile string
 	corpus      [][]byte
@@ -110,6 +113,10 @@ func main() {
 	flag.StringVar(&c.partitionSet, "partition-set", "",
 		"throughput mode: write only these partitions (comma-separated, each below "+
 			"-partitions), round-robin; entries per request at most their number")
+	flag.StringVar(&c.route, "route", "",
+		"throughput mode: members sends each partition's records straight to the broker "+
+			"preferred for it (the map from GET -url/cluster), each request as many records "+
+			"as one over every partition; a request its broker does not answer goes to -url")
 	flag.IntVar(&c.totalMiB, "total-mib", 0,
 		"throughput mode: stop once this many MiB of records are acknowledged (0: -duration)")
 	flag.StringVar(&c.recordsFile, "records-file", "",
@@ -177,6 +184,8 @@ func validate(c *config) error {
 		{c.timeout <= 0, "-timeout must be positive"},
 		{c.maxWaitMs < 0, "-max-wait-ms must not be negative"},
 		{!strings.HasPrefix(c.path, "/"), "-path must start with /"},
+		{c.route != "" && (c.route != "members" || c.mode != "throughput"),
+			"-route must be members, and only in throughput mode"},
 	} {
 		if check.bad {
 			return errors.New(check.why)

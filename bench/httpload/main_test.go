@@ -78,7 +78,7 @@ func TestPartitionSetWritesOnlyItsPartitions(t *testing.T) {
 	if c.entries != 3 {
 		t.Fatalf("entries %d, want 3 (the set's size)", c.entries)
 	}
-	bodies, _, _ := throughputBodies(&c)
+	bodies, _, _, _ := throughputBodies(&c)
 	got := fmt.Sprint(bodyPartitions(t, bodies))
 	if want := "[[0 3 7] [3 7 0] [7 0 3]]"; got != want {
 		t.Fatalf("partitions per body %s, want %s", got, want)
@@ -92,7 +92,7 @@ func TestPartitionSetWritesOnlyItsPartitions(t *testing.T) {
 	if err := validate(&c); err != nil {
 		t.Fatal(err)
 	}
-	bodies, _, _ = throughputBodies(&c)
+	bodies, _, _, _ = throughputBodies(&c)
 	if got, want := fmt.Sprint(bodyPartitions(t, bodies)), "[[0 1] [1 2] [2 0]]"; got != want {
 		t.Fatalf("partitions per body %s, want %s", got, want)
 	}

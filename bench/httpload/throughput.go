@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,33 +44,55 @@ type ThroughputResult struct {
 	NewConnections    int64             `json:"new_connections"`
 	CPUSeconds        float64           `json:"loadgen_cpu_s"`
 	GoVersion         string            `json:"go_version"`
+	// -route members: each member URL with its partitions, and the requests sent again
+	// through -url because their member did not answer.
+	Routes    []RouteResult `json:"routes,omitempty"`
+	Fallbacks uint64        `json:"fallbacks"`
+}
+
+type RouteResult struct {
+	URL               string `json:"url"`
+	Partitions        []int  `json:"partitions"`
+	RecordsPerRequest uint64 `json:"records_per_request"`
 }
 
 // worker is one connection sending produce requests back to back; its counters are its
 // own until the run ends.
 type worker struct {
 	requests, ok, s503, other, errs uint64
+	records                         uint64 // acknowledged
 	statuses                        map[int]uint64
 	hist                            *latency.Histogram
 }
 
+// target is where some connections send: a URL and the bodies they send it in turn.
+type target struct {
+	url        string
+	partitions []int
+	bodies     [][]byte // produce bodies, sent in turn (throughputBodies)
+	sizes      []int64  // the record bytes of each body
+	records    []uint64 // the records of each body
+	next       atomic.Uint64
+}
+
 // throughput is what the workers of one run share.
 type throughput struct {
-	c        *config
-	url      string
-	bodies   [][]byte // produce bodies, sent in turn (throughputBodies)
-	sizes    []int64  // the record bytes of each body
-	ctype    string
-	next     atomic.Uint64
-	client   *http.Client
-	samples  errorSamples
-	deadline time.Time
-	acked    atomic.Int64 // record bytes acknowledged, for -total-mib
+	c         *config
+	targets   []*target
+	fallback  string // -route members: where a request goes when its member does not answer
+	ctype     string
+	client    *http.Client
+	samples   errorSamples
+	deadline  time.Time
+	acked     atomic.Int64 // record bytes acknowledged, for -total-mib
+	fallbacks atomic.Uint64
 }
 
 func runThroughput(c *config) (*ThroughputResult, error) {
-	t := &throughput{c: c, url: c.url + c.path}
-	t.bodies, t.sizes, t.ctype = throughputBodies(c)
+	t := &throughput{c: c}
+	if err := t.plan(); err != nil {
+		return nil, err
+	}
 	var dials dialCounter
 	t.client = newClient(c.connections, c.timeout, &dials)
 	defer t.client.CloseIdleConnections()
@@ -78,13 +101,13 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 	start := time.Now()
 	t.deadline = start.Add(c.duration)
 	var wg sync.WaitGroup
-	for i := range workers {
+	for i, to := range connectionTargets(t.targets, c.connections) {
 		w := &worker{statuses: map[int]uint64{}, hist: latency.New()}
 		workers[i] = w
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			t.work(w)
+			t.work(w, to)
 		}()
 	}
 	wg.Wait()
@@ -94,12 +117,67 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 	return res, nil
 }
 
+// plan makes the targets: -url with every partition written, or with -route members one
+// per preferred member's URL with its partitions, each request carrying as many records
+// as one over every partition would (a client that gathers each broker's records).
+func (t *throughput) plan() error {
+	c := t.c
+	if c.route != "members" {
+		to := &target{url: c.url + c.path, partitions: c.written}
+		to.bodies, to.sizes, to.records, t.ctype = throughputBodies(c)
+		t.targets = []*target{to}
+		return nil
+	}
+	m, err := fetchClusterMap(c.url, c.timeout)
+	if err != nil {
+		return err
+	}
+	plan, err := planRoutes(m, c.topic, c.written)
+	if err != nil {
+		return err
+	}
+	t.planFrom(plan)
+	return nil
+}
+
+func (t *throughput) planFrom(plan routePlan) {
+	c := t.c
+	t.fallback = c.url + c.path
+	perRequest := c.records * c.entries
+	for i, u := range plan.urls {
+		rc := *c
+		rc.written = plan.partitions[i]
+		rc.entries = min(c.entries, len(rc.written))
+		rc.records = (perRequest + rc.entries - 1) / rc.entries
+		to := &target{url: strings.TrimRight(u, "/") + c.path, partitions: rc.written}
+		to.bodies, to.sizes, to.records, t.ctype = throughputBodies(&rc)
+		t.targets = append(t.targets, to)
+	}
+}
+
+// connectionTargets gives each connection a target, in proportion to their partitions.
+func connectionTargets(targets []*target, connections int) []*target {
+	out := make([]*target, connections)
+	given := make([]int, len(targets))
+	for i := range out {
+		best := 0
+		for j, to := range targets { // the least served per partition
+			if given[j]*len(targets[best].partitions) < given[best]*len(to.partitions) {
+				best = j
+			}
+		}
+		given[best]++
+		out[i] = targets[best]
+	}
+	return out
+}
+
 // throughputBodies are the produce bodies the connections send in turn, the record bytes
 // of each, and their content type. Each body has c.entries entries: body p starts at
 // partition c.written[p mod len(c.written)] and takes the ones after it, wrapping around.
 // Synthetic records make one body per partition written; records from -records-file
 // make as many bodies as it takes to send every record of the file once per round.
-func throughputBodies(c *config) ([][]byte, []int64, string) {
+func throughputBodies(c *config) ([][]byte, []int64, []uint64, string) {
 	n := len(c.written)
 	perBody := c.records * c.entries
 	if len(c.corpus) > 0 {
@@ -108,6 +186,7 @@ func throughputBodies(c *config) ([][]byte, []int64, string) {
 	}
 	bodies := make([][]byte, n)
 	sizes := make([]int64, n)
+	records := make([]uint64, n)
 	next := 0 // the corpus record to take next
 	var ctype string
 	for p := range bodies {
@@ -125,25 +204,24 @@ func throughputBodies(c *config) ([][]byte, []int64, string) {
 				sizes[p] += int64(len(recs[i]))
 			}
 			entries[e] = entry{partition: part, records: recs}
+			records[p] += uint64(len(recs))
 		}
 		bodies[p], ctype = requestBody(c.format, c.topic, entries, extras{c.keyBytes, c.headers})
 	}
-	return bodies, sizes, ctype
+	return bodies, sizes, records, ctype
 }
 
-func (t *throughput) work(w *worker) {
+func (t *throughput) work(w *worker, to *target) {
 	buf := make([]byte, 32*1024)
 	for time.Now().Before(t.deadline) &&
 		(t.c.totalMiB == 0 || t.acked.Load() < int64(t.c.totalMiB)<<20) {
-		turn := (t.next.Add(1) - 1) % uint64(len(t.bodies))
-		body, perRequest := t.bodies[turn], t.sizes[turn]
+		turn := (to.next.Add(1) - 1) % uint64(len(to.bodies))
 		t0 := time.Now()
-		req, err := http.NewRequest(http.MethodPost, t.url, bytes.NewReader(body))
-		if err != nil {
-			panic(err)
+		resp, err := t.send(to.url, to.bodies[turn])
+		if err != nil && t.fallback != "" {
+			t.fallbacks.Add(1) // the member did not answer: any broker, through -url
+			resp, err = t.send(t.fallback, to.bodies[turn])
 		}
-		req.Header.Set("Content-Type", t.ctype)
-		resp, err := t.client.Do(req)
 		w.requests++
 		if err != nil {
 			t.fail(w, err.Error())
@@ -163,7 +241,8 @@ func (t *throughput) work(w *worker) {
 		switch resp.StatusCode {
 		case http.StatusOK:
 			w.ok++
-			t.acked.Add(perRequest)
+			w.records += to.records[turn]
+			t.acked.Add(to.sizes[turn])
 			w.hist.RecordDuration(time.Since(t0))
 		case http.StatusServiceUnavailable:
 			w.s503++
@@ -173,6 +252,15 @@ func (t *throughput) work(w *worker) {
 			t.samples.add(fmt.Sprintf("status %d: %s", resp.StatusCode, head))
 		}
 	}
+}
+
+func (t *throughput) send(url string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequest(http.MethodPost, url, bytes.NewReader(body))
+	if err != nil {
+		panic(err)
+	}
+	req.Header.Set("Content-Type", t.ctype)
+	return t.client.Do(req)
 }
 
 // fail counts a request without an answer, keeps a sample of why, and backs off.
@@ -185,14 +273,21 @@ func (t *throughput) fail(w *worker, why string) {
 func (t *throughput) result(workers []*worker, elapsed float64) *ThroughputResult {
 	c := t.c
 	res := &ThroughputResult{
-		Mode: "throughput", URL: t.url, Connections: c.connections, Partitions: c.partitions,
-		RecordsPerRequest: c.records, EntriesPerRequest: c.entries, Format: c.format,
-		RecordBytes: c.size, RequestBodyBytes: len(t.bodies[0]),
+		Mode: "throughput", URL: t.targets[0].url, Connections: c.connections,
+		Partitions: c.partitions, RecordsPerRequest: c.records, EntriesPerRequest: c.entries,
+		Format: c.format, RecordBytes: c.size, RequestBodyBytes: len(t.targets[0].bodies[0]),
 		DurationS: c.duration.Seconds(), ElapsedS: elapsed, Statuses: map[string]uint64{},
 		GoVersion: runtime.Version(),
 	}
 	if c.partitionSet != "" {
 		res.PartitionSet = c.written
+	}
+	if t.fallback != "" {
+		res.Fallbacks = t.fallbacks.Load()
+		for _, to := range t.targets {
+			res.Routes = append(res.Routes, RouteResult{URL: to.url, Partitions: to.partitions,
+				RecordsPerRequest: to.records[0]})
+		}
 	}
 	hist := latency.New()
 	for _, w := range workers {
@@ -201,13 +296,13 @@ func (t *throughput) result(workers []*worker, elapsed float64) *ThroughputResul
 		res.Status503 += w.s503
 		res.OtherStatus += w.other
 		res.Errors += w.errs
+		res.RecordsAcked += w.records
 		for code, n := range w.statuses {
 			res.Statuses[strconv.Itoa(code)] += n
 		}
 		hist.Merge(w.hist)
 	}
 	res.ErrorSamples = t.samples.list()
-	res.RecordsAcked = res.OK * uint64(c.records) * uint64(c.entries)
 	res.BytesAcked = uint64(t.acked.Load())
 	if res.RecordsAcked > 0 {
 		res.RecordBytes = int(res.BytesAcked / res.RecordsAcked) // the mean, from a corpus
