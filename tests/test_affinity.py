@@ -12,6 +12,7 @@ from typing import Any
 
 import anyio
 import httpx
+import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -19,6 +20,9 @@ from app.broker.state import BrokerState
 from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
+from llog_client import AsyncLlogClient
+from llog_client._config import Routing
+from llog_client._routing import DIGEST_HEADER
 from tests.helpers.stack import make_settings
 
 PARTITIONS = 8
@@ -30,7 +34,8 @@ async def _broker(stack: LocalStack, prefix: str, broker_id: str
                   ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     settings = make_settings(stack, broker_id=broker_id, root_prefix=prefix,
                              affinity="forward", auto_create_partitions=PARTITIONS,
-                             drain_s=0, membership_refresh_s=0.2)
+                             drain_s=0, membership_refresh_s=0.2,
+                             advertised_url=f"http://{broker_id}")
     app = create_app(settings)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
@@ -123,3 +128,42 @@ async def test_a_member_that_leaves_hands_its_partitions_to_the_others(
         text = (await a.get("/metrics/prometheus")).text
         assert _counter(text, "llog_affinity_groups", route="in_doubt") == 0
         assert _gauge(text, "llog_batcher_eager_flushes") == 1  # the whole budget again
+
+
+class _ByHost(httpx.AsyncBaseTransport):
+    """The in-process brokers as their advertised URLs (``http://{broker_id}``)."""
+
+    def __init__(self, apps: dict[str, FastAPI]) -> None:
+        self._apps = {host: httpx.ASGITransport(app=app) for host, app in apps.items()}
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        return await self._apps[request.url.host].handle_async_request(request)
+
+
+@pytest.mark.parametrize("route", ["preferred", "any"])
+async def test_a_client_that_routes_sends_each_partition_to_its_preferred_broker(
+        stack: LocalStack, route: Routing) -> None:
+    prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
+    async with _broker(stack, prefix, "a") as (app_a, a), _broker(stack, prefix, "b") as (
+            app_b, b):
+        await _sees(app_a, 2)
+        await _sees(app_b, 2)
+        transport = _ByHost({"a": app_a, "b": app_b})
+        async with AsyncLlogClient("http://a", route=route, transport=transport) as llog:
+            for p in range(PARTITIONS):
+                for i in range(3):
+                    result = await llog.produce(topic, [f"{p}-{i}"], partition=p)
+                    assert result.batches[0].start_offset == i + 1
+        for p in range(PARTITIONS):
+            assert await _read_all(a, topic, p) == [f"{p}-{i}" for i in range(3)]
+        texts = [(await c.get("/metrics/prometheus")).text for c in (a, b)]
+        forwarded = sum(_counter(t, "llog_affinity_groups", route="forwarded") for t in texts)
+        local = [_counter(t, "llog_affinity_groups", route="local") for t in texts]
+        if route == "preferred":  # every request met its partition's appender
+            assert forwarded == 0 and all(n > 0 for n in local)
+        else:  # all through broker a: b's partitions took the hop
+            assert forwarded > 0 and local[1] == 0
+        digest = app_a.state.broker.membership.view().digest
+        r = await a.post("/produce", json={"topic_partitions": [
+            {"topic": topic, "partition": 0, "records": ["x"]}]})
+        assert r.headers[DIGEST_HEADER] == digest

@@ -24,6 +24,7 @@ from __future__ import annotations
 import signal
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -34,7 +35,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.localstack.processes import free_port
 from app.localstack.stack import LocalStack
-from tests.helpers.failover import FailoverLoad
+from llog_client import AsyncLlogClient, RetryPolicy
+from tests.helpers.failover import FailoverLoad, read_all
 from tests.helpers.proxies import behind
 from tests.helpers.stack import Broker, BrokerFactory
 
@@ -232,3 +234,73 @@ async def test_a_broker_added_under_load_takes_its_partitions_and_fails_nothing(
     assert load.failures == []
     assert await _counter([fourth], "llog_affinity_groups", route="local") > 0
     assert await _counter(everyone, "llog_affinity_groups", route="in_doubt") == 0
+
+
+async def test_a_routing_client_rides_out_a_broker_killed_under_load(
+        brokers: BrokerFactory, stack: LocalStack, tmp_path: Path) -> None:
+    """Producers with ``route="preferred"`` send each partition straight to its preferred
+    broker, the proxy their fallback. One broker is killed with -9 while they run: the
+    requests in flight on it are retried (each entry carries its idempotency key), a
+    connection it refuses sends the request through the proxy, and the client asks for
+    the members again. No produce call fails, and storage holds each acknowledged record
+    once, at contiguous offsets and at the offset acknowledged."""
+    prefix, topic = f"aff-route-{uuid.uuid4().hex[:8]}", "orders"
+    names = ["r1", "r2", "r3"]
+    started = [_start(brokers, prefix, name) for name in names]
+    killed = started[0]
+    acked: dict[tuple[int, int], str] = {}
+    stop = anyio.Event()
+
+    async def produce(llog: AsyncLlogClient, p: int) -> None:
+        i = 0
+        while not stop.is_set():
+            values = [f"{p}-{i}-{j}" for j in range(4)]
+            result = await llog.produce(topic, values, partition=p)
+            for batch in result.batches:
+                for offset, value in zip(batch.offsets, values[batch.first_index:],
+                                         strict=False):
+                    acked[(p, offset)] = value
+            for count, reached in waiting:
+                if len(acked) >= count:
+                    reached.set()
+            i += 1
+
+    waiting: list[tuple[int, anyio.Event]] = []
+
+    async def acked_at_least(count: int) -> None:
+        reached = anyio.Event()
+        waiting.append((count, reached))
+        if len(acked) >= count:
+            reached.set()
+        await reached.wait()
+
+    with behind("caddy", started, tmp_path / "caddy") as proxy:
+        await _until_views([b.url for b in started], {_member(n) for n in names}, 30)
+        retry = RetryPolicy(max_attempts=20, max_backoff_s=1.0)
+        async with AsyncLlogClient(proxy.url, route="preferred", retry=retry,
+                                   timeout_s=30) as llog:
+            with anyio.fail_after(180):  # generous: a loaded machine runs slowly
+                async with anyio.create_task_group() as tg:
+                    for p in range(PARTITIONS):
+                        tg.start_soon(produce, llog, p)
+                    await acked_at_least(400)
+                    direct = await _counter([killed], "llog_affinity_groups", route="local")
+                    killed.process.signal(signal.SIGKILL)
+                    count = len(acked)
+                    await acked_at_least(count + 400)
+                    stop.set()
+    survivors = started[1:]
+    # The killed broker had taken its partitions' records straight from the client, and
+    # the survivors forwarded little: the client sent each partition to its appender.
+    assert direct > 0
+    stored = await read_all(stack, topic, PARTITIONS, root_prefix=prefix)
+    problems = [f"partition {p} offset {o}: acknowledged {v!r}, stored "
+                f"{stored[p].get(o)!r}" for (p, o), v in acked.items()
+                if stored[p].get(o) != v]
+    values = Counter(v for records in stored.values() for v in records.values())
+    problems += [f"{v!r} stored {n} times" for v, n in values.items() if n > 1]
+    assert not problems, "\n".join(problems[:20])
+    forwarded = await _counter(survivors, "llog_affinity_groups", route="forwarded")
+    local = await _counter(survivors, "llog_affinity_groups", route="local")
+    print(f"{len(acked)} records acknowledged; survivors appended {local:.0f} groups sent "
+          f"to them and forwarded {forwarded:.0f}")

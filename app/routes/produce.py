@@ -29,6 +29,19 @@ from app.wire import produce as wire
 
 router = APIRouter(tags=["produce"])
 
+# With affinity on: the members' digest, as GET /cluster gives it (docs/http-api.md).
+DIGEST_HEADER = "llog-cluster-digest"
+DIGEST: dict[str, Any] = {DIGEST_HEADER: {
+    "description": "with affinity on, the digest of the broker members (GET /cluster): "
+                   "a client that routes by their list fetches it again when this differs",
+    "schema": {"type": "string"}, "example": "a776846b461c"}}
+
+
+def _with_digest(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    for entry in responses.values():
+        entry["headers"] = {**entry.get("headers", {}), **DIGEST}
+    return responses
+
 REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"},
                          "examples": named(PRODUCE_REQUESTS)},
@@ -43,13 +56,14 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     summary="Append records to topic-partitions",
     openapi_extra=REQUEST_BODY,
     responses={
-        **response(200, "every entry was written", ProduceResults, PRODUCE_WRITTEN),
+        **_with_digest(response(200, "every entry was written", ProduceResults,
+                                PRODUCE_WRITTEN)),
         **errors(400),
         **error(404, description="unknown topic or partition (topics are not created on "
                                  "use); nothing was written"),
-        **response(409, "some entries failed, and not every one before writing: each "
-                        "result says how; retry only those with ok false",
-                   ProduceResults, PRODUCE_PARTLY),
+        **_with_digest(response(409, "some entries failed, and not every one before "
+                                     "writing: each result says how; retry only those "
+                                     "with ok false", ProduceResults, PRODUCE_PARTLY)),
         **error(413, description="over a size or count limit (a compressed body: its "
                                  "decoded size); nothing was written"),
         **unsupported_encoding(),
@@ -77,6 +91,8 @@ async def produce(request: Request) -> Response:
     if control_of(request) is not None:
         account(request, produced=answer.produced)
     headers = {}
+    if state.membership is not None:  # a routing client's cue that the members changed
+        headers[DIGEST_HEADER] = state.membership.view().digest
     if answer.errors == 0:
         status = 200
     elif answer.unavailable:

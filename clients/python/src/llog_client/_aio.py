@@ -14,11 +14,14 @@ from llog_client import _ops as ops
 from llog_client._batching import KeySource
 from llog_client._compression import DEFAULT_COMPRESSION, Compression, checked
 from llog_client._config import (
+    MAP_SEND,
     ClientConfig,
+    Routing,
     broken_of,
     broker_urls,
     default_headers,
     reply_of,
+    routes_for,
 )
 from llog_client._errors import LlogError
 from llog_client._models import (
@@ -63,9 +66,11 @@ class AsyncLlogClient:
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
                  token: str | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 compression: Compression = DEFAULT_COMPRESSION) -> None:
+                 compression: Compression = DEFAULT_COMPRESSION,
+                 route: Routing = "any") -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
-                                    limits or ProduceLimits(), checked(compression))
+                                    limits or ProduceLimits(), checked(compression),
+                                    routes=routes_for(route))
         self._http = httpx.AsyncClient(headers=default_headers(token), transport=transport)
 
     @property
@@ -90,17 +95,30 @@ class AsyncLlogClient:
             await anyio.sleep(action.delay_s)
             self._config.next_broker()
             return None
+        if self._config.needs_map(action):
+            await self._fetch_map()
         if self._config.compresses_off_thread(action):
             content, headers = await anyio.to_thread.run_sync(self._config.request, action)
         else:
             content, headers = self._config.request(action)
+        url = self._config.target(action)
         try:
-            response = await self._http.request(
-                action.method, self._config.url(action.path), content=content,
-                headers=headers, timeout=self._config.timeout(action))
+            response = await self._http.request(action.method, url, content=content,
+                                                headers=headers,
+                                                timeout=self._config.timeout(action))
         except httpx.TransportError as exc:
+            self._config.unanswered(action, url)
             return broken_of(exc)
+        self._config.answered(action, response)
         return reply_of(response)
+
+    async def _fetch_map(self) -> None:
+        try:
+            response: httpx.Response | None = await self._http.get(
+                self._config.url("/cluster"), timeout=self._config.timeout(MAP_SEND))
+        except httpx.TransportError:
+            response = None
+        self._config.took_map(response)
 
     async def _drive(self, op: ops.Follow) -> AsyncIterator[Fetched]:
         answer: Outcome | None = None

@@ -36,7 +36,13 @@ from llog_client._cli_records import (
     partition_list,
 )
 from llog_client._compression import COMPRESSIONS, DEFAULT_COMPRESSION
-from llog_client._config import BROKER_URL_ENV, DEFAULT_BROKER_URL, version
+from llog_client._config import (
+    BROKER_URL_ENV,
+    DEFAULT_BROKER_URL,
+    ROUTE_ENV,
+    ROUTING_CHOICES,
+    version,
+)
 
 if TYPE_CHECKING:
     from llog_client import ConsumedRecord, LlogClient
@@ -399,7 +405,8 @@ def _client(args: argparse.Namespace) -> LlogClient:
     from llog_client import LlogClient
 
     return LlogClient(args.broker, timeout_s=args.timeout,
-                      compression=getattr(args, "compression", DEFAULT_COMPRESSION))
+                      compression=getattr(args, "compression", DEFAULT_COMPRESSION),
+                      route=getattr(args, "route", "any"))
 
 
 def run(command: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
@@ -473,6 +480,11 @@ def _add_produce(sub: Any) -> None:
     p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
                    help="how request bodies are compressed (bodies under 1 KiB, or that "
                         "would not shrink, go raw)")
+    p.add_argument("--route", choices=ROUTING_CHOICES,
+                   default=os.environ.get(ROUTE_ENV) or "any",
+                   help="preferred: send the records of one partition straight to the "
+                        "broker that appends it (the brokers' GET /cluster), falling back "
+                        f"to --broker; ${ROUTE_ENV} sets the default")
 
 
 def _add_reading_options(p: argparse.ArgumentParser, wait_ms: int) -> None:

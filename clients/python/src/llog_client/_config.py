@@ -3,11 +3,13 @@ the translation between httpx and the operations' replies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
+from typing import Literal
 
 import httpx
 
@@ -20,6 +22,7 @@ from llog_client._compression import (
 )
 from llog_client._ops import Send
 from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._routing import DIGEST_HEADER, Routes
 from llog_client._wire import Broken, Reply, parse_retry_after
 
 DEFAULT_BROKER_URL = "http://127.0.0.1:8080"
@@ -30,6 +33,19 @@ TOKEN_ENV = "LLOG_TOKEN"
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # A body at least this large is compressed on a worker thread by the async client.
 OFF_LOOP_BYTES = 64 * 1024
+# The members' map (route="preferred"), fetched from the current broker of the list.
+MAP_SEND = Send("GET", "/cluster")
+# "any": every request to the current broker of the list; "preferred": a request for one
+# partition to the broker that appends it, when the map names one (_routing.py).
+Routing = Literal["any", "preferred"]
+ROUTING_CHOICES: tuple[Routing, ...] = ("any", "preferred")
+ROUTE_ENV = "LLOG_ROUTE"  # the CLI's default --route
+
+
+def routes_for(route: Routing) -> Routes | None:
+    if route not in ROUTING_CHOICES:
+        raise ValueError(f"route must be one of {ROUTING_CHOICES}, not {route!r}")
+    return Routes() if route == "preferred" else None
 
 
 def version() -> str:
@@ -66,9 +82,42 @@ class ClientConfig:
     compression: Compression = DEFAULT_COMPRESSION
     keys: KeySource = field(default_factory=KeySource)
     current: int = 0
+    routes: Routes | None = None  # route="preferred": the members' map
 
     def url(self, path: str) -> str:
         return self.brokers[self.current % len(self.brokers)] + path
+
+    def target(self, send: Send) -> str:
+        """Where ``send`` goes: its partition's preferred broker when routing knows it,
+        else the current broker of the list."""
+        if self.routes is not None and send.partition is not None:
+            url = self.routes.url_for(*send.partition)
+            if url is not None:
+                return url + send.path
+        return self.url(send.path)
+
+    def needs_map(self, send: Send) -> bool:
+        return self.routes is not None and send.partition is not None and self.routes.stale()
+
+    def took_map(self, response: httpx.Response | None) -> None:
+        """The answer of ``GET /cluster`` (None: no answer); an unusable one leaves the
+        map empty until it is fetched again."""
+        assert self.routes is not None
+        body = None
+        if response is not None and response.status_code == 200:
+            with contextlib.suppress(ValueError):
+                body = json.loads(response.content)
+        self.routes.update(body)
+
+    def answered(self, send: Send, response: httpx.Response) -> None:
+        if self.routes is not None and send.partition is not None:
+            self.routes.noticed(response.headers.get(DIGEST_HEADER))
+
+    def unanswered(self, send: Send, url: str) -> None:
+        """``send`` got no answer from ``url``: its preferred broker is passed over a
+        while, and the map fetched again."""
+        if self.routes is not None and send.partition is not None:
+            self.routes.failed(url.removesuffix(send.path))
 
     def next_broker(self) -> None:
         self.current = (self.current + 1) % len(self.brokers)

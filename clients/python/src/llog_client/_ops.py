@@ -41,6 +41,9 @@ class Send:
     content: bytes | None = None
     wait_s: float = 0.0  # a long-poll: the answer may take this much longer
     compressible: bool = False  # the route decodes a Content-Encoding (produce)
+    # The one topic-partition the request writes, if it names one: with routing on, the
+    # client sends it to that partition's preferred broker (_routing.py).
+    partition: tuple[str, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,16 @@ def results_of(reply: Reply, statuses: tuple[int, ...], expected: int
 # -- produce -------------------------------------------------------------------------
 
 
+def _one_partition(entries: list[_Entry]) -> tuple[str, int] | None:
+    """The topic-partition every entry names, if they all name the same one (a keyed
+    entry names none: the broker picks its partition from the key)."""
+    first = entries[0]
+    if isinstance(first.route, int) and all(
+            e.topic == first.topic and e.route == first.route for e in entries):
+        return first.topic, first.route
+    return None
+
+
 class _ProduceRequest:
     """One produce request through its retries: only the entries not yet acknowledged
     are sent again, each with its idempotency key, so a retry never writes twice."""
@@ -119,7 +132,8 @@ class _ProduceRequest:
         self.done: list[ProducedBatch] = []
 
     def send(self) -> Send:
-        return Send("POST", "/produce", request_body(self.pending), compressible=True)
+        return Send("POST", "/produce", request_body(self.pending), compressible=True,
+                    partition=_one_partition(self.pending))
 
     def interpret(self, outcome: Outcome) -> list[ProducedBatch] | LlogError:
         if isinstance(outcome, Broken):

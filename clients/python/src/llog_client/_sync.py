@@ -13,11 +13,14 @@ from llog_client import _ops as ops
 from llog_client._batching import KeySource
 from llog_client._compression import DEFAULT_COMPRESSION, Compression, checked
 from llog_client._config import (
+    MAP_SEND,
     ClientConfig,
+    Routing,
     broken_of,
     broker_urls,
     default_headers,
     reply_of,
+    routes_for,
 )
 from llog_client._consumer import GroupConsumer
 from llog_client._errors import LlogError
@@ -60,6 +63,11 @@ class LlogClient:
     under 1 KiB go raw), and answers are accepted compressed with zstd or gzip. Without
     the ``zstd`` extra (zstandard) the default is gzip and answers come in gzip.
 
+    ``route="preferred"`` sends each produce request that writes one partition straight
+    to the broker that appends that partition (brokers with affinity on publish who that
+    is at ``GET /cluster``); others, and any request when that broker does not answer, go
+    to the brokers given. Use it when the client can reach every broker's advertised URL.
+
     >>> with LlogClient("http://127.0.0.1:8080") as llog:      # doctest: +SKIP
     ...     llog.produce("orders", ["alpha", b"\\x00\\x01"])
     ...     for record in llog.iter_records("orders", 0, start="earliest", follow=False):
@@ -69,9 +77,11 @@ class LlogClient:
     def __init__(self, brokers: str | Sequence[str] | None = None, *, timeout_s: float = 30.0,
                  retry: RetryPolicy | None = None, limits: ProduceLimits | None = None,
                  token: str | None = None, transport: httpx.BaseTransport | None = None,
-                 compression: Compression = DEFAULT_COMPRESSION) -> None:
+                 compression: Compression = DEFAULT_COMPRESSION,
+                 route: Routing = "any") -> None:
         self._config = ClientConfig(broker_urls(brokers), timeout_s, retry or RetryPolicy(),
-                                    limits or ProduceLimits(), checked(compression))
+                                    limits or ProduceLimits(), checked(compression),
+                                    routes=routes_for(route))
         self._http = httpx.Client(headers=default_headers(token), transport=transport)
 
     @property
@@ -108,14 +118,26 @@ class LlogClient:
                 answer = self._send(action)
 
     def _send(self, send: ops.Send) -> Outcome:
+        if self._config.needs_map(send):
+            self._fetch_map()
         content, headers = self._config.request(send)
+        url = self._config.target(send)
         try:
-            response = self._http.request(
-                send.method, self._config.url(send.path), content=content,
-                headers=headers, timeout=self._config.timeout(send))
+            response = self._http.request(send.method, url, content=content, headers=headers,
+                                          timeout=self._config.timeout(send))
         except httpx.TransportError as exc:
+            self._config.unanswered(send, url)
             return broken_of(exc)
+        self._config.answered(send, response)
         return reply_of(response)
+
+    def _fetch_map(self) -> None:
+        try:
+            response: httpx.Response | None = self._http.get(
+                self._config.url("/cluster"), timeout=self._config.timeout(MAP_SEND))
+        except httpx.TransportError:
+            response = None
+        self._config.took_map(response)
 
     def _run(self, op: ops.Op[T]) -> T:
         kept: list[T] = []
