@@ -650,8 +650,7 @@ def proxy_rows(run: Run) -> list[dict[str, Any]]:
     if a.scale_out_duration <= 0:
         return []
     args = argparse.Namespace(duration=a.scale_out_duration, warmup=3.0, connections=16,
-                              ideal_connections=16, load_per_member=False,
-                              ideal_whole_requests=False)
+                              ideal_connections=16, load_per_member=False)
     variants = [scale_out.Variant(affinity, "this tree") for affinity in ("off", "forward")]
     if run.baseline is not None:
         variants.append(scale_out.Variant("off", f"at {a.baseline}", run.baseline[0]))

@@ -39,8 +39,7 @@ records/s and p50/p99; the CPU of the brokers (workers included), Oxia, MinIO an
 records per broker CPU-second, and the whole machine's.
 
     .venv/bin/python bench/scale_out.py [--duration 15] [--affinity off,forward]
-        [--cases 1,2,3,1x2,ideal,smart] [--baseline REV] [--load-per-member]
-        [--ideal-whole-requests]
+        [--cases 1,2,3,1x2,ideal,smart2,smart] [--baseline REV] [--load-per-member]
 
 Prints a table and writes the results as JSON to .llog/bench/scale-out-<time>.json. It
 measures; it asserts nothing.
@@ -248,11 +247,10 @@ def create_topic(url: str) -> None:
 
 
 def loadgen_args(url: str, seconds: float, connections: int,
-                 partition_set: list[int] | None = None, records: int = RECORDS
-                 ) -> list[str]:
+                 partition_set: list[int] | None = None) -> list[str]:
     args = ["-mode", "throughput", "-url", url, "-topic", TOPIC, "-format", "binary",
             "-connections", str(connections), "-partitions", str(PARTITIONS),
-            "-entries", str(PARTITIONS), "-records", str(records),
+            "-entries", str(PARTITIONS), "-records", str(RECORDS),
             "-size", str(RECORD_BYTES), "-duration", f"{seconds}s", "-timeout", "30s"]
     if partition_set is not None:
         args += ["-partition-set", ",".join(map(str, partition_set))]
@@ -261,23 +259,16 @@ def loadgen_args(url: str, seconds: float, connections: int,
 
 def loads_of(cluster: Cluster, seconds: float, args: argparse.Namespace
              ) -> list[list[str]]:
-    """Through the proxy: one load generator. Direct: one per broker, writing the
-    partitions its broker is preferred for (with ``--ideal-whole-requests``, as many
-    records per request as through the proxy, spread over those partitions)."""
+    """Through the proxy: one load generator (``smart``: routing by the brokers' map).
+    Direct: one per broker, writing the partitions its broker is preferred for."""
     members = len(cluster.case.member_ids())
     if cluster.proxy_url is not None:
         connections = args.connections * (members if args.load_per_member else 1)
         routed = ["-route", "members"] if cluster.case.smart else []
         return [loadgen_args(cluster.proxy_url, seconds, connections) + routed]
     owned = preferred(cluster.case.member_ids())
-    out = []
-    for b in cluster.brokers:
-        mine = owned[f"{b.id}.w0"]
-        if mine:
-            records = (max(1, round(RECORDS * PARTITIONS / len(mine)))
-                       if args.ideal_whole_requests else RECORDS)
-            out.append(loadgen_args(b.url, seconds, args.ideal_connections, mine, records))
-    return out
+    return [loadgen_args(b.url, seconds, args.ideal_connections, owned[f"{b.id}.w0"])
+            for b in cluster.brokers if owned[f"{b.id}.w0"]]
 
 
 def _spawn(args: list[str]) -> subprocess.Popen[str]:
@@ -441,6 +432,9 @@ def _measured(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
                       if has_series(after, "llog_affinity_groups_total") else None),
         "forward_frames": (d["forward_frames"]
                            if has_series(after, "llog_forward_frames_total") else None),
+        # smart: requests its member took no connection for, sent through the proxy
+        "client_fallbacks": (sum(x.get("fallbacks", 0) for x in loads)
+                             if case.smart else None),
         "broker_cpu_s": broker_cpu,
         "broker_cpu_cores": broker_cpu / wall,
         "records_per_broker_cpu_s": acked / broker_cpu if broker_cpu else None,
@@ -566,9 +560,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--load-per-member", action="store_true",
                         help="through the proxy, --connections per member (broker worker): "
                              "the load grows with the brokers instead of staying fixed")
-    parser.add_argument("--ideal-whole-requests", action="store_true",
-                        help="ideal: each request carries as many records as one through "
-                             "the proxy (a client that gathers each broker's records)")
     parser.add_argument("--cases", default=",".join(CASES),
                         help=f"comma-separated, of {', '.join(CASES)} (default: all)")
     parser.add_argument("--affinity", default="off",
@@ -613,7 +604,6 @@ def main() -> int:
                      "connections": args.connections,
                      "ideal_connections": args.ideal_connections,
                      "load_per_member": args.load_per_member,
-                     "ideal_whole_requests": args.ideal_whole_requests,
                      "broker_settings": dict(BROKER_SETTINGS),
                      "partitions": PARTITIONS, "records": RECORDS,
                      "record_bytes": RECORD_BYTES, "format": "binary",

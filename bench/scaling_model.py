@@ -689,7 +689,14 @@ def document(costs: Costs, cal: Calibration, rows: Sequence[Measured], load: flo
         "(`LLOG_BATCH_EAGER_FLUSHES`, shared by the members with affinity, flush starts "
         "spaced by the flush cycle times the members, at most 250 ms apart), so N brokers "
         "at a fixed load flush about as often as one until that ceiling; past it, flushes "
-        "grow with N again (docs/performance.md has the paced rows).",
+        "grow with N again (docs/performance.md has the paced rows). With a fixed number "
+        "of requests in flight (a closed loop: each client waits for its answer), a "
+        "flush cannot carry more than the records in flight at its broker, C x R / N for "
+        "C connections of R records: 427 for 16 x 80 over 3 brokers, against the 640 one "
+        "broker takes (one batch filling while the other flushes). So at such a load no "
+        "flush rule brings 3 brokers within 1.5x of one broker's Oxia requests per "
+        "record; the records in flight must grow with the brokers, as they do when "
+        "brokers are added for load (docs/performance.md measures both).",
         "- **Forwarding fan-out.** A request's 16 entries go to up to min(16, N-1) peers, "
         "so frames grow with N: at the fixed load above, "
         f"{_n(fixed64['frames_per_s_per_process'])} frames/s per process at 64 brokers, "
@@ -697,8 +704,9 @@ def document(costs: Costs, cal: Calibration, rows: Sequence[Measured], load: flo
         "Their CPU is the one cost here not measured apart (0 in the tables); at 1 ms a "
         "frame they would take "
         f"{fixed64['frames_per_s_per_process'] / 1000:.2f} of a core per process. "
-        "Then clients that split requests per member (smart clients, docs/operations.md) "
-        "save the hop.",
+        "Clients that send each partition's records to its preferred broker (the Python "
+        "client's `route=\"preferred\"`, the load generator's `-route members`, "
+        "docs/operations.md) save the hop and the frames.",
         "- **CPU of one process** bounds what each broker takes "
         f"({_n(fwd_cap[0][0])} records/s for one process with 4,096 partitions). Without "
         "affinity each conflict costs "

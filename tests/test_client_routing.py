@@ -14,7 +14,7 @@ import pytest
 from app.cluster.rendezvous import owner_set
 from llog_client import AsyncLlogClient, LlogClient, Record
 from llog_client import _routing as routing
-from llog_client._retry import RetryPolicy
+from llog_client._retry import NO_RETRIES, RetryPolicy
 
 MEMBERS = {"b1.w0": "http://b1", "b2.w0": "http://b2", "b3.w0": "http://b3"}
 TOPIC = "orders"
@@ -128,6 +128,62 @@ def test_a_preferred_broker_that_does_not_answer_is_passed_over_and_the_map_aske
     # The refused connection sent nothing; the retry and the next request go to the list.
     assert brokers.produced == [("proxy", partition), ("proxy", partition)]
     assert brokers.maps == 2
+
+
+def test_a_refused_connection_goes_to_the_brokers_given_at_once_even_without_retries(
+        ) -> None:
+    brokers = Brokers()
+    brokers.down.add(_preferred_host(0))
+    with LlogClient("http://proxy", route="preferred", transport=httpx.MockTransport(brokers),
+                    compression="none", retry=NO_RETRIES) as llog:
+        assert llog.produce(TOPIC, ["x"], partition=0).batches[0].partition == 0
+    assert brokers.produced == [("proxy", 0)]
+
+
+def test_a_map_fetch_without_an_answer_keeps_the_map_and_asks_again_soon() -> None:
+    now = [0.0]
+    routes = routing.Routes(clock=lambda: now[0])
+    routes.update(_cluster())
+    url = routes.url_for(TOPIC, 0)
+    now[0] = routing.MAX_AGE_S
+    assert routes.stale()
+    routes.unreached()  # no answer, or a 5xx: the map stays
+    assert not routes.stale() and routes.url_for(TOPIC, 0) == url
+    now[0] += routing.DOWN_S
+    assert routes.stale()
+
+
+@pytest.mark.parametrize("status", [503, None], ids=["503", "no-answer"])
+def test_a_failed_map_fetch_is_tried_again_after_a_pause_not_after_the_maps_age(
+        status: int | None) -> None:
+    answers = [httpx.Response(200, json=_cluster())]
+    brokers = Brokers(cluster=lambda: answers[-1])
+    with _client(brokers) as llog:
+        llog.produce(TOPIC, ["x"], partition=1)
+        assert brokers.produced[-1] == (_preferred_host(1), 1)
+        brokers.digest = "d2"  # the members changed; the next fetch fails
+        llog.produce(TOPIC, ["x"], partition=1)
+        if status is None:
+            brokers.down.add("proxy")
+        else:
+            answers.append(httpx.Response(status, json={"error_type": "Unavailable"}))
+        llog.produce(TOPIC, ["x"], partition=1)  # fetch fails: the old map still routes
+        assert brokers.produced[-1] == (_preferred_host(1), 1)
+    assert brokers.maps == 2 - (status is None)  # a refused fetch never reached a broker
+
+
+def test_members_not_of_the_contracts_shape_are_left_out() -> None:
+    body = _cluster()
+    members = body["members"]
+    assert isinstance(members, list)
+    members += [{"url": "http://x", "roles": ["write"]},  # no id
+                {"member_id": "s.w0", "url": "http://s", "roles": "write"},  # not a list
+                {"member_id": "n.w0", "url": None, "roles": ["write"]},
+                {"member_id": "r.w0", "url": "http://r", "roles": ["read"]}, "b4.w0"]
+    parsed = routing.ClusterMap.parse(body)
+    assert parsed.ids == tuple(sorted(MEMBERS)) and parsed.digest == "d1"
+    assert routing.ClusterMap.parse({**body, "digest": 7}).digest is None
+    assert routing.ClusterMap.parse({**body, "members": "b1.w0"}).ids == ()
 
 
 def test_another_digest_in_an_answer_makes_the_client_fetch_the_map_again() -> None:

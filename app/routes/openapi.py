@@ -75,15 +75,18 @@ def named(bodies: dict[str, Any]) -> dict[str, Example]:
 
 
 def response(status: int, description: str, model: Any,
-             examples: dict[str, Any] | None = None, *, retry_after: bool | None = None
-             ) -> Responses:
-    """One declared status with its body's model, named examples (``{name: body}``) and
-    the ``Retry-After`` header (by default for 429 and 503)."""
+             examples: dict[str, Any] | None = None, *, retry_after: bool | None = None,
+             headers: dict[str, Any] | None = None) -> Responses:
+    """One declared status with its body's model, named examples (``{name: body}``), the
+    ``Retry-After`` header (by default for 429 and 503) and any other ``headers``."""
     entry: dict[str, Any] = {"model": model, "description": description}
     if examples:
         entry["content"] = {JSON: {"examples": named(examples)}}
+    declared = dict(headers or {})
     if retry_after or (retry_after is None and status in RETRY_AFTER_STATUSES):
-        entry["headers"] = RETRY_AFTER
+        declared = {**RETRY_AFTER, **declared}
+    if declared:
+        entry["headers"] = declared
     return {status: entry}
 
 

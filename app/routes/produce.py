@@ -29,18 +29,13 @@ from app.wire import produce as wire
 
 router = APIRouter(tags=["produce"])
 
-# With affinity on: the members' digest, as GET /cluster gives it (docs/http-api.md).
+# On answers with results, with affinity on: the members' digest, as GET /cluster gives
+# it, so a client that routes by the members' list knows when to fetch it again.
 DIGEST_HEADER = "llog-cluster-digest"
 DIGEST: dict[str, Any] = {DIGEST_HEADER: {
     "description": "with affinity on, the digest of the broker members (GET /cluster): "
                    "a client that routes by their list fetches it again when this differs",
     "schema": {"type": "string"}, "example": "a776846b461c"}}
-
-
-def _with_digest(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
-    for entry in responses.values():
-        entry["headers"] = {**entry.get("headers", {}), **DIGEST}
-    return responses
 
 REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"},
@@ -56,21 +51,21 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     summary="Append records to topic-partitions",
     openapi_extra=REQUEST_BODY,
     responses={
-        **_with_digest(response(200, "every entry was written", ProduceResults,
-                                PRODUCE_WRITTEN)),
+        **response(200, "every entry was written", ProduceResults, PRODUCE_WRITTEN,
+                   headers=DIGEST),
         **errors(400),
         **error(404, description="unknown topic or partition (topics are not created on "
                                  "use); nothing was written"),
-        **_with_digest(response(409, "some entries failed, and not every one before "
-                                     "writing: each result says how; retry only those "
-                                     "with ok false", ProduceResults, PRODUCE_PARTLY)),
+        **response(409, "some entries failed, and not every one before writing: each "
+                        "result says how; retry only those with ok false",
+                   ProduceResults, PRODUCE_PARTLY, headers=DIGEST),
         **error(413, description="over a size or count limit (a compressed body: its "
                                  "decoded size); nothing was written"),
         **unsupported_encoding(),
         **error(500, "CorruptData"),
         **response(503, "nothing was written: every entry was refused before writing "
                         "(results), or the request as a whole (error body)",
-                   ProduceResults | ErrorResponse, PRODUCE_REFUSED),
+                   ProduceResults | ErrorResponse, PRODUCE_REFUSED, headers=DIGEST),
     },
 )
 async def produce(request: Request) -> Response:

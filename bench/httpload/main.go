@@ -69,6 +69,9 @@ type config struct {
 	// throughput mode: "members" sends each partition's records to its preferred
 	// member's URL (route.go); "" sends everything to -url.
 	route string
+	// throughput mode: the first extraRecords entries of a body carry one record more
+	// than -records (a routed request keeps the records of an unrouted one).
+	extraRecords int
 	// throughput mode: record values from a file (-records-file), taken in turn.
 	recordsFile string
 	corpus      [][]byte

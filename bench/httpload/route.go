@@ -4,9 +4,9 @@ package main
 // for it, as a smart client would. The map comes from GET {url}/cluster (the members and
 // the ranking algorithm, docs/http-api.md); each partition's preferred member is the
 // first of its rendezvous ranking over the members that write (docs/protocol.md,
-// Preferred appenders); a member's URL is where its records go. A request that gets no
-// answer from a member is sent again through -url (any broker, which forwards it), so a
-// stale map costs a hop, never a record.
+// Preferred appenders); a member's URL is where its records go. A request its member
+// takes no connection for is sent through -url instead (any broker, which forwards it);
+// one that may have arrived is not sent again (these bodies carry no idempotency keys).
 
 import (
 	"crypto/sha256"

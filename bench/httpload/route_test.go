@@ -1,7 +1,13 @@
 package main
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
 	"reflect"
 	"strings"
 	"testing"
@@ -81,12 +87,41 @@ func TestRoutedRequestsCarryAsManyRecords(t *testing.T) {
 	th := &throughput{c: &c}
 	plan := routePlan{urls: []string{"http://one", "http://two"}, partitions: [][]int{{0, 1, 2}, {3}}}
 	th.planFrom(plan)
-	for i, want := range []uint64{21, 20} { // 20 records over 3 partitions: 7 each
-		if got := th.targets[i].records[0]; got != want {
-			t.Fatalf("target %d: %d records per request, want %d", i, got, want)
+	for i, to := range th.targets { // 20 records over 3 partitions: 7, 7 and 6
+		for b, got := range to.records {
+			if got != 20 {
+				t.Fatalf("target %d body %d: %d records, want 20", i, b, got)
+			}
 		}
 	}
 	if th.targets[1].url != "http://two/produce" || th.fallback != "http://proxy/produce" {
 		t.Fatalf("urls %q, fallback %q", th.targets[1].url, th.fallback)
+	}
+}
+
+func TestOnlyARequestThatNeverConnectedGoesToTheFallback(t *testing.T) {
+	dial := &net.OpError{Op: "dial", Err: errors.New("connection refused")}
+	read := &net.OpError{Op: "read", Err: errors.New("connection reset")}
+	if !notConnected(&url.Error{Op: "Post", Err: dial}) || notConnected(&url.Error{Op: "Post",
+		Err: read}) || notConnected(errors.New("timeout")) {
+		t.Fatal("notConnected: only a dial error proves nothing was sent")
+	}
+}
+
+func TestEveryTargetGetsAConnection(t *testing.T) {
+	c := config{url: "http://proxy", path: "/produce", topic: "orders", records: 5,
+		entries: 4, written: []int{0, 1, 2, 3}, size: 8, format: "binary", route: "members",
+		connections: 1}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode(clusterMap{Algorithm: rendezvousAlgorithm,
+			Members: []clusterMember{
+				{MemberID: "b1.w0", URL: "http://one", Roles: []string{"write"}},
+				{MemberID: "b2.w0", URL: "http://two", Roles: []string{"write"}}}})
+	}))
+	defer srv.Close()
+	c.url = srv.URL
+	err := (&throughput{c: &c}).plan()
+	if err == nil || !strings.Contains(err.Error(), "1 connections for 2 brokers") {
+		t.Fatalf("plan: %v", err)
 	}
 }

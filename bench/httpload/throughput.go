@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"runtime"
 	"strconv"
@@ -136,6 +138,10 @@ func (t *throughput) plan() error {
 	if err != nil {
 		return err
 	}
+	if len(plan.urls) > c.connections {
+		return fmt.Errorf("-route members: %d connections for %d brokers; give each one "+
+			"at least", c.connections, len(plan.urls))
+	}
 	t.planFrom(plan)
 	return nil
 }
@@ -148,7 +154,8 @@ func (t *throughput) planFrom(plan routePlan) {
 		rc := *c
 		rc.written = plan.partitions[i]
 		rc.entries = min(c.entries, len(rc.written))
-		rc.records = (perRequest + rc.entries - 1) / rc.entries
+		rc.records = perRequest / rc.entries      // and one more in the first entries:
+		rc.extraRecords = perRequest % rc.entries // perRequest in every request
 		to := &target{url: strings.TrimRight(u, "/") + c.path, partitions: rc.written}
 		to.bodies, to.sizes, to.records, t.ctype = throughputBodies(&rc)
 		t.targets = append(t.targets, to)
@@ -179,7 +186,7 @@ func connectionTargets(targets []*target, connections int) []*target {
 // make as many bodies as it takes to send every record of the file once per round.
 func throughputBodies(c *config) ([][]byte, []int64, []uint64, string) {
 	n := len(c.written)
-	perBody := c.records * c.entries
+	perBody := c.records*c.entries + c.extraRecords
 	if len(c.corpus) > 0 {
 		// Whole rounds over the partitions, so each is written alike.
 		n *= max(1, (len(c.corpus)+perBody*n-1)/(perBody*n))
@@ -193,7 +200,11 @@ func throughputBodies(c *config) ([][]byte, []int64, []uint64, string) {
 		entries := make([]entry, c.entries)
 		for e := range entries {
 			part := c.written[(p+e)%len(c.written)]
-			recs := make([][]byte, c.records)
+			n := c.records
+			if e < c.extraRecords {
+				n++
+			}
+			recs := make([][]byte, n)
 			for i := range recs {
 				if len(c.corpus) > 0 {
 					recs[i] = c.corpus[next%len(c.corpus)]
@@ -218,8 +229,10 @@ func (t *throughput) work(w *worker, to *target) {
 		turn := (to.next.Add(1) - 1) % uint64(len(to.bodies))
 		t0 := time.Now()
 		resp, err := t.send(to.url, to.bodies[turn])
-		if err != nil && t.fallback != "" {
-			t.fallbacks.Add(1) // the member did not answer: any broker, through -url
+		if err != nil && t.fallback != "" && notConnected(err) {
+			// The member took no connection, so nothing was sent (the bodies carry no
+			// idempotency keys: a request that may have arrived is never sent twice).
+			t.fallbacks.Add(1)
 			resp, err = t.send(t.fallback, to.bodies[turn])
 		}
 		w.requests++
@@ -252,6 +265,12 @@ func (t *throughput) work(w *worker, to *target) {
 			t.samples.add(fmt.Sprintf("status %d: %s", resp.StatusCode, head))
 		}
 	}
+}
+
+// notConnected: the request failed while dialing, before any byte of it was sent.
+func notConnected(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 func (t *throughput) send(url string, body []byte) (*http.Response, error) {

@@ -15,6 +15,7 @@ from llog_client._batching import KeySource
 from llog_client._compression import DEFAULT_COMPRESSION, Compression, checked
 from llog_client._config import (
     MAP_SEND,
+    NOT_SENT,
     ClientConfig,
     Routing,
     broken_of,
@@ -101,16 +102,21 @@ class AsyncLlogClient:
             content, headers = await anyio.to_thread.run_sync(self._config.request, action)
         else:
             content, headers = self._config.request(action)
-        url = self._config.target(action)
-        try:
-            response = await self._http.request(action.method, url, content=content,
-                                                headers=headers,
-                                                timeout=self._config.timeout(action))
-        except httpx.TransportError as exc:
-            self._config.unanswered(action, url)
-            return broken_of(exc)
-        self._config.answered(action, response)
-        return reply_of(response)
+        outcome: Outcome = NOT_SENT
+        for url in self._config.targets(action):
+            try:
+                response = await self._http.request(action.method, url, content=content,
+                                                    headers=headers,
+                                                    timeout=self._config.timeout(action))
+            except httpx.TransportError as exc:
+                outcome = broken_of(exc)
+                self._config.unanswered(action, url)
+                if outcome.maybe_sent:  # it may have been written: the op decides
+                    break
+                continue  # nothing was sent: the next target at once
+            self._config.answered(action, response)
+            return reply_of(response)
+        return outcome
 
     async def _fetch_map(self) -> None:
         try:

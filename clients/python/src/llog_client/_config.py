@@ -35,6 +35,8 @@ _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 OFF_LOOP_BYTES = 64 * 1024
 # The members' map (route="preferred"), fetched from the current broker of the list.
 MAP_SEND = Send("GET", "/cluster")
+# The outcome of a send with no target left (never the case: the list is never empty).
+NOT_SENT = Broken("no broker to send to", maybe_sent=False)
 # "any": every request to the current broker of the list; "preferred": a request for one
 # partition to the broker that appends it, when the map names one (_routing.py).
 Routing = Literal["any", "preferred"]
@@ -87,24 +89,29 @@ class ClientConfig:
     def url(self, path: str) -> str:
         return self.brokers[self.current % len(self.brokers)] + path
 
-    def target(self, send: Send) -> str:
-        """Where ``send`` goes: its partition's preferred broker when routing knows it,
-        else the current broker of the list."""
+    def targets(self, send: Send) -> list[str]:
+        """Where ``send`` goes: its partition's preferred broker when routing knows one,
+        then (should that broker not take the connection) the current broker of the list."""
+        fallback = self.url(send.path)
         if self.routes is not None and send.partition is not None:
-            url = self.routes.url_for(*send.partition)
-            if url is not None:
-                return url + send.path
-        return self.url(send.path)
+            routed = self.routes.url_for(*send.partition)
+            if routed is not None and routed + send.path != fallback:
+                return [routed + send.path, fallback]
+        return [fallback]
 
     def needs_map(self, send: Send) -> bool:
         return self.routes is not None and send.partition is not None and self.routes.stale()
 
     def took_map(self, response: httpx.Response | None) -> None:
-        """The answer of ``GET /cluster`` (None: no answer); an unusable one leaves the
-        map empty until it is fetched again."""
+        """The answer of ``GET /cluster``: None (no answer) or a server error keeps the
+        map and asks again soon; any other answer replaces it (a broker without the
+        route, or with affinity off, leaves it empty)."""
         assert self.routes is not None
+        if response is None or response.status_code >= 500:
+            self.routes.unreached()
+            return
         body = None
-        if response is not None and response.status_code == 200:
+        if response.status_code == 200:
             with contextlib.suppress(ValueError):
                 body = json.loads(response.content)
         self.routes.update(body)
@@ -114,9 +121,9 @@ class ClientConfig:
             self.routes.noticed(response.headers.get(DIGEST_HEADER))
 
     def unanswered(self, send: Send, url: str) -> None:
-        """``send`` got no answer from ``url``: its preferred broker is passed over a
-        while, and the map fetched again."""
-        if self.routes is not None and send.partition is not None:
+        """``send`` got no answer from ``url``: if that was its preferred broker, it is
+        passed over a while and the map fetched again."""
+        if self.routes is not None and url != self.url(send.path):
             self.routes.failed(url.removesuffix(send.path))
 
     def next_broker(self) -> None:

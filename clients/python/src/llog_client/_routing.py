@@ -15,6 +15,7 @@ client fetch it again before its next routed request.
 from __future__ import annotations
 
 import hashlib
+import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -43,49 +44,80 @@ def preferred(topic: str, partition: int, member_ids: list[str]) -> str | None:
     return min(member_ids, key=lambda m: (-score(SEED, topic, partition, m), m))
 
 
+@dataclass(frozen=True)
+class ClusterMap:
+    """One ``GET /cluster`` answer: the URLs of the members that write, their ids in
+    order, and the members' digest. Frozen, and replaced whole: a thread that ranks with
+    one map looks its URL up in the same map."""
+
+    urls: Mapping[str, str] = field(default_factory=dict)
+    ids: tuple[str, ...] = ()
+    digest: str | None = None
+
+    @classmethod
+    def parse(cls, body: Any) -> ClusterMap:
+        """The writers of an answer; an empty map for anything else (another algorithm,
+        no members, not the shape of the contract)."""
+        if not isinstance(body, Mapping) or body.get("algorithm") != ALGORITHM:
+            return cls()
+        members = body.get("members")
+        urls: dict[str, str] = {}
+        for member in members if isinstance(members, list) else ():
+            if not isinstance(member, Mapping):
+                continue
+            member_id, url, roles = member.get("member_id"), member.get("url"), member.get(
+                "roles")
+            if (isinstance(member_id, str) and isinstance(url, str)
+                    and isinstance(roles, list) and WRITE_ROLE in roles):
+                urls[member_id] = url.rstrip("/")
+        digest = body.get("digest")
+        return cls(urls, tuple(sorted(urls)), digest if isinstance(digest, str) else None)
+
+
 @dataclass
 class Routes:
-    """One client's copy of the members' map and which of their URLs failed lately."""
+    """One client's members' map, when to fetch it next, and which brokers failed lately.
+    Shared by the threads of a sync client: each field is replaced by one assignment."""
 
     clock: Callable[[], float] = time.monotonic
-    urls: dict[str, str] = field(default_factory=dict)  # member id -> URL, writers only
-    digest: str | None = None
-    fetched_at: float | None = None
+    map: ClusterMap = field(default_factory=ClusterMap)
+    due: float = -math.inf  # when to fetch the map again
     down_until: dict[str, float] = field(default_factory=dict)
-    _ids: list[str] = field(default_factory=list)
 
     def stale(self) -> bool:
-        return self.fetched_at is None or self.clock() - self.fetched_at >= MAX_AGE_S
+        return self.clock() >= self.due
 
     def update(self, body: Any) -> None:
-        """Take a ``GET /cluster`` answer; anything else leaves an empty map (the client
-        then sends as it would without routing) until the next fetch."""
-        self.fetched_at = self.clock()
-        self.urls, self.digest = {}, None
-        if isinstance(body, Mapping) and body.get("algorithm") == ALGORITHM:
-            self.digest = str(body.get("digest"))
-            for member in body.get("members") or ():
-                if (isinstance(member, Mapping) and WRITE_ROLE in (member.get("roles") or ())
-                        and isinstance(member.get("url"), str)):
-                    self.urls[str(member["member_id"])] = member["url"].rstrip("/")
-        self._ids = sorted(self.urls)
+        """Take an answer of ``GET /cluster`` (its JSON body; None when it had none): an
+        unusable one leaves an empty map, and the client sends as it would without
+        routing until the map's age is up."""
+        self.map = ClusterMap.parse(body)
+        self.due = self.clock() + MAX_AGE_S
+
+    def unreached(self) -> None:
+        """``GET /cluster`` got no answer, or a server error: keep the map, ask again soon."""
+        self.due = self.clock() + DOWN_S
 
     def noticed(self, digest: str | None) -> None:
         """A digest an answer carried: another set of members, so fetch the map again."""
-        if digest is not None and self.digest is not None and digest != self.digest:
-            self.fetched_at = None
+        known = self.map.digest
+        if digest is not None and known is not None and digest != known:
+            self.due = -math.inf
 
     def url_for(self, topic: str, partition: int) -> str | None:
         """The preferred broker's URL, unless it failed within :data:`DOWN_S`."""
-        member = preferred(topic, partition, self._ids)
+        current = self.map
+        member = preferred(topic, partition, list(current.ids))
         if member is None:
             return None
-        url = self.urls[member]
+        url = current.urls[member]
         until = self.down_until.get(url)
         if until is not None and self.clock() < until:
             return None
         return url
 
     def failed(self, url: str) -> None:
+        """A routed request got no answer from ``url``: pass it over a while, and ask for
+        the map again (its member may have gone)."""
         self.down_until[url] = self.clock() + DOWN_S
-        self.fetched_at = None  # the member may have gone: ask for the map again
+        self.due = -math.inf

@@ -14,6 +14,7 @@ from llog_client._batching import KeySource
 from llog_client._compression import DEFAULT_COMPRESSION, Compression, checked
 from llog_client._config import (
     MAP_SEND,
+    NOT_SENT,
     ClientConfig,
     Routing,
     broken_of,
@@ -121,15 +122,20 @@ class LlogClient:
         if self._config.needs_map(send):
             self._fetch_map()
         content, headers = self._config.request(send)
-        url = self._config.target(send)
-        try:
-            response = self._http.request(send.method, url, content=content, headers=headers,
-                                          timeout=self._config.timeout(send))
-        except httpx.TransportError as exc:
-            self._config.unanswered(send, url)
-            return broken_of(exc)
-        self._config.answered(send, response)
-        return reply_of(response)
+        outcome: Outcome = NOT_SENT
+        for url in self._config.targets(send):
+            try:
+                response = self._http.request(send.method, url, content=content,
+                                              headers=headers, timeout=self._config.timeout(send))
+            except httpx.TransportError as exc:
+                outcome = broken_of(exc)
+                self._config.unanswered(send, url)
+                if outcome.maybe_sent:  # it may have been written: the op decides
+                    break
+                continue  # nothing was sent: the next target at once
+            self._config.answered(send, response)
+            return reply_of(response)
+        return outcome
 
     def _fetch_map(self) -> None:
         try:
