@@ -29,7 +29,7 @@ from app.wire import produce as wire
 
 router = APIRouter(tags=["produce"])
 
-# On answers with results, with affinity on: the members' digest, as GET /cluster gives
+# On 200 and 409 answers, with affinity on: the members' digest, as GET /cluster gives
 # it, so a client that routes by the members' list knows when to fetch it again.
 DIGEST_HEADER = "llog-cluster-digest"
 DIGEST: dict[str, Any] = {DIGEST_HEADER: {
@@ -65,7 +65,7 @@ REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
         **error(500, "CorruptData"),
         **response(503, "nothing was written: every entry was refused before writing "
                         "(results), or the request as a whole (error body)",
-                   ProduceResults | ErrorResponse, PRODUCE_REFUSED, headers=DIGEST),
+                   ProduceResults | ErrorResponse, PRODUCE_REFUSED),
     },
 )
 async def produce(request: Request) -> Response:
@@ -86,8 +86,6 @@ async def produce(request: Request) -> Response:
     if control_of(request) is not None:
         account(request, produced=answer.produced)
     headers = {}
-    if state.membership is not None:  # a routing client's cue that the members changed
-        headers[DIGEST_HEADER] = state.membership.view().digest
     if answer.errors == 0:
         status = 200
     elif answer.unavailable:
@@ -95,6 +93,9 @@ async def produce(request: Request) -> Response:
         headers["Retry-After"] = "1"
     else:
         status = 409
+    if state.membership is not None and status != 503:
+        # A routing client's cue that the members changed (declared on 200 and 409).
+        headers[DIGEST_HEADER] = state.membership.view().digest
     call.done(status)
     return Response(answer.body, status_code=status, headers=headers,
                     media_type="application/json")
