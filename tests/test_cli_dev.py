@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 from app.localstack import dev
-from app.localstack.processes import free_port
+from app.localstack.processes import free_ports
 from tests.helpers.auth import Keys
 
 pytestmark = [pytest.mark.slow, pytest.mark.own_servers]  # `llog dev` runs its own servers
@@ -73,7 +73,7 @@ def _stop(proc: subprocess.Popen[str]) -> None:
 
 def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
-    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
     key = f"dev-test/{uuid.uuid4().hex}"
 
     proc = _start_dev(data_dir, ports)
@@ -142,7 +142,7 @@ def test_llog_dev_compacts_in_a_compactor_beside_the_broker(tmp_path: Path) -> N
     """The broker of ``llog dev`` only writes and reads; the compactor it runs beside it
     compacts what was written, and stops with it."""
     data_dir = tmp_path / "dev"
-    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
     proc = _start_dev(data_dir, ports, env={"LLOG_COMPACTION_MIN_ENTRY_AGE_MS": "0",
                                             "LLOG_COMPACTION_INTERVAL_S": "0.2",
                                             "LLOG_COMPACTION_DISCOVERY_INTERVAL_S": "0.5"})
@@ -174,7 +174,7 @@ def _compacted_records(client: httpx.Client, url: str) -> float:
 
 def test_llog_dev_runs_several_brokers_behind_caddy(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
-    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
     proc = _start_dev(data_dir, ports, "--brokers", "2")
     try:
         output = _wait_ready(proc)
@@ -225,7 +225,7 @@ def test_llog_dev_with_access_control_serves_groups_to_a_token(tmp_path: Path) -
     auth_file = tmp_path / "auth.toml"
     auth_file.write_text(f'[principals.app]\nkeys = ["{stored}"]\n'
                          'produce = ["dev-*"]\nconsume = ["dev-*"]\ngroup = ["dev-*"]\n')
-    ports = {"broker": free_port(), "oxia": free_port(), "s3": free_port()}
+    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
     proc = _start_dev(tmp_path / "dev", ports,
                       env={"LLOG_AUTH": "on", "LLOG_AUTH_FILE": str(auth_file)})
     token = {"authorization": f"Bearer {keys.tokens['app']}"}

@@ -84,3 +84,10 @@ def test_free_port_avoids_the_ports_already_taken() -> None:
         port = processes.free_port(avoid=taken)
         assert port not in taken
         taken.add(port)
+
+
+def test_free_ports_are_all_different_and_avoid_the_ports_given() -> None:
+    """The ports of one stack are chosen together, before any process binds one."""
+    avoid = set(processes.free_ports(20))
+    ports = processes.free_ports(200, avoid=avoid)
+    assert len(set(ports)) == 200 and not avoid & set(ports)

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from app.localstack.spark_cluster import SparkCluster
+from app.localstack.spark_cluster import SparkCluster, SparkJobTimeout, submit
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from tests.helpers.selection import SPARK_GROUP, starts_servers
@@ -20,6 +20,7 @@ from tests.helpers.spark_support import SPARK_TESTS, read_summary, run, stack_se
 from tests.helpers.stack import Engine
 
 pytestmark = SPARK_TESTS
+SUBMIT_TIMEOUT_S = 420.0
 
 
 @pytest.fixture(scope="module")
@@ -36,6 +37,10 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
         c.stop()
 
 
+# Two applications, each starting a driver and two executor JVMs and their Python
+# workers: 1-2 minutes alone, and over 5 on a two-core machine running the rest of the
+# suite beside it. Each submit has a bound of its own (reporting what the job printed).
+@pytest.mark.timeout(2 * SUBMIT_TIMEOUT_S + 120)
 def test_backfill_and_audit_run_on_a_standalone_cluster(
         stack: LocalStack, cluster: SparkCluster, topic: str, tmp_path: Path) -> None:
     import pyarrow as pa
@@ -54,7 +59,7 @@ def test_backfill_and_audit_run_on_a_standalone_cluster(
         ["backfill", "--report", str(tmp_path / "backfill"), "--input",
          str(tmp_path / "in.parquet"), "--topic-column", "topic", "--partition-column",
          "partition", "--chunk-records", "50", "--progress-interval", "0"],
-        env=env, conf=conf)
+        env=env, conf=conf, timeout=SUBMIT_TIMEOUT_S)
     assert backfill.returncode == 0, backfill.stderr[-4000:]
     summary = read_summary(tmp_path / "backfill")
     assert summary["records_appended"] == n
@@ -67,9 +72,17 @@ def test_backfill_and_audit_run_on_a_standalone_cluster(
     assert run(settings, counts) == [n // 3] * 3
 
     audit = cluster.submit(["audit", "--report", str(tmp_path / "audit"),
-                            "--progress-interval", "0"], env=env, conf=conf)
+                            "--progress-interval", "0"], env=env, conf=conf,
+                           timeout=SUBMIT_TIMEOUT_S)
     assert audit.returncode == 0, audit.stderr[-4000:]
     report: dict[str, Any] = read_summary(tmp_path / "audit")
     assert report["status"] == "ok" and report["partitions"] == 3
     assert "llog-audit" in cluster.completed_applications()
     assert cluster.alive_workers() == 2
+
+
+def test_a_job_past_its_time_is_killed_and_reports_what_it_printed(tmp_path: Path) -> None:
+    # No master listens on port 1: the driver would try to reach one for a minute.
+    with pytest.raises(SparkJobTimeout, match=r"spark-submit audit did not finish in 3s"):
+        submit("spark://127.0.0.1:1", ["audit", "--report", str(tmp_path / "audit")],
+               tmp_path / "llog-code.zip", timeout=3)

@@ -48,7 +48,7 @@ from app.loadtest.snapshots import environment_snapshot, git_snapshot
 from app.loadtest.summary import artifact_presence, build_summary
 from app.loadtest.verify import verify_acked
 from app.localstack.binaries import REPO_ROOT
-from app.localstack.processes import free_port
+from app.localstack.processes import free_ports
 from app.localstack.proxy import find_binary
 from app.localstack.stack import LocalStack, StackConfig
 
@@ -71,15 +71,17 @@ def log(message: str) -> None:
 
 
 def _initial_stack(run: RunDir, scenario: Scenario) -> dict[str, Any]:
-    ports = {"oxia": free_port(), "oxia_metrics": free_port(), "s3": free_port(),
-             "s3_console": free_port()}
+    # Every port of the run at once, all different (the supervisor binds them later).
+    names = ["oxia", "oxia_metrics", "s3", "s3_console",
+             *(f"broker:{bid}" for bid in scenario.broker_ids()),
+             *(["proxy"] if scenario.stack.proxy != "none" else [])]
+    ports = dict(zip(names, free_ports(len(names)), strict=True))
     config = StackConfig(data_dir=run.stack_data, oxia_port=ports["oxia"],
                          s3_port=ports["s3"], oxia_shards=scenario.stack.oxia_shards)
     local = LocalStack(config)
     brokers = []
     for bid in scenario.broker_ids():
-        port = free_port()
-        ports[f"broker:{bid}"] = port
+        port = ports[f"broker:{bid}"]
         brokers.append({
             "id": bid, "host": "127.0.0.1", "listen": scenario.brokers.host, "port": port, "url": f"http://127.0.0.1:{port}",
             "workers": scenario.brokers.workers, "roles": scenario.roles_of(bid),
@@ -87,7 +89,6 @@ def _initial_stack(run: RunDir, scenario: Scenario) -> dict[str, Any]:
         })
     proxy = None
     if scenario.stack.proxy != "none":
-        ports["proxy"] = free_port()
         proxy = {"kind": scenario.stack.proxy, "port": ports["proxy"],
                  "url": f"http://127.0.0.1:{ports['proxy']}",
                  "log": str(run.logs / f"proxy-{scenario.stack.proxy}.log"),

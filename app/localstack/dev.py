@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from app.localstack.broker import broker_process, wait_healthy
-from app.localstack.processes import ManagedProcess, free_port
+from app.localstack.processes import ManagedProcess, free_port, free_ports
 from app.localstack.proxy import ProxyConfig, find_binary, proxy_process, wait_serving
 from app.localstack.stack import LocalStack
 from app.settings import Settings
@@ -158,7 +158,7 @@ def start_topology(stack: LocalStack, data_dir: Path, port: int, brokers: int
     if brokers == 1:
         ports = {"broker": port}
     else:
-        ports = {f"b{i}": free_port() for i in range(1, brokers + 1)}
+        ports = {f"b{i}": p for i, p in enumerate(free_ports(brokers, avoid={port}), 1)}
     topology = DevTopology(url=f"http://127.0.0.1:{port}")
     for name, broker_port in ports.items():
         url = f"http://127.0.0.1:{broker_port}"

@@ -24,6 +24,7 @@ from app.localstack.processes import (
     ManagedProcess,
     ProcessFailed,
     free_port,
+    free_ports,
     port_open,
     wait_until,
 )
@@ -51,7 +52,7 @@ class OxiaClusterConfig:
 
     @classmethod
     def on_free_ports(cls, servers: int = 3, **more: int) -> OxiaClusterConfig:
-        return cls(servers=servers, ports=tuple(free_port() for _ in range(2 * servers + 1)),
+        return cls(servers=servers, ports=tuple(free_ports(2 * servers + 1)),
                    **more)
 
     def resolved_ports(self, base: int) -> tuple[int, ...]:

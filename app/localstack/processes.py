@@ -154,6 +154,18 @@ def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
     raise RuntimeError(f"no free port on {host} outside the {len(avoid)} taken")
 
 
+def free_ports(count: int, host: str = "127.0.0.1", avoid: Collection[int] = ()) -> list[int]:
+    """``count`` ports free now, all different: the ports of one stack are chosen before
+    any of its processes binds, and one chosen twice stops a process at its start."""
+    taken = set(avoid)
+    ports = []
+    for _ in range(count):
+        port = free_port(host, avoid=taken)
+        taken.add(port)
+        ports.append(port)
+    return ports
+
+
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
     try:
         with socket.create_connection((host, port), timeout=timeout):

@@ -53,6 +53,10 @@ def _env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+class SparkJobTimeout(RuntimeError):
+    """A job submitted to the cluster ran past its time (killed, with its output)."""
+
+
 @dataclass
 class SparkCluster:
     """A master and ``workers`` workers of ``cores`` cores and ``memory`` each."""
@@ -137,5 +141,14 @@ def submit(master: str, job_args: Sequence[str], zip_path: Path, *,
     for key, value in (conf or {}).items():
         argv += ["--conf", f"{key}={value}"]
     argv += [str(REPO / "jobs" / "spark" / "submit.py"), *job_args]
-    return subprocess.run(argv, env=_env(env), cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    try:
+        return subprocess.run(argv, env=_env(env), cwd=REPO, capture_output=True,
+                              text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired as exc:
+        # run() killed it; what it printed says how far the job came (its stages, its
+        # executors registering), which a bare timeout would not.
+        printed = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) \
+            else (exc.stderr or "")
+        raise SparkJobTimeout(f"spark-submit {' '.join(job_args[:1])} did not finish "
+                              f"in {timeout:.0f}s; the last of what it printed:\n"
+                              f"{printed[-4000:]}") from None

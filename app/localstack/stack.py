@@ -15,6 +15,7 @@ from app.localstack.processes import (
     ManagedProcess,
     ProcessFailed,
     free_port,
+    free_ports,
     port_open,
     wait_until,
 )
@@ -47,7 +48,8 @@ class StackConfig:
     @classmethod
     def ephemeral(cls, data_dir: Path, **overrides: Any) -> StackConfig:
         """A config on free ports, for tests and load-test runs."""
-        values: dict[str, Any] = {"oxia_port": free_port(), "s3_port": free_port()}
+        oxia_port, s3_port = free_ports(2)
+        values: dict[str, Any] = {"oxia_port": oxia_port, "s3_port": s3_port}
         values.update(overrides)
         return cls(data_dir=data_dir, **values)
 
@@ -191,7 +193,7 @@ class LocalStack:
         if c.s3_drives > 1:
             # MinIO's own ellipsis notation: one erasure set over drive1 ... driveN.
             drives = str(c.data_dir / "minio" / f"drive{{1...{c.s3_drives}}}")
-        console = c.s3_console_port or free_port(c.host)
+        console = c.s3_console_port or free_port(c.host, avoid={c.oxia_port, c.s3_port})
         env = {
             "PATH": "/usr/bin:/bin",
             "HOME": str(c.data_dir),
