@@ -70,24 +70,25 @@ def get_spark() -> Any:
         from jobs.spark.session import build_spark
 
         for attempt in range(1, _GATEWAY_ATTEMPTS + 1):
-            try:
-                _SESSION = build_spark("llog-spark-tests", "local[2]", {
-                    "spark.ui.enabled": "false",
-                    "spark.ui.showConsoleProgress": "false",
-                    "spark.sql.shuffle.partitions": "4",
-                    "spark.default.parallelism": "2",
-                    "spark.driver.memory": "1g",
-                    "spark.sql.adaptive.enabled": "true",
-                })
-                break
-            except PySparkRuntimeError as exc:
-                if (exc.getCondition() != "JAVA_GATEWAY_EXITED"
-                        or attempt == _GATEWAY_ATTEMPTS):
-                    raise
-            # pyspark leaves the dead JVM's stdin pipe open: collected here, where its
-            # ResourceWarning is expected, rather than failing whatever runs next.
+            # pyspark leaves a dead JVM's stdin pipe open, and it is let go while the
+            # error is handled or at the collection below: its ResourceWarning is
+            # expected there, rather than failing this test or whatever runs next.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ResourceWarning)
+                try:
+                    _SESSION = build_spark("llog-spark-tests", "local[2]", {
+                        "spark.ui.enabled": "false",
+                        "spark.ui.showConsoleProgress": "false",
+                        "spark.sql.shuffle.partitions": "4",
+                        "spark.default.parallelism": "2",
+                        "spark.driver.memory": "1g",
+                        "spark.sql.adaptive.enabled": "true",
+                    })
+                    break
+                except PySparkRuntimeError as exc:
+                    if (exc.getCondition() != "JAVA_GATEWAY_EXITED"
+                            or attempt == _GATEWAY_ATTEMPTS):
+                        raise
                 gc.collect()
             print(f"spark: the JVM exited while starting (attempt {attempt}); again",
                   file=sys.stderr)
