@@ -15,8 +15,15 @@ served it, but each producer has one request outstanding at a time, Caddy sends 
 request to another broker when it cannot connect, and never resends one that reached
 a broker. So a request sent after the kill never reaches the dead broker, and of those
 sent before it only the ones in flight on it can fail: at most one per producer, each
-sent before the kill and answered "maybe written" (the proxy's 502; for keyless entries
-also a survivor's CommitInDoubt, when its forward to the dead broker got no answer).
+sent before the kill and answered "maybe written" (the proxy's 502 or a cut connection).
+
+A hung broker adds one more way to fail, for keyless entries only: a survivor's forward
+to it gets no answer, and the requests with a group in that frame are answered
+CommitInDoubt. A producer may meet that more than once (its next request can go to the
+other survivor, whose frames to the hung broker are still waiting), but each survivor
+sends the hung broker no frame after one went unanswered: at most the lane's two frames
+in flight go unanswered per survivor, and the groups queued behind them are appended by
+the survivor itself.
 """
 
 from __future__ import annotations
@@ -47,6 +54,8 @@ PRODUCERS = 8
 # Entries of distinct partitions per produce request, so nearly every request a survivor
 # takes has a group for the killed broker's partitions (the issue's load has 16).
 ENTRIES = 8
+LANE_FRAMES_IN_FLIGHT = 2  # AffinityRouter's lane_inflight
+UNKNOWN_FRAME_OUTCOMES = ("broken", "timeout", "closed")  # llog_forward_frames{outcome}
 SESSION_TIMEOUT_S = 3.0
 REFRESH_S = 0.5
 # Preferences settle once the dead member's session expires and each survivor lists the
@@ -159,17 +168,23 @@ async def _kill_under_load(brokers: BrokerFactory, stack: LocalStack, tmp_path: 
                                                  route="forwarded")
     await load.verify(stack)  # every acknowledged record stored once, offsets contiguous
 
-    # Only requests in flight on the killed broker failed: each sent before the kill,
-    # one at most per producer, and each "maybe written" (the proxy's 502, a cut
-    # connection, or for keyless entries the survivors' CommitInDoubt).
+    # Only requests in flight on the killed broker failed: each sent before the kill and
+    # "maybe written"; those the proxy answered for it (its 502, a cut connection), one
+    # at most per producer; for keyless entries also the survivors' CommitInDoubt.
     failures = load.failures
     assert all(f.sent < killed_at and f.maybe_written for f in failures), failures
     requests = {(f.producer, f.sent) for f in failures}
-    assert len({producer for producer, _ in requests}) == len(requests), failures
+    proxied = {(f.producer, f.sent) for f in failures if f.error != "CommitInDoubt"}
+    assert len({producer for producer, _ in proxied}) == len(proxied), failures
     allowed = {"http:502", "transport:RemoteProtocolError", "transport:ReadError"}
     if not keyed:
         allowed.add("CommitInDoubt")
     assert {f.error for f in failures} <= allowed, failures
+    # After a frame to the hung broker went unanswered, a survivor sent it no other: the
+    # ones already in flight were all that could be left in doubt.
+    unanswered = [sum([await _counter([b], "llog_forward_frames", outcome=o)
+                       for o in UNKNOWN_FRAME_OUTCOMES]) for b in survivors]
+    assert all(n <= LANE_FRAMES_IN_FLIGHT for n in unanswered), unanswered
     # The survivors forwarded to the dead member until they suspected it or its session
     # expired, and fell back (or answered keyless groups in doubt); a keyed group is
     # never answered in doubt.
@@ -190,7 +205,7 @@ async def _kill_under_load(brokers: BrokerFactory, stack: LocalStack, tmp_path: 
     print(f"views settled {settled_s:.1f} s after the kill; {len(requests)} failed "
           f"requests {sorted({f.error for f in failures})}; {len(load.in_doubt)} records "
           f"in doubt; fallbacks {fallbacks:.0f}, of which keyed_unknown {keyed_unknown:.0f}"
-          f"; groups in doubt {in_doubt:.0f}")
+          f"; groups in doubt {in_doubt:.0f}; unanswered frames {unanswered}")
 
 
 async def _until_unknown(survivors: list[Broker]) -> float:

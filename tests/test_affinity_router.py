@@ -29,6 +29,7 @@ class _Member:
 @dataclass
 class _View:
     owners: dict[int, str]
+    suspects: frozenset[str] = frozenset()
 
     def preferred(self, tp: TopicPartition) -> _Member | None:
         owner = self.owners.get(tp.partition)
@@ -40,12 +41,14 @@ class _Membership:
     owners: dict[int, str]
     me: _Member = field(default_factory=lambda: _Member("me"))
     suspected: list[str] = field(default_factory=list)
+    suspected_for: list[float] = field(default_factory=list)
 
     def view(self) -> _View:
-        return _View(self.owners)
+        return _View(self.owners, frozenset(self.suspected))
 
     def suspect(self, member_id: str, for_s: float) -> None:
         self.suspected.append(member_id)
+        self.suspected_for.append(for_s)
 
 
 def _result(group: AppendGroup, where: str) -> AppendResult:
@@ -99,11 +102,13 @@ def _group(partition: int, key: str | None = None) -> AppendGroup:
     return AppendGroup(TopicPartition("t", partition), [b"x"], key)
 
 
-async def _with_router(owners: dict[int, str], client: _Client, body):  # type: ignore[no-untyped-def]
+async def _with_router(owners: dict[int, str], client: _Client, body,  # type: ignore[no-untyped-def]
+                       registry: CollectorRegistry | None = None):
     local, membership = _Local(), _Membership(owners)
+    registry = CollectorRegistry() if registry is None else registry
     router = AffinityRouter(local, membership, lambda member: client,  # type: ignore[arg-type]
                             lane_buffer_bytes=1 << 20, lane_max_bytes=1 << 20, suspect_s=2,
-                            metrics=RouterMetrics(CollectorRegistry()))
+                            unanswered_suspect_s=17, metrics=RouterMetrics(registry))
     async with anyio.create_task_group() as tg:
         await tg.start(router.run)
         with anyio.fail_after(10):
@@ -143,6 +148,7 @@ async def test_a_forward_not_written_is_appended_here_and_an_unreachable_peer_su
         outcomes = await router.submit([_group(1), _group(1, "k")])
         assert [o.index_key for o in outcomes] == ["local", "local"]
         assert membership.suspected == ["peer"]
+        assert membership.suspected_for == [2]  # a refused connection is cheap to retry
 
     await _with_router({1: "peer"}, client, body)
 
@@ -159,6 +165,40 @@ async def test_a_forward_that_may_have_been_written_is_never_appended_blindly() 
         assert [[g.idempotency_key for g in c] for c in local.calls] == [["key-1"]]
 
     await _with_router({1: "peer"}, client, body)
+
+
+async def test_groups_queued_for_a_peer_that_stopped_answering_are_appended_here_unsent(
+) -> None:
+    """Both of the lane's frames hang; the groups that wait behind them must not be sent
+    to the same peer when the first frame's answer times out: it is suspected, for as
+    long as its session could outlive it, and they are appended here instead."""
+    client = _Client(ForwardUnknown("timeout", "no answer within the deadline"))
+    client.gate = anyio.Event()
+    registry = CollectorRegistry()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        results: dict[int, list[AppendOutcome]] = {}
+
+        async def one(i: int) -> None:
+            results[i] = await router.submit([_group(1)])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(one, 0)
+            await client.sent(1)
+            tg.start_soon(one, 1)
+            await client.sent(2)  # both slots hang at the gate
+            for i in range(2, 5):
+                tg.start_soon(one, i)  # these wait in the lane's buffer
+            await wait_all_tasks_blocked()
+            client.gate.set()
+        assert len(client.frames) == 2  # the queued groups never went out
+        assert all(isinstance(results[i][0], CommitInDoubt) for i in (0, 1))
+        assert all(results[i][0].index_key == "local" for i in range(2, 5))  # type: ignore[union-attr]
+        assert membership.suspected_for and set(membership.suspected_for) == {17}
+        assert registry.get_sample_value(
+            "llog_affinity_fallbacks_total", {"member": "", "reason": "suspected"}) == 3
+
+    await _with_router({1: "peer"}, client, body, registry)
 
 
 async def test_groups_the_peer_let_expire_are_appended_here() -> None:

@@ -407,6 +407,8 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     state.router = AffinityRouter(
         batcher.submit, state.membership, client, lane_buffer_bytes=s.batch_buffer_max_bytes,
         lane_max_bytes=s.batch_max_bytes, suspect_s=FORWARD_SUSPECT_S,
+        # A peer that hung keeps its Oxia session this long at most, then leaves the view.
+        unanswered_suspect_s=s.oxia_session_timeout_ms / 1000 + c.membership_refresh_s,
         metrics=RouterMetrics(state.registry, member=me_id))
     await tg.start(_watched, state, state.router.run)
     # The members split the partitions, so they split the batcher's eager flushes too:

@@ -21,6 +21,12 @@ append:
   one is answered :class:`~app.errors.CommitInDoubt`, as a client of a broker that died
   mid-request is.
 
+A peer that could not be reached is suspected briefly (a refused connection costs little
+to try again); one that took a frame and did not answer, for as long as its Oxia session
+could outlive it, so that a hung peer leaves the view before it is tried again rather
+than costing each round of clients an answer timeout and an answer in doubt. Groups that
+waited in a lane's buffer while its peer became suspect are appended here, unsent.
+
 A forwarded frame is appended by the receiver itself and never forwarded again, so two
 brokers whose views of the members disagree cannot bounce records between them.
 """
@@ -60,7 +66,8 @@ class RouterMetrics:
             "llog_affinity_fallbacks", "Forwarded groups appended here instead, by why "
             "(unreachable, refused, expired, closed: not written; keyed_unknown: maybe "
             "written, appended again under the client's idempotency key; left: the peer "
-            "left the view; BackPressureRejected, ShuttingDown: the lane took nothing)",
+            "left the view; suspected: the peer was found down while the groups waited "
+            "in its lane; BackPressureRejected, ShuttingDown: the lane took nothing)",
             ["member", "reason"], registry=registry)
         self._groups, self._fallbacks, self._member = groups, fallbacks, member
 
@@ -87,7 +94,8 @@ class AffinityRouter:
 
     def __init__(self, local: SubmitFn, membership: Membership, clients: ClientFactory, *,
                  lane_buffer_bytes: int, lane_max_bytes: int, suspect_s: float,
-                 metrics: RouterMetrics, lane_inflight: int = 2) -> None:
+                 unanswered_suspect_s: float, metrics: RouterMetrics,
+                 lane_inflight: int = 2) -> None:
         self._local = local
         self._membership = membership
         self._clients = clients
@@ -95,6 +103,7 @@ class AffinityRouter:
         self._lane_max_bytes = lane_max_bytes
         self._lane_inflight = lane_inflight
         self._suspect_s = suspect_s
+        self._unanswered_suspect_s = max(suspect_s, unanswered_suspect_s)
         self._metrics = metrics
         self._lanes: dict[str, _Lane] = {}
         self._tg: anyio.abc.TaskGroup | None = None
@@ -206,6 +215,9 @@ class AffinityRouter:
     async def _send(self, peer: Member, client: ForwardClient,
                     groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
         """One lane flush: a forward frame, with the outcome rules of the module."""
+        if peer.member_id in self._membership.view().suspects:
+            # Queued while an earlier frame found the peer down: nothing was sent.
+            return await self._fallback(list(groups), "suspected")
         try:
             outcomes = await client.append(groups)
         except ForwardNotWritten as exc:
@@ -214,7 +226,7 @@ class AffinityRouter:
             return await self._fallback(list(groups), exc.reason)
         except ForwardUnknown as exc:
             log.warning("forward to %s may have been written: %s", peer.member_id, exc)
-            self._membership.suspect(peer.member_id, self._suspect_s)
+            self._membership.suspect(peer.member_id, self._unanswered_suspect_s)
             return await self._in_doubt(list(groups), str(exc))
         expired = [i for i, o in enumerate(outcomes) if isinstance(o, ForwardExpired)]
         self._metrics.routed("forwarded", len(groups) - len(expired))
