@@ -71,9 +71,14 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.stdout.close()
 
 
+def _ports() -> dict[str, int]:
+    """The ports of one `llog dev`, chosen together: all different."""
+    return dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
+
+
 def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
-    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
+    ports = _ports()
     key = f"dev-test/{uuid.uuid4().hex}"
 
     proc = _start_dev(data_dir, ports)
@@ -142,7 +147,7 @@ def test_llog_dev_compacts_in_a_compactor_beside_the_broker(tmp_path: Path) -> N
     """The broker of ``llog dev`` only writes and reads; the compactor it runs beside it
     compacts what was written, and stops with it."""
     data_dir = tmp_path / "dev"
-    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
+    ports = _ports()
     proc = _start_dev(data_dir, ports, env={"LLOG_COMPACTION_MIN_ENTRY_AGE_MS": "0",
                                             "LLOG_COMPACTION_INTERVAL_S": "0.2",
                                             "LLOG_COMPACTION_DISCOVERY_INTERVAL_S": "0.5"})
@@ -174,7 +179,7 @@ def _compacted_records(client: httpx.Client, url: str) -> float:
 
 def test_llog_dev_runs_several_brokers_behind_caddy(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
-    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
+    ports = _ports()
     proc = _start_dev(data_dir, ports, "--brokers", "2")
     try:
         output = _wait_ready(proc)
@@ -225,7 +230,7 @@ def test_llog_dev_with_access_control_serves_groups_to_a_token(tmp_path: Path) -
     auth_file = tmp_path / "auth.toml"
     auth_file.write_text(f'[principals.app]\nkeys = ["{stored}"]\n'
                          'produce = ["dev-*"]\nconsume = ["dev-*"]\ngroup = ["dev-*"]\n')
-    ports = dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
+    ports = _ports()
     proc = _start_dev(tmp_path / "dev", ports,
                       env={"LLOG_AUTH": "on", "LLOG_AUTH_FILE": str(auth_file)})
     token = {"authorization": f"Bearer {keys.tokens['app']}"}
