@@ -33,8 +33,13 @@ def test_the_document_is_what_the_model_writes(tmp_path: Path) -> None:
 
 def test_calibration_comes_from_one_process_rows() -> None:
     assert CAL.flush_caps == {4: pytest.approx(31.2), 1: pytest.approx(17.3)}
+    one = [r for r in sm.MEASURED if r.processes == 1]
+    # Each flush-slot count calibrated has its one-process rows, and they come with
+    # affinity and without: the check below is of the rows the calibration stands on.
+    assert {r.flush_slots for r in one} == set(CAL.flush_caps)
+    assert {r.affinity for r in one} == {"off", "forward"}
     # What the one-process rows say, to the noise of a shared machine.
-    for row in (r for r in sm.MEASURED if r.processes == 1):
+    for row in one:
         cores = row.records_per_s * CAL.cpu_us_per_record / 1e6 + (
             row.flushes_per_s * CAL.cpu_ms_per_flush / 1e3)
         assert cores == pytest.approx(row.broker_cores, rel=0.15)
@@ -47,7 +52,14 @@ def test_the_model_follows_the_measured_rows() -> None:
     flush rate within 15 %. Several processes share this machine's two CPUs while the
     model gives each a core: there it is an upper bound (at most 20 % below what was
     measured, however far above). With affinity no conflict is predicted."""
-    for item in sm.check_rows(COSTS, CAL, sm.MEASURED):
+    checked = sm.check_rows(COSTS, CAL, sm.MEASURED)
+    # Every measured row is checked, and they hold each case the bounds below tell
+    # apart: one process and several, each with affinity and without.
+    assert [item["row"] for item in checked] == sm.MEASURED
+    assert {(item["row"].processes == 1, item["row"].affinity != "off")
+            for item in checked} == {(True, True), (True, False), (False, True),
+                                     (False, False)}
+    for item in checked:
         row, model = item["row"], item["model"]
         if row.processes == 1:
             assert model["oxia_per_1k"] == pytest.approx(row.oxia_per_1k, rel=0.2), row

@@ -20,6 +20,7 @@ import pytest
 import trustme
 import uvloop
 
+from app.storage import s3_wire
 from app.storage.s3_wire import MAX_ERROR_BODY, MAX_HEAD, WireError, WirePool
 
 OK = frozenset({200, 206})
@@ -33,15 +34,13 @@ class Script:
     ``answer(n)`` gives the bytes of its answer, written in pieces of random sizes
     (``whole``: in one write); ``close_after(n)``, whether it then closes the connection;
     ``drop(n)``, close without answering; ``stall(n)``, write half the answer and wait
-    until the client goes (``stalled`` is set then, ``gone`` once it went); ``pause_s``
-    between pieces."""
+    until the client goes (``stalled`` is set then, ``gone`` once it went)."""
 
     answer: Callable[[int], bytes]
     close_after: Callable[[int], bool] = lambda n: False
     drop: Callable[[int], bool] = lambda n: False
     stall: Callable[[int], bool] = lambda n: False
     whole: bool = False
-    pause_s: float = 0.0
     stalled: asyncio.Event = field(default_factory=asyncio.Event)
     gone: asyncio.Event = field(default_factory=asyncio.Event)
     connections: int = 0
@@ -80,8 +79,6 @@ async def serving(script: Script, tls: ssl.SSLContext | None = None
                     writer.write(data[:size])
                     data = data[size:]
                     await writer.drain()
-                    if script.pause_s:
-                        await asyncio.sleep(script.pause_s)
                 if script.close_after(n):
                     return
         except (asyncio.IncompleteReadError, ConnectionError):
@@ -256,20 +253,78 @@ async def test_a_request_cancelled_mid_answer_closes_its_connection() -> None:
 
 
 async def test_an_answer_that_stops_coming_times_out() -> None:
+    # The server writes half the answer, then nothing until the client goes: the wait
+    # for the rest never ends but by the read timeout, however slow the machine.
     script = Script(lambda n: ok(b"x" * 10), stall=lambda n: True)
     async with serving(script) as port, pool(port, read_timeout_s=0.3) as wire:
         with pytest.raises(TimeoutError, match="no byte of the S3 answer for 0.3 s"):
             await wire.exchange(REQUEST, OK)
 
 
-async def test_a_long_answer_is_not_cut_short_while_its_bytes_keep_coming() -> None:
-    # 40 pieces 20 ms apart: 0.8 s in all, over a read timeout of 0.25 s.
-    body = random.Random(3).randbytes(40 * 100)
-    script = Script(lambda n: ok(body), pause_s=0.02)
-    script.rng = random.Random(1)
-    script.rng.choice = lambda pieces: 100  # type: ignore[method-assign]
-    async with serving(script) as port, pool(port, read_timeout_s=0.25) as wire:
-        assert (await wire.exchange(REQUEST, OK)).buffers == [body]
+async def test_a_long_answer_is_not_cut_short_while_its_bytes_keep_coming(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read timeout bounds each wait for bytes, not the whole answer: a body that
+    comes one piece per read period, eight periods in all, is read whole.
+
+    The pieces are paced by the read watch itself rather than by sleeps, so no load on
+    the machine can leave a period without bytes: the server writes the head when it
+    reads the request, and each piece of the body from the check that saw the one
+    before; a check is held back while what the server wrote has not arrived yet (on a
+    machine that keeps up, it would have). The checks themselves are the real ones."""
+    period_s = 0.05
+    body = random.Random(3).randbytes(8 * 100)
+    head = ok(body)[:-len(body)]
+    pieces = [body[i:i + 100] for i in range(0, len(body), 100)]
+    writers: list[asyncio.StreamWriter] = []
+    sent = [0]  # bytes the server wrote
+    seen: list[int] = []  # bytes of the answer each check found received
+
+    def send(data: bytes) -> None:
+        writers[0].write(data)  # at once: the bytes are on their way before it returns
+        sent[0] += len(data)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            send(head)
+            await reader.read()  # until the client goes; the checks write the body
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    real_check = s3_wire._ReadWatch._check
+
+    def check(watch: s3_wire._ReadWatch) -> None:
+        received, done = watch._conn.received, watch._waiter.done()
+        if done:  # read whole; the exchange has yet to stop its watch
+            real_check(watch)
+            return
+        if sent[0] == 0 or received < sent[0]:
+            asyncio.get_running_loop().call_soon(check, watch)  # not arrived yet
+            return
+        real_check(watch)
+        seen.append(received)
+        if pieces and not watch._waiter.done():
+            send(pieces.pop(0))  # a period after the piece before
+
+    monkeypatch.setattr(s3_wire._ReadWatch, "_check", check)
+    loop = asyncio.get_running_loop()
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        async with pool(server.sockets[0].getsockname()[1], read_timeout_s=period_s) as wire:
+            began = loop.time()
+            answer = await wire.exchange(REQUEST, OK)
+            took = loop.time() - began
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert answer.buffers == [body]
+    # Eight checks, each of which found one more piece than the last; the answer took
+    # them all, each a whole period after the one before: far over the read timeout.
+    assert seen == [len(head) + 100 * k for k in range(8)]
+    assert took > 7 * period_s
 
 
 async def test_a_closed_pool_refuses_requests() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import httpx
+import psutil
 import pytest
 
 from tests.helpers.auth import AUDIENCE, ISSUER, Issuer, Keys, bearer, jwks
@@ -22,6 +23,13 @@ from tests.helpers.stack import Broker, BrokerFactory
 from tests.test_stream import Event, events
 
 SECRET = "s" * 40
+# Long enough for the stream to open well before the JWT expires on a busy machine.
+JWT_LIFETIME_S = 10
+# How late a stream may end after its JWT expired: the broker wakes for the expiry, so
+# only a machine too busy to run it for seconds delays the end this long.
+EXPIRY_TOLERANCE_S = 10
+# Fresh connections until one ticket was minted and redeemed by different workers.
+MAX_TICKET_OPENS = 40
 
 
 def auth_text(keys: Keys, topic: str, *, revoked: bool = False) -> str:
@@ -96,6 +104,17 @@ async def ends_with(stream: AsyncIterator[Event]) -> Event:
     return last
 
 
+async def ends_with_when(stream: AsyncIterator[Event]) -> tuple[Event, float]:
+    """The stream's last event, once the broker has closed it, and the time (Unix) it
+    arrived at."""
+    last, at = None, 0.0
+    async for event in stream:
+        if event.kind != "comment":
+            last, at = event, time.time()
+    assert last is not None, "the stream ended without an event"
+    return last, at
+
+
 async def metric(http: httpx.AsyncClient, prefix: str) -> float:
     text = (await http.get("/metrics/prometheus")).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
@@ -140,12 +159,25 @@ async def test_a_stream_ends_when_its_key_or_right_is_removed_or_its_jwt_expires
             r = await http.get(url, headers=bearer(t["reader"]))
             assert r.status_code == 401, r.text
 
-            token = issuer.token("jwt-reader", exp=int(time.time()) + 3)
-            async with http.stream("GET", url, headers=bearer(token)) as r:
-                assert r.status_code == 200
-                last = await ends_with(events(r))
-                assert (last.kind, last.json["error_type"]) == ("error", "Unauthenticated")
-                assert "expired" in last.json["error"]
+        # A JWT that expires while its stream runs (no leeway): the stream ends then.
+        expires = int(time.time()) + JWT_LIFETIME_S
+        token = issuer.token("jwt-reader", exp=expires)
+        ended: tuple[Event, float] | None = None
+        async with http.stream("GET", url, headers=bearer(token)) as r:
+            assert r.status_code == 200, (r.status_code, time.time() - expires)
+            stream = events(r)
+            with anyio.fail_after(30):
+                assert (await next_event(stream)).kind == "records"
+            # Waited for until the latest the stream may end, and no longer.
+            with anyio.move_on_after(max(0.0, expires + EXPIRY_TOLERANCE_S - time.time())):
+                ended = await ends_with_when(stream)
+        assert ended is not None, f"still open {EXPIRY_TOLERANCE_S} s after the JWT expired"
+        last, at = ended
+        assert (last.kind, last.json["error_type"]) == ("error", "Unauthenticated")
+        assert "expired" in last.json["error"]
+        # Not before its expiry (one clock: the broker's host is this one), and not long
+        # after: the guard waits for the expiry itself, not for some other recheck.
+        assert expires <= at <= expires + EXPIRY_TOLERANCE_S, at - expires
         assert await metric(http, 'llog_stream_events_total{event="error"}') == 3
 
 
@@ -247,18 +279,37 @@ async def test_a_stream_ticket_opens_one_stream_of_its_topic_as_its_principal(
             assert r.json()["error_type"] == "Unauthenticated"
 
 
+def serving_worker(broker: Broker, response: httpx.Response) -> int:
+    """The process id of the worker of ``broker`` that holds the server side of the
+    connection ``response`` came on (the client keeps it open until the client closes)."""
+    client = tuple(response.extensions["network_stream"].get_extra_info("client_addr"))
+    for worker in psutil.Process(broker.process.pid).children(recursive=True):
+        if any(tuple(c.raddr) == client for c in worker.net_connections("tcp") if c.raddr):
+            return worker.pid
+    raise AssertionError(f"no worker of {broker.url} holds the connection from {client}")
+
+
 async def test_the_workers_of_one_server_share_the_ticket_secret(
         brokers: BrokerFactory, auth_file: Path, keys: Keys, topic: str) -> None:
     """`llog serve --workers 2` with no LLOG_STREAM_TICKET_SECRET: a ticket minted by
     one worker opens a stream on the other (each drew its own secret, so about one open
-    in two was a 401)."""
+    in two was a 401). The kernel gives each new connection to either worker, often the
+    same one several times running, so tickets are minted and redeemed on fresh
+    connections until one was redeemed by the worker that did not mint it; every open
+    on the way must succeed too."""
     broker = brokers.start(workers=2, auth="on", auth_file=str(auth_file))
     url = f"/topics/{topic}/stream?from=earliest&heartbeat_ms=1000"
-    statuses = []
-    for _ in range(12):  # new connections each time: either worker may take each
-        async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
-            issued = await ticket(http, keys.tokens["reader"], topic)
-        async with httpx.AsyncClient(base_url=broker.url, timeout=30) as other, \
-                other.stream("GET", f"{url}&ticket={issued}") as r:
-            statuses.append(r.status_code)
-    assert statuses == [200] * 12
+    opened: list[tuple[int, int, int]] = []  # (minted by, redeemed by, status)
+    with anyio.fail_after(120):
+        while not any(minted != redeemed for minted, redeemed, _ in opened):
+            assert len(opened) < MAX_TICKET_OPENS, \
+                f"every ticket was redeemed by the worker that minted it: {opened}"
+            async with httpx.AsyncClient(base_url=broker.url, timeout=30) as http:
+                r = await http.post(f"/topics/{topic}/stream/tickets",
+                                    headers=bearer(keys.tokens["reader"]))
+                assert r.status_code == 200, r.text
+                minter = serving_worker(broker, r)
+            async with httpx.AsyncClient(base_url=broker.url, timeout=30) as other, \
+                    other.stream("GET", f"{url}&ticket={r.json()['ticket']}") as s:
+                opened.append((minter, serving_worker(broker, s), s.status_code))
+    assert [status for _, _, status in opened] == [200] * len(opened), opened

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
@@ -78,7 +79,8 @@ class LogReader:
     def __init__(self, oxia: OxiaStore, s3: S3Store, layout: KeyLayout, *,
                  object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 32,
                  max_concurrent_fetches: int = 64, read_ahead: int = 0,
-                 wal_object_max_bytes: int = WAL_OBJECT_MAX_BYTES) -> None:
+                 wal_object_max_bytes: int = WAL_OBJECT_MAX_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._oxia = oxia
         self._layout = layout
         self.objects = ObjectCache(object_cache_bytes)
@@ -90,7 +92,8 @@ class LogReader:
         # once given a task group; ``read_ahead`` blobs at most at once.
         self.ahead = ReadAhead(read_ahead)
         # The Oxia reads of a catch-up's next read (app/storage/plan_ahead.py), as many.
-        self.plans = PlanAhead(read_ahead)
+        # ``clock`` (seconds) dates every lookup, here and in the blob lookups below.
+        self.plans = PlanAhead(read_ahead, clock=clock)
         # A catch-up inside a compacted blob: its entry and recent control records.
         self._blobs = BlobLookups(layout, self.plans.now)
         # The sparse index in Oxia, as this reader walks it (app/storage/index_walk.py).
