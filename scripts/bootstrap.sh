@@ -6,8 +6,9 @@
 #                                 --brokers N, on first use)
 #   scripts/bootstrap.sh test     everything the whole suite runs: Java for Spark, HAProxy
 #                                 and nginx for the load-balancer tests, every Go-built
-#                                 server and tool, the client generators and Node.js for
-#                                 the generated-client tests (the default)
+#                                 server and tool (kustomize and the load generator too),
+#                                 the client generators and Node.js for the
+#                                 generated-client tests (the default)
 # Each step is a no-op when it is done already (the venv is stamped by the hash of
 # pyproject.toml and the client's, clients/python/pyproject.toml; binaries are cached by
 # the hash of their pinned modules).
@@ -85,10 +86,9 @@ if [ ${#missing[@]} -gt 0 ]; then
   { has node && has npm; } || fail "the generated-client tests need Node.js 18+ and npm: install them (Debian/Ubuntu: apt-get install nodejs npm) and retry"
 fi
 
-# --- the whole suite: Go-built servers and tools (cached under .llog/bin) --------------
-.venv/bin/llog servers build --quiet
-
-# --- the generated-client tests: openapi-generator (Maven Central) and TypeScript (npm),
-# pinned, cached under .llog/bin beside oapi-codegen ----------------------------------
-.venv/bin/python -m tests.helpers.generators >/dev/null || \
-  fail "fetching the client generators failed (see above): check the network to Maven Central and npm, and retry"
+# --- the whole suite: what it builds and fetches, cached under .llog/bin ---------------
+# Every Go-built server and tool (Oxia, MinIO, Caddy, promtool, oapi-codegen, kustomize,
+# the load generator) one build after another, and beside them the client generators'
+# downloads (openapi-generator from Maven Central, TypeScript from npm), pinned.
+.venv/bin/python -m tests.helpers.prebuild >&2 || \
+  fail "building or fetching the tests' servers and tools failed (see above): check the network to the Go module proxy, Maven Central and npm, and retry"

@@ -3,6 +3,7 @@ code as `llog dev`, plus per-test topics and clients."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from app.localstack.processes import PORT_RANGE_ENV
 from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
 from app.storage import oxia_compat
@@ -19,38 +21,23 @@ from tests.helpers import selection
 from tests.helpers.stack import Broker, BrokerFactory, Engine, make_settings, open_engine
 from tests.helpers.topology import stack_overrides
 
-_SKIPPED: list[selection.Skip] = []
+# The gate: a skip whose reason is not on selection.ALLOWED_SKIPS fails the run.
+pytest_plugins = ("tests.helpers.gate",)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Each parallel process (and every server it starts) chooses ports from a range of its
+    # own: two processes starting clusters at once never choose the same port.
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None and PORT_RANGE_ENV not in os.environ:
+        os.environ[PORT_RANGE_ENV] = selection.worker_port_range(
+            str(workerinput["workerid"]), int(workerinput["workercount"]))
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     selection.mark_by_fixture(items)
     selection.heavy_groups_first(items)
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.skipped and not hasattr(report, "wasxfail"):
-        _SKIPPED.append(selection.Skip(report.nodeid, selection.skip_reason(report)))
-
-
-def _is_worker(config: pytest.Config) -> bool:
-    # Under pytest-xdist the controller sees every worker's reports and judges the run.
-    return hasattr(config, "workerinput")
-
-
-def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    unexpected = [] if _is_worker(config) else selection.unexpected(_SKIPPED)
-    if unexpected:
-        terminalreporter.section("skips not on the allow-list (tests/helpers/selection.py)",
-                                 red=True)
-        for skip in unexpected:
-            terminalreporter.line(f"{skip.nodeid}: {skip.reason}")
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if not _is_worker(session.config) and selection.unexpected(_SKIPPED) and exitstatus == 0:
-        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

@@ -21,7 +21,9 @@ from app.localstack import dev
 from app.localstack.processes import free_ports
 from tests.helpers.auth import Keys
 
-pytestmark = [pytest.mark.slow, pytest.mark.own_servers]  # `llog dev` runs its own servers
+pytestmark = pytest.mark.slow
+# `llog dev` runs servers of its own: those tests go one at a time with the others that do.
+OWN_SERVERS = pytest.mark.own_servers
 
 HELP_COMMANDS = [[], ["dev"], ["serve"], ["compactor"], ["compact-once"], ["servers"],
                  ["servers", "build"], ["loadtest"], ["loadtest", "run"], ["spark"],
@@ -76,6 +78,7 @@ def _ports() -> dict[str, int]:
     return dict(zip(("broker", "oxia", "s3"), free_ports(3), strict=True))
 
 
+@OWN_SERVERS
 def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
     ports = _ports()
@@ -143,6 +146,7 @@ def _until_members(broker_url: str, members: set[str]) -> None:
         time.sleep(0.2)
 
 
+@OWN_SERVERS
 def test_llog_dev_compacts_in_a_compactor_beside_the_broker(tmp_path: Path) -> None:
     """The broker of ``llog dev`` only writes and reads; the compactor it runs beside it
     compacts what was written, and stops with it."""
@@ -177,6 +181,7 @@ def _compacted_records(client: httpx.Client, url: str) -> float:
     return sum(float(v) for v in metrics.get("llog_compaction_records_total", {}).values())
 
 
+@OWN_SERVERS
 def test_llog_dev_runs_several_brokers_behind_caddy(tmp_path: Path) -> None:
     data_dir = tmp_path / "dev"
     ports = _ports()
@@ -222,6 +227,7 @@ def test_every_command_answers_help(command: list[str]) -> None:
     assert result.stdout.startswith(f"usage: {' '.join(['llog', *command])}")
 
 
+@OWN_SERVERS
 def test_llog_dev_with_access_control_serves_groups_to_a_token(tmp_path: Path) -> None:
     """LLOG_AUTH=on turns access control on for the brokers of ``llog dev``."""
     keys = Keys()

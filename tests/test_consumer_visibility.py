@@ -107,10 +107,13 @@ async def _consume_forever(client: httpx.AsyncClient, topic: str, consumer: int,
         offset = res["next_offset"]
 
 
+# The suite's short, seeded form, and the long form on demand (``-m long``): the same
+# bursts and gaps, the long form over hundreds more.
+@pytest.mark.parametrize("gaps", [60, pytest.param(400, marks=pytest.mark.long)])
 async def test_consumers_on_another_broker_see_every_record_through_idle_gaps(
-        brokers: BrokerFactory, topic: str) -> None:
+        brokers: BrokerFactory, topic: str, gaps: int) -> None:
     """Two brokers produce in short bursts (both at once, racing for the partition)
-    with an idle gap after each, hundreds of times, while a third serves the long-polls
+    with an idle gap after each, ``gaps`` times, while a third serves the long-polls
     of two consumers of each partition, all three compact, and the consumers' broker
     reads and looks up ahead: every acknowledged record reaches every consumer in order
     and once, and the last one of each burst is answered by the long-poll waiting for
@@ -119,7 +122,7 @@ async def test_consumers_on_another_broker_see_every_record_through_idle_gaps(
                   "compaction_discovery_interval_s": "1", "read_ahead_max_inflight": "8"}
     producers = [brokers.start(**compacting), brokers.start(**compacting)]
     consumer = brokers.start(**compacting)
-    partitions, consumers, gaps = 2, 2, 200
+    partitions, consumers = 2, 2
     log = _Log(partitions, consumers)
     rng = random.Random(25)
     limits = httpx.Limits(max_connections=8)
@@ -150,7 +153,7 @@ async def test_consumers_on_another_broker_see_every_record_through_idle_gaps(
                     await log.changed.wait()
             # The idle gap: the tail goes quiet (now and then long enough for the
             # compactors to rewrite it).
-            await anyio.sleep(1.0 if gap % 40 == 39 else rng.uniform(0.02, 0.15))
+            await anyio.sleep(1.0 if gap % 20 == 19 else rng.uniform(0.02, 0.15))
         tg.cancel_scope.cancel()
     for (_, p), seen in log.seen.items():
         assert seen == log.acked[p]

@@ -13,8 +13,10 @@ the ones it does (``unsupported_method``, ``allow_header_conformance``), a resou
 links), and with auth on, a request without the token is refused (``ignored_auth``).
 
 The run is bounded (a fixed number of examples per operation and deterministic
-generation) so that it takes a minute or two on a small machine and fails the same way
-every time. The broker runs with small limits, which its document states: a long-poll
+generation) so that it fails the same way every time. The suite runs a short form
+(:data:`MAX_EXAMPLES` per operation, well under a minute); the long form, marked ``long``
+and left out of CI, runs :data:`LONG_MAX_EXAMPLES` (``scripts/test --all -m long``).
+The broker runs with small limits, which its document states: a long-poll
 waits at most a second, a topic has at most 16 partitions. Producing does not create or
 grow topics here (``LLOG_AUTO_CREATE_TOPICS=false``), since that grows a topic to any
 partition a record names (up to 100000) and describing or deleting such a topic reads
@@ -45,9 +47,14 @@ from tests.helpers.stack import Broker, BrokerFactory
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-MAX_EXAMPLES = 20
+# Examples per operation: the short form every run has, and the long one on demand. The
+# examples and coverage phases send what the document states whatever the number; it
+# sizes the random fuzzing and the stateful phase's walks.
+MAX_EXAMPLES = 8
+LONG_MAX_EXAMPLES = 100
 # One run, all phases, stays well within the test timeout.
 RUN_TIMEOUT_S = 270
+LONG_RUN_TIMEOUT_S = 1800
 REPO = Path(__file__).resolve().parents[1]
 # Small limits, so that the fuzzer reaches them quickly (each is in the document).
 LIMITS = {"max_wait_ms_ceiling": "1000", "max_topic_partitions": "16",
@@ -64,13 +71,14 @@ def _schemathesis() -> str:
     return found
 
 
-def _fuzz(broker: Broker, tmp_path: Path, *headers: str) -> None:
+def _fuzz(broker: Broker, tmp_path: Path, *headers: str, max_examples: int = MAX_EXAMPLES,
+          timeout_s: float = RUN_TIMEOUT_S) -> None:
     """Every phase and every check against ``broker``; fails with the fuzzer's report."""
     command = [
         _schemathesis(), "run", f"{broker.url}/openapi.json",
         "--checks", "all",
         "--phases", "examples,coverage,fuzzing,stateful",
-        "--max-examples", str(MAX_EXAMPLES), "--generation-deterministic",
+        "--max-examples", str(max_examples), "--generation-deterministic",
         "--exclude-path-regex", "/stream$",
         "--workers", "1", "--request-timeout", "20",
         "--no-color", "--output-truncate", "false",
@@ -80,7 +88,7 @@ def _fuzz(broker: Broker, tmp_path: Path, *headers: str) -> None:
         command += ["--header", header]
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.helpers.contract_hooks",
            "PYTHONPATH": str(REPO)}
-    done = subprocess.run(command, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s,
                           cwd=tmp_path, env=env, check=False)
     print(done.stdout[-20000:])
     assert done.returncode == 0, (
@@ -92,6 +100,14 @@ def test_the_broker_keeps_its_schema_under_a_fuzzer(brokers: BrokerFactory,
                                                      tmp_path: Path) -> None:
     broker = brokers.start(**LIMITS)
     _fuzz(broker, tmp_path)
+
+
+@pytest.mark.long
+@pytest.mark.timeout(LONG_RUN_TIMEOUT_S + 120)
+def test_the_broker_keeps_its_schema_under_a_long_fuzz(brokers: BrokerFactory,
+                                                       tmp_path: Path) -> None:
+    broker = brokers.start(**LIMITS)
+    _fuzz(broker, tmp_path, max_examples=LONG_MAX_EXAMPLES, timeout_s=LONG_RUN_TIMEOUT_S)
 
 
 def test_with_auth_on_the_broker_keeps_its_schema_and_refuses_without_a_token(

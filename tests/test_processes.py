@@ -3,8 +3,10 @@ were launched."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -14,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from app.localstack import processes
+from tests.helpers.selection import worker_port_range
 
 PARENT = textwrap.dedent("""
     import sys, time
@@ -91,3 +94,36 @@ def test_free_ports_are_all_different_and_avoid_the_ports_given() -> None:
     avoid = set(processes.free_ports(20))
     ports = processes.free_ports(200, avoid=avoid)
     assert len(set(ports)) == 200 and not avoid & set(ports)
+
+
+def test_a_port_range_confines_the_choice_and_passes_over_ports_in_use(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With LLOG_PORT_RANGE each port comes from the range, a port something listens on
+    is passed over, and a range with nothing free left says so."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        busy = int(listener.getsockname()[1])
+        monkeypatch.setenv(processes.PORT_RANGE_ENV, f"{busy - 2}-{busy + 2}")
+        chosen = processes.free_ports(4)
+        assert sorted(chosen) == [busy - 2, busy - 1, busy + 1, busy + 2]
+        with pytest.raises(RuntimeError, match="no free port .* LLOG_PORT_RANGE"):
+            processes.free_port(avoid=chosen)
+
+
+@pytest.mark.parametrize("raw", ["20000", "b-c", "30000-20000", "80-90", "20000-70000"])
+def test_a_malformed_port_range_is_refused_by_name(raw: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(processes.PORT_RANGE_ENV, raw)
+    with pytest.raises(ValueError, match="LLOG_PORT_RANGE"):
+        processes.free_port()
+
+
+def test_parallel_test_processes_get_disjoint_ranges_below_the_ephemeral_ports() -> None:
+    for count in (1, 2, 3, 8):
+        ranges = [tuple(map(int, worker_port_range(f"gw{i}", count).split("-")))
+                  for i in range(count)]
+        assert all(lo <= hi < 32768 for lo, hi in ranges)
+        assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
+    with pytest.raises(ValueError):
+        worker_port_range("gw2", 2)

@@ -6,10 +6,12 @@ import contextlib
 import ctypes
 import functools
 import os
+import random
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
@@ -142,9 +144,64 @@ class ManagedProcess:
             self.kill()
 
 
+# LLOG_PORT_RANGE=LOW-HIGH: the range this process (and its children) choose free ports
+# from, instead of the kernel's ephemeral range. The test runner gives each of its parallel
+# processes a range of its own below the ephemeral one, so two processes can never choose
+# the same port in the moment between a probe and the server's bind, and no outgoing
+# connection's port is ever chosen.
+PORT_RANGE_ENV = "LLOG_PORT_RANGE"
+_port_cursor: dict[tuple[int, int], int] = {}
+_port_lock = threading.Lock()
+
+
+def port_range() -> tuple[int, int] | None:
+    """The configured ``(low, high)`` of :data:`PORT_RANGE_ENV`, both included, or None."""
+    raw = os.environ.get(PORT_RANGE_ENV, "").strip()
+    if not raw:
+        return None
+    low, sep, high = raw.partition("-")
+    if not (sep and low.strip().isdigit() and high.strip().isdigit()):
+        raise ValueError(f"{PORT_RANGE_ENV}={raw!r}: expected LOW-HIGH, e.g. 20000-25999")
+    lo, hi = int(low), int(high)
+    if not 1024 <= lo <= hi <= 65535:
+        raise ValueError(f"{PORT_RANGE_ENV}={raw!r}: expected 1024 <= LOW <= HIGH <= 65535")
+    return lo, hi
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_port_in(bounds: tuple[int, int], host: str, avoid: Collection[int]) -> int:
+    # Round the range from where the last choice stopped (a random start per process):
+    # a port handed out is not handed out again until the range has gone round.
+    lo, hi = bounds
+    size = hi - lo + 1
+    with _port_lock:
+        start = _port_cursor.get(bounds)
+        if start is None:
+            start = random.randrange(size)
+        for step in range(size):
+            port = lo + (start + step) % size
+            if port not in avoid and _bindable(host, port):
+                _port_cursor[bounds] = (start + step + 1) % size
+                return port
+    raise RuntimeError(f"no free port on {host} in {PORT_RANGE_ENV} {lo}-{hi} outside the "
+                       f"{len(avoid)} taken")
+
+
 def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
     """A port free now and not in ``avoid``: ports chosen earlier are free again once
-    their probe closed, and the OS may hand the same one out twice."""
+    their probe closed, and the OS may hand the same one out twice. Within
+    :data:`PORT_RANGE_ENV` when it is set."""
+    bounds = port_range()
+    if bounds is not None:
+        return _free_port_in(bounds, host, avoid)
     for _ in range(100):
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind((host, 0))

@@ -10,8 +10,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from app.localstack.binaries import REPO_ROOT, ServerModule, ensure_binary
 
 TOOL_DIR = REPO_ROOT / "deploy" / "tools" / "kustomize"
@@ -39,6 +37,8 @@ def ensure_kustomize() -> Path:
 
 def render(kustomize: Path, directory: Path) -> list[dict[str, Any]]:
     """``kustomize build directory`` as a list of objects."""
+    import yaml  # here: the build above runs before the venv's packages are there
+
     done = subprocess.run([str(kustomize), "build", str(directory)], capture_output=True,
                           text=True, timeout=120, check=False)
     if done.returncode != 0:

@@ -6,8 +6,9 @@ the ``stack`` mark; a fixture marked ``slow`` (clusters, Spark, proxies) makes e
 test that uses it ``slow``. ``scripts/test`` leaves the slow tests out;
 ``scripts/test --all`` (what CI runs) runs everything.
 
-A skipped test is a feature nobody checked, so a run fails when a test skips for a
-reason that is not in :data:`ALLOWED_SKIPS`.
+A skipped test is a feature nobody checked, so a run fails when a test skips, or a
+module skips as it is collected, for a reason that is not in :data:`ALLOWED_SKIPS`
+(the gate: :mod:`tests.helpers.gate`).
 """
 
 from __future__ import annotations
@@ -85,7 +86,8 @@ def mark_by_fixture(items: list[pytest.Item]) -> None:
         # A module that starts servers itself (`llog dev`, a load test) says own_servers.
         if own or STACK_FIXTURE in names or item.get_closest_marker("own_servers"):
             item.add_marker(pytest.mark.stack)
-        if any(_flag(defs.get(n), _SLOW) for n in names):
+        # A Spark test is slow whether its JVM comes from the fixture or from a job it runs.
+        if any(_flag(defs.get(n), _SLOW) for n in names) or item.get_closest_marker("spark"):
             item.add_marker(pytest.mark.slow)
         if item.path.name in TOPOLOGY_MODULES:
             item.add_marker(pytest.mark.topology)
@@ -97,7 +99,8 @@ def mark_by_fixture(items: list[pytest.Item]) -> None:
 def _group(item: pytest.Item, fixturedefs: list[Any]) -> str | None:
     """Which tests one pytest-xdist process runs together (``--dist loadgroup``; None:
     any process). The tests whose fixtures run servers of their own and fail them share
-    one process, so only one cluster at a time competes with the others for the machine;
+    one process (so do the tests marked ``own_servers`` by their module), so only one
+    cluster at a time competes with the others for the machine;
     the Spark tests share one process and its JVM; a module's tests that share a
     module-scoped fixture (a broker, a proxy, a stack) stay together, so it starts once;
     the rest spread one by one."""
@@ -105,7 +108,10 @@ def _group(item: pytest.Item, fixturedefs: list[Any]) -> str | None:
         group = getattr(inspect.unwrap(d.func), _GROUP, None)
         if group is not None:
             return str(group)
-    if "spark" in getattr(item, "fixturenames", ()):
+    # A module that starts servers itself says so with `pytestmark`, not with a fixture.
+    if item.get_closest_marker("own_servers") is not None:
+        return OWN_SERVERS_GROUP
+    if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark"):
         return SPARK_GROUP  # one JVM for all of them, not one per process
     if any(d.scope in ("module", "class") for d in fixturedefs):
         return item.nodeid.split("::", 1)[0]
@@ -124,13 +130,31 @@ def heavy_groups_first(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
 
 
+# The ports the parallel processes share out: below the kernel's ephemeral range (32768 and
+# up on Linux), where no outgoing connection and no port-0 bind takes one.
+WORKER_PORTS = (12000, 32000)
+
+
+def worker_port_range(workerid: str, workercount: int) -> str:
+    """The ``LOW-HIGH`` range of pytest-xdist process ``workerid`` (``gw0``, ``gw1``, ...)
+    among ``workercount``: equal slices of :data:`WORKER_PORTS`, one per process."""
+    index = int(workerid.removeprefix("gw"))
+    if not 0 <= index < workercount:
+        raise ValueError(f"worker {workerid!r} is not one of {workercount}")
+    lo, hi = WORKER_PORTS
+    size = (hi - lo) // workercount
+    return f"{lo + index * size}-{lo + (index + 1) * size - 1}"
+
+
 @dataclass(frozen=True)
 class Skip:
     nodeid: str
     reason: str
 
 
-def skip_reason(report: pytest.TestReport) -> str:
+def skip_reason(report: pytest.TestReport | pytest.CollectReport) -> str:
+    """The reason a test or a module gave for skipping: both kinds of report carry a skip
+    as (path, line, "Skipped: reason")."""
     longrepr = report.longrepr
     if isinstance(longrepr, tuple) and len(longrepr) == 3:
         return str(longrepr[2]).removeprefix("Skipped: ")

@@ -46,9 +46,11 @@ def spark_missing_reason() -> str | None:
 
 SPARK_SKIP_REASON = spark_missing_reason()
 # The marks of every Spark test module: they need Spark itself (a missing JVM fails the
-# run: the skip is not on the allow-list of tests/helpers/selection.py).
+# run: the skip is not on the allow-list of tests/helpers/selection.py), and they run in
+# one process, sharing its JVM, also those that start a job without the spark fixture.
 SPARK_TESTS = [
     pytest.mark.skipif(SPARK_SKIP_REASON is not None, reason=SPARK_SKIP_REASON or ""),
+    pytest.mark.spark,
 ]
 _SESSION: Any = None
 
