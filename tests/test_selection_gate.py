@@ -194,3 +194,33 @@ def test_a_module_marked_own_servers_runs_in_the_own_servers_group(tmp_path: Pat
         "test_with_a_fixture_naming_its_group": "elsewhere",
         "test_passes": None,
     }
+
+
+def test_a_group_runs_in_one_process_and_the_rest_spread(tmp_path: Path) -> None:
+    """What ``--dist loadgroup`` promises, as ``scripts/test`` runs it: every test of one
+    xdist group in one process. (pytest-xdist groups by rewriting a private attribute of
+    pytest's items; a pytest that stops reading it ignores every group, silently.)"""
+    tests = "\n".join(
+        f"@pytest.mark.xdist_group('together')\ndef test_grouped_{i}() -> None:\n"
+        f"    record('grouped_{i}')\n\n\ndef test_spread_{i}() -> None:\n"
+        f"    record('spread_{i}')\n" for i in range(8))
+    write_project(tmp_path, {"test_groups.py": f"""
+import os
+from pathlib import Path
+
+import pytest
+
+
+def record(name: str) -> None:
+    worker = os.environ['PYTEST_XDIST_WORKER']
+    (Path(__file__).parent / f'{{name}}.worker').write_text(worker)
+
+
+{tests}
+"""})
+    run = run_pytest(tmp_path, *MODES["xdist"])
+    assert run.returncode == 0, run.stdout + run.stderr
+    ran = {p.stem: p.read_text() for p in tmp_path.glob("*.worker")}
+    assert len(ran) == 16, ran
+    assert len({w for name, w in ran.items() if name.startswith("grouped")}) == 1, ran
+    assert len(set(ran.values())) == 2, ran  # the others went to both processes

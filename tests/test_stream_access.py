@@ -281,9 +281,11 @@ async def test_a_stream_ticket_opens_one_stream_of_its_topic_as_its_principal(
 
 def serving_worker(broker: Broker, response: httpx.Response) -> int:
     """The process id of the worker of ``broker`` that holds the server side of the
-    connection ``response`` came on (the client keeps it open until the client closes)."""
+    connection ``response`` came on (the client keeps it open until the client closes):
+    one of the server's children, or the server itself when it runs a single worker."""
     client = tuple(response.extensions["network_stream"].get_extra_info("client_addr"))
-    for worker in psutil.Process(broker.process.pid).children(recursive=True):
+    server = psutil.Process(broker.process.pid)
+    for worker in [server, *server.children(recursive=True)]:
         if any(tuple(c.raddr) == client for c in worker.net_connections("tcp") if c.raddr):
             return worker.pid
     raise AssertionError(f"no worker of {broker.url} holds the connection from {client}")
