@@ -90,7 +90,8 @@ def test_a_gzip_bomb_is_refused_before_it_is_inflated() -> None:
     ("gzip", b"not gzip at all"),
     ("gzip", gzip.compress(RECORDS)[:-20]),  # truncated member
     ("gzip", gzip.compress(RECORDS)[:-4] + b"\0\0\0\0"),  # wrong length in the trailer
-])
+], ids=["zstd-garbage", "zstd-truncated", "zstd-trailing", "zstd-empty", "gzip-garbage",
+        "gzip-truncated", "gzip-wrong-length"])  # a gzip member carries its time: no ids of it
 def test_a_stream_that_does_not_decode_is_invalid(encoding: str, body: bytes) -> None:
     with pytest.raises(InvalidRequest):
         ce.decode(encoding, body, 16 * MiB)
