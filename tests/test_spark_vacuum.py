@@ -12,6 +12,7 @@ import pytest
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from app.storage.retention import move_log_start, trim_index
+from jobs.spark.vacuum import TIMESTAMP_SLACK_MS
 from tests.helpers.spark_records import read_back
 from tests.helpers.spark_support import (
     SPARK_TESTS,
@@ -32,13 +33,38 @@ from tests.helpers.spark_support import (
 pytestmark = SPARK_TESTS
 
 HORIZON_MS = 2000
-# The test that tells young orphans from old ones: a young one must still be young when the
-# vacuum starts, however long a loaded machine takes from its upload to the scan.
-AGES_HORIZON_MS = 10_000
+# The test that tells young orphans from old ones runs its scans on a later S3 clock (the
+# job's ``later``) instead of waiting for it: a horizon long enough that a young one is
+# still young however long a loaded machine takes from its upload to the scan.
+AGES_HORIZON_MS = 60_000
+
+
+def _outgrown(anchored: int) -> int:
+    """A scan start by which every object made before the anchor has outgrown
+    HORIZON_MS: what waiting out the horizon would give, without the wait."""
+    return anchored + HORIZON_MS + TIMESTAMP_SLACK_MS + 500
 
 
 def _two(tag: str) -> list[bytes]:
     return [f"{tag}-0".encode(), f"{tag}-1".encode()]
+
+
+def _listed_ms(s3_client: Any, bucket: str, key: str) -> int:
+    """The object's LastModified as the vacuum's listing sees it (milliseconds)."""
+    (found,) = s3_client.list_objects_v2(Bucket=bucket, Prefix=key)["Contents"]
+    return int(found["LastModified"].timestamp() * 1000)
+
+
+def _put_after(s3_client: Any, bucket: str, key: str, after_ms: int) -> int:
+    """Put ``key`` with a LastModified later than ``after_ms``; that LastModified."""
+    with_deadline = time.monotonic() + 30
+    while True:
+        s3_client.put_object(Bucket=bucket, Key=key, Body=b"young orphan")
+        made = _listed_ms(s3_client, bucket, key)
+        if made > after_ms:
+            return made
+        assert time.monotonic() < with_deadline, "the S3 clock did not move"
+        time.sleep(0.01)
 
 
 def _keys(s3_client: Any, bucket: str, prefix: str) -> set[str]:
@@ -84,14 +110,20 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
     for k in old_orphans:
         s3_client.put_object(Bucket=bucket, Key=k, Body=b"old orphan")
     expected = built["orphans"] | old_orphans
-    time.sleep((AGES_HORIZON_MS + 1500) / 1000)
+    newest_old = max(_listed_ms(s3_client, bucket, k) for k in old_orphans)
     young = f"{root}/wal-shared/{uuid.uuid4().hex}"
-    s3_client.put_object(Bucket=bucket, Key=young, Body=b"young orphan")
+    made = _put_after(s3_client, bucket, young, newest_old)
     everything = _keys(s3_client, bucket, root + "/")
     assert built["referenced"] | expected | {young} <= everything
 
+    # Scans as if they started just as the young orphan outgrows nothing: everything made
+    # before it is older than the horizon, and it is not (its age is the bound itself).
+    def just_young(made_ms: int) -> Any:
+        return lambda anchored: made_ms + AGES_HORIZON_MS + TIMESTAMP_SLACK_MS
+
     options = VacuumOptions(retry_horizon_ms=AGES_HORIZON_MS, unsafe_short_horizon=True)
-    dry = run_vacuum(spark, settings, options, Report(tmp_path / "dry"))
+    dry = run_vacuum(spark, settings, options, Report(tmp_path / "dry"),
+                     later=just_young(made))
     assert dry.exit_code == 0, dry.summary
     assert dry.summary["dry_run"] is True
     decisions = {d["key"]: d for d in table(tmp_path / "dry", "decisions")}
@@ -102,16 +134,14 @@ def test_vacuum_deletes_only_old_orphans(stack: LocalStack, spark: Any, topic: s
         assert (decisions[k]["action"], decisions[k]["reason"]) == ("kept", "referenced")
     assert _keys(s3_client, bucket, root + "/") == everything  # nothing deleted
 
-    # By now the first young orphan has outgrown the horizon; a new one has not.
-    if (time.time() * 1000 - decisions[young]["last_modified_ms"]) < AGES_HORIZON_MS + 1500:
-        time.sleep((AGES_HORIZON_MS + 1500) / 1000)
+    # A later scan: the first young orphan has outgrown the horizon; a new one has not.
     expected |= {young}
     young = f"{root}/wal-shared/{uuid.uuid4().hex}"
-    s3_client.put_object(Bucket=bucket, Key=young, Body=b"young orphan")
+    made = _put_after(s3_client, bucket, young, made)
     everything.add(young)
     applied = run_vacuum(spark, settings, VacuumOptions(
         retry_horizon_ms=AGES_HORIZON_MS, unsafe_short_horizon=True, apply=True),
-        Report(tmp_path / "apply"))
+        Report(tmp_path / "apply"), later=just_young(made))
     assert applied.exit_code == 0, applied.summary
     summary = read_summary(tmp_path / "apply")
     assert summary["deleted"]["count"] == len(expected)
@@ -192,11 +222,10 @@ def test_vacuum_deletes_nothing_while_metadata_does_not_parse(
     for k in orphans:
         s3_client.put_object(Bucket=bucket, Key=k, Body=b"orphan")
     everything = _keys(s3_client, bucket, root + "/")
-    time.sleep((HORIZON_MS + 1500) / 1000)  # the orphans outgrow the horizon
 
     outcome = run_vacuum(spark, settings, VacuumOptions(
         retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
-        Report(tmp_path / "r"))
+        Report(tmp_path / "r"), later=_outgrown)  # the orphans have outgrown the horizon
     assert _keys(s3_client, bucket, root + "/") == everything  # nothing deleted
     assert outcome.exit_code == 3, outcome.summary
     summary = read_summary(tmp_path / "r")
@@ -229,10 +258,9 @@ def test_a_partition_that_lost_its_control_record_still_protects_its_objects(
         return {e.layout.parse_uri(r.wal_uri)[1] for r in results[:2]}
 
     indexed = run(settings, build)
-    time.sleep((HORIZON_MS + 1500) / 1000)
     outcome = run_vacuum(spark, settings, VacuumOptions(
         retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),
-        Report(tmp_path / "r"))
+        Report(tmp_path / "r"), later=_outgrown)
     assert outcome.exit_code == 0, outcome.summary
     assert outcome.summary["partitions"] == 1
     decisions = {d["key"]: d for d in table(tmp_path / "r", "decisions")}
@@ -278,7 +306,8 @@ def test_vacuum_after_retention_frees_only_what_no_partition_needs(
     built = run(settings, build)
     everything = _keys(s3_client, bucket, root + "/")
     assert built["freed"] | built["kept"] == everything
-    time.sleep((HORIZON_MS + 1500) / 1000)  # everything outgrows the horizon
+    # Waited out on the S3 clock itself here (the other tests run on a later one).
+    time.sleep((HORIZON_MS + TIMESTAMP_SLACK_MS + 500) / 1000)  # everything outgrows it
 
     outcome = run_vacuum(spark, settings, VacuumOptions(
         retry_horizon_ms=HORIZON_MS, unsafe_short_horizon=True, apply=True),

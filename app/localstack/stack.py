@@ -151,9 +151,13 @@ class LocalStack:
         )
         self._ensure_port_free("Oxia", c.oxia_port)
         self.oxia.start()
+        # Oxia's standalone (v0.14) serves its public port before it sets the dispatcher
+        # of shard assignments, and a client's first call (GetShardAssignments) in that
+        # window panics the server (a nil dereference). Its metrics port opens only after
+        # the dispatcher is set, so that port, not the public one, says a client may call.
         wait_until(
-            f"Oxia on {self.oxia_address}",
-            lambda: port_open(c.host, c.oxia_port),
+            f"Oxia's metrics on {c.host}:{metrics_port} (it opens once clients may call)",
+            lambda: port_open(c.host, metrics_port),
             timeout=c.startup_timeout_s,
             process=self.oxia,
         )

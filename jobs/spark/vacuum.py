@@ -30,7 +30,7 @@ import contextlib
 import functools
 import sys
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -310,12 +310,17 @@ def _summary(settings: Settings, options: VacuumOptions, horizon: int, started: 
 
 
 def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
-               report: Report) -> JobOutcome:
+               report: Report, *, later: Callable[[int], int] | None = None) -> JobOutcome:
+    """``later``: the scan start to use given the anchor's, for tests that age objects
+    without waiting for the S3 clock (it may only move the start later; the rest of the
+    rule, and the scan's order, are unchanged)."""
     horizon = retry_horizon(settings, options)
     started = now_ms()
     tasks = default_tasks(spark, options.tasks)
     run_id = uuid.uuid4().hex
-    scan_started = _anchor(settings, run_id)
+    scan_started = anchored = _anchor(settings, run_id)
+    if later is not None:
+        scan_started = max(anchored, later(anchored))
     try:
         describe(spark, f"vacuum: scan started at {scan_started} (S3 clock)")
         objects, partitions = list_then_discover(spark, settings, JOB,

@@ -56,6 +56,9 @@ _SESSION: Any = None
 
 
 _GATEWAY_ATTEMPTS = 3
+# The tests' JVMs run small jobs for minutes: the client compiler alone, and one GC
+# thread, spend a fraction of the CPU that C2's compilations and parallel GC do there.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
 
 def get_spark() -> Any:
@@ -85,6 +88,7 @@ def get_spark() -> Any:
                         "spark.default.parallelism": "2",
                         "spark.driver.memory": "1g",
                         "spark.sql.adaptive.enabled": "true",
+                        "spark.driver.extraJavaOptions": TEST_JVM_OPTIONS,
                     })
                     break
                 except PySparkRuntimeError as exc:
