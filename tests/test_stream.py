@@ -97,6 +97,13 @@ async def test_history_then_live_records_and_resumption(brokers: BrokerFactory,
             async with http.stream("GET", url, headers={"Last-Event-ID": last}) as r:
                 got, _ = await _records(events(r), 1)
                 assert got == [(0, 4, "later")]  # nothing before the id is sent again
+            # from=0 is the log start wherever it moved, as "earliest" is (not offset 1).
+            assert (await http.delete(f"/topics/{topic}")).status_code == 200
+            await _produce(broker, topic, "anew")
+            async with http.stream("GET", f"/topics/{topic}/stream?partitions=0&from=0") as r:
+                assert r.status_code == 200
+                got, _ = await _records(events(r), 1)
+                assert got == [(0, 5, "anew")]
 
 
 async def test_heartbeats_while_idle_and_bad_parameters(brokers: BrokerFactory,

@@ -81,6 +81,10 @@ async def test_create_list_describe_update_and_delete(stack: LocalStack, topic: 
         # Offsets are never reused: written again, the topic continues where it stopped.
         r = await http.post("/produce", json=produce_body(topic, "again", partition=1))
         assert r.json()["results"][0]["start_offset"] == 3
+        # 0, like "earliest", is the log start wherever it moved: not offset 1.
+        for start in (0, "earliest"):
+            again = await _consume(http, topic, start, partition=1)
+            assert [x["offset"] for x in again["records"]] == [3], (start, again)
 
 
 async def test_without_auto_create_unknown_topics_and_partitions_are_refused(

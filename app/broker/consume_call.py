@@ -28,7 +28,7 @@ from app.broker import answers
 from app.broker.answer_compression import compress_answer
 from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold, BudgetedConsumeService
 from app.broker.consume import Fetch
-from app.broker.positions import NAMED, resolve_named
+from app.broker.positions import resolve_named, start_named
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled
 from app.groups.offsets import Reset
 from app.storage.keys import TopicPartition
@@ -183,8 +183,8 @@ class ConsumeCall:
     async def _resolve_named(self) -> None:
         """"earliest" and "latest" as offsets; a partition whose offsets could not be
         looked up reads from the log start, and its read answers why."""
-        named = [(i, e.fetch_offset) for i, e in enumerate(self.ask.topic_partitions)
-                 if e.fetch_offset in NAMED]
+        named = [(i, name) for i, e in enumerate(self.ask.topic_partitions)
+                 if (name := start_named(e.fetch_offset)) is not None]
         if not named:
             return
         found = await resolve_named(self.state, [(self.fetches[i].tp, name)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -23,7 +23,7 @@ import orjson
 from app.broker import answers
 from app.broker.answering import JSON_FACTOR, AnswerHold
 from app.broker.consume import Fetch
-from app.broker.positions import Named, resolve_named
+from app.broker.positions import resolve_named, start_named
 from app.errors import InvalidRequest, LlogError, ShuttingDown, Unavailable
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadOutcome, ReadResult
@@ -132,11 +132,11 @@ class EventStream:
         self.slots = slots
 
     async def _starts(self, partitions: list[int], start: str) -> dict[int, int]:
-        if start.isdigit():
-            return dict.fromkeys(partitions, max(1, int(start)))
-        if start not in ("earliest", "latest"):
+        name = start_named(int(start) if start.isdigit() else start)
+        if name is None and start.isdigit():
+            return dict.fromkeys(partitions, int(start))
+        if name is None:
             raise InvalidRequest(f"from {start!r}: earliest, latest or an offset")
-        name = cast(Named, start)
         found = await resolve_named(self.state, [(TopicPartition(self.topic, p), name)
                                                  for p in partitions])
         out: dict[int, int] = {}

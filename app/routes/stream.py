@@ -78,7 +78,8 @@ async def stream(
     request: Request,
     topic: PathTopic,
     partitions: Annotated[str, Query(description="comma-separated partitions")] = "0",
-    start: Annotated[str, Query(alias="from", description="earliest, latest or an offset")
+    start: Annotated[str, Query(alias="from", description=(
+        "earliest, latest or an offset; 0 is the log start, as earliest is"))
                      ] = "latest",
     encoding: Annotated[str, Query(pattern="^(auto|base64)$")] = "auto",
     max_bytes: Annotated[int, Query(ge=1)] = 1024 * 1024,
