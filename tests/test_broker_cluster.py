@@ -10,6 +10,7 @@ import anyio
 import httpx
 
 from app.localstack.stack import LocalStack
+from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from tests.helpers.bodies import consume_body, produce_body, without_times
 from tests.helpers.long_polls import NEVER_MS, until_parked, woken_by_a_write
@@ -147,6 +148,31 @@ async def test_workers_share_a_port_and_wake_each_other(
     assert len(results) == 8
     assert all(without_times(res["records"]) == [{"offset": 1, "value": "hello"}]
                for res in results)
+
+
+async def test_a_restarted_worker_trusts_no_cache_file_until_the_log_confirms_it(
+    brokers: BrokerFactory, stack: LocalStack, topic: str
+) -> None:
+    """A shared cache directory outlives the worker that filled it, and its hw file can
+    lag the log: here, commits made while no worker used the directory. A worker started
+    on it must read the log before answering "nothing yet", not park on the file's word."""
+    cache_dir = str(brokers.tmp / "stale-tail-cache")
+    first = brokers.start(tail_cache_dir=cache_dir)
+    async with httpx.AsyncClient(base_url=first.url, timeout=30) as client:
+        r = await client.post("/produce", json=produce_body(topic, "a", "b", "c"))
+        assert r.status_code == 200, r.text
+        r = await client.post("/consume", json=consume_body(topic, 4))  # hw file: 3
+        assert r.json()["results"][0]["records"] == []
+    first.process.stop()
+    tp = TopicPartition(topic, 0)
+    async with open_engine(make_settings(stack)) as e:  # commits the file never heard of
+        (done,) = await e.writer.append_shared([AppendGroup(tp, [b"d", b"e"])])
+        assert isinstance(done, AppendResult) and done.start_offset == 4
+    again = brokers.start(tail_cache_dir=cache_dir)
+    async with httpx.AsyncClient(base_url=again.url, timeout=60) as client:
+        r = await client.post("/consume", json=consume_body(topic, 4, max_wait_ms=10_000))
+    got = r.json()["results"][0]
+    assert [x["offset"] for x in got["records"]] == [4, 5], got
 
 
 async def test_backpressure_refuses_with_503_and_every_200_is_durable(

@@ -81,16 +81,22 @@ class WatchStats:
 class PartitionWatch:
     """Waiters per partition, plus the generations of partitions changed by others.
 
-    Only stale partitions are remembered, at most ``max_stale`` of them; beyond that the
-    whole table is dropped and a global epoch moves on, which makes *every* partition
-    stale once (a few extra reads, never a missed record).
+    A partition is stale when another process changed it since this one last read it,
+    and until this process has read it once in the current epoch (every partition starts
+    stale). At most ``max_stale`` partitions of each kind are remembered; beyond that the
+    table is dropped (and for changes a global epoch moves on), which makes those
+    partitions stale once more (a few extra reads, never a missed record).
     """
 
     def __init__(self, max_stale: int = 100_000) -> None:
         self._waiters: dict[TopicPartition, set[Waiter]] = {}
         # Stale partitions -> the sequence number of their latest change.
         self._changes: dict[TopicPartition, int] = {}
-        self._epoch = 0
+        # Every partition starts stale: what a shared cache directory (LLOG_TAIL_CACHE_DIR)
+        # holds may lag the log (other hosts' commits, a dropped write-behind, two workers
+        # racing), and no notification reports the commits made before this process
+        # watched. Nothing cached is trusted until a read of the log confirms it.
+        self._epoch = 1
         self._seen_epoch: dict[TopicPartition, int] = {}
         self._max_stale = max_stale
         self.remote_changes = 0  # also the sequence number of the latest change
@@ -147,8 +153,7 @@ class PartitionWatch:
         return Generation(self._epoch, self.remote_changes)
 
     def is_stale(self, tp: TopicPartition) -> bool:
-        return tp in self._changes or (
-            self._epoch > 0 and self._seen_epoch.get(tp, 0) < self._epoch)
+        return tp in self._changes or self._seen_epoch.get(tp, 0) < self._epoch
 
     def refreshed(self, tp: TopicPartition, generation: Generation) -> None:
         """A read whose every look at the log came after ``generation`` was captured has
@@ -157,10 +162,9 @@ class PartitionWatch:
         if generation.epoch != self._epoch or self._changes.get(tp, 0) > generation.sequence:
             return
         self._changes.pop(tp, None)
-        if self._epoch > 0:
-            if len(self._seen_epoch) >= self._max_stale:
-                self._seen_epoch.clear()
-            self._seen_epoch[tp] = self._epoch
+        if len(self._seen_epoch) >= self._max_stale:
+            self._seen_epoch.clear()  # all stale once more: a few extra reads
+        self._seen_epoch[tp] = self._epoch
 
 
 class OxiaChangeListener:
