@@ -3,6 +3,7 @@ auth file (never by polling) and at its JWT's expiry."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import anyio
@@ -54,3 +55,27 @@ async def test_the_guard_ends_a_stream_at_its_credential_s_expiry(tmp_path: Path
     with anyio.fail_after(10):
         refused = await guard.revoked()
     assert isinstance(refused, Unauthenticated) and "expired" in str(refused)
+
+
+async def test_no_batch_is_sent_past_the_expiry_even_by_a_read_that_never_waits(
+        tmp_path: Path) -> None:
+    # A read that returns without a checkpoint ends the race before the watch has run
+    # once: the expiry must hold by the clock, not by the watch being scheduled.
+    control = _control(tmp_path, '[default]\nconsume = ["orders"]\n')
+    principal = control.principal("svc", "jwt", expires_at=time.time() + 0.3)
+    guard = StreamGuard(control, principal, "orders")
+
+    async def read_at_once() -> int:
+        return 1
+
+    expires_at = principal.expires_at
+    assert expires_at is not None
+    with anyio.fail_after(10):
+        while True:
+            started = time.time()
+            outcome = await guard.unless_revoked(read_at_once)
+            if isinstance(outcome, tuple):
+                assert started < expires_at, "a batch read past the expiry was sent"
+                continue
+            assert isinstance(outcome, Unauthenticated) and "expired" in str(outcome)
+            break

@@ -4,9 +4,10 @@ A stream is one request that may last for hours, so the check its request passed
 start is not enough: the API key may be removed from the auth file, the principal's
 rights narrowed, its JWT may expire. :class:`StreamGuard` re-checks the principal each
 time the auth file is loaded (it waits on the generation the loader bumps, beside the
-stream's own read, so nothing is polled per record) and when its credential expires;
-the stream then ends with an ``error`` event naming the refusal, as the HTTP API would
-have answered it (``Unauthenticated``, ``Forbidden``).
+stream's own read, so nothing is polled per record) and when its credential expires,
+which every batch also checks against the clock before it is sent; the stream then
+ends with an ``error`` event naming the refusal, as the HTTP API would have answered it
+(``Unauthenticated``, ``Forbidden``).
 
 Each read after the first is charged to the principal's request quota, as the
 ``POST /consume`` that would read the same records is: a stream is not a way around the
@@ -91,4 +92,16 @@ class StreamGuard:
             if len(group.exceptions) == 1:
                 raise group.exceptions[0] from None
             raise
-        return refused[0] if refused else (done[0],)
+        if refused:
+            return refused[0]
+        # The watch runs only when the loop schedules it, and a read that never waits
+        # (a backlog in the cache) ends the race before it does: the clock decides, so
+        # no batch read at or past the credential's end is sent.
+        expired = self._expired()
+        return expired if expired is not None else (done[0],)
+
+    def _expired(self) -> AccessError | None:
+        expires_at = self.principal.expires_at
+        if expires_at is None or time.time() < expires_at:
+            return None
+        return self.refusal()
