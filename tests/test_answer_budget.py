@@ -151,3 +151,42 @@ def test_the_consume_route_declares_the_refusal_with_retry_after() -> None:
     assert "Unavailable" in refused["content"]["application/json"]["examples"]
     assert "LLOG_MAX_ANSWER_BYTES_IN_FLIGHT" in refused["description"]
     assert refused["headers"]["Retry-After"]["required"] is True
+
+
+async def test_a_stream_that_waits_to_read_again_holds_none_of_the_budget() -> None:
+    """The read of a stream found the budget full (a retriable refusal) while its hold
+    still had the batch it sent before: the hold is given back before the stream sleeps
+    to retry, so waiting streams cannot keep the budget full between them."""
+    from types import SimpleNamespace
+
+    from prometheus_client import CollectorRegistry
+
+    from app.broker.answering import AnswerHold
+    from app.broker.event_stream import EventStream
+    from app.broker.metrics import ConsumeMetrics
+
+    budget = AnswerBudget(10_000, max_wait_s=LONG)
+
+    class FullBudget:
+        released = False
+
+        def answer(self, factor: float) -> AnswerHold:
+            return AnswerHold(budget.reservation(), factor)
+
+        async def consume_holding(self, hold: AnswerHold, *args: object, **kwargs: object
+                                  ) -> object:
+            hold.hold(4_000)  # what the batch sent before still held
+            raise Unavailable("the answer budget is full")
+
+    state = SimpleNamespace(status="ok", consume=FullBudget(),
+                            consume_metrics=ConsumeMetrics(CollectorRegistry()))
+    stream = EventStream(state, "orders", encoding="auto",  # type: ignore[arg-type]
+                         max_bytes=1000, heartbeat_ms=1000, guard=None,
+                         consumed=lambda _: None)
+    stream.offsets = {0: 1}
+    events = stream.events()
+    with anyio.fail_after(10):
+        assert await events.__anext__() == b"retry: 1000\n\n"
+        assert await events.__anext__() == b": heartbeat\n\n"  # it sleeps next
+        assert budget.statistics().bytes_in_flight == 0
+        await events.aclose()

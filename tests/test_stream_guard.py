@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry
 from app.auth.apikeys import mint
 from app.auth.authfile import parse
 from app.auth.control import AccessControl
-from app.errors import Forbidden, Unauthenticated
+from app.errors import Forbidden, Unauthenticated, Unavailable
 from app.routes.stream_guard import StreamGuard
 from app.settings import Settings
 
@@ -79,3 +79,26 @@ async def test_no_batch_is_sent_past_the_expiry_even_by_a_read_that_never_waits(
                 continue
             assert isinstance(outcome, Unauthenticated) and "expired" in str(outcome)
             break
+
+
+async def test_each_send_rechecks_access_and_a_refusal_wins_over_a_failed_read(
+        tmp_path: Path) -> None:
+    """The stream asks refusal_now() before each event that carries records (a send may
+    wait on a slow client long after its batch was read), and a read that raises after
+    the credential's end answers the refusal, not its own error."""
+    token, stored = mint()
+    control = _control(tmp_path, f'[principals.r]\nkeys = ["{stored}"]\nconsume = ["orders"]\n')
+    principal = await control.authenticate(f"Bearer {token}")
+    guard = StreamGuard(control, principal, "orders")
+    assert guard.refusal_now() is None
+    control._apply(parse(f'[principals.r]\nkeys = ["{stored}"]\n'))  # consume taken away
+    assert isinstance(guard.refusal_now(), Forbidden)
+
+    expiring = StreamGuard(control, control.principal("svc", "jwt", expires_at=0.0), "orders")
+
+    async def failing_read() -> int:
+        raise Unavailable("the answer budget is full")
+
+    with anyio.fail_after(10):
+        outcome = await expiring.unless_revoked(failing_read)
+    assert isinstance(outcome, Unauthenticated) and "expired" in str(outcome)

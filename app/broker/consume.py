@@ -142,7 +142,7 @@ class ConsumeService:
             if len(kept) == len(hit.records):
                 next_offset = hit.next_offset
             else:
-                next_offset = runs.next_offset(kept) or max(f.offset, 1)
+                next_offset = runs.next_offset(kept) or f.offset  # a hit is never at 0
             outcomes[i] = ReadResult(f.tp, kept, hit.high_watermark, next_offset,
                                      hit.append_times[:len(kept)])
         if misses:
@@ -167,7 +167,9 @@ class ConsumeService:
         other way round, a look in between (the file cache notes in a worker thread)
         would trust the older one.
         """
-        requests = [ReadRequest(fetches[i].tp, max(fetches[i].offset, 1),
+        # Offset 0 goes to the read as it is: the log start, found in the same read of
+        # the control record as the records (one rule, app/storage/reader.py).
+        requests = [ReadRequest(fetches[i].tp, fetches[i].offset,
                                 MAX_RECORDS_PER_PARTITION, fetches[i].partition_max_bytes)
                     for i in misses]
         results = await self._reader.read_many(requests, max_bytes=budget,
@@ -194,7 +196,9 @@ class ConsumeService:
 
 def _lookup_all(cache: TailCache, fetches: Sequence[Fetch], max_bytes: int
                 ) -> list[CacheHit | None]:
-    return [cache.get(f.tp, max(f.offset, 1), MAX_RECORDS_PER_PARTITION,
+    # The cache does not know the log start: offset 0 (it) is always read from the log.
+    return [None if f.offset == 0 else
+            cache.get(f.tp, f.offset, MAX_RECORDS_PER_PARTITION,
                       min(f.partition_max_bytes or max_bytes, max_bytes)) for f in fetches]
 
 

@@ -28,7 +28,7 @@ from app.broker import answers
 from app.broker.answer_compression import compress_answer
 from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold, BudgetedConsumeService
 from app.broker.consume import Fetch
-from app.broker.positions import resolve_named, start_named
+from app.broker.positions import NAMED, resolve_named
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled
 from app.groups.offsets import Reset
 from app.storage.keys import TopicPartition
@@ -175,7 +175,8 @@ class ConsumeCall:
             if most is not None and most > s.max_fetch_bytes:
                 raise InvalidRequest(f"partition_max_bytes {most} for {tp} exceeds the "
                                      f"limit of {s.max_fetch_bytes}")
-            # A named position is resolved below; 0 (the log start) until then.
+            # A named position is resolved below; 0 until then, which the read itself
+            # takes for the log start (app/storage/reader.py), were the lookup to fail.
             offset = entry.fetch_offset if isinstance(entry.fetch_offset, int) else 0
             fetches.append(Fetch(tp, offset, most))
         return fetches
@@ -183,8 +184,8 @@ class ConsumeCall:
     async def _resolve_named(self) -> None:
         """"earliest" and "latest" as offsets; a partition whose offsets could not be
         looked up reads from the log start, and its read answers why."""
-        named = [(i, name) for i, e in enumerate(self.ask.topic_partitions)
-                 if (name := start_named(e.fetch_offset)) is not None]
+        named = [(i, e.fetch_offset) for i, e in enumerate(self.ask.topic_partitions)
+                 if e.fetch_offset in NAMED]
         if not named:
             return
         found = await resolve_named(self.state, [(self.fetches[i].tp, name)

@@ -23,7 +23,7 @@ import orjson
 from app.broker import answers
 from app.broker.answering import JSON_FACTOR, AnswerHold
 from app.broker.consume import Fetch
-from app.broker.positions import resolve_named, start_named
+from app.broker.positions import NAMED, Named, resolve_named
 from app.errors import InvalidRequest, LlogError, ShuttingDown, Unavailable
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadOutcome, ReadResult
@@ -45,6 +45,8 @@ class Guard(Protocol):
     """What keeps a stream's access current (app/routes/stream_guard.py)."""
 
     def throttle(self) -> int: ...
+
+    def refusal_now(self) -> LlogError | None: ...
 
     async def unless_revoked(self, work: Callable[[], Awaitable[T]]
                              ) -> tuple[T] | LlogError: ...
@@ -132,11 +134,11 @@ class EventStream:
         self.slots = slots
 
     async def _starts(self, partitions: list[int], start: str) -> dict[int, int]:
-        name = start_named(int(start) if start.isdigit() else start)
-        if name is None and start.isdigit():
+        if start.isdigit():  # 0 is the log start: the read resolves it (reader.py)
             return dict.fromkeys(partitions, int(start))
-        if name is None:
+        if start not in NAMED:
             raise InvalidRequest(f"from {start!r}: earliest, latest or an offset")
+        name: Named = start
         found = await resolve_named(self.state, [(TopicPartition(self.topic, p), name)
                                                  for p in partitions])
         out: dict[int, int] = {}
@@ -183,7 +185,10 @@ class EventStream:
                 if not exc.retriable:
                     yield self._last("error", "error", problem(exc))
                     return
-                # The answer budget stayed full: a heartbeat, then read again.
+                # The answer budget stayed full: a heartbeat, then read again. What the
+                # hold still has (the batch sent before) goes back first: a stream that
+                # waits holds nothing, or the streams waiting could fill the budget.
+                hold.release()
                 metrics.stream_events.labels("heartbeat").inc()
                 yield b": heartbeat\n\n"
                 await anyio.sleep(min(RETRY_AFTER_S, self.heartbeat_s))
@@ -200,6 +205,12 @@ class EventStream:
                         "partition": fetch.tp.partition, **problem(result)})
                     return
                 if result.records:
+                    # Each send may wait for a slow client: access is checked again
+                    # before each one, not only when the batch was read.
+                    revoked = None if self.guard is None else self.guard.refusal_now()
+                    if revoked is not None:
+                        yield self._last("revoked", "error", problem(revoked))
+                        return
                     sent = True
                     self.consumed(result.size)
                     yield self._records(fetch.tp.partition, result)

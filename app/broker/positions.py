@@ -20,19 +20,9 @@ if TYPE_CHECKING:
 # Lookups of one request at once (each is a few Oxia reads, at most one ranged GET).
 LOOKUP_CONCURRENCY = 16
 Named = Literal["earliest", "latest"]
+NAMED: tuple[Named, ...] = ("earliest", "latest")
 # A partition's offsets, or why they could not be found.
 Found = PartitionOffsets | LlogError
-
-
-def start_named(start: int | str) -> Named | None:
-    """The named position a requested start stands for, or None for an offset to read
-    as given. ``0`` is the offset before the first record ever written, so it means the
-    log start wherever retention, a truncation or a deleted and re-created topic has
-    moved it: the same as "earliest". This is the one rule for ``POST /consume`` (JSON
-    and binary) and the event stream's ``from``."""
-    if start == 0 or start == "earliest":
-        return "earliest"
-    return "latest" if start == "latest" else None
 
 
 def named_offset(where: PartitionOffsets, name: Named) -> int:

@@ -87,6 +87,10 @@ class StreamGuard:
                 tg.start_soon(run)
                 tg.start_soon(watch)
         except BaseExceptionGroup as group:
+            # A refusal wins over what the read raised: the stream ends saying why.
+            revoked = refused[0] if refused else self.refusal_now()
+            if revoked is not None:
+                return revoked
             # What ``work`` raised (the answer budget full, say), as itself: the caller
             # handles errors it knows, not the task group's wrapping of them.
             if len(group.exceptions) == 1:
@@ -97,11 +101,16 @@ class StreamGuard:
         # The watch runs only when the loop schedules it, and a read that never waits
         # (a backlog in the cache) ends the race before it does: the clock decides, so
         # no batch read at or past the credential's end is sent.
-        expired = self._expired()
-        return expired if expired is not None else (done[0],)
+        revoked = self.refusal_now()
+        return revoked if revoked is not None else (done[0],)
 
-    def _expired(self) -> AccessError | None:
+    def refusal_now(self) -> AccessError | None:
+        """The refusal if the credential has expired by the clock or the auth file was
+        loaded again since the last check (without waiting: before each event that
+        carries records)."""
         expires_at = self.principal.expires_at
-        if expires_at is None or time.time() < expires_at:
+        expired = expires_at is not None and time.time() >= expires_at
+        if not expired and self.control.generation == self._generation:
             return None
+        self._generation = self.control.generation
         return self.refusal()
