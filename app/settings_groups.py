@@ -311,6 +311,10 @@ class GroupSettings(_Group):
     group_max_topics: int = Field(default=100, ge=1, le=10_000)
     group_max_partitions: int = Field(default=10_000, ge=1, le=1_000_000)
     group_list_max: int = Field(default=1_000, ge=1, le=100_000)
+    # Commits written pending and confirmed after their check (docs/protocol.md, Commit).
+    # Off only while upgrading from a release before them: those releases neither read
+    # a pending commit nor fence one, so commits are written directly until none remains.
+    group_pending_commits: bool = True
 
     @model_validator(mode="after")
     def _check_sessions(self) -> GroupSettings:

@@ -17,7 +17,7 @@ from fastapi import FastAPI
 from app.errors import GroupNotEmpty, StaleGeneration, StorageUnavailable
 from app.factory import create_app
 from app.groups.membership import Membership
-from app.groups.offsets import GroupOffsets
+from app.groups.offsets import GroupOffsets, ResetTarget
 from app.groups.records import CommittedOffset
 from app.groups.store import GroupStore
 from app.localstack.stack import LocalStack
@@ -531,3 +531,229 @@ async def test_groups_are_listed_a_page_at_a_time(stack: LocalStack, topic: str)
         assert seen == names
         r = await http.get("/groups", params={"limit": 4})
         assert r.status_code == 400
+
+
+class _Window(GroupStore):
+    """A store that runs ``between`` once, when a write matching ``when`` is about to be
+    sent (``after=False``) or has landed (``after=True``): a window driven directly."""
+
+    def __init__(self, *args: Any, when: Any, between: Any, after: bool) -> None:
+        super().__init__(*args)
+        self._when, self._between, self._after, self.ran = when, between, after, False
+
+    async def put_offset(self, group: str, tp: TopicPartition, committed: CommittedOffset,
+                         expected_version: int) -> int:
+        hit = not self.ran and self._when(committed)
+        if hit and not self._after:
+            self.ran = True
+            await self._between()
+        version = await super().put_offset(group, tp, committed, expected_version)
+        if hit and self._after:
+            self.ran = True
+            await self._between()
+        return version
+
+
+def _pending_of(offset: int) -> Any:
+    return lambda c: c.pending is not None and c.pending.offset == offset
+
+
+def _confirming(offset: int) -> Any:
+    return lambda c: c.pending is None and c.offset == offset
+
+
+async def _one_partition_offsets(e: Any, store_factory: Any) -> tuple[GroupStore, GroupOffsets]:
+    async def count(_: str) -> int:
+        return 1
+
+    store = store_factory(e.oxia, e.layout)
+    return store, GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+
+
+@pytest.mark.parametrize("confirming", [False, True],
+                         ids=["before-its-check", "before-its-confirmation"])
+async def test_a_refused_commit_is_never_the_position_a_new_owner_reads(
+        stack: LocalStack, topic: str, group: str, confirming: bool) -> None:
+    """The commit of offset 3 is written (pending). A member joins and the new generation
+    reads its position before the commit's check, or after the check and before its
+    confirmation (the read then fences it: the confirmation fails). Either way the commit
+    is refused and the position read is one past the confirmed offset (1), never past the
+    refused one, then and after."""
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b", "c"))
+        member = await _join(http, group, topic)
+        await _ok(await _commit(http, group, member, (topic, 0, 1)))
+        seen: list[int | Any] = []
+
+        async def rebalance_and_read() -> None:
+            await _join(http, group, topic)
+            seen.extend(await offsets.positions(group, [tp], "latest"))
+
+        store, offsets = await _one_partition_offsets(e, lambda *a: _Window(
+            *a, when=_confirming(3) if confirming else _pending_of(3),
+            between=rebalance_and_read, after=not confirming))
+        (done,) = await offsets.commit(group, member["member_id"], member["generation"],
+                                       [(tp, 3)])
+        assert isinstance(done, StaleGeneration), done
+        assert seen == [2]  # one past the confirmed 1, not past the refused 3
+        assert await offsets.positions(group, [tp], "latest") == [2]
+        found = await store.offset(group, tp)
+        assert found is not None and found.value.pending is None and found.value.offset == 1
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["before-its-write", "after-its-write"])
+async def test_a_member_that_joins_while_a_reset_is_written_refuses_the_reset(
+        stack: LocalStack, topic: str, group: str, after: bool) -> None:
+    """The reset moved the group to a new generation; a member joins before its offsets
+    are written, or before they are confirmed, and reads its position: the reset is
+    refused, and the member's position (the old one) is what the group keeps, so its
+    commits never land over a reset it did not see."""
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b", "c", "d"))
+        await _ok(await _commit(http, group, None, (topic, 0, 1)))
+        joined: list[dict[str, Any]] = []
+        seen: list[int | Any] = []
+
+        async def join_and_read() -> None:
+            joined.append(await _join(http, group, topic))
+            seen.extend(await offsets.positions(group, [tp], "latest"))
+
+        store, offsets = await _one_partition_offsets(e, lambda *a: _Window(
+            *a, when=_pending_of(3), between=join_and_read, after=after))
+        (done,) = await offsets.reset(group, [ResetTarget(tp, offset=3)])
+        assert isinstance(done, GroupNotEmpty), done
+        assert seen == [2]
+        assert await offsets.positions(group, [tp], "latest") == [2]
+        (member,) = joined
+        await _ok(await _commit(http, group, member, (topic, 0, 2)))
+        assert (await _committed(http, group))[(topic, 0)] == 2
+
+
+async def test_a_pending_commit_left_by_a_failed_withdrawal_is_counted_and_read_by_nobody(
+        stack: LocalStack, topic: str, group: str) -> None:
+    """Oxia refuses every write after the refused commit's own: its pending offset stays.
+    That is counted (llog_group_putback_failures_total), no reader takes it for the
+    position, and the next generation's first read drops it."""
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b", "c"))
+        member = await _join(http, group, topic)
+        await _ok(await _commit(http, group, member, (topic, 0, 1)))
+
+        class Stuck(GroupStore):
+            refusing = False
+
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                if self.refusing:
+                    raise StorageUnavailable("oxia: no leader for the shard")
+                version = await super().put_offset(group, tp, committed, expected_version)
+                if committed.pending is not None:
+                    await _join(http, group, topic)  # the check after writing refuses it
+                    self.refusing = True
+                return version
+
+        failures: list[None] = []
+
+        async def count(_: str) -> int:
+            return 1
+
+        store = Stuck(e.oxia, e.layout)
+        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader,
+                               putback_failed=lambda: failures.append(None))
+        (done,) = await offsets.commit(group, member["member_id"], member["generation"],
+                                       [(tp, 3)])
+        assert isinstance(done, StaleGeneration) and failures == [None], done
+        left = await store.offset(group, tp)
+        assert left is not None and left.value.pending is not None  # still there
+        assert (await _committed(http, group))[(topic, 0)] == 1
+        store.refusing = False
+        assert await offsets.positions(group, [tp], "latest") == [2]
+        dropped = await store.offset(group, tp)
+        assert dropped is not None and dropped.value.pending is None
+
+
+async def test_a_confirmation_that_applied_unanswered_is_never_answered_as_refused(
+        stack: LocalStack, topic: str, group: str) -> None:
+    """The commit's confirmation lands and its answer is lost; before the retry reads the
+    record, the member leaves, another joins, reads its position (one past the commit)
+    and commits further. The commit must not say "nothing was committed": it answers
+    that it may have been (StorageUnavailable saying so)."""
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b", "c", "d", "e"))
+        first = await _join(http, group, topic)
+        await _ok(await _commit(http, group, first, (topic, 0, 1)))
+        seen: list[int | Any] = []
+
+        class LostAnswer(GroupStore):
+            fired = False
+
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                version = await super().put_offset(group, tp, committed, expected_version)
+                if not self.fired and committed.pending is None and committed.offset == 3:
+                    self.fired = True
+                    await _ok(await http.post(f"/groups/{group}/leave",
+                                              json={"member_id": first["member_id"]}))
+                    second = await _join(http, group, topic)
+                    seen.extend(await offsets.positions(group, [tp], "latest"))
+                    await _ok(await _commit(http, group, second, (topic, 0, 4)))
+                    raise StorageUnavailable("oxia: the answer was lost")
+                return version
+
+        store, offsets = await _one_partition_offsets(e, LostAnswer)
+        (done,) = await offsets.commit(group, first["member_id"], first["generation"],
+                                       [(tp, 3)])
+        assert seen == [4]  # the commit of 3 was read as the position
+        assert isinstance(done, StorageUnavailable) and "may have been committed" in str(
+            done), done
+
+
+async def test_while_upgrading_commits_are_written_directly_and_put_back_if_refused(
+        stack: LocalStack, topic: str, group: str) -> None:
+    """LLOG_GROUP_PENDING_COMMITS=false, for a rolling upgrade from a release that reads
+    no pending commit: records carry none (an older release reads them as it wrote
+    them), a commit is answered once checked, and a refused one is put back."""
+    tp = TopicPartition(topic, 0)
+    async with broker(stack) as http, open_engine(make_settings(stack)) as e:
+        await http.post("/produce", json=produce_body(topic, "a", "b", "c"))
+        member = await _join(http, group, topic)
+        written: list[CommittedOffset] = []
+
+        class Recording(GroupStore):
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                written.append(committed)
+                return await super().put_offset(group, tp, committed, expected_version)
+
+        async def count(_: str) -> int:
+            return 1
+
+        store = Recording(e.oxia, e.layout)
+        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader,
+                               pending=False)
+        assert await offsets.commit(group, member["member_id"], member["generation"],
+                                    [(tp, 1)]) == [1]
+        assert [(c.offset, c.pending) for c in written] == [(1, None)]  # one direct write
+        joined: list[dict[str, Any]] = []
+
+        class Racing(Recording):
+            async def put_offset(self, group: str, tp: TopicPartition,
+                                 committed: CommittedOffset, expected_version: int) -> int:
+                version = await super().put_offset(group, tp, committed, expected_version)
+                if not joined:
+                    joined.append(await _join(http, group, topic))  # before the check
+                return version
+
+        racing = Racing(e.oxia, e.layout)
+        offsets = GroupOffsets(racing, Membership(racing, e.settings, count), e.reader,
+                               pending=False)
+        (done,) = await offsets.commit(group, member["member_id"], member["generation"],
+                                       [(tp, 3)])
+        assert isinstance(done, StaleGeneration), done
+        back = await racing.offset(group, tp)
+        assert back is not None and (back.value.offset, back.value.pending) == (1, None)
+        assert all(c.pending is None for c in written)

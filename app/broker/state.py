@@ -342,7 +342,7 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         return 0 if found is None else found.partitions
 
     state.groups = GroupService(oxia, layout, state.reader, s.consumer_groups, partitions_of,
-                                broker_id=s.broker_id)
+                                broker_id=s.broker_id, registry=state.registry)
     limits = s.limits
     state.consume = BudgetedConsumeService(
         state.reader, state.cache, state.watch, state.consume_metrics,

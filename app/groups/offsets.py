@@ -6,12 +6,15 @@ resumes one past it. Each record carries the generation that wrote it, and a com
 never replaces a record of a newer generation, so a member that lost its partitions in
 a rebalance cannot move them after the new owner has committed.
 
-The group record and the offsets live on different Oxia shards, and Oxia conditions a
-write on the version of the key written only, so no write of an offset can be
-conditioned on the group record. A commit therefore checks the group (the member
-listed, its lease live, the generation current), writes, and reads the group again:
-if it moved meanwhile, each offset written is put back by compare-and-set on the
-version this commit wrote (a later commit's record stands), and the commit is refused.
+Oxia conditions a write on the version of the key written only, so no write of an
+offset can be conditioned on the group record. A commit therefore checks the group
+(the member listed, its lease live, the generation current), writes its offset as a
+*pending* commit beside the confirmed one, reads the group again, and only then
+confirms it (a compare-and-set on the version it wrote). No reader takes a pending
+commit for the group's position, and the first reader of a newer generation drops an
+older generation's pending commit by compare-and-set, which fences it: its
+confirmation then fails and the commit is refused. So the position a new owner reads
+is never an offset whose commit was refused, and a refusal writes nothing anyone sees.
 """
 
 from __future__ import annotations
@@ -36,8 +39,8 @@ from app.errors import (
 )
 from app.groups.bounded import each, first_error
 from app.groups.membership import Membership
-from app.groups.records import CommittedOffset, Member
-from app.groups.store import GroupStore, Versioned
+from app.groups.records import CommittedOffset, Member, PendingCommit
+from app.groups.store import GroupStore
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import TopicPartition, validate_group
 from app.storage.offsets import PartitionOffsets, list_offsets
@@ -63,21 +66,37 @@ class ResetTarget:
 
 @dataclass(frozen=True)
 class _Written:
-    """One offset this commit wrote: the record it replaced (None: there was none) and
-    the version it wrote, so that it can be put back if the group moved meanwhile."""
+    """One offset this commit wrote (as pending, or directly), the version of the record
+    written, which its confirmation or withdrawal expects, and the confirmed commit it
+    replaced (what a direct write's withdrawal puts back)."""
 
-    offset: int
-    before: Versioned[CommittedOffset] | None
+    pending: PendingCommit
     version: int
+    replaced: CommittedOffset | None
+    direct: bool
+
+    @property
+    def offset(self) -> int:
+        return self.pending.offset
 
 
 class GroupOffsets:
     def __init__(self, store: GroupStore, membership: Membership, reader: LogReader, *,
-                 clock: Callable[[], int] = now_ms) -> None:
+                 clock: Callable[[], int] = now_ms,
+                 putback_failed: Callable[[], None] = lambda: None,
+                 pending: bool = True) -> None:
         self._store = store
         self._membership = membership
         self._reader = reader
         self._clock = clock
+        # Counted (llog_group_putback_failures_total) and alerted on: a refused commit
+        # whose pending record could not be withdrawn. Harmless to readers (a pending
+        # commit is never a position), but it says Oxia refused writes for a while.
+        self._putback_failed = putback_failed
+        # False (LLOG_GROUP_PENDING_COMMITS=false) while a release before pending commits
+        # may still run: commits are written directly, checked, and put back if refused,
+        # the protocol those releases follow (a refused offset is visible until then).
+        self._pending = pending
 
     async def authorise(self, group: str, member_id: str | None, generation: int | None,
                         tps: Sequence[TopicPartition]) -> int:
@@ -123,22 +142,39 @@ class GroupOffsets:
         committing = await self.authorise(group, member_id, generation,
                                           [tp for tp, _ in offsets])
         # Shielded from here: a commit cancelled between its writes and the check after
-        # them would leave offsets of a generation that may have ended.
+        # them would leave pending commits for a reader of a newer generation to drop.
         with anyio.CancelScope(shield=True):
             written = await each(offsets, lambda entry: self._write(
                 group, entry[0], entry[1], committing, member_id))
-            moved: LlogError | None = None
-            if any(isinstance(w, _Written) for w in written):
-                try:
-                    moved = await self._moved(group, member_id, committing)
-                except LlogError as exc:  # not checked: put back, as if it had moved
-                    moved = exc
-            if moved is not None:
-                await each([(tp, w) for (tp, _), w in zip(offsets, written, strict=True)
-                            if isinstance(w, _Written)],
-                           lambda entry: self._undo(group, entry[0], entry[1]))
-        return [moved if moved is not None and isinstance(w, _Written) else
-                w.offset if isinstance(w, _Written) else w for w in written]
+            outcomes = await self._settle_written(group, member_id, committing,
+                                                  [tp for tp, _ in offsets], written)
+        return outcomes
+
+    async def _settle_written(self, group: str, member_id: str | None, generation: int,
+                              tps: Sequence[TopicPartition],
+                              written: Sequence[_Written | LlogError]
+                              ) -> list[int | LlogError]:
+        """Check the group after the writes, then confirm each pending commit (the group
+        still in ``generation``, the member live) or withdraw it; one outcome each."""
+        mine = [(tp, w) for tp, w in zip(tps, written, strict=True) if isinstance(w, _Written)]
+        if not mine:
+            return [w for w in written if isinstance(w, LlogError)]
+        moved: LlogError | None
+        try:
+            moved = await self._moved(group, member_id, generation)
+        except LlogError as exc:  # not checked: refused, as if it had moved
+            moved = exc
+        if moved is not None:
+            await each(mine, lambda entry: self._withdraw(group, entry[0], entry[1]))
+            settled: dict[TopicPartition, int | LlogError] = {tp: moved for tp, _ in mine}
+        elif not self._pending:
+            settled = {tp: w.offset for tp, w in mine}
+        else:
+            confirmed = await each(mine, lambda entry: self._confirm(group, *entry))
+            settled = {tp: _refusal(group, member_id, generation, tp) if c is None else c
+                       for (tp, _), c in zip(mine, confirmed, strict=True)}
+        return [settled[tp] if isinstance(w, _Written) else w
+                for tp, w in zip(tps, written, strict=True)]
 
     async def positions(self, group: str, tps: Sequence[TopicPartition], reset: Reset
                         ) -> list[int | LlogError]:
@@ -147,15 +183,53 @@ class GroupOffsets:
         removed what follows it)."""
         validate_group(group)
 
+        # The generation is read first: every commit of an older one that is still
+        # pending when its partition is read below is fenced there, so what is read is
+        # the position for good (its commit can no longer be confirmed over it).
+        view = await self._membership.current(group)
+        current = 0 if view is None else view.generation
+
         async def one(tp: TopicPartition) -> int:
-            found = await self._store.offset(group, tp)
+            found = await self._fenced(group, tp, current)
             bounds = await list_offsets(self._reader, tp)
-            if found is not None and (bounds.log_start - 1 <= found.value.offset
+            if found is not None and (bounds.log_start - 1 <= found.offset
                                       <= bounds.high_watermark):
-                return found.value.offset + 1
+                return found.offset + 1
             return bounds.log_start if reset == "earliest" else bounds.high_watermark + 1
 
         return await each(tps, one)
+
+    async def _fenced(self, group: str, tp: TopicPartition, generation: int
+                      ) -> CommittedOffset | None:
+        """The confirmed commit of ``tp``, after dropping a pending commit of a
+        generation older than ``generation`` (a pending one of ``generation`` is in
+        flight and left alone: only its own generation's owner or reset writes it)."""
+
+        async def attempt(_: int) -> Done[CommittedOffset | None] | Retry:
+            found = await self._store.offset(group, tp)
+            if found is None:
+                return Done(None)
+            record = found.value
+            if record.pending is None or record.pending.generation >= generation:
+                return Done(record.confirmed())
+            try:
+                await self._put_confirmed(group, tp, record.confirmed(), found.version)
+            except VersionMismatch:
+                return Retry("conflict")
+            except StorageUnavailable:
+                return Retry("in_doubt")
+            return Done(record.confirmed())
+
+        return await cas_loop(attempt, attempts=_ATTEMPTS, what=f"group {group}: read {tp}")
+
+    async def _put_confirmed(self, group: str, tp: TopicPartition,
+                             confirmed: CommittedOffset | None, version: int) -> None:
+        """Replace the record at ``version`` by its confirmed commit alone (deleted when
+        there is none)."""
+        if confirmed is None:
+            await self._store.delete_offset(group, tp, version)
+        else:
+            await self._store.put_offset(group, tp, confirmed, version)
 
     async def reset(self, group: str, targets: Sequence[ResetTarget]) -> list[int | LlogError]:
         """Set committed offsets of a group without live members. The targets are
@@ -173,11 +247,17 @@ class GroupOffsets:
         view = await self._membership.settle(group, _refuse_members(group), create=True,
                                              bump=True)
         assert view is not None
-        out = await each(list(zip(targets, resolved, strict=True)), lambda pair: self._write(
-            group, pair[0].tp, pair[1], view.generation, None))
+        # As a commit without a member: pending, checked after, then confirmed. A member
+        # that joins in between reads the old positions (it fences the pending offsets),
+        # and the reset is refused rather than confirmed under it.
+        with anyio.CancelScope(shield=True):
+            written = await each(list(zip(targets, resolved, strict=True)),
+                                 lambda pair: self._write(group, pair[0].tp, pair[1],
+                                                          view.generation, None))
+            out = await self._settle_written(group, None, view.generation,
+                                             [t.tp for t in targets], written)
         return [GroupNotEmpty(f"a member of {group!r} committed {t.tp} while it was reset")
-                if isinstance(o, StaleGeneration) else
-                o.offset if isinstance(o, _Written) else o
+                if isinstance(o, StaleGeneration) else o
                 for t, o in zip(targets, out, strict=True)]
 
     async def _resolve(self, target: ResetTarget) -> int:
@@ -207,33 +287,80 @@ class GroupOffsets:
 
     async def _write(self, group: str, tp: TopicPartition, offset: int, generation: int,
                      member_id: str | None) -> _Written:
-        """Write one committed offset by CAS, unless a newer generation wrote it."""
+        """Write one commit as pending by CAS, unless a newer generation wrote (or is
+        writing) the partition. A pending commit of this or an older generation is
+        replaced: that commit's confirmation then fails, and it is refused."""
         # Made once: a retry after an unanswered write recognises its own record.
-        committed = CommittedOffset(offset=offset, generation=generation,
-                                    committed_at_ms=self._clock(), member_id=member_id)
-        before: Versioned[CommittedOffset] | None = None
+        pending = PendingCommit(offset=offset, generation=generation,
+                                committed_at_ms=self._clock(), member_id=member_id)
+
+        direct = not self._pending
+        replaced: CommittedOffset | None = None
 
         async def attempt(n: int) -> Done[_Written] | Retry:
-            nonlocal before
+            nonlocal replaced
             found = await self._store.offset(group, tp)
-            if n > 0 and found is not None and found.value == committed:
-                return Done(_Written(offset, before, found.version))  # it had applied
-            if found is not None and found.value.generation > generation:
-                raise StaleGeneration(f"{tp} was committed by generation "
-                                      f"{found.value.generation} of group {group!r}; this "
-                                      f"commit is of generation {generation}")
-            before = found
+            if n > 0 and found is not None and (
+                    found.value == CommittedOffset.confirming(pending) if direct
+                    else found.value.pending == pending):
+                return Done(_Written(pending, found.version, replaced, direct))  # applied
+            confirmed = replaced = None if found is None else found.value.confirmed()
+            in_flight = None if found is None else found.value.pending
+            newest = max([c.generation for c in (confirmed, in_flight) if c is not None],
+                         default=-1)
+            if newest > generation:
+                raise StaleGeneration(f"{tp} was committed by generation {newest} of "
+                                      f"group {group!r}; this commit is of generation "
+                                      f"{generation}")
+            record = (CommittedOffset.confirming(pending) if direct
+                      else CommittedOffset.holding(confirmed, pending))
             try:
-                version = await self._store.put_offset(group, tp, committed,
-                                                       EXPECT_NOT_EXISTS if found is None
-                                                       else found.version)
+                version = await self._store.put_offset(
+                    group, tp, record, EXPECT_NOT_EXISTS if found is None else found.version)
             except VersionMismatch:
                 return Retry("conflict")
             except StorageUnavailable:
                 return Retry("in_doubt")  # the next read shows whether it applied
-            return Done(_Written(offset, found, version))
+            return Done(_Written(pending, version, confirmed, direct))
 
         return await cas_loop(attempt, attempts=_ATTEMPTS, what=f"group {group}: commit {tp}")
+
+    async def _confirm(self, group: str, tp: TopicPartition, written: _Written
+                       ) -> int | None:
+        """Make the pending commit the confirmed one, expecting the version it wrote:
+        its offset, or None if it was dropped first (fenced). StorageUnavailable, saying
+        so, when a confirmation went unanswered and the record has moved on since: it
+        may have landed, and been read as a position."""
+        mine = CommittedOffset.confirming(written.pending)
+        unanswered = False
+
+        async def attempt(n: int) -> Done[int | None] | Retry:
+            nonlocal unanswered
+            version = written.version
+            if n > 0:  # after a conflict or an unanswered write: where does it stand?
+                found = await self._store.offset(group, tp)
+                if found is not None and found.value.confirmed() == mine:
+                    # It had applied (another commit of the partition may be pending
+                    # on top of it: this one stands until that one is confirmed).
+                    return Done(written.offset)
+                if found is None or found.value.pending != written.pending:
+                    if unanswered:
+                        raise StorageUnavailable(
+                            f"the confirmation of the commit of {tp} went unanswered and "
+                            "the offset has moved on since: it may have been committed; "
+                            "read the group's committed offsets")
+                    return Done(None)  # fenced by a reader, or replaced by a commit
+                version = found.version
+            try:
+                await self._store.put_offset(group, tp, mine, version)
+            except VersionMismatch:
+                return Retry("conflict")
+            except StorageUnavailable:
+                unanswered = True
+                return Retry("in_doubt")
+            return Done(written.offset)
+
+        return await cas_loop(attempt, attempts=_ATTEMPTS, what=f"group {group}: confirm {tp}")
 
     async def _moved(self, group: str, member_id: str | None, generation: int
                      ) -> LlogError | None:
@@ -259,21 +386,25 @@ class GroupOffsets:
                                    "current assignment")
         return None
 
-    async def _undo(self, group: str, tp: TopicPartition, written: _Written) -> None:
-        """Put back the record this commit replaced, expecting the version it wrote: if
-        anything wrote the offset since (a newer generation's commit, a reset), that
-        record stands."""
+    async def _withdraw(self, group: str, tp: TopicPartition, written: _Written) -> None:
+        """Drop this refused commit's pending record, if it is still there: the record
+        keeps its confirmed commit (or goes, where there is none). Retried; a withdrawal
+        that still fails is counted, and harms no reader (a pending commit is never a
+        position, and the first reader of a newer generation drops it)."""
 
         async def attempt(_: int) -> Done[None] | Retry:
             found = await self._store.offset(group, tp)
-            if found is None or found.version != written.version:
-                return Done(None)  # put back already (an unanswered attempt), or replaced
+            if written.direct:  # put back what it replaced, unless written over since
+                if found is None or found.value != CommittedOffset.confirming(
+                        written.pending):
+                    return Done(None)
+                back = written.replaced
+            elif found is None or found.value.pending != written.pending:
+                return Done(None)  # dropped already (by a reader, a commit, or us)
+            else:
+                back = found.value.confirmed()
             try:
-                if written.before is None:
-                    await self._store.delete_offset(group, tp, written.version)
-                else:
-                    await self._store.put_offset(group, tp, written.before.value,
-                                                 written.version)
+                await self._put_confirmed(group, tp, back, found.version)
             except VersionMismatch:
                 return Retry("conflict")
             except StorageUnavailable:
@@ -281,10 +412,26 @@ class GroupOffsets:
             return Done(None)
 
         try:
-            await cas_loop(attempt, attempts=_ATTEMPTS, what=f"group {group}: undo {tp}")
+            await cas_loop(attempt, attempts=_ATTEMPTS, what=f"group {group}: withdraw {tp}")
         except LlogError as exc:  # the refusal is answered all the same
-            log.warning("group %s: a refused commit of %s stays written (offset %d): %s",
+            self._putback_failed()
+            log.warning("group %s: a refused commit of %s (offset %d) stays pending: %s",
                         group, tp, written.offset, exc)
+
+
+
+def _refusal(group: str, member_id: str | None, generation: int, tp: TopicPartition
+             ) -> LlogError:
+    """Why a commit whose pending record was dropped before its confirmation is refused:
+    a reader of a newer generation fenced it, or another commit replaced it."""
+    if member_id is None:
+        return GroupNotEmpty(f"a member of {group!r} joined, or another commit wrote "
+                             f"{tp}, before this commit was confirmed; nothing was "
+                             "committed")
+    return StaleGeneration(f"group {group!r} moved past generation {generation}, or "
+                           f"another commit of {tp} by {member_id!r} replaced this one, "
+                           "before it was confirmed; nothing was committed: heartbeat "
+                           "for the current assignment")
 
 
 def _refuse_members(group: str) -> Callable[[list[Member]], list[Member]]:

@@ -66,11 +66,53 @@ class Lease(_Json):
         return now_ms < self.expires_at_ms
 
 
-class CommittedOffset(_Json):
-    """``{root}/_groups/{group}/offsets/{topic}/{partition:010d}``: the last offset the
-    group processed, and the generation (and member) that committed it."""
+# The offset and generation of a record that holds a pending commit and no confirmed
+# one. A reader of an earlier release takes it for an offset below every log start:
+# nothing committed, as it is.
+NOTHING_COMMITTED = -1
+
+
+class PendingCommit(_Json):
+    """A commit written and not yet confirmed (docs/protocol.md, Commit). No reader
+    takes it for the group's position: it is confirmed (becoming the record's offset),
+    dropped by its own refusal, or dropped by the first reader of a newer generation,
+    which fences it (its confirmation then fails)."""
 
     offset: int
     generation: int
     committed_at_ms: int
     member_id: str | None = None
+
+
+class CommittedOffset(_Json):
+    """``{root}/_groups/{group}/offsets/{topic}/{partition:010d}``: the last offset the
+    group processed, and the generation (and member) that committed it; and a commit
+    in flight, when there is one (``pending``)."""
+
+    offset: int
+    generation: int
+    committed_at_ms: int
+    member_id: str | None = None
+    pending: PendingCommit | None = None
+
+    @classmethod
+    def holding(cls, confirmed: CommittedOffset | None, pending: PendingCommit
+                ) -> CommittedOffset:
+        """The record of ``confirmed`` (None: nothing committed yet) with ``pending``."""
+        if confirmed is None:
+            return cls(offset=NOTHING_COMMITTED, generation=NOTHING_COMMITTED,
+                       committed_at_ms=pending.committed_at_ms, pending=pending)
+        return confirmed.model_copy(update={"pending": pending})
+
+    @classmethod
+    def confirming(cls, pending: PendingCommit) -> CommittedOffset:
+        """The record once ``pending`` is confirmed."""
+        return cls(offset=pending.offset, generation=pending.generation,
+                   committed_at_ms=pending.committed_at_ms, member_id=pending.member_id)
+
+    def confirmed(self) -> CommittedOffset | None:
+        """What readers see: the record without its pending commit, or None when no
+        commit was ever confirmed."""
+        if self.offset == NOTHING_COMMITTED:
+            return None
+        return self if self.pending is None else self.model_copy(update={"pending": None})

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from prometheus_client import CollectorRegistry, Counter
+
 from app.errors import UnknownGroup
 from app.groups.assignment import Assignment
 from app.groups.bounded import each, first_error
@@ -43,12 +45,18 @@ class GroupDescription:
 class GroupService:
     def __init__(self, oxia: OxiaStore, layout: KeyLayout, reader: LogReader,
                  groups: GroupSettings, partitions_of: PartitionCount, *,
-                 broker_id: str) -> None:
+                 broker_id: str, registry: CollectorRegistry | None = None) -> None:
         self._store = GroupStore(oxia, layout)
         self._reader = reader
         self._settings = groups
         self.membership = Membership(self._store, groups, partitions_of, broker_id=broker_id)
-        self.offsets = GroupOffsets(self._store, self.membership, reader)
+        self.putback_failures = Counter(
+            "llog_group_putback_failures", "Refused group commits whose pending offset could "
+            "not be withdrawn (Oxia refusing writes; readers are unaffected)",
+            registry=registry)
+        self.offsets = GroupOffsets(self._store, self.membership, reader,
+                                    putback_failed=self.putback_failures.inc,
+                                    pending=groups.group_pending_commits)
 
     async def describe(self, group: str) -> GroupDescription:
         """The group settled now: its members and their leases, the assignment, and per
@@ -58,7 +66,10 @@ class GroupService:
         if view is None:
             raise UnknownGroup(f"group {group!r} does not exist")
         limit = self._settings.group_max_partitions
-        committed = await self._store.offsets(group, limit)
+        # What was confirmed: a pending commit is nobody's position (app/groups/offsets.py).
+        committed = {tp: confirmed for tp, record in (await self._store.offsets(group, limit)
+                                                      ).items()
+                     if (confirmed := record.confirmed()) is not None}
         assignment = self.membership.assignment(view)
         owners = {tp: member for member, tps in assignment.items() for tp in tps}
         tps = sorted(set(owners) | set(committed))[:limit]

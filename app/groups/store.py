@@ -95,7 +95,8 @@ class GroupStore:
                                 expected_version=expected_version)
 
     async def offsets(self, group: str, limit: int) -> dict[TopicPartition, CommittedOffset]:
-        """The group's committed offsets (at most ``limit``, in partition order)."""
+        """The group's offset records (at most ``limit``, in partition order), pending
+        commits included: :meth:`CommittedOffset.confirmed` is what readers see."""
         prefix = self._layout.group_offsets_prefix(group)
         # Offset keys are two segments below the prefix: '~/~' bounds that depth.
         records = await self._oxia.range_scan(prefix, prefix + "~/~",
