@@ -22,7 +22,7 @@ import anyio
 
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import Generation, PartitionWatch
-from app.errors import LlogError
+from app.errors import LlogError, OffsetOutOfRange
 from app.storage import runs
 from app.storage.keys import TopicPartition
 from app.storage.reader import LogReader, ReadOutcome, ReadRequest, ReadResult
@@ -174,16 +174,19 @@ class ConsumeService:
                     for i in misses]
         results = await self._reader.read_many(requests, max_bytes=budget,
                                                oversized_first=first_of_answer)
-        learned: list[tuple[TopicPartition, int]] = []
+        learned: list[tuple[TopicPartition, int, int]] = []
+        starts: list[tuple[TopicPartition, int]] = []
         fresh: list[TopicPartition] = []
         for i, result in zip(misses, results, strict=True):
             outcomes[i] = result
             if isinstance(result, ReadResult):
-                learned.append((fetches[i].tp, result.high_watermark))
+                learned.append((fetches[i].tp, result.high_watermark, result.log_start))
                 if not result.looked_up_ahead:
                     fresh.append(fetches[i].tp)
-        if self._cache is not None and learned:
-            await run_cache_write(self._cache, _note_all, self._cache, learned)
+            elif isinstance(result, OffsetOutOfRange) and result.log_start is not None:
+                starts.append((fetches[i].tp, result.log_start))
+        if self._cache is not None and (learned or starts):
+            await run_cache_write(self._cache, _note_all, self._cache, learned, starts)
         for tp in fresh:
             self._watch.refreshed(tp, since)
 
@@ -202,8 +205,16 @@ def _lookup_all(cache: TailCache, fetches: Sequence[Fetch], max_bytes: int
                       min(f.partition_max_bytes or max_bytes, max_bytes)) for f in fetches]
 
 
-def _note_all(cache: TailCache, learned: list[tuple[TopicPartition, int]]) -> None:
-    for tp, hw in learned:
+def _note_all(cache: TailCache, learned: list[tuple[TopicPartition, int, int]],
+              starts: list[tuple[TopicPartition, int]]) -> None:
+    """What reads of the log showed, before any partition turns fresh: the log start
+    first (a cache never answers below the start a read of this process saw, so a
+    record retention or a delete removed is not served again), then the high
+    watermark."""
+    for tp, log_start in starts:
+        cache.note_log_start(tp, log_start)
+    for tp, hw, log_start in learned:
+        cache.note_log_start(tp, log_start)
         cache.note_high_watermark(tp, hw)
 
 

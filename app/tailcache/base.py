@@ -85,6 +85,13 @@ class TailCache(Protocol):
         """Raise the known high watermark without records (a write seen elsewhere)."""
         ...
 
+    def note_log_start(self, tp: TopicPartition, log_start: int) -> None:
+        """The log starts at ``log_start`` (retention, a truncation or a deleted topic
+        moved it): no offset below it is answered from now on, and records below it
+        go. Every read of the log tells the cache its log start before the partition is
+        trusted again (app/broker/consume.py), as it tells it the high watermark."""
+        ...
+
     def get(
         self,
         tp: TopicPartition,

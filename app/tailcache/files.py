@@ -316,6 +316,12 @@ class FileTailCache:
             except OSError as exc:
                 self._warn("note_high_watermark", tp, exc)
 
+    def note_log_start(self, tp: TopicPartition, log_start: int) -> None:
+        with self._lock:
+            if not self._closed:
+                idx = self._index(tp)
+                idx.log_start = max(idx.log_start, log_start)
+
     def _write_segment(self, tp: TopicPartition, idx: PartitionIndex, seg: tuple[int, int],
                        records: Sequence[Payload], append_time_ms: int) -> None:
         parts = segment_parts(tp, seg[0], records, append_time_ms)
@@ -421,6 +427,8 @@ class FileTailCache:
         if self._closed or offset < 1 or (max_records is not None and max_records < 1):
             return None
         idx = self._index(tp)
+        if offset < idx.log_start:
+            return None
         seg = idx.find(offset)
         relisted = False
         if seg is None:

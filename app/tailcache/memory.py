@@ -45,6 +45,7 @@ class _Partition:
 
     chunks: list[_Chunk] = field(default_factory=list)
     high_watermark: int | None = None
+    log_start: int = 1  # no offset below it is answered (kept with the partition)
 
     @property
     def start(self) -> int:
@@ -124,6 +125,28 @@ class MemoryTailCache:
         with self._lock:
             if not self._closed:
                 self._raise_hw(self._partitions.setdefault(tp, _Partition()), high_watermark)
+
+    def note_log_start(self, tp: TopicPartition, log_start: int) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            part = self._partitions.setdefault(tp, _Partition())
+            if log_start <= part.log_start:
+                return
+            part.log_start = log_start
+            # Whole chunks below it go (the run stays contiguous: they are its front).
+            gone = 0
+            while gone < len(part.chunks) and part.chunks[gone].end <= log_start:
+                chunk = part.chunks[gone]
+                self._forget(chunk)
+                del self._age[chunk.key]
+                gone += 1
+            del part.chunks[:gone]
+
+    def log_start(self, tp: TopicPartition) -> int:
+        with self._lock:
+            part = self._partitions.get(tp)
+            return 1 if part is None else part.log_start
 
     @staticmethod
     def _raise_hw(part: _Partition, high_watermark: int) -> None:
@@ -213,7 +236,8 @@ class MemoryTailCache:
     def _lookup(self, tp: TopicPartition, offset: int, max_records: int | None,
                 max_bytes: int | None) -> CacheHit | None:
         part = self._partitions.get(tp)
-        if (self._closed or part is None or part.high_watermark is None or offset < 1
+        if (self._closed or part is None or part.high_watermark is None
+                or offset < max(1, part.log_start)
                 or (max_records is not None and max_records < 1)):
             return None
         hw = part.high_watermark

@@ -38,6 +38,9 @@ class PartitionIndex:
 
     segments: list[Segment] = field(default_factory=list)  # (start, end) sorted
     high_watermark: int | None = None
+    # Learned by this process (a shared cache keeps it in its memory layer, which is
+    # never evicted: an index is, and is then listed again).
+    log_start: int = 1
     listed_mtime_ns: int | None = None
     listed_at_ns: int = 0
 

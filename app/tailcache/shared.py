@@ -110,6 +110,11 @@ class SharedTailCache:
                 notes[tp] = high_watermark
         self._wakeup.set()
 
+    def note_log_start(self, tp: TopicPartition, log_start: int) -> None:
+        # Kept by the memory layer, which holds every partition this worker has seen
+        # (the directory's index is evicted and listed again): it decides for both.
+        self._memory.note_log_start(tp, log_start)
+
     async def write_behind(self, *, task_status: anyio.abc.TaskStatus[None]
                            = anyio.TASK_STATUS_IGNORED) -> None:
         """Write what is queued to the directory until cancelled (the broker's task
@@ -143,6 +148,8 @@ class SharedTailCache:
 
     def _lookup(self, tp: TopicPartition, offset: int, max_records: int | None,
                 max_bytes: int | None) -> CacheHit | None:
+        if offset < self._memory.log_start(tp):
+            return None  # below what this worker read as the log start: nothing cached
         own = self._memory.get(tp, offset, max_records, max_bytes)
         if own is not None and own.records:
             return own

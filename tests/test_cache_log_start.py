@@ -1,0 +1,67 @@
+"""A tail cache never serves a record below a log start its process has read: the
+window between another broker moving the log start (retention, a truncation, a delete)
+and this broker's next look at the cache, driven directly on the real Oxia and MinIO."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from app.broker.consume import ConsumeService, Fetch
+from app.broker.metrics import ConsumeMetrics
+from app.broker.watch import PartitionWatch
+from app.errors import OffsetOutOfRange
+from app.localstack.stack import LocalStack
+from app.storage.appends import AppendGroup, AppendResult
+from app.storage.keys import TopicPartition
+from app.storage.reader import ReadOutcome, ReadResult
+from app.storage.retention import move_log_start
+from app.tailcache import TailCache, open_tail_cache
+from tests.helpers.compaction import compaction_settings
+from tests.helpers.stack import open_engine
+
+VALUES = [b"r1", b"r2", b"r3", b"r4", b"r5"]
+
+
+@pytest.fixture(params=["memory", "shared-directory"])
+def cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TailCache]:
+    made = open_tail_cache(None if request.param == "memory" else tmp_path / "tail",
+                           1 << 20, store_id="test")
+    yield made
+    made.close()
+
+
+async def _read(service: ConsumeService, tp: TopicPartition, offset: int) -> ReadOutcome:
+    (outcome,) = await service.consume([Fetch(tp, offset)], max_wait_s=0, min_bytes=1,
+                                       max_bytes=1 << 20)
+    return outcome
+
+
+async def test_no_record_below_a_log_start_another_broker_moved_is_served_again(
+        stack: LocalStack, tp: TopicPartition, cache: TailCache) -> None:
+    settings = compaction_settings(stack)
+    async with open_engine(settings) as other, open_engine(settings) as this:
+        (done,) = await this.writer.append_shared([AppendGroup(tp, VALUES)])
+        assert isinstance(done, AppendResult) and done.start_offset == 1
+        cache.put(tp, 1, VALUES)  # this broker's own appends, cached as it acknowledged
+        if hasattr(cache, "flush"):
+            cache.flush()
+        watch = PartitionWatch()
+        service = ConsumeService(this.reader, cache, watch,
+                                 ConsumeMetrics(CollectorRegistry()), max_long_polls=4)
+        first = await _read(service, tp, 1)  # from the log: the partition is fresh now
+        assert isinstance(first, ReadResult) and [o for o, _ in first.records] == [1, 2, 3,
+                                                                                 4, 5]
+        # Another broker's retention moves the log start to 4; its notification arrives.
+        await move_log_start(other.oxia, other.layout, tp, 4, None)
+        watch.notify_remote(tp)
+        tail = await _read(service, tp, 6)  # read at the tail: fresh again
+        assert isinstance(tail, ReadResult) and tail.records == [] and tail.log_start == 4
+        # Below the new start the cache answers nothing: the log says it is gone.
+        below = await _read(service, tp, 2)
+        assert isinstance(below, OffsetOutOfRange) and below.log_start == 4, below
+        kept = await _read(service, tp, 4)
+        assert isinstance(kept, ReadResult) and [o for o, _ in kept.records] == [4, 5]
