@@ -91,7 +91,8 @@ __all__ = ["ALL_ROLES", "ASYMMETRIC_JWT_ALGORITHMS", "CONFIG_FILE_ENV",
 CONFIG_FILE_ENV = "LLOG_CONFIG_FILE"
 # LLOG_* variables that are read elsewhere and are no settings.
 NOT_SETTINGS = frozenset({CONFIG_FILE_ENV, "LLOG_BIN_CACHE_DIR", "LLOG_BROKER_URL",
-                          "LLOG_PORT_RANGE", "LLOG_SPARK_LOG_LEVEL"})
+                          "LLOG_PORT_RANGE", "LLOG_SPARK_LOG_LEVEL", "LLOG_TEST_LOOP_BLOCKER",
+                          "LLOG_TEST_LOOP_BLOCK_S"})
 # The TOML file of the Settings being built (from_env sets it around the construction).
 _config_file: ContextVar[Path | None] = ContextVar("llog_config_file", default=None)
 

@@ -509,6 +509,9 @@ class ServerSettings(_Group):
     # On SIGTERM: how long to keep serving while not ready, so that load balancers stop
     # sending work first (longer than their health-check interval times fall count).
     drain_s: float = Field(default=10.0, ge=0, le=600)
+    # A worker whose event loop has not run for this long ends its Oxia session (peers
+    # drop it from their view) and exits (app/broker/loop_watchdog.py); 0: never.
+    loop_stall_s: float = Field(default=15.0, ge=0, le=3600)
     # Idle keep-alive of client connections. Behind a load balancer it must outlast the
     # proxy's own idle timeout for upstream connections (60 s in deploy/proxy/), or the
     # broker may close a connection just as the proxy sends a produce on it.

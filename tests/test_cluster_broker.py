@@ -15,6 +15,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.broker.loop_watchdog import STALLED_EXIT
 from app.broker.state import BrokerState
 from app.cluster.members import Member
 from app.factory import create_app
@@ -128,3 +129,30 @@ async def test_each_worker_is_a_member_and_a_replacement_takes_its_slot(
                     break
                 await anyio.sleep(0.2)
         assert len(changed) == 1
+
+
+async def test_a_worker_whose_loop_hangs_leaves_the_view_and_exits(
+        brokers: BrokerFactory) -> None:
+    """The Oxia client keeps a session alive from threads of its own, so a worker whose
+    event loop hangs would stay a member (peers forwarding to it) for as long as the
+    hang. Its watchdog ends the session and the process once the loop has not run for
+    LLOG_LOOP_STALL_S: the peer's view drops it long before the hang (60 s) would end,
+    and far sooner than never."""
+    prefix = f"h{uuid.uuid4().hex[:8]}"
+    common = {"affinity": "forward", "membership_refresh_s": "0.2"}
+    hung = brokers.start(broker_id=f"{prefix}-hung", loop_stall_s="2",
+                         test_loop_blocker="1", test_loop_block_s="60", **common)
+    peer = brokers.start(broker_id=f"{prefix}-peer", **common)
+    with anyio.fail_after(WAIT_S):  # another process's view: polled, no event to wait on
+        while True:
+            if len(await _members(peer.url, prefix)) == 2:
+                break
+            await anyio.sleep(0.2)
+    os.kill(hung.process.pid, signal.SIGUSR2)  # its loop blocks for 60 s from now
+    with anyio.fail_after(30):  # a bound far below the hang, which only catches "never"
+        while True:
+            if not await _members(peer.url, f"{prefix}-hung"):
+                break
+            await anyio.sleep(0.2)
+    # Ended by its watchdog (status 70), not by the hang's end nor by the test.
+    assert await anyio.to_thread.run_sync(hung.process.wait, 30) == STALLED_EXIT

@@ -28,6 +28,7 @@ from app.batching.metrics import BatcherMetrics
 from app.broker import roles
 from app.broker.answer_budget import AnswerBudget
 from app.broker.answering import BudgetedConsumeService
+from app.broker.loop_watchdog import LoopWatchdog, end_the_process, install_test_blocker
 from app.broker.metrics import (
     ANSWER_FIGURES,
     BATCHER_FIGURES,
@@ -280,6 +281,10 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                 if s.has_role("compact"):
                     await background.start(_watched, state, functools.partial(
                         run_in_broker, s, oxia, s3, state.registry))
+                install_test_blocker()  # only with LLOG_TEST_LOOP_BLOCKER=1
+                if s.loop_stall_s > 0:  # membership follows the loop, not Oxia's threads
+                    await background.start(LoopWatchdog(
+                        s.loop_stall_s, end_the_process(oxia.client.close)).run)
                 background.start_soon(_scan_s3_usage, state, s3, s.s3_usage_scan_interval_s)
                 if isinstance(state.cache, SharedTailCache):  # off the produce path
                     await background.start(_watched, state, state.cache.write_behind)

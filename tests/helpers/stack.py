@@ -36,6 +36,9 @@ def make_settings(stack: LocalStack, **overrides: Any) -> Settings:
         "broker_id": "test",
         "oxia_session_timeout_ms": 3000,
         "oxia_request_timeout_s": 10,
+        # An app in the test process shares its loop with the test, whose blocking
+        # helpers (starting a broker process) stall it: no watchdog to end the process.
+        "loop_stall_s": 0,
     }
     values.update(overrides)
     return Settings(**values)
