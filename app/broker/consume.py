@@ -124,11 +124,15 @@ class ConsumeService:
         # change reported from here on keeps its partition stale.
         since = self._watch.generation()
         outcomes: list[ReadOutcome | None] = [None] * len(fetches)
+        # Stale before the lookup too: a cache that looks up in a worker thread may have
+        # answered from before a read that, meanwhile, taught it a new log start and
+        # made the partition fresh.
+        stale = {f.tp for f in fetches if self._watch.is_stale(f.tp)}
         hits = await self._cache_lookup(fetches, max_bytes)
         used = 0
         misses: list[int] = []
         for i, (f, hit) in enumerate(zip(fetches, hits, strict=True)):
-            if hit is not None and self._watch.is_stale(f.tp):
+            if hit is not None and (f.tp in stale or self._watch.is_stale(f.tp)):
                 # Another process changed the partition (appended, or moved its log
                 # start): the cache may miss records or hold ones no longer readable.
                 hit = None

@@ -80,7 +80,15 @@ class LoopWatchdog:
 
     def _watch(self) -> None:
         every = min(1.0, self.stall_s / 4)
+        checked = self._clock()
         while not self._stop.wait(every):
+            now = self._clock()
+            if now - checked > every + self.stall_s / 2:
+                # This thread overslept too: the whole process was frozen (SIGSTOP, a
+                # paused container or VM, swapping), not the loop alone. The loop gets
+                # its time to run again before it is judged.
+                self._stamp = now
+            checked = now
             stalled = self.stalled_for()
             if stalled >= self.stall_s:
                 self._on_stall(stalled)
@@ -91,14 +99,22 @@ def end_the_process(close_session: Callable[[], None]) -> Callable[[float], None
     """The broker's ``on_stall``: log, close the Oxia session (bounded), exit."""
 
     def on_stall(stalled_s: float) -> None:
-        log.critical("the event loop has not run for %.1f s: ending this worker's Oxia "
-                     "session and exiting (status %d) so that peers stop routing to it",
-                     stalled_s, STALLED_EXIT)
-        closing = threading.Thread(target=close_session, name="llog-session-close",
-                                   daemon=True)
-        closing.start()
-        closing.join(CLOSE_BOUND_S)
-        logging.shutdown()
+        # Each step in a daemon thread of its own, all within one bound: the loop may
+        # be stuck holding a lock of the logging handlers (a full stderr pipe), or in
+        # the Oxia client, and the process must exit whatever either does.
+        def say() -> None:
+            log.critical("the event loop has not run for %.1f s: ending this worker's "
+                         "Oxia session and exiting (status %d) so that peers stop "
+                         "routing to it", stalled_s, STALLED_EXIT)
+
+        steps = [threading.Thread(target=close_session, name="llog-session-close",
+                                  daemon=True),
+                 threading.Thread(target=say, name="llog-stall-log", daemon=True)]
+        for step in steps:
+            step.start()
+        deadline = time.monotonic() + CLOSE_BOUND_S
+        for step in steps:
+            step.join(max(0.0, deadline - time.monotonic()))
         os._exit(STALLED_EXIT)
 
     return on_stall

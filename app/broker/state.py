@@ -181,6 +181,9 @@ class BrokerState:
         if self.cache is not None and partitions:
             # Dropping a partition may remove files (a shared cache): in a worker thread.
             await anyio.to_thread.run_sync(_drop_cached, self.cache, topic, partitions)
+            # And nothing cached of them is trusted again before a read of the log.
+            for p in range(partitions):
+                self.watch.notify_remote(TopicPartition(topic, p))
 
     def set_forward_address(self, address: str) -> None:
         """This worker's forward listener listens at ``address`` ("host:port"): the

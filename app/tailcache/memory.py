@@ -271,8 +271,10 @@ class MemoryTailCache:
                 segments=len(self._age), records=self._records, nbytes=self._bytes)
 
     def drop(self, tp: TopicPartition) -> None:
+        """Drop the partition's records; what it learned of the log (its start and high
+        watermark) stays, so a late put of records a delete removed is never answered."""
         with self._lock:
-            part = self._partitions.pop(tp, None)
+            part = self._partitions.get(tp)
             if part is not None:
                 self._drop_all(part)
 

@@ -38,8 +38,8 @@ class PartitionIndex:
 
     segments: list[Segment] = field(default_factory=list)  # (start, end) sorted
     high_watermark: int | None = None
-    # Learned by this process (a shared cache keeps it in its memory layer, which is
-    # never evicted: an index is, and is then listed again).
+    # Learned by this process; an evicted index forgets it. A shared cache decides by
+    # its memory layer's, which keeps it for every partition it saw, dropped ones too.
     log_start: int = 1
     listed_mtime_ns: int | None = None
     listed_at_ns: int = 0
