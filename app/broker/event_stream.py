@@ -21,7 +21,7 @@ import anyio
 import orjson
 
 from app.broker import answers
-from app.broker.answering import JSON_FACTOR, AnswerHold
+from app.broker.answering import JSON_FACTOR, AnswerHold, BudgetedConsumeService
 from app.broker.consume import Fetch
 from app.broker.positions import NAMED, Named, resolve_named
 from app.errors import InvalidRequest, LlogError, ShuttingDown, Unavailable
@@ -170,12 +170,7 @@ class EventStream:
             if state.status != "ok" or service is None or service.released:
                 yield self._last("ended", "end", {"reason": DRAINING})
                 return
-            fetches = [Fetch(TopicPartition(self.topic, p), o) for p, o in self.offsets.items()]
-            # Within the answer budget: the previous batch was sent, this one holds its bytes.
-            hold = self.hold = self.hold or service.answer(JSON_FACTOR)
-            read = functools.partial(service.consume_holding, hold, fetches,
-                                     max_wait_s=self.heartbeat_s, min_bytes=1,
-                                     max_bytes=self.max_bytes, slot=False)
+            fetches, hold, read = self._next_read(service)
             try:
                 answered = await self._read_once(read, first, hold)
             except ShuttingDown:
@@ -220,6 +215,17 @@ class EventStream:
             if not sent:  # an empty read, or none (the quota made it wait)
                 metrics.stream_events.labels("heartbeat").inc()
                 yield b": heartbeat\n\n"
+
+    def _next_read(self, service: BudgetedConsumeService
+                   ) -> tuple[list[Fetch], AnswerHold, Read]:
+        """The next read of every partition from where the stream is, within the answer
+        budget: the previous batch was sent, this one holds its bytes."""
+        fetches = [Fetch(TopicPartition(self.topic, p), o) for p, o in self.offsets.items()]
+        hold = self.hold = self.hold or service.answer(JSON_FACTOR)
+        read = functools.partial(service.consume_holding, hold, fetches,
+                                 max_wait_s=self.heartbeat_s, min_bytes=1,
+                                 max_bytes=self.max_bytes, slot=False)
+        return fetches, hold, read
 
     def _last(self, outcome: str, kind: str, data: dict[str, Any]) -> bytes:
         """The stream's last event, counted, with how the stream ended."""
