@@ -100,15 +100,26 @@ def test_a_port_range_confines_the_choice_and_passes_over_ports_in_use(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """With LLOG_PORT_RANGE each port comes from the range, a port something listens on
     is passed over, and a range with nothing free left says so."""
+    busy = _middle_of_five_free_ports()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.bind(("127.0.0.1", 0))
+        listener.bind(("127.0.0.1", busy))
         listener.listen()
-        busy = int(listener.getsockname()[1])
         monkeypatch.setenv(processes.PORT_RANGE_ENV, f"{busy - 2}-{busy + 2}")
         chosen = processes.free_ports(4)
         assert sorted(chosen) == [busy - 2, busy - 1, busy + 1, busy + 2]
         with pytest.raises(RuntimeError, match="no free port .* LLOG_PORT_RANGE"):
             processes.free_port(avoid=chosen)
+
+
+def _middle_of_five_free_ports() -> int:
+    """The middle of five consecutive ports nothing uses, from this process's own range
+    (below the kernel's ephemeral ports, where no other process's connection lands), or
+    from ports below every test process's range."""
+    lo, hi = processes.port_range() or (10_000, 11_999)
+    for middle in range(lo + 2, hi - 1, 5):
+        if all(processes._bindable("127.0.0.1", p) for p in range(middle - 2, middle + 3)):
+            return middle
+    raise AssertionError(f"no five consecutive free ports in {lo}-{hi}")
 
 
 @pytest.mark.parametrize("raw", ["20000", "b-c", "30000-20000", "80-90", "20000-70000"])
