@@ -498,6 +498,16 @@ class ClusterSettings(_Group):
     _cluster_unset = field_validator("cluster_secret", mode="before")(_empty_is_unset)
     _cluster_advertised = field_validator("advertised_url")(_check_url)
 
+    @model_validator(mode="after")
+    def _check_forward_wait(self) -> ClusterSettings:
+        # An unanswered frame is settled by its fence, which neither side claims more
+        # than 5 minutes after sending (app/cluster/fences.py): a longer wait would
+        # leave every unanswered frame in doubt.
+        if self.forward_deadline_ms + self.forward_answer_timeout_ms > 240_000:
+            raise ValueError("LLOG_FORWARD_DEADLINE_MS + LLOG_FORWARD_ANSWER_TIMEOUT_MS "
+                             "must be at most 240000 (4 minutes)")
+        return self
+
 
 class ServerSettings(_Group):
     """This process: identity and roles, the HTTP listener, TLS, CORS, answer codings."""

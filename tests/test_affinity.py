@@ -5,6 +5,7 @@ away leaves its partitions to the others without losing an acknowledged record."
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -23,6 +24,7 @@ from app.storage.keys import TopicPartition
 from llog_client import AsyncLlogClient
 from llog_client._config import Routing
 from llog_client._routing import DIGEST_HEADER
+from tests.helpers.holding_proxy import holding_proxy
 from tests.helpers.stack import make_settings
 
 PARTITIONS = 8
@@ -30,12 +32,12 @@ WAIT_S = 60
 
 
 @contextlib.asynccontextmanager
-async def _broker(stack: LocalStack, prefix: str, broker_id: str
+async def _broker(stack: LocalStack, prefix: str, broker_id: str, **options: Any
                   ) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
     settings = make_settings(stack, broker_id=broker_id, root_prefix=prefix,
                              affinity="forward", auto_create_partitions=PARTITIONS,
                              drain_s=0, membership_refresh_s=0.2,
-                             advertised_url=f"http://{broker_id}")
+                             advertised_url=f"http://{broker_id}", **options)
     app = create_app(settings)
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
@@ -167,3 +169,81 @@ async def test_a_client_that_routes_sends_each_partition_to_its_preferred_broker
         r = await a.post("/produce", json={"topic_partitions": [
             {"topic": topic, "partition": 0, "records": ["x"]}]})
         assert r.headers[DIGEST_HEADER] == digest
+
+
+async def test_a_forward_a_slow_store_left_unanswered_is_written_once_past_the_key_window(
+        stack: LocalStack) -> None:
+    """Broker b's object store is held (a proxy in front of MinIO holds its writes) when
+    broker a forwards it ten keyed records: b's flush takes the frame and waits on its
+    PUT, and a's wait for an answer runs out. Then seventy more keyed records of the
+    partition go in through a (more than the 64 keys a partition remembers), and b's
+    store is let go. Before the frames' fences, a appended the ten itself under their
+    keys and b's flush then committed them a second time. Now a answers them in doubt,
+    and once b's flush is over (a resend racing it is the client's retry, bounded by the
+    key window: docs/protocol.md, Forward fences) they are sent again under their keys;
+    in the end every key is stored at exactly one offset."""
+    prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
+    host, port = httpx.URL(stack.s3_endpoint).host, httpx.URL(stack.s3_endpoint).port
+    assert port is not None
+    with anyio.fail_after(120):
+        async with holding_proxy(host, port) as proxy, \
+                _broker(stack, prefix, "a", forward_deadline_ms=5_000,
+                        forward_answer_timeout_ms=300) as (app_a, a), \
+                _broker(stack, prefix, "b", s3_endpoint=proxy.url) as (app_b, b):
+            await _sees(app_a, 2)
+            view = app_a.state.broker.membership.view()
+            p = next(p for p in range(PARTITIONS)
+                     if view.preferred(TopicPartition(topic, p)).member_id == "b.w0")
+            await _produce_keyed(a, topic, p, ["warm-up"])  # the topic exists
+            received = await _received(b)
+            proxy.hold()
+            first = [f"first-{i}" for i in range(10)]
+            answered = await _produce_keyed(a, topic, p, first)
+            in_doubt = [v for v, r in zip(first, answered, strict=True) if not r["ok"]]
+            assert all(r["error_type"] == "CommitInDoubt" for r in answered if not r["ok"])
+            second = [f"second-{i}" for i in range(70)]
+            assert all(r["ok"] for r in await _produce_keyed(a, topic, p, second))
+            proxy.release()
+            await _until_received(b, received + len(first))  # b's held flush is over
+            if in_doubt:
+                again = await _produce_keyed(a, topic, p, in_doubt)
+                assert all(r["ok"] for r in again), again
+            values = await _read_all(a, topic, p)
+            text_a = (await a.get("/metrics/prometheus")).text
+            text_b = (await b.get("/metrics/prometheus")).text
+    stored = collections.Counter(values)
+    assert {v: n for v, n in stored.items() if n != 1} == {}
+    assert set(stored) == {"warm-up", *first, *second}
+    # The path the story is about: b took the frame, a's claim on it lost, and a
+    # appended none of it itself.
+    assert _counter(text_b, "llog_forward_fences", side="receiver", outcome="taken") >= 1
+    assert _counter(text_a, "llog_forward_fences", side="forwarder", outcome="taken") == 1
+    assert in_doubt == first
+
+
+async def _produce_keyed(client: httpx.AsyncClient, topic: str, partition: int,
+                         values: list[str]) -> list[dict[str, Any]]:
+    """One request, an entry per value keyed by the value itself."""
+    r = await client.post("/produce", json={"topic_partitions": [
+        {"topic": topic, "partition": partition, "records": [v], "idempotency_key": v}
+        for v in values]})
+    assert r.status_code in (200, 207, 409), r.text
+    results: list[dict[str, Any]] = r.json()["results"]
+    return results
+
+
+async def _received(client: httpx.AsyncClient) -> float:
+    """Forwarded groups the broker has answered with its log's outcome."""
+    text = (await client.get("/metrics/prometheus")).text
+    return _counter(text, "llog_forward_received_groups", outcome="appended")
+
+
+async def _until_received(client: httpx.AsyncClient, groups: float) -> None:
+    """Until the broker has answered ``groups`` forwarded groups with its log's outcome
+    (its flush of them is over). Its metrics are the only outside view of that: polled,
+    bounded."""
+    with anyio.fail_after(WAIT_S):
+        while True:
+            if await _received(client) >= groups:
+                return
+            await anyio.sleep(0.05)

@@ -5,7 +5,7 @@ is then killed, and a broker added.
 Each broker (LLOG_AFFINITY=forward) appends the partitions it prefers and forwards the
 others to their preferred member. A kill leaves the survivors forwarding to a dead
 member until its session expires; those forwards must fall back (nothing was written)
-or, for a keyed group whose frame was in flight, be appended again under its key. So
+or, for a frame in flight, be settled by its fence (docs/protocol.md). So
 the only requests that may fail are those the proxy had sent to the killed broker
 itself, and what is stored is what was acknowledged, once each, at contiguous offsets
 (:class:`~tests.helpers.failover.FailoverLoad` checks storage and every consumer).
@@ -17,13 +17,14 @@ a broker. So a request sent after the kill never reaches the dead broker, and of
 sent before it only the ones in flight on it can fail: at most one per producer, each
 sent before the kill and answered "maybe written" (the proxy's 502 or a cut connection).
 
-A hung broker adds one more way to fail, for keyless entries only: a survivor's forward
-to it gets no answer, and the requests with a group in that frame are answered
-CommitInDoubt. A producer may meet that more than once (its next request can go to the
-other survivor, whose frames to the hung broker are still waiting), but each survivor
-sends the hung broker no frame after one went unanswered: at most the lane's two frames
-in flight go unanswered per survivor, and the groups queued behind them are appended by
-the survivor itself.
+A hung broker adds one more way to fail: a survivor's forward to it gets no answer, and
+if the hung broker had taken the frame (its fence says so), the requests with a group in
+it are answered CommitInDoubt (a keyed entry is then sent again under its key). A
+producer may meet that more than once (its next request can go to the other survivor,
+whose frames to the hung broker are still waiting), but each survivor sends the hung
+broker no frame after one went unanswered: at most the lane's two frames in flight go
+unanswered per survivor, and the groups queued behind them are appended by the survivor
+itself.
 """
 
 from __future__ import annotations
@@ -128,8 +129,10 @@ async def test_a_broker_killed_under_load_fails_only_what_was_in_flight_on_it(
 async def test_a_hung_broker_killed_under_load_leaves_forwards_in_doubt_and_resolved(
         keyed: bool, brokers: BrokerFactory, stack: LocalStack, tmp_path: Path) -> None:
     """The broker hangs (SIGSTOP) before its kill -9: the survivors' forwards to it get
-    no answer, so their outcome is unknown, surely. Keyed groups are appended again under
-    their keys (once each in the log); keyless ones are answered CommitInDoubt."""
+    no answer, so their outcome is unknown, surely. Each frame's fence settles it: what
+    the hung broker had not taken is appended by the survivor, what it had taken is
+    answered CommitInDoubt (keyed entries are then sent again under their keys by the
+    producers, keyless ones given up); either way once each in the log."""
     await _kill_under_load(brokers, stack, tmp_path, keyed=keyed, hang_first=True)
 
 
@@ -170,52 +173,53 @@ async def _kill_under_load(brokers: BrokerFactory, stack: LocalStack, tmp_path: 
 
     # Only requests in flight on the killed broker failed: each sent before the kill and
     # "maybe written"; those the proxy answered for it (its 502, a cut connection), one
-    # at most per producer; for keyless entries also the survivors' CommitInDoubt.
+    # at most per producer; and the survivors' CommitInDoubt for frames it had taken.
     failures = load.failures
     assert all(f.sent < killed_at and f.maybe_written for f in failures), failures
     requests = {(f.producer, f.sent) for f in failures}
     proxied = {(f.producer, f.sent) for f in failures if f.error != "CommitInDoubt"}
     assert len({producer for producer, _ in proxied}) == len(proxied), failures
-    allowed = {"http:502", "transport:RemoteProtocolError", "transport:ReadError"}
-    if not keyed:
-        allowed.add("CommitInDoubt")
+    # A survivor's frame to the hung broker that went unanswered is answered in doubt if
+    # the hung broker had taken it (keyed or not), and appended by the survivor if not.
+    allowed = {"http:502", "transport:RemoteProtocolError", "transport:ReadError",
+               "CommitInDoubt"}
     assert {f.error for f in failures} <= allowed, failures
     # After a frame to the hung broker went unanswered, a survivor sent it no other: the
     # ones already in flight were all that could be left in doubt.
     unanswered = [sum([await _counter([b], "llog_forward_frames", outcome=o)
                        for o in UNKNOWN_FRAME_OUTCOMES]) for b in survivors]
     assert all(n <= LANE_FRAMES_IN_FLIGHT for n in unanswered), unanswered
+    # Each unanswered frame was settled by its fence, and Oxia always said who held it.
+    fenced = await _counter(survivors, "llog_forward_fences", side="forwarder")
+    unsettled = await _counter(survivors, "llog_forward_fences", side="forwarder",
+                               outcome="error")
+    assert (fenced, unsettled) == (sum(unanswered), 0), (fenced, unsettled, unanswered)
     # The survivors forwarded to the dead member until they suspected it or its session
-    # expired, and fell back (or answered keyless groups in doubt); a keyed group is
-    # never answered in doubt.
-    keyed_unknown = await _counter(survivors, "llog_affinity_fallbacks",
-                                   reason="keyed_unknown")
+    # expired, and fell back (or answered the frames the hung broker took in doubt).
+    abandoned = await _counter(survivors, "llog_affinity_fallbacks", reason="abandoned")
     in_doubt = await _counter(survivors, "llog_affinity_groups", route="in_doubt")
     assert fallbacks + in_doubt > 0
-    assert (in_doubt if keyed else keyed_unknown) == 0, (keyed_unknown, in_doubt)
-    if hang_first:  # forwards left without an answer: the path each kind takes
+    if hang_first:  # forwards left without an answer, each settled by its fence
         assert unknown_before > 0
-        assert (keyed_unknown if keyed else in_doubt) > 0, (keyed_unknown, in_doubt)
-        if not keyed:
-            assert "CommitInDoubt" in {f.error for f in failures}
+        assert abandoned + in_doubt > 0, (abandoned, in_doubt)
     # Once their views dropped it, nothing falls back any more, and the survivors still
     # forward each other's partitions.
     assert fallbacks_later == fallbacks
     assert forwarded_later > forwarded
     print(f"views settled {settled_s:.1f} s after the kill; {len(requests)} failed "
           f"requests {sorted({f.error for f in failures})}; {len(load.in_doubt)} records "
-          f"in doubt; fallbacks {fallbacks:.0f}, of which keyed_unknown {keyed_unknown:.0f}"
+          f"in doubt; fallbacks {fallbacks:.0f}, of which abandoned {abandoned:.0f}"
           f"; groups in doubt {in_doubt:.0f}; unanswered frames {unanswered}")
 
 
 async def _until_unknown(survivors: list[Broker]) -> float:
-    """Until the survivors have forwards whose outcome is unknown (appended again under
-    their keys, or answered in doubt); their number. Polled, bounded: a forward waits
+    """Until the survivors have forwards whose outcome was unknown (appended here once
+    their fence was won, or answered in doubt); their number. Polled, bounded: a forward waits
     LLOG_FORWARD_DEADLINE_MS + LLOG_FORWARD_ANSWER_TIMEOUT_MS (3 s) for its answer."""
     with anyio.fail_after(60):
         while True:
             unknown = (await _counter(survivors, "llog_affinity_fallbacks",
-                                      reason="keyed_unknown")
+                                      reason="abandoned")
                        + await _counter(survivors, "llog_affinity_groups", route="in_doubt"))
             if unknown > 0:
                 return unknown

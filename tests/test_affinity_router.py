@@ -13,6 +13,7 @@ import anyio
 from anyio import wait_all_tasks_blocked
 from prometheus_client import CollectorRegistry
 
+from app.cluster.fences import Fence
 from app.cluster.forward import ForwardNotWritten, ForwardUnknown
 from app.cluster.router import AffinityRouter, RouterMetrics
 from app.errors import BackPressureRejected, CommitInDoubt, ForwardExpired
@@ -98,17 +99,31 @@ class _Local:
         return [_result(g, "local") for g in groups]
 
 
+class _Fences:
+    """Forward fences whose race the test decides: ``won`` is what abandoning returns."""
+
+    def __init__(self, won: bool) -> None:
+        self.won = won
+        self.abandoned: list[Fence] = []
+
+    async def abandon(self, fence: Fence) -> bool:
+        self.abandoned.append(fence)
+        return self.won
+
+
 def _group(partition: int, key: str | None = None) -> AppendGroup:
     return AppendGroup(TopicPartition("t", partition), [b"x"], key)
 
 
 async def _with_router(owners: dict[int, str], client: _Client, body,  # type: ignore[no-untyped-def]
-                       registry: CollectorRegistry | None = None):
+                       registry: CollectorRegistry | None = None,
+                       fences: _Fences | None = None):
     local, membership = _Local(), _Membership(owners)
     registry = CollectorRegistry() if registry is None else registry
     router = AffinityRouter(local, membership, lambda member: client,  # type: ignore[arg-type]
                             lane_buffer_bytes=1 << 20, lane_max_bytes=1 << 20, suspect_s=2,
-                            unanswered_suspect_s=17, metrics=RouterMetrics(registry))
+                            unanswered_suspect_s=17, metrics=RouterMetrics(registry),
+                            fences=fences)  # type: ignore[arg-type]
     async with anyio.create_task_group() as tg:
         await tg.start(router.run)
         with anyio.fail_after(10):
@@ -153,16 +168,50 @@ async def test_a_forward_not_written_is_appended_here_and_an_unreachable_peer_su
     await _with_router({1: "peer"}, client, body)
 
 
-async def test_a_forward_that_may_have_been_written_is_never_appended_blindly() -> None:
-    client = _Client(ForwardUnknown("broken", "connection reset after the frame"))
+FENCE = Fence(1_700_000_000_000, "me.c0ffee.1")
+
+
+async def test_an_unanswered_forward_whose_fence_the_peer_took_is_in_doubt_keyed_or_not(
+) -> None:
+    """The peer took the frame: it may write it whenever its store answers, so nothing is
+    appended here, not even under an idempotency key (past its window a second append
+    would be a second copy)."""
+    client = _Client(ForwardUnknown("broken", "connection reset after the frame", FENCE))
+    fences = _Fences(won=False)
 
     async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
         outcomes = await router.submit([_group(1), _group(1, "key-1")])
-        # Without a key a second append could duplicate: the client is told, as by a
-        # broker that died mid-request. With one, the key makes the append safe here.
-        assert isinstance(outcomes[0], CommitInDoubt)
-        assert isinstance(outcomes[1], AppendResult) and outcomes[1].index_key == "local"
-        assert [[g.idempotency_key for g in c] for c in local.calls] == [["key-1"]]
+        assert all(isinstance(o, CommitInDoubt) for o in outcomes), outcomes
+        assert local.calls == []
+        assert fences.abandoned == [FENCE]
+
+    await _with_router({1: "peer"}, client, body, fences=fences)
+
+
+async def test_an_unanswered_forward_whose_fence_this_broker_won_is_appended_here() -> None:
+    """This broker holds the fence: the peer will never write the frame, so every group
+    is appended here, keyed or not, and none is in doubt."""
+    client = _Client(ForwardUnknown("timeout", "no answer within the deadline", FENCE))
+    fences = _Fences(won=True)
+    registry = CollectorRegistry()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(1), _group(1, "key-1")])
+        assert [o.index_key for o in outcomes] == ["local", "local"]  # type: ignore[union-attr]
+        assert [[g.idempotency_key for g in c] for c in local.calls] == [[None, "key-1"]]
+        assert registry.get_sample_value(
+            "llog_affinity_fallbacks_total", {"member": "", "reason": "abandoned"}) == 2
+
+    await _with_router({1: "peer"}, client, body, registry, fences)
+
+
+async def test_an_unanswered_forward_without_fences_is_in_doubt() -> None:
+    client = _Client(ForwardUnknown("broken", "connection reset after the frame", FENCE))
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(1), _group(1, "key-1")])
+        assert all(isinstance(o, CommitInDoubt) for o in outcomes), outcomes
+        assert local.calls == []
 
     await _with_router({1: "peer"}, client, body)
 

@@ -45,6 +45,26 @@ async def test_reserve_hold_and_release_count_what_is_held() -> None:
     assert (stats.bytes_in_flight, stats.peak_bytes_in_flight, stats.refused) == (0, 100, 0)
 
 
+async def test_a_hold_tried_without_waiting_takes_room_only_when_it_fits_now() -> None:
+    """What reads ahead takes the budget only when there is room at once: never past the
+    limit, never ahead of a reservation waiting in line, and given back once."""
+    budget = AnswerBudget(100, max_wait_s=LONG)
+    give_back = budget.try_hold(70)
+    assert give_back is not None and budget.statistics().bytes_in_flight == 70
+    assert budget.try_hold(31) is None  # past the limit: nothing taken
+    assert budget.statistics().bytes_in_flight == 70
+    async with anyio.create_task_group() as tg:
+        waiting = budget.reservation()
+        tg.start_soon(waiting.reserve, 50)
+        await _waiting(budget, 1)
+        assert budget.try_hold(10) is None  # it fits, but a read waits in line first
+        give_back()
+        give_back()  # twice gives back once
+    assert budget.statistics().bytes_in_flight == 50 == waiting.held
+    waiting.release()
+    assert budget.statistics().bytes_in_flight == 0
+
+
 async def test_a_request_larger_than_the_budget_takes_all_of_it() -> None:
     budget = AnswerBudget(100, max_wait_s=LONG)
     with budget.reservation() as r:

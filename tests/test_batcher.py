@@ -416,3 +416,52 @@ async def test_a_wider_share_lets_a_held_batch_go() -> None:
 def test_paced_for(share: float, inflight: int, last_start: float, now: float,
                    held: float) -> None:
     assert paced_for(share, inflight, 0.1, last_start, now) == pytest.approx(held)
+
+
+async def test_a_flush_makes_its_waiters_claims_before_it_writes_and_leaves_the_losers(
+) -> None:
+    """Forwarded waiters carry a claim (their frame's fence): the flush that takes them
+    makes every claim before it writes; a waiter whose claim fails is answered
+    ForwardExpired, unwritten, and the rest of the flush is written without it."""
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_inflight_flushes=1)
+    claims: list[tuple[str, int]] = []  # each claim, and the flushes written before it
+    got: dict[str, list[AppendResult | LlogError]] = {}
+
+    def claim(name: str, wins: bool):  # type: ignore[no-untyped-def]
+        async def make() -> bool:
+            claims.append((name, len(log.calls)))
+            return wins
+        return make
+
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(b.run)
+
+            async def enqueue(name: str, wins: bool | None) -> None:
+                got[name] = await b.enqueue(
+                    [AppendGroup(A, [name.encode()])], take_by=time.monotonic() + 3600,
+                    claim=None if wins is None else claim(name, wins))
+
+            tg.start_soon(enqueue, "first", None)
+            await log.entered.wait()  # the only slot is busy: what follows is buffered
+            tg.start_soon(enqueue, "won", True)
+            tg.start_soon(enqueue, "lost", False)
+            tg.start_soon(enqueue, "plain", None)
+            await anyio.wait_all_tasks_blocked()
+            log.hold = False
+            log.release.set()
+            await anyio.wait_all_tasks_blocked()
+            # A flush whose every waiter loses its claim writes nothing at all.
+            tg.start_soon(enqueue, "alone", False)
+            await anyio.wait_all_tasks_blocked()
+            b.close()
+    assert sorted(claims) == [("alone", 2), ("lost", 1), ("won", 1)]
+    flushed = [[bytes(r) for g in call for r in g.records] for call in log.calls]  # type: ignore[arg-type]
+    assert flushed == [[b"first"], [b"won", b"plain"]]
+    for name in ("lost", "alone"):
+        (outcome,) = got[name]
+        assert isinstance(outcome, ForwardExpired) and not outcome.maybe_written
+    assert [type(got[n][0]) for n in ("first", "won", "plain")] == [AppendResult] * 3
+    assert b.statistics().inflight_bytes == 0  # the losers' bytes were given back

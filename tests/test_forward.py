@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -15,6 +17,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from app.batching.batcher import Batcher
 from app.cluster import frames
+from app.cluster.fences import Fence, FenceMetrics, ForwardFences
 from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardServer, ForwardUnknown
 from app.cluster.forward_metrics import ForwardMetrics
 from app.cluster.forward_server import ForwardHandler
@@ -54,7 +57,7 @@ class FakeHandler:
         self.fail_with: BaseException | None = None
         self.next: dict[TopicPartition, int] = {}
 
-    async def __call__(self, groups: list[AppendGroup], take_by: float
+    async def __call__(self, groups: list[AppendGroup], take_by: float, fence: Fence
                        ) -> list[AppendOutcome]:
         self.calls.append(groups)
         self.entered.set()
@@ -132,12 +135,14 @@ async def test_an_append_frame_carries_the_groups_bodies_as_they_are() -> None:
     batch = RecordBatch.of([b"one", b"two"])
     groups = [AppendGroup(A, batch, "key-1"),
               AppendGroup(B, [LogRecord(b"v", key=b"k", headers=(("h", b"x"),))])]
-    parts = frames.append(7, 150, groups)
+    fence = Fence(1_700_000_000_123, "m.w0.c0ffee.7")
+    parts = frames.append(7, 150, fence, groups)
     assert any(p is batch.body for p in parts)  # the encoded body itself, not a copy
     got = await _read(parts)
     assert got.type is FrameType.APPEND
-    assert frames.parse_append_head(got.payload) == (7, 150)
-    parsed = frames.parse_append_groups(got.payload)
+    head = frames.parse_append_head(got.payload)
+    assert (head.frame_id, head.deadline_ms, head.fence) == (7, 150, fence)
+    parsed = frames.parse_append_groups(got.payload, head)
     assert [(g.tp, g.idempotency_key) for g in parsed] == [(A, "key-1"), (B, None)]
     assert _values(parsed[0]) == [b"one", b"two"]
     assert list(parsed[1].records) == [LogRecord(b"v", key=b"k", headers=(("h", b"x"),))]
@@ -193,7 +198,8 @@ async def test_forwarded_appends_are_answered_by_id_in_any_order() -> None:
     entered: list[TopicPartition] = []
     both_in = anyio.Event()
 
-    async def handler(groups: list[AppendGroup], take_by: float) -> list[AppendOutcome]:
+    async def handler(groups: list[AppendGroup], take_by: float, fence: Fence
+                      ) -> list[AppendOutcome]:
         entered.append(groups[0].tp)
         if len(entered) == 2:
             both_in.set()
@@ -271,7 +277,8 @@ async def test_a_wrong_secret_is_refused_before_any_append_is_read() -> None:
             nonce = b"n" * frames.NONCE_BYTES
             writer.writelines(frames.auth(nonce, frames.mac("wrong", "client", server_nonce,
                                                             nonce)))
-            writer.writelines(frames.append(1, 1000, [AppendGroup(A, [b"sneaky"])]))
+            writer.writelines(frames.append(1, 1000, Fence(0, "x.1"),
+                                            [AppendGroup(A, [b"sneaky"])]))
             answers = []
             with contextlib.suppress(ConnectionError):  # closed with the APPEND unread
                 while (answer := await frames.read_frame(reader, 1024)) is not None:
@@ -452,15 +459,22 @@ class GatedLog:
 
 
 @contextlib.asynccontextmanager
-async def forwarding_to(engine: Engine, **client_options: Any
+async def forwarding_to(engine: Engine, fences: ForwardFences | None = None,
+                        received: anyio.Event | None = None, **client_options: Any
                         ) -> AsyncIterator[tuple[ForwardClient, Batcher, GatedLog]]:
-    """A receiving broker's path: forward server → Batcher.enqueue → LogWriter."""
+    """A receiving broker's path: forward server → Batcher.enqueue → LogWriter; with
+    ``fences``, a flush takes each frame's fence first, as the broker's does;
+    ``received`` is set as a frame's groups are handed to the batcher."""
     log = GatedLog(engine)
     batcher = Batcher(log.append, max_bytes=1 << 20, max_delay_s=0.001,
                       buffer_max_bytes=1 << 24, max_inflight_flushes=1)
 
-    async def handler(groups: list[AppendGroup], take_by: float) -> list[AppendOutcome]:
-        return await batcher.enqueue(groups, take_by=take_by)
+    async def handler(groups: list[AppendGroup], take_by: float, fence: Fence
+                      ) -> list[AppendOutcome]:
+        claim = None if fences is None else functools.partial(fences.take, fence)
+        if received is not None:
+            received.set()
+        return await batcher.enqueue(groups, take_by=take_by, claim=claim)
 
     async with anyio.create_task_group() as tg:
         await tg.start(batcher.run)
@@ -468,6 +482,88 @@ async def forwarding_to(engine: Engine, **client_options: Any
                 client_of(server.address, **client_options) as client:
             yield client, batcher, log
         batcher.close()
+
+
+def _fences(engine: Engine) -> tuple[ForwardFences, CollectorRegistry]:
+    registry = CollectorRegistry()
+    return ForwardFences(engine.oxia, engine.layout, FenceMetrics(registry)), registry
+
+
+def _fence_claims(registry: CollectorRegistry, side: str, outcome: str) -> float:
+    return registry.get_sample_value("llog_forward_fences_total", {
+        "member": "", "side": side, "outcome": outcome}) or 0.0
+
+
+async def test_a_frame_abandoned_before_a_flush_took_it_is_never_written(
+        engine: Engine, topic: str) -> None:
+    """The frame waits in the receiver's buffer (its only flush slot is held) when its
+    forwarder gives up on it and wins its fence (as one whose answer was lost would):
+    the flush that later takes the frame writes nothing of it and answers it expired,
+    so the forwarder's own append of the groups is their only copy."""
+    local, forwarded = TopicPartition(topic, 0), TopicPartition(topic, 1)
+    fences, registry = _fences(engine)
+    sent_at = time.time_ns() // 1_000_000
+    received = anyio.Event()
+    with anyio.fail_after(60):
+        async with forwarding_to(engine, fences, received, deadline_s=30.0,
+                                 fence_prefix="fwd", clock_ms=lambda: sent_at
+                                 ) as (client, batcher, log):
+            log.gate = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(batcher.submit, [AppendGroup(local, [b"local"])])
+                await log.entered.wait()  # the only flush slot is held
+                answers: list[BaseException] = []
+
+                async def forward() -> None:
+                    with pytest.raises(ForwardNotWritten) as excinfo:
+                        await client.append([AppendGroup(forwarded, [b"fenced"], "key-1")])
+                    answers.append(excinfo.value)
+
+                tg.start_soon(forward)
+                await received.wait()  # buffered behind the held flush
+                assert await fences.abandon(Fence(sent_at, "fwd.1"))
+                log.gate.set()
+            # The flush after the held one took the frame and lost its fence; this
+            # append's flush is that one or a later one.
+            (after,) = await batcher.submit([AppendGroup(local, [b"after"])])
+    assert isinstance(after, AppendResult)
+    assert [getattr(a, "reason", None) for a in answers] == ["expired"]
+    assert await engine.reader.high_watermark(forwarded) == 0
+    assert _fence_claims(registry, "receiver", "abandoned") == 1
+    assert _fence_claims(registry, "forwarder", "abandoned") == 1
+
+
+async def test_a_frame_a_flush_took_is_written_once_and_its_forwarder_cannot_abandon_it(
+        engine: Engine, topic: str) -> None:
+    """A flush took the frame (and its fence) and its write is slow past the forwarder's
+    wait: the forwarder's claim loses, so it must not append the groups (they are in
+    doubt), and the slow flush writes them, once."""
+    tp = TopicPartition(topic, 0)
+    fences, registry = _fences(engine)
+    with anyio.fail_after(60):
+        async with forwarding_to(engine, fences, deadline_s=5.0,
+                                 answer_timeout_s=0.2) as (client, _, log):
+            log.gate = anyio.Event()
+            async with anyio.create_task_group() as tg:
+                errors: list[ForwardUnknown] = []
+                unanswered = anyio.Event()
+
+                async def forward() -> None:
+                    with pytest.raises(ForwardUnknown) as excinfo:
+                        await client.append([AppendGroup(tp, [b"slow"], "key-1")])
+                    errors.append(excinfo.value)
+                    unanswered.set()
+
+                tg.start_soon(forward)
+                await log.entered.wait()  # taken (fence and all) by a flush, held
+                await unanswered.wait()  # the forwarder's 5.2 s wait runs out
+                fence = errors[0].fence
+                assert fence is not None
+                assert not await fences.abandon(fence)
+                log.gate.set()
+    assert (await engine.reader.read(tp, 1)).records == [(1, b"slow")]
+    assert _fence_claims(registry, "receiver", "taken") == 1
+    assert _fence_claims(registry, "forwarder", "taken") == 1
 
 
 async def test_a_forwarded_append_commits_with_the_right_offsets(engine: Engine,

@@ -4,7 +4,9 @@ compaction, on the real Oxia and MinIO."""
 from __future__ import annotations
 
 import httpx
+import pytest
 
+from app.errors import Unavailable
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
@@ -12,9 +14,14 @@ from app.storage.offsets import list_offsets
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, make_compactor
-from tests.helpers.stack import Broker, open_engine
+from tests.helpers.stack import Broker, Engine, open_engine
 
 BASE = 1_700_000_000_000  # in the past: old enough for compaction at once
+
+
+def _gets(e: Engine) -> float:
+    return sum(s.value for m in e.metrics.s3_requests.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels.get("op", "").startswith("get"))
 
 
 async def test_offsets_for_times_before_and_after_compaction(stack: LocalStack,
@@ -39,6 +46,23 @@ async def test_offsets_for_times_before_and_after_compaction(stack: LocalStack,
         outcome = await make_compactor(e, chunk_bytes=4096).compact_once(tp)
         assert (outcome.start_offset, outcome.end_offset) == (1, 1000)
         assert await answers() == expected  # inside one compacted entry, by its chunks
+        # A lookup that reads a chunk asks for room for its bytes first (the broker's
+        # answer budget); refused, it reads nothing and fails as the budget said.
+        asked: list[int] = []
+
+        async def reserve(n: int) -> None:
+            asked.append(n)
+
+        async def refuse(n: int) -> None:
+            raise Unavailable("no room in the answer budget")
+
+        inside = await list_offsets(e.reader, tp, BASE + 5500, reserve=reserve)
+        assert inside.for_time == 301
+        assert len(asked) == 1 and 0 < asked[0] <= 4 * 4096, asked  # one chunk's bytes
+        gets = _gets(e)
+        with pytest.raises(Unavailable):
+            await list_offsets(e.reader, tp, BASE + 7500, reserve=refuse)
+        assert _gets(e) == gets
         found = await list_offsets(e.reader, tp)
         assert (found.log_start, found.high_watermark, found.for_time) == (1, 1000, None)
 

@@ -71,3 +71,44 @@ async def test_a_failed_read_ahead_is_counted_and_its_waiters_released() -> None
             await done.wait()
     stats = ahead.statistics()
     assert (stats.inflight, stats.started, stats.failed) == (0, 2, 1)
+
+
+async def test_a_read_ahead_starts_only_if_its_bytes_are_admitted_and_gives_them_back(
+) -> None:
+    held: list[int] = []
+    room = [100]
+
+    def admit(n: int) -> Callable[[], None] | None:
+        if n > room[0]:
+            return None
+        room[0] -= n
+        held.append(n)
+
+        def give_back() -> None:
+            room[0] += n
+            held.remove(n)
+        return give_back
+
+    ahead = ReadAhead(4, admit)
+    release = anyio.Event()
+
+    async def fetch() -> None:
+        await release.wait()
+
+    async def failing() -> None:
+        raise StorageUnavailable("S3 GET failed")
+
+    with anyio.fail_after(10):
+        async with anyio.create_task_group() as tg:
+            ahead.run_in(tg)
+            assert ahead.start("a", fetch, 60)
+            assert not ahead.start("b", _never, 50)  # no room for it now: not started
+            assert held == [60]
+            assert ahead.start("c", failing, 40)  # a failed one gives its bytes back too
+            await ahead.wait("c")
+            assert held == [60]
+            release.set()
+            await ahead.wait("a")
+    assert held == [] and room == [100]
+    stats = ahead.statistics()
+    assert (stats.started, stats.failed, stats.declined) == (2, 1, 1)

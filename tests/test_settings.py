@@ -214,6 +214,14 @@ def test_forwarding_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LLOG_FORWARD_PORT", "65536")
     with pytest.raises(SettingsError, match="LLOG_FORWARD_PORT"):
         Settings.from_env()
+    monkeypatch.setenv("LLOG_FORWARD_PORT", "39211")
+    # An unanswered frame's fence is claimed within 5 minutes of sending, or never.
+    monkeypatch.setenv("LLOG_FORWARD_DEADLINE_MS", "60000")
+    monkeypatch.setenv("LLOG_FORWARD_ANSWER_TIMEOUT_MS", "180001")
+    with pytest.raises(SettingsError, match="LLOG_FORWARD_ANSWER_TIMEOUT_MS"):
+        Settings.from_env()
+    monkeypatch.setenv("LLOG_FORWARD_ANSWER_TIMEOUT_MS", "180000")
+    assert Settings.from_env().forward_answer_timeout_ms == 180000
 
 
 def test_group_session_outside_its_bounds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -27,7 +27,10 @@ not ready.
 Records another broker forwarded come with a *take-by* time (:meth:`Batcher.enqueue`):
 if no flush has taken them by then, they leave the buffer unwritten and are answered
 :class:`~app.errors.ForwardExpired`, so the forwarding broker may append them itself.
-That answer is exact because it is given only to waiters that are in no flush.
+That answer is exact because it is given only to waiters that are in no flush. Their
+waiter may also hold a *claim* (the frame's fence, :mod:`app.cluster.fences`): a flush
+makes it before it writes anything, and a waiter whose claim fails (the forwarding
+broker gave up on it first) leaves that flush unwritten, answered ``ForwardExpired``.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 log = logging.getLogger(__name__)
 
 AppendFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendOutcome]]]
+# A waiter's claim on being written: True to be flushed, False to be left unwritten.
+ClaimFn = Callable[[], Awaitable[bool]]
 CommittedFn = Callable[[list[tuple[AppendGroup, AppendResult]]], Awaitable[None]]
 
 # The longest a paced flush start is held back: a bound on the latency pacing may add.
@@ -86,6 +91,30 @@ def paced_for(share: float, inflight: int, cycle: float, last_start: float,
     return last_start + min(cycle / share, MAX_SPACING_S) - now
 
 
+async def _claim(batch: _Batch) -> None:
+    """Make the claims of the batch's waiters (at once); those that fail leave it,
+    answered unwritten."""
+    claimed = [w for w in batch.waiters if w.claim is not None]
+    if not claimed:
+        return
+    won = [False] * len(claimed)
+
+    async def one(i: int, claim: ClaimFn) -> None:
+        try:
+            won[i] = await claim()
+        except Exception:  # a claim that cannot say leaves its waiter unwritten
+            log.exception("a claim failed unexpectedly; its records are not written")
+
+    async with anyio.create_task_group() as tg:
+        for i, waiter in enumerate(claimed):
+            assert waiter.claim is not None
+            tg.start_soon(one, i, waiter.claim)
+    for waiter, ok in zip(claimed, won, strict=True):
+        if not ok:
+            batch.remove(waiter)
+            waiter.unclaimed()
+
+
 def _retrieve(future: asyncio.Future[list[AppendOutcome]]) -> None:
     if not future.cancelled():
         future.exception()
@@ -93,13 +122,14 @@ def _retrieve(future: asyncio.Future[list[AppendOutcome]]) -> None:
 
 @dataclass(eq=False)
 class _Waiter:
-    """One ``enqueue``: its groups, the future its handler awaits, and the monotonic
-    time by which a flush must take it (None: no deadline)."""
+    """One ``enqueue``: its groups, the future its handler awaits, the monotonic time by
+    which a flush must take it (None: no deadline) and the claim a flush makes first."""
 
     groups: Sequence[AppendGroup]
     size: int
     future: asyncio.Future[list[AppendOutcome]]
     take_by: float | None = None
+    claim: ClaimFn | None = None
     timer: asyncio.TimerHandle | None = None
 
     def overdue(self, now: float) -> bool:
@@ -109,6 +139,13 @@ class _Waiter:
         """Answer a waiter that no flush took in time: it was not written."""
         error = ForwardExpired("the forwarded records waited past their deadline "
                                "for a flush; nothing was written")
+        self.resolve([error] * len(self.groups))
+
+    def unclaimed(self) -> None:
+        """Answer a waiter whose claim failed: it was not written."""
+        error = ForwardExpired("a flush could not claim these forwarded records (the "
+                               "forwarding broker gave up on them first, or their fence "
+                               "could not be settled); nothing was written")
         self.resolve([error] * len(self.groups))
 
     def resolve(self, outcomes: list[AppendOutcome]) -> None:
@@ -242,11 +279,13 @@ class Batcher:
         """Buffer ``groups`` for the next flush and wait for their outcomes (in order)."""
         return await self.enqueue(groups, take_by=None)
 
-    async def enqueue(self, groups: Sequence[AppendGroup], *, take_by: float | None
-                      ) -> list[AppendOutcome]:
+    async def enqueue(self, groups: Sequence[AppendGroup], *, take_by: float | None,
+                      claim: ClaimFn | None = None) -> list[AppendOutcome]:
         """:meth:`submit`, with a ``time.monotonic()`` deadline for a flush to take the
         groups: still buffered then, they are answered :class:`ForwardExpired` (every
-        group) and never flushed. Once taken, they are flushed whatever the time."""
+        group) and never flushed. Once taken, they are flushed whatever the time, if
+        ``claim`` (made by the flush before it writes) returns True; else they are
+        answered :class:`ForwardExpired` too. ``claim`` must not raise."""
         if self._state is BatcherState.FAILED:
             raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
                               "retry on another broker")
@@ -265,7 +304,7 @@ class Batcher:
         # A caller that stopped waiting (cancelled) never reads a failure: mark it read,
         # so shutting down does not log "exception was never retrieved" for each one.
         future.add_done_callback(_retrieve)
-        waiter = _Waiter(groups, size, future, take_by)
+        waiter = _Waiter(groups, size, future, take_by, claim)
         self._batch.add(waiter)
         if take_by is not None:
             # Answered at its deadline even while every flush slot is busy, so the
@@ -352,8 +391,13 @@ class Batcher:
     async def _flush(self, batch: _Batch) -> None:
         """Append the batch and answer every waiter; never raises an ``Exception``."""
         started = self._last_start = time.monotonic()
-        groups = batch.groups()
+        taken_bytes = batch.size
+        groups: list[AppendGroup] = []
         try:
+            await _claim(batch)
+            groups = batch.groups()
+            if not groups:
+                return  # every waiter's claim failed: nothing to write
             outcomes = await self._append(groups)
             if len(outcomes) != len(groups):
                 raise RuntimeError(f"{len(outcomes)} outcomes for {len(groups)} groups")
@@ -378,7 +422,7 @@ class Batcher:
             self._flush_time += _DURATION_WEIGHT * (self._last_end - started
                                                     - self._flush_time)
             self._inflight -= 1
-            self._inflight_bytes -= batch.size
+            self._inflight_bytes -= taken_bytes
             self._flush_slots.release()
             self._wakeup.set()  # a paced batch may go now
 

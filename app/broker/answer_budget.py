@@ -20,6 +20,7 @@ JSON answer) and new reservations wait until the budget is back under its limit.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -63,6 +64,21 @@ class AnswerBudget:
     def reservation(self) -> Reservation:
         """An empty reservation (holds nothing until it grows)."""
         return Reservation(self)
+
+    def try_hold(self, n: int) -> Callable[[], None] | None:
+        """Take ``n`` bytes now if they fit and nobody is waiting, for work worth doing
+        only when there is room (reading ahead): the function returned gives them back
+        (once). None: no room now, nothing taken."""
+        if self._queue or self._in_flight + n > self.limit:
+            return None
+        self._take(n)
+        held = [n]
+
+        def give_back() -> None:
+            if held:
+                self._give(held.pop())
+
+        return give_back
 
     async def _acquire(self, need: int) -> None:
         """Take ``need`` bytes, waiting in line for at most ``max_wait_s``; raises

@@ -71,6 +71,8 @@ READ_AHEAD_FIGURES = (
     Figure("started", "Read-aheads started", "counter"),
     Figure("failed", "Read-aheads that failed (the next read fetched for itself)",
            "counter"),
+    Figure("declined", "Read-aheads not started: the answer budget had no room for "
+           "them at once", "counter"),
 )
 PLAN_AHEAD_FIGURES = (
     Figure("kept", "Lookups (control record, first index page) made ahead of a "

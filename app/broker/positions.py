@@ -4,11 +4,13 @@ and the event stream."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Literal
 
 import anyio
 
+from app.broker.answering import READ_FACTOR
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled
 from app.storage import offsets as storage_offsets
 from app.storage.keys import TopicPartition
@@ -33,20 +35,33 @@ def named_offset(where: PartitionOffsets, name: Named) -> int:
 async def lookup_all(state: BrokerState, queries: Sequence[tuple[TopicPartition, int | None]]
                      ) -> list[Found]:
     """Each query's offsets (with a time: the first offset at it), or its error; at most
-    LOOKUP_CONCURRENCY at once. Without the read role, each is refused."""
+    LOOKUP_CONCURRENCY at once. Without the read role, each is refused. A lookup by time
+    that reads records holds their bytes in the answer budget while it does (refused
+    with ``Unavailable``, retriable, when the budget has no room in time)."""
     try:
         reader = state.log_reader()
     except RoleDisabled as exc:
         return [exc] * len(queries)
+    budget = None if state.consume is None else state.consume.answers
     out: list[PartitionOffsets | LlogError | None] = [None] * len(queries)
     limiter = anyio.CapacityLimiter(LOOKUP_CONCURRENCY)
 
     async def one(i: int, tp: TopicPartition, at_ms: int | None) -> None:
         async with limiter:
+            held = None if budget is None or at_ms is None else budget.reservation()
+
+            async def reserve(n: int) -> None:
+                assert held is not None
+                await held.reserve(math.ceil(n * READ_FACTOR))
+
             try:
-                out[i] = await storage_offsets.list_offsets(reader, tp, at_ms)
+                out[i] = await storage_offsets.list_offsets(
+                    reader, tp, at_ms, reserve=None if held is None else reserve)
             except LlogError as exc:
                 out[i] = exc
+            finally:
+                if held is not None:
+                    held.release()
 
     async with anyio.create_task_group() as tg:
         for i, (tp, at_ms) in enumerate(queries):

@@ -14,6 +14,7 @@ import contextlib
 import functools
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -27,7 +28,7 @@ from app.batching.batcher import Batcher
 from app.batching.metrics import BatcherMetrics
 from app.broker import roles
 from app.broker.answer_budget import AnswerBudget
-from app.broker.answering import BudgetedConsumeService
+from app.broker.answering import READ_FACTOR, BudgetedConsumeService
 from app.broker.loop_watchdog import LoopWatchdog, end_the_process, install_test_blocker
 from app.broker.metrics import (
     ANSWER_FIGURES,
@@ -44,6 +45,7 @@ from app.broker.metrics import (
 )
 from app.broker.topics import TopicDirectory, default_topic_config
 from app.broker.watch import OxiaChangeListener, PartitionWatch
+from app.cluster.fences import Fence, FenceMetrics, ForwardFences
 from app.cluster.forward import ForwardClient, ForwardMetrics, ForwardServer
 from app.cluster.members import Member
 from app.cluster.membership import Membership
@@ -358,6 +360,9 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
         max_streams=limits.max_concurrent_streams,
         answers=AnswerBudget(limits.max_answer_bytes_in_flight,
                              max_wait_s=limits.answer_bytes_wait_ms / 1000))
+    # Reading ahead holds its bytes in the same budget, and only when they fit at once.
+    answers = state.consume.answers
+    state.reader.ahead.admit = lambda n: answers.try_hold(math.ceil(n * READ_FACTOR))
     # A change seen while this process's own write of it is in flight is decided when
     # that write returns; a foreign one then wakes the partition's waiters.
     state.writer.own.on_foreign = state.watch.notify_remote
@@ -385,18 +390,9 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     secret = None if c.cluster_secret is None else c.cluster_secret.get_secret_value()
     forward_metrics = ForwardMetrics(state.registry, member=me_id)
 
-    async def forwarded(groups: list[AppendGroup], take_by: float) -> list[AppendOutcome]:
-        # Appended here, never forwarded again: views that disagree cannot bounce records.
-        # Stored as this broker's cached view of each topic says (a frame carries none).
-        assert state.topics is not None
-        stored = await state.topics.stored_as(groups)
-        return await batcher.enqueue(stored, take_by=take_by)
-
-    server = ForwardServer(forwarded, host=c.forward_host, port=c.forward_port,
-                           secret=secret, metrics=forward_metrics)
-    with anyio.fail_after(30):
-        await tg.start(_watched, state, server.run)
-    stack.callback(server.close)
+    fences = ForwardFences(oxia, layout, FenceMetrics(state.registry, member=me_id),
+                           claim_budget_s=s.oxia_request_timeout_s * 2 + 5)
+    server = await _serve_forwarded(state, fences, secret, forward_metrics, tg, stack)
     state.forward_address = server.address
     me = Member(me_id, s.broker_id, s.broker_url, server.address, tuple(s.roles),
                 uuid.uuid4().hex)
@@ -406,22 +402,52 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     with anyio.fail_after(30):
         await tg.start(_watched, state, state.membership.run)
 
+    with anyio.fail_after(30):
+        await tg.start(_watched, state, fences.run)
+
     def client(peer: Member) -> ForwardClient:
+        # Fence tokens name this member and the client: each client counts frames anew.
         return ForwardClient(peer.forward, secret=secret,
                              deadline_s=c.forward_deadline_ms / 1000,
                              answer_timeout_s=c.forward_answer_timeout_ms / 1000,
-                             metrics=forward_metrics)
+                             metrics=forward_metrics,
+                             fence_prefix=f"{me_id}.{uuid.uuid4().hex}")
 
     state.router = AffinityRouter(
         batcher.submit, state.membership, client, lane_buffer_bytes=s.batch_buffer_max_bytes,
         lane_max_bytes=s.batch_max_bytes, suspect_s=FORWARD_SUSPECT_S,
         # A peer that hung keeps its Oxia session this long at most, then leaves the view.
         unanswered_suspect_s=s.oxia_session_timeout_ms / 1000 + c.membership_refresh_s,
-        metrics=RouterMetrics(state.registry, member=me_id))
+        metrics=RouterMetrics(state.registry, member=me_id), fences=fences)
     await tg.start(_watched, state, state.router.run)
     # The members split the partitions, so they split the batcher's eager flushes too:
     # together they flush about as often as one broker would at the same load.
     state.membership.on_change(lambda view: batcher.pace(view.writer_count))
+
+
+async def _serve_forwarded(state: BrokerState, fences: ForwardFences, secret: str | None,
+                           metrics: ForwardMetrics, tg: anyio.abc.TaskGroup,
+                           stack: contextlib.AsyncExitStack) -> ForwardServer:
+    """Listen for the appends other brokers forward here (until the stack closes)."""
+    c, batcher = state.settings.cluster, state.batcher
+    assert batcher is not None
+
+    async def forwarded(groups: list[AppendGroup], take_by: float, fence: Fence
+                        ) -> list[AppendOutcome]:
+        # Appended here, never forwarded again: views that disagree cannot bounce records.
+        # Stored as this broker's cached view of each topic says (a frame carries none).
+        # A flush writes them only once it has taken their fence (app/cluster/fences.py).
+        assert state.topics is not None
+        stored = await state.topics.stored_as(groups)
+        return await batcher.enqueue(stored, take_by=take_by,
+                                     claim=functools.partial(fences.take, fence))
+
+    server = ForwardServer(forwarded, host=c.forward_host, port=c.forward_port,
+                           secret=secret, metrics=metrics)
+    with anyio.fail_after(30):
+        await tg.start(_watched, state, server.run)
+    stack.callback(server.close)
+    return server
 
 
 async def _stop_cluster(state: BrokerState) -> None:

@@ -10,7 +10,8 @@ one of three ways, and the difference is what keeps a fallback safe:
   be reached, it refused them, no flush took them in time, or the frame was never handed
   to the connection), so they may be appended elsewhere;
 - :class:`ForwardUnknown`: the frame was sent and no verdict came back (the connection
-  broke, or the answer did not come in time): the groups may have been written.
+  broke, or the answer did not come in time): the groups may have been written, until
+  the frame's fence (:mod:`app.cluster.fences`, which the error carries) says otherwise.
 
 The server side is :class:`~app.cluster.forward_server.ForwardServer`; the frames are in
 app/cluster/frames.py (docs/protocol.md, Forwarding between brokers).
@@ -23,13 +24,15 @@ import itertools
 import logging
 import os
 import time
-from collections.abc import Sequence
+import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
 import anyio
 
 from app.cluster import frames
+from app.cluster.fences import Fence
 from app.cluster.forward_metrics import ForwardMetrics, FrameOutcome
 from app.cluster.forward_server import ForwardServer
 from app.cluster.frames import Frame, FrameError, FrameType
@@ -59,12 +62,15 @@ class ForwardNotWritten(Exception):
 class ForwardUnknown(Exception):
     """The frame was sent and no verdict came back: the groups may have been written.
     ``reason``: ``broken`` (the connection ended), ``timeout`` (no answer within the
-    deadline plus the answer timeout), ``closed`` (this client was closed)."""
+    deadline plus the answer timeout), ``closed`` (this client was closed). ``fence``:
+    the frame's, which settles whether the peer may still write it."""
 
-    def __init__(self, reason: UnknownReason, detail: str) -> None:
+    def __init__(self, reason: UnknownReason, detail: str, fence: Fence | None = None
+                 ) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason: UnknownReason = reason
         self.detail = detail
+        self.fence = fence
 
 
 @dataclass(eq=False)
@@ -93,13 +99,17 @@ class ForwardClient:
 
     ``deadline_s`` is how long the peer may keep the groups buffered before a flush
     takes them (past it they are answered expired, unwritten); an answer that has not
-    come ``answer_timeout_s`` after that makes the outcome unknown.
+    come ``answer_timeout_s`` after that makes the outcome unknown. Each frame's fence
+    token is ``{fence_prefix}.{frame id}``: the prefix must be unique to this client
+    (its member and incarnation), and ``clock_ms`` is the wall clock fences are dated by.
     """
 
     def __init__(self, address: str, *, secret: str | None, deadline_s: float,
                  answer_timeout_s: float, max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
                  connect_timeout_s: float | None = None,
-                 metrics: ForwardMetrics | None = None) -> None:
+                 metrics: ForwardMetrics | None = None, fence_prefix: str | None = None,
+                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+                 ) -> None:
         self.address = address
         self._host, self._port = split_address(address)
         self._secret = secret
@@ -109,6 +119,8 @@ class ForwardClient:
         self._max_frame = max_frame_bytes
         self._metrics = metrics
         self._ids = itertools.count(1)
+        self._fence_prefix = fence_prefix or uuid.uuid4().hex
+        self._clock_ms = clock_ms
         self._conn: _Connection | None = None
         self._connecting = asyncio.Lock()
         self._closed = False
@@ -119,20 +131,25 @@ class ForwardClient:
         if not groups:
             return []
         frame_id = next(self._ids)
-        parts = frames.append(frame_id, self._deadline_ms, groups)
+        fence = Fence(self._clock_ms(), f"{self._fence_prefix}.{frame_id}")
+        parts = frames.append(frame_id, self._deadline_ms, fence, groups)
         if frames.frame_size(parts) > self._max_frame:
             self._count("refused")
             raise ForwardNotWritten("refused", f"a frame of {frames.frame_size(parts)} "
                                     f"bytes; the limit is {self._max_frame}")
         conn = await self._connection()
-        answer = await self._exchange(conn, frame_id, parts)
+        try:
+            answer = await self._exchange(conn, frame_id, parts)
+        except ForwardUnknown as exc:
+            exc.fence = fence
+            raise
         if answer.type is FrameType.RESULTS:
             try:
                 outcomes = frames.parse_results(answer.payload, groups)
             except FrameError as exc:  # a peer that answers nonsense: trust nothing more
                 self._drop(conn, f"{self.address} sent malformed results: {exc}")
                 self._count("broken")
-                raise ForwardUnknown("broken", str(exc)) from None
+                raise ForwardUnknown("broken", str(exc), fence) from None
             self._count("results")
             return outcomes
         if answer.type is FrameType.EXPIRED:

@@ -3,15 +3,17 @@
 Each connection starts with the handshake (with a secret, a client that does not prove
 it is closed before any APPEND is read), then each APPEND is handed to ``handler`` in a
 task of its own, so many are in flight at once and are answered as they finish, by id.
-The handler gets the groups and their take-by time (``time.monotonic()`` plus the
-frame's deadline); the broker's is ``Batcher.enqueue``. An answer says exactly what
-happened (docs/protocol.md, Forwarding between brokers):
+The handler gets the groups, their take-by time (``time.monotonic()`` plus the
+frame's deadline) and the frame's fence, which a flush must take before it writes them
+(:mod:`app.cluster.fences`); the broker's handler is ``Batcher.enqueue``. An answer says
+exactly what happened (docs/protocol.md, Forwarding between brokers):
 
 - RESULTS: the log's outcome of every group (an error that may have written, such as
   ``CommitInDoubt``, is among them, per group);
 - REFUSED: nothing was written (the batcher refused the frame, a malformed body, or
   this server is closing);
-- EXPIRED: no flush took the groups by their take-by time, so nothing was written.
+- EXPIRED: no flush took the groups by their take-by time, or the forwarder had given
+  up on them (it holds their fence), so nothing was written.
 
 A connection that breaks the protocol (an unknown or oversized frame) is refused and
 closed; a malformed APPEND body is refused alone.
@@ -31,8 +33,9 @@ import anyio
 import anyio.abc
 
 from app.cluster import frames
+from app.cluster.fences import Fence
 from app.cluster.forward_metrics import ForwardMetrics, ReceivedOutcome
-from app.cluster.frames import FrameError, FrameTooLarge, FrameType
+from app.cluster.frames import AppendHead, FrameError, FrameTooLarge, FrameType
 from app.errors import (
     CommitInDoubt,
     ForwardExpired,
@@ -46,7 +49,8 @@ from app.storage.appends import AppendGroup, AppendOutcome
 
 log = logging.getLogger(__name__)
 
-ForwardHandler = Callable[[list[AppendGroup], float], Awaitable[list[AppendOutcome]]]
+ForwardHandler = Callable[[list[AppendGroup], float, Fence],
+                          Awaitable[list[AppendOutcome]]]
 
 # APPENDs of one connection handled at once; past it the connection is not read (TCP
 # pushes back on the sender). The batcher's buffer bounds their bytes well before.
@@ -173,7 +177,7 @@ class ForwardServer:
                     return
                 if got.type is not FrameType.APPEND:
                     raise FrameError(f"a {got.type.name} frame where an APPEND was expected")
-                frame_id, deadline_ms = frames.parse_append_head(got.payload)
+                head = frames.parse_append_head(got.payload)
             except FrameError as exc:
                 log.warning("a forward connection broke the protocol; closed: %s", exc)
                 error = (PayloadTooLarge if isinstance(exc, FrameTooLarge)
@@ -183,22 +187,24 @@ class ForwardServer:
             except OSError:
                 return  # the connection is gone; the APPENDs read are still answered
             peer.inflight += 1
-            tg.start_soon(self._append, peer, slots, frame_id, deadline_ms, got.payload)
+            tg.start_soon(self._append, peer, slots, head, got.payload)
 
-    async def _append(self, peer: _Peer, slots: anyio.Semaphore, frame_id: int,
-                      deadline_ms: int, payload: bytes) -> None:
-        take_by = time.monotonic() + deadline_ms / 1000
+    async def _append(self, peer: _Peer, slots: anyio.Semaphore, head: AppendHead,
+                      payload: bytes) -> None:
+        take_by = time.monotonic() + head.deadline_ms / 1000
         try:
-            await peer.send(await self._answer(frame_id, take_by, payload))
+            await peer.send(await self._answer(head, take_by, payload))
         finally:
             peer.inflight -= 1
             slots.release()
             if peer.inflight == 0 and self._closing.is_set():
                 peer.reading.cancel()
 
-    async def _answer(self, frame_id: int, take_by: float, payload: bytes) -> frames.Parts:
+    async def _answer(self, head: AppendHead, take_by: float, payload: bytes
+                      ) -> frames.Parts:
+        frame_id = head.frame_id
         try:
-            groups = frames.parse_append_groups(payload)
+            groups = frames.parse_append_groups(payload, head)
         except LlogError as exc:  # InvalidRequest, PayloadTooLarge: refused unread
             return frames.refused(frame_id, exc)
         if self._closing.is_set():
@@ -206,7 +212,7 @@ class ForwardServer:
             return frames.refused(frame_id, ShuttingDown(
                 "this broker is shutting down; append elsewhere"))
         try:
-            outcomes = await self._handler(groups, take_by)
+            outcomes = await self._handler(groups, take_by, head.fence)
             if len(outcomes) != len(groups):
                 raise RuntimeError(f"{len(outcomes)} outcomes for {len(groups)} groups")
         except ForwardExpired:

@@ -24,13 +24,15 @@ from typing import Any
 
 import orjson
 
+from app.cluster.fences import Fence
 from app.errors import CommitInDoubt, InvalidRequest, LlogError, Unavailable, error_types
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import RecordBatch
-from app.storage.keys import TopicPartition
+from app.storage.keys import TopicPartition, is_fence_token
 from app.wire import produce as envelope
 
-PROTOCOL_VERSION = 1
+# 2: an APPEND carries its fence (sent_at_ms and token, app/cluster/fences.py).
+PROTOCOL_VERSION = 2
 NONCE_BYTES = 32
 MAC_BYTES = 32
 # An APPEND holds at most a lane's buffer (LLOG_BATCH_BUFFER_MAX_BYTES by default) of
@@ -43,7 +45,7 @@ _HEADER = struct.Struct(">IB")
 _HELLO = struct.Struct(">H32s")
 _AUTH = struct.Struct(">H32s")
 _ID = struct.Struct(">Q")
-_APPEND = struct.Struct(">QI")
+_APPEND = struct.Struct(">QIQB")
 _MAX_DEADLINE_MS = 2**32 - 1
 
 Parts = list[bytes | memoryview]
@@ -53,7 +55,8 @@ class FrameType(enum.IntEnum):
     HELLO = 1     # server: u16 version, 32-byte nonce
     AUTH = 2      # client: u16 version, 32-byte nonce, HMAC (32 bytes, or none)
     WELCOME = 3   # server: HMAC (32 bytes, or none)
-    APPEND = 4    # client: u64 id, u32 deadline_ms, LLP1 envelope
+    APPEND = 4    # client: u64 id, u32 deadline_ms, u64 sent_at_ms, u8 n, token (n
+    #               ASCII bytes), LLP1 envelope
     RESULTS = 5   # server: u64 id, JSON list of outcomes (one per entry, in order)
     REFUSED = 6   # server: u64 id, JSON {"error_type", "error"}: nothing was written
     EXPIRED = 7   # server: u64 id: no flush took the records in time, nothing written
@@ -161,33 +164,58 @@ def mac_matches(expected: bytes, got: bytes) -> bool:
 
 # -- appends ----------------------------------------------------------------------------
 
-def append(frame_id: int, deadline_ms: int, groups: Sequence[AppendGroup]) -> Parts:
+@dataclass(frozen=True)
+class AppendHead:
+    """What an APPEND says before its records: read first, so a bad body is refused by
+    id, and a frame's fence is known before a flush takes it."""
+
+    frame_id: int
+    deadline_ms: int
+    fence: Fence
+    body_at: int  # where the envelope starts
+
+
+def append(frame_id: int, deadline_ms: int, fence: Fence, groups: Sequence[AppendGroup]
+           ) -> Parts:
     """An APPEND of ``groups``: each group's records as their encoded body (a
     :class:`RecordBatch` keeps the body it arrived in, so nothing is re-encoded)."""
+    if not is_fence_token(fence.token):
+        raise ValueError(f"a fence token {fence.token!r} that cannot name a fence key")
+    token = fence.token.encode("ascii")
     entries = []
     for g in groups:
         batch = RecordBatch.of(g.records)
         entries.append((g.tp.topic, g.tp.partition, g.idempotency_key, batch.body,
                         batch.encoding))
     return frame(FrameType.APPEND,
-                 _APPEND.pack(frame_id, min(max(deadline_ms, 0), _MAX_DEADLINE_MS)),
+                 _APPEND.pack(frame_id, min(max(deadline_ms, 0), _MAX_DEADLINE_MS),
+                              fence.sent_at_ms, len(token)), token,
                  *envelope.build_parts(entries))
 
 
-def parse_append_head(payload: bytes) -> tuple[int, int]:
-    """An APPEND's id and deadline (ms): read first, so a bad body is refused by id."""
+def parse_append_head(payload: bytes) -> AppendHead:
+    """An APPEND's id, deadline (ms) and fence."""
     if len(payload) < _APPEND.size:
-        raise FrameError("an APPEND shorter than its id and deadline")
-    frame_id, deadline_ms = _APPEND.unpack_from(payload)
+        raise FrameError("an APPEND shorter than its head")
+    frame_id, deadline_ms, sent_at_ms, n = _APPEND.unpack_from(payload)
     if frame_id == CONNECTION:
         raise FrameError("an APPEND with id 0")
-    return frame_id, deadline_ms
+    body_at = _APPEND.size + n
+    if n == 0 or len(payload) < body_at:
+        raise FrameError("an APPEND without its fence token")
+    try:
+        token = payload[_APPEND.size:body_at].decode("ascii")
+    except UnicodeDecodeError:
+        token = ""
+    if not is_fence_token(token):
+        raise FrameError("an APPEND whose fence token is not 1..200 of [A-Za-z0-9._-]")
+    return AppendHead(frame_id, deadline_ms, Fence(sent_at_ms, token), body_at)
 
 
-def parse_append_groups(payload: bytes) -> list[AppendGroup]:
+def parse_append_groups(payload: bytes, head: AppendHead) -> list[AppendGroup]:
     """The groups of an APPEND (:class:`~app.errors.InvalidRequest` for a malformed body
     or an entry without its partition). Bodies stay views of the frame."""
-    entries = envelope.parse(memoryview(payload)[_APPEND.size:], envelope.MAX_ENTRIES)
+    entries = envelope.parse(memoryview(payload)[head.body_at:], envelope.MAX_ENTRIES)
     groups = []
     for e in entries:
         if e.partition is None:

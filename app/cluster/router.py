@@ -16,10 +16,12 @@ append:
 - definitely not written (the peer refused, could not be reached, or let the deadline
   pass before its flush took the records): appended here instead (``fallback``);
 - maybe written (the connection broke after the frame went out, or no answer in time):
-  a group with an idempotency key is appended here under that key (a duplicate is
-  answered from the key's window, as a client's own retry would be); a group without
-  one is answered :class:`~app.errors.CommitInDoubt`, as a client of a broker that died
-  mid-request is.
+  the frame's fence settles it (:mod:`app.cluster.fences`). If this broker's claim wins,
+  the peer will never write the frame, and its groups are appended here
+  (``abandoned``); if the peer took the frame first, or Oxia cannot say, every group is
+  answered :class:`~app.errors.CommitInDoubt`, as a client of a broker that died
+  mid-request is, keyed or not: appending a keyed group here as well could write it
+  twice once its key has left the partition's window of recent keys.
 
 A peer that could not be reached is suspected briefly (a refused connection costs little
 to try again); one that took a frame and did not answer, for as long as its Oxia session
@@ -41,6 +43,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, Counter
 
 from app.batching.batcher import Batcher
+from app.cluster.fences import Fence, ForwardFences
 from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardUnknown
 from app.cluster.membership import Member, Membership
 from app.errors import CommitInDoubt, ForwardExpired, LlogError, Unavailable
@@ -60,14 +63,16 @@ class RouterMetrics:
             "llog_affinity_groups", "Produce groups by where they were appended: local "
             "(this member is preferred), forwarded (its preferred member appended it), "
             "fallback (a forward that was not written, appended here), in_doubt (a "
-            "forward that may have been written, answered CommitInDoubt)",
+            "forward left unanswered that this broker could not show unwritten: its "
+            "peer took it, or its fence could not be settled; answered CommitInDoubt)",
             ["member", "route"], registry=registry)
         fallbacks = Counter(
             "llog_affinity_fallbacks", "Forwarded groups appended here instead, by why "
-            "(unreachable, refused, expired, closed: not written; keyed_unknown: maybe "
-            "written, appended again under the client's idempotency key; left: the peer "
-            "left the view; suspected: the peer was found down while the groups waited "
-            "in its lane; BackPressureRejected, ShuttingDown: the lane took nothing)",
+            "(unreachable, refused, expired, closed: not written; abandoned: unanswered, "
+            "and this broker won the frame's fence, so its peer never writes it; left: "
+            "the peer left the view; suspected: the peer was found down while the groups "
+            "waited in its lane; BackPressureRejected, ShuttingDown: the lane took "
+            "nothing)",
             ["member", "reason"], registry=registry)
         self._groups, self._fallbacks, self._member = groups, fallbacks, member
 
@@ -95,8 +100,9 @@ class AffinityRouter:
     def __init__(self, local: SubmitFn, membership: Membership, clients: ClientFactory, *,
                  lane_buffer_bytes: int, lane_max_bytes: int, suspect_s: float,
                  unanswered_suspect_s: float, metrics: RouterMetrics,
-                 lane_inflight: int = 2) -> None:
+                 fences: ForwardFences | None, lane_inflight: int = 2) -> None:
         self._local = local
+        self._fences = fences  # None: every unanswered frame is in doubt
         self._membership = membership
         self._clients = clients
         self._lane_buffer = lane_buffer_bytes
@@ -225,9 +231,13 @@ class AffinityRouter:
                 self._membership.suspect(peer.member_id, self._suspect_s)
             return await self._fallback(list(groups), exc.reason)
         except ForwardUnknown as exc:
-            log.warning("forward to %s may have been written: %s", peer.member_id, exc)
             self._membership.suspect(peer.member_id, self._unanswered_suspect_s)
-            return await self._in_doubt(list(groups), str(exc))
+            if exc.fence is not None and await self._abandoned(exc.fence):
+                log.warning("forward to %s went unanswered (%s); its fence was won, so "
+                            "it is appended here", peer.member_id, exc)
+                return await self._fallback(list(groups), "abandoned")
+            log.warning("forward to %s may have been written: %s", peer.member_id, exc)
+            return self._in_doubt(list(groups), str(exc))
         expired = [i for i, o in enumerate(outcomes) if isinstance(o, ForwardExpired)]
         self._metrics.routed("forwarded", len(groups) - len(expired))
         await self._fall_back_at(groups, expired, outcomes, "expired")
@@ -239,16 +249,21 @@ class AffinityRouter:
         self._metrics.fell_back(reason, len(groups))
         return await self._local(groups)
 
-    async def _in_doubt(self, groups: list[AppendGroup], why: str) -> list[AppendOutcome]:
-        """Keyed groups appended here under their key; the others answered in doubt."""
-        outcomes: list[AppendOutcome] = [
-            CommitInDoubt(f"forwarded to the partition's preferred broker, which did not "
-                          f"answer ({why}); the records may have been written")
-            for _ in groups]
-        keyed = [i for i, g in enumerate(groups) if g.idempotency_key is not None]
-        self._metrics.routed("in_doubt", len(groups) - len(keyed))
-        await self._fall_back_at(groups, keyed, outcomes, "keyed_unknown")
-        return outcomes
+    async def _abandoned(self, fence: Fence) -> bool:
+        """Whether this broker won the frame's fence (the peer will never write it)."""
+        if self._fences is None:
+            return False
+        try:
+            return await self._fences.abandon(fence)
+        except Exception:  # a claim that cannot say: the groups stay in doubt
+            log.exception("claiming a forward fence failed unexpectedly")
+            return False
+
+    def _in_doubt(self, groups: list[AppendGroup], why: str) -> list[AppendOutcome]:
+        self._metrics.routed("in_doubt", len(groups))
+        return [CommitInDoubt(f"forwarded to the partition's preferred broker, which did "
+                              f"not answer ({why}); the records may have been written")
+                for _ in groups]
 
     async def _fall_back_at(self, groups: Sequence[AppendGroup], indexes: list[int],
                             outcomes: list[AppendOutcome], reason: str) -> None:

@@ -19,6 +19,15 @@ GROUPS_PARTITION_KEY = "_groups"
 # A topic named "_brokers" cannot clash: its keys lie deeper ({root}/_brokers/partitions/
 # …) and its partition keys are "_brokers:{p}".
 MEMBERS_PARTITION_KEY = "_brokers"
+# Forward fences (app/cluster/fences.py) live on one shard too, so that one range delete
+# sweeps the old ones; a topic named "_fences" cannot clash, as with "_brokers".
+FENCES_PARTITION_KEY = "_fences"
+_FENCE_TOKEN = re.compile(r"[A-Za-z0-9._-]{1,200}")
+
+
+def is_fence_token(token: str) -> bool:
+    """Whether ``token`` may name a forward fence (app/cluster/fences.py)."""
+    return _FENCE_TOKEN.fullmatch(token) is not None
 
 
 def validate_topic(topic: object) -> str:
@@ -155,6 +164,23 @@ class KeyLayout:
             return None
         member_id = key[len(prefix):]
         return member_id if _MEMBER_ID.fullmatch(member_id) else None
+
+    def fences_prefix(self) -> str:
+        """``{root}/_fences/``: the forward fences are the keys one segment below it."""
+        return f"{self.root}/_fences/"
+
+    def forward_fence(self, minute: int, token: str) -> str:
+        """``{root}/_fences/{minute}.{token}``: the fence of one forwarded frame, named
+        by the forwarder's minute (wall clock) and its token, so that fences sort by
+        age and :meth:`fences_before` bounds a sweep."""
+        if not is_fence_token(token):
+            raise InvalidRequest(f"invalid forward fence token {token!r}: 1..200 "
+                                 "characters of [A-Za-z0-9._-]")
+        return f"{self.fences_prefix()}{minute:012d}.{token}"
+
+    def fences_before(self, minute: int) -> str:
+        """The first fence key of ``minute``: every older fence sorts below it."""
+        return f"{self.fences_prefix()}{minute:012d}"
 
     def store_identity(self) -> str:
         """``{root}/_meta/store-id``: two segments deep, so no topic's key can be it."""

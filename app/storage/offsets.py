@@ -6,12 +6,13 @@ lookup is a binary search over offsets: each probe reads the index entry coverin
 offset and compares its append times, a WAL entry's single one or a compacted entry's
 first and last; when the time falls inside a compacted entry, its chunk table (which
 holds each chunk's first append time) names the one chunk to read. A lookup costs
-about log2 of the partition's entries in Oxia reads, and at most one ranged GET.
+about log2 of the partition's entries in Oxia reads, and at most one ranged GET, whose
+bytes the caller may bound first (``reserve``: the broker's answer budget).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from app.storage.chunks import Chunk
@@ -20,6 +21,10 @@ from app.storage.log_record import LogRecord
 from app.storage.reader import LogReader
 from app.storage.records import Control
 from app.storage.spans import Span
+
+# Called with the bytes a lookup is about to read (and decode) before it reads them: it
+# may wait for room, or raise to refuse the lookup.
+Reserve = Callable[[int], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -32,15 +37,16 @@ class PartitionOffsets:
     for_time: int | None = None
 
 
-async def list_offsets(reader: LogReader, tp: TopicPartition, at_ms: int | None = None
-                       ) -> PartitionOffsets:
+async def list_offsets(reader: LogReader, tp: TopicPartition, at_ms: int | None = None,
+                       *, reserve: Reserve | None = None) -> PartitionOffsets:
     control = await reader.read_control(tp)
     if control is None:
         return PartitionOffsets(tp, 1, 0, None if at_ms is None else 1)
     start, hw = control.log_start, control.sequence_counter
     if at_ms is None:
         return PartitionOffsets(tp, start, hw)
-    return PartitionOffsets(tp, start, hw, await first_offset_at(reader, tp, control, at_ms))
+    return PartitionOffsets(tp, start, hw, await first_offset_at(reader, tp, control, at_ms,
+                                                                 reserve))
 
 
 def _times(span: Span) -> tuple[int, int]:
@@ -67,7 +73,7 @@ async def first_span_where(reader: LogReader, tp: TopicPartition, control: Contr
 
 
 async def first_offset_at(reader: LogReader, tp: TopicPartition, control: Control,
-                          at_ms: int) -> int:
+                          at_ms: int, reserve: Reserve | None = None) -> int:
     """The smallest offset from the log start on appended at or after ``at_ms``; the
     high watermark + 1 when none is."""
     hi = control.sequence_counter + 1
@@ -78,10 +84,11 @@ async def first_offset_at(reader: LogReader, tp: TopicPartition, control: Contro
         return hi
     if _times(span)[0] >= at_ms:
         return max(control.log_start, span.start)
-    return max(control.log_start, await _within(reader, span, at_ms))
+    return max(control.log_start, await _within(reader, span, at_ms, reserve))
 
 
-async def _within(reader: LogReader, span: Span, at_ms: int) -> int:
+async def _within(reader: LogReader, span: Span, at_ms: int, reserve: Reserve | None
+                  ) -> int:
     """The first offset of a compacted span appended at or after ``at_ms``."""
     chunks: list[Chunk] = span.chunks or []
     timed = [c for c in chunks if c.first_append_ms is not None]
@@ -91,6 +98,8 @@ async def _within(reader: LogReader, span: Span, at_ms: int) -> int:
         if later and later[0] == 0:
             return span.start
         index = (later[0] if later else len(chunks)) - 1
+    if reserve is not None:  # one chunk, or a whole object without a chunk table
+        await reserve(span.chunks_cost(index, index) if chunks else span.cost_from(span.start))
     records = await reader.chunk_records(span, index)
     base = span.start + (chunks[index].first_record if chunks else 0)
     for i, record in enumerate(records):

@@ -96,8 +96,10 @@ class SpanFetcher:
         return list(keys)
 
     def read_objects_ahead(self, name: str, keys: list[str]) -> None:
-        """Read the WAL objects ``keys`` whole into the cache in the background."""
-        self._ahead.start(name, functools.partial(self._read_objects, keys))
+        """Read the WAL objects ``keys`` whole into the cache in the background (each
+        read holds its first ``max_bytes`` at most)."""
+        self._ahead.start(name, functools.partial(self._read_objects, keys),
+                          len(keys) * self._wal.max_bytes)
 
     async def _read_objects(self, keys: list[str]) -> None:
         limiter = anyio.CapacityLimiter(self._fetch_concurrency)
@@ -243,7 +245,8 @@ class SpanFetcher:
         ahead = SpanFetch(unit.span, unit.span.start + chunks[start].first_record, (start, end))
         ahead.chunks = [None] * (end - start + 1)
         self._ahead.start(key, functools.partial(self._get_chunks, key, ahead, missing[0],
-                                                 missing[-1]))
+                                                 missing[-1]),
+                          unit.span.chunks_cost(missing[0], missing[-1]))
 
     async def _fetch_whole(self, key: str, group: list[SpanFetch]) -> None:
         entry = group[0].span.entry
