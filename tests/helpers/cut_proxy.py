@@ -12,7 +12,7 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 
-from tests.helpers.faults import _pump, _pump_truncated
+from tests.helpers.faults import _pump, _pump_truncated, tcp_proxy
 
 
 @dataclass
@@ -35,27 +35,17 @@ async def cutting_proxy(target_host: str, target_port: int, *, cut_first: int = 
                         body_bytes: int = 0) -> AsyncIterator[CutProxy]:
     """Forward to the target; the answers on the first ``cut_first`` connections end
     after their headers and ``body_bytes`` bytes of body."""
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    proxy = CutProxy(listener.extra(anyio.abc.SocketAttribute.local_port), cut_first)
-
-    async def serve(client: anyio.abc.SocketStream) -> None:
+    async def down(upstream: anyio.abc.SocketStream, client: anyio.abc.SocketStream
+                   ) -> None:
         proxy.connections += 1
-        cut = proxy.connections <= cut_first
-        async with (client, await anyio.connect_tcp(target_host, target_port) as upstream,
-                    anyio.create_task_group() as tg):
-            tg.start_soon(_pump, client, upstream)
-            if cut:
-                await _pump_truncated(upstream, client, body_bytes)
-            else:
-                await _pump(upstream, client)
-            tg.cancel_scope.cancel()
+        if proxy.connections <= cut_first:
+            await _pump_truncated(upstream, client, body_bytes)
+        else:
+            await _pump(upstream, client)
 
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
-        try:
-            yield proxy
-        finally:
-            tg.cancel_scope.cancel()
+    async with tcp_proxy(target_host, target_port, up=_pump, down=down) as port:
+        proxy = CutProxy(port, cut_first)
+        yield proxy
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ import anyio
 import anyio.abc
 import anyio.from_thread
 
-from tests.helpers.faults import _pump
+from tests.helpers.faults import _pump, tcp_proxy
 
 
 @dataclass
@@ -52,23 +52,15 @@ class HoldingProxy:
 
 @contextlib.asynccontextmanager
 async def holding_proxy(target_host: str, target_port: int) -> AsyncIterator[HoldingProxy]:
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    proxy = HoldingProxy(listener.extra(anyio.abc.SocketAttribute.local_port))
+    async def up(client: anyio.abc.SocketStream, upstream: anyio.abc.SocketStream) -> None:
+        await proxy._send_when_open(client, upstream)
 
-    async def serve(client: anyio.abc.SocketStream) -> None:
-        async with (client, await anyio.connect_tcp(target_host, target_port) as upstream,
-                    anyio.create_task_group() as tg):
-            tg.start_soon(proxy._send_when_open, client, upstream)
-            await _pump(upstream, client)
-            tg.cancel_scope.cancel()
-
-    async with listener, anyio.create_task_group() as tg:
-        tg.start_soon(listener.serve, serve)
+    async with tcp_proxy(target_host, target_port, up=up, down=_pump) as port:
+        proxy = HoldingProxy(port)
         try:
             yield proxy
         finally:
-            proxy.release()
-            tg.cancel_scope.cancel()
+            proxy.release()  # connections held mid-request end as the proxy closes
 
 
 @contextlib.contextmanager
