@@ -285,7 +285,7 @@ class Batcher:
         groups: still buffered then, they are answered :class:`ForwardExpired` (every
         group) and never flushed. Once taken, they are flushed whatever the time, if
         ``claim`` (made by the flush before it writes) returns True; else they are
-        answered :class:`ForwardExpired` too. ``claim`` must not raise."""
+        answered :class:`ForwardExpired` too (as when ``claim`` raises)."""
         if self._state is BatcherState.FAILED:
             raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
                               "retry on another broker")

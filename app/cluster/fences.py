@@ -40,6 +40,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, Counter
 
 from app.errors import StorageUnavailable, VersionMismatch
+from app.storage.cas import Outage
 from app.storage.keys import FENCES_PARTITION_KEY, KeyLayout
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
 
@@ -48,10 +49,6 @@ log = logging.getLogger(__name__)
 TAKE_WINDOW_MS = 5 * 60_000
 SWEEP_AFTER_MS = 60 * 60_000
 SWEEP_EVERY_S = 60.0
-# Pauses between the attempts of one claim while Oxia does not answer (a leader
-# election), within the claim's budget.
-_FIRST_PAUSE_S = 0.05
-_MAX_PAUSE_S = 1.0
 
 TAKEN = b"taken"
 ABANDONED = b"abandoned"
@@ -133,7 +130,7 @@ class ForwardFences:
 
     async def _put_or_read(self, fence: Fence, value: bytes) -> Outcome:
         key = self._layout.forward_fence(fence.minute, fence.token)
-        pause = _FIRST_PAUSE_S
+        outage = Outage(self._budget_s)  # pauses while Oxia does not answer
         while True:
             try:
                 await self._oxia.put(key, value, FENCES_PARTITION_KEY,
@@ -150,8 +147,8 @@ class ForwardFences:
                 record = None
             if record is not None:
                 return _holder(bytes(record.value))
-            await anyio.sleep(pause)  # not answered, or not there: put again
-            pause = min(pause * 2, _MAX_PAUSE_S)
+            if not await outage.pause():  # not answered, or not there: put again
+                return "error"
 
     async def sweep(self) -> None:
         """Delete the fences of minutes more than :data:`SWEEP_AFTER_MS` old."""
