@@ -12,7 +12,7 @@ from llog_client import _errors as errors
 from llog_client import _ops as ops
 from llog_client import _wire as wire
 from llog_client._batching import KeySource, plan_requests, request_body
-from llog_client._models import Record
+from llog_client._models import Record, TopicDescription, TopicInfo
 from llog_client._retry import ProduceLimits, RetryPolicy
 from llog_client._wire import Broken, Reply
 
@@ -175,3 +175,30 @@ def test_a_request_that_may_have_arrived_is_not_repeated_when_that_would_act_twi
     with pytest.raises(errors.TransportError) as caught:
         _drive(op, [Broken("cut", maybe_sent=True)])
     assert not caught.value.retriable and caught.value.maybe_written
+
+
+_TOPIC = {"topic": "t", "partitions": 3, "retention_ms": None, "retention_bytes": None,
+          "max_record_bytes": None, "created_at_ms": 1}
+
+
+def _state(p: int) -> dict[str, object]:
+    return {"partition": p, "log_start_offset": 1, "high_watermark": p, "retained_bytes": 0,
+            "last_append_ms": None}
+
+
+def test_describe_asks_for_every_page_of_partitions() -> None:
+    op = ops.describe_topic("t", RetryPolicy(initial_backoff_s=0))
+    result, actions = _drive(op, [
+        Reply(200, {**_TOPIC, "partition_states": [_state(0), _state(1)],
+                    "next_partition": 2}),
+        Reply(200, {**_TOPIC, "partition_states": [_state(2)]})])
+    paths = [a.path for a in actions if isinstance(a, ops.Send)]
+    assert paths == ["/topics/t", "/topics/t?from_partition=2"]
+    assert isinstance(result, TopicDescription) and result.status == "active"
+    assert [s.high_watermark for s in result.partition_states] == [0, 1, 2]
+
+
+def test_a_delete_that_goes_on_in_the_background_is_an_answer_not_an_error() -> None:
+    op = ops.delete_topic("t", RetryPolicy(initial_backoff_s=0))
+    result, _ = _drive(op, [Reply(202, {**_TOPIC, "status": "deleting"})])
+    assert isinstance(result, TopicInfo) and result.status == "deleting"

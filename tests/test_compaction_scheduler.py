@@ -230,6 +230,7 @@ async def test_first_discovery_registers_uncatalogued_data_but_not_deleted_topic
     """Partitions written before the catalog existed get their topic registered; a
     deleted topic (its partitions emptied, their control records kept) stays deleted."""
     from app.storage.topic_admin import TopicAdmin
+    from app.storage.topic_deletion import TopicDeleter
     from app.storage.topics import TopicCatalog
 
     settings = isolated_settings(stack)
@@ -241,7 +242,8 @@ async def test_first_discovery_registers_uncatalogued_data_but_not_deleted_topic
         old_topic = await catalog.get(old)
         assert old_topic is not None
         await catalog.remove(old_topic)  # as if written before the catalog existed
-        await TopicAdmin(e.oxia, e.layout, e.reader, catalog).delete(deleted)
+        await TopicDeleter(TopicAdmin(e.oxia, e.layout, e.reader, catalog),
+                               by="test").delete_here(deleted)
 
         scheduler = CompactionScheduler(make_compactor(e), e.oxia, e.layout, settings,
                                         compactor_id="boot")

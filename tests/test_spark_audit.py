@@ -16,6 +16,7 @@ from app.storage.keys import TopicPartition
 from app.storage.records import Control, IndexEntry
 from app.storage.retention import move_log_start, trim_index
 from app.storage.topic_admin import TopicAdmin
+from app.storage.topic_deletion import TopicDeleter
 from app.storage.topics import PARTITION_KEY, TopicCatalog
 from tests.helpers.compaction import make_compactor, set_topic_compression
 from tests.helpers.spark_records import compact_entries, sample_records
@@ -265,7 +266,8 @@ def test_retention_and_the_topic_catalog(stack: LocalStack, spark: Any, topic: s
         gone_blob = (await append(e, [(TopicPartition(gone, 0), _rec(gone, 2))]))[0]
         for p in range(3):
             await append(e, [(TopicPartition(short, p), _rec(short, 2))])
-        await TopicAdmin(e.oxia, e.layout, e.reader, catalog).delete(gone)
+        await TopicDeleter(TopicAdmin(e.oxia, e.layout, e.reader, catalog),
+                               by="test").delete_here(gone)
         registered = await catalog.get(short)
         assert registered is not None and registered.partitions == 3
         shrunk = dataclasses.replace(registered, partitions=1)

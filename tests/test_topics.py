@@ -74,7 +74,7 @@ async def test_create_list_describe_update_and_delete(stack: LocalStack, topic: 
         assert r.status_code == 200 and r.json()["partitions"] == 6, r.text
 
         r = await http.delete(f"/topics/{topic}")
-        assert r.status_code == 200
+        assert r.status_code == 200 and r.json()["status"] == "deleted", r.text
         assert (await http.get(f"/topics/{topic}")).status_code == 404
         gone = await _consume(http, topic, 1, partition=1)
         assert gone["error_type"] == "OffsetOutOfRange" and gone["log_start_offset"] == 3

@@ -172,6 +172,8 @@ class EventStream:
                 return
             fetches, hold, read = self._next_read(service)
             try:
+                if state.topics is not None:  # deleted while the stream runs: it ends
+                    await state.topics.check_readable(fetches[0].tp)
                 answered = await self._read_once(read, first, hold)
             except ShuttingDown:
                 yield self._last("ended", "end", {"reason": DRAINING})

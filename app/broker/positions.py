@@ -55,6 +55,8 @@ async def lookup_all(state: BrokerState, queries: Sequence[tuple[TopicPartition,
                 await held.reserve(math.ceil(n * READ_FACTOR))
 
             try:
+                if state.topics is not None:  # one being deleted is read by nobody
+                    await state.topics.check_readable(tp)
                 out[i] = await storage_offsets.list_offsets(
                     reader, tp, at_ms, reserve=None if held is None else reserve)
             except LlogError as exc:

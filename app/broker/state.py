@@ -74,7 +74,8 @@ from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
 from app.storage.s3 import S3Store
 from app.storage.topic_admin import TopicAdmin
-from app.storage.topics import TopicCatalog
+from app.storage.topic_deletion import TopicDeleter
+from app.storage.topics import Topic, TopicCatalog
 from app.storage.writer import LogWriter
 from app.tailcache import (
     SharedTailCache,
@@ -110,6 +111,7 @@ class BrokerState:
     cache: TailCache | None = None
     topics: TopicDirectory | None = None
     admin: TopicAdmin | None = None
+    deleter: TopicDeleter | None = None
     groups: GroupService | None = None
     watch: PartitionWatch = field(default_factory=PartitionWatch)
     s3_usage: S3Usage = field(default_factory=S3Usage)
@@ -167,6 +169,9 @@ class BrokerState:
 
     def topic_admin(self) -> TopicAdmin:
         return roles.required(self.admin, roles.ADMIN)
+
+    def topic_deleter(self) -> TopicDeleter:
+        return roles.required(self.deleter, roles.ADMIN)
 
     def write_topics(self) -> TopicDirectory:
         """The topics produce places its entries in; RoleDisabled without the write
@@ -345,11 +350,21 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
     state.reader.run_ahead_in(tg)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
+
+    async def forget_deleted(topic: Topic) -> None:
+        await state.forget_topic(topic.name, topic.partitions)
+
+    # The records go once every broker has seen the mark: its topic cache's time to
+    # live, and a second for an append placed just before it to be flushed.
+    state.deleter = TopicDeleter(state.admin, by=s.broker_id, on_deleted=forget_deleted,
+                                 settle_s=s.topic_rules.topic_cache_ttl_s + 1,
+                                 registry=state.registry)
+    await tg.start(_watched, state, state.deleter.run)
     topics = state.topics
 
     async def partitions_of(topic: str) -> int:
         found = await topics.topic(topic)
-        return 0 if found is None else found.partitions
+        return 0 if found is None or found.deleting is not None else found.partitions
 
     state.groups = GroupService(oxia, layout, state.reader, s.consumer_groups, partitions_of,
                                 broker_id=s.broker_id, registry=state.registry)

@@ -8,9 +8,10 @@ beyond the cached count is looked up again before it is refused). With
 producing to a partition beyond the count grows the topic, to at most
 ``LLOG_MAX_TOPIC_PARTITIONS`` partitions (the limit ``POST /topics`` has: one produce
 naming partition 57453 must not make a topic that every describe then reads whole); with
-it off, both are refused (404) and nothing is written. While the catalog cannot be read
-(its Oxia shard is electing a leader), a topic read in the last ``STALE_IF_UNREACHABLE_S``
-is used as it was.
+it off, both are refused (404) and nothing is written. A topic being deleted is refused
+(404) either way, and is not created again until its deletion is done. While the catalog
+cannot be read (its Oxia shard is electing a leader), a topic read in the last
+``STALE_IF_UNREACHABLE_S`` is used as it was.
 """
 
 from __future__ import annotations
@@ -117,11 +118,13 @@ class TopicDirectory:
         return out
 
     async def check_readable(self, tp: TopicPartition) -> None:
-        """Refuse a partition that does not exist, unless auto-create makes every
-        partition an (empty) log."""
+        """Refuse a partition of a topic being deleted, and one that does not exist
+        unless auto-create makes every partition an (empty) log."""
+        found = await self.topic(tp.topic)
+        if found is not None and found.deleting is not None:
+            raise _being_deleted(tp.topic)
         if self._auto_create:
             return
-        found = await self.topic(tp.topic)
         if found is None:
             raise UnknownTopic(f"topic {tp.topic!r} does not exist")
         if tp.partition >= found.partitions:
@@ -132,6 +135,8 @@ class TopicDirectory:
 
     async def _existing(self, topic: str, partition: int | None) -> Topic:
         found = await self.topic(topic)
+        if found is not None and found.deleting is not None:
+            raise _being_deleted(topic)
         if found is not None:
             return found
         if not self._auto_create:
@@ -142,6 +147,8 @@ class TopicDirectory:
             raise self._beyond(partition)
         created = await self.catalog.ensure(topic, wanted, self.default_config)
         self._cache[topic] = (created, time.monotonic())
+        if created.deleting is not None:  # marked between the two reads
+            raise _being_deleted(topic)
         return created
 
     async def _grown(self, found: Topic, partition: int) -> Topic:
@@ -160,6 +167,11 @@ class TopicDirectory:
     def _beyond(self, partition: int | None) -> InvalidRequest:
         return InvalidRequest(f"partition {partition} is beyond the {self._max_partitions} "
                               "partitions a topic may have (LLOG_MAX_TOPIC_PARTITIONS)")
+
+
+def _being_deleted(topic: str) -> UnknownTopic:
+    return UnknownTopic(f"topic {topic!r} is being deleted (GET /topics/{{topic}} answers "
+                        "404 once it is gone)")
 
 
 def _one_key(topic: str, records: Sequence[Payload]) -> bytes:

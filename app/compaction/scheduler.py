@@ -158,7 +158,8 @@ class CompactionScheduler:
             if not self._bootstrapped:
                 await self._register_listed_topics()
                 self._bootstrapped = True
-            topics = await self._catalog.list()
+            # A topic being deleted is emptied by its deleter: nothing to compact.
+            topics = [t for t in await self._catalog.list() if t.deleting is None]
         except LlogError:
             self._count_discovery("error")
             raise
@@ -174,7 +175,9 @@ class CompactionScheduler:
         before the catalog existed) into the catalog. A topic whose partitions hold no
         records is not registered: that is what a deleted topic leaves behind."""
         listed = await discover_partitions(self._oxia, self._layout)
-        catalogued = {t.name for t in await self._catalog.list()}
+        listed_topics = await self._catalog.list()
+        catalogued = {t.name for t in listed_topics}
+        deleting = {t.name for t in listed_topics if t.deleting is not None}
         counts: dict[str, int] = {}
         with_data: set[str] = set()
         for tp in listed:
@@ -183,7 +186,7 @@ class CompactionScheduler:
                     and await self._holds_records(tp):
                 with_data.add(tp.topic)
         for topic, partitions in counts.items():
-            if topic not in catalogued and topic not in with_data:
+            if (topic not in catalogued and topic not in with_data) or topic in deleting:
                 continue
             try:
                 await self._catalog.ensure(topic, partitions)

@@ -594,10 +594,21 @@ class TopicUpdateRequest(_CompressionFields):
 TOPIC: JsonDict = {"topic": "orders", "partitions": 12, "retention_ms": 604800000,
                    "retention_bytes": 1073741824, "max_record_bytes": 1048576,
                    "compression": "zstd", "compression_level": 3,
-                   "created_at_ms": 1760000000000}
+                   "created_at_ms": 1760000000000, "status": "active"}
 PARTITION_STATE: JsonDict = {
     "partition": 0, "log_start_offset": 1, "high_watermark": 42, "retained_bytes": 4096,
     "last_append_ms": 1760000000000}
+
+
+class TopicDeletion(BaseModel):
+    """A deletion under way: when it started, and how many partitions (from 0 on) are
+    empty already."""
+
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"started_at_ms": 1760000000000, "partitions_emptied": 256}]})
+
+    started_at_ms: int
+    partitions_emptied: int
 
 
 class TopicInfo(BaseModel):
@@ -611,6 +622,11 @@ class TopicInfo(BaseModel):
     compression: CompressionName = Field(description="how new appends are stored")
     compression_level: int | None = Field(description="the zstd level (null: default)")
     created_at_ms: int
+    status: Literal["active", "deleting", "deleted"] = Field("active", description=(
+        "active; deleting: a delete has started (the topic is produced to and read by "
+        "no broker, its name is not free; GET /topics/{topic} answers 404 once it is "
+        "done); deleted: in the answer of a DELETE that finished"))
+    deletion: TopicDeletion | None = Field(None, description="while status is deleting")
 
 
 class PartitionInfo(BaseModel):
@@ -628,7 +644,11 @@ class TopicDescription(TopicInfo):
     model_config = ConfigDict(json_schema_extra={"examples": [
         {**TOPIC, "partitions": 1, "partition_states": [PARTITION_STATE]}]})
 
-    partition_states: list[PartitionInfo]
+    partition_states: list[PartitionInfo] = Field(description=(
+        "the page of partitions asked for (from_partition on, at most max_partitions); "
+        "empty while the topic is being deleted"))
+    next_partition: int | None = Field(None, description=(
+        "the from_partition of the next page; null on the last"))
 
 
 class TopicList(BaseModel):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+import anyio
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
@@ -17,13 +18,14 @@ from app.routes.models import (
     PartitionInfo,
     PathTopic,
     TopicCreateRequest,
+    TopicDeletion,
     TopicDescription,
     TopicInfo,
     TopicList,
     TopicUpdateRequest,
 )
 from app.routes.openapi import error, errors, store_errors
-from app.storage.topics import Topic, TopicConfig
+from app.storage.topics import DESCRIBE_PAGE_MAX, Topic, TopicConfig
 
 router = APIRouter(tags=["topics"])
 # Every topic operation reads the catalog in Oxia, and needs the read role.
@@ -33,14 +35,17 @@ _NAMED = {**errors(400), **error(404, "UnknownTopic", description="no such topic
 _ADMIN = [Depends(require(Right.ADMIN, param="topic"))]
 
 
-def _info(topic: Topic) -> TopicInfo:
-    c = topic.config
+def _info(topic: Topic, *, deleted: bool = False) -> TopicInfo:
+    c, d = topic.config, topic.deleting
     return TopicInfo(topic=topic.name, partitions=topic.partitions,
                      retention_ms=c.retention_ms, retention_bytes=c.retention_bytes,
                      max_record_bytes=c.max_record_bytes,
                      compression="zstd" if c.compression == "zstd" else "none",
                      compression_level=c.compression_level,
-                     created_at_ms=topic.created_at_ms)
+                     created_at_ms=topic.created_at_ms,
+                     status="deleted" if deleted else "active" if d is None else "deleting",
+                     deletion=None if d is None or deleted else TopicDeletion(
+                         started_at_ms=d.started_ms, partitions_emptied=d.emptied))
 
 
 @router.post("/topics", status_code=201, response_model=TopicInfo, summary="Create a topic",
@@ -74,16 +79,25 @@ async def list_topics(request: Request, state: Annotated[BrokerState, Depends(br
 
 @router.get("/topics/{topic}", response_model=TopicDescription,
             responses={200: {"description": "the topic and its partitions"}, **_NAMED},
-            summary="A topic and each of its partitions' log start, end and size")
-async def describe_topic(topic: PathTopic, request: Request,
-                         state: Annotated[BrokerState, Depends(broker_state)]
-                         ) -> TopicDescription:
+            summary="A topic and its partitions' log start, end and size, a page at a time")
+async def describe_topic(
+    topic: PathTopic, request: Request,
+    state: Annotated[BrokerState, Depends(broker_state)],
+    from_partition: Annotated[int, Query(ge=0, le=100_000, description=(
+        "the first partition of the page"))] = 0,
+    max_partitions: Annotated[int, Query(ge=1, le=DESCRIBE_PAGE_MAX, description=(
+        "partitions per page"))] = DESCRIBE_PAGE_MAX,
+) -> TopicDescription:
     authorize_describe(request, topic)
-    found, partitions = await state.topic_admin().describe(topic)
+    found, partitions = await state.topic_admin().describe(topic, from_partition,
+                                                           max_partitions)
+    end = from_partition + max_partitions
+    more = found.deleting is None and end < found.partitions
     return TopicDescription(**_info(found).model_dump(), partition_states=[
         PartitionInfo(partition=p.partition, log_start_offset=p.log_start,
                       high_watermark=p.high_watermark, retained_bytes=p.retained_bytes,
-                      last_append_ms=p.last_append_ms) for p in partitions])
+                      last_append_ms=p.last_append_ms) for p in partitions],
+        next_partition=end if more else None)
 
 
 @router.patch("/topics/{topic}", response_model=TopicInfo,
@@ -112,14 +126,25 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
 
 
 @router.delete("/topics/{topic}", response_model=TopicInfo,
-               responses={200: {"description": "the topic as it was"}, **_NAMED},
+               responses={200: {"description": "deleted: the topic as it was"},
+                          202: {"model": TopicInfo, "description": (
+                              "being deleted, in the background (status deleting): "
+                              "GET /topics/{topic} answers 404 once it is done")},
+                          **_NAMED},
                dependencies=_ADMIN,
                summary="Delete a topic: its records are removed, its offsets never reused")
 async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
-                       ) -> TopicInfo:
-    deleted = await state.topic_admin().delete(topic)
-    await state.forget_topic(topic, deleted.partitions)
-    return _info(deleted)
+                       ) -> JSONResponse:
+    # Marked first (no broker produces to it or reads it from then on), emptied in the
+    # background; the answer waits a bounded time for that to finish.
+    marked, run = await state.topic_deleter().start(topic)
+    await state.forget_topic(topic)
+    if run is not None:
+        with anyio.move_on_after(state.settings.topic_delete_wait_ms / 1000):
+            await run.done.wait()
+    if run is not None and run.deleted:
+        return JSONResponse(_info(marked, deleted=True).model_dump(), status_code=200)
+    return JSONResponse(_info(marked).model_dump(), status_code=202)
 
 
 def _check_partitions(partitions: int | None, state: BrokerState) -> None:

@@ -1,11 +1,12 @@
-"""Operator actions on whole topics: describe one, delete one.
+"""Operator actions on whole topics: describe one (a page of its partitions at a time),
+empty its partitions.
 
-Describing reads every partition's ``meta/control`` (its log start, high watermark,
-retained bytes and last append time), a bounded number at once. Deleting is retention to
-infinity plus removal from the catalog: every partition's pending append is
-materialised, its log start moved past its high watermark and its index trimmed, and
-only then is the catalog record removed, so a delete that stops half-way is finished by
-running it again.
+Describing reads each partition's ``meta/control`` (its log start, high watermark,
+retained bytes and last append time), a bounded number at once, and at most
+``DESCRIBE_PAGE_MAX`` per request: the cost of one request does not grow with the topic.
+Emptying a partition is retention to infinity: its pending append is materialised, its
+log start moved past its high watermark and its index trimmed; done twice, it is done
+once (app/storage/topic_deletion.py drives it over a topic being deleted).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
 from app.storage.records import Control, now_ms
 from app.storage.retention import move_log_start, trim_index
-from app.storage.topics import Topic, TopicCatalog
+from app.storage.topics import DESCRIBE_PAGE_MAX, Topic, TopicCatalog
 
 CONCURRENCY = 16
 _ATTEMPTS = 16
@@ -54,25 +55,25 @@ class TopicAdmin:
         self._reader = reader
         self.catalog = catalog
 
-    async def describe(self, name: str) -> tuple[Topic, list[PartitionState]]:
+    async def describe(self, name: str, first: int = 0, count: int = DESCRIBE_PAGE_MAX
+                       ) -> tuple[Topic, list[PartitionState]]:
+        """The topic and the states of its partitions ``first … first+count-1`` (those
+        that exist; none while it is being deleted)."""
         topic = await self._required(name)
-        states: list[PartitionState | None] = [None] * topic.partitions
+        if topic.deleting is not None:
+            return topic, []
+        page = range(first, min(topic.partitions, first + min(count, DESCRIBE_PAGE_MAX)))
+        states: list[PartitionState | None] = [None] * len(page)
 
-        async def one(p: int) -> None:
-            control = await self._reader.read_control(TopicPartition(name, p))
-            states[p] = partition_state(p, control)
+        async def one(i: int) -> None:
+            control = await self._reader.read_control(TopicPartition(name, page[i]))
+            states[i] = partition_state(page[i], control)
 
-        await _each(topic.partitions, one)
+        await each(len(page), one)
         return topic, [s for s in states if s is not None]
 
-    async def delete(self, name: str) -> Topic:
-        """Trim every partition to nothing, then drop the catalog record."""
-        topic = await self._required(name)
-        await _each(topic.partitions, lambda p: self._empty(TopicPartition(name, p)))
-        await self.catalog.remove(topic)
-        return topic
-
-    async def _empty(self, tp: TopicPartition) -> None:
+    async def empty(self, tp: TopicPartition) -> None:
+        """Move the partition's log start past its high watermark and trim its index."""
         done = await materialise_pending(self._oxia, self._layout, tp, attempts=_ATTEMPTS,
                                          metrics=None, by="delete", clock=now_ms)
         control = done.control
@@ -84,6 +85,13 @@ class TopicAdmin:
         if after is not None:
             await trim_index(self._oxia, self._layout, tp, after)
 
+    async def holds_records(self, tp: TopicPartition) -> bool:
+        """Whether the partition has records at or above its log start, or an append
+        pending (one read of its control record)."""
+        control = await self._reader.read_control(tp)
+        return control is not None and (control.pending is not None
+                                        or control.log_start <= control.sequence_counter)
+
     async def _required(self, name: str) -> Topic:
         topic = await self.catalog.get(name)
         if topic is None:
@@ -91,7 +99,9 @@ class TopicAdmin:
         return topic
 
 
-async def _each(count: int, work: Callable[[int], Awaitable[None]]) -> None:
+async def each(count: int, work: Callable[[int], Awaitable[None]]) -> None:
+    """``work(i)`` for each ``i`` below ``count``, ``CONCURRENCY`` at once (a failure
+    comes out of the task group as an ``ExceptionGroup``)."""
     limiter = anyio.CapacityLimiter(CONCURRENCY)
 
     async def run(i: int) -> None:

@@ -4,10 +4,12 @@ One Oxia record per topic, ``{root}/_topics/{topic}`` (partition key ``_topics``
 whole catalog lives on one shard and lists with one range scan), changed only by
 compare-and-set. A topic's partitions are ``0 … partitions-1``; the count only grows.
 
-Deleting a topic moves the log start of each of its partitions past its high watermark
-(retention to infinity: compaction and vacuum then free its data) and removes the
-record. Offsets are never reused: a topic created again under the same name continues
-where the old one stopped.
+Deleting a topic first marks its record ``deleting`` (from then on it is produced to and
+read by no broker, and its name cannot be taken again), then moves the log start of each
+of its partitions past its high watermark (retention to infinity: compaction and vacuum
+then free its data), and last removes the record (app/storage/topic_deletion.py). Offsets
+are never reused: a topic created again under the same name continues where the old one
+stopped.
 """
 
 from __future__ import annotations
@@ -31,6 +33,9 @@ from app.storage.topic_compression import topic_compression
 
 PARTITION_KEY = "_topics"
 MAX_PARTITIONS = 100_000  # per topic
+# The most partitions one describe reads (under a second on the measured machine:
+# bench/topic_limits.py).
+DESCRIBE_PAGE_MAX = 1_000
 _ATTEMPTS = 16
 
 
@@ -61,17 +66,37 @@ class TopicConfig:
 
 
 @dataclass(frozen=True)
+class Deletion:
+    """A topic's deletion under way: who empties its partitions, until when that
+    process holds the work (a lease it renews; past it, any broker takes the work
+    over), and how far it got (partitions ``0 … emptied-1`` are empty)."""
+
+    started_ms: int
+    by: str
+    lease_until_ms: int
+    emptied: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Deletion:
+        return cls(int(data["started_ms"]), str(data["by"]), int(data["lease_until_ms"]),
+                   int(data.get("emptied", 0)))
+
+
+@dataclass(frozen=True)
 class Topic:
     name: str
     partitions: int
     config: TopicConfig
     created_at_ms: int
     version: int = -1  # the catalog record's Oxia version
+    deleting: Deletion | None = None  # set once a delete has started
 
     def to_json(self) -> bytes:
+        deleting = {} if self.deleting is None else {
+            "deleting": dataclasses.asdict(self.deleting)}
         return json.dumps({"topic": self.name, "partitions": self.partitions,
                            "created_at_ms": self.created_at_ms,
-                           **dataclasses.asdict(self.config)}).encode()
+                           **dataclasses.asdict(self.config), **deleting}).encode()
 
     @classmethod
     def from_json(cls, raw: bytes, version: int) -> Topic:
@@ -83,7 +108,8 @@ class Topic:
                 max_record_bytes=data.get("max_record_bytes"),
                 compression=data.get("compression") or "none",
                 compression_level=data.get("compression_level")).check(),
-                int(data.get("created_at_ms", 0)), version)
+                int(data.get("created_at_ms", 0)), version,
+                None if data.get("deleting") is None else Deletion.from_json(data["deleting"]))
         except (ValueError, KeyError, TypeError, InvalidRequest) as exc:
             raise CorruptData(f"a topic catalog record does not parse: {exc}") from None
         if topic.partitions < 1:
@@ -131,6 +157,10 @@ class TopicCatalog:
             version = await self._oxia.put(self._key(topic), made.to_json(), PARTITION_KEY,
                                            expected_version=EXPECT_NOT_EXISTS)
         except VersionMismatch:
+            found = await self.get(topic)
+            if found is not None and found.deleting is not None:
+                raise TopicExists(f"topic {topic!r} is being deleted; its name is free "
+                                  "once GET /topics/{topic} answers 404") from None
             raise TopicExists(f"topic {topic!r} exists already") from None
         return dataclasses.replace(made, version=version)
 
@@ -154,6 +184,8 @@ class TopicCatalog:
         """Make sure the catalog knows ``topic`` with at least ``partition + 1``
         partitions (every path that writes a partition calls this once per process)."""
         found = await self.ensure(topic, partition + 1)
+        if found.deleting is not None:  # no writer brings a topic back while it goes
+            raise UnknownTopic(f"topic {topic!r} is being deleted")
         if partition < found.partitions:
             return found
         return await self.grow(topic, partition + 1)
@@ -184,6 +216,8 @@ class TopicCatalog:
             current = await self.get(topic)
             if current is None:
                 raise UnknownTopic(f"topic {topic!r} does not exist")
+            if current.deleting is not None:
+                raise UnknownTopic(f"topic {topic!r} is being deleted")
             count = max(current.partitions, check_partitions(min_partitions or 1))
             if partitions is None and config is None and count == current.partitions:
                 return Done(current)  # as large as wanted already: nothing to write
@@ -202,6 +236,39 @@ class TopicCatalog:
             return Done(dataclasses.replace(updated, version=version))
 
         return await cas_loop(attempt, attempts=_ATTEMPTS, what=f"topic {topic}: update")
+
+    async def mark_deleting(self, topic: str, by: str, now: int, lease_ms: int) -> Topic:
+        """The topic marked ``deleting`` at ``now`` (epoch ms; held by ``by`` for
+        ``lease_ms``), or as it is if a delete has started already: deleting twice is
+        deleting once."""
+
+        async def attempt(_: int) -> Done[Topic] | Retry:
+            current = await self.get(topic)
+            if current is None:
+                raise UnknownTopic(f"topic {topic!r} does not exist")
+            if current.deleting is not None:
+                return Done(current)
+            try:
+                return Done(await self._put_deletion(current, Deletion(now, by, now + lease_ms)))
+            except VersionMismatch:
+                return Retry("conflict")
+
+        return await cas_loop(attempt, attempts=_ATTEMPTS, what=f"topic {topic}: delete")
+
+    async def hold_deletion(self, topic: Topic, by: str, lease_until_ms: int, emptied: int
+                            ) -> Topic:
+        """Renew (or take over) the lease of ``topic``'s deletion, recording how far
+        it got; :class:`VersionMismatch` if the record changed since ``topic`` was read
+        (another process took the work over, or removed it)."""
+        assert topic.deleting is not None
+        return await self._put_deletion(topic, dataclasses.replace(
+            topic.deleting, by=by, lease_until_ms=lease_until_ms, emptied=emptied))
+
+    async def _put_deletion(self, topic: Topic, deletion: Deletion) -> Topic:
+        marked = dataclasses.replace(topic, deleting=deletion)
+        version = await self._oxia.put(self._key(topic.name), marked.to_json(), PARTITION_KEY,
+                                       expected_version=topic.version)
+        return dataclasses.replace(marked, version=version)
 
     async def remove(self, topic: Topic) -> None:
         """Drop the catalog record (the caller has trimmed the partitions)."""

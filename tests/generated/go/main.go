@@ -120,7 +120,7 @@ func main() {
 	out["consumed"] = read(1)
 	out["out_of_range"] = read(99)
 
-	missing := must(client.DescribeTopicWithResponse(ctx, topic+"-absent"))
+	missing := must(client.DescribeTopicWithResponse(ctx, topic+"-absent", &DescribeTopicParams{}))
 	if missing.JSON404 == nil {
 		check(fmt.Errorf("describe answered %d: %s", missing.StatusCode(), missing.Body))
 	}

@@ -121,6 +121,8 @@ class TopicInfo:
     created_at_ms: int
     compression: str = "none"  # how new appends are stored: none or zstd
     compression_level: int | None = None  # zstd's level (None: its default)
+    # active; deleting (a delete goes on in the background); deleted (a delete's answer)
+    status: str = "active"
 
 
 @dataclass(frozen=True)

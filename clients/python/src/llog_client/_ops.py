@@ -10,7 +10,7 @@ for the driver to hand each batch of records to its caller.
 from __future__ import annotations
 
 from collections.abc import Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -259,11 +259,11 @@ def offsets(topic: str, partition: int, timestamp_ms: int | None, policy: RetryP
 
 def call(method: str, path: str, body: Json, policy: RetryPolicy, *, idempotent: bool
           ) -> Op[Json]:
-    """A request answered with 200 or 201 and a JSON body."""
+    """A request answered with 200, 201 or 202 and a JSON body."""
     send = Send(method, path, None if body is None else wire.dumps(body))
 
     def interpret(outcome: Outcome) -> Json | LlogError:
-        if isinstance(outcome, Reply) and outcome.status in (200, 201) and isinstance(
+        if isinstance(outcome, Reply) and outcome.status in (200, 201, 202) and isinstance(
                 outcome.body, dict):
             return outcome.body
         return failure(outcome, idempotent)
@@ -289,8 +289,16 @@ def list_topics(policy: RetryPolicy) -> Op[list[TopicInfo]]:
 
 
 def describe_topic(topic: str, policy: RetryPolicy) -> Op[TopicDescription]:
-    return wire.topic_description((yield from call("GET", _topic_path(topic), None, policy,
-                                                    idempotent=True)))
+    """The topic and every partition's state: the broker answers a page at a time (at
+    most 1,000 partitions per request), so this asks for each page in turn."""
+    path = _topic_path(topic)
+    first = body = yield from call("GET", path, None, policy, idempotent=True)
+    states = list(wire.topic_description(body).partition_states)
+    while body.get("next_partition") is not None:
+        body = yield from call("GET", f"{path}?from_partition={int(body['next_partition'])}",
+                               None, policy, idempotent=True)
+        states += wire.topic_description(body).partition_states
+    return replace(wire.topic_description(first), partition_states=tuple(states))
 
 
 def update_topic(topic: str, changes: Mapping[str, object], policy: RetryPolicy
@@ -301,6 +309,8 @@ def update_topic(topic: str, changes: Mapping[str, object], policy: RetryPolicy
 
 
 def delete_topic(topic: str, policy: RetryPolicy) -> Op[TopicInfo]:
+    """The topic with ``status`` "deleted", or "deleting" when the broker goes on with it
+    in the background (describe_topic answers UnknownTopic once it is done)."""
     return wire.topic_info((yield from call("DELETE", _topic_path(topic), None, policy,
                                              idempotent=False)))
 

@@ -167,7 +167,8 @@ def topic_description(obj: Mapping[str, Any]) -> TopicDescription:
 
 def _topic(obj: Mapping[str, Any]) -> dict[str, Any]:
     # A broker from before topics had a compression setting names none.
-    return {**_pick(obj, _TOPIC_FIELDS), "compression": obj.get("compression") or "none"}
+    return {**_pick(obj, _TOPIC_FIELDS), "compression": obj.get("compression") or "none",
+            "status": obj.get("status") or "active"}
 
 
 def _assigned(topics: Any) -> tuple[tuple[str, int], ...]:
