@@ -17,6 +17,11 @@ from typing import Any
 from app.settings import CONFIG_FILE_ENV, Settings, SettingsError
 
 COMPACTOR_PORT = 8090
+# After the drain (LLOG_DRAIN_S) the server stops accepting; requests in flight finish
+# within this (then they are cancelled), before the broker's own shutdown begins:
+# flushes, the batcher's last window, and an answer in doubt that waits out a forwarded
+# frame's commit window (app/cluster/fences.py, claim_budget_for).
+GRACEFUL_SHUTDOWN_S = 30
 
 
 def _broker_available() -> bool:
@@ -180,9 +185,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         proxy_headers=settings.proxy_headers,
         forwarded_allow_ips=settings.forwarded_allow_ips,
         timeout_keep_alive=int(settings.keep_alive_s),
-        # After the drain (LLOG_DRAIN_S) the server stops accepting; flushes in flight
-        # and the batcher's last window finish within this.
-        timeout_graceful_shutdown=30,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         lifespan="on",
         log_config=log_config(settings),  # applied here, and again by each worker
         **_tls(settings),

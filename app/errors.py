@@ -49,6 +49,7 @@ compare strings:
         ├── PartitionFenced          409  the partition refuses appends
         ├── CommitConflict           409  compare-and-set attempts exhausted; retriable
         ├── CommitExpired            409  the upload grew older than the retry horizon
+        ├── ProduceExpired           409  not committed by the produce request's deadline
         └── CommitInDoubt            409  the outcome is unknown; maybe written
 
 :class:`VersionMismatch` is not part of the tree: it is the engine's internal signal for
@@ -298,6 +299,18 @@ class CommitExpired(AppendError):
     retriable = True
 
 
+class ProduceExpired(AppendError):
+    """The records were not committed within their produce request's commit deadline
+    (``LLOG_PRODUCE_COMMIT_DEADLINE_MS``, or the shorter ``Llog-Commit-Deadline-Ms`` the
+    client sent): nothing was written, and no late attempt can write them.
+
+    Past that deadline no commit of theirs expects a control version read later, so a
+    client that sends them again only after the deadline cannot meet a late first copy
+    (docs/protocol.md, The produce commit deadline)."""
+
+    retriable = True
+
+
 class CommitInDoubt(AppendError):
     """The commit's outcome could not be settled: the records may have been written.
 
@@ -323,13 +336,15 @@ _GROUPS: tuple[type[LlogError], ...] = (
 def error_types() -> list[type[LlogError]]:
     """Every class a response may name as its ``error_type``, in tree order (the
     documentation and the OpenAPI enum): all but the groups, so ``Unavailable``, which is
-    raised itself as well as through its subclasses, is one of them."""
+    raised itself as well as through its subclasses, is one of them. Private subclasses
+    (``_Name``) are a module's own carriers, answered as their public base: no name."""
     out: list[type[LlogError]] = []
 
     def walk(cls: type[LlogError]) -> None:
         for sub in cls.__subclasses__():
-            out.append(sub)
-            walk(sub)
+            if not sub.__name__.startswith("_"):
+                out.append(sub)
+                walk(sub)
 
     walk(LlogError)
     return [c for c in out if c not in _GROUPS]

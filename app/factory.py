@@ -108,7 +108,8 @@ def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
         app.add_middleware(
             CORSMiddleware, allow_origins=list(settings.cors_allow_origins),
             allow_methods=["GET", "POST", "PATCH", "DELETE"],
-            allow_headers=["authorization", "content-encoding", "content-type", "x-request-id"],
+            allow_headers=["authorization", "content-encoding", "content-type", "x-request-id",
+                           "llog-commit-deadline-ms"],
             expose_headers=["retry-after", "www-authenticate", "x-request-id"],
             max_age=settings.cors_max_age_s)
 

@@ -417,6 +417,12 @@ class LimitSettings(_Group):
     max_headers: int = Field(default=64, ge=0, le=65_535)
     max_header_bytes: int = Field(default=64 * 1024, ge=0)
     max_wait_ms_ceiling: int = Field(default=30_000, ge=0, le=600_000)
+    # How long a produce request's records may take to be committed, from the request's
+    # arrival (a client's Llog-Commit-Deadline-Ms may shorten it): no commit of theirs
+    # expects a control version read later, so a client that sends them again after it
+    # cannot meet a late first copy (docs/protocol.md, The produce commit deadline).
+    # Below the Python client's default timeout (30 s), so that its resend comes after.
+    produce_commit_deadline_ms: int = Field(default=25_000, ge=1_000, le=600_000)
     max_concurrent_long_polls: int = Field(default=1_000, ge=1)
     # Server-Sent Events streams open at once per process (GET /topics/{topic}/stream).
     max_concurrent_streams: int = Field(default=100, ge=1, le=100_000)

@@ -175,21 +175,27 @@ async def test_a_forward_a_slow_store_left_unanswered_is_written_once_past_the_k
         stack: LocalStack) -> None:
     """Broker b's object store is held (a proxy in front of MinIO holds its writes) when
     broker a forwards it ten keyed records: b's flush takes the frame and waits on its
-    PUT, and a's wait for an answer runs out. Then seventy more keyed records of the
-    partition go in through a (more than the 64 keys a partition remembers), and b's
-    store is let go. Before the frames' fences, a appended the ten itself under their
-    keys and b's flush then committed them a second time. Now a answers them in doubt,
-    and once b's flush is over (a resend racing it is the client's retry, bounded by the
-    key window: docs/protocol.md, Forward fences) they are sent again under their keys;
-    in the end every key is stored at exactly one offset."""
+    PUT, and a's wait for an answer runs out. a answers them in doubt, and the client
+    sends them again under their keys at once (b, which left a frame unanswered, is
+    passed over: they are appended by a); then seventy more keyed records of the
+    partition go in (more than the 64 keys a partition remembers), and only then is b's
+    store let go. Before the frames' fences, a appended the ten itself and b's flush
+    committed them a second time; with fences alone, the client's resend was the first
+    copy and b's late flush the second. Now a answers in doubt only once b can no longer
+    commit the frame (docs/protocol.md, Forward fences): b's flush, past the frame's
+    commit window, commits none of it, and every key is stored at exactly one offset."""
     prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
     host, port = httpx.URL(stack.s3_endpoint).host, httpx.URL(stack.s3_endpoint).port
     assert port is not None
     with anyio.fail_after(120):
+        # a passes b over (a peer that left a frame unanswered) for its session timeout
+        # plus a membership refresh: long enough for the resend and the seventy.
         async with holding_proxy(host, port) as proxy, \
-                _broker(stack, prefix, "a", forward_deadline_ms=5_000,
-                        forward_answer_timeout_ms=300) as (app_a, a), \
-                _broker(stack, prefix, "b", s3_endpoint=proxy.url) as (app_b, b):
+                _broker(stack, prefix, "a", forward_deadline_ms=2_000,
+                        forward_answer_timeout_ms=300, oxia_request_timeout_s=2,
+                        oxia_session_timeout_ms=20_000) as (app_a, a), \
+                _broker(stack, prefix, "b", s3_endpoint=proxy.url,
+                        oxia_request_timeout_s=2) as (app_b, b):
             await _sees(app_a, 2)
             view = app_a.state.broker.membership.view()
             p = next(p for p in range(PARTITIONS)
@@ -201,24 +207,24 @@ async def test_a_forward_a_slow_store_left_unanswered_is_written_once_past_the_k
             answered = await _produce_keyed(a, topic, p, first)
             in_doubt = [v for v, r in zip(first, answered, strict=True) if not r["ok"]]
             assert all(r["error_type"] == "CommitInDoubt" for r in answered if not r["ok"])
+            again = await _produce_keyed(a, topic, p, in_doubt)  # the client's resend
+            assert all(r["ok"] for r in again), again
             second = [f"second-{i}" for i in range(70)]
             assert all(r["ok"] for r in await _produce_keyed(a, topic, p, second))
             proxy.release()
             await _until_received(b, received + len(first))  # b's held flush is over
-            if in_doubt:
-                again = await _produce_keyed(a, topic, p, in_doubt)
-                assert all(r["ok"] for r in again), again
             values = await _read_all(a, topic, p)
             text_a = (await a.get("/metrics/prometheus")).text
             text_b = (await b.get("/metrics/prometheus")).text
     stored = collections.Counter(values)
     assert {v: n for v, n in stored.items() if n != 1} == {}
     assert set(stored) == {"warm-up", *first, *second}
-    # The path the story is about: b took the frame, a's claim on it lost, and a
-    # appended none of it itself.
+    # The path the story is about: b took the frame, a's claim on it lost, a appended
+    # none of it itself, and b's late flush committed none of it.
     assert _counter(text_b, "llog_forward_fences", side="receiver", outcome="taken") >= 1
     assert _counter(text_a, "llog_forward_fences", side="forwarder", outcome="taken") == 1
     assert in_doubt == first
+    assert _counter(text_b, "llog_forward_received_groups", outcome="expired") >= len(first)
 
 
 async def _produce_keyed(client: httpx.AsyncClient, topic: str, partition: int,
@@ -233,14 +239,16 @@ async def _produce_keyed(client: httpx.AsyncClient, topic: str, partition: int,
 
 
 async def _received(client: httpx.AsyncClient) -> float:
-    """Forwarded groups the broker has answered with its log's outcome."""
+    """Forwarded groups the broker has answered, with its log's outcome or as expired
+    (a flush that took them and then did not commit them)."""
     text = (await client.get("/metrics/prometheus")).text
-    return _counter(text, "llog_forward_received_groups", outcome="appended")
+    return sum(_counter(text, "llog_forward_received_groups", outcome=outcome)
+               for outcome in ("appended", "expired"))
 
 
 async def _until_received(client: httpx.AsyncClient, groups: float) -> None:
-    """Until the broker has answered ``groups`` forwarded groups with its log's outcome
-    (its flush of them is over). Its metrics are the only outside view of that: polled,
+    """Until the broker has answered ``groups`` forwarded groups (its flush of them is
+    over). Its metrics are the only outside view of that: polled,
     bounded."""
     with anyio.fail_after(WAIT_S):
         while True:

@@ -10,10 +10,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import anyio
+import pytest
 from anyio import wait_all_tasks_blocked
 from prometheus_client import CollectorRegistry
 
-from app.cluster.fences import Fence
+from app.cluster.fences import Fence, Outcome
 from app.cluster.forward import ForwardNotWritten, ForwardUnknown
 from app.cluster.router import AffinityRouter, RouterMetrics
 from app.errors import BackPressureRejected, CommitInDoubt, ForwardExpired
@@ -63,6 +64,7 @@ class _Client:
         self.answer = answer
         self.frames: list[list[AppendGroup]] = []
         self.gate: anyio.Event | None = None
+        self.expiring: set[int] = set()  # partitions whose groups the peer lets expire
         self._sent = anyio.Event()
 
     async def sent(self, n: int) -> None:
@@ -81,7 +83,8 @@ class _Client:
         if self.answer == "expire-first":
             return [ForwardExpired("late") if i == 0 else _result(g, "peer")
                     for i, g in enumerate(groups)]
-        return [_result(g, "peer") for g in groups]
+        return [ForwardExpired("late") if g.tp.partition in self.expiring
+                else _result(g, "peer") for g in groups]
 
     async def aclose(self) -> None:
         pass
@@ -100,15 +103,15 @@ class _Local:
 
 
 class _Fences:
-    """Forward fences whose race the test decides: ``won`` is what abandoning returns."""
+    """Forward fences whose race the test decides: ``holder`` is what abandoning finds."""
 
-    def __init__(self, won: bool) -> None:
-        self.won = won
+    def __init__(self, holder: Outcome) -> None:
+        self.holder: Outcome = holder
         self.abandoned: list[Fence] = []
 
-    async def abandon(self, fence: Fence) -> bool:
+    async def abandon(self, fence: Fence) -> Outcome:
         self.abandoned.append(fence)
-        return self.won
+        return self.holder
 
 
 def _group(partition: int, key: str | None = None) -> AppendGroup:
@@ -177,13 +180,64 @@ async def test_an_unanswered_forward_whose_fence_the_peer_took_is_in_doubt_keyed
     appended here, not even under an idempotency key (past its window a second append
     would be a second copy)."""
     client = _Client(ForwardUnknown("broken", "connection reset after the frame", FENCE))
-    fences = _Fences(won=False)
+    fences = _Fences("taken")
 
     async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
         outcomes = await router.submit([_group(1), _group(1, "key-1")])
-        assert all(isinstance(o, CommitInDoubt) for o in outcomes), outcomes
+        assert all(type(o) is CommitInDoubt for o in outcomes), outcomes
         assert local.calls == []
         assert fences.abandoned == [FENCE]
+
+    await _with_router({1: "peer"}, client, body, fences=fences)
+
+
+async def test_a_frame_the_peer_took_is_answered_once_its_window_is_over_holding_no_lane(
+) -> None:
+    """The peer took the frame and may read a version to commit it with until its
+    commit window is over: the answer in doubt waits for that, in the request, so that
+    a client's resend cannot race a late first copy; the lane's flush is over
+    meanwhile, and both of its slots carry other frames."""
+    client = _Client(ForwardUnknown("timeout", "no answer within the deadline", FENCE,
+                                    window_s=3600))
+    fences = _Fences("taken")
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        answered: list[list[AppendOutcome]] = []
+        async with anyio.create_task_group() as tg:
+            async def submit(partition: int) -> None:
+                answered.append(await router.submit([_group(partition, "key")]))
+
+            tg.start_soon(submit, 1)
+            await client.sent(1)
+            await wait_all_tasks_blocked()
+            assert fences.abandoned == [FENCE] and answered == []  # waiting, unanswered
+            membership.suspected.clear()  # the peer is tried again
+            client.answer, client.gate = None, anyio.Event()
+            tg.start_soon(submit, 1)
+            await client.sent(2)
+            tg.start_soon(submit, 1)
+            await client.sent(3)  # two frames out at once: no lane slot is held
+            client.gate.set()
+            while len(answered) < 2:
+                await wait_all_tasks_blocked()
+            assert [o.index_key for a in answered for o in a] == ["peer", "peer"]  # type: ignore[union-attr]
+            tg.cancel_scope.cancel()
+        assert local.calls == []
+
+    await _with_router({1: "peer"}, client, body, fences=fences)
+
+
+async def test_a_frame_whose_fence_cannot_be_settled_is_answered_in_doubt_at_once(
+) -> None:
+    """Oxia did not say who holds the fence: no bound on a late commit is known, so
+    there is nothing to wait for."""
+    client = _Client(ForwardUnknown("timeout", "no answer within the deadline", FENCE,
+                                    window_s=3600))
+    fences = _Fences("error")
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(1, "key-1")])
+        assert [type(o) for o in outcomes] == [CommitInDoubt] and local.calls == []
 
     await _with_router({1: "peer"}, client, body, fences=fences)
 
@@ -192,7 +246,7 @@ async def test_an_unanswered_forward_whose_fence_this_broker_won_is_appended_her
     """This broker holds the fence: the peer will never write the frame, so every group
     is appended here, keyed or not, and none is in doubt."""
     client = _Client(ForwardUnknown("timeout", "no answer within the deadline", FENCE))
-    fences = _Fences(won=True)
+    fences = _Fences("abandoned")
     registry = CollectorRegistry()
 
     async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
@@ -307,6 +361,45 @@ async def test_a_lane_that_fails_unexpectedly_fails_only_the_groups_it_carried()
         assert [[g.tp.partition for g in c] for c in local.calls] == [[0]]
 
     await _with_router({0: "me", 1: "peer"}, client, body)
+
+
+@pytest.mark.parametrize(("refusal", "answer"), [
+    (BackPressureRejected("buffer full"), BackPressureRejected),
+    (RuntimeError("a defect"), CommitInDoubt)], ids=["refused", "failed"])
+async def test_a_refused_fallback_answers_the_expired_groups_alone_the_peers_answers_stand(
+        refusal: Exception, answer: type[Exception]) -> None:
+    """The peer answered a frame in part: one group expired unwritten (its commit window
+    ended), the others committed, another request's among them. This broker refuses the
+    expired group too (its buffer is full), or its append fails unexpectedly (then it
+    may have written: in doubt): that answers it alone; the groups the peer committed
+    keep their results, in this request and the other."""
+    client = _Client()
+    client.expiring, client.gate = {1}, anyio.Event()
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        local.refuse = refusal
+        answers: dict[str, list[AppendOutcome]] = {}
+
+        async def submit(name: str, groups: list[AppendGroup]) -> None:
+            answers[name] = await router.submit(groups)
+
+        async with anyio.create_task_group() as tg:
+            for n, name in enumerate(("ahead-1", "ahead-2"), 1):
+                tg.start_soon(submit, name, [_group(3)])
+                await client.sent(n)  # both of the lane's slots held: the next two
+            tg.start_soon(submit, "first", [_group(1), _group(3)])  # requests share
+            tg.start_soon(submit, "other", [_group(3, "key-1")])  # the next frame
+            await wait_all_tasks_blocked()
+            client.gate.set()
+        assert [[g.tp.partition for g in f] for f in client.frames] == [[3], [3], [1, 3, 3]]
+        expired, committed = answers["first"]
+        assert type(expired) is answer
+        assert isinstance(committed, AppendResult) and committed.index_key == "peer"
+        (other,) = answers["other"]
+        assert isinstance(other, AppendResult) and other.index_key == "peer"
+        assert [[g.tp.partition for g in c] for c in local.calls] == [[1]]
+
+    await _with_router({1: "peer", 3: "peer"}, client, body)
 
 
 async def test_a_local_refusal_answers_its_groups_and_the_forwarded_ones_keep_theirs(

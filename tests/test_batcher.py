@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
 import anyio
 import anyio.abc
 import pytest
 
-from app.batching.batcher import Batcher, BatcherState, BatcherStats, paced_for
+from app.batching.batcher import Batcher, BatcherState, BatcherStats, ClaimFn, paced_for
 from app.errors import (
     BackPressureRejected,
     CommitInDoubt,
@@ -418,6 +419,29 @@ def test_paced_for(share: float, inflight: int, last_start: float, now: float,
     assert paced_for(share, inflight, 0.1, last_start, now) == pytest.approx(held)
 
 
+async def _forwarded(b: Batcher, got: dict[str, list[AppendResult | LlogError]], name: str,
+                     claim: ClaimFn | None, window: float | None = None) -> None:
+    """Enqueue a group named ``name`` as a forwarded one (taken by an hour from now,
+    with ``claim`` and commit window ``window``), its outcomes put in ``got``."""
+    got[name] = await b.enqueue([AppendGroup(A, [name.encode()])],
+                                take_by=time.monotonic() + 3600, claim=claim,
+                                commit_within_s=window)
+
+
+@contextlib.asynccontextmanager
+async def _one_slot_held(b: Batcher, log: FakeLog,
+                         got: dict[str, list[AppendResult | LlogError]]
+                         ) -> AsyncIterator[anyio.abc.TaskGroup]:
+    """``b`` running, its only flush slot taken by a group named "first" that ``log``
+    holds: what the body enqueues is buffered for the next flush."""
+    with anyio.fail_after(5):
+        async with anyio.create_task_group() as tg:
+            await tg.start(b.run)
+            tg.start_soon(_forwarded, b, got, "first", None)
+            await log.entered.wait()
+            yield tg
+
+
 async def test_a_flush_makes_its_waiters_claims_before_it_writes_and_leaves_the_losers(
 ) -> None:
     """Forwarded waiters carry a claim (their frame's fence): the flush that takes them
@@ -435,28 +459,18 @@ async def test_a_flush_makes_its_waiters_claims_before_it_writes_and_leaves_the_
             return wins
         return make
 
-    with anyio.fail_after(5):
-        async with anyio.create_task_group() as tg:
-            await tg.start(b.run)
-
-            async def enqueue(name: str, wins: bool | None) -> None:
-                got[name] = await b.enqueue(
-                    [AppendGroup(A, [name.encode()])], take_by=time.monotonic() + 3600,
-                    claim=None if wins is None else claim(name, wins))
-
-            tg.start_soon(enqueue, "first", None)
-            await log.entered.wait()  # the only slot is busy: what follows is buffered
-            tg.start_soon(enqueue, "won", True)
-            tg.start_soon(enqueue, "lost", False)
-            tg.start_soon(enqueue, "plain", None)
-            await anyio.wait_all_tasks_blocked()
-            log.hold = False
-            log.release.set()
-            await anyio.wait_all_tasks_blocked()
-            # A flush whose every waiter loses its claim writes nothing at all.
-            tg.start_soon(enqueue, "alone", False)
-            await anyio.wait_all_tasks_blocked()
-            b.close()
+    async with _one_slot_held(b, log, got) as tg:
+        tg.start_soon(_forwarded, b, got, "won", claim("won", True))
+        tg.start_soon(_forwarded, b, got, "lost", claim("lost", False))
+        tg.start_soon(_forwarded, b, got, "plain", None)
+        await anyio.wait_all_tasks_blocked()
+        log.hold = False
+        log.release.set()
+        await anyio.wait_all_tasks_blocked()
+        # A flush whose every waiter loses its claim writes nothing at all.
+        tg.start_soon(_forwarded, b, got, "alone", claim("alone", False))
+        await anyio.wait_all_tasks_blocked()
+        b.close()
     assert sorted(claims) == [("alone", 2), ("lost", 1), ("won", 1)]
     flushed = [[bytes(r) for g in call for r in g.records] for call in log.calls]  # type: ignore[arg-type]
     assert flushed == [[b"first"], [b"won", b"plain"]]
@@ -465,3 +479,39 @@ async def test_a_flush_makes_its_waiters_claims_before_it_writes_and_leaves_the_
         assert isinstance(outcome, ForwardExpired) and not outcome.maybe_written
     assert [type(got[n][0]) for n in ("first", "won", "plain")] == [AppendResult] * 3
     assert b.statistics().inflight_bytes == 0  # the losers' bytes were given back
+
+
+async def test_a_won_claim_opens_its_groups_commit_window_from_before_the_claim() -> None:
+    """A forwarded waiter with a commit window gets ``commit_by``: the window from just
+    before its flush sent the claims (never later than the claim itself began), so the
+    forwarding broker, which counts from after it found the claim landed, waits longer.
+    The other groups of the flush get none; a waiter whose window was over by the time
+    its claim was won leaves the flush, answered ForwardExpired, unwritten."""
+    log = FakeLog()
+    log.hold = True
+    b = batcher(log, max_delay_s=0, max_inflight_flushes=1)
+    claimed_at: list[float] = []
+    got: dict[str, list[AppendResult | LlogError]] = {}
+
+    async def claim() -> bool:
+        claimed_at.append(time.monotonic())
+        return True
+
+    async with _one_slot_held(b, log, got) as tg:
+        tg.start_soon(_forwarded, b, got, "local", None)
+        tg.start_soon(_forwarded, b, got, "forwarded", claim, 30.0)
+        tg.start_soon(_forwarded, b, got, "no time", claim, 0.0)
+        await anyio.wait_all_tasks_blocked()
+        released = time.monotonic()
+        log.hold = False
+        log.release.set()
+        await anyio.wait_all_tasks_blocked()
+        b.close()
+    flushed = {bytes(g.records[0]): g.commit_by for g in log.calls[1]}  # type: ignore[arg-type]
+    assert set(flushed) == {b"local", b"forwarded"}
+    assert flushed[b"local"] is None
+    commit_by = flushed[b"forwarded"]
+    assert commit_by is not None and released + 30 <= commit_by <= min(claimed_at) + 30
+    assert isinstance(got["forwarded"][0], AppendResult)
+    (late,) = got["no time"]
+    assert isinstance(late, ForwardExpired) and not late.maybe_written

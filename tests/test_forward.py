@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import struct
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -57,8 +58,8 @@ class FakeHandler:
         self.fail_with: BaseException | None = None
         self.next: dict[TopicPartition, int] = {}
 
-    async def __call__(self, groups: list[AppendGroup], take_by: float, fence: Fence
-                       ) -> list[AppendOutcome]:
+    async def __call__(self, groups: list[AppendGroup], take_by: float, fence: Fence,
+                       window_s: float) -> list[AppendOutcome]:
         self.calls.append(groups)
         self.entered.set()
         if self.release is not None:
@@ -136,12 +137,13 @@ async def test_an_append_frame_carries_the_groups_bodies_as_they_are() -> None:
     groups = [AppendGroup(A, batch, "key-1"),
               AppendGroup(B, [LogRecord(b"v", key=b"k", headers=(("h", b"x"),))])]
     fence = Fence(1_700_000_000_123, "m.w0.c0ffee.7")
-    parts = frames.append(7, 150, fence, groups)
+    parts = frames.append(7, 150, 13_300, fence, groups)
     assert any(p is batch.body for p in parts)  # the encoded body itself, not a copy
     got = await _read(parts)
     assert got.type is FrameType.APPEND
     head = frames.parse_append_head(got.payload)
-    assert (head.frame_id, head.deadline_ms, head.fence) == (7, 150, fence)
+    assert (head.frame_id, head.deadline_ms, head.window_ms, head.fence) == (
+        7, 150, 13_300, fence)
     parsed = frames.parse_append_groups(got.payload, head)
     assert [(g.tp, g.idempotency_key) for g in parsed] == [(A, "key-1"), (B, None)]
     assert _values(parsed[0]) == [b"one", b"two"]
@@ -192,14 +194,37 @@ async def test_a_frame_over_the_limit_is_refused_before_its_payload_is_read() ->
 
 # -- the connection -----------------------------------------------------------------------
 
+async def test_a_window_cut_to_a_produce_deadline_leaves_room_for_the_connect() -> None:
+    """A frame's window ends before its groups' ``commit_by`` though it must still wait
+    for a connection to be made: the connect timeout is taken off it then, and no
+    longer once the connection is up."""
+    windows: list[float] = []
+
+    async def handler(groups: list[AppendGroup], take_by: float, fence: Fence,
+                      window_s: float) -> list[AppendOutcome]:
+        windows.append(window_s)
+        return [_result(g, 1) for g in groups]
+
+    async with serving(handler) as (server, _), client_of(
+            server.address, deadline_s=1.0, answer_timeout_s=5.0) as client:
+        for _ in range(2):
+            before = time.monotonic()
+            await client.append([AppendGroup(A, [b"x"], commit_by=before + 7.5)])
+    # 7.5 s less the peer's buffering deadline (1 s) and the network's margin (1 s);
+    # the first also less the connect timeout (the answer timeout, 5 s).
+    first, second = windows
+    assert 0 < first <= 0.5 and 5.0 <= second <= 5.5
+
+
+
 async def test_forwarded_appends_are_answered_by_id_in_any_order() -> None:
     """Many APPENDs in flight on one connection, answered as their appends finish."""
     gates = {A: anyio.Event(), B: anyio.Event()}
     entered: list[TopicPartition] = []
     both_in = anyio.Event()
 
-    async def handler(groups: list[AppendGroup], take_by: float, fence: Fence
-                      ) -> list[AppendOutcome]:
+    async def handler(groups: list[AppendGroup], take_by: float, fence: Fence,
+                      window_s: float) -> list[AppendOutcome]:
         entered.append(groups[0].tp)
         if len(entered) == 2:
             both_in.set()
@@ -277,7 +302,7 @@ async def test_a_wrong_secret_is_refused_before_any_append_is_read() -> None:
             nonce = b"n" * frames.NONCE_BYTES
             writer.writelines(frames.auth(nonce, frames.mac("wrong", "client", server_nonce,
                                                             nonce)))
-            writer.writelines(frames.append(1, 1000, Fence(0, "x.1"),
+            writer.writelines(frames.append(1, 1000, 1000, Fence(0, "x.1"),
                                             [AppendGroup(A, [b"sneaky"])]))
             answers = []
             with contextlib.suppress(ConnectionError):  # closed with the APPEND unread
@@ -289,6 +314,65 @@ async def test_a_wrong_secret_is_refused_before_any_append_is_read() -> None:
                        and frames.frame_id(a.payload) == frames.CONNECTION
                        and frames.parse_refused(a.payload).startswith("Unauthenticated")
                        for a in answers)
+    assert handler.calls == []
+
+
+async def test_a_client_does_not_forward_to_a_server_of_another_protocol_version(
+) -> None:
+    """Version 3 put the commit window into an APPEND's head, so an APPEND of version 2
+    read as 3 would misplace every field after its deadline. A client that meets a
+    server of version 2 (its HELLO says so) sends it nothing, not even AUTH: the frame
+    is not written, and the forwarding broker appends it itself."""
+    assert frames.PROTOCOL_VERSION == 3
+    received: list[bytes] = []
+    done = anyio.Event()
+
+    async def old_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                         ) -> None:
+        writer.writelines(frames.frame(FrameType.HELLO,
+                                       struct.pack(">H32s", 2, b"n" * frames.NONCE_BYTES)))
+        await writer.drain()
+        try:
+            received.append(await reader.read())  # until the client goes away
+        except ConnectionError:
+            received.append(b"")
+        writer.close()
+        done.set()
+
+    server = await asyncio.start_server(old_server, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    with anyio.fail_after(30):
+        async with server, client_of(f"127.0.0.1:{port}") as client:
+            with pytest.raises(ForwardNotWritten) as excinfo:
+                await client.append([AppendGroup(A, [b"x"])])
+            await done.wait()
+    assert excinfo.value.reason == "unreachable"
+    assert "forward protocol version 2 and this broker 3" in str(excinfo.value)
+    assert received == [b""]
+
+
+async def test_a_server_refuses_a_client_of_another_protocol_version() -> None:
+    """A client whose AUTH says version 2 is refused (id 0, naming both versions) and
+    the connection closed before any APPEND is read."""
+    handler = FakeHandler()
+    with anyio.fail_after(30):
+        async with serving(handler) as (server, _):
+            host, port = server.address.rsplit(":", 1)
+            reader, writer = await asyncio.open_connection(host, int(port))
+            hello = await frames.read_frame(reader, 1024)
+            assert hello is not None and hello.type is FrameType.HELLO
+            frames.parse_hello(hello.payload)  # version 3: this client's own
+            writer.writelines(frames.frame(
+                FrameType.AUTH, struct.pack(">H32s", 2, b"n" * frames.NONCE_BYTES)))
+            answers = []
+            while (answer := await frames.read_frame(reader, 4096)) is not None:
+                answers.append(answer)
+            writer.close()
+    (refusal,) = answers
+    assert refusal.type is FrameType.REFUSED
+    assert frames.frame_id(refusal.payload) == frames.CONNECTION
+    assert frames.parse_refused(refusal.payload).startswith(
+        "InvalidRequest: the peer speaks forward protocol version 2 and this broker 3")
     assert handler.calls == []
 
 
@@ -401,7 +485,7 @@ async def test_no_answer_in_time_is_unknown_and_aclose_answers_every_waiter() ->
                     await client.append([AppendGroup(A, [b"x"])])
                 assert excinfo.value.reason == "timeout"
             client = ForwardClient(server.address, secret=SECRET, deadline_s=5,
-                                   answer_timeout_s=60)
+                                   answer_timeout_s=60, commit_window_s=71)
             outcome: list[BaseException] = []
             async with anyio.create_task_group() as tg:
                 async def forward() -> None:
@@ -469,12 +553,17 @@ async def forwarding_to(engine: Engine, fences: ForwardFences | None = None,
     batcher = Batcher(log.append, max_bytes=1 << 20, max_delay_s=0.001,
                       buffer_max_bytes=1 << 24, max_inflight_flushes=1)
 
-    async def handler(groups: list[AppendGroup], take_by: float, fence: Fence
-                      ) -> list[AppendOutcome]:
-        claim = None if fences is None else functools.partial(fences.take, fence)
+    async def handler(groups: list[AppendGroup], take_by: float, fence: Fence,
+                      window_s: float) -> list[AppendOutcome]:
+        # As the broker's: with a fence, a flush takes it first and commits the groups
+        # only with a control version it read within the frame's window.
         if received is not None:
             received.set()
-        return await batcher.enqueue(groups, take_by=take_by, claim=claim)
+        if fences is None:
+            return await batcher.enqueue(groups, take_by=take_by)
+        return await batcher.enqueue(groups, take_by=take_by,
+                                     claim=functools.partial(fences.take, fence),
+                                     commit_within_s=window_s)
 
     async with anyio.create_task_group() as tg:
         await tg.start(batcher.run)
@@ -521,7 +610,7 @@ async def test_a_frame_abandoned_before_a_flush_took_it_is_never_written(
 
                 tg.start_soon(forward)
                 await received.wait()  # buffered behind the held flush
-                assert await fences.abandon(Fence(sent_at, "fwd.1"))
+                assert await fences.abandon(Fence(sent_at, "fwd.1")) == "abandoned"
                 log.gate.set()
             # The flush after the held one took the frame and lost its fence; this
             # append's flush is that one or a later one.
@@ -533,16 +622,21 @@ async def test_a_frame_abandoned_before_a_flush_took_it_is_never_written(
     assert _fence_claims(registry, "forwarder", "abandoned") == 1
 
 
-async def test_a_frame_a_flush_took_is_written_once_and_its_forwarder_cannot_abandon_it(
+async def test_a_frame_a_flush_took_commits_only_within_its_window_and_is_never_abandoned(
         engine: Engine, topic: str) -> None:
-    """A flush took the frame (and its fence) and its write is slow past the forwarder's
+    """A flush took the frame (and its fence) and its write is held past the forwarder's
     wait: the forwarder's claim loses, so it must not append the groups (they are in
-    doubt), and the slow flush writes them, once."""
+    doubt). The held flush, its commit window over by the time it is let go, commits
+    none of them: once the forwarder has waited the window out, its answer in doubt is
+    final, and a client's resend under the same keys cannot race a late first copy."""
     tp = TopicPartition(topic, 0)
     fences, registry = _fences(engine)
+    # The receiver may read a version to commit with for 0.1 s after it began to claim
+    # the frame: that is over long before the forwarder stops waiting.
+    window = 0.1
     with anyio.fail_after(60):
-        async with forwarding_to(engine, fences, deadline_s=5.0,
-                                 answer_timeout_s=0.2) as (client, _, log):
+        async with forwarding_to(engine, fences, deadline_s=1.0, answer_timeout_s=0.2,
+                                 commit_window_s=window) as (client, batcher, log):
             log.gate = anyio.Event()
             async with anyio.create_task_group() as tg:
                 errors: list[ForwardUnknown] = []
@@ -556,14 +650,35 @@ async def test_a_frame_a_flush_took_is_written_once_and_its_forwarder_cannot_aba
 
                 tg.start_soon(forward)
                 await log.entered.wait()  # taken (fence and all) by a flush, held
-                await unanswered.wait()  # the forwarder's 5.2 s wait runs out
+                await unanswered.wait()  # the forwarder's 1.2 s wait runs out
                 fence = errors[0].fence
                 assert fence is not None
-                assert not await fences.abandon(fence)
+                assert await fences.abandon(fence) == "taken"
                 log.gate.set()
-    assert (await engine.reader.read(tp, 1)).records == [(1, b"slow")]
+            # The held flush is over once the next one, on the only slot, is.
+            (after,) = await batcher.submit([AppendGroup(tp, [b"after"])])
+    assert isinstance(after, AppendResult) and after.start_offset == 1
+    assert (await engine.reader.read(tp, 1)).records == [(1, b"after")]
+    # What the forwarder waits out once it finds the frame taken: the window it sent.
+    assert errors[0].window_s == pytest.approx(window)
     assert _fence_claims(registry, "receiver", "taken") == 1
     assert _fence_claims(registry, "forwarder", "taken") == 1
+
+
+async def test_a_frame_whose_window_leaves_no_time_to_commit_is_expired_unwritten(
+        engine: Engine, topic: str) -> None:
+    """A window over by the time the receiver's claim is won leaves it no time to read a
+    version to commit with: the flush that takes the frame writes nothing of it and
+    answers it expired, so the forwarder appends it itself."""
+    tp = TopicPartition(topic, 0)
+    fences, registry = _fences(engine)
+    with anyio.fail_after(60):
+        async with forwarding_to(engine, fences, commit_window_s=0) as (client, _, _):
+            with pytest.raises(ForwardNotWritten) as excinfo:
+                await client.append([AppendGroup(tp, [b"no time"], "key-1")])
+    assert excinfo.value.reason == "expired"
+    assert await engine.reader.high_watermark(tp) == 0
+    assert _fence_claims(registry, "receiver", "taken") == 1
 
 
 async def test_a_forwarded_append_commits_with_the_right_offsets(engine: Engine,
@@ -613,11 +728,12 @@ async def test_an_expired_forward_is_not_stored(engine: Engine, topic: str) -> N
 
 async def test_records_forwarded_inside_their_deadline_are_flushed_even_if_slow(
         engine: Engine, topic: str) -> None:
-    """Once a flush took them, a slow commit is no expiry: they are written and the
-    answer says so."""
+    """Once a flush took them (and their fence), their deadline no longer applies: the
+    flush, held a while, commits them within their window, and the answer says so."""
     tp = TopicPartition(topic, 0)
+    fences, _ = _fences(engine)
     with anyio.fail_after(60):
-        async with forwarding_to(engine, deadline_s=5.0) as (client, _, log):
+        async with forwarding_to(engine, fences, deadline_s=5.0) as (client, _, log):
             log.gate = anyio.Event()
             answers: list[list[AppendOutcome]] = []
             async with anyio.create_task_group() as tg:

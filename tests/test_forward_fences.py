@@ -11,14 +11,18 @@ from typing import Any
 import anyio
 from prometheus_client import CollectorRegistry
 
+from app.cli import GRACEFUL_SHUTDOWN_S
 from app.cluster.fences import (
+    ANSWER_MARGIN_S,
     SWEEP_AFTER_MS,
     TAKE_WINDOW_MS,
     Fence,
     FenceMetrics,
     ForwardFences,
+    claim_budget_for,
 )
 from app.errors import StorageUnavailable
+from app.settings_groups import ClusterSettings, OxiaSettings
 from app.storage.keys import FENCES_PARTITION_KEY, KeyLayout
 from app.storage.oxia_store import OxiaStore
 from tests.helpers.stack import Engine
@@ -49,13 +53,28 @@ async def _holder(engine: Engine, layout: KeyLayout, fence: Fence) -> bytes | No
     return None if record is None else bytes(record.value)
 
 
+def test_an_answer_in_doubt_comes_before_a_shutdown_or_the_client_gives_up() -> None:
+    """With the default settings, the longest a forwarder takes to answer in doubt a
+    frame its peer took: its wait for an answer, its claim on the fence, then the
+    frame's commit window (that wait again) and the margin. A server that shuts down
+    lets requests in flight finish for GRACEFUL_SHUTDOWN_S, before the broker's own
+    shutdown (which answers none), and the Python client waits as long by default
+    (clients/python): cut short, the client would see no answer and might send the
+    records again while the peer may still read a version to commit them with."""
+    oxia, cluster = OxiaSettings(), ClusterSettings()
+    wait_s = (cluster.forward_deadline_ms + cluster.forward_answer_timeout_ms) / 1000
+    longest = (wait_s + claim_budget_for(oxia.oxia_request_timeout_s) + wait_s
+               + ANSWER_MARGIN_S)
+    assert longest < GRACEFUL_SHUTDOWN_S
+
+
 async def test_the_receiver_that_takes_first_wins_and_the_forwarder_cannot_abandon(
         engine: Engine) -> None:
     layout = _layout(engine)
     fences, _ = _fences(engine, layout)
     fence = fences.stamp(_token())
     assert await fences.take(fence)
-    assert not await fences.abandon(fence)
+    assert await fences.abandon(fence) == "taken"
     assert await fences.take(fence)  # the receiver's own claim, read back, still holds
     assert await _holder(engine, layout, fence) == b"taken"
 
@@ -65,7 +84,7 @@ async def test_the_forwarder_that_abandons_first_wins_and_the_receiver_cannot_ta
     layout = _layout(engine)
     fences, registry = _fences(engine, layout)
     fence = fences.stamp(_token())
-    assert await fences.abandon(fence)
+    assert await fences.abandon(fence) == "abandoned"
     assert not await fences.take(fence)
     assert await _holder(engine, layout, fence) == b"abandoned"
     assert registry.get_sample_value("llog_forward_fences_total", {
@@ -115,12 +134,12 @@ async def test_a_claim_whose_answer_was_lost_is_settled_by_reading_the_key_back(
     fences, _ = _fences(engine, layout, lossy)
     other, _ = _fences(engine, layout)
     fence = fences.stamp(_token())
-    assert await fences.abandon(fence)  # its put landed: the key says it won
+    assert await fences.abandon(fence) == "abandoned"  # its put landed: the key says so
     assert not await other.take(fence)
     lossy.lose = 1
     second = fences.stamp(_token())
     assert await fences.take(second)
-    assert not await other.abandon(second)
+    assert await other.abandon(second) == "taken"
 
 
 async def test_no_side_claims_a_frame_past_the_take_window(engine: Engine) -> None:
@@ -128,7 +147,7 @@ async def test_no_side_claims_a_frame_past_the_take_window(engine: Engine) -> No
     fences, registry = _fences(engine, layout)
     old = Fence(_now_ms() - TAKE_WINDOW_MS - 1, _token())
     assert not await fences.take(old)
-    assert not await fences.abandon(old)
+    assert await fences.abandon(old) == "late"  # who holds it, if anyone, is unknown
     assert await _holder(engine, layout, old) is None  # nothing was written
     for side in ("receiver", "forwarder"):
         assert registry.get_sample_value("llog_forward_fences_total", {
@@ -162,7 +181,7 @@ async def test_a_fence_holding_a_value_no_broker_writes_is_lost_on_both_sides(
     await engine.oxia.put(layout.forward_fence(fence.minute, fence.token), b"committed",
                           FENCES_PARTITION_KEY)
     assert not await fences.take(fence)
-    assert not await fences.abandon(fence)
+    assert await fences.abandon(fence) == "error"  # not "taken": no bound on the receiver
     for side in ("receiver", "forwarder"):
         assert registry.get_sample_value("llog_forward_fences_total", {
             "member": "", "side": side, "outcome": "error"}) == 1

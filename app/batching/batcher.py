@@ -31,6 +31,12 @@ That answer is exact because it is given only to waiters that are in no flush. T
 waiter may also hold a *claim* (the frame's fence, :mod:`app.cluster.fences`): a flush
 makes it before it writes anything, and a waiter whose claim fails (the forwarding
 broker gave up on it first) leaves that flush unwritten, answered ``ForwardExpired``.
+A won claim opens the groups' *commit window*: from just before the claims were sent,
+the time within which the control version a commit of theirs expects must have been
+read (``AppendGroup.commit_by``, which the writer keeps); past it they are answered
+``ForwardExpired`` and never committed, so a client that sends them again once the
+forwarding broker (which waits longer than that) answered them in doubt cannot race a
+late first copy (docs/protocol.md, Forward fences).
 """
 
 from __future__ import annotations
@@ -93,11 +99,16 @@ def paced_for(share: float, inflight: int, cycle: float, last_start: float,
 
 async def _claim(batch: _Batch) -> None:
     """Make the claims of the batch's waiters (at once); those that fail leave it,
-    answered unwritten."""
+    answered unwritten, as do those whose commit window was over by the time their
+    claim was won."""
     claimed = [w for w in batch.waiters if w.claim is not None]
     if not claimed:
         return
     won = [False] * len(claimed)
+    # Taken before any claim is sent: a forwarding broker that finds its frame taken
+    # knows the claim landed before it looked, so a window counted from here ends
+    # before the one it counts from then, after which it answers in doubt.
+    started = time.monotonic()
 
     async def one(i: int, claim: ClaimFn) -> None:
         try:
@@ -113,6 +124,9 @@ async def _claim(batch: _Batch) -> None:
         if not ok:
             batch.remove(waiter)
             waiter.unclaimed()
+        elif not waiter.open_window(started):
+            batch.remove(waiter)
+            waiter.window_over()
 
 
 def _retrieve(future: asyncio.Future[list[AppendOutcome]]) -> None:
@@ -130,6 +144,9 @@ class _Waiter:
     future: asyncio.Future[list[AppendOutcome]]
     take_by: float | None = None
     claim: ClaimFn | None = None
+    # Once its claim is won: the seconds within which a commit of its groups must have
+    # read the control version it expects.
+    commit_within: float | None = None
     timer: asyncio.TimerHandle | None = None
 
     def overdue(self, now: float) -> bool:
@@ -139,6 +156,25 @@ class _Waiter:
         """Answer a waiter that no flush took in time: it was not written."""
         error = ForwardExpired("the forwarded records waited past their deadline "
                                "for a flush; nothing was written")
+        self.resolve([error] * len(self.groups))
+
+    def open_window(self, claimed_at: float) -> bool:
+        """Give the groups their ``commit_by``, ``commit_within`` after ``claimed_at``
+        (answered ForwardExpired past it); False if that has passed already (the claim
+        took longer than the window)."""
+        if self.commit_within is None:
+            return True
+        commit_by = claimed_at + self.commit_within
+        if commit_by <= time.monotonic():
+            return False
+        # A group that came with an earlier deadline of its own keeps it.
+        self.groups = [g.due_by(commit_by, ForwardExpired) for g in self.groups]
+        return True
+
+    def window_over(self) -> None:
+        """Answer a waiter whose commit window ended before its flush wrote anything."""
+        error = ForwardExpired("the forwarded records' commit window ended before a flush "
+                               "could write them; nothing was written")
         self.resolve([error] * len(self.groups))
 
     def unclaimed(self) -> None:
@@ -280,12 +316,17 @@ class Batcher:
         return await self.enqueue(groups, take_by=None)
 
     async def enqueue(self, groups: Sequence[AppendGroup], *, take_by: float | None,
-                      claim: ClaimFn | None = None) -> list[AppendOutcome]:
+                      claim: ClaimFn | None = None, commit_within_s: float | None = None
+                      ) -> list[AppendOutcome]:
         """:meth:`submit`, with a ``time.monotonic()`` deadline for a flush to take the
         groups: still buffered then, they are answered :class:`ForwardExpired` (every
-        group) and never flushed. Once taken, they are flushed whatever the time, if
-        ``claim`` (made by the flush before it writes) returns True; else they are
-        answered :class:`ForwardExpired` too (as when ``claim`` raises)."""
+        group) and never flushed. Once taken, they are flushed if ``claim`` (made by the
+        flush before it writes) returns True; else they are answered
+        :class:`ForwardExpired` too (as when ``claim`` raises). With
+        ``commit_within_s``, a won claim gives them that long, from just before the
+        claim, to be committed with a control version read in that time
+        (``AppendGroup.commit_by``); past it they are answered :class:`ForwardExpired`,
+        never committed."""
         if self._state is BatcherState.FAILED:
             raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
                               "retry on another broker")
@@ -304,7 +345,7 @@ class Batcher:
         # A caller that stopped waiting (cancelled) never reads a failure: mark it read,
         # so shutting down does not log "exception was never retrieved" for each one.
         future.add_done_callback(_retrieve)
-        waiter = _Waiter(groups, size, future, take_by, claim)
+        waiter = _Waiter(groups, size, future, take_by, claim, commit_within_s)
         self._batch.add(waiter)
         if take_by is not None:
             # Answered at its deadline even while every flush slot is busy, so the

@@ -50,6 +50,7 @@ class LoopWatchdog:
         self._on_stall = on_stall
         self._clock = clock
         self._stamp = clock()
+        self.loop_stamp = self._stamp  # written by the loop alone
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -57,12 +58,14 @@ class LoopWatchdog:
                   ) -> None:
         """Stamp the clock every STAMP_S while the loop runs; the watching thread runs
         for as long as this does."""
+        global _RUNNING
+        _RUNNING = self
         self._stamp = self._clock()
         self.start_watching()
         task_status.started()
         try:
             while True:
-                self._stamp = self._clock()
+                self._stamp = self.loop_stamp = self._clock()
                 await anyio.sleep(STAMP_S)
         finally:
             self.stop()
@@ -74,6 +77,12 @@ class LoopWatchdog:
 
     def stop(self) -> None:
         self._stop.set()
+
+    def arrival_floor(self, seen: float) -> float:
+        """The earliest a request first seen at ``seen`` may have arrived: ``seen``,
+        unless the loop had stopped stamping before (a stall, a paused process), in
+        which case the request may have waited since the stall began."""
+        return min(seen, self.loop_stamp + STAMP_S)
 
     def stalled_for(self) -> float:
         return self._clock() - self._stamp
@@ -93,6 +102,17 @@ class LoopWatchdog:
             if stalled >= self.stall_s:
                 self._on_stall(stalled)
                 return
+
+
+_RUNNING: LoopWatchdog | None = None  # this process's, while it runs
+# The ASGI scope key of a request's arrival at the app (time.monotonic(), floored).
+ARRIVED = "llog.arrived"
+
+
+def arrival_floor(seen: float) -> float:
+    """:meth:`LoopWatchdog.arrival_floor` of this process's watchdog (``seen`` without
+    one). Called as a request is first seen, before the loop's stamp can catch up."""
+    return seen if _RUNNING is None else _RUNNING.arrival_floor(seen)
 
 
 def end_the_process(close_session: Callable[[], None]) -> Callable[[float], None]:

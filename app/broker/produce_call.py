@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from app.broker import answers
 from app.broker.topics import TopicDirectory
-from app.errors import LlogError, PayloadTooLarge, RoleDisabled, Unavailable
+from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import RecordBatch
@@ -26,6 +26,11 @@ from app.wire.produce import Entry
 
 if TYPE_CHECKING:
     from app.broker.state import BrokerState
+
+# A client's own commit deadline, in ms, shorter than the broker's (never longer): its
+# timeout less a margin, so that its resend comes after the deadline (docs/http-api.md).
+COMMIT_DEADLINE_HEADER = "llog-commit-deadline-ms"
+_MAX_DEADLINE_DIGITS = 10  # more than any setting allows, and no huge int parsed
 
 
 @dataclass(frozen=True)
@@ -39,12 +44,16 @@ class ProduceAnswer:
 class ProduceCall:
     def __init__(self, state: BrokerState, entries: list[Entry], *,
                  charge: Callable[[int], None], located: Callable[[str], bool],
-                 started: float) -> None:
+                 started: float, deadline_ms: int) -> None:
         self.state = state
         self.entries = entries
         self.charge = charge  # the bytes to the caller's quota, once within the limits
         self.located = located  # whether the caller is told where an entry of a topic lives
         self.started = started  # time.monotonic() when the request came in
+        # No commit of the entries expects a control version read after this
+        # (AppendGroup.commit_by): counted from the request's arrival, not from when a
+        # flush takes it, since the client's timeout runs from before it sent.
+        self.commit_by = started + deadline_ms / 1000
 
     async def answer(self) -> ProduceAnswer:
         """The answer's body and outcomes: each entry written, or why not (the request
@@ -60,7 +69,7 @@ class ProduceCall:
         else:
             _check_limits(entries, s)  # every limit first: before a topic is made
             self.charge(sum(e.records.size for e in entries))
-            groups = await _place(entries, s, topics)
+            groups = await _place(entries, s, topics, self.commit_by)
             try:
                 outcomes = await self.state.append(groups)
             except LlogError as exc:  # refused as a whole: nothing was written
@@ -104,17 +113,34 @@ def _check_limits(entries: list[Entry], s: Settings) -> None:
         _check_records(entry.topic, entry.records, s, s.max_record_bytes)
 
 
-async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory
-                 ) -> list[AppendGroup]:
-    """The entries as append groups in their partitions, or refused as a whole (unknown
-    topic or partition: 404; a topic's own record limit: 413)."""
+def commit_deadline_ms(header: str | None, s: Settings) -> int:
+    """The request's commit deadline: ``LLOG_PRODUCE_COMMIT_DEADLINE_MS``, or the
+    client's :data:`COMMIT_DEADLINE_HEADER` when that is shorter; a header that is not a
+    whole number of milliseconds, at least 1, is refused (400) before anything is read."""
+    ceiling = s.produce_commit_deadline_ms
+    if header is None:
+        return ceiling
+    text = header.strip()
+    if not (text.isascii() and text.isdigit()) or int(text[:_MAX_DEADLINE_DIGITS] or 0) < 1:
+        raise InvalidRequest(f"{COMMIT_DEADLINE_HEADER} must be a whole number of "
+                             f"milliseconds, at least 1; got {header[:40]!r}")
+    if len(text) > _MAX_DEADLINE_DIGITS:  # longer than any setting: the setting
+        return ceiling
+    return min(int(text), ceiling)
+
+
+async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory,
+                 commit_by: float) -> list[AppendGroup]:
+    """The entries as append groups in their partitions, due by ``commit_by``, or
+    refused as a whole (unknown topic or partition: 404; a topic's own record limit:
+    413)."""
     groups: list[AppendGroup] = []
     for entry in entries:
         where = await topics.place(entry.topic, entry.partition, entry.records)
         if where.max_record_bytes is not None:
             _check_records(entry.topic, entry.records, s, where.max_record_bytes)
         groups.append(AppendGroup(where.tp, entry.records, entry.idempotency_key,
-                                  where.compression))
+                                  where.compression, commit_by=commit_by))
     return groups
 
 

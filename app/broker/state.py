@@ -45,7 +45,7 @@ from app.broker.metrics import (
 )
 from app.broker.topics import TopicDirectory, default_topic_config
 from app.broker.watch import OxiaChangeListener, PartitionWatch
-from app.cluster.fences import Fence, FenceMetrics, ForwardFences
+from app.cluster.fences import Fence, FenceMetrics, ForwardFences, claim_budget_for
 from app.cluster.forward import ForwardClient, ForwardMetrics, ForwardServer
 from app.cluster.members import Member
 from app.cluster.membership import Membership
@@ -406,7 +406,7 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     forward_metrics = ForwardMetrics(state.registry, member=me_id)
 
     fences = ForwardFences(oxia, layout, FenceMetrics(state.registry, member=me_id),
-                           claim_budget_s=s.oxia_request_timeout_s * 2 + 5)
+                           claim_budget_s=claim_budget_for(s.oxia_request_timeout_s))
     server = await _serve_forwarded(state, fences, secret, forward_metrics, tg, stack)
     state.forward_address = server.address
     me = Member(me_id, s.broker_id, s.broker_url, server.address, tuple(s.roles),
@@ -447,15 +447,17 @@ async def _serve_forwarded(state: BrokerState, fences: ForwardFences, secret: st
     c, batcher = state.settings.cluster, state.batcher
     assert batcher is not None
 
-    async def forwarded(groups: list[AppendGroup], take_by: float, fence: Fence
-                        ) -> list[AppendOutcome]:
+    async def forwarded(groups: list[AppendGroup], take_by: float, fence: Fence,
+                        window_s: float) -> list[AppendOutcome]:
         # Appended here, never forwarded again: views that disagree cannot bounce records.
         # Stored as this broker's cached view of each topic says (a frame carries none).
-        # A flush writes them only once it has taken their fence (app/cluster/fences.py).
+        # A flush writes them only once it has taken their fence, and commits them only
+        # with a control version it read within the frame's window (app/cluster/fences.py).
         assert state.topics is not None
         stored = await state.topics.stored_as(groups)
         return await batcher.enqueue(stored, take_by=take_by,
-                                     claim=functools.partial(fences.take, fence))
+                                     claim=functools.partial(fences.take, fence),
+                                     commit_within_s=window_s)
 
     server = ForwardServer(forwarded, host=c.forward_host, port=c.forward_port,
                            secret=secret, metrics=metrics)

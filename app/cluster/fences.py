@@ -17,6 +17,21 @@ it only if it does not exist yet (docs/protocol.md, Forward fences):
 One of the two puts succeeds, so no frame is written by both brokers, whatever the
 timing. A claim whose outcome Oxia did not report is settled by reading the key back.
 
+A taken frame may still be committed by the receiver after its forwarder gave up: its
+flush may be waiting on a slow object store, and nothing bounds when a compare-and-set
+lands (an Oxia deadline counts from the request's arrival, so one held on the wire is
+applied after its sender gave up on it). What is bounded is the version it expects.
+Each frame carries a *commit window* ``W``, the forwarder's wait for an answer: the
+receiver sends no compare-and-set that commits the frame's groups expecting a control
+version it read more than ``W`` after it started claiming the fence (``commit_by``);
+and the forwarder that finds the frame taken answers it in doubt ``W`` plus
+:data:`ANSWER_MARGIN_S` after it found out. Its claim lost, so the receiver's landed
+first, and started earlier still: the answer comes after ``commit_by``, and so does a
+client's resend. A late commit of the frame expects a version that was current before
+``commit_by`` and still is when it lands; so it lands before the resend reads the
+control record (which then remembers the key), or the resend's commit moves the version
+first and the late one fails (docs/protocol.md, Forward fences).
+
 A fence is named by the forwarder's wall-clock minute at sending (``sent_at_ms``) and
 the frame's token. Neither side claims a fence later than :data:`TAKE_WINDOW_MS` after
 ``sent_at_ms`` by its own clock (the receiver answers such a frame expired, the
@@ -47,6 +62,10 @@ from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
 log = logging.getLogger(__name__)
 
 TAKE_WINDOW_MS = 5 * 60_000
+# How much later than the commit window a forwarder answers a frame its peer took in
+# doubt: the two brokers' monotonic clocks need not agree on the time, only on its rate,
+# and this covers rates a fraction of a percent apart over the longest window (4 min).
+ANSWER_MARGIN_S = 1.0
 SWEEP_AFTER_MS = 60 * 60_000
 SWEEP_EVERY_S = 60.0
 
@@ -55,6 +74,14 @@ ABANDONED = b"abandoned"
 
 Side = Literal["receiver", "forwarder"]
 Outcome = Literal["taken", "abandoned", "late", "error"]
+
+
+def claim_budget_for(oxia_request_timeout_s: float) -> float:
+    """How long a claim may take before it counts as ``error``: a put and a read back,
+    each given the Oxia request deadline. It is part of the longest answer in doubt a
+    forwarder gives (its connect, its wait for an answer, this, then the commit window;
+    docs/protocol.md, Forward fences, states the whole)."""
+    return 2 * oxia_request_timeout_s
 
 
 @dataclass(frozen=True)
@@ -112,12 +139,14 @@ class ForwardFences:
         self._metrics.claimed("receiver", outcome)
         return outcome == "taken"
 
-    async def abandon(self, fence: Fence) -> bool:
-        """The forwarder's claim: True if the receiver will never write the frame (its
-        groups may be appended elsewhere), False if it took it or it cannot be known."""
+    async def abandon(self, fence: Fence) -> Outcome:
+        """The forwarder's claim: ``abandoned`` if the receiver will never write the
+        frame (its groups may be appended elsewhere), ``taken`` if the receiver took it
+        (the take landed before this call returned), else ``late`` or ``error``: who
+        holds it, if anyone, cannot be known."""
         outcome = await self._claim(fence, ABANDONED)
         self._metrics.claimed("forwarder", outcome)
-        return outcome == "abandoned"
+        return outcome
 
     async def _claim(self, fence: Fence, value: bytes) -> Outcome:
         if self._clock_ms() >= fence.sent_at_ms + TAKE_WINDOW_MS:

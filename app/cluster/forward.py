@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import time
 import uuid
@@ -32,7 +33,7 @@ from typing import Literal
 import anyio
 
 from app.cluster import frames
-from app.cluster.fences import Fence
+from app.cluster.fences import ANSWER_MARGIN_S, Fence
 from app.cluster.forward_metrics import ForwardMetrics, FrameOutcome
 from app.cluster.forward_server import ForwardServer
 from app.cluster.frames import Frame, FrameError, FrameType
@@ -63,14 +64,17 @@ class ForwardUnknown(Exception):
     """The frame was sent and no verdict came back: the groups may have been written.
     ``reason``: ``broken`` (the connection ended), ``timeout`` (no answer within the
     deadline plus the answer timeout), ``closed`` (this client was closed). ``fence``:
-    the frame's, which settles whether the peer may still write it."""
+    the frame's, which settles whether the peer may still write it; ``window_s``: its
+    commit window (once the fence is found taken, the peer sends no commit of the frame
+    expecting a version it read later than that)."""
 
-    def __init__(self, reason: UnknownReason, detail: str, fence: Fence | None = None
-                 ) -> None:
+    def __init__(self, reason: UnknownReason, detail: str, fence: Fence | None = None,
+                 window_s: float = 0.0) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason: UnknownReason = reason
         self.detail = detail
         self.fence = fence
+        self.window_s = window_s
 
 
 @dataclass(eq=False)
@@ -99,13 +103,18 @@ class ForwardClient:
 
     ``deadline_s`` is how long the peer may keep the groups buffered before a flush
     takes them (past it they are answered expired, unwritten); an answer that has not
-    come ``answer_timeout_s`` after that makes the outcome unknown. Each frame's fence
-    token is ``{fence_prefix}.{frame id}``: the prefix must be unique to this client
-    (its member and incarnation), and ``clock_ms`` is the wall clock fences are dated by.
+    come ``answer_timeout_s`` after that makes the outcome unknown. ``commit_window_s``
+    is each frame's commit window (:mod:`app.cluster.fences`); by default that wait,
+    so the receiver refuses no commit its forwarder still waits for, and less for
+    groups whose produce deadline comes first (:meth:`_window_for`). Each
+    frame's fence token is ``{fence_prefix}.{frame id}``: the prefix must be unique to
+    this client (its member and incarnation), and ``clock_ms`` is the wall clock fences
+    are dated by.
     """
 
     def __init__(self, address: str, *, secret: str | None, deadline_s: float,
-                 answer_timeout_s: float, max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
+                 answer_timeout_s: float, commit_window_s: float | None = None,
+                 max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
                  connect_timeout_s: float | None = None,
                  metrics: ForwardMetrics | None = None, fence_prefix: str | None = None,
                  clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
@@ -115,6 +124,8 @@ class ForwardClient:
         self._secret = secret
         self._deadline_ms = max(0, round(deadline_s * 1000))
         self._wait_s = deadline_s + answer_timeout_s
+        window_s = self._wait_s if commit_window_s is None else commit_window_s
+        self._window_ms = max(0, round(window_s * 1000))
         self._connect_timeout_s = connect_timeout_s or answer_timeout_s
         self._max_frame = max_frame_bytes
         self._metrics = metrics
@@ -132,7 +143,8 @@ class ForwardClient:
             return []
         frame_id = next(self._ids)
         fence = Fence(self._clock_ms(), f"{self._fence_prefix}.{frame_id}")
-        parts = frames.append(frame_id, self._deadline_ms, fence, groups)
+        window_ms = self._window_for(groups)
+        parts = frames.append(frame_id, self._deadline_ms, window_ms, fence, groups)
         if frames.frame_size(parts) > self._max_frame:
             self._count("refused")
             raise ForwardNotWritten("refused", f"a frame of {frames.frame_size(parts)} "
@@ -141,7 +153,7 @@ class ForwardClient:
         try:
             answer = await self._exchange(conn, frame_id, parts)
         except ForwardUnknown as exc:
-            exc.fence = fence
+            exc.fence, exc.window_s = fence, window_ms / 1000
             raise
         if answer.type is FrameType.RESULTS:
             try:
@@ -149,7 +161,7 @@ class ForwardClient:
             except FrameError as exc:  # a peer that answers nonsense: trust nothing more
                 self._drop(conn, f"{self.address} sent malformed results: {exc}")
                 self._count("broken")
-                raise ForwardUnknown("broken", str(exc), fence) from None
+                raise ForwardUnknown("broken", str(exc), fence, window_ms / 1000) from None
             self._count("results")
             return outcomes
         if answer.type is FrameType.EXPIRED:
@@ -159,6 +171,25 @@ class ForwardClient:
         self._count("refused")
         raise ForwardNotWritten("refused",
                                 f"{self.address}: {frames.parse_refused(answer.payload)}")
+
+    def _window_for(self, groups: Sequence[AppendGroup]) -> int:
+        """The frame's commit window (ms): this client's, cut short so the peer commits
+        no group with a control version read after the group's own ``commit_by`` here
+        (its produce request's deadline). The peer counts the window from its claim,
+        which comes after this frame is sent by the network's delay, plus at most the
+        peer's buffering deadline: both are taken off, the network's as
+        :data:`~app.cluster.fences.ANSWER_MARGIN_S`, and so is the connect and
+        handshake the frame may still wait for (no connection is up). A window of 0
+        has the peer answer the frame expired, unwritten, and this broker append it
+        itself."""
+        deadlines = [g.commit_by for g in groups if g.commit_by is not None]
+        if not deadlines:
+            return self._window_ms
+        conn = self._conn
+        connect_s = 0.0 if conn is not None and conn.usable() else self._connect_timeout_s
+        left_s = (min(deadlines) - time.monotonic() - self._deadline_ms / 1000
+                  - ANSWER_MARGIN_S - connect_s)
+        return max(0, min(self._window_ms, math.floor(left_s * 1000)))
 
     async def _exchange(self, conn: _Connection, frame_id: int, parts: frames.Parts
                         ) -> Frame:
@@ -210,6 +241,8 @@ class ForwardClient:
             try:
                 conn = await self._connect()
             except (OSError, TimeoutError, FrameError, asyncio.IncompleteReadError) as exc:
+                if isinstance(exc, frames.ProtocolMismatch):
+                    log.warning("not forwarding to %s: %s", self.address, exc)
                 self._count("unreachable")
                 raise ForwardNotWritten("unreachable", f"{self.address}: {exc}") from None
             conn.task = asyncio.create_task(self._read_answers(conn),

@@ -31,7 +31,9 @@ class ForwardMetrics:
             "to the answer", ["member"], buckets=_TIME_BUCKETS, registry=registry)
         self._received = Counter(
             "llog_forward_received_groups", "Append groups other brokers forwarded here, "
-            "by what became of them (appended: answered by the log, committed or not)",
+            "by what became of them (appended: answered by the log, committed or not; "
+            "expired: not taken in time, their fence lost, or their commit window over "
+            "before a commit was sent: never written; refused)",
             ["member", "outcome"], registry=registry)
 
     def frame(self, outcome: FrameOutcome) -> None:

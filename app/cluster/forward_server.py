@@ -4,16 +4,18 @@ Each connection starts with the handshake (with a secret, a client that does not
 it is closed before any APPEND is read), then each APPEND is handed to ``handler`` in a
 task of its own, so many are in flight at once and are answered as they finish, by id.
 The handler gets the groups, their take-by time (``time.monotonic()`` plus the
-frame's deadline) and the frame's fence, which a flush must take before it writes them
-(:mod:`app.cluster.fences`); the broker's handler is ``Batcher.enqueue``. An answer says
+frame's deadline), the frame's fence, which a flush must take before it writes them, and
+its commit window in seconds (:mod:`app.cluster.fences`); the broker's handler is
+``Batcher.enqueue``. An answer says
 exactly what happened (docs/protocol.md, Forwarding between brokers):
 
 - RESULTS: the log's outcome of every group (an error that may have written, such as
   ``CommitInDoubt``, is among them, per group);
 - REFUSED: nothing was written (the batcher refused the frame, a malformed body, or
   this server is closing);
-- EXPIRED: no flush took the groups by their take-by time, or the forwarder had given
-  up on them (it holds their fence), so nothing was written.
+- EXPIRED: no flush took the groups by their take-by time, the forwarder had given
+  up on them (it holds their fence), or their commit window ended before a commit of
+  theirs was sent, so nothing was written.
 
 A connection that breaks the protocol (an unknown or oversized frame) is refused and
 closed; a malformed APPEND body is refused alone.
@@ -49,7 +51,8 @@ from app.storage.appends import AppendGroup, AppendOutcome
 
 log = logging.getLogger(__name__)
 
-ForwardHandler = Callable[[list[AppendGroup], float, Fence],
+# The groups, their take-by time (monotonic), their fence and their commit window (s).
+ForwardHandler = Callable[[list[AppendGroup], float, Fence, float],
                           Awaitable[list[AppendOutcome]]]
 
 # APPENDs of one connection handled at once; past it the connection is not read (TCP
@@ -151,6 +154,8 @@ class ForwardServer:
                     raise FrameError("expected AUTH")
                 client_nonce, mac = frames.parse_auth(got.payload)
             except FrameError as exc:
+                if isinstance(exc, frames.ProtocolMismatch):
+                    log.warning("a forward connection refused: %s", exc)
                 await peer.send(frames.refused(frames.CONNECTION, InvalidRequest(str(exc))))
                 return False
             expected = frames.mac(self._secret, "client", nonce, client_nonce)
@@ -212,7 +217,8 @@ class ForwardServer:
             return frames.refused(frame_id, ShuttingDown(
                 "this broker is shutting down; append elsewhere"))
         try:
-            outcomes = await self._handler(groups, take_by, head.fence)
+            outcomes = await self._handler(groups, take_by, head.fence,
+                                           head.window_ms / 1000)
             if len(outcomes) != len(groups):
                 raise RuntimeError(f"{len(outcomes)} outcomes for {len(groups)} groups")
         except ForwardExpired:

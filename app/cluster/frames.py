@@ -32,7 +32,10 @@ from app.storage.keys import TopicPartition, is_fence_token
 from app.wire import produce as envelope
 
 # 2: an APPEND carries its fence (sent_at_ms and token, app/cluster/fences.py).
-PROTOCOL_VERSION = 2
+# 3: and its commit window (u32 ms, after the deadline). An APPEND of one version read
+#    as the other misplaces every field after the deadline, so brokers that speak
+#    different versions refuse each other at the handshake and forward nothing.
+PROTOCOL_VERSION = 3
 NONCE_BYTES = 32
 MAC_BYTES = 32
 # An APPEND holds at most a lane's buffer (LLOG_BATCH_BUFFER_MAX_BYTES by default) of
@@ -45,8 +48,8 @@ _HEADER = struct.Struct(">IB")
 _HELLO = struct.Struct(">H32s")
 _AUTH = struct.Struct(">H32s")
 _ID = struct.Struct(">Q")
-_APPEND = struct.Struct(">QIQB")
-_MAX_DEADLINE_MS = 2**32 - 1
+_APPEND = struct.Struct(">QIIQB")
+_MAX_U32 = 2**32 - 1
 
 Parts = list[bytes | memoryview]
 
@@ -55,8 +58,8 @@ class FrameType(enum.IntEnum):
     HELLO = 1     # server: u16 version, 32-byte nonce
     AUTH = 2      # client: u16 version, 32-byte nonce, HMAC (32 bytes, or none)
     WELCOME = 3   # server: HMAC (32 bytes, or none)
-    APPEND = 4    # client: u64 id, u32 deadline_ms, u64 sent_at_ms, u8 n, token (n
-    #               ASCII bytes), LLP1 envelope
+    APPEND = 4    # client: u64 id, u32 deadline_ms, u32 window_ms, u64 sent_at_ms,
+    #               u8 n, token (n ASCII bytes), LLP1 envelope
     RESULTS = 5   # server: u64 id, JSON list of outcomes (one per entry, in order)
     REFUSED = 6   # server: u64 id, JSON {"error_type", "error"}: nothing was written
     EXPIRED = 7   # server: u64 id: no flush took the records in time, nothing written
@@ -69,6 +72,11 @@ class FrameError(Exception):
 
 class FrameTooLarge(FrameError):
     """A frame over the receiver's limit (refused before its payload is read)."""
+
+
+class ProtocolMismatch(FrameError):
+    """The peer speaks another version of the protocol: the connection is refused at
+    the handshake, before any APPEND (whose layout differs between versions) crosses."""
 
 
 @dataclass(frozen=True)
@@ -143,8 +151,10 @@ def welcome(mac: bytes) -> Parts:
 
 def _check_version(version: int) -> None:
     if version != PROTOCOL_VERSION:
-        raise FrameError(f"forward protocol version {version}; this broker speaks "
-                         f"{PROTOCOL_VERSION}")
+        raise ProtocolMismatch(
+            f"the peer speaks forward protocol version {version} and this broker "
+            f"{PROTOCOL_VERSION}: brokers of releases with different forward protocols "
+            "do not forward to each other (each appends the records it receives itself)")
 
 
 def mac(secret: str | None, role: str, server_nonce: bytes, client_nonce: bytes) -> bytes:
@@ -170,13 +180,16 @@ class AppendHead:
     id, and a frame's fence is known before a flush takes it."""
 
     frame_id: int
-    deadline_ms: int
+    deadline_ms: int  # for a flush to take the groups, from the frame's receipt
+    # For a commit of the groups to land, from just before the receiver claims their
+    # fence (docs/protocol.md, Forward fences).
+    window_ms: int
     fence: Fence
     body_at: int  # where the envelope starts
 
 
-def append(frame_id: int, deadline_ms: int, fence: Fence, groups: Sequence[AppendGroup]
-           ) -> Parts:
+def append(frame_id: int, deadline_ms: int, window_ms: int, fence: Fence,
+           groups: Sequence[AppendGroup]) -> Parts:
     """An APPEND of ``groups``: each group's records as their encoded body (a
     :class:`RecordBatch` keeps the body it arrived in, so nothing is re-encoded)."""
     if not is_fence_token(fence.token):
@@ -188,16 +201,20 @@ def append(frame_id: int, deadline_ms: int, fence: Fence, groups: Sequence[Appen
         entries.append((g.tp.topic, g.tp.partition, g.idempotency_key, batch.body,
                         batch.encoding))
     return frame(FrameType.APPEND,
-                 _APPEND.pack(frame_id, min(max(deadline_ms, 0), _MAX_DEADLINE_MS),
+                 _APPEND.pack(frame_id, _u32(deadline_ms), _u32(window_ms),
                               fence.sent_at_ms, len(token)), token,
                  *envelope.build_parts(entries))
 
 
+def _u32(ms: int) -> int:
+    return min(max(ms, 0), _MAX_U32)
+
+
 def parse_append_head(payload: bytes) -> AppendHead:
-    """An APPEND's id, deadline (ms) and fence."""
+    """An APPEND's id, deadline and commit window (ms), and fence."""
     if len(payload) < _APPEND.size:
         raise FrameError("an APPEND shorter than its head")
-    frame_id, deadline_ms, sent_at_ms, n = _APPEND.unpack_from(payload)
+    frame_id, deadline_ms, window_ms, sent_at_ms, n = _APPEND.unpack_from(payload)
     if frame_id == CONNECTION:
         raise FrameError("an APPEND with id 0")
     body_at = _APPEND.size + n
@@ -209,7 +226,7 @@ def parse_append_head(payload: bytes) -> AppendHead:
         token = ""
     if not is_fence_token(token):
         raise FrameError("an APPEND whose fence token is not 1..200 of [A-Za-z0-9._-]")
-    return AppendHead(frame_id, deadline_ms, Fence(sent_at_ms, token), body_at)
+    return AppendHead(frame_id, deadline_ms, window_ms, Fence(sent_at_ms, token), body_at)
 
 
 def parse_append_groups(payload: bytes, head: AppendHead) -> list[AppendGroup]:

@@ -23,6 +23,17 @@ append:
   mid-request is, keyed or not: appending a keyed group here as well could write it
   twice once its key has left the partition's window of recent keys.
 
+  When the peer took the frame, that answer waits out the frame's commit window (and a
+  margin) from the moment the fence said so: by then the peer sends no commit of the
+  frame but one expecting a control version it read before, so a client that sends the
+  records again under their keys cannot race a late first copy. The wait is the
+  request's own, after the lane's flush, so it holds no flush slot of the lane. When
+  Oxia could not say who holds the fence, no such bound is known: answered at once.
+
+  Of a frame answered in part (some groups expired at the peer, unwritten), the expired
+  groups are appended here; if this broker refuses them too, that refusal answers them
+  alone: the peer's answers of the others stand.
+
 A peer that could not be reached is suspected briefly (a refused connection costs little
 to try again); one that took a frame and did not answer, for as long as its Oxia session
 could outlive it, so that a hung peer leaves the view before it is tried again rather
@@ -36,6 +47,7 @@ brokers whose views of the members disagree cannot bounce records between them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 
 import anyio
@@ -43,7 +55,7 @@ import anyio.abc
 from prometheus_client import CollectorRegistry, Counter
 
 from app.batching.batcher import Batcher
-from app.cluster.fences import Fence, ForwardFences
+from app.cluster.fences import ANSWER_MARGIN_S, Fence, ForwardFences, Outcome
 from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardUnknown
 from app.cluster.membership import Member, Membership
 from app.errors import CommitInDoubt, ForwardExpired, LlogError, Unavailable
@@ -83,6 +95,17 @@ class RouterMetrics:
     def fell_back(self, reason: str, n: int) -> None:
         if n:
             self._fallbacks.labels(self._member, reason).inc(n)
+
+
+class _InDoubtFrom(CommitInDoubt):
+    """A group of a frame its peer took: in doubt, to be answered no sooner than
+    ``answer_at`` (``time.monotonic()``), once the frame's commit window and
+    :data:`~app.cluster.fences.ANSWER_MARGIN_S` have passed.
+    Made by a lane's flush, waited out by the request (``AffinityRouter._when_due``)."""
+
+    def __init__(self, message: str, answer_at: float) -> None:
+        super().__init__(message)
+        self.answer_at = answer_at
 
 
 class _Lane:
@@ -212,11 +235,26 @@ class AffinityRouter:
         if lane is None:
             return await self._fallback(groups, "left")
         try:
-            return await lane.batcher.submit(groups)
+            outcomes = await lane.batcher.submit(groups)
         except Unavailable as exc:  # the lane is full or closing: nothing was sent
             return await self._fallback(groups, type(exc).__name__)
         except LlogError as exc:  # the lane's flush failed: only these groups share it
             return [exc] * len(groups)
+        return await self._when_due(outcomes)
+
+    async def _when_due(self, outcomes: list[AppendOutcome]) -> list[AppendOutcome]:
+        """``outcomes`` once no group of theirs can be committed by a peer but with a
+        control version it read before: after the latest ``answer_at`` among them, as
+        plain CommitInDoubt."""
+        waits = [o.answer_at for o in outcomes if isinstance(o, _InDoubtFrom)]
+        if not waits:
+            return outcomes
+        # At shutdown the server lets requests in flight finish for 30 s, usually long
+        # enough; a request it cuts short is unanswered, which is no less safe: its
+        # client resends after its timeout (docs/protocol.md, Forward fences).
+        await anyio.sleep(max(0.0, max(waits) - time.monotonic()))
+        return [CommitInDoubt(str(o)) if isinstance(o, _InDoubtFrom) else o
+                for o in outcomes]
 
     async def _send(self, peer: Member, client: ForwardClient,
                     groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
@@ -232,12 +270,7 @@ class AffinityRouter:
             return await self._fallback(list(groups), exc.reason)
         except ForwardUnknown as exc:
             self._membership.suspect(peer.member_id, self._unanswered_suspect_s)
-            if exc.fence is not None and await self._abandoned(exc.fence):
-                log.warning("forward to %s went unanswered (%s); its fence was won, so "
-                            "it is appended here", peer.member_id, exc)
-                return await self._fallback(list(groups), "abandoned")
-            log.warning("forward to %s may have been written: %s", peer.member_id, exc)
-            return self._in_doubt(list(groups), str(exc))
+            return await self._unknown(peer, list(groups), exc)
         expired = [i for i, o in enumerate(outcomes) if isinstance(o, ForwardExpired)]
         self._metrics.routed("forwarded", len(groups) - len(expired))
         await self._fall_back_at(groups, expired, outcomes, "expired")
@@ -249,27 +282,59 @@ class AffinityRouter:
         self._metrics.fell_back(reason, len(groups))
         return await self._local(groups)
 
-    async def _abandoned(self, fence: Fence) -> bool:
-        """Whether this broker won the frame's fence (the peer will never write it)."""
-        if self._fences is None:
-            return False
+    async def _unknown(self, peer: Member, groups: list[AppendGroup], exc: ForwardUnknown
+                       ) -> list[AppendOutcome]:
+        """A frame without a verdict: appended here if this broker wins its fence, in
+        doubt otherwise; waited out (by the request) if the peer took it."""
+        holder = await self._fence_holder(exc.fence)
+        if holder == "abandoned":
+            log.warning("forward to %s went unanswered (%s); its fence was won, so it is "
+                        "appended here", peer.member_id, exc)
+            return await self._fallback(groups, "abandoned")
+        self._metrics.routed("in_doubt", len(groups))
+        why = (f"forwarded to the partition's preferred broker, which did not answer "
+               f"({exc}); the records may have been written")
+        if holder != "taken":  # nobody can say: no bound on a late commit is known
+            log.warning("forward to %s may have been written, and its fence did not say "
+                        "by whom (%s): %s", peer.member_id, holder, exc)
+            return [CommitInDoubt(why) for _ in groups]
+        # The peer's claim landed before this broker found out, and began earlier still:
+        # the window, counted from here, ends after the peer's commit_by.
+        answer_at = time.monotonic() + exc.window_s + ANSWER_MARGIN_S
+        log.warning("forward to %s may have been written (it took the frame): %s; "
+                    "answered in doubt in %.1f s, past its commit window",
+                    peer.member_id, exc, exc.window_s + ANSWER_MARGIN_S)
+        return [_InDoubtFrom(f"{why}; sent again under their idempotency keys, they are "
+                             "kept single", answer_at) for _ in groups]
+
+    async def _fence_holder(self, fence: Fence | None) -> Outcome | None:
+        """Who holds the frame's fence once this broker has claimed it; None if there is
+        no fence to claim."""
+        if self._fences is None or fence is None:
+            return None
         try:
             return await self._fences.abandon(fence)
         except Exception:  # a claim that cannot say: the groups stay in doubt
             log.exception("claiming a forward fence failed unexpectedly")
-            return False
-
-    def _in_doubt(self, groups: list[AppendGroup], why: str) -> list[AppendOutcome]:
-        self._metrics.routed("in_doubt", len(groups))
-        return [CommitInDoubt(f"forwarded to the partition's preferred broker, which did "
-                              f"not answer ({why}); the records may have been written")
-                for _ in groups]
+            return "error"
 
     async def _fall_back_at(self, groups: Sequence[AppendGroup], indexes: list[int],
                             outcomes: list[AppendOutcome], reason: str) -> None:
-        """Append the groups at ``indexes`` here instead, their outcomes put in place."""
+        """Append the groups at ``indexes`` here instead, their outcomes put in place. A
+        refusal here answers those groups only: the others keep the peer's outcomes
+        (committed, some of them), and may belong to other requests; so does a failure
+        of any other kind, which must not fail the lane's whole flush."""
         if indexes:
-            again = await self._fallback([groups[i] for i in indexes], reason)
+            try:
+                again = await self._fallback([groups[i] for i in indexes], reason)
+            except LlogError as exc:  # nothing of these was written, here or there
+                again = [exc] * len(indexes)
+            except Exception as exc:  # a defect: the local append may have written
+                log.exception("appending %d groups the peer let expire failed "
+                              "unexpectedly", len(indexes))
+                again = [CommitInDoubt(f"appending here the records the partition's "
+                                       f"preferred broker let expire failed: {exc!r}; "
+                                       "they may have been written")] * len(indexes)
             for i, outcome in zip(indexes, again, strict=True):
                 outcomes[i] = outcome
 

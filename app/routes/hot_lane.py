@@ -28,6 +28,7 @@ Any other request goes on through the app unchanged.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable, Mapping, Sequence
 from timeit import default_timer
 from typing import Any
@@ -42,6 +43,7 @@ from starlette.requests import Request
 from starlette.routing import request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from app.broker.loop_watchdog import ARRIVED, arrival_floor
 from app.routes.table import Handler, Route
 
 
@@ -67,6 +69,11 @@ class HotLane:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
+            # When the request reached the app, before any middleware (an auth key
+            # fetch) runs: a produce's commit deadline counts from here.
+            # A loop that had stalled (a paused process) may have left it waiting since
+            # the stall began: counted from then (app/broker/loop_watchdog.py).
+            scope.setdefault(ARRIVED, arrival_floor(time.monotonic()))
             lane = self.lanes.get((scope["method"], scope["path"]))
             if lane is not None:
                 await lane(scope, receive, send)

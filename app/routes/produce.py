@@ -16,7 +16,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.auth.rights import Right
-from app.broker.produce_call import ProduceCall
+from app.broker.loop_watchdog import ARRIVED
+from app.broker.produce_call import COMMIT_DEADLINE_HEADER, ProduceCall, commit_deadline_ms
 from app.broker.state import BrokerState
 from app.routes.access import account, authorize, charge_produce, control_of, holds
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
@@ -37,12 +38,23 @@ DIGEST: dict[str, Any] = {DIGEST_HEADER: {
                    "a client that routes by their list fetches it again when this differs",
     "schema": {"type": "string"}, "example": "a776846b461c"}}
 
+COMMIT_DEADLINE: dict[str, Any] = {
+    "name": "Llog-Commit-Deadline-Ms", "in": "header", "required": False,
+    "description": "how long, from the request's arrival, its records may take to be "
+                   "committed, in ms, when shorter than LLOG_PRODUCE_COMMIT_DEADLINE_MS "
+                   "(a longer value counts as that): past it an entry is answered "
+                   "ProduceExpired, not written, and never written later. Send the "
+                   "client's timeout less a margin: a resend after the timeout then "
+                   "cannot meet a late first copy (docs/http-api.md, Commit deadline). "
+                   "Not a whole number of ms, at least 1: 400, nothing written",
+    "schema": {"type": "integer", "minimum": 1}, "example": 9000}
+
 REQUEST_BODY: dict[str, Any] = {"requestBody": {"required": True, "content": {
     "application/json": {"schema": {"$ref": "#/components/schemas/ProduceRequest"},
                          "examples": named(PRODUCE_REQUESTS)},
     wire.CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"},
                         "x-llog-format": "LLP1 (docs/http-api.md, Binary bodies)"},
-}}, "parameters": [CONTENT_ENCODING]}
+}}, "parameters": [CONTENT_ENCODING, COMMIT_DEADLINE]}
 
 
 @router.post(
@@ -72,8 +84,11 @@ async def produce(request: Request) -> Response:
     # The answer of app/broker/produce_call.py for the body, parsed, of a caller allowed
     # to write to its topics. (A comment, not a docstring: FastAPI would publish a
     # docstring as the operation's description.)
-    started = time.monotonic()
+    # The deadline counts from the request's arrival at the app (app/routes/hot_lane.py).
+    started = request.scope.get(ARRIVED, time.monotonic())
     state: BrokerState = request.app.state.broker
+    deadline_ms = commit_deadline_ms(request.headers.get(COMMIT_DEADLINE_HEADER),
+                                     state.settings)
     body = await read_decoded(request, state.settings.max_request_bytes)
     if is_binary(request.headers.get("content-type", "")):
         entries = wire.parse(body, state.settings.max_partitions_per_request)
@@ -81,7 +96,8 @@ async def produce(request: Request) -> Response:
         entries = parse_json(body)
     authorize(request, Right.PRODUCE, (e.topic for e in entries))
     call = ProduceCall(state, entries, charge=functools.partial(charge_produce, request),
-                       located=_locations_shown(request, state.settings), started=started)
+                       located=_locations_shown(request, state.settings), started=started,
+                       deadline_ms=deadline_ms)
     answer = await call.answer()
     if control_of(request) is not None:
         account(request, produced=answer.produced)

@@ -7,10 +7,11 @@ group back, in order: an :class:`AppendResult` or the error that stopped it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.errors import LlogError
+from app.errors import LlogError, ProduceExpired
 from app.storage.batch import records_size
 from app.storage.compression import NO_COMPRESSION, Compression
 from app.storage.keys import TopicPartition
@@ -27,12 +28,31 @@ class AppendGroup:
 
     ``compression``: how the topic stores its appends, as the caller's cached catalog
     record says (the writer reads no topic record of its own).
+
+    ``commit_by``: a ``time.monotonic()`` time; no compare-and-set that would commit the
+    group expects a control version read after it: once it has passed, whoever sent the
+    records may send them again (a client whose produce deadline ended, docs/protocol.md,
+    The produce commit deadline; a forwarding broker whose commit window ended, Forward
+    fences), and a late first copy must not land after that resend was read. Past it the
+    group is answered ``expired_as`` (:class:`~app.errors.ProduceExpired` or
+    :class:`~app.errors.ForwardExpired`), never committed, and the groups beside it are
+    committed without it; unless an unanswered attempt that read its version in time may
+    still commit them all: that attempt is sent again, as it was.
     """
 
     tp: TopicPartition
     records: Sequence[Payload]
     idempotency_key: str | None = None
     compression: Compression = NO_COMPRESSION
+    commit_by: float | None = None
+    expired_as: type[LlogError] = ProduceExpired
+
+    def due_by(self, commit_by: float | None, expired_as: type[LlogError]) -> AppendGroup:
+        """This group with a further deadline: the earlier of the two holds, answered as
+        the one it came from says."""
+        if commit_by is None or (self.commit_by is not None and self.commit_by <= commit_by):
+            return self
+        return dataclasses.replace(self, commit_by=commit_by, expired_as=expired_as)
 
     @property
     def size(self) -> int:

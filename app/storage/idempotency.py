@@ -44,6 +44,21 @@ def remembered(control: Control, key: str) -> Remembered | None:
     return Remembered(entry[0], entry[1], str(entry[2]))
 
 
+def window_since(control: Control, sequence_counter: int) -> bool:
+    """Whether the window still holds every key committed after ``sequence_counter``
+    (an earlier control record's): true while it has never been full, or while its
+    oldest key was committed at or next to that offset, since keys leave oldest first.
+    A writer that read that earlier record and does not find its key now knows the key
+    was not committed in between only if this holds."""
+    table = control.extra.get(IDEMPOTENCY_FIELD)
+    if not isinstance(table, dict) or len(table) < IDEMPOTENCY_WINDOW:
+        return True
+    oldest = next(iter(table.values()))
+    if not isinstance(oldest, list) or not oldest or not isinstance(oldest[0], int):
+        return False  # unreadable: nothing shows what was forgotten
+    return oldest[0] <= sequence_counter + 1
+
+
 def remember(control: Control, entries: Iterable[tuple[str, Remembered]]
              ) -> dict[str, list[object]]:
     """The window after committing ``entries`` (key, where), newest last."""

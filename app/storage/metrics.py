@@ -33,7 +33,8 @@ class StoreMetrics:
             buckets=_LATENCY_BUCKETS, registry=r,
         )
         self.oxia_puts = Counter(
-            "llog_oxia_puts", "Puts and CAS puts by outcome (sent in coalesced write rounds)",
+            "llog_oxia_puts", "Puts and CAS puts by outcome (sent in coalesced write rounds): "
+            "ok, conflict, error; expired: not sent, its deadline to be sent had passed",
             ["op", "outcome"], registry=r,
         )
         self.oxia_batch_size = Histogram(

@@ -31,13 +31,14 @@ from app.storage.metrics import StoreMetrics
 from app.storage.oxia_channels import LeaderChannels
 from app.storage.oxia_discovery import STALE_LEADER_CODES
 from app.storage.oxia_reads import EventLoopReads
-from app.storage.oxia_wire import NotUnderstood, PutSpec
+from app.storage.oxia_wire import NotUnderstood, PutSpec, SendExpired, in_time
 from app.storage.oxia_writes import EventLoopWrites
 
 T = TypeVar("T")
 EXPECT_NOT_EXISTS = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
 
-__all__ = ["EXPECT_NOT_EXISTS", "OxiaStore", "PutSpec", "Record", "describe"]
+__all__ = ["EXPECT_NOT_EXISTS", "OxiaStore", "PutSpec", "Record", "SendExpired",
+           "describe"]
 
 @dataclass(frozen=True)
 class Record:
@@ -246,7 +247,9 @@ class OxiaStore:
 
     async def put_group(self, puts: list[PutSpec]) -> list[int | Exception]:
         """Send ``puts`` together, in order, in one request per shard; one outcome each
-        (a version, :class:`VersionMismatch` or :class:`StorageUnavailable`).
+        (a version, :class:`VersionMismatch` or :class:`StorageUnavailable`; or
+        :class:`SendExpired` for a put not sent by its ``send_by``: a group past it when
+        its batch is taken is refused whole).
 
         Oxia applies one write request as a single log entry, so puts of one shard in a
         group are applied in order and together, or not at all.
@@ -318,6 +321,11 @@ class _PutCoalescer:
     its own outcome, and repeats while more is queued. Under load the batches grow by
     themselves; alone, a put costs what it did before. Each put keeps its own status, so
     one CAS failing never affects another in the same request.
+
+    A put may wait here for a long time (``max_inflight`` requests, each up to its
+    deadline), so a group whose ``send_by`` has passed when its batch is taken is not
+    sent: it is answered :class:`SendExpired`, whole. The write paths check again as each
+    shard's request goes out (a worker thread may be waited for, too).
     """
 
     def __init__(self, store: OxiaStore, *, max_batch: int = 512, max_inflight: int = 4
@@ -377,7 +385,26 @@ class _PutCoalescer:
             if not isinstance(exc, Exception):
                 raise  # cancellation and the like still propagate
 
+    def _refuse_late(self, groups: list[_QueuedGroup]) -> list[_QueuedGroup]:
+        """Answer the groups with a put past its ``send_by`` (every put SendExpired: a
+        group is sent whole or not at all); the others, to be sent."""
+        sending = []
+        for group in groups:
+            sendable, _ = in_time(group.puts)
+            if len(sendable) == len(group.puts):
+                sending.append(group)
+                continue
+            for put in group.puts:
+                self._store._metrics.oxia_puts.labels(_op(put), "expired").inc()
+            if not group.future.done():
+                group.future.set_result([SendExpired(
+                    "not sent: its group's deadline to be sent had passed")] * len(group.puts))
+        return sending
+
     async def _send(self, groups: list[_QueuedGroup]) -> None:
+        groups = self._refuse_late(groups)
+        if not groups:
+            return
         puts = [p for g in groups for p in g.puts]
         outcomes = await self._store._write_batch(puts)
         if len(outcomes) != len(puts):
@@ -385,10 +412,10 @@ class _PutCoalescer:
         metrics = self._store._metrics
         metrics.oxia_batch_size.observe(len(puts))
         for put, outcome in zip(puts, outcomes, strict=True):
-            op = "put" if put.expected_version is None else "cas"
             kind = ("ok" if not isinstance(outcome, Exception) else
-                    "conflict" if isinstance(outcome, VersionMismatch) else "error")
-            metrics.oxia_puts.labels(op, kind).inc()
+                    "conflict" if isinstance(outcome, VersionMismatch) else
+                    "expired" if isinstance(outcome, SendExpired) else "error")
+            metrics.oxia_puts.labels(_op(put), kind).inc()
         i = 0
         for group in groups:
             mine = outcomes[i:i + len(group.puts)]
@@ -401,6 +428,10 @@ class _PutCoalescer:
 class _QueuedGroup:
     puts: list[PutSpec]
     future: asyncio.Future[list[int | Exception]]
+
+
+def _op(put: PutSpec) -> str:
+    return "put" if put.expected_version is None else "cas"
 
 
 def _on_asyncio() -> bool:
@@ -440,7 +471,8 @@ def _suspect_leaders(client: Any) -> None:
 
 
 def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
-    """One Write request per shard for ``batch`` (runs in a worker thread)."""
+    """One Write request per shard for ``batch`` (runs in a worker thread), of the puts
+    still in time as it goes out (the others are answered SendExpired, unsent)."""
     from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
     by_shard: dict[int, tuple[Any, list[int]]] = {}
@@ -448,7 +480,14 @@ def _write(client: Any, batch: list[PutSpec]) -> list[int | Exception]:
         shard, stub = client._service_discovery.get_leader(item.key, item.partition_key)
         by_shard.setdefault(shard, (stub, []))[1].append(i)
     out: list[int | Exception] = [StorageUnavailable("not sent")] * len(batch)
-    for shard, (stub, indexes) in by_shard.items():
+    for shard, (stub, all_indexes) in by_shard.items():
+        # Checked as each request goes out: the ones before it may have taken long.
+        sendable, unsent = in_time([batch[i] for i in all_indexes])
+        for i, outcome in zip(all_indexes, unsent, strict=True):
+            out[i] = outcome  # SendExpired, or replaced by the answer below
+        indexes = [all_indexes[k] for k in sendable]
+        if not indexes:
+            continue
         request = pb.WriteRequest(shard=shard, puts=[
             pb.PutRequest(key=batch[i].key, value=batch[i].value,
                           partition_key=batch[i].partition_key,

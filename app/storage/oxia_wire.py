@@ -19,6 +19,7 @@ the package's.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -29,6 +30,11 @@ _INT64 = (1 << 64) - 1
 
 class NotUnderstood(Exception):
     """An answer (or a state of the discovery) this client does not handle."""
+
+
+class SendExpired(Exception):
+    """A put whose ``send_by`` had passed when its request was about to go out: it was
+    not sent, so it can never apply (internal to the engine, as VersionMismatch is)."""
 
 
 class Found:
@@ -43,12 +49,29 @@ class Found:
 @dataclass(frozen=True)
 class PutSpec:
     """One put of a group: ``expected_version`` None (blind), a version (CAS) or
-    ``EXPECT_NOT_EXISTS`` (-1, create-if-absent)."""
+    ``EXPECT_NOT_EXISTS`` (-1, create-if-absent).
+
+    ``send_by``: a ``time.monotonic()`` time past which the put is not sent (answered
+    :class:`SendExpired`). A commit must not start after its deadline, and a put may
+    wait long between being asked for and going out (behind other requests in the
+    coalescer, for a worker thread), so the deadline is checked where the request is
+    sent, by whichever path sends it (:func:`in_time`)."""
 
     key: str
     value: bytes
     partition_key: str
     expected_version: int | None = None
+    send_by: float | None = None
+
+
+def in_time(puts: Sequence[PutSpec]) -> tuple[list[int], list[int | Exception]]:
+    """The indexes of the puts that may be sent now (no ``send_by``, or not passed), and
+    an outcome per put: :class:`SendExpired` for the others, a placeholder for these
+    (the sender puts their outcomes in its place)."""
+    now = time.monotonic()
+    sendable = [i for i, p in enumerate(puts) if p.send_by is None or now <= p.send_by]
+    late = SendExpired("not sent: its deadline to be sent had passed")
+    return sendable, [late] * len(puts)
 
 
 class PutOutcome:

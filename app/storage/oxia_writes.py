@@ -8,10 +8,11 @@ format (app/storage/oxia_wire.py) sent on a channel of the loop's own, and the s
 one group are written concurrently.
 
 A put that cannot be sent (no assignments yet, a shard between leaders) is left to the
-package, as reads are. Once a request is sent there is no second attempt here: a failed
-call or an answer this does not understand makes each of its puts
-``StorageUnavailable``, an outcome the callers already treat as unknown (the commit path
-reads back what happened before it tries again).
+package, as reads are. A put whose ``send_by`` has passed when its shard's request goes
+out is left out of it (``SendExpired``). Once a request is sent there is no second
+attempt here: a failed call or an answer this does not understand makes each of its
+puts ``StorageUnavailable``, an outcome the callers already treat as unknown (the commit
+path reads back what happened before it tries again).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from app.storage.oxia_wire import (
     PutSpec,
     decode_write,
     encode_write,
+    in_time,
 )
 
 WRITE_METHOD = "/io.streamnative.oxia.proto.OxiaClient/Write"
@@ -76,6 +78,17 @@ class EventLoopWrites:
 
     async def _send_shard(self, shard: int, channel: grpc.aio.Channel,
                           puts: list[PutSpec]) -> list[PutResult]:
+        """One Write request of the puts still in time (the others are answered
+        ``SendExpired``, unsent); never raises for what Oxia or the network did."""
+        sendable, out = in_time(puts)
+        if sendable:
+            sent = await self._request(shard, channel, [puts[i] for i in sendable])
+            for i, result in zip(sendable, sent, strict=True):
+                out[i] = result
+        return out
+
+    async def _request(self, shard: int, channel: grpc.aio.Channel,
+                       puts: list[PutSpec]) -> list[PutResult]:
         """One Write request; never raises for what Oxia or the network did."""
         write = channel.unary_unary(WRITE_METHOD)
         try:

@@ -22,26 +22,47 @@ class _Member:
     first: int
 
 
+@dataclass(frozen=True)
+class _Echo:
+    """A group repeating the idempotency key of an earlier one (``original``, an index)."""
+
+    original: int
+    group: AppendGroup
+
+
 @dataclass
 class PartitionAppend:
     """Everything one partition gets from one ``append_shared``: its groups, in order,
-    minus the ones repeating an idempotency key of an earlier group (``echoes``: group
-    index -> the index of the group it repeats)."""
+    minus the ones repeating an idempotency key of an earlier group (``echoes``, by
+    group index). ``uploads``: the upload rounds it counts against the writer's limit.
+
+    ``detached``: echoes answered on their own (their deadline ended before their
+    original's commit was sent), by group index. ``keys_absent_through``: the sequence
+    counter through which a commit of these groups found none of their keys committed
+    (None before any read), carried to the next upload round so that its commit knows
+    from where on a key it does not find may have been forgotten."""
 
     tp: TopicPartition
     members: list[_Member] = field(default_factory=list)
-    echoes: dict[int, int] = field(default_factory=dict)
+    echoes: dict[int, _Echo] = field(default_factory=dict)
     size: int = 0
+    uploads: int = 1
+    detached: dict[int, AppendOutcome] = field(default_factory=dict)
+    keys_absent_through: int | None = None
 
     def add(self, index: int, group: AppendGroup) -> None:
         key = group.idempotency_key
         if key is not None:
             for m in self.members:
                 if m.group.idempotency_key == key:
-                    self.echoes[index] = m.index
+                    self.echoes[index] = _Echo(m.index, group)
                     return
         self.members.append(_Member(index, group, self.size))
         self.size += len(group.records)
+
+    def holds(self, index: int) -> bool:
+        """Whether the group at ``index`` is part of this append (a member or an echo)."""
+        return index in self.echoes or any(m.index == index for m in self.members)
 
     def body(self, encoding: str) -> codec.SliceBody:
         parts, used, count = partition_body([m.group.records for m in self.members],
@@ -53,23 +74,67 @@ class PartitionAppend:
                               compression)
 
     def resolve(self, outcomes: list[AppendOutcome | None],
-                results: dict[int, AppendOutcome]) -> None:
-        """Record ``results`` (by group index) and answer the echoes of those groups."""
-        for index, outcome in results.items():
+                results: dict[int, AppendOutcome],
+                again: PartitionAppend | None = None) -> None:
+        """Record ``results`` (by group index) and answer the echoes of those groups,
+        but those uploaded ``again`` (their own commit answers them)."""
+        for index, outcome in {**self.detached, **results}.items():
             outcomes[index] = outcome
-        for index, original in self.echoes.items():
-            if original in results:
-                first = results[original]
+        for index, echo in self.echoes.items():
+            if index in results or (again is not None and again.holds(index)):
+                continue  # answered on its own, or by its own commit
+            if echo.original in results:
+                first = results[echo.original]
                 outcomes[index] = (_as_duplicate(first) if isinstance(first, AppendResult)
                                    else first)
 
-    def without(self, answered: dict[int, AppendOutcome]) -> PartitionAppend:
-        """The groups not in ``answered`` (with their echoes), to be uploaded again."""
-        rest = PartitionAppend(self.tp)
+    def commit_by(self) -> list[float]:
+        """The deadlines a commit of this append must keep: its members' and their
+        echoes', since an echo is answered by its original's commit."""
+        groups = [m.group for m in self.members] + [e.group for e in self.echoes.values()]
+        return [g.commit_by for g in groups if g.commit_by is not None]
+
+    def late(self, now: float, why: str) -> dict[int, AppendOutcome]:
+        """The groups, echoes among them, whose ``commit_by`` is before ``now``, each
+        answered as its deadline says."""
+        groups = {m.index: m.group for m in self.members}
+        groups.update({i: e.group for i, e in self.echoes.items()})
+        return {i: g.expired_as(why) for i, g in groups.items()
+                if g.commit_by is not None and g.commit_by < now}
+
+    def detach(self, answers: dict[int, AppendOutcome]) -> None:
+        """Answer the echoes in ``answers`` so, and no longer with their original."""
+        for index, outcome in answers.items():
+            del self.echoes[index]
+            self.detached[index] = outcome
+
+    def without(self, answered: dict[int, AppendOutcome], *, counted: bool = True
+                ) -> PartitionAppend:
+        """The groups not in ``answered`` (with their echoes), to be uploaded again: the
+        answered ones turned out committed, or in doubt, which answers their echoes too.
+        Another upload round, ``counted`` against the writer's limit unless it answers
+        groups that cannot come back (in doubt: every keyed group at once)."""
+        rest = PartitionAppend(self.tp, uploads=self.uploads + (1 if counted else 0),
+                               keys_absent_through=self.keys_absent_through)
         for m in self.members:
             if m.index not in answered:
                 rest.add(m.index, m.group)
-        rest.echoes.update({i: o for i, o in self.echoes.items() if o not in answered})
+        rest.echoes.update({i: e for i, e in self.echoes.items()
+                            if e.original not in answered})
+        return rest
+
+    def without_unwritten(self, dropped: dict[int, AppendOutcome]) -> PartitionAppend:
+        """The groups not in ``dropped``, to be uploaded again, echoes of the dropped
+        among them: those were answered with nothing written, which answers no repeat of
+        their keys, so the first repeat of each takes its place. Counted as the same
+        upload round: each such round answers a group, so they end by themselves."""
+        rest = PartitionAppend(self.tp, uploads=self.uploads,
+                               keys_absent_through=self.keys_absent_through)
+        groups = {m.index: m.group for m in self.members}
+        groups.update({i: e.group for i, e in self.echoes.items()})
+        for index in sorted(groups):
+            if index not in dropped:
+                rest.add(index, groups[index])
         return rest
 
     def fail(self, outcomes: list[AppendOutcome | None], error: LlogError) -> None:

@@ -2,16 +2,24 @@
 commit protocol).
 
 An attempt settles what is already true (an earlier, unanswered attempt of this commit
-landed, or the idempotency keys were committed before), refuses a blob that grew too
-old for vacuum's horizon and a fenced partition, then compares-and-sets ``meta/control``
-in one request that also writes the previous append's index entry.
+landed, or the idempotency keys were committed before; or, after a conflict, they may
+have been and the window forgot them since: in doubt), leaves out groups past their
+``commit_by`` (a produce request's deadline, a forward's commit window), refuses a blob
+that grew too old for vacuum's horizon and a fenced partition, then compares-and-sets
+``meta/control`` in one request that also writes the previous append's index entry. That
+request carries the earliest of those deadlines as its ``send_by``: it is not sent past
+it, however long it waits to go out, so the control version it expects was read before.
 :func:`~app.storage.cas.cas_loop` repeats attempts after a conflict; an attempt Oxia
-does not answer is remembered as in doubt until a later one settles it.
+does not answer is remembered as in doubt until a later one settles it. While the
+version it expected is still current, the same compare-and-set is sent again, deadlines
+over or not: it expects a version read in time, and it is the only way to settle the
+attempt short of answering every group of the partition in doubt.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,11 +34,18 @@ from app.errors import (
 from app.storage.appends import AppendOutcome, AppendResult
 from app.storage.cas import Done, Outage, Retry
 from app.storage.control_cache import CachedControl, ControlCache
-from app.storage.idempotency import IDEMPOTENCY_FIELD, Remembered, remember, remembered
+from app.storage.idempotency import (
+    IDEMPOTENCY_FIELD,
+    IDEMPOTENCY_WINDOW,
+    Remembered,
+    remember,
+    remembered,
+    window_since,
+)
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import ensure_index_entry, index_entry_put
 from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore, PutSpec
+from app.storage.oxia_store import OxiaStore, PutSpec, SendExpired
 from app.storage.partition_append import PartitionAppend
 from app.storage.records import Compaction, CompactionCursor, Control, IndexEntry, Pending
 
@@ -118,6 +133,8 @@ class PartitionCommit:
         controls = self.rules.controls
         current = await controls.current(self.tp)
         settled = await self.settle(current)
+        if settled is None:
+            settled = self.without_late()
         if settled is not None:
             return Done(settled)
         self.refuse_expired()
@@ -129,42 +146,61 @@ class PartitionCommit:
 
     async def settle(self, current: CachedControl) -> Settled | None:
         """What is already true for this append, whatever this attempt would do: an
-        earlier attempt committed it, or its idempotency keys were committed before."""
-        layout, pending = self.rules.layout, current.control.pending
+        earlier attempt committed it, its idempotency keys were committed before, or
+        they may have been and were forgotten since (:meth:`_forgotten`)."""
+        layout, control = self.rules.layout, current.control
+        pending = control.pending
         if pending is not None and pending.append_id == self.append_id:
             return self.results(pending.start_offset, pending.data_key,
                                 layout.index(self.tp, pending.end_offset),
                                 pending.created_at_ms)
-        keyed = self._keyed_outcomes(current.control)
-        if keyed is not None:
-            return keyed
-        if self.in_doubt:
-            won = await self.find_in_doubt(current.version)
-            if won is not None:
-                return self.results(won, self.upload.data_key,
-                                    layout.index(self.tp, won + self.upload.count - 1),
-                                    self.upload.created_at_ms)
-        return None
-
-    def _keyed_outcomes(self, control: Control) -> Settled | None:
-        """Settle by idempotency keys: all remembered, some, or none (None)."""
-        found = {m.index: (m, remembered(control, m.group.idempotency_key))
-                 for m in self.part.members if m.group.idempotency_key is not None}
-        hits = {i: r for i, (_, r) in found.items() if r is not None}
-        if not hits:
-            return None
-        layout = self.rules.layout
-        if all(r.data_key == self.upload.data_key for r in hits.values()):
+        hits = self._remembered(control)
+        if hits and all(r.data_key == self.upload.data_key for r in hits.values()):
             # Our own upload: an earlier, unanswered attempt of this commit landed.
             first = next(m for m in self.part.members if m.index in hits)
             start = hits[first.index].start - first.first
             return self.results(start, self.upload.data_key,
                                 layout.index(self.tp, start + self.upload.count - 1),
                                 self.upload.created_at_ms)
+        if not hits and self.in_doubt:
+            won = await self.find_in_doubt(current.version)
+            if won is not None:
+                return self.results(won, self.upload.data_key,
+                                    layout.index(self.tp, won + self.upload.count - 1),
+                                    self.upload.created_at_ms)
         answered: dict[int, AppendOutcome] = {
             i: r.result(self.tp, layout) for i, r in hits.items()}
-        rest = self.part.without(answered)
+        answered.update(self._forgotten(control, hits))
+        self.part.keys_absent_through = control.sequence_counter
+        if not answered:
+            return None
+        rest = self.part.without(answered, counted=bool(hits))
         return Reupload(answered, rest) if rest.members else answered
+
+    def _remembered(self, control: Control) -> dict[int, Remembered]:
+        """The groups whose idempotency keys the window remembers, by group index."""
+        found = {m.index: remembered(control, m.group.idempotency_key)
+                 for m in self.part.members if m.group.idempotency_key is not None}
+        return {i: r for i, r in found.items() if r is not None}
+
+    def _forgotten(self, control: Control, hits: dict[int, Remembered]
+                   ) -> dict[int, AppendOutcome]:
+        """The keyed groups not found in the window, in doubt if a key committed since
+        an earlier read of this commit found none of them may have left the window
+        since: another copy under the same key (a client's resend through another
+        broker, or its first attempt landing late) may have been committed in between
+        and forgotten, and appending blind would write the records twice. Keys found or
+        not, the records of these groups were not written by this commit."""
+        since = self.part.keys_absent_through
+        if since is None or window_since(control, since):
+            return {}
+        why = (f"{self.tp}: another copy of these records under the same idempotency "
+               f"key may have been committed since offset {since}: more keyed appends "
+               f"than the partition remembers ({IDEMPOTENCY_WINDOW}) were committed "
+               "before this commit could look again; not appended here, the records "
+               "may have been written")
+        return {m.index: CommitInDoubt(why) for m in self.part.members
+                if m.group.idempotency_key is not None and m.index not in hits}
 
     async def find_in_doubt(self, current_version: int) -> int | None:
         """Did an earlier, unanswered CAS of this commit land? Its start offset if so.
@@ -204,6 +240,47 @@ class PartitionCommit:
                 return True
         cursor = await oxia.get(layout.compaction_cursor(tp), tp.partition_key)
         return cursor is not None and CompactionCursor.from_json(cursor.value).offset > offset
+
+    def without_late(self) -> Settled | None:
+        """Groups past their ``commit_by`` are never committed with a control version
+        read from now on: whoever sent them may send them again (a client whose produce
+        deadline ended; a forwarder whose commit window ended, which answers them in
+        doubt), and the resend commit, and many keyed appends after it, before this
+        commit reads again (docs/protocol.md, The produce commit deadline). They are
+        answered as their deadline says (``expired_as``; exact: no attempt of theirs
+        can land), and the partition's other groups, repeats of the late groups' keys
+        among them, are uploaded again without them. A late echo (a repeat of an
+        earlier group's key, answered by that group's commit) is answered so and
+        detached, its original committed without it. Not while an unanswered attempt
+        expecting the current version may still land with them all (:meth:`settle`
+        has ruled out the others): that attempt is sent again (:meth:`send_by`)."""
+        if self.in_doubt:
+            return None
+        late = self.part.late(time.monotonic(), f"{self.tp}: the records were not "
+                              "committed by their deadline; nothing was written")
+        if not late:
+            return None
+        if all(i in self.part.echoes for i in late):
+            self.part.detach(late)  # their records are in no slice: nothing to upload
+            return None
+        rest = self.part.without_unwritten(late)
+        return Reupload(late, rest) if rest.members else late
+
+    def send_by(self, expected_version: int) -> float:
+        """Until when (``time.monotonic()``) a request expecting ``expected_version`` may
+        be sent: the blob's commit horizon (:meth:`refuse_expired`) and its groups'
+        ``commit_by`` (produce deadlines, forward windows), checked where the request
+        goes out, since it may wait long before it does (behind other requests, for a
+        worker thread), echoes' among them, as their original's commit answers them. Not
+        the groups' deadlines when it repeats an unanswered attempt:
+        that attempt read the version before them, and a resend, which comes after
+        them, moves the version if it commits first (then this one fails), or finds
+        this one's keys."""
+        age_ms = self.rules.clock() - self.upload.created_at_ms
+        deadlines = [time.monotonic() + (self.rules.commit_horizon_ms - age_ms) / 1000]
+        if all(version != expected_version for version, _, _ in self.in_doubt):
+            deadlines += self.part.commit_by()
+        return min(deadlines)
 
     def refuse_expired(self) -> None:
         """A blob older than the safe share of the retry horizon may be collected by
@@ -246,11 +323,15 @@ class PartitionCommit:
         previous = control.pending
         materialise = (previous is not None
                        and rules.controls.materialised.get(tp) != previous.append_id)
-        puts = [index_entry_put(rules.layout, tp, previous)] if materialise and previous else []
+        send_by = self.send_by(current.version)
+        puts = [dataclasses.replace(index_entry_put(rules.layout, tp, previous),
+                                    send_by=send_by)] if materialise and previous else []
         puts.append(PutSpec(rules.layout.control(tp), updated.to_json(), tp.partition_key,
-                            current.version))
+                            current.version, send_by=send_by))
         outcomes = await rules.controls.put(tp, puts, control_at=len(puts) - 1)
         outcome = outcomes[-1]
+        if isinstance(outcome, SendExpired):
+            return Retry("not_sent")  # never sent: the next attempt says why it was late
         if isinstance(outcome, VersionMismatch):
             rules.metrics.cas_conflicts.inc()
             rules.controls.forget(tp)

@@ -8,10 +8,12 @@ cached, and concurrent puts of many partitions share requests (see OxiaStore). A
 at any point loses nothing acknowledged and blocks nobody: a committed append is either
 still ``pending`` in control (readable from there) or in the index.
 
-The writer packs one blob per flush, uploads it, and commits each partition's slice
-through its own :class:`~app.storage.partition_commit.PartitionCommit` (settle, refuse
-an expired blob or a fenced partition, compare-and-set), with the control records kept
-in a :class:`~app.storage.control_cache.ControlCache`; it also initialises partitions,
+The writer packs one blob per flush (without the groups already past their
+``commit_by``, answered at once), uploads it, and commits each partition's slice
+through its own :class:`~app.storage.partition_commit.PartitionCommit` (settle, leave
+out groups past their ``commit_by``: a produce request's deadline, a forward's commit
+window; refuse an expired blob or a fenced partition, compare-and-set), with the control
+records kept in a :class:`~app.storage.control_cache.ControlCache`; it also initialises partitions,
 fences them and materialises a pending append for repair tools.
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -65,7 +68,9 @@ from app.storage.topics import TopicCatalog
 log = logging.getLogger(__name__)
 
 # A partition whose append met already-committed idempotency keys is uploaded again
-# without them; a second round always settles it, a third is a safety margin.
+# without them; a second round always settles it, a third is a safety margin. Uploads
+# without groups past their deadline (``commit_by``) are not counted: each answers a
+# group, so they end by themselves (groups with different deadlines may need several).
 MAX_UPLOAD_ROUNDS = 3
 DEFAULT_COMMIT_HORIZON_MS = 1_800_000  # half of the default retry horizon
 DEFAULT_PENDING_REREAD_MS = 15_000  # half of the default compaction minimum entry age
@@ -174,13 +179,12 @@ class LogWriter:
             parts.setdefault(group.tp, PartitionAppend(group.tp)).add(i, group)
         outcomes: list[AppendOutcome | None] = [None] * len(groups)
         todo = list(parts.values())
-        for _ in range(MAX_UPLOAD_ROUNDS):
-            if not todo:
-                break
+        while todo:
             todo = await self._upload_and_commit(todo, outcomes)
-        for part in todo:
-            part.fail(outcomes, CommitConflict(
-                f"{part.tp}: idempotency keys kept turning out committed; not appended"))
+            for part in [p for p in todo if p.uploads > MAX_UPLOAD_ROUNDS]:
+                part.fail(outcomes, CommitConflict(
+                    f"{part.tp}: idempotency keys kept turning out committed; not appended"))
+            todo = [p for p in todo if p.uploads <= MAX_UPLOAD_ROUNDS]
         done = [o for o in outcomes if o is not None]
         assert len(done) == len(groups)
         for group, outcome in zip(groups, done, strict=True):
@@ -246,6 +250,9 @@ class LogWriter:
                                  outcomes: list[AppendOutcome | None]
                                  ) -> list[PartitionAppend]:
         """Upload one blob for ``parts`` and commit each; returns what must go again."""
+        parts = _without_late(parts, outcomes)
+        if not parts:
+            return []
         created = self._clock()
         blob, bodies = await _pack([p.body(self._encoding) for p in parts], created)
         key = self._layout.shared_wal_object(uuid.uuid4().hex)
@@ -279,7 +286,7 @@ class LogWriter:
                 part.fail(outcomes, CommitInDoubt(f"{part.tp}: unexpected {exc!r}"))
                 return
             if isinstance(result, Reupload):
-                part.resolve(outcomes, result.answered)
+                part.resolve(outcomes, result.answered, result.part)
                 again.append(result.part)
             else:
                 part.resolve(outcomes, result)
@@ -345,6 +352,25 @@ class LogWriter:
             await cas_loop(attempt, attempts=self._max_attempts,
                            what=f"{tp}: set log_state={state}",
                            retries=self._metrics.cas_retries, op="log_state")
+
+
+def _without_late(parts: list[PartitionAppend], outcomes: list[AppendOutcome | None]
+                  ) -> list[PartitionAppend]:
+    """``parts`` without their groups already past their ``commit_by``, which are
+    answered as their deadline says: no commit of theirs may be sent any more, so
+    uploading them would only delay the others (and leave an orphan behind)."""
+    now, kept = time.monotonic(), []
+    for part in parts:
+        late = part.late(now, f"{part.tp}: the records' deadline passed before they "
+                         "were uploaded; nothing was written")
+        if not late:
+            kept.append(part)
+            continue
+        rest = part.without_unwritten(late)
+        part.resolve(outcomes, late, rest)
+        if rest.members:
+            kept.append(rest)
+    return kept
 
 
 async def _pack(bodies: list[codec.SliceBody], created_at_ms: int

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,10 @@ TOKEN_ENV = "LLOG_TOKEN"
 _NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout)
 # A body at least this large is compressed on a worker thread by the async client.
 OFF_LOOP_BYTES = 64 * 1024
+# Sent on every produce: how long the broker may take to commit it (ms), at most.
+COMMIT_DEADLINE_HEADER = "llog-commit-deadline-ms"
+MAX_COMMIT_DEADLINE_MS = 600_000  # LLOG_PRODUCE_COMMIT_DEADLINE_MS's ceiling
+COMMIT_DEADLINE_MARGIN_S = 1.0  # at most; a tenth of a shorter timeout
 # The members' map (route="preferred"), fetched from the current broker of the list.
 MAP_SEND = Send("GET", "/cluster")
 # The outcome of a send with no target left (never the case: the list is never empty).
@@ -137,12 +142,28 @@ class ClientConfig:
         if send.content is None:
             return None, {}
         headers = {"content-type": "application/json"}
+        deadline_ms = self.commit_deadline_ms()
+        if send.path == "/produce" and deadline_ms is not None:
+            headers[COMMIT_DEADLINE_HEADER] = str(deadline_ms)
         if not send.compressible:
             return send.content, headers
         content, encoding = encode_body(send.content, self.compression)
         if encoding is not None:
             headers["content-encoding"] = encoding
         return content, headers
+
+    def commit_deadline_ms(self) -> int | None:
+        """The produce deadline this client asks for: its timeout less a margin (None,
+        no header: a timeout without bound asks for none, and the broker's own applies).
+        The broker counts it from the request's arrival, a little after this client
+        starts its timeout; the margin covers that, so a resend after a timeout comes
+        after the deadline and cannot meet a late first copy (docs/http-api.md). At most
+        the largest deadline a broker allows."""
+        if not math.isfinite(self.timeout_s):
+            return None
+        margin_s = min(COMMIT_DEADLINE_MARGIN_S, self.timeout_s / 10)
+        return max(1, min(MAX_COMMIT_DEADLINE_MS,
+                          math.floor((self.timeout_s - margin_s) * 1000)))
 
     def compresses_off_thread(self, send: Send) -> bool:
         """Whether compressing the body is worth a worker thread (the async client's

@@ -54,6 +54,7 @@ Each error carries what a caller needs to act on it:
     │   ├── PartitionFenced
     │   ├── CommitConflict           retriable
     │   ├── CommitExpired            retriable
+    │   ├── ProduceExpired           retriable
     │   └── CommitInDoubt            retriable, maybe written
     └── ClientError                  no usable answer from a broker
         ├── TransportError           connection refused, cut or timed out; retriable
@@ -264,6 +265,14 @@ class CommitConflict(AppendError):
 
 class CommitExpired(AppendError):
     """The records waited past the commit horizon; nothing was committed."""
+
+    retriable = True
+
+
+class ProduceExpired(AppendError):
+    """The records were not committed within the produce request's deadline (the
+    client's timeout less a margin, or the broker's shorter setting); nothing was
+    written, and no late attempt can write them."""
 
     retriable = True
 
