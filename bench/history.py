@@ -1,0 +1,51 @@
+"""A history run of any length: clients record every operation while the nemesis injects
+faults, then the checker reads the whole history (tests/history/, docs/testing.md).
+
+    .venv/bin/python bench/history.py --minutes 30 --seed 7 [--out DIR]
+
+Prints the report's counts and verdict and exits 1 on any anomaly; the history, the
+report and its plot are in ``--out`` (default ``.llog/history/seed-S``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.history.nemesis import FAULTS  # noqa: E402
+from tests.history.run import run  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--extra-producers", type=int, default=0,
+                        help="more producers with idempotency keys (a denser key window)")
+    parser.add_argument("--client-timeout-s", type=float, default=30.0,
+                        help="every client's timeout (producers ask for it less 1 s as "
+                             "their commit deadline)")
+    parser.add_argument("--slow-s", default="0.5,8",
+                        help="how long a slow store holds each answer: LOW,HIGH seconds")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"comma-separated, of {', '.join(FAULTS)}")
+    args = parser.parse_args()
+    out = args.out or ROOT / ".llog" / "history" / f"seed-{args.seed}"
+    faults = tuple(f for f in args.faults.split(",") if f)
+    low, high = (float(x) for x in args.slow_s.split(","))
+    report = run(out, seconds=args.minutes * 60, seed=args.seed, faults=faults,
+                 extra_producers=args.extra_producers, slow_s=(low, high),
+                 client_timeout_s=args.client_timeout_s)
+    print(json.dumps(report.summary(), indent=1))
+    print(f"history, report.json and report.html in {out}")
+    sys.exit(0 if report.valid else 1)
+
+
+if __name__ == "__main__":
+    main()

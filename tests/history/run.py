@@ -1,0 +1,281 @@
+"""One history run: a stack, brokers behind fault proxies, clients, the nemesis, the final
+reads, the checker, and the files a person reads afterwards.
+
+    .venv/bin/python bench/history.py --minutes 30 --seed 7
+
+What it starts (all real processes): Oxia and MinIO (``app.localstack``), two brokers
+with ``LLOG_AFFINITY=forward`` (so appends are forwarded between them), each reaching
+MinIO through a :class:`FaultProxy` of its own. Clients: producers (JSON and binary, with
+and without idempotency keys, record keys), a poller per partition (fetches and
+long-polls, JSON and binary answers), two consumer groups of two members (one
+at-least-once, one at-most-once), all through either broker at random. Written to
+``out``: ``history.jsonl`` (every operation), ``report.json`` (counts per outcome and
+anomaly, the anomalies with their entries, the faults), ``report.html`` (the plot).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from app.localstack.broker import broker_process, wait_healthy
+from app.localstack.processes import ManagedProcess, free_port
+from app.localstack.stack import LocalStack, StackConfig
+from tests.history import clients, plot
+from tests.history.checker import Report, check
+from tests.history.clients import GroupMember, Poller, Producer, fetch
+from tests.history.model import History, Recorder
+from tests.history.nemesis import FAULTS, Nemesis, Server, Target
+from tests.history.proxy import FaultProxy
+
+TOPIC, DELETES = "history", "history-deletes"
+PARTITIONS, DELETES_PARTITIONS = 4, 2
+GROUPS = {"readers-alo": "at_least_once", "readers-amo": "at_most_once"}
+SETTLE_S = 15.0  # after healing: forwards in doubt settle, sessions of dead members end
+
+
+@dataclass
+class Broker:
+    name: str
+    port: int
+    env: dict[str, str]
+    log: Path
+    proxy: FaultProxy
+    process: ManagedProcess | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.starts += 1
+        self.process = broker_process(self.name, self.port, self.env,
+                                      self.log.with_name(f"{self.name}.{self.starts}.log"))
+        self.process.start()
+        wait_healthy(self.process, self.url, timeout=120)
+
+    def signal(self, sig: int) -> None:
+        if self.process is not None:
+            self.process.signal(sig)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+
+@dataclass
+class Run:
+    out: Path
+    seed: int
+    seconds: float
+    faults: tuple[str, ...] = FAULTS
+    servers: list[Server] = field(default_factory=list)
+    extra_producers: int = 0  # more producers with idempotency keys (a denser window),
+    # each through one broker (half through each)
+    slow_s: tuple[float, float] = (0.5, 8.0)
+    brokers: list[Broker] = field(default_factory=list)
+
+
+def run(out: Path, *, seconds: float, seed: int, faults: tuple[str, ...] = FAULTS,
+        extra_producers: int = 0, slow_s: tuple[float, float] = (0.5, 8.0),
+        client_timeout_s: float = 30.0) -> Report:
+    """A whole run into ``out``; the checker's report."""
+    out.mkdir(parents=True, exist_ok=True)
+    clients.set_timeout(client_timeout_s)
+    spec = Run(out, seed, seconds, faults, extra_producers=extra_producers, slow_s=slow_s)
+    with LocalStack(StackConfig.ephemeral(out / "stack")) as stack, _brokers(spec, stack):
+        assert stack.minio is not None and stack.oxia is not None
+        spec.servers = [Server("minio", stack.minio, stack._minio_live),
+                        Server("oxia", stack.oxia, stack._oxia_answers)]
+        started = time.monotonic()
+        rec = Recorder(out / "history.jsonl", lambda: time.monotonic() - started)
+        try:
+            nemesis = anyio.run(_drive, spec, rec)
+        finally:
+            rec.close()
+    history = History(rec.entries)
+    report = check(history)
+    _write(spec, history, report, nemesis)
+    return report
+
+
+@contextlib.contextmanager
+def _brokers(spec: Run, stack: LocalStack) -> Iterator[None]:
+    s3_port = int(stack.s3_endpoint.rsplit(":", 1)[1])
+    try:
+        for i in range(2):
+            proxy = FaultProxy("127.0.0.1", s3_port).start()
+            port = free_port()
+            env = {**stack.settings_env(), "LLOG_BROKER_ID": f"b{i + 1}",
+                   "LLOG_S3_ENDPOINT": f"http://{proxy.address}", "LLOG_AFFINITY": "forward",
+                   "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000", "LLOG_DRAIN_S": "0",
+                   "LLOG_LOOP_STALL_S": "0"}
+            broker = Broker(f"b{i + 1}", port, env, spec.out / "logs" / f"b{i + 1}.log", proxy)
+            broker.log.parent.mkdir(parents=True, exist_ok=True)
+            spec.brokers.append(broker)
+            broker.start()
+        yield
+    finally:
+        for broker in spec.brokers:
+            broker.signal(18)  # SIGCONT: a paused broker stops on SIGTERM
+            if broker.process is not None:
+                broker.process.stop()
+            broker.proxy.stop()
+
+
+async def _drive(spec: Run, rec: Recorder) -> list[tuple[str, str]]:
+    rng = random.Random(spec.seed)
+    urls = [b.url for b in spec.brokers]
+
+    def brokers() -> list[str]:
+        return urls
+
+    async with httpx.AsyncClient(timeout=clients.TIMEOUT_S) as http:
+        for topic, n in ((TOPIC, PARTITIONS), (DELETES, DELETES_PARTITIONS)):
+            r = await http.post(f"{urls[0]}/topics", json={"topic": topic, "partitions": n})
+            assert r.status_code == 201, r.text
+    workers: list[Any] = []
+    for i, (idem, binary, keyed) in enumerate([(True, False, False), (False, False, True),
+                                               (True, True, False), (False, True, False)]):
+        workers.append(Producer(f"p{i}", rec, brokers, TOPIC, PARTITIONS,
+                                random.Random(rng.random()), idem=idem, binary=binary,
+                                keyed=keyed))
+    workers += [Producer(f"px{i}", rec, _through(urls[i % len(urls)]), TOPIC, PARTITIONS,
+                         random.Random(rng.random()), idem=True, binary=False, keyed=False)
+                for i in range(spec.extra_producers)]
+    workers.append(Producer("pd", rec, brokers, DELETES, DELETES_PARTITIONS,
+                            random.Random(rng.random()), idem=True, binary=False, keyed=False))
+    for topic, n in ((TOPIC, PARTITIONS), (DELETES, DELETES_PARTITIONS)):
+        workers += [Poller(f"r-{topic}-{p}", rec, brokers, topic, p,
+                           random.Random(rng.random()), binary=p % 2 == 1) for p in range(n)]
+    for group, mode in GROUPS.items():
+        workers += [GroupMember(f"{group}-m{j}", rec, brokers, group, TOPIC,
+                                random.Random(rng.random()), mode=mode) for j in range(2)]
+    targets = [Target(b.name, b.kill, b.signal, _restarter(b), b.proxy) for b in spec.brokers]
+    nemesis = Nemesis(rec, random.Random(rng.random()), targets,
+                      lambda: _delete_topic(rec, urls[0]), faults=spec.faults,
+                      servers=spec.servers,
+                      slow_s=spec.slow_s, lasting_s=(1.0, max(8.0, spec.slow_s[1])))
+    stop = anyio.Event()
+    async with anyio.create_task_group() as tg:
+        for worker in workers:
+            tg.start_soon(worker.run, stop)
+        tg.start_soon(nemesis.run, stop)
+        await anyio.sleep(spec.seconds)
+        stop.set()
+    await nemesis.heal_all()
+    await _repair(spec)
+    await anyio.sleep(SETTLE_S)
+    await _final_reads(rec, urls[0])
+    return nemesis.applied
+
+
+async def _repair(spec: Run) -> None:
+    """A broker that reports itself failed or does not answer (its store went away
+    under it) is started again before the final reads: a failed broker is replaced, as
+    an orchestrator would."""
+    async with httpx.AsyncClient(timeout=5) as http:
+        for broker in spec.brokers:
+            try:
+                live = (await http.get(f"{broker.url}/health/live")).status_code == 200
+            except httpx.HTTPError:
+                live = False
+            if not live:
+                broker.kill()
+                await anyio.to_thread.run_sync(broker.start)
+
+
+def _through(url: str) -> Any:
+    def brokers() -> list[str]:
+        return [url]
+    return brokers
+
+
+def _restarter(broker: Broker) -> Any:
+    async def restart() -> None:
+        await anyio.to_thread.run_sync(broker.start)
+    return restart
+
+
+async def _delete_topic(rec: Recorder, url: str) -> None:
+    """Delete the deletes topic, create it again, and record where its log starts
+    moved (``truncate``: records below are gone on purpose)."""
+    for p in range(DELETES_PARTITIONS):
+        rec.add(f"admin/{p}", "invoke", "truncate", {"topic": DELETES, "partition": p})
+    starts: dict[int, int] = {}
+    async with httpx.AsyncClient(timeout=clients.TIMEOUT_S) as http:
+        with contextlib.suppress(httpx.HTTPError), anyio.move_on_after(90):
+            await http.delete(f"{url}/topics/{DELETES}")
+            while await _deleting(http, url):  # noqa: ASYNC110 (the API is polled)
+                await anyio.sleep(0.2)
+            await http.post(f"{url}/topics", json={"topic": DELETES,
+                                                   "partitions": DELETES_PARTITIONS})
+            described = (await http.get(f"{url}/topics/{DELETES}")).json()
+            starts = {s["partition"]: s["log_start_offset"]
+                      for s in described.get("partition_states", ())}
+    for p in range(DELETES_PARTITIONS):
+        if p in starts:
+            rec.add(f"admin/{p}", "ok", "truncate", {"topic": DELETES, "partition": p,
+                                                     "log_start": starts[p]})
+        else:
+            rec.add(f"admin/{p}", "info", "truncate", {})
+
+
+async def _deleting(http: httpx.AsyncClient, url: str) -> bool:
+    r = await http.get(f"{url}/topics/{DELETES}")
+    return r.status_code == 200 and r.json().get("status") == "deleting"
+
+
+async def _final_reads(rec: Recorder, url: str) -> None:
+    async with httpx.AsyncClient(timeout=60) as http:
+        for topic, n in ((TOPIC, PARTITIONS), (DELETES, DELETES_PARTITIONS)):
+            for p in range(n):
+                await _final_read(rec, http, url, topic, p)
+        for group in GROUPS:
+            r = await http.get(f"{url}/groups/{group}")
+            for part in r.json().get("partitions", ()) if r.status_code == 200 else ():
+                rec.add("final", "invoke", "final_group", {"group": group})
+                rec.add("final", "ok", "final_group", {
+                    "group": group, "topic": part["topic"], "partition": part["partition"],
+                    "committed": part.get("committed_offset")})
+
+
+async def _final_read(rec: Recorder, http: httpx.AsyncClient, url: str, topic: str,
+                      p: int) -> None:
+    rec.add("final", "invoke", "final_read", {"topic": topic, "partition": p})
+    records: list[list[Any]] = []
+    offset: int | str = "earliest"
+    log_start: int | None = None
+    while True:
+        result = await fetch(http, url, topic, p, offset, 0)
+        if not result.get("ok"):
+            raise RuntimeError(f"the final read of {topic}/{p} failed: {result}")
+        log_start = result.get("log_start_offset") if log_start is None else log_start
+        records += result["records"]
+        if not result["records"] or int(result["next_offset"]) > int(result["high_watermark"]):
+            break
+        offset = int(result["next_offset"])
+    start = int(log_start if log_start is not None else records[0][0] if records else 1)
+    rec.add("final", "ok", "final_read", {"topic": topic, "partition": p,
+                                          "log_start": start, "records": records})
+
+
+def _write(spec: Run, history: History, report: Report, faults: list[tuple[str, str]]
+           ) -> None:
+    summary = {**report.summary(), "seed": spec.seed, "seconds": spec.seconds,
+               "faults": [{"fault": f, "target": t} for f, t in faults],
+               "anomaly_details": {k: [{"what": a.what, "entries": list(a.entries)}
+                                       for a in v[:50]]
+                                   for k, v in report.anomalies.items() if v}}
+    (spec.out / "report.json").write_text(json.dumps(summary, indent=1))
+    (spec.out / "report.html").write_text(plot.html(history, report, spec.seed))
