@@ -227,8 +227,11 @@ def test_services_run_the_real_command_and_probe_its_health_routes(
 
 
 def _graceful_shutdown_s(source: Path) -> int:
-    (value,) = re.findall(r"timeout_graceful_shutdown=(\d+)", source.read_text())
-    return int(value)
+    """uvicorn's graceful shutdown as the module sets it: in the call, or as the
+    constant the call names."""
+    (value,) = re.findall(r"timeout_graceful_shutdown=(\d+)|^GRACEFUL_SHUTDOWN_S = (\d+)",
+                          source.read_text(), flags=re.MULTILINE)
+    return int(value[0] or value[1])
 
 
 def test_the_grace_period_outlasts_the_drain(example: list[Obj]) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 import anyio
 import pytest
 
-from app.broker.loop_watchdog import STAMP_S, LoopWatchdog
+from app.broker.loop_watchdog import STAMP_S, LoopWatchdog, arrival_floor
 from app.broker.produce_call import commit_deadline_ms
 from app.errors import CommitInDoubt, InvalidRequest, ProduceExpired
 from app.localstack.stack import LocalStack
@@ -276,3 +276,14 @@ def test_a_request_first_seen_after_a_stall_counts_from_the_stall() -> None:
     watchdog.loop_stamp = 100.0  # the loop's last stamp
     assert watchdog.arrival_floor(100.1) == 100.1  # a loop that runs: as seen
     assert watchdog.arrival_floor(130.0) == 100.0 + STAMP_S  # 30 s of stall before it
+
+
+async def test_a_stopped_watchdog_floors_no_arrival() -> None:
+    """Its stamp stopped with it: a broker started later in the same process (tests,
+    `llog dev`) must not count its requests from that old stamp."""
+    watchdog = LoopWatchdog(15.0, lambda _: None)
+    async with anyio.create_task_group() as tg:
+        await tg.start(watchdog.run)
+        tg.cancel_scope.cancel()
+    seen = time.monotonic() + 60.0
+    assert arrival_floor(seen) == seen

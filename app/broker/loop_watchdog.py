@@ -69,6 +69,8 @@ class LoopWatchdog:
                 await anyio.sleep(STAMP_S)
         finally:
             self.stop()
+            if _RUNNING is self:  # a stopped watchdog's stamp says nothing of the loop
+                _RUNNING = None
 
     def start_watching(self) -> None:
         self._thread = threading.Thread(target=self._watch, name="llog-loop-watchdog",

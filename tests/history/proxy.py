@@ -21,6 +21,7 @@ class FaultProxy:
         self.port = free_port()
         self.delay_s = 0.0
         self._flowing = asyncio.Event()
+        self._stopping: asyncio.Event
         self._refusing = False
         self._writers: set[asyncio.StreamWriter] = set()
         self._loop = asyncio.new_event_loop()
@@ -40,19 +41,29 @@ class FaultProxy:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self._loop)
-        self._flowing.set()
-        server = self._loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", self.port))
-        self._started.set()
         try:
-            self._loop.run_forever()
+            self._loop.run_until_complete(self._serve_until_stopped())
         finally:
-            server.close()
             self._loop.close()
 
+    async def _serve_until_stopped(self) -> None:
+        self._flowing.set()
+        self._stopping = asyncio.Event()
+        server = await asyncio.start_server(self._serve, "127.0.0.1", self.port)
+        self._started.set()
+        await self._stopping.wait()
+        # Everything closed and awaited here, on its own loop: a transport left for the
+        # garbage collector warns in whatever test runs next.
+        server.close()
+        self._close_all()
+        tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+
     def stop(self) -> None:
-        self._call(self._close_all)
-        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._loop.call_soon_threadsafe(self._stopping.set)
         self._thread.join(10)
 
     # What the nemesis does (from any thread).
@@ -98,6 +109,9 @@ class FaultProxy:
             for w in (writer, up_writer):
                 self._writers.discard(w)
                 w.transport.abort()
+            for w in (writer, up_writer):  # let the aborts run their callbacks
+                with contextlib.suppress(Exception):
+                    await w.wait_closed()
 
     async def _pump(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, *,
                     slow: bool) -> None:
