@@ -24,6 +24,9 @@ from app.storage.oxia_store import PutSpec
 from app.storage.writer import MAX_UPLOAD_ROUNDS
 from tests.helpers.stack import Engine
 
+# Windows far enough ahead that a loaded machine still reaches the upload or the commit
+# inside them (a group already late is answered without being uploaded).
+AHEAD_S = 1.5
 
 async def _past(deadline: float) -> None:
     """Until ``time.monotonic()`` has passed ``deadline`` (the event loop's timers may
@@ -142,7 +145,7 @@ async def test_windows_that_end_upload_after_upload_do_not_use_up_the_rounds(
     late. Those uploads are not counted against the writer's limit (each answers a
     group), so this broker's own group is committed after more uploads than the limit."""
     now = time.monotonic()
-    windows = [now + 0.3 * (i + 1) for i in range(MAX_UPLOAD_ROUNDS + 1)]
+    windows = [now + AHEAD_S * (i + 1) for i in range(MAX_UPLOAD_ROUNDS + 1)]
     real, uploads = engine.s3.put, []
 
     async def slow_put(key: str, body: bytes) -> None:
@@ -169,7 +172,7 @@ async def test_an_unanswered_commit_is_settled_though_a_forwarded_groups_window_
     or it landed. Neither leaves a group in doubt: with the version it expected still
     current, the very same compare-and-set (that version, read in time) is sent again,
     past the window, and commits both once; landed, the next attempt finds it."""
-    commit_by = time.monotonic() + 0.3
+    commit_by = time.monotonic() + AHEAD_S
     real, sent = engine.oxia.put_group, []
 
     async def first_unanswered(puts: list[PutSpec]) -> list[int | Exception]:
@@ -220,7 +223,7 @@ async def test_an_echo_whose_window_ends_before_the_commit_is_answered_on_its_ow
     ForwardExpired, unwritten, and no longer rides the original, which commits from the
     same upload within its own window; the key is in the log once."""
     now = time.monotonic()
-    echo_by = now + 0.3
+    echo_by = now + AHEAD_S
     real, uploads = engine.s3.put, []
 
     async def slow_put(key: str, body: bytes) -> None:

@@ -45,6 +45,11 @@ async def _past(deadline: float) -> None:
     await anyio.sleep(max(0.0, deadline - time.monotonic()) + 0.01)
 
 
+# A deadline far enough ahead that a loaded machine still reaches the upload before it
+# (a group already late is answered without being uploaded): what these tests wait out.
+AHEAD_S = 3.0
+
+
 def _slow_uploads(e: Engine, until: Callable[[], Awaitable[None]], n: int = 1) -> list[str]:
     """The first ``n`` uploads of ``e``'s writer wait for ``until`` before they are
     sent; the keys of every upload, as they start."""
@@ -66,7 +71,7 @@ async def test_records_past_their_deadline_are_not_written_a_group_in_time_besid
     not maybe written; a group of the same partition from another request, still in
     time, shared the blob and is committed from a second upload without it."""
     tp = TopicPartition(topic, 0)
-    deadline = time.monotonic() + 0.3
+    deadline = time.monotonic() + AHEAD_S
     uploads = _slow_uploads(engine, lambda: _past(deadline))
     late, in_time = await engine.writer.append_shared([
         AppendGroup(tp, [b"late"], "key-late", commit_by=deadline),
@@ -87,8 +92,13 @@ async def test_a_resend_after_the_deadline_lands_once_however_late_the_first_upl
     which commits them; more keyed appends than the partition remembers follow. Then
     B's upload ends: its attempt is answered ProduceExpired and writes nothing, so the
     log holds one copy."""
-    released, deadline = anyio.Event(), time.monotonic() + 0.3
-    uploads = _slow_uploads(engine, released.wait)
+    released, deadline, held = anyio.Event(), time.monotonic() + AHEAD_S, anyio.Event()
+
+    async def hold() -> None:
+        held.set()
+        await released.wait()
+
+    uploads = _slow_uploads(engine, hold)
     outcome: list[Any] = []
     async with open_engine(settings) as other, anyio.create_task_group() as tg:
 
@@ -97,8 +107,10 @@ async def test_a_resend_after_the_deadline_lands_once_however_late_the_first_upl
                 [AppendGroup(tp, [b"K"], "K", commit_by=deadline)]))
 
         tg.start_soon(first_attempt)
+        with anyio.fail_after(60):
+            await held.wait()  # the first attempt is under way, its upload held
         await _past(deadline)  # the client's timeout, after the deadline
-        assert uploads  # the first attempt is under way, its upload held
+        assert uploads
         (resend,) = await other.writer.append_shared([AppendGroup(tp, [b"K"], "K")])
         assert isinstance(resend, AppendResult) and resend.start_offset == 1
         for i in range(WINDOW + 2):
