@@ -180,8 +180,7 @@ async def test_a_topic_being_deleted_is_neither_written_nor_read_nor_changed(
 
 async def test_a_deleter_that_died_is_taken_over_where_its_record_says(
         own: Engine, topic: str) -> None:
-    engine = own
-    catalog = TopicCatalog(engine.oxia, engine.layout)
+    engine, catalog = own, TopicCatalog(own.oxia, own.layout)
     await _written(engine, catalog, topic, 5)
     first = _Blocking(engine, catalog, stop_at=3)
     # A short lease, so that it renews (and records how far it got) often.
@@ -213,8 +212,7 @@ async def test_a_deleter_that_died_is_taken_over_where_its_record_says(
 
 async def test_a_live_deleter_is_not_taken_over_however_late_its_lease_says(
         own: Engine, topic: str) -> None:
-    engine = own
-    catalog = TopicCatalog(engine.oxia, engine.layout)
+    engine, catalog = own, TopicCatalog(own.oxia, own.layout)
     await _written(engine, catalog, topic, 2)
     # A holder whose wall clock is far behind: its lease_until_ms passed long ago.
     await catalog.mark_deleting(topic, "behind", now_ms() - 3_600_000, 1_000)
@@ -232,8 +230,7 @@ async def test_a_live_deleter_is_not_taken_over_however_late_its_lease_says(
 
 async def test_a_deleter_that_stalled_empties_nothing_more_nor_removes_the_record(
         own: Engine, topic: str) -> None:
-    engine = own
-    catalog = TopicCatalog(engine.oxia, engine.layout)
+    engine, catalog = own, TopicCatalog(own.oxia, own.layout)
     await _written(engine, catalog, topic, 4)
     slow = _Blocking(engine, catalog, stop_at=1)
     registry, stalled_clock = CollectorRegistry(), FakeClock()
@@ -269,8 +266,7 @@ async def test_a_deleter_that_stalled_empties_nothing_more_nor_removes_the_recor
 
 async def test_a_partition_that_cannot_be_emptied_fails_the_deletion_not_the_broker(
         own: Engine, topic: str) -> None:
-    engine = own
-    catalog = TopicCatalog(engine.oxia, engine.layout)
+    engine, catalog = own, TopicCatalog(own.oxia, own.layout)
     await _written(engine, catalog, topic, 3)
     registry = CollectorRegistry()
     deleter = TopicDeleter(_Broken(engine.oxia, engine.layout, engine.reader, catalog),
