@@ -112,8 +112,10 @@ def brokers(stack: LocalStack, tmp_path: Path) -> Iterator[BrokerFactory]:
 
 @pytest.fixture(scope="module")
 def broker(stack: LocalStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
-    """One broker shared by a module's tests (small limits so limit tests stay cheap)."""
+    """One broker shared by a module's tests (small limits so limit tests stay cheap; a
+    topic cache of half a second, so a topic delete settles in 1.5 s, not 6)."""
     factory = BrokerFactory(stack, tmp_path_factory.mktemp("broker"))
     yield factory.start(max_request_bytes="262144", max_records_per_request="1000",
-                        max_record_bytes="65536", max_wait_ms_ceiling="20000")
+                        max_record_bytes="65536", max_wait_ms_ceiling="20000",
+                        topic_cache_ttl_s="0.5")
     factory.stop_all()

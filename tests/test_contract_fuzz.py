@@ -57,11 +57,11 @@ RUN_TIMEOUT_S = 270
 LONG_RUN_TIMEOUT_S = 1800
 REPO = Path(__file__).resolve().parents[1]
 # Small limits, so that the fuzzer reaches them quickly (each is in the document).
-LIMITS = {"max_wait_ms_ceiling": "1000", "max_topic_partitions": "16",
+LIMITS = {"max_wait_ms_ceiling": "500", "max_topic_partitions": "16",
           "max_partitions_per_request": "64", "group_list_max": "500",
           "auto_create_topics": "false",
           # A delete lasts the topic cache's time to live and a second: kept short here.
-          "topic_cache_ttl_s": "1"}
+          "topic_cache_ttl_s": "0.2"}
 
 
 def _schemathesis() -> str:

@@ -30,6 +30,10 @@ pytestmark = pytest.mark.slow  # proxies and rolling restarts
 
 PARTITIONS = 4
 DRAIN = {"drain_s": "2", "batch_max_delay_ms": "5"}
+# Steady, not flooding: each producer waits this long after an answer before its next
+# request. A restart lasts seconds, so hundreds of requests still cross it, and the
+# machine is left to the brokers and the proxy (a flood only slowed the restarts down).
+PACE_S = 0.02
 
 
 @dataclass
@@ -99,6 +103,7 @@ async def _produce(client: httpx.AsyncClient, topic: str, tag: str, load: Load) 
         if answer is not None:
             load.acked[(p, answer["results"][0]["start_offset"])] = value
             load.ack()
+        await anyio.sleep(PACE_S)
 
 
 async def _consume(client: httpx.AsyncClient, topic: str, partition: int, load: Load) -> None:
@@ -128,15 +133,18 @@ async def steady_load(url: str, topic: str, *, resend_closed: bool = False
     load = Load(resend_closed=resend_closed)
     limits = httpx.Limits(max_connections=16)
     async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client, \
-            anyio.create_task_group() as tg:
+            anyio.create_task_group() as tg, anyio.create_task_group() as consumers:
         for w in range(4):
             tg.start_soon(_produce, client, topic, f"w{w}", load)
         for p in range(PARTITIONS):
-            tg.start_soon(_consume, client, topic, p, load)
+            consumers.start_soon(_consume, client, topic, p, load)
         try:
             yield load
         finally:
             load.stop.set()
+            # A consumer's long-poll would run to its end: what it read is checked
+            # already, and producers finish the request they have in flight.
+            consumers.cancel_scope.cancel()
 
 
 async def _read(e: Engine, tp: TopicPartition, offset: int) -> ReadResult:

@@ -45,7 +45,7 @@ async def _consume(http: httpx.AsyncClient, topic: str, offset: int | str = 1,
 
 
 async def test_create_list_describe_update_and_delete(stack: LocalStack, topic: str) -> None:
-    async with broker(stack) as http:
+    async with broker(stack, topic_cache_ttl_s=0.5) as http:  # the delete settles in 1.5 s
         r = await http.post("/topics", json={"topic": topic, "partitions": 3,
                                              "retention_ms": 3_600_000})
         assert r.status_code == 201, r.text

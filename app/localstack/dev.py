@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 from app.localstack.broker import broker_process, wait_healthy
-from app.localstack.processes import ManagedProcess, free_port, free_ports
+from app.localstack.processes import ManagedProcess, free_port, free_ports, stop_together
 from app.localstack.proxy import ProxyConfig, find_binary, proxy_process, wait_serving
 from app.localstack.stack import LocalStack
 from app.settings import Settings
 
 # Brokers of `llog dev` drain for 2 s on SIGTERM: four of Caddy's 500 ms health checks.
 DEV_DRAIN_S = "2"
+# How long the brokers and the compactor get to stop before they are killed.
+STOP_TIMEOUT_S = 45.0
 COMPACTOR_NICE = 10
 # What new topics of the shipped setups store their appends with (docs/cost.md).
 SHIPPED_COMPRESSION = "zstd:1"
@@ -68,14 +69,11 @@ class DevTopology:
         return [*found, self.proxy] if self.proxy is not None else found
 
     def stop(self) -> None:
-        """Brokers drain together (each keeps answering while the proxy moves its
-        clients away), then the proxy stops."""
-        for broker in self.brokers:
-            broker.process.signal(signal.SIGTERM)
-        for broker in self.brokers:
-            broker.process.stop()
-        if self.compactor is not None:
-            self.compactor.process.stop()
+        """Brokers and the compactor drain together (each broker keeps answering while
+        the proxy moves its clients away), then the proxy stops."""
+        # Bounded as one broker's stop was: its drain and uvicorn's graceful shutdown.
+        stop_together((b.process for b in [*self.brokers, *filter(None, [self.compactor])]),
+                      timeout=STOP_TIMEOUT_S)
         if self.proxy is not None:
             self.proxy.stop()
 
@@ -125,6 +123,9 @@ def compactor_env(stack: LocalStack) -> dict[str, str]:
     to "unlimited" or "" for none)."""
     return {**stack.settings_env(),
             "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev") + "-compactor",
+            # As short as the brokers': no balancer routes to a compactor, and its running
+            # visits finish within the shutdown's grace either way.
+            "LLOG_DRAIN_S": os.environ.get("LLOG_DRAIN_S", DEV_DRAIN_S),
             "LLOG_COMPACTION_MAX_BYTES_PER_S": os.environ.get(
                 "LLOG_COMPACTION_MAX_BYTES_PER_S", DEV_COMPACTION_MAX_BYTES_PER_S)}
 

@@ -13,7 +13,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from pathlib import Path
 
 _PR_SET_PDEATHSIG = 1
@@ -142,6 +142,20 @@ class ManagedProcess:
             self._proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+def stop_together(processes: Iterable[ManagedProcess], timeout: float = 15.0) -> None:
+    """SIGTERM to each of ``processes`` at once, then wait for all of them within one
+    ``timeout``; any still running then is killed."""
+    running = [p for p in processes if p.alive()]
+    for proc in running:
+        proc.signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for proc in running:
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 # LLOG_PORT_RANGE=LOW-HIGH: the range this process (and its children) choose free ports

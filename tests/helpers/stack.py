@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app.localstack.broker import broker_process, wait_healthy
-from app.localstack.processes import ManagedProcess, free_port
+from app.localstack.processes import ManagedProcess, free_port, stop_together
 from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
 from app.storage.keys import KeyLayout
@@ -129,19 +129,21 @@ class BrokerFactory:
         return again
 
     def stop_all(self) -> None:
-        for broker in self.started:
-            broker.process.stop()
+        """Every broker told to stop at once, then each waited for: a broker with a
+        drain period would otherwise make the next one wait through its own."""
+        stop_together([broker.process for broker in self.started])
 
 
 def compactor_process(stack: LocalStack, log: Path, port: int, **env: str) -> ManagedProcess:
     """A standalone `llog compactor` on ``port`` against ``stack``, with ``env`` (LLOG_*
-    variables) on top of the stack's settings; not started."""
+    variables) on top of the stack's settings; not started. No drain period unless
+    ``env`` asks for one, as for the factory's brokers: stopping stays quick."""
     return ManagedProcess(
         log.stem,
         [sys.executable, "-m", "app.cli", "compactor", "--port", str(port),
          "--log-level", "warning"],
         log,
-        env={**os.environ, **stack.settings_env(), **env},
+        env={**os.environ, **stack.settings_env(), "LLOG_DRAIN_S": "0", **env},
     )
 
 

@@ -43,6 +43,7 @@ from llog_client._config import (
     ROUTING_CHOICES,
     version,
 )
+from llog_client._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from llog_client import ConsumedRecord, LlogClient
@@ -405,6 +406,7 @@ def _client(args: argparse.Namespace) -> LlogClient:
     from llog_client import LlogClient
 
     return LlogClient(args.broker, timeout_s=args.timeout,
+                      retry=RetryPolicy(max_attempts=args.retries + 1),
                       compression=getattr(args, "compression", DEFAULT_COMPRESSION),
                       route=getattr(args, "route", "any"))
 
@@ -448,6 +450,11 @@ def _connection() -> ArgumentParser:
                              f"${BROKER_URL_ENV} sets the default")
     common.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
                         help="time limit of one request, beyond a long-poll's wait")
+    common.add_argument("--retries", type=lambda text: _number(text, 0),
+                        default=RetryPolicy().max_attempts - 1, metavar="N",
+                        help="times a request that failed in a way worth retrying (no "
+                             "connection, 503, a timeout) is sent again, with backoff; "
+                             "0 fails at once")
     return common
 
 
