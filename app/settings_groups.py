@@ -12,6 +12,8 @@ This module imports nothing of the package: settings come first.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 import re
 import socket
@@ -34,6 +36,9 @@ Role = Literal["write", "read", "compact"]
 ASYMMETRIC_JWT_ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512",
                              "ES256", "ES384", "ES512", "EdDSA")
 ALL_ROLES: tuple[Role, ...] = ("write", "read", "compact")
+
+# One label of a DNS name (RFC 1123): what an advertised host may be made of.
+_DNS_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
 # The share of the retry horizon within which a blob must be committed: the rest is the
 # margin for clock skew between brokers and the object store, and for process pauses.
@@ -497,6 +502,10 @@ class ClusterSettings(_Group):
     # loopback address only: it is no client API.
     forward_host: str = "127.0.0.1"
     forward_port: int = Field(default=0, ge=0, le=65535)
+    # Where the other members reach that listener (host:port), when it is not where it
+    # listens: behind NAT, a Kubernetes Service, a proxy. None: the listener's address.
+    # Each worker needs an address of its own, so set it with one worker per process.
+    forward_advertised_address: str | None = None
     # How long forwarded records may wait in the receiver's buffer before a flush takes
     # them (then they are answered expired, unwritten, and the forwarder appends them
     # itself), and how long after that the forwarder waits for an answer before it
@@ -509,6 +518,28 @@ class ClusterSettings(_Group):
 
     _cluster_unset = field_validator("cluster_secret", mode="before")(_empty_is_unset)
     _cluster_advertised = field_validator("advertised_url")(_check_url)
+
+    _advertised_unset = field_validator("forward_advertised_address", mode="before")(
+        _empty_is_unset)
+
+    @field_validator("forward_advertised_address")
+    @classmethod
+    def _check_advertised_address(cls, value: str | None) -> str | None:
+        """``host:port``: a DNS name or an IPv4 address, or an IPv6 one in brackets,
+        and a port a socket can reach (1-65535)."""
+        if value is None:
+            return None
+        host, sep, port = value.rpartition(":")
+        if not sep or not port.isdigit() or not 1 <= int(port) <= 65535:
+            raise ValueError(f"{value!r}: expected host:port with a port of 1-65535")
+        if host.startswith("[") and host.endswith("]"):
+            with contextlib.suppress(ValueError):
+                ipaddress.IPv6Address(host[1:-1])
+                return value
+        elif all(_DNS_LABEL.fullmatch(label) for label in host.split(".")) and len(host) <= 253:
+            return value
+        raise ValueError(f"{value!r}: the host must be a DNS name, an IPv4 address or an "
+                         "IPv6 address in brackets")
 
     @model_validator(mode="after")
     def _check_forward_wait(self) -> ClusterSettings:

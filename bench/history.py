@@ -1,7 +1,7 @@
 """A history run of any length: clients record every operation while the nemesis injects
 faults, then the checker reads the whole history (tests/history/, docs/testing.md).
 
-    .venv/bin/python bench/history.py --minutes 30 --seed 7 [--out DIR]
+    .venv/bin/python bench/history.py --minutes 30 --seed 7 [--oxia-cluster] [--out DIR]
 
 Prints the report's counts and verdict and exits 1 on any anomaly; the history, the
 report and its plot are in ``--out`` (default ``.llog/history/seed-S``).
@@ -33,6 +33,12 @@ def main() -> None:
                              "their commit deadline)")
     parser.add_argument("--slow-s", default="0.5,8",
                         help="how long a slow store holds each answer: LOW,HIGH seconds")
+    parser.add_argument("--oxia-cluster", action="store_true",
+                        help="Oxia as three data servers (replication factor 3), each "
+                             "behind a fault proxy: adds the *_oxia link faults")
+    parser.add_argument("--broker-code", type=Path, default=None, metavar="DIR",
+                        help="run the brokers of this checkout (a worktree of an older "
+                             "commit); the clients, nemesis and checker stay these")
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help=f"comma-separated, of {', '.join(FAULTS)}")
     args = parser.parse_args()
@@ -41,7 +47,8 @@ def main() -> None:
     low, high = (float(x) for x in args.slow_s.split(","))
     report = run(out, seconds=args.minutes * 60, seed=args.seed, faults=faults,
                  extra_producers=args.extra_producers, slow_s=(low, high),
-                 client_timeout_s=args.client_timeout_s)
+                 client_timeout_s=args.client_timeout_s, oxia_cluster=args.oxia_cluster,
+                 broker_code=args.broker_code)
     print(json.dumps(report.summary(), indent=1))
     print(f"history, report.json and report.html in {out}")
     sys.exit(0 if report.valid else 1)

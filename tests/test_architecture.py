@@ -88,8 +88,9 @@ def test_the_spark_jobs_import_each_other_without_cycles() -> None:
 
 def test_the_engine_knows_nothing_above_it() -> None:
     graph = _package_imports()
-    assert graph["storage"] <= {"errors", "settings"}
+    assert graph["storage"] <= {"errors", "settings", "clock"}
     assert graph["errors"] == set()
+    assert graph["clock"] == set()  # the wall clock every layer reads imports nothing
     assert "broker" not in graph["compaction"] and "routes" not in graph["compaction"]
     # Membership and preferences sit on the engine; brokers use them, never the reverse.
     assert "cluster" in graph["broker"]

@@ -31,6 +31,29 @@ def _members_gauge(text: str) -> list[float]:
             if f.name == "llog_membership_members" for s in f.samples]
 
 
+async def test_a_member_announces_its_advertised_forward_address(stack: LocalStack) -> None:
+    """LLOG_FORWARD_ADVERTISED_ADDRESS: the others reach the listener there (a proxy, a
+    Service), so the membership record names it instead of where the listener binds."""
+    settings = make_settings(stack, broker_id=f"c{uuid.uuid4().hex[:8]}", affinity="forward",
+                             forward_advertised_address="forwards.example:9300", drain_s=0)
+    app = create_app(settings)
+    state: BrokerState = app.state.broker
+    layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
+    async with open_engine(settings) as operator, app.router.lifespan_context(app):
+        found = await operator.oxia.get(layout.member(f"{settings.broker_id}.w0"),
+                                        MEMBERS_PARTITION_KEY)
+        assert found is not None
+        assert Member.from_record(found.value).forward == "forwards.example:9300"
+        assert state.forward_address == "forwards.example:9300"
+
+
+def test_an_advertised_forward_address_is_a_host_and_port(stack: LocalStack) -> None:
+    for bad in ("forwards.example", "http://forwards.example:9300", "a b:1", "b:99999",
+                "a..b:9300", "b:0"):
+        with pytest.raises(ValueError, match="forward_advertised_address"):
+            make_settings(stack, forward_advertised_address=bad)
+
+
 async def test_a_broker_with_affinity_lists_itself_and_leaves_when_it_drains(
         stack: LocalStack) -> None:
     broker_id = f"c{uuid.uuid4().hex[:8]}"

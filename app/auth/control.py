@@ -25,6 +25,7 @@ from app.auth.quotas import QuotaBook
 from app.auth.reload import AuthFileWatch
 from app.auth.rights import Right
 from app.auth.tickets import MAX_REDEEMED, StreamTickets, Ticket
+from app.clock import wall_s
 from app.errors import Forbidden, Unauthenticated
 from app.settings import AuthSettings
 
@@ -117,7 +118,7 @@ class AccessControl:
         if principal.key_id is not None and (
                 self.config.keys.owner(principal.key_id) != principal.name):
             raise Unauthenticated("the API key was revoked")
-        if principal.expires_at is not None and time.time() >= principal.expires_at:
+        if principal.expires_at is not None and wall_s() >= principal.expires_at:
             raise Unauthenticated("the token has expired")
         self.authorize(principal, right, names)
 

@@ -30,13 +30,13 @@ import heapq
 import hmac
 import math
 import secrets
-import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import orjson
 
+from app.clock import wall_s
 from app.errors import QuotaExceeded, Unauthenticated, Unavailable
 
 PREFIX = "llogt_"
@@ -72,7 +72,7 @@ def _unb64(text: str) -> bytes:
 
 class StreamTickets:
     def __init__(self, secret: bytes, ttl_s: float, max_redeemed: int,
-                 clock: Callable[[], float] = time.time, *,
+                 clock: Callable[[], float] = wall_s, *,
                  max_per_principal: int = MAX_REDEEMED_PER_PRINCIPAL) -> None:
         self._secret = secret
         self.ttl_s = ttl_s

@@ -397,6 +397,10 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     batcher = state.batcher
     slot = await anyio.to_thread.run_sync(take_slot, state.registry.shared_dir)
     stack.callback(slot.release)
+    if c.forward_advertised_address and slot.index > 0:
+        # Every worker would announce the one address, and all forwards reach one of them.
+        raise ValueError("LLOG_FORWARD_ADVERTISED_ADDRESS names one listener: run one "
+                         "worker per process with it")
     try:
         me_id = member_id(s.broker_id, slot.index)
     except InvalidRequest:
@@ -408,8 +412,8 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     fences = ForwardFences(oxia, layout, FenceMetrics(state.registry, member=me_id),
                            claim_budget_s=claim_budget_for(s.oxia_request_timeout_s))
     server = await _serve_forwarded(state, fences, secret, forward_metrics, tg, stack)
-    state.forward_address = server.address
-    me = Member(me_id, s.broker_id, s.broker_url, server.address, tuple(s.roles),
+    state.forward_address = c.forward_advertised_address or server.address
+    me = Member(me_id, s.broker_id, s.broker_url, state.forward_address, tuple(s.roles),
                 uuid.uuid4().hex)
     state.membership = Membership(oxia, layout, me, refresh_s=c.membership_refresh_s,
                                   registry=state.registry,

@@ -45,7 +45,6 @@ What it costs: one key per forwarded frame of the last hour, on one Oxia shard.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -54,6 +53,7 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry, Counter
 
+from app.clock import wall_ms
 from app.errors import StorageUnavailable, VersionMismatch
 from app.storage.cas import Outage
 from app.storage.keys import FENCES_PARTITION_KEY, KeyLayout
@@ -117,7 +117,7 @@ class ForwardFences:
 
     def __init__(self, oxia: OxiaStore, layout: KeyLayout, metrics: FenceMetrics, *,
                  claim_budget_s: float = 10.0,
-                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+                 clock_ms: Callable[[], int] = wall_ms
                  ) -> None:
         self._oxia = oxia
         self._layout = layout

@@ -32,6 +32,7 @@ from typing import Literal
 
 import anyio
 
+from app.clock import wall_ms
 from app.cluster import frames
 from app.cluster.fences import ANSWER_MARGIN_S, Fence
 from app.cluster.forward_metrics import ForwardMetrics, FrameOutcome
@@ -117,7 +118,7 @@ class ForwardClient:
                  max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
                  connect_timeout_s: float | None = None,
                  metrics: ForwardMetrics | None = None, fence_prefix: str | None = None,
-                 clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000
+                 clock_ms: Callable[[], int] = wall_ms
                  ) -> None:
         self.address = address
         self._host, self._port = split_address(address)
@@ -240,7 +241,11 @@ class ForwardClient:
                 return conn
             try:
                 conn = await self._connect()
-            except (OSError, TimeoutError, FrameError, asyncio.IncompleteReadError) as exc:
+            # ValueError, OverflowError: an address no socket can reach (a member record
+            # read from Oxia names a port out of range or a host that does not encode);
+            # nothing was sent, as for a refused connection.
+            except (OSError, TimeoutError, FrameError, asyncio.IncompleteReadError,
+                    ValueError, OverflowError) as exc:
                 if isinstance(exc, frames.ProtocolMismatch):
                     log.warning("not forwarding to %s: %s", self.address, exc)
                 self._count("unreachable")

@@ -43,17 +43,23 @@ class OxiaClusterConfig:
     replication: int = 3
     shards: int = 4
     ports: tuple[int, ...] = ()
+    # Each data server's public address as clients are told it (``host:port`` of a
+    # proxy or a Service in front of it), in server order; empty: where it listens.
+    advertised: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not 1 <= self.replication <= self.servers:
             raise ValueError("the replication factor must be between 1 and the servers")
         if self.ports and len(self.ports) != 2 * self.servers + 1:
             raise ValueError(f"expected {2 * self.servers + 1} ports")
+        if self.advertised and len(self.advertised) != self.servers:
+            raise ValueError(f"expected {self.servers} advertised addresses")
 
     @classmethod
-    def on_free_ports(cls, servers: int = 3, **more: int) -> OxiaClusterConfig:
-        return cls(servers=servers, ports=tuple(free_ports(2 * servers + 1)),
-                   **more)
+    def on_free_ports(cls, servers: int = 3, *, replication: int = 3,
+                      shards: int = 4) -> OxiaClusterConfig:
+        return cls(servers=servers, replication=replication, shards=shards,
+                   ports=tuple(free_ports(2 * servers + 1)))
 
     def resolved_ports(self, base: int) -> tuple[int, ...]:
         return self.ports or tuple(range(base, base + 2 * self.servers + 1))
@@ -61,12 +67,19 @@ class OxiaClusterConfig:
 
 @dataclass
 class OxiaNode:
-    """One data server: its addresses and its process (replaced on a restart)."""
+    """One data server: its addresses and its process (replaced on a restart).
+    ``public`` is the address clients are given (the coordinator's configuration names
+    it), ``listen`` where the server serves them: the same unless the cluster's
+    configuration advertises another."""
 
     name: str
     public: str
     internal: str
     process: ManagedProcess
+    listen: str = ""
+
+    def __post_init__(self) -> None:
+        self.listen = self.listen or self.public
 
 
 @dataclass
@@ -110,8 +123,10 @@ class OxiaCluster:
         for i in range(self.config.servers):
             public, internal = ports[2 * i], ports[2 * i + 1]
             name = f"oxia-{i}"
-            node = OxiaNode(name, f"{self.host}:{public}", f"{self.host}:{internal}",
-                            self._server_process(name, public, internal))
+            listen = f"{self.host}:{public}"
+            advertised = self.config.advertised[i] if self.config.advertised else listen
+            node = OxiaNode(name, advertised, f"{self.host}:{internal}",
+                            self._server_process(name, public, internal), listen=listen)
             self.nodes.append(node)
         for node in self.nodes:
             self._launch(node)
@@ -155,7 +170,7 @@ class OxiaCluster:
         """Start data server ``index`` again on its ports and data (after :meth:`kill`)."""
         node = self.nodes[index]
         node.process.stop()
-        port, internal = (int(a.rsplit(":", 1)[1]) for a in (node.public, node.internal))
+        port, internal = (int(a.rsplit(":", 1)[1]) for a in (node.listen, node.internal))
         node.process = self._server_process(node.name, port, internal)
         self._launch(node)
         return node
@@ -185,10 +200,10 @@ class OxiaCluster:
         )
 
     def _launch(self, node: OxiaNode) -> None:
-        for address in (node.public, node.internal):
+        for address in (node.listen, node.internal):
             self._ensure_free(f"Oxia server {node.name}", int(address.rsplit(":", 1)[1]))
         node.process.start()
-        for address in (node.public, node.internal):
+        for address in (node.listen, node.internal):
             host, port = address.rsplit(":", 1)
             wait_until(f"Oxia server {node.name} on {address}",
                        lambda h=host, p=int(port): port_open(h, p),

@@ -17,7 +17,6 @@ quota. Over it, the stream waits for as long as a 429's ``Retry-After`` would sa
 
 from __future__ import annotations
 
-import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -25,6 +24,7 @@ import anyio
 
 from app.auth.control import AccessControl, Principal
 from app.auth.rights import Right
+from app.clock import wall_s
 from app.errors import AccessError, QuotaExceeded
 
 T = TypeVar("T")
@@ -59,7 +59,7 @@ class StreamGuard:
         takes the stream's access away."""
         while True:
             expires_at = self.principal.expires_at
-            wait_s = float("inf") if expires_at is None else expires_at - time.time()
+            wait_s = float("inf") if expires_at is None else expires_at - wall_s()
             with anyio.move_on_after(max(0.0, wait_s)):
                 await self.control.changed(self._generation)
             self._generation = self.control.generation
@@ -109,7 +109,7 @@ class StreamGuard:
         loaded again since the last check (without waiting: before each event that
         carries records)."""
         expires_at = self.principal.expires_at
-        expired = expires_at is not None and time.time() >= expires_at
+        expired = expires_at is not None and wall_s() >= expires_at
         if not expired and self.control.generation == self._generation:
             return None
         self._generation = self.control.generation

@@ -7,10 +7,10 @@ carry unknown fields through, so an older writer never strips what a newer one a
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, Self
 
+from app.clock import wall_ms
 from app.errors import CorruptData
 
 ENCODING = "bytes-batch-v1"
@@ -20,7 +20,7 @@ CompactionState = Literal["WRITING_COMPACTED_INDEX", "DELETING_OLD", "UPDATING_C
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return wall_ms()
 
 
 class _Record:

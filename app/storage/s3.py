@@ -15,6 +15,7 @@ import base64
 import contextlib
 import io
 import random
+import threading
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import aiohttp
 import anyio
 import crc32c
 from aiobotocore.config import AioConfig
-from aiobotocore.session import get_session
+from aiobotocore.session import AioSession, get_session
 from botocore.exceptions import BotoCoreError, ClientError
 from pydantic import SecretStr
 
@@ -102,6 +103,21 @@ def _send_bytes(request: Any, **_: Any) -> None:
         request.body = body.getvalue()
 
 
+_SESSIONS = threading.local()
+
+
+def _thread_session() -> AioSession:
+    """This thread's botocore session. A session loads botocore's models (the S3
+    service's description, the endpoints) the first time it makes a client, about 0.1 s
+    of CPU; reused, the next client costs a few milliseconds: a Spark task opens a store
+    per partition it writes, a test one per engine. One per thread, as botocore's
+    sessions are not safe to share between threads."""
+    session: AioSession | None = getattr(_SESSIONS, "session", None)
+    if session is None:
+        session = _SESSIONS.session = get_session()
+    return session
+
+
 class S3Store:
     """put, conditional create, get, range get, list, delete, with counters."""
 
@@ -134,7 +150,7 @@ class S3Store:
             response_checksum_validation="when_required",
         )
         self._stack = contextlib.AsyncExitStack()
-        session = get_session()
+        session = _thread_session()
         self._client = await self._stack.enter_async_context(
             session.create_client(
                 "s3",

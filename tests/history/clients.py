@@ -11,6 +11,7 @@ client retrying would; one without never resends.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +22,7 @@ import httpx
 from app.storage import columnar
 from app.wire import produce as binary_produce
 from app.wire import records as binary_records
+from llog_client import AsyncLlogClient, LlogError
 from tests.history.model import Recorder
 
 # As the Python client's default: a fault shorter than this (a pause, a slow store) is
@@ -124,6 +126,136 @@ class Producer:
         kind = "info" if result.get("maybe_written", True) else "fail"
         self.rec.add(self.name, kind, "produce", {"error": result.get("error_type")})
         return kind
+
+
+class RoutingProducer:
+    """Produces through the Python client (``llog_client``) routing each request to the
+    broker that appends its partition (``route="preferred"``), with the client's own
+    retries and commit deadline; every call has an idempotency key, and a call of unknown
+    outcome is made again under the same key, as an application would."""
+
+    def __init__(self, name: str, rec: Recorder, urls: list[str], topic: str,
+                 partitions: int, rng: random.Random) -> None:
+        self.name, self.rec, self.urls = name, rec, urls
+        self.topic, self.partitions, self.rng = topic, partitions, rng
+        self._seq = 0
+
+    async def run(self, stop: anyio.Event) -> None:
+        async with AsyncLlogClient(self.urls, timeout_s=TIMEOUT_S,
+                                   route="preferred") as client:
+            retry: tuple[int, list[str], str] | None = None
+            while not stop.is_set():
+                if retry is None:
+                    self._seq += 1
+                    values = [f"{self.name}-{self._seq}-{i}"
+                              for i in range(self.rng.randint(1, 4))]
+                    retry = (self.rng.randrange(self.partitions), values,
+                             f"{self.name}.{self._seq}")
+                if await self._append(client, *retry) != "info":
+                    retry = None
+                await anyio.sleep(self.rng.uniform(0, 0.02))
+
+    async def _append(self, client: AsyncLlogClient, partition: int, values: list[str],
+                      key: str) -> str:
+        self.rec.add(self.name, "invoke", "produce", {
+            "topic": self.topic, "partition": partition, "values": values, "idem": key,
+            "binary": False, "via": "routed"})
+        try:
+            result = await client.produce(self.topic, values, partition=partition,
+                                          idempotency_key=key)
+        except LlogError as exc:
+            kind = "info" if exc.maybe_written else "fail"
+            self.rec.add(self.name, kind, "produce", {"error": exc.error_type})
+            return kind
+        except Exception as exc:  # whatever escaped the client: unknown outcome
+            self.rec.add(self.name, "info", "produce", {"error": type(exc).__name__})
+            return "info"
+        self.rec.add(self.name, "ok", "produce", {
+            "offsets": [offset for _, offset in result.offsets()],
+            "duplicate": any(b.duplicate for b in result.batches)})
+        return "ok"
+
+
+class Streamer:
+    """Follows one partition as Server-Sent Events (``GET /topics/{t}/stream``) through
+    any broker, resuming with ``Last-Event-ID`` after a cut, an ``end`` (a drain) or an
+    error. Each ``records`` event is recorded as a poll at the offset the stream stood at
+    (invoked when the previous event came): a skipped or repeated offset shows."""
+
+    def __init__(self, name: str, rec: Recorder, brokers: Brokers, topic: str,
+                 partition: int, rng: random.Random) -> None:
+        self.name, self.rec, self.brokers = name, rec, brokers
+        self.topic, self.partition, self.rng = topic, partition, rng
+        self.offset: int | None = None  # None: from the log start
+        self.last_id: str | None = None
+        self._open = False  # a read invoked and not yet completed
+
+    async def run(self, stop: anyio.Event) -> None:
+        async with httpx.AsyncClient(timeout=httpx.Timeout(TIMEOUT_S, read=10.0)) as http:
+            while not stop.is_set():
+                with anyio.move_on_after(self.rng.uniform(5, 20)):  # reconnect now and then
+                    await self._follow(http, stop)
+                await anyio.sleep(0.05)
+
+    async def _follow(self, http: httpx.AsyncClient, stop: anyio.Event) -> None:
+        url = self.rng.choice(self.brokers())
+        params = {"partitions": str(self.partition), "heartbeat_ms": "1000",
+                  "from": "earliest" if self.offset is None else str(self.offset)}
+        headers = {"last-event-id": self.last_id} if self.last_id else {}
+        self._invoke(url)
+        ended: dict[str, Any] = {"error": "stream closed"}  # how the open read ends
+        try:
+            async with http.stream("GET", f"{url}/topics/{self.topic}/stream",
+                                   params=params, headers=headers) as r:
+                if r.status_code != 200:
+                    ended = {"status": r.status_code}
+                    self.rec.add(self.name, "fail", "poll", ended)
+                    self._open = False
+                    return
+                event: dict[str, str] = {}
+                async for line in r.aiter_lines():
+                    if line:
+                        name, _, value = line.partition(":")
+                        event[name] = value.removeprefix(" ")
+                        continue
+                    if self._dispatch(event, url) or stop.is_set():
+                        return
+                    event = {}
+        except httpx.HTTPError as exc:
+            ended = {"error": type(exc).__name__}
+        finally:
+            if self._open:
+                self.rec.add(self.name, "info", "poll", ended)
+                self._open = False
+
+    def _invoke(self, url: str) -> None:
+        self._open = True
+        self.rec.add(self.name, "invoke", "poll", {
+            "topic": self.topic, "partition": self.partition,
+            "offset": 0 if self.offset is None else self.offset, "wait_ms": 1,
+            "via": f"{url} (stream)"})
+
+    def _dispatch(self, event: dict[str, str], url: str) -> bool:
+        """Record one event; True when the stream ends with it."""
+        kind = event.get("event")
+        if kind == "records":
+            data = json.loads(event["data"])
+            records = [[r["offset"], r.get("value")] for r in data["records"]]
+            self.rec.add(self.name, "ok", "poll", {"records": records, "log_start": None})
+            self._open = False
+            self.offset = int(data["next_offset"])
+            self.last_id = event.get("id", self.last_id)
+            self._invoke(url)
+            return False
+        if kind in ("end", "error"):
+            data = json.loads(event.get("data") or "{}")
+            error = data.get("error_type") or kind
+            self.rec.add(self.name, "fail", "poll", {"error": error})
+            self._open = False
+            if error == "OffsetOutOfRange":
+                self.offset, self.last_id = None, None
+            return True
+        return False
 
 
 class Poller:

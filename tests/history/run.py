@@ -1,13 +1,17 @@
 """One history run: a stack, brokers behind fault proxies, clients, the nemesis, the final
 reads, the checker, and the files a person reads afterwards.
 
-    .venv/bin/python bench/history.py --minutes 30 --seed 7
+    .venv/bin/python bench/history.py --minutes 30 --seed 7 [--oxia-cluster]
 
-What it starts (all real processes): Oxia and MinIO (``app.localstack``), two brokers
-with ``LLOG_AFFINITY=forward`` (so appends are forwarded between them), each reaching
-MinIO through a :class:`FaultProxy` of its own. Clients: producers (JSON and binary, with
-and without idempotency keys, record keys), a poller per partition (fetches and
-long-polls, JSON and binary answers), two consumer groups of two members (one
+What it starts (all real processes): Oxia (one server, or with ``oxia_cluster`` Oxia's
+coordinator and three data servers with replication factor 3, each behind a
+:class:`FaultProxy` its coordinator advertises) and MinIO (``app.localstack``), and two
+brokers with ``LLOG_AFFINITY=forward`` (so appends are forwarded between them), each
+reaching MinIO through a proxy of its own and reached by its peer through another (its
+``LLOG_FORWARD_ADVERTISED_ADDRESS``). Clients: producers (JSON and binary, with and
+without idempotency keys, record keys, and one through ``llog_client`` routing to the
+appending broker), a poller per partition (fetches and long-polls, JSON and binary
+answers), an SSE stream per partition, two consumer groups of two members (one
 at-least-once, one at-most-once), all through either broker at random. Written to
 ``out``: ``history.jsonl`` (every operation), ``report.json`` (counts per outcome and
 anomaly, the anomalies with their entries, the faults), ``report.html`` (the plot).
@@ -16,6 +20,8 @@ anomaly, the anomalies with their entries, the faults), ``report.html`` (the plo
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import functools
 import json
 import random
 import time
@@ -27,12 +33,21 @@ from typing import Any
 import anyio
 import httpx
 
+from app.clock import OFFSET_ENV
 from app.localstack.broker import broker_process, wait_healthy
+from app.localstack.oxia_cluster import OxiaClusterConfig
 from app.localstack.processes import ManagedProcess, free_port
 from app.localstack.stack import LocalStack, StackConfig
 from tests.history import clients, plot
 from tests.history.checker import Report, check
-from tests.history.clients import GroupMember, Poller, Producer, fetch
+from tests.history.clients import (
+    GroupMember,
+    Poller,
+    Producer,
+    RoutingProducer,
+    Streamer,
+    fetch,
+)
 from tests.history.model import History, Recorder
 from tests.history.nemesis import FAULTS, Nemesis, Server, Target
 from tests.history.proxy import FaultProxy
@@ -49,7 +64,8 @@ class Broker:
     port: int
     env: dict[str, str]
     log: Path
-    proxy: FaultProxy
+    links: dict[str, FaultProxy]  # "store": to MinIO; "peer": into its forward listener
+    code: Path | None = None  # run the broker of this checkout instead of this one's
     process: ManagedProcess | None = None
     starts: int = 0
 
@@ -57,12 +73,23 @@ class Broker:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> None:
+    def start(self, clock_offset_ms: int = 0) -> None:
         self.starts += 1
-        self.process = broker_process(self.name, self.port, self.env,
+        env = {**self.env, OFFSET_ENV: str(clock_offset_ms)}
+        if self.code is not None:
+            env["PYTHONPATH"] = f"{self.code}:{self.code / 'clients' / 'python' / 'src'}"
+        self.process = broker_process(self.name, self.port, env,
                                       self.log.with_name(f"{self.name}.{self.starts}.log"))
+        self.process.cwd = self.code  # `python -m` puts its directory first on the path
         self.process.start()
         wait_healthy(self.process, self.url, timeout=120)
+
+    def reclock(self, offset_ms: int) -> None:
+        """Stopped, then started with its clock ``offset_ms`` off the true time."""
+        if self.process is not None:
+            self.process.signal(18)  # SIGCONT: a paused broker stops on SIGTERM
+            self.process.stop(timeout=30)
+        self.start(offset_ms)
 
     def signal(self, sig: int) -> None:
         if self.process is not None:
@@ -84,19 +111,26 @@ class Run:
     # each through one broker (half through each)
     slow_s: tuple[float, float] = (0.5, 8.0)
     brokers: list[Broker] = field(default_factory=list)
+    oxia_links: list[tuple[str, FaultProxy]] = field(default_factory=list)
+    broker_code: Path | None = None
 
 
 def run(out: Path, *, seconds: float, seed: int, faults: tuple[str, ...] = FAULTS,
         extra_producers: int = 0, slow_s: tuple[float, float] = (0.5, 8.0),
-        client_timeout_s: float = 30.0) -> Report:
-    """A whole run into ``out``; the checker's report."""
+        client_timeout_s: float = 30.0, oxia_cluster: bool = False,
+        broker_code: Path | None = None) -> Report:
+    """A whole run into ``out``; the checker's report. ``broker_code``: a checkout (a
+    worktree of an older commit) whose broker runs instead of this one's; settings it
+    does not know (an advertised forward address, a clock offset) it ignores, and the
+    faults on them do nothing."""
     out.mkdir(parents=True, exist_ok=True)
     clients.set_timeout(client_timeout_s)
-    spec = Run(out, seed, seconds, faults, extra_producers=extra_producers, slow_s=slow_s)
-    with LocalStack(StackConfig.ephemeral(out / "stack")) as stack, _brokers(spec, stack):
-        assert stack.minio is not None and stack.oxia is not None
-        spec.servers = [Server("minio", stack.minio, stack._minio_live),
-                        Server("oxia", stack.oxia, stack._oxia_answers)]
+    spec = Run(out, seed, seconds, faults, extra_producers=extra_producers, slow_s=slow_s,
+               broker_code=broker_code)
+    with _oxia_proxies(spec, oxia_cluster) as cluster, \
+            LocalStack(StackConfig.ephemeral(out / "stack", oxia_cluster=cluster)) as stack, \
+            _brokers(spec, stack):
+        spec.servers = _servers(stack)
         started = time.monotonic()
         rec = Recorder(out / "history.jsonl", lambda: time.monotonic() - started)
         try:
@@ -110,17 +144,53 @@ def run(out: Path, *, seconds: float, seed: int, faults: tuple[str, ...] = FAULT
 
 
 @contextlib.contextmanager
+def _oxia_proxies(spec: Run, cluster: bool) -> Iterator[OxiaClusterConfig | None]:
+    """With ``cluster``: three data servers (replication factor 3), each behind a proxy
+    that the coordinator advertises as the server's public address, so every client's
+    calls to that server go through it."""
+    if not cluster:
+        yield None
+        return
+    config = OxiaClusterConfig.on_free_ports(servers=3, replication=3, shards=4)
+    proxies = [FaultProxy("127.0.0.1", config.ports[2 * i]).start() for i in range(3)]
+    try:
+        spec.oxia_links = [(f"oxia-{i}", p) for i, p in enumerate(proxies)]
+        yield dataclasses.replace(config, advertised=tuple(p.address for p in proxies))
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
+def _servers(stack: LocalStack) -> list[Server]:
+    assert stack.minio is not None
+    servers = [Server("minio", stack.minio, stack._minio_live)]
+    if stack.oxia_cluster is not None:
+        cluster = stack.oxia_cluster
+        servers += [Server(n.name, n.process, functools.partial(cluster.wait_ready, 120))
+                    for n in cluster.nodes]
+    else:
+        assert stack.oxia is not None
+        servers.append(Server("oxia", stack.oxia, stack._oxia_answers))
+    return servers
+
+
+@contextlib.contextmanager
 def _brokers(spec: Run, stack: LocalStack) -> Iterator[None]:
     s3_port = int(stack.s3_endpoint.rsplit(":", 1)[1])
     try:
         for i in range(2):
-            proxy = FaultProxy("127.0.0.1", s3_port).start()
+            forward_port = free_port()
+            links = {"store": FaultProxy("127.0.0.1", s3_port).start(),
+                     "peer": FaultProxy("127.0.0.1", forward_port).start()}
             port = free_port()
             env = {**stack.settings_env(), "LLOG_BROKER_ID": f"b{i + 1}",
-                   "LLOG_S3_ENDPOINT": f"http://{proxy.address}", "LLOG_AFFINITY": "forward",
+                   "LLOG_S3_ENDPOINT": f"http://{links['store'].address}",
+                   "LLOG_AFFINITY": "forward", "LLOG_FORWARD_PORT": str(forward_port),
+                   "LLOG_FORWARD_ADVERTISED_ADDRESS": links["peer"].address,
                    "LLOG_OXIA_SESSION_TIMEOUT_MS": "3000", "LLOG_DRAIN_S": "0",
                    "LLOG_LOOP_STALL_S": "0"}
-            broker = Broker(f"b{i + 1}", port, env, spec.out / "logs" / f"b{i + 1}.log", proxy)
+            broker = Broker(f"b{i + 1}", port, env, spec.out / "logs" / f"b{i + 1}.log", links,
+                            code=spec.broker_code)
             broker.log.parent.mkdir(parents=True, exist_ok=True)
             spec.brokers.append(broker)
             broker.start()
@@ -130,7 +200,8 @@ def _brokers(spec: Run, stack: LocalStack) -> Iterator[None]:
             broker.signal(18)  # SIGCONT: a paused broker stops on SIGTERM
             if broker.process is not None:
                 broker.process.stop()
-            broker.proxy.stop()
+            for proxy in broker.links.values():
+                proxy.stop()
 
 
 async def _drive(spec: Run, rec: Recorder) -> list[tuple[str, str]]:
@@ -155,16 +226,21 @@ async def _drive(spec: Run, rec: Recorder) -> list[tuple[str, str]]:
                 for i in range(spec.extra_producers)]
     workers.append(Producer("pd", rec, brokers, DELETES, DELETES_PARTITIONS,
                             random.Random(rng.random()), idem=True, binary=False, keyed=False))
+    workers.append(RoutingProducer("pr", rec, urls, TOPIC, PARTITIONS,
+                                   random.Random(rng.random())))
     for topic, n in ((TOPIC, PARTITIONS), (DELETES, DELETES_PARTITIONS)):
         workers += [Poller(f"r-{topic}-{p}", rec, brokers, topic, p,
                            random.Random(rng.random()), binary=p % 2 == 1) for p in range(n)]
+    workers += [Streamer(f"s-{TOPIC}-{p}", rec, brokers, TOPIC, p, random.Random(rng.random()))
+                for p in range(PARTITIONS)]
     for group, mode in GROUPS.items():
         workers += [GroupMember(f"{group}-m{j}", rec, brokers, group, TOPIC,
                                 random.Random(rng.random()), mode=mode) for j in range(2)]
-    targets = [Target(b.name, b.kill, b.signal, _restarter(b), b.proxy) for b in spec.brokers]
+    targets = [Target(b.name, b.kill, b.signal, _restarter(b), _reclocker(b), b.links)
+               for b in spec.brokers]
     nemesis = Nemesis(rec, random.Random(rng.random()), targets,
                       lambda: _delete_topic(rec, urls[0]), faults=spec.faults,
-                      servers=spec.servers,
+                      servers=spec.servers, oxia_links=spec.oxia_links,
                       slow_s=spec.slow_s, lasting_s=(1.0, max(8.0, spec.slow_s[1])))
     stop = anyio.Event()
     async with anyio.create_task_group() as tg:
@@ -205,6 +281,12 @@ def _restarter(broker: Broker) -> Any:
     async def restart() -> None:
         await anyio.to_thread.run_sync(broker.start)
     return restart
+
+
+def _reclocker(broker: Broker) -> Any:
+    async def reclock(offset_ms: int) -> None:
+        await anyio.to_thread.run_sync(broker.reclock, offset_ms)
+    return reclock
 
 
 async def _delete_topic(rec: Recorder, url: str) -> None:
