@@ -218,11 +218,22 @@ def _skip() -> Builder:
     return h
 
 
+def _log_start_refused() -> Builder:
+    h = Builder()
+    h.produce(["a"], [1])
+    h.truncate(2)
+    h.invoke("r", "poll", topic=T, partition=0, offset=0, wait_ms=0)
+    h.complete("r", "fail", "poll", error="OffsetOutOfRange")
+    h.final([], log_start=2)
+    return h
+
+
 BAD = {"lost_write": _lost, "failed_but_stored": _failed_but_stored,
        "duplicate": _duplicate, "inconsistent_offset": _inconsistent,
        "wrong_offset": _wrong_offset, "noncontiguous_produce": _noncontiguous,
        "nonmonotonic_poll": _nonmonotonic, "skipping_poll": _skipping,
-       "resurrection": _resurrection, "stuck_poll": _stuck, "group_reread": _reread,
+       "resurrection": _resurrection, "stuck_poll": _stuck,
+       "log_start_refused": _log_start_refused, "group_reread": _reread,
        "group_skip": _skip}
 
 

@@ -103,18 +103,22 @@ def _send_bytes(request: Any, **_: Any) -> None:
         request.body = body.getvalue()
 
 
-_SESSIONS = threading.local()
+_LOADERS = threading.local()
 
 
-def _thread_session() -> AioSession:
-    """This thread's botocore session. A session loads botocore's models (the S3
-    service's description, the endpoints) the first time it makes a client, about 0.1 s
-    of CPU; reused, the next client costs a few milliseconds: a Spark task opens a store
-    per partition it writes, a test one per engine. One per thread, as botocore's
-    sessions are not safe to share between threads."""
-    session: AioSession | None = getattr(_SESSIONS, "session", None)
-    if session is None:
-        session = _SESSIONS.session = get_session()
+def _session() -> AioSession:
+    """A botocore session of its own (credentials it resolves, with their refresh lock,
+    stay with it and its event loop), sharing this thread's loader of botocore's models:
+    loading the S3 service's description and the endpoints is most of the 0.1 s of CPU a
+    first client costs, and a Spark task opens a store per partition it writes, a test
+    one per engine. One loader per thread, as botocore's objects are not made to be
+    shared between threads."""
+    session = get_session()
+    loader = getattr(_LOADERS, "loader", None)
+    if loader is None:
+        _LOADERS.loader = session.get_component("data_loader")
+    else:
+        session.register_component("data_loader", loader)
     return session
 
 
@@ -150,7 +154,7 @@ class S3Store:
             response_checksum_validation="when_required",
         )
         self._stack = contextlib.AsyncExitStack()
-        session = _thread_session()
+        session = _session()
         self._client = await self._stack.enter_async_context(
             session.create_client(
                 "s3",

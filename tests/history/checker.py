@@ -21,6 +21,8 @@ Values are unique per run, so a value is a record's identity. What each anomaly 
   acknowledged before the poll began.
 - ``group_reread``: a consumer group delivered a record again after a commit past it
   completed (at-least-once), or at all (at-most-once: ``commit: true``).
+- ``log_start_refused``: a read at offset 0 (``earliest``: the log start, wherever a
+  delete or retention moved it, docs/http-api.md) answered ``OffsetOutOfRange``.
 - ``group_skip``: a record at or below a group's final committed offset (the API's: the
   last offset processed), at or above the
   final log start, that the group delivered to nobody (at-most-once: and that no answer
@@ -39,7 +41,7 @@ from tests.history.model import History, Op
 TP = tuple[str, int]
 KINDS = ("lost_write", "failed_but_stored", "duplicate", "inconsistent_offset",
          "wrong_offset", "noncontiguous_produce", "nonmonotonic_poll", "skipping_poll",
-         "resurrection", "stuck_poll", "group_reread", "group_skip")
+         "resurrection", "stuck_poll", "log_start_refused", "group_reread", "group_skip")
 READS = ("poll", "group_poll", "final_read")
 
 
@@ -194,6 +196,10 @@ def _check_polls(history: History, facts: _Facts, report: Report) -> None:
     for offsets in held.values():
         offsets.sort()
     for op in history.of("poll", "group_poll", "final_read"):
+        if op.outcome == "fail" and op.answer.get("error") == "OffsetOutOfRange" \
+                and op.asked.get("offset") == 0:
+            report.add("log_start_refused", f"a read of {_tp(op.asked)} at its log start "
+                       "(offset 0) answered OffsetOutOfRange", [op])
         if op.outcome != "ok":
             continue
         tp = _tp(op.answer if op.f == "final_read" else op.asked)
