@@ -38,7 +38,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
     # took longer than the 90 s default, which bounds nothing this test asserts. One
     # worker of two cores: its executor runs two tasks at once, as two workers' would.
     c = SparkCluster(tmp_path_factory.mktemp("spark-cluster"), workers=1, cores=2,
-                     memory="768m", startup_timeout_s=240.0)
+                     memory="768m", startup_timeout_s=240.0,
+                     daemon_java_options=TEST_JVM_OPTIONS)
     try:
         c.start()
         yield c

@@ -66,6 +66,8 @@ class SparkCluster:
     cores: int = 1
     memory: str = "1g"
     startup_timeout_s: float = 90.0
+    # Options of the master's and the workers' JVMs (SPARK_DAEMON_JAVA_OPTS).
+    daemon_java_options: str = ""
     port: int = field(default_factory=free_port)
     ui_port: int = field(default_factory=free_port)
     processes: list[ManagedProcess] = field(default_factory=list)
@@ -80,7 +82,7 @@ class SparkCluster:
         master = ManagedProcess("spark-master", [
             spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
             "--port", str(self.port), "--webui-port", str(self.ui_port)],
-            logs / "master.log", env=_env())
+            logs / "master.log", env=self._daemon_env())
         self.processes.append(master)
         master.start()
         wait_until("the Spark master", lambda: port_open("127.0.0.1", self.port),
@@ -91,11 +93,16 @@ class SparkCluster:
                 spark_class, "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1",
                 "--cores", str(self.cores), "--memory", self.memory,
                 "--work-dir", str(work), "--webui-port", str(free_port()), self.master_url],
-                logs / f"worker-{i}.log", env=_env())
+                logs / f"worker-{i}.log", env=self._daemon_env())
             self.processes.append(worker)
             worker.start()
         wait_until(f"{self.workers} Spark workers registered", self._all_registered,
                    timeout=self.startup_timeout_s, process=master)
+
+    def _daemon_env(self) -> dict[str, str]:
+        extra = {"SPARK_DAEMON_JAVA_OPTS": self.daemon_java_options} \
+            if self.daemon_java_options else {}
+        return _env(extra)
 
     def _state(self) -> dict[str, object]:
         """The master's own account of the cluster (its web UI's ``/json/``)."""
