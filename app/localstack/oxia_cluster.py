@@ -26,6 +26,7 @@ from app.localstack.processes import (
     free_port,
     free_ports,
     port_open,
+    stop_together,
     wait_until,
 )
 
@@ -144,9 +145,7 @@ class OxiaCluster:
             self.coordinator.stop()
         for node in self.nodes:
             node.process.signal(signal.SIGCONT)  # a paused one could not hear SIGTERM
-            node.process.signal(signal.SIGTERM)
-        for node in self.nodes:
-            node.process.stop(timeout=STOP_TIMEOUT_S)
+        stop_together([node.process for node in self.nodes], timeout=STOP_TIMEOUT_S)
 
     def kill(self, index: int) -> OxiaNode:
         """SIGKILL data server ``index`` (its data stays on disk)."""
