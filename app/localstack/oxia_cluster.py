@@ -261,6 +261,14 @@ class OxiaCluster:
             f"{timeout or self.startup_timeout_s:.0f}s (last error: {last}); last lines of "
             f"{self.coordinator.log_path}:\n{self.coordinator.log_tail()}")
 
+    def answers(self) -> bool:
+        """Whether every shard has a leader that answers a read now (a readiness probe:
+        False, never an error, while one is being elected)."""
+        try:
+            return self._all_shards_answer()
+        except Exception:  # not elected yet, or a server is down
+            return False
+
     def _all_shards_answer(self) -> bool:
         from app.storage import oxia_compat
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import json
 import random
 import time
@@ -166,8 +165,7 @@ def _servers(stack: LocalStack) -> list[Server]:
     servers = [Server("minio", stack.minio, stack._minio_live)]
     if stack.oxia_cluster is not None:
         cluster = stack.oxia_cluster
-        servers += [Server(n.name, n.process, functools.partial(cluster.wait_ready, 120))
-                    for n in cluster.nodes]
+        servers += [Server(n.name, n.process, cluster.answers) for n in cluster.nodes]
     else:
         assert stack.oxia is not None
         servers.append(Server("oxia", stack.oxia, stack._oxia_answers))

@@ -12,6 +12,7 @@ See docs/client.md.
 """
 
 from llog_client._aio import AsyncLlogClient
+from llog_client._aio_producer import AsyncProducer
 from llog_client._compression import Compression
 from llog_client._config import DEFAULT_BROKER_URL, version
 from llog_client._consumer import GroupConsumer
@@ -19,11 +20,13 @@ from llog_client._errors import (
     AccessError,
     AppendError,
     BackPressureRejected,
+    BufferFull,
     ClientError,
     CommitConflict,
     CommitExpired,
     CommitInDoubt,
     CorruptData,
+    DeliveryTimeout,
     Forbidden,
     ForwardExpired,
     GroupConflict,
@@ -43,6 +46,7 @@ from llog_client._errors import (
     PartitionsOnlyGrow,
     PayloadTooLarge,
     ProduceExpired,
+    ProducerClosed,
     QuotaExceeded,
     RequestError,
     RoleDisabled,
@@ -75,10 +79,13 @@ from llog_client._models import (
     ProducedBatch,
     ProduceResult,
     Record,
+    RecordMetadata,
     TopicDescription,
     TopicInfo,
 )
 from llog_client._params import UNSET
+from llog_client._producer import Producer
+from llog_client._producer_core import AsyncRecordFuture, ProducerSettings, RecordFuture
 from llog_client._retry import NO_RETRIES, ProduceLimits, RetryPolicy
 from llog_client._sync import LlogClient
 
@@ -89,7 +96,10 @@ __all__ = [
     "AccessError",
     "AppendError",
     "AsyncLlogClient",
+    "AsyncProducer",
+    "AsyncRecordFuture",
     "BackPressureRejected",
+    "BufferFull",
     "ClientError",
     "CommitConflict",
     "CommitExpired",
@@ -97,6 +107,7 @@ __all__ = [
     "Compression",
     "ConsumedRecord",
     "CorruptData",
+    "DeliveryTimeout",
     "Fetched",
     "Forbidden",
     "ForwardExpired",
@@ -130,8 +141,13 @@ __all__ = [
     "ProduceLimits",
     "ProduceResult",
     "ProducedBatch",
+    "Producer",
+    "ProducerClosed",
+    "ProducerSettings",
     "QuotaExceeded",
     "Record",
+    "RecordFuture",
+    "RecordMetadata",
     "RequestError",
     "RetryPolicy",
     "RoleDisabled",

@@ -300,6 +300,24 @@ class UnexpectedResponse(ClientError):
     documented JSON (a proxy's error page, say). Retriable when the status is 5xx."""
 
 
+class ProducerClosed(ClientError):
+    """The producer was closed: it takes no more records, and records it had not
+    delivered when it stopped fail with this."""
+
+
+class BufferFull(ClientError):
+    """A producer's buffer stayed full for ``max_block_ms``: the brokers take records
+    more slowly than they are sent (nothing of this record was sent)."""
+
+    retriable = True
+
+
+class DeliveryTimeout(ClientError):
+    """A producer's batch was not acknowledged within ``delivery_timeout_ms``.
+    ``maybe_written`` when an attempt may have reached a broker; the last attempt's
+    error is the ``__cause__``."""
+
+
 def _leaves(cls: type[LlogError]) -> dict[str, type[LlogError]]:
     out: dict[str, type[LlogError]] = {}
     for sub in cls.__subclasses__():

@@ -65,6 +65,17 @@ class ProduceResult:
         return [(b.partition, o) for b in self.batches for o in b.offsets]
 
 
+@dataclass(frozen=True, slots=True)
+class RecordMetadata:
+    """Where a producer's record was appended. ``duplicate``: a retry of its batch found
+    it committed by an earlier attempt (it is stored once, at this offset)."""
+
+    topic: str
+    partition: int
+    offset: int
+    duplicate: bool = False
+
+
 @dataclass(frozen=True)
 class ConsumedRecord:
     topic: str

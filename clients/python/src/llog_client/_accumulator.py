@@ -1,0 +1,323 @@
+"""The producer's records waiting to be sent, gathered per partition into batches; free
+of I/O, so the sync and the async producer share it.
+
+A batch takes records until it holds ``batch_bytes``; it is ready to go when it is full,
+when its first record has waited ``linger_s``, or when a flush asks for everything. A
+request takes ready batches of many partitions, up to ``max_request_bytes``. Once a batch
+has been drained into a request it is *sealed*: its records and its idempotency key never
+change again, so every retry of it is the same append and the broker writes it at most
+once (docs/http-api.md, Idempotency keys).
+
+With ``ordered`` (the default), a partition has at most one batch in flight, and a batch
+to retry goes back to the front of its partition's queue: records of a partition are
+appended in the order they were sent, however many retries it takes (Kafka's
+``max.in.flight.requests.per.connection=1``). Unordered, many batches of a partition
+travel at once and a retried one may land after a later one.
+
+Every method is called with the producer's lock held: the sync producer's threads append
+while its sender thread drains.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from llog_client._errors import LlogError, ProducerClosed
+
+# A record's bytes besides its value and key, for the size bound (lengths, timestamp).
+RECORD_OVERHEAD = 16
+# Where a batch goes: topic, partition (-1: the broker places it by ``key``), key.
+Route = tuple[str, int, bytes | None]
+
+
+class Batch:
+    """Records bound for one partition, sent and acknowledged together.
+
+    Plain slots and lists, no object per record: a record is a position in the batch's
+    columns, and what a caller holds for it (a future) is the batch and that position."""
+
+    __slots__ = (
+        "alone",
+        "attempts",
+        "base_offset",
+        "callbacks",
+        "created",
+        "deadline",
+        "duplicate",
+        "error",
+        "finished",
+        "full",
+        "headers",
+        "idempotency_key",
+        "keys",
+        "last_error",
+        "observed",
+        "plain",
+        "ready_at",
+        "route",
+        "sealed",
+        "serial",
+        "size",
+        "timestamps",
+        "values",
+        "waiter",
+    )
+
+    def __init__(self, route: Route, created: float, deadline: float, waiter: Any) -> None:
+        self.route = route
+        self.values: list[bytes] = []
+        self.keys: list[bytes | None] | None = None  # None until a record has a key
+        self.timestamps: list[int] | None = None
+        self.headers: list[Sequence[tuple[str, bytes]]] | None = None
+        self.size = 0
+        self.created = created
+        self.deadline = deadline
+        self.idempotency_key = ""
+        self.attempts = 0
+        self.ready_at = created  # a batch to retry waits out its backoff
+        self.sealed = self.full = self.finished = False
+        self.base_offset = -1
+        self.duplicate = False
+        self.error: LlogError | None = None
+        self.last_error: LlogError | None = None
+        self.waiter = waiter  # set once the batch is finished (threading or anyio Event)
+        self.callbacks: list[Callable[[], None]] | None = None
+        self.alone = False  # refused whole with other batches: sent by itself from then on
+        self.observed = False  # a caller read a future of it (or a delivery callback did)
+        self.serial = 0  # the accumulator's count of batches, for flush
+        self.plain = True  # every record so far is a value alone (no key, headers, time)
+
+    @property
+    def topic(self) -> str:
+        return self.route[0]
+
+    @property
+    def partition(self) -> int:
+        return self.route[1]
+
+    def add(self, value: bytes, key: bytes | None, headers: Sequence[tuple[str, bytes]],
+            timestamp_ms: int | None, size: int) -> int:
+        """Append one record; its index in the batch. A column appears with the first
+        record that needs it, filled with "none" for the records before."""
+        index = len(self.values)
+        self.values.append(value)
+        if key is not None or timestamp_ms is not None or headers:
+            self.plain = False
+        if key is not None or self.keys is not None:
+            if self.keys is None:
+                self.keys = [None] * index
+            self.keys.append(key)
+        if timestamp_ms is not None or self.timestamps is not None:
+            if self.timestamps is None:
+                self.timestamps = [-1] * index
+            self.timestamps.append(-1 if timestamp_ms is None else timestamp_ms)
+        if headers or self.headers is not None:
+            if self.headers is None:
+                self.headers = [()] * index
+            self.headers.append(headers)
+        self.size += size
+        return index
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def finish(self, base_offset: int, duplicate: bool) -> None:
+        """Acknowledged (lock held: a callback added from now on runs at once)."""
+        self.base_offset, self.duplicate = base_offset, duplicate
+        self.finished = True
+
+    def fail(self, error: LlogError) -> None:
+        """Failed for good (lock held)."""
+        self.error = error
+        self.finished = True
+
+    def notify(self) -> None:
+        """Wake the batch's waiters and run its callbacks (lock not held: a callback may
+        send again)."""
+        self.waiter.set()
+        for callback in self.callbacks or ():
+            callback()
+
+
+class Accumulator:
+    """Each partition's queue of batches; see the module."""
+
+    def __init__(self, *, batch_bytes: int, batch_records: int, linger_s: float,
+                 ordered: bool, new_waiter: Callable[[], Any], clock: Callable[[], float]
+                 ) -> None:
+        self.batch_bytes = batch_bytes
+        self.batch_records = batch_records  # a request's record limit holds one batch
+        self.linger_s = linger_s
+        self.ordered = ordered
+        self._new_waiter = new_waiter
+        self._clock = clock
+        self._queues: dict[Route, deque[Batch]] = {}
+        self._in_flight: dict[Route, int] = {}
+        self.buffered = 0  # bytes of records appended and not yet finished
+        self._serial = 0
+        self.unfinished: dict[int, Batch] = {}  # by serial, oldest first: what flush waits on
+        self.flushing = 0  # flushes under way: every batch is ready meanwhile
+        # No appends once set (close, or the sender's crash): what is queued is sent, or
+        # failed, and nothing comes in behind it that no sender would settle.
+        self.closed = False
+
+    def append(self, route: Route, value: bytes, key: bytes | None,
+               headers: Sequence[tuple[str, bytes]], timestamp_ms: int | None,
+               size: int, deadline_s: float) -> tuple[Batch, int, bool]:
+        """Add a record to its partition's open batch (a new one when the last is sealed
+        or full): the batch, the record's index, and whether the sender should look now
+        (a new batch starts its linger; a full one is ready)."""
+        queue = self._queues.get(route)
+        if queue and key is None and timestamp_ms is None and not headers and not self.closed:
+            tail = queue[-1]
+            if tail.plain and not (tail.sealed or tail.full):
+                # The common case (a value alone, an open batch of values alone) without
+                # a call: this runs once per record.
+                index = len(tail.values)
+                tail.values.append(value)
+                tail.size += size
+                self.buffered += size
+                if tail.size >= self.batch_bytes or index + 1 >= self.batch_records:
+                    tail.full = True
+                    return tail, index, True
+                return tail, index, False
+        if self.closed:
+            raise ProducerClosed("the producer is closed")
+        if queue is None:
+            queue = self._queues[route] = deque()
+        batch = queue[-1] if queue else None
+        opened = False
+        if batch is None or batch.sealed or batch.full:
+            now = self._clock()
+            batch = Batch(route, now, now + deadline_s, self._new_waiter())
+            self._serial += 1
+            batch.serial = self._serial
+            self.unfinished[batch.serial] = batch
+            queue.append(batch)
+            opened = True
+        index = batch.add(value, key, headers, timestamp_ms, size)
+        self.buffered += size
+        if batch.size >= self.batch_bytes or index + 1 >= self.batch_records:
+            batch.full = True
+            return batch, index, True
+        return batch, index, opened
+
+    def _sendable(self, route: Route, now: float) -> Batch | None:
+        queue = self._queues.get(route)
+        if not queue or (self.ordered and self._in_flight.get(route)):
+            return None
+        head = queue[0]
+        if head.ready_at > now:
+            return None
+        if head.full or self.flushing or head.sealed or now >= head.created + self.linger_s:
+            return head
+        return None
+
+    def drain(self, now: float, max_bytes: int, max_records: int, max_entries: int,
+              group: Callable[[Batch], object] | None = None) -> list[Batch]:
+        """Ready batches for one request, sealed and counted in flight: at most
+        ``max_bytes`` of records (one batch at least), ``max_records`` and
+        ``max_entries``; with ``group``, only batches of the first one's group (the
+        broker each goes to)."""
+        taken: list[Batch] = []
+        size = records = 0
+        first_group: object = None
+        for route in list(self._queues):
+            batch = self._sendable(route, now)
+            if batch is None:
+                continue
+            if taken and (batch.alone or size + batch.size > max_bytes
+                          or records + len(batch) > max_records or len(taken) >= max_entries):
+                continue
+            if group is not None:
+                mine = group(batch)
+                if not taken:
+                    first_group = mine
+                elif mine != first_group:
+                    continue
+            queue = self._queues[route]
+            queue.popleft()
+            if not queue:
+                del self._queues[route]  # routes by key come and go
+            batch.sealed = True
+            self._in_flight[route] = self._in_flight.get(route, 0) + 1
+            taken.append(batch)
+            size += batch.size
+            records += len(batch)
+            if batch.alone:
+                break
+        return taken
+
+    def requeue(self, batch: Batch, ready_at: float) -> None:
+        """A batch to send again after ``ready_at``: first of its partition's queue."""
+        self._landed(batch.route)
+        batch.ready_at = ready_at
+        self._queues.setdefault(batch.route, deque()).appendleft(batch)
+
+    def settled(self, batch: Batch) -> None:
+        """A batch that was in flight is finished: its bytes are free."""
+        self._landed(batch.route)
+        self._forget(batch)
+
+    def _forget(self, batch: Batch) -> None:
+        self.buffered -= batch.size
+        self.unfinished.pop(batch.serial, None)
+
+    def _landed(self, route: Route) -> None:
+        left = self._in_flight.get(route, 0) - 1
+        if left > 0:
+            self._in_flight[route] = left
+        else:
+            self._in_flight.pop(route, None)
+
+    def expired(self, now: float) -> list[Batch]:
+        """Queued batches past their delivery deadline, taken out (the caller fails
+        them; their bytes are freed here)."""
+        out: list[Batch] = []
+        for route, queue in list(self._queues.items()):
+            while queue and queue[0].deadline <= now:
+                batch = queue.popleft()
+                self._forget(batch)
+                out.append(batch)
+            if not queue:
+                del self._queues[route]
+        return out
+
+    def next_check_s(self, now: float) -> float:
+        """How long the sender may sleep before a batch could be ready or expire
+        (infinity when nothing waits; appends wake it)."""
+        soonest = math.inf
+        for route, queue in self._queues.items():
+            if not queue:
+                continue
+            head = queue[0]
+            soonest = min(soonest, head.deadline)
+            if self.ordered and self._in_flight.get(route):
+                continue  # waits for its predecessor's answer, which wakes the sender
+            due = head.created + self.linger_s
+            if head.full or head.sealed or self.flushing:
+                due = head.ready_at
+            soonest = min(soonest, max(due, head.ready_at))
+        return max(0.0, soonest - now)
+
+    def batches(self) -> Iterator[Batch]:
+        """Every queued batch (not those in flight)."""
+        for queue in self._queues.values():
+            yield from queue
+
+    def in_flight(self) -> int:
+        return sum(self._in_flight.values())
+
+    def empty(self) -> bool:
+        return not any(self._queues.values()) and not self._in_flight
+
+    def take_all(self) -> list[Batch]:
+        """Every queued batch, taken out (closing: the caller fails them)."""
+        out = list(self.batches())
+        for batch in out:
+            self._forget(batch)
+        self._queues.clear()
+        return out

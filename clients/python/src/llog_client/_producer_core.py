@@ -1,0 +1,349 @@
+"""What the sync and the async producer share: their settings, a record checked and
+placed in its partition, and the future a caller holds for it."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from llog_client._accumulator import RECORD_OVERHEAD, Accumulator, Batch, Route
+from llog_client._batching import KeySource
+from llog_client._compression import Compression, checked
+from llog_client._config import ClientConfig, Routing, broker_urls, routes_for
+from llog_client._errors import BufferFull, LlogError, PayloadTooLarge
+from llog_client._models import Bytesish, RecordMetadata
+from llog_client._partitioner import partition_for_key
+from llog_client._producer_metrics import ProducerMetrics
+from llog_client._retry import ProduceLimits, RetryPolicy
+from llog_client._sender import Sender, SenderSettings
+from llog_client._topic_meta import TopicMeta
+
+MiB = 1024 * 1024
+# A header's name is 1 to 256 characters; a record has at most 64 (the broker's limits).
+MAX_HEADER_NAME = 256
+DeliveryCallback = Callable[[RecordMetadata | None, LlogError | None], None]
+Headers = Sequence[tuple[str, Bytesish]] | None
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    """See :class:`~llog_client.Producer`. The defaults were chosen by measurement
+    (docs/client.md, Producer): a batch of 1 MiB per partition and requests of 4 MiB
+    keep the broker's per-request costs small at full speed, and 5 ms of linger (what
+    Kafka's clients wait by default) costs a lone record little latency."""
+
+    linger_ms: float = 5.0
+    batch_bytes: int = 1 * MiB
+    max_request_bytes: int = 4 * MiB
+    max_request_records: int = 100_000
+    max_request_entries: int = 1_000
+    max_in_flight: int = 8
+    buffer_bytes: int = 64 * MiB
+    max_block_ms: float = 60_000.0
+    delivery_timeout_ms: float = 120_000.0
+    request_timeout_s: float = 30.0
+    retry_backoff_ms: float = 100.0
+    retry_backoff_max_ms: float = 1_000.0
+    ordered: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("batch_bytes", "max_request_bytes", "max_request_records",
+                     "max_request_entries", "max_in_flight", "buffer_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if self.batch_bytes > self.max_request_bytes:
+            raise ValueError("batch_bytes must be at most max_request_bytes")
+        if self.linger_ms < 0 or self.max_block_ms < 0:
+            raise ValueError("linger_ms and max_block_ms must not be negative")
+        if self.delivery_timeout_ms < self.request_timeout_s * 1000:
+            raise ValueError("delivery_timeout_ms must be at least the request timeout")
+
+    def sender(self, compression: Compression | None) -> SenderSettings:
+        return SenderSettings(
+            max_in_flight=self.max_in_flight, max_request_bytes=self.max_request_bytes,
+            max_request_records=self.max_request_records,
+            max_request_entries=self.max_request_entries,
+            delivery_timeout_s=self.delivery_timeout_ms / 1000,
+            backoff_s=self.retry_backoff_ms / 1000,
+            backoff_max_s=self.retry_backoff_max_ms / 1000, compression=compression)
+
+
+def as_bytes(value: Bytesish | bytearray | memoryview, what: str) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise TypeError(f"a record's {what} is bytes or str, not {type(value).__name__}")
+
+
+def as_headers(headers: Headers) -> tuple[tuple[str, bytes], ...]:
+    if not headers:
+        return ()
+    out = tuple((str(name), as_bytes(value, "header value")) for name, value in headers)
+    for name, _ in out:
+        if not 1 <= len(name) <= MAX_HEADER_NAME:
+            raise ValueError(f"a header name is 1 to {MAX_HEADER_NAME} characters")
+    return out
+
+
+class ProducerCore:
+    """The state both producers keep: the accumulator and its lock, what is known of
+    each topic, the idempotency keys and the counters."""
+
+    def __init__(self, brokers: str | Sequence[str] | None, settings: ProducerSettings,
+                 compression: Compression | None, route: Routing,
+                 new_waiter: Callable[[], Any]) -> None:
+        self.settings = settings
+        self.compression = None if compression is None else checked(compression)
+        self.config = ClientConfig(broker_urls(brokers), settings.request_timeout_s,
+                                   RetryPolicy(), ProduceLimits(), routes=routes_for(route))
+        self.lock = threading.Lock()
+        self.acc = Accumulator(batch_bytes=settings.batch_bytes,
+                               batch_records=settings.max_request_records,
+                               linger_s=settings.linger_ms / 1000, ordered=settings.ordered,
+                               new_waiter=new_waiter, clock=time.monotonic)
+        self.topics: dict[str, TopicMeta] = {}
+        self.keys = KeySource()
+        self.metrics = ProducerMetrics()
+        self.closed = False
+        self.delivery_s = settings.delivery_timeout_ms / 1000
+        self.max_record_size = min(settings.max_request_bytes, settings.buffer_bytes)
+        self.buffer_bytes = settings.buffer_bytes
+
+    def record(self, value: Bytesish | bytearray | memoryview, key: Bytesish | None,
+               headers: Headers) -> tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...],
+                                          int]:
+        """The record as bytes, and its size against the limits (``buffer_bytes`` and
+        ``max_request_bytes``: a record over them could never be sent)."""
+        if type(value) is bytes and key is None and not headers:  # the common case, fast
+            size = len(value) + RECORD_OVERHEAD
+            if size > self.max_record_size:
+                raise self._too_large(size)
+            return value, None, (), size
+        raw = as_bytes(value, "value")
+        raw_key = None if key is None else as_bytes(key, "key")
+        raw_headers = as_headers(headers)
+        size = len(raw) + RECORD_OVERHEAD + (0 if raw_key is None else len(raw_key))
+        for name, header_value in raw_headers:
+            size += len(name) + len(header_value) + 6
+        if size > self.max_record_size:
+            raise self._too_large(size)
+        return raw, raw_key, raw_headers, size
+
+    def _too_large(self, size: int) -> PayloadTooLarge:
+        return PayloadTooLarge(
+            f"a record of {size} bytes is over the producer's max_request_bytes "
+            f"({self.settings.max_request_bytes}) or buffer_bytes "
+            f"({self.settings.buffer_bytes})")
+
+    def needs_topic(self, partition: int | None) -> bool:
+        """Whether a record needs what is known of its topic: to place it (no partition
+        given) or to choose the compression of its request (none given)."""
+        return partition is None or self.compression is None
+
+    def place(self, meta: TopicMeta, topic: str, key: bytes | None, partition: int | None
+              ) -> Route:
+        """The partition given; else the key's, as the broker computes it; else the
+        topic's sticky partition (it moves on once its batch is full or sent, so
+        records without a key spread over the partitions a batch at a time)."""
+        if partition is not None:
+            if partition < 0:
+                raise ValueError("a partition is 0 or more")
+            return topic, partition, None
+        count = meta.partitions
+        if key is not None:
+            if count is None:  # not created yet: the broker places it by its key
+                return topic, -1, key
+            return topic, partition_for_key(key, count), None
+        if count is None:
+            return topic, 0, None
+        return self.sticky_route(meta, topic)
+
+    @staticmethod
+    def sticky_route(meta: TopicMeta, topic: str) -> Route:
+        """Where records without key or partition go: the topic's sticky partition,
+        which moves on once the batch it fills is full or sent."""
+        route, held = meta.sticky_route, meta.sticky_batch
+        if route is not None and held is not None and not (held.sealed or held.full):
+            return route
+        assert meta.partitions is not None
+        if held is not None:
+            meta.sticky = (meta.sticky + 1) % meta.partitions
+            meta.sticky_batch = None
+        route = meta.sticky_route = (topic, meta.sticky % meta.partitions, None)
+        return route
+
+    def enqueue(self, meta: TopicMeta, topic: str, partition: int | None, value: bytes,
+                key: bytes | None, headers: tuple[tuple[str, bytes], ...],
+                timestamp_ms: int | None, size: int,
+                wait_for_space: Callable[[int], None] | None) -> tuple[Batch, int, bool]:
+        """Place the record and append it to its partition's batch (under the lock, after
+        ``wait_for_space`` when the buffer is full): the batch, the record's index, and
+        whether the sender should look now. Once per record: kept free of calls for the
+        common case."""
+        sticky = key is None and partition is None and meta.partitions is not None
+        held = meta.sticky_batch
+        if sticky and held is not None and not (held.sealed or held.full):
+            route = meta.sticky_route or self.place(meta, topic, None, None)
+        else:
+            route = self.place(meta, topic, key, partition)
+        acc = self.acc
+        with self.lock:
+            if wait_for_space is not None and acc.buffered + size > self.buffer_bytes:
+                wait_for_space(size)
+            batch, index, wake = acc.append(route, value, key, headers, timestamp_ms, size,
+                                            self.delivery_s)
+            if sticky:
+                meta.sticky_batch = batch
+        return batch, index, wake
+
+    def lookup_failed(self, topic: str) -> BufferFull:
+        return BufferFull(f"topic {topic!r} could not be looked up within max_block_ms "
+                          f"({self.settings.max_block_ms:g} ms)")
+
+    def buffer_full(self) -> BufferFull:
+        return BufferFull(f"the producer's buffer ({self.settings.buffer_bytes} bytes) "
+                          f"stayed full for {self.settings.max_block_ms:g} ms")
+
+    def flush_started(self) -> list[Batch]:
+        """Every batch not yet settled, each made ready at once until
+        :meth:`flush_ended`: what a flush waits for."""
+        with self.lock:
+            self.acc.flushing += 1
+            return list(self.acc.unfinished.values())
+
+    def flush_ended(self) -> None:
+        with self.lock:
+            self.acc.flushing -= 1
+
+    async def refresh(self, sender: Sender, topic: str) -> None:
+        """Read ``topic`` again (in the background): on failure, what was known stays,
+        and the next use after its age retries."""
+        with contextlib.suppress(Exception):
+            self.remember(topic, await sender.topic(topic))
+
+    def remember(self, topic: str, found: TopicMeta) -> TopicMeta:
+        """A topic read again keeps its sticky partition."""
+        old = self.topics.get(topic)
+        if old is not None:
+            found.sticky, found.sticky_batch = old.sticky, old.sticky_batch
+        self.topics[topic] = found
+        return found
+
+    def snapshot(self) -> dict[str, float]:
+        with self.lock:
+            buffered = self.acc.buffered
+        return self.metrics.snapshot(buffered)
+
+
+class _FutureBase:
+    """The future of one record: its batch and its place in it (no object per record
+    is made until a caller asks for the result)."""
+
+    __slots__ = ("_batch", "_index", "_lock")
+
+    def __init__(self, batch: Batch, index: int, lock: threading.Lock) -> None:
+        self._batch, self._index, self._lock = batch, index, lock
+
+    def done(self) -> bool:
+        return self._batch.finished
+
+    def _outcome(self) -> RecordMetadata:
+        batch = self._batch
+        batch.observed = True
+        if batch.error is not None:
+            raise batch.error
+        return RecordMetadata(batch.route[0], batch.route[1], batch.base_offset + self._index,
+                              batch.duplicate)
+
+    def add_done_callback(self, fn: Callable[[Any], object]) -> None:
+        """``fn(future)`` once the record is acknowledged or failed (at once if it
+        is): on the sender's thread (sync) or loop (async)."""
+        batch = self._batch
+        with self._lock:
+            if not batch.finished:
+                if batch.callbacks is None:
+                    batch.callbacks = []
+                batch.callbacks.append(functools.partial(_call, fn, self))
+                return
+        fn(self)
+
+
+def _call(fn: Callable[[Any], object], future: _FutureBase) -> None:
+    fn(future)
+
+
+class RecordFuture(_FutureBase):
+    """:meth:`result` blocks until the record is acknowledged (its
+    :class:`~llog_client.RecordMetadata`) or raises its error."""
+
+    __slots__ = ()
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        if not self._batch.finished and not self._batch.waiter.wait(timeout):
+            raise TimeoutError("the record is not settled yet")
+        return self._outcome()
+
+    def exception(self, timeout: float | None = None) -> LlogError | None:
+        try:
+            self.result(timeout)
+        except LlogError as exc:
+            return exc
+        return None
+
+
+class AsyncRecordFuture(_FutureBase):
+    """``await`` it for the record's :class:`~llog_client.RecordMetadata` (or its
+    error)."""
+
+    __slots__ = ()
+
+    def result(self) -> RecordMetadata:
+        """The outcome of a settled record (``InvalidStateError``-like RuntimeError
+        before)."""
+        if not self._batch.finished:
+            raise RuntimeError("the record is not settled yet: await it")
+        return self._outcome()
+
+    def __await__(self) -> Generator[Any, None, RecordMetadata]:
+        if not self._batch.finished:
+            yield from self._batch.waiter.wait().__await__()
+        return self._outcome()
+
+
+def delivery_hook(callback: DeliveryCallback | None) -> Callable[[Batch], None]:
+    """What runs for each finished batch: the caller's callback once per record."""
+    if callback is None:
+        return lambda batch: None
+
+    def deliver(batch: Batch) -> None:
+        batch.observed = True
+        error = batch.error
+        topic, partition, _ = batch.route
+        for index in range(len(batch)):
+            if error is not None:
+                callback(None, error)
+            else:
+                callback(RecordMetadata(topic, partition, batch.base_offset + index,
+                                        batch.duplicate), None)
+
+    return deliver
+
+
+def unobserved_error(batches: Sequence[Batch]) -> LlogError | None:
+    """The first failure among ``batches`` that no caller has seen, marked seen: flush
+    raises it, so no failure goes unnoticed."""
+    for batch in batches:
+        if batch.error is not None and not batch.observed:
+            for other in batches:
+                if other.error is not None:
+                    other.observed = True
+            return batch.error
+    return None

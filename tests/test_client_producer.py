@@ -1,0 +1,225 @@
+"""The batching producer (llog_client.Producer, AsyncProducer) against real brokers on
+the real stack: what it stores, where, in which order, and what it does when brokers
+fail, fill up or refuse."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import defaultdict
+from urllib.parse import urlsplit
+
+import anyio
+import httpx
+import pytest
+
+from app.storage.partitioner import partition_for_key as brokers_partition
+from llog_client import (
+    AsyncProducer,
+    BufferFull,
+    LlogClient,
+    PayloadTooLarge,
+    Producer,
+    ProducerClosed,
+    RecordMetadata,
+)
+from llog_client._partitioner import partition_for_key
+from tests.helpers.cut_proxy import cutting_proxy_thread
+from tests.helpers.stack import Broker, BrokerFactory
+
+# The shared test broker refuses requests over 256 KiB and 1000 records.
+SMALL = {"max_request_bytes": 200_000, "batch_bytes": 50_000, "max_request_records": 1000}
+
+
+def _read_all(url: str, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
+    out: dict[int, list[tuple[int, bytes]]] = {}
+    with LlogClient(url) as llog:
+        for p in range(partitions):
+            out[p] = [(r.offset, r.value) for r in llog.iter_records(
+                topic, p, start="earliest", follow=False)]
+    return out
+
+
+def test_client_places_keys_as_the_broker_does() -> None:
+    keys = [os.urandom(n) for n in range(40) for _ in range(25)] + [b"", b"customer-17"]
+    for partitions in (1, 2, 3, 7, 12, 1000):
+        assert [partition_for_key(k, partitions) for k in keys] == [
+            brokers_partition(k, partitions) for k in keys]
+
+
+def test_records_land_where_the_broker_would_put_them(broker: Broker, topic: str) -> None:
+    with LlogClient(broker.url) as llog:
+        llog.create_topic(topic, 5)
+        # The broker's own placement: an entry without a partition, by its one key.
+        by_broker = {}
+        for i in range(20):
+            key = f"k{i}".encode()
+            result = httpx.post(f"{broker.url}/produce", json={"topic_partitions": [
+                {"topic": topic, "records": [{"value": "x", "key": key.decode()}]}]})
+            by_broker[key] = result.json()["results"][0]["partition"]
+    with Producer(broker.url, **SMALL) as producer:
+        futures = {k: producer.send(topic, b"v", key=k) for k in by_broker}
+        producer.flush()
+    assert {k: f.result().partition for k, f in futures.items()} == by_broker
+
+
+def test_round_trip_of_every_kind_of_record(broker: Broker, topic: str) -> None:
+    records = [(f"value-{i}".encode() * (i % 7), None if i % 3 else f"key-{i % 5}".encode(),
+                [("trace", f"t{i}".encode())] if i % 11 == 0 else None,
+                1_700_000_000_000 + i if i % 4 == 0 else None) for i in range(1500)]
+    with LlogClient(broker.url) as llog:
+        llog.create_topic(topic, 3)
+    with Producer(broker.url, **SMALL) as producer:
+        futures = [producer.send(topic, v, key=k, headers=h, timestamp_ms=t)
+                   for v, k, h, t in records]
+        producer.flush()
+    placed = [f.result() for f in futures]
+    assert all(isinstance(m, RecordMetadata) and m.topic == topic for m in placed)
+    stored = {}
+    with LlogClient(broker.url) as llog:
+        for p in range(3):
+            for r in llog.iter_records(topic, p, start="earliest", follow=False):
+                stored[(p, r.offset)] = (r.value, r.key, list(r.headers) or None, r.timestamp_ms)
+    assert len(stored) == len(records)
+    for (value, key, headers, ts), meta in zip(records, placed, strict=True):
+        assert stored[(meta.partition, meta.offset)] == (value, key, headers, ts)
+        if key is not None:
+            assert meta.partition == partition_for_key(key, 3)
+
+
+def test_records_of_a_partition_keep_their_order(broker: Broker, topic: str) -> None:
+    with LlogClient(broker.url) as llog:
+        llog.create_topic(topic, 4)
+    with Producer(broker.url, linger_ms=1, **SMALL) as producer:
+        futures = [producer.send(topic, f"{i:06d}".encode(), key=f"k{i % 9}".encode())
+                   for i in range(6000)]
+        producer.flush()
+        metrics = producer.metrics()
+    assert metrics["records_sent"] == 6000 and metrics["records_failed"] == 0
+    assert metrics["batches_sent"] < 600  # batched, not a request per record
+    by_key: dict[int, list[int]] = defaultdict(list)
+    for f in futures:
+        m = f.result()
+        by_key[m.partition].append(m.offset)
+    for offsets in by_key.values():
+        assert offsets == sorted(offsets)
+    stored = _read_all(broker.url, topic, 4)
+    for p, rows in stored.items():
+        values = [int(v) for _, v in rows]
+        assert values == sorted(values), f"partition {p} out of order"
+    assert sum(map(len, stored.values())) == 6000
+
+
+def test_retries_after_cut_answers_store_each_record_once(broker: Broker, topic: str) -> None:
+    """The first answers are cut after the broker committed: the retries carry the
+    batches' idempotency keys, so nothing is stored twice and order holds."""
+    parts = urlsplit(broker.url)
+    with LlogClient(broker.url) as llog:
+        llog.create_topic(topic, 2)
+    with cutting_proxy_thread(parts.hostname or "", parts.port or 0, cut_first=3) as proxy, \
+            Producer(proxy.url, linger_ms=2, retry_backoff_ms=10, compression="none",
+                     **SMALL) as producer:
+        futures = [producer.send(topic, f"{i:05d}".encode(), partition=i % 2)
+                   for i in range(3000)]
+        producer.flush()
+        metrics = producer.metrics()
+    assert proxy.cuts == 3 and metrics["retries"] >= 1
+    assert any(f.result().duplicate for f in futures)
+    stored = _read_all(broker.url, topic, 2)
+    for p in (0, 1):
+        assert [int(v) for _, v in stored[p]] == list(range(p, 3000, 2))
+    assert {(f.result().partition, f.result().offset) for f in futures} == {
+        (p, o) for p, rows in stored.items() for o, _ in rows}
+
+
+def test_a_broker_killed_mid_flight_duplicates_nothing(brokers: BrokerFactory,
+                                                       topic: str) -> None:
+    first, second = brokers.start(), brokers.start()
+    with LlogClient(first.url) as llog:
+        llog.create_topic(topic, 3)
+    acked = threading.Event()
+
+    def on_delivery(meta: RecordMetadata | None, error: Exception | None) -> None:
+        if meta is not None:
+            acked.set()
+
+    with Producer([first.url, second.url], linger_ms=2, retry_backoff_ms=20,
+                  request_timeout_s=10, on_delivery=on_delivery, **SMALL) as producer:
+        futures = [producer.send(topic, f"{i:06d}".encode(), key=f"{i % 13}".encode())
+                   for i in range(2000)]
+        assert acked.wait(30)
+        first.process.signal(signal.SIGKILL)
+        futures += [producer.send(topic, f"{i:06d}".encode(), key=f"{i % 13}".encode())
+                    for i in range(2000, 6000)]
+        producer.flush(timeout=120)
+    placed = [f.result() for f in futures]
+    stored = _read_all(second.url, topic, 3)
+    values = [v for rows in stored.values() for _, v in rows]
+    assert sorted(values) == [f"{i:06d}".encode() for i in range(6000)]  # once each
+    lookup = {(p, o): v for p, rows in stored.items() for o, v in rows}
+    assert [lookup[(m.partition, m.offset)] for m in placed] == [
+        f"{i:06d}".encode() for i in range(6000)]
+
+
+def test_a_full_buffer_blocks_then_raises(brokers: BrokerFactory, topic: str) -> None:
+    """Nobody answers (the broker is stopped): sends fill the buffer, block, and raise
+    BufferFull after max_block_ms; the bytes held never pass buffer_bytes."""
+    paused = brokers.start()
+    with LlogClient(paused.url) as llog:
+        llog.create_topic(topic, 1)
+    try:
+        with Producer(paused.url, buffer_bytes=64_000, max_block_ms=300, linger_ms=1,
+                      request_timeout_s=2, delivery_timeout_ms=4000, **SMALL) as producer:
+            producer.send(topic, b"known", partition=0).result(10)  # the topic is looked up
+            paused.process.signal(signal.SIGSTOP)
+            sent = 0
+            with pytest.raises(BufferFull):
+                for _ in range(1000):
+                    producer.send(topic, b"x" * 1000)
+                    sent += 1
+                    assert producer.metrics()["buffered_bytes"] <= 64_000
+            assert 40 <= sent <= 64
+    finally:
+        paused.process.signal(signal.SIGCONT)
+
+
+def test_close_delivers_what_was_queued_and_refuses_more(broker: Broker, topic: str) -> None:
+    producer = Producer(broker.url, linger_ms=10_000, **SMALL)  # nothing leaves by linger
+    futures = [producer.send(topic, f"r{i}".encode(), partition=0) for i in range(100)]
+    assert not any(f.done() for f in futures)
+    producer.close()
+    assert [f.result(0).offset for f in futures] == list(range(1, 101))
+    with pytest.raises(ProducerClosed):
+        producer.send(topic, b"late", partition=0)
+
+
+def test_flush_raises_a_failure_nobody_saw(broker: Broker, topic: str) -> None:
+    """One record over the broker's max_record_bytes (64 KiB) fails its batch alone: the
+    request it shared is sent again batch by batch, and flush reports the failure."""
+    with LlogClient(broker.url) as llog:
+        llog.create_topic(topic, 2)
+    with Producer(broker.url, linger_ms=50, **SMALL) as producer:
+        good = [producer.send(topic, b"fine", partition=0) for _ in range(10)]
+        bad = producer.send(topic, b"x" * 70_000, partition=1)
+        with pytest.raises(PayloadTooLarge):
+            producer.flush()
+        producer.flush()  # reported once
+    assert [f.result().offset for f in good] == list(range(1, 11))
+    assert isinstance(bad.exception(), PayloadTooLarge)
+
+
+def test_async_producer_round_trip(broker: Broker, topic: str) -> None:
+    async def main() -> list[RecordMetadata]:
+        async with AsyncProducer(broker.url, **SMALL) as producer:
+            first = await producer.send_and_wait(topic, b"first", partition=0)
+            futures = [await producer.send(topic, f"r{i}".encode(), partition=0)
+                       for i in range(500)]
+            await producer.flush()
+            assert "llog_producer_records_sent_total 501" in producer.prometheus()
+            return [first, *[await f for f in futures]]
+
+    placed = anyio.run(main)
+    assert [m.offset for m in placed] == list(range(1, 502))
+    stored = _read_all(broker.url, topic, 1)[0]
+    assert [v for _, v in stored] == [b"first", *[f"r{i}".encode() for i in range(500)]]
