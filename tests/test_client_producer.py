@@ -223,3 +223,69 @@ def test_async_producer_round_trip(broker: Broker, topic: str) -> None:
     assert [m.offset for m in placed] == list(range(1, 502))
     stored = _read_all(broker.url, topic, 1)[0]
     assert [v for _, v in stored] == [b"first", *[f"r{i}".encode() for i in range(500)]]
+
+
+class MockBrokers:
+    """Brokers as an httpx mock transport: each produce body is read by the broker's own
+    parser (app/wire/produce.py) and appended to an in-memory log; ``GET /topics/{t}``
+    answers ``partitions`` and ``compression``; ``GET /cluster`` the members."""
+
+    def __init__(self, partitions: int = 4, compression: str = "none") -> None:
+        self.partitions, self.compression = partitions, compression
+        self.logs: dict[int, list[bytes]] = defaultdict(list)
+        self.requests: list[tuple[str, str | None, list[int]]] = []  # host, encoding, parts
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        from app.wire import produce as llp1
+
+        path = request.url.path
+        if path.startswith("/topics/"):
+            return httpx.Response(200, json={"topic": path[8:], "partitions": self.partitions,
+                                             "compression": self.compression})
+        if path == "/cluster":
+            return httpx.Response(200, json={"digest": "d", "algorithm": "rendezvous-sha256",
+                                             "members": [{"member_id": m, "url": f"http://{m}",
+                                                          "roles": ["write"]}
+                                                         for m in ("b1", "b2", "b3")]})
+        body = request.content
+        encoding = request.headers.get("content-encoding")
+        if encoding == "zstd":
+            import zstandard
+            body = zstandard.ZstdDecompressor().decompressobj().decompress(body)
+        entries = llp1.parse(body, 1000)
+        results = []
+        for e in entries:
+            assert e.partition is not None
+            log = self.logs[e.partition]
+            start = len(log) + 1
+            log.extend(v if isinstance(v, bytes) else v.value for v in e.records)
+            results.append({"ok": True, "topic": e.topic, "partition": e.partition,
+                            "start_offset": start, "end_offset": len(log),
+                            "count": len(log) - start + 1})
+        self.requests.append((request.url.host, encoding, [e.partition for e in entries]))
+        return httpx.Response(200, json={"results": results})
+
+
+def test_requests_to_compressed_topics_are_compressed() -> None:
+    for stored, expected in (("zstd", "zstd"), ("none", None)):
+        mock = MockBrokers(compression=stored)
+        with Producer("http://b", transport=httpx.MockTransport(mock)) as producer:
+            for i in range(2000):
+                producer.send("t", b"compressible text %d " % i * 20)
+            producer.flush()
+        assert {encoding for _, encoding, _ in mock.requests} == {expected}
+        assert sum(map(len, mock.logs.values())) == 2000
+
+
+def test_preferred_routing_sends_each_partition_to_its_broker() -> None:
+    from llog_client import _routing as routing
+
+    mock = MockBrokers(partitions=6)
+    with Producer("http://lb", route="preferred", transport=httpx.MockTransport(mock),
+                  linger_ms=1) as producer:
+        for i in range(3000):
+            producer.send("t", b"v", partition=i % 6)
+        producer.flush()
+    for host, _, partitions in mock.requests:
+        assert {routing.preferred("t", p, ["b1", "b2", "b3"]) for p in partitions} == {host}
+    assert [len(mock.logs[p]) for p in range(6)] == [500] * 6

@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import os
 import select
@@ -27,6 +28,7 @@ from importlib import metadata
 from typing import IO, TYPE_CHECKING, Any, TextIO
 
 from llog_client._cli_groups import reset_target, run_groups
+from llog_client._cli_produced import ProducedChunks
 from llog_client._cli_records import (
     FORMAT_HELP,
     OutputFormat,
@@ -47,7 +49,8 @@ from llog_client._retry import RetryPolicy
 
 if TYPE_CHECKING:
     from llog_client import ConsumedRecord, LlogClient
-    from llog_client._models import RecordLike, Start
+    from llog_client._models import Start
+    from llog_client._producer import Producer
 
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -190,15 +193,6 @@ def _header(text: str) -> tuple[str, str]:
     return name, value
 
 
-def _records(values: Sequence[bytes], args: argparse.Namespace) -> list[RecordLike]:
-    from llog_client import Record
-
-    if args.key is None and not args.header and args.timestamp_ms is None:
-        return list(values)
-    return [Record(v, key=args.key, headers=args.header, timestamp_ms=args.timestamp_ms)
-            for v in values]
-
-
 def _value_batches(args: argparse.Namespace) -> Iterator[list[bytes]]:
     if args.values:
         if args.file is not None:
@@ -213,26 +207,49 @@ def _value_batches(args: argparse.Namespace) -> Iterator[list[bytes]]:
 
 
 def cmd_produce(args: argparse.Namespace) -> int:
+    """The values through a :class:`~llog_client.Producer`: read, sent and acknowledged
+    at once (the next lines are read while earlier ones travel), in the order given."""
+    from llog_client import LlogError
+
     # Offsets printed on the same terminal would be torn by the progress line.
     progress = Progress(sys.stderr, "llog produce", enabled=sys.stderr.isatty() and not (
         args.print_offsets and sys.stdout.isatty()))
-    with _client(args) as llog:
-        try:
+    chunks = ProducedChunks(args.topic, printing=args.print_offsets, progress=progress)
+    try:
+        with _producer(args) as producer:
+            send = functools.partial(producer.send, args.topic, partition=_partition(args),
+                                     key=args.key, headers=args.header or None,
+                                     timestamp_ms=args.timestamp_ms)
             for values in _value_batches(args):
-                result = llog.produce(args.topic, _records(values, args),
-                                      partition=args.partition)
-                progress.add(result.count, sum(len(v) for v in values))
-                if args.print_offsets:
-                    _print_batches(result.batches)
-        finally:
-            progress.finish()
+                chunks.add([send(v) for v in values], sum(map(len, values)))
+                chunks.settle(wait=False)
+            producer.flush()
+            chunks.settle(wait=True)
+    except LlogError as exc:
+        print(f"llog produce: {exc} ({progress.records} records were acknowledged before)",
+              file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        progress.finish()
     return 0
 
 
-def _print_batches(batches: Sequence[Any]) -> None:
-    for batch in batches:
-        row = {k: v for k, v in dataclasses.asdict(batch).items() if k != "first_index"}
-        print(json.dumps(row), flush=True)
+def _partition(args: argparse.Namespace) -> int | None:
+    """The partition asked for; records without key or partition go to 0, as ever."""
+    if args.partition is not None or args.key is not None:
+        return None if args.partition is None else int(args.partition)
+    return 0
+
+
+def _producer(args: argparse.Namespace) -> Producer:
+    from llog_client import Producer
+
+    # The CLI's retry count bounds each batch's delivery: that many more timeouts.
+    return Producer(args.broker, request_timeout_s=args.timeout,
+                    delivery_timeout_ms=args.timeout * 1000 * (args.retries + 1),
+                    compression=None if args.compression == "auto" else args.compression,
+                    route=args.route, batch_bytes=4 * 1024 * 1024,
+                    max_request_bytes=4 * 1024 * 1024)
 
 
 # -- consume and tail --------------------------------------------------------------
@@ -484,9 +501,10 @@ def _add_produce(sub: Any) -> None:
                    help="read values from the lines of PATH ('-': stdin)")
     p.add_argument("--print-offsets", action="store_true",
                    help="print each acknowledged batch as a JSON line")
-    p.add_argument("--compression", choices=COMPRESSIONS, default=DEFAULT_COMPRESSION,
-                   help="how request bodies are compressed (bodies under 1 KiB, or that "
-                        "would not shrink, go raw)")
+    p.add_argument("--compression", choices=("auto", *COMPRESSIONS), default="auto",
+                   help="how request bodies are compressed; auto: zstd for topics stored "
+                        "compressed, else none (bodies under 1 KiB, or that would not "
+                        "shrink, go raw)")
     p.add_argument("--route", choices=ROUTING_CHOICES,
                    default=os.environ.get(ROUTE_ENV) or "any",
                    help="preferred: send the records of one partition straight to the "

@@ -32,6 +32,7 @@ from llog_client._config import COMMIT_DEADLINE_HEADER, ClientConfig, broken_of,
 from llog_client._errors import DeliveryTimeout, LlogError, ProducerClosed
 from llog_client._ops import Send
 from llog_client._producer_metrics import ProducerMetrics
+from llog_client._routing import DIGEST_HEADER
 from llog_client._topic_meta import TopicMeta
 from llog_client._wire import Broken, Outcome, broken_error
 
@@ -88,6 +89,9 @@ class Sender:
     async def _loop(self, tg: anyio.abc.TaskGroup) -> None:
         s = self._settings
         while True:
+            routes = self._config.routes
+            if routes is not None and routes.stale():
+                await self._fetch_map()
             now = self._clock()
             with self._lock:
                 expired = self._acc.expired(now)
@@ -112,11 +116,23 @@ class Sender:
             if self._wake.is_set():
                 self._wake = anyio.Event()
 
+    async def _fetch_map(self) -> None:
+        """The members' map of ``route="preferred"`` (``GET /cluster``); without an
+        answer, requests go to the brokers given until it is asked for again."""
+        try:
+            response: httpx.Response | None = await self._http.get(
+                self._config.url("/cluster"), timeout=self._config.timeout(_PRODUCE))
+        except httpx.TransportError:
+            response = None
+        self._config.took_map(response)
+
     def _group(self) -> Callable[[Batch], object] | None:
         routes = self._config.routes
         if routes is None:
             return None
-        return lambda batch: routes.url_for(batch.topic, batch.partition)
+        # Batches placed by key (partition -1) go with the brokers given.
+        return lambda batch: (routes.url_for(batch.topic, batch.partition)
+                              if batch.partition >= 0 else None)
 
     def _crash(self, exc: BaseException) -> None:
         """Fail every batch still waiting: nobody else will settle them."""
@@ -171,7 +187,8 @@ class Sender:
         except httpx.TransportError as exc:
             self._unreached(url)
             return broken_of(exc)
-        self._config.answered(_PRODUCE, response)
+        if self._config.routes is not None:
+            self._config.routes.noticed(response.headers.get(DIGEST_HEADER))
         return reply_of(response)
 
     def _compression(self, batches: list[Batch]) -> Compression:
