@@ -146,6 +146,9 @@ def test_failures_say_what_failed(default_broker: Broker, topic: str) -> None:
     assert unknown.returncode == 1 and b"UnknownTopic" in unknown.stderr
     nobody = llog(None, "topics", "list", "--timeout", "2", "--retries", "0")
     assert nobody.returncode == 1 and b"TransportError" in nobody.stderr
+    nobody = llog(None, "produce", "t", "v", "--timeout", "2", "--retries", "0")
+    assert nobody.returncode == 1 and b"TransportError" in nobody.stderr
+    assert b"0 records were acknowledged" in nobody.stderr
 
 
 def test_help_shows_real_names_and_defaults() -> None:

@@ -134,9 +134,10 @@ class AsyncProducer:
             known.expires = time.monotonic() + MAX_AGE_S
             self._tg.start_soon(self._core.refresh, self._sender, topic)
             return known
+        within_s = self._core.settings.max_block_ms / 1000
         try:
-            with anyio.fail_after(self._core.settings.max_block_ms / 1000):
-                found = await self._sender.topic(topic)
+            with anyio.fail_after(within_s + self._core.settings.request_timeout_s):
+                found = await self._sender.topic(topic, within_s)
         except TimeoutError:
             raise self._core.lookup_failed(topic) from None
         return self._core.remember(topic, found)

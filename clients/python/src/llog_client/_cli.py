@@ -244,9 +244,11 @@ def _partition(args: argparse.Namespace) -> int | None:
 def _producer(args: argparse.Namespace) -> Producer:
     from llog_client import Producer
 
-    # The CLI's retry count bounds each batch's delivery: that many more timeouts.
+    # The CLI's retry count bounds each batch's delivery, and how long the topic's first
+    # lookup is retried: that many more timeouts.
+    patience_ms = args.timeout * 1000 * (args.retries + 1)
     return Producer(args.broker, request_timeout_s=args.timeout,
-                    delivery_timeout_ms=args.timeout * 1000 * (args.retries + 1),
+                    delivery_timeout_ms=patience_ms, max_block_ms=patience_ms,
                     compression=None if args.compression == "auto" else args.compression,
                     route=args.route, batch_bytes=4 * 1024 * 1024,
                     max_request_bytes=4 * 1024 * 1024)

@@ -9,6 +9,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from typing import Protocol
 
+from llog_client._errors import LlogError
 from llog_client._models import RecordMetadata
 from llog_client._producer_core import RecordFuture
 
@@ -33,6 +34,22 @@ def runs(topic: str, placed: Sequence[RecordMetadata]) -> Iterator[dict[str, obj
         start = i
 
 
+def chunk_error(futures: Sequence[RecordFuture]) -> LlogError | None:
+    """The first error among the records of a chunk, looked up a batch at a time.
+
+    ``llog produce`` sends every record to one partition (the one given, the one key's,
+    or 0), and the producer keeps a partition's batches in order: a chunk's records fill
+    consecutive batches, each a run of its futures, and once the last is settled all are.
+    """
+    i = 0
+    while i < len(futures):
+        future = futures[i]
+        if future.error is not None:
+            return future.error
+        i += future.left_in_batch
+    return None
+
+
 class ProducedChunks:
     """The chunks sent and not yet settled, oldest first. Their number is bounded by the
     producer's buffer: a chunk waits in it until its records are acknowledged."""
@@ -54,9 +71,14 @@ class ProducedChunks:
             futures, nbytes = self._pending[0]
             if not wait and not (futures[0].done() and futures[-1].done()):
                 return
-            placed = [f.result() for f in futures]
-            self._pending.popleft()
-            self._progress.add(len(placed), nbytes)
             if self._printing:
+                placed = [f.result() for f in futures]
                 for row in runs(self._topic, placed):
                     print(json.dumps(row), flush=True)
+            else:
+                futures[-1].result()  # settled, and the others before it (see below)
+                error = chunk_error(futures)
+                if error is not None:
+                    raise error
+            self._pending.popleft()
+            self._progress.add(len(futures), nbytes)

@@ -152,9 +152,12 @@ class Producer:
             asyncio.run_coroutine_threadsafe(self._core.refresh(self._sender, topic),
                                              self._loop)
             return known
-        asked = asyncio.run_coroutine_threadsafe(self._sender.topic(topic), self._loop)
+        within_s = self._core.settings.max_block_ms / 1000
+        asked = asyncio.run_coroutine_threadsafe(self._sender.topic(topic, within_s),
+                                                 self._loop)
         try:
-            found = asked.result(self._core.settings.max_block_ms / 1000)
+            # Its last request may outlast max_block_ms by a request timeout at most.
+            found = asked.result(within_s + self._core.settings.request_timeout_s)
         except concurrent.futures.TimeoutError:
             asked.cancel()
             raise self._core.lookup_failed(topic) from None

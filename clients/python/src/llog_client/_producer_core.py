@@ -227,7 +227,7 @@ class ProducerCore:
         """Read ``topic`` again (in the background): on failure, what was known stays,
         and the next use after its age retries."""
         with contextlib.suppress(Exception):
-            self.remember(topic, await sender.topic(topic))
+            self.remember(topic, await sender.topic(topic, self.settings.max_block_ms / 1000))
 
     def remember(self, topic: str, found: TopicMeta) -> TopicMeta:
         """A topic read again keeps its sticky partition."""
@@ -254,6 +254,20 @@ class _FutureBase:
 
     def done(self) -> bool:
         return self._batch.finished
+
+    @property
+    def error(self) -> LlogError | None:
+        """The record's error once settled (None: acknowledged, or not settled yet);
+        reading it counts as seeing it."""
+        batch = self._batch
+        if batch.error is not None:
+            batch.observed = True
+        return batch.error
+
+    @property
+    def left_in_batch(self) -> int:
+        """How many records of its batch, itself included, were sent after it."""
+        return len(self._batch) - self._index
 
     def _outcome(self) -> RecordMetadata:
         batch = self._batch

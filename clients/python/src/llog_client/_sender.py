@@ -288,20 +288,22 @@ class Sender:
 
     # -- metadata --------------------------------------------------------------------
 
-    async def topic(self, topic: str) -> TopicMeta:
+    async def topic(self, topic: str, within_s: float) -> TopicMeta:
         """The topic's partition count and compression (``GET /topics/{topic}``); an
         unknown topic is :data:`TopicMeta.UNKNOWN` (produce creates it when the brokers
-        create topics on use). Retriable failures are retried until the caller's
-        deadline (``max_block_ms``) cancels it; others are raised."""
+        create topics on use). Retriable failures are retried for ``within_s``, then
+        the last is raised; others at once."""
+        deadline = self._clock() + within_s
         attempt = 0
         while True:
             try:
                 return await self._topic_once(topic)
             except LlogError as exc:
-                if not exc.retriable:
+                s = self._settings
+                pause = min(s.backoff_max_s, s.backoff_s * 2 ** attempt)
+                if not exc.retriable or self._clock() + pause >= deadline:
                     raise
-            s = self._settings
-            await anyio.sleep(min(s.backoff_max_s, s.backoff_s * 2 ** attempt))
+            await anyio.sleep(pause)
             attempt += 1
 
     async def _topic_once(self, topic: str) -> TopicMeta:
