@@ -54,6 +54,8 @@ class Batch:
         "idempotency_key",
         "keys",
         "last_error",
+        "maybe_sent_at",
+        "maybe_written",
         "observed",
         "plain",
         "ready_at",
@@ -89,6 +91,8 @@ class Batch:
         self.observed = False  # a caller read a future of it (or a delivery callback did)
         self.serial = 0  # the accumulator's count of batches, for flush
         self.plain = True  # every record so far is a value alone (no key, headers, time)
+        self.maybe_written = False  # an attempt may have been committed
+        self.maybe_sent_at = 0.0  # when the last such attempt was sent
 
     @property
     def topic(self) -> str:
@@ -134,12 +138,20 @@ class Batch:
         self.error = error
         self.finished = True
 
-    def notify(self) -> None:
-        """Wake the batch's waiters and run its callbacks (lock not held: a callback may
-        send again)."""
-        self.waiter.set()
-        for callback in self.callbacks or ():
-            callback()
+
+def lane_of(route: Route) -> Route:
+    """The queue a batch waits in, and the unit of ordering: its partition, or, for
+    batches the broker places by key (their topic's partition count unknown yet), one
+    lane for all of the topic's keys. The broker may put two keys in one partition, so
+    their batches are kept in order, one in flight, as one partition's are."""
+    return route if route[1] >= 0 else (route[0], -1, None)
+
+
+# Unordered, at most this many batches of a partition travel at once, and none is sent
+# once this many more were sent after the oldest one not settled: a batch that may have
+# been written and is sent again meets its key among the 64 a partition remembers.
+UNORDERED_PER_PARTITION = 16
+UNORDERED_PASSING = 48
 
 
 class Accumulator:
@@ -152,10 +164,19 @@ class Accumulator:
         self.batch_records = batch_records  # a request's record limit holds one batch
         self.linger_s = linger_s
         self.ordered = ordered
+        self._per_lane = 1 if ordered else UNORDERED_PER_PARTITION
         self._new_waiter = new_waiter
         self._clock = clock
         self._queues: dict[Route, deque[Batch]] = {}
         self._in_flight: dict[Route, int] = {}
+        # Lanes held back until a time: a batch failed for good after an attempt that
+        # may still commit (until its commit deadline); nothing passes it before then.
+        self._held: dict[Route, float] = {}
+        self._start = 0  # where the next drain starts, so no lane is always last
+        # Unordered: each lane's count of batches sent, and the count at which each batch
+        # not yet settled was first sent (by serial).
+        self._sent: dict[Route, int] = {}
+        self._unsettled: dict[Route, dict[int, int]] = {}
         self.buffered = 0  # bytes of records appended and not yet finished
         self._serial = 0
         self.unfinished: dict[int, Batch] = {}  # by serial, oldest first: what flush waits on
@@ -186,11 +207,13 @@ class Accumulator:
                 return tail, index, False
         if self.closed:
             raise ProducerClosed("the producer is closed")
+        lane = lane_of(route)
+        queue = self._queues.get(lane)
         if queue is None:
-            queue = self._queues[route] = deque()
+            queue = self._queues[lane] = deque()
         batch = queue[-1] if queue else None
         opened = False
-        if batch is None or batch.sealed or batch.full:
+        if batch is None or batch.sealed or batch.full or batch.route != route:
             now = self._clock()
             batch = Batch(route, now, now + deadline_s, self._new_waiter())
             self._serial += 1
@@ -205,10 +228,34 @@ class Accumulator:
             return batch, index, True
         return batch, index, opened
 
-    def _sendable(self, route: Route, now: float) -> Batch | None:
-        queue = self._queues.get(route)
-        if not queue or (self.ordered and self._in_flight.get(route)):
+    def by_key_pending(self, topic: str) -> bool:
+        """Whether batches of ``topic`` placed by the broker by key are queued or in
+        flight: keyed records go the same way until they are settled, or one could be
+        stored before an earlier record of its key."""
+        lane = (topic, -1, None)
+        return lane in self._queues or lane in self._in_flight
+
+    def _waits_for_answer(self, lane: Route, head: Batch) -> bool:
+        """Whether the lane may not send ``head`` before an answer settles one of its
+        batches: it has as many in flight as it may, or (unordered) the oldest batch
+        not settled must be settled before more pass it (unless ``head`` is that one,
+        back for a retry)."""
+        if self._in_flight.get(lane, 0) >= self._per_lane:
+            return True
+        unsettled = self._unsettled.get(lane)
+        if not unsettled or head.serial in unsettled:
+            return False
+        return self._sent[lane] - min(unsettled.values()) >= UNORDERED_PASSING
+
+    def _sendable(self, lane: Route, now: float) -> Batch | None:
+        queue = self._queues.get(lane)
+        if not queue or self._waits_for_answer(lane, queue[0]):
             return None
+        held = self._held.get(lane)
+        if held is not None:
+            if held > now:
+                return None
+            del self._held[lane]
         head = queue[0]
         if head.ready_at > now:
             return None
@@ -221,12 +268,16 @@ class Accumulator:
         """Ready batches for one request, sealed and counted in flight: at most
         ``max_bytes`` of records (one batch at least), ``max_records`` and
         ``max_entries``; with ``group``, only batches of the first one's group (the
-        broker each goes to)."""
+        broker each goes to). Lanes are visited from a rotating start."""
         taken: list[Batch] = []
         size = records = 0
         first_group: object = None
-        for route in list(self._queues):
-            batch = self._sendable(route, now)
+        lanes = list(self._queues)
+        if lanes:
+            self._start = (self._start + 1) % len(lanes)
+            lanes = lanes[self._start:] + lanes[:self._start]
+        for lane in lanes:
+            batch = self._sendable(lane, now)
             if batch is None:
                 continue
             if taken and (batch.alone or size + batch.size > max_bytes
@@ -238,12 +289,16 @@ class Accumulator:
                     first_group = mine
                 elif mine != first_group:
                     continue
-            queue = self._queues[route]
+            queue = self._queues[lane]
             queue.popleft()
             if not queue:
-                del self._queues[route]  # routes by key come and go
+                del self._queues[lane]  # lanes by key come and go
             batch.sealed = True
-            self._in_flight[route] = self._in_flight.get(route, 0) + 1
+            self._in_flight[lane] = self._in_flight.get(lane, 0) + 1
+            if not self.ordered:
+                sent = self._sent.get(lane, 0)
+                self._sent[lane] = sent + 1
+                self._unsettled.setdefault(lane, {}).setdefault(batch.serial, sent)
             taken.append(batch)
             size += batch.size
             records += len(batch)
@@ -253,54 +308,73 @@ class Accumulator:
 
     def requeue(self, batch: Batch, ready_at: float) -> None:
         """A batch to send again after ``ready_at``: first of its partition's queue."""
-        self._landed(batch.route)
+        lane = lane_of(batch.route)
+        self._landed(lane)
         batch.ready_at = ready_at
-        self._queues.setdefault(batch.route, deque()).appendleft(batch)
+        self._queues.setdefault(lane, deque()).appendleft(batch)
 
-    def settled(self, batch: Batch) -> None:
-        """A batch that was in flight is finished: its bytes are free."""
-        self._landed(batch.route)
+    def settled(self, batch: Batch, hold_until: float | None = None) -> None:
+        """A batch that was in flight is finished: its bytes are free. ``hold_until``:
+        it failed, but an attempt of it may still commit until then; its lane sends
+        nothing before."""
+        lane = lane_of(batch.route)
+        self._landed(lane)
         self._forget(batch)
+        if hold_until is not None:
+            self.hold(batch.route, hold_until)
+
+    def hold(self, route: Route, until: float) -> None:
+        """Send nothing more of ``route``'s lane before ``until``."""
+        lane = lane_of(route)
+        self._held[lane] = max(until, self._held.get(lane, until))
 
     def _forget(self, batch: Batch) -> None:
         self.buffered -= batch.size
         self.unfinished.pop(batch.serial, None)
+        if not self.ordered:
+            lane = lane_of(batch.route)
+            unsettled = self._unsettled.get(lane)
+            if unsettled is not None:
+                unsettled.pop(batch.serial, None)
+                if not unsettled:
+                    del self._unsettled[lane]
 
-    def _landed(self, route: Route) -> None:
-        left = self._in_flight.get(route, 0) - 1
+    def _landed(self, lane: Route) -> None:
+        left = self._in_flight.get(lane, 0) - 1
         if left > 0:
-            self._in_flight[route] = left
+            self._in_flight[lane] = left
         else:
-            self._in_flight.pop(route, None)
+            self._in_flight.pop(lane, None)
 
     def expired(self, now: float) -> list[Batch]:
         """Queued batches past their delivery deadline, taken out (the caller fails
         them; their bytes are freed here)."""
         out: list[Batch] = []
-        for route, queue in list(self._queues.items()):
+        for lane, queue in list(self._queues.items()):
             while queue and queue[0].deadline <= now:
                 batch = queue.popleft()
                 self._forget(batch)
                 out.append(batch)
             if not queue:
-                del self._queues[route]
+                del self._queues[lane]
         return out
 
-    def next_check_s(self, now: float) -> float:
+    def next_check_s(self, now: float, can_send: bool = True) -> float:
         """How long the sender may sleep before a batch could be ready or expire
-        (infinity when nothing waits; appends wake it)."""
+        (infinity when nothing waits; appends and answers wake it). ``can_send``
+        False: no request may start now (``max_in_flight``), so only expiries count."""
         soonest = math.inf
-        for route, queue in self._queues.items():
+        for lane, queue in self._queues.items():
             if not queue:
                 continue
             head = queue[0]
             soonest = min(soonest, head.deadline)
-            if self.ordered and self._in_flight.get(route):
-                continue  # waits for its predecessor's answer, which wakes the sender
+            if not can_send or self._waits_for_answer(lane, head):
+                continue  # waits for an answer, which wakes the sender
             due = head.created + self.linger_s
             if head.full or head.sealed or self.flushing:
                 due = head.ready_at
-            soonest = min(soonest, max(due, head.ready_at))
+            soonest = min(soonest, max(due, head.ready_at, self._held.get(lane, 0.0)))
         return max(0.0, soonest - now)
 
     def batches(self) -> Iterator[Batch]:

@@ -97,13 +97,13 @@ class AsyncProducer:
         core = self._core
         if self._sender is None:
             raise ProducerClosed("the producer is not started: use `async with` or start()")
-        raw, raw_key, raw_headers, size = core.record(value, key, headers)
+        raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():
             if core.needs_topic(partition):
                 meta = await self._topic(topic, meta)
             elif meta is None:
-                meta = TopicMeta.UNKNOWN
+                meta = core.unlooked(topic)
         if core.acc.buffered + size > core.buffer_bytes:
             await self._wait_for_space(size)  # nothing runs between it and the append
         batch, index, wake = core.enqueue(meta, topic, partition, raw, raw_key, raw_headers,
@@ -129,7 +129,8 @@ class AsyncProducer:
             raise self._core.buffer_full() from None
 
     async def _topic(self, topic: str, known: TopicMeta | None) -> TopicMeta:
-        assert self._sender is not None and self._tg is not None
+        if self._sender is None or self._tg is None:
+            raise ProducerClosed("the producer is closed")
         if known is not None:
             known.expires = time.monotonic() + MAX_AGE_S
             self._tg.start_soon(self._core.refresh, self._sender, topic)
@@ -171,11 +172,16 @@ class AsyncProducer:
         try:
             with anyio.move_on_after(grace_s):
                 await self._sender.stopped.wait()
-            tg.cancel_scope.cancel()
-            await tg.__aexit__(None, None, None)
         finally:
-            if self._http is not None:
-                await self._http.aclose()
+            # Cancelled meanwhile (the caller's scope), or not: the task group is left
+            # and the connections closed, shielded, before anything else is raised.
+            tg.cancel_scope.cancel()
+            try:
+                await tg.__aexit__(None, None, None)
+            finally:
+                if self._http is not None:
+                    with anyio.CancelScope(shield=True):
+                        await self._http.aclose()
 
     def metrics(self) -> dict[str, float]:
         return self._core.snapshot()

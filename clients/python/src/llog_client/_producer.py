@@ -119,22 +119,29 @@ class Producer:
         batch at a time. Blocks only for a topic's first use (its partition count) and
         while the buffer is full."""
         core = self._core
-        raw, raw_key, raw_headers, size = core.record(value, key, headers)
+        raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():
             if core.needs_topic(partition):
                 meta = self._topic(topic, meta)
             elif meta is None:
-                meta = TopicMeta.UNKNOWN
+                meta = core.unlooked(topic)
         batch, index, wake = core.enqueue(meta, topic, partition, raw, raw_key, raw_headers,
                                           timestamp_ms, size, self._wait_for_space)
         if wake:
             self._wake()
         return RecordFuture(batch, index, core.lock)
 
+    def _on_sender(self) -> bool:
+        """Whether this is the producer's own thread (a delivery callback): it must never
+        wait there, for only it could end the wait."""
+        return threading.current_thread() is self._thread
+
     def _wait_for_space(self, size: int) -> None:
         """(lock held) Until the buffer has room for ``size`` more bytes."""
         acc, settings = self._core.acc, self._core.settings
+        if self._on_sender():
+            raise self._core.buffer_full()
         deadline = time.monotonic() + settings.max_block_ms / 1000
         while acc.buffered + size > settings.buffer_bytes and not acc.closed:
             left = deadline - time.monotonic()
@@ -152,15 +159,21 @@ class Producer:
             asyncio.run_coroutine_threadsafe(self._core.refresh(self._sender, topic),
                                              self._loop)
             return known
+        if self._on_sender():  # place by what is known now; the answer comes later
+            asyncio.run_coroutine_threadsafe(self._core.refresh(self._sender, topic),
+                                             self._loop)
+            return self._core.remember(topic, TopicMeta(None, "none", time.monotonic() + 1))
         within_s = self._core.settings.max_block_ms / 1000
-        asked = asyncio.run_coroutine_threadsafe(self._sender.topic(topic, within_s),
-                                                 self._loop)
         try:
+            asked = asyncio.run_coroutine_threadsafe(self._sender.topic(topic, within_s),
+                                                     self._loop)
             # Its last request may outlast max_block_ms by a request timeout at most.
             found = asked.result(within_s + self._core.settings.request_timeout_s)
         except concurrent.futures.TimeoutError:
             asked.cancel()
             raise self._core.lookup_failed(topic) from None
+        except (concurrent.futures.CancelledError, RuntimeError):  # the loop ended
+            raise ProducerClosed("the producer closed while it looked a topic up") from None
         return self._core.remember(topic, found)
 
     # -- flush, close, metrics -----------------------------------------------------------
@@ -169,6 +182,8 @@ class Producer:
         """Send every record queued so far at once, and wait until each is acknowledged
         or failed. Raises the first failure no future or callback has reported (the
         others are in their futures); TimeoutError after ``timeout`` seconds."""
+        if self._on_sender():
+            raise RuntimeError("flush() from a delivery callback would wait for itself")
         waiting = self._core.flush_started()
         self._wake()
         try:
@@ -187,6 +202,8 @@ class Producer:
         """Take no more records, deliver those queued (retrying within their delivery
         timeout), then stop. After ``timeout`` seconds, records still undelivered fail
         with ``ProducerClosed``."""
+        if self._on_sender():
+            raise RuntimeError("close() from a delivery callback would wait for itself")
         with self._space:
             self._core.acc.closed = True
             self._space.notify_all()

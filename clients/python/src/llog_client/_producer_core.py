@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import threading
 import time
 from collections.abc import Callable, Generator, Sequence
@@ -15,17 +16,22 @@ from llog_client._accumulator import RECORD_OVERHEAD, Accumulator, Batch, Route
 from llog_client._batching import KeySource
 from llog_client._compression import Compression, checked
 from llog_client._config import ClientConfig, Routing, broker_urls, routes_for
-from llog_client._errors import BufferFull, LlogError, PayloadTooLarge
+from llog_client._errors import BufferFull, InvalidRequest, LlogError, PayloadTooLarge
 from llog_client._models import Bytesish, RecordMetadata
 from llog_client._partitioner import partition_for_key
 from llog_client._producer_metrics import ProducerMetrics
 from llog_client._retry import ProduceLimits, RetryPolicy
-from llog_client._sender import Sender, SenderSettings
+from llog_client._retry_rules import SenderSettings
+from llog_client._sender import Sender
 from llog_client._topic_meta import TopicMeta
 
 MiB = 1024 * 1024
 # A header's name is 1 to 256 characters; a record has at most 64 (the broker's limits).
 MAX_HEADER_NAME = 256
+MAX_HEADERS = 64
+MAX_TIMESTAMP_MS = 2 ** 63 - 1
+# Kafka's rule for topic names, as the broker's (docs/http-api.md).
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 DeliveryCallback = Callable[[RecordMetadata | None, LlogError | None], None]
 Headers = Sequence[tuple[str, Bytesish]] | None
 
@@ -87,6 +93,8 @@ def as_headers(headers: Headers) -> tuple[tuple[str, bytes], ...]:
     if not headers:
         return ()
     out = tuple((str(name), as_bytes(value, "header value")) for name, value in headers)
+    if len(out) > MAX_HEADERS:
+        raise ValueError(f"a record has at most {MAX_HEADERS} headers")
     for name, _ in out:
         if not 1 <= len(name) <= MAX_HEADER_NAME:
             raise ValueError(f"a header name is 1 to {MAX_HEADER_NAME} characters")
@@ -118,10 +126,13 @@ class ProducerCore:
         self.buffer_bytes = settings.buffer_bytes
 
     def record(self, value: Bytesish | bytearray | memoryview, key: Bytesish | None,
-               headers: Headers) -> tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...],
-                                          int]:
+               headers: Headers, timestamp_ms: int | None
+               ) -> tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...], int]:
         """The record as bytes, and its size against the limits (``buffer_bytes`` and
-        ``max_request_bytes``: a record over them could never be sent)."""
+        ``max_request_bytes``: a record over them could never be sent). What the wire
+        cannot carry is refused here, not in the sender with other records."""
+        if timestamp_ms is not None and not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
+            raise ValueError(f"timestamp_ms is 0 .. {MAX_TIMESTAMP_MS}, not {timestamp_ms}")
         if type(value) is bytes and key is None and not headers:  # the common case, fast
             size = len(value) + RECORD_OVERHEAD
             if size > self.max_record_size:
@@ -143,6 +154,16 @@ class ProducerCore:
             f"({self.settings.max_request_bytes}) or buffer_bytes "
             f"({self.settings.buffer_bytes})")
 
+    def unlooked(self, topic: str) -> TopicMeta:
+        """What is known of a topic used only with partitions and a compression given
+        (no lookup): its name is checked once, and it is looked up if a record ever
+        needs it."""
+        if not isinstance(topic, str) or not _TOPIC.fullmatch(topic) or topic in (".", ".."):
+            raise InvalidRequest(f"invalid topic {topic!r}: 1..249 characters of "
+                                 "[A-Za-z0-9._-], not '.' or '..'")
+        found = self.topics[topic] = TopicMeta(None, "none", 0.0)
+        return found
+
     def needs_topic(self, partition: int | None) -> bool:
         """Whether a record needs what is known of its topic: to place it (no partition
         given) or to choose the compression of its request (none given)."""
@@ -159,7 +180,9 @@ class ProducerCore:
             return topic, partition, None
         count = meta.partitions
         if key is not None:
-            if count is None:  # not created yet: the broker places it by its key
+            # Not created yet: the broker places it by its key. Records by key already on
+            # their way go first: the next goes the same way until they are settled.
+            if count is None or self.acc.by_key_pending(topic):
                 return topic, -1, key
             return topic, partition_for_key(key, count), None
         if count is None:

@@ -6,17 +6,17 @@ It runs on an event loop: the async producer's own, or, for the sync producer, a
 a thread of its own. Appends wake it (a new batch starts its linger, a full one is
 ready); otherwise it sleeps until the next batch's linger or backoff ends. Should it
 crash, every batch waiting fails with the cause and the producer refuses new records:
-no caller waits on a future nobody will settle.
+no caller waits on a future nobody will settle. A caller's callback that raises is
+logged and changes nothing else.
 """
 
 from __future__ import annotations
 
-import copy
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from urllib.parse import quote
 
 import anyio
@@ -29,27 +29,19 @@ from llog_client._batching import KeySource
 from llog_client._codec import CONTENT_TYPE
 from llog_client._compression import HAS_ZSTD, Compression, encode_body
 from llog_client._config import COMMIT_DEADLINE_HEADER, ClientConfig, broken_of, reply_of
-from llog_client._errors import DeliveryTimeout, LlogError, ProducerClosed
+from llog_client._errors import LlogError, ProducerClosed
 from llog_client._ops import Send
 from llog_client._producer_metrics import ProducerMetrics
+from llog_client._retry_rules import RetryRules, SenderSettings
 from llog_client._routing import DIGEST_HEADER
 from llog_client._topic_meta import TopicMeta
 from llog_client._wire import Broken, Outcome, broken_error
 
 OFF_LOOP_BYTES = 64 * 1024  # a body at least this large is compressed on a worker thread
 _PRODUCE = Send("POST", "/produce")  # what the client's settings are asked about
+log = logging.getLogger("llog_client.producer")
 
-
-@dataclass(frozen=True)
-class SenderSettings:
-    max_in_flight: int
-    max_request_bytes: int
-    max_request_records: int
-    max_request_entries: int
-    delivery_timeout_s: float
-    backoff_s: float
-    backoff_max_s: float
-    compression: Compression | None  # None: as the topics store their records
+__all__ = ["Sender", "SenderSettings"]
 
 
 class Sender:
@@ -65,10 +57,13 @@ class Sender:
         self._acc, self._lock, self._config, self._http = acc, lock, config, http
         self._settings, self._keys, self.metrics = settings, keys, metrics
         self._topics, self._space, self._deliver, self._clock = topics, space, deliver, clock
+        self._rules = RetryRules(settings, acc, metrics, config)
         self._wake = anyio.Event()
         self._in_flight = 0
+        self._map_wanted = False  # a fetch of the members' map is under way
         self.crashed: BaseException | None = None
         self.stopped = anyio.Event()
+        self.thread: threading.Thread | None = None  # the thread of the sender's loop
 
     def wake(self) -> None:
         """Look again now (call on the sender's loop)."""
@@ -76,6 +71,7 @@ class Sender:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
+        self.thread = threading.current_thread()
         try:
             async with anyio.create_task_group() as tg:
                 task_status.started()
@@ -90,18 +86,20 @@ class Sender:
         s = self._settings
         while True:
             routes = self._config.routes
-            if routes is not None and routes.stale():
-                await self._fetch_map()
+            if routes is not None and routes.stale() and not self._map_wanted:
+                self._map_wanted = True  # fetched aside: produce goes on meanwhile
+                tg.start_soon(self._fetch_map)
             now = self._clock()
+            can_send = self._in_flight < s.max_in_flight
             with self._lock:
                 expired = self._acc.expired(now)
                 for batch in expired:
-                    self._fail(batch, self._timed_out(batch, None))
+                    self._rules.expire(batch)
                 batches = (self._acc.drain(now, s.max_request_bytes, s.max_request_records,
                                            s.max_request_entries, self._group())
-                           if self._in_flight < s.max_in_flight else [])
+                           if can_send else [])
                 finished = self._acc.closed and self._acc.empty()
-                delay = self._acc.next_check_s(now)
+                delay = self._acc.next_check_s(now, can_send)
                 if expired:
                     self._space()
             self._notify(expired)
@@ -122,9 +120,12 @@ class Sender:
         try:
             response: httpx.Response | None = await self._http.get(
                 self._config.url("/cluster"), timeout=self._config.timeout(_PRODUCE))
-        except httpx.TransportError:
+        except httpx.HTTPError:
             response = None
+        finally:
+            self._map_wanted = False
         self._config.took_map(response)
+        self.wake()
 
     def _group(self) -> Callable[[Batch], object] | None:
         routes = self._config.routes
@@ -137,14 +138,26 @@ class Sender:
     def _crash(self, exc: BaseException) -> None:
         """Fail every batch still waiting: nobody else will settle them."""
         self.crashed = exc
-        error = ProducerClosed(f"the producer's sender stopped: {exc!r}")
         with self._lock:
             self._acc.closed = True
             left = self._acc.take_all()
             for batch in left:
-                self._fail(batch, error)
+                error = ProducerClosed(f"the producer's sender stopped: {exc!r}")
+                self._rules.fail(batch, self._rules.carried(batch, error))
             self._space()
         self._notify(left)
+
+    def _notify(self, batches: list[Batch]) -> None:
+        """Wake each batch's waiters, then its callbacks: every waiter is woken whatever
+        a callback does."""
+        for batch in batches:
+            batch.waiter.set()
+        for batch in batches:
+            for callback in (*(batch.callbacks or ()), lambda b=batch: self._deliver(b)):
+                try:
+                    callback()
+                except Exception:
+                    log.exception("a producer callback raised; the producer goes on")
 
     # -- one request -----------------------------------------------------------------
 
@@ -165,6 +178,27 @@ class Sender:
             self.wake()
 
     async def _post(self, batches: list[Batch]) -> Outcome:
+        try:
+            content, headers = await self._request(batches)
+        except (ValueError, OverflowError, UnicodeError) as exc:  # nothing was sent
+            return Broken(f"the request could not be built: {exc}", maybe_sent=False)
+        url = self._target(batches[0])
+        self.metrics.request_bytes += len(content)
+        try:
+            # httpx's timeout bounds each read; this bounds the whole answer.
+            with anyio.fail_after(self._config.timeout_s * 2 + 5):
+                response = await self._http.post(url, content=content, headers=headers,
+                                                 timeout=self._config.timeout(_PRODUCE))
+        except (httpx.HTTPError, TimeoutError) as exc:
+            self._unreached(url)
+            if isinstance(exc, httpx.TransportError):
+                return broken_of(exc)
+            return Broken(f"{type(exc).__name__}: {exc}", maybe_sent=True)
+        if self._config.routes is not None:
+            self._config.routes.noticed(response.headers.get(DIGEST_HEADER))
+        return reply_of(response)
+
+    async def _request(self, batches: list[Batch]) -> tuple[bytes, dict[str, str]]:
         content = batch_wire.envelope(batches)
         headers = {"content-type": CONTENT_TYPE}
         deadline_ms = self._config.commit_deadline_ms()
@@ -179,17 +213,7 @@ class Sender:
                 content, encoding = encode_body(content, compression)
             if encoding is not None:
                 headers["content-encoding"] = encoding
-        url = self._target(batches[0])
-        self.metrics.request_bytes += len(content)
-        try:
-            response = await self._http.post(url, content=content, headers=headers,
-                                             timeout=self._config.timeout(_PRODUCE))
-        except httpx.TransportError as exc:
-            self._unreached(url)
-            return broken_of(exc)
-        if self._config.routes is not None:
-            self._config.routes.noticed(response.headers.get(DIGEST_HEADER))
-        return reply_of(response)
+        return content, headers
 
     def _compression(self, batches: list[Batch]) -> Compression:
         chosen = self._settings.compression
@@ -214,85 +238,25 @@ class Sender:
         else:
             self._config.next_broker()
 
-    # -- settling ----------------------------------------------------------------------
-
     def _settle(self, batches: list[Batch], outcome: Outcome, started: float) -> None:
-        now = self._clock()
-        settled, placed = batch_wire.settle(batches, outcome)
-        self.metrics.request(now - started, failed=isinstance(settled[0], LlogError)
-                             and all(isinstance(s, LlogError) for s in settled))
-        split = len(batches) > 1 and _refused_whole(outcome)
-        done: list[Batch] = []
+        try:
+            settled, placed = batch_wire.settle(batches, outcome)
+        except Exception as exc:  # an answer outside the contract: it may have written
+            error = batch_wire.outside_contract(outcome, exc)
+            settled, placed = [error] * len(batches), [b.partition for b in batches]
         with self._lock:
-            for batch, result, partition in zip(batches, settled, placed, strict=True):
-                if not isinstance(result, LlogError):
-                    self._acc.settled(batch)
-                    batch.route = (batch.topic, partition, batch.route[2])
-                    batch.finish(*result)
-                    self.metrics.delivered(batch)
-                    done.append(batch)
-                    continue
-                error = self._retry_or_error(batch, result, now, split)
-                if error is not None:
-                    self._acc.settled(batch)
-                    self._fail(batch, error)
-                    done.append(batch)
+            done = self._rules.settle(batches, settled, placed, outcome, started,
+                                      self._clock())
             self._space()
         self._notify(done)
-
-    def _notify(self, batches: list[Batch]) -> None:
-        for batch in batches:
-            batch.notify()
-            self._deliver(batch)
-
-    def _retry_or_error(self, batch: Batch, error: LlogError, now: float, split: bool
-                        ) -> LlogError | None:
-        """Requeue ``batch`` for another attempt if one may succeed before its deadline
-        (None); else the error to fail it with."""
-        if error.maybe_written:
-            batch.last_error = error  # remembered: a later failure may not say so
-        elif batch.last_error is not None and batch.last_error.maybe_written:
-            error = copy.copy(error)
-            error.maybe_written = True
-        if split:
-            batch.alone = True  # refused whole with others: try it by itself
-            self._acc.requeue(batch, now)
-            return None
-        if not error.retriable:
-            return error
-        s = self._settings
-        backoff = min(s.backoff_max_s, s.backoff_s * 2 ** (batch.attempts - 1))
-        if error.retry_after_s is not None:
-            backoff = max(backoff, min(error.retry_after_s, s.backoff_max_s))
-        if now + backoff >= batch.deadline:
-            return self._timed_out(batch, error)
-        self.metrics.retries += 1
-        self._acc.requeue(batch, now + backoff)
-        return None
-
-    def _timed_out(self, batch: Batch, cause: LlogError | None) -> LlogError:
-        cause = cause or batch.last_error
-        error = DeliveryTimeout(
-            f"{len(batch)} records not acknowledged within the delivery timeout "
-            f"({self._settings.delivery_timeout_s:g} s, {batch.attempts} attempts"
-            + (f"; last: {cause}" if cause is not None else "") + ")",
-            maybe_written=bool(batch.last_error and batch.last_error.maybe_written),
-            topic=batch.topic, partition=batch.partition)
-        error.__cause__ = cause
-        return error
-
-    def _fail(self, batch: Batch, error: LlogError) -> None:
-        """(lock held; :meth:`_notify` it after)"""
-        self.metrics.failed(batch)
-        batch.fail(error)
 
     # -- metadata --------------------------------------------------------------------
 
     async def topic(self, topic: str, within_s: float) -> TopicMeta:
         """The topic's partition count and compression (``GET /topics/{topic}``); an
         unknown topic is :data:`TopicMeta.UNKNOWN` (produce creates it when the brokers
-        create topics on use). Retriable failures are retried for ``within_s``, then
-        the last is raised; others at once."""
+        create topics on use). Retriable failures are retried for ``within_s``, moving
+        on to the next broker, then the last is raised; others at once."""
         deadline = self._clock() + within_s
         attempt = 0
         while True:
@@ -303,6 +267,7 @@ class Sender:
                 pause = min(s.backoff_max_s, s.backoff_s * 2 ** attempt)
                 if not exc.retriable or self._clock() + pause >= deadline:
                     raise
+            self._config.next_broker()
             await anyio.sleep(pause)
             attempt += 1
 
@@ -311,13 +276,9 @@ class Sender:
         try:
             response = await self._http.get(self._config.url(path),
                                             timeout=self._config.timeout(_PRODUCE))
-        except httpx.TransportError as exc:
-            self._config.next_broker()
-            raise broken_error(broken_of(exc)) from None
+        except httpx.HTTPError as exc:
+            if isinstance(exc, httpx.TransportError):
+                raise broken_error(broken_of(exc)) from None
+            raise broken_error(Broken(f"{type(exc).__name__}: {exc}", maybe_sent=False)
+                               ) from None
         return TopicMeta.parse(reply_of(response), self._clock())
-
-
-def _refused_whole(outcome: Outcome) -> bool:
-    """A request refused as a whole for what it holds (400, 413): one batch of it may be
-    the cause, and the others would go through alone."""
-    return not isinstance(outcome, Broken) and outcome.status in (400, 413)
