@@ -2,6 +2,7 @@
 faults, then the checker reads the whole history (tests/history/, docs/testing.md).
 
     .venv/bin/python bench/history.py --minutes 30 --seed 7 [--oxia-cluster] [--out DIR]
+    .venv/bin/python bench/history.py --check DIR     # the checker again, on a saved run
 
 Prints the report's counts and verdict and exits 1 on any anomaly; the history, the
 report and its plot are in ``--out`` (default ``.llog/history/seed-S``).
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.history.nemesis import FAULTS  # noqa: E402
-from tests.history.run import run  # noqa: E402
+from tests.history.run import recheck, run  # noqa: E402
 
 
 def main() -> None:
@@ -41,7 +42,14 @@ def main() -> None:
                              "commit); the clients, nemesis and checker stay these")
     parser.add_argument("--faults", default=",".join(FAULTS),
                         help=f"comma-separated, of {', '.join(FAULTS)}")
+    parser.add_argument("--check", type=Path, default=None, metavar="DIR",
+                        help="run nothing: check the history saved in DIR again and write "
+                             "its report (a new checker, or a report lost)")
     args = parser.parse_args()
+    if args.check is not None:
+        report = recheck(args.check, seed=args.seed)
+        print(json.dumps(report.summary(), indent=1))
+        sys.exit(0 if report.valid else 1)
     out = args.out or ROOT / ".llog" / "history" / f"seed-{args.seed}"
     faults = tuple(f for f in args.faults.split(",") if f)
     low, high = (float(x) for x in args.slow_s.split(","))

@@ -31,9 +31,11 @@ Values are unique per run, so a value is a record's identity. What each anomaly 
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from tests.history.model import History, Op
@@ -97,6 +99,12 @@ class _Facts:
         self.starts: dict[TP, list[tuple[float, float, int]]] = defaultdict(list)
         for op in history.ops:
             self._learn(op)
+        # Every read adds a log start: the two questions below are asked once per read,
+        # so each is answered by a search in times sorted once, with running maxima.
+        self._known = {tp: _running_max([(done, s) for done, _, s in rows])
+                       for tp, rows in self.starts.items()}
+        self._possible = {tp: _running_max([(began, s) for _, began, s in rows])
+                          for tp, rows in self.starts.items()}
 
     def _learn(self, op: Op) -> None:
         if op.f == "produce":
@@ -125,12 +133,31 @@ class _Facts:
 
     def known_before(self, tp: TP, t: float) -> int:
         """The highest log start known (completed) before ``t``."""
-        return max((s for done, _, s in self.starts[tp] if done < t), default=0)
+        return _max_before(self._known.get(tp), t)
 
     def possible_by(self, tp: TP, t: float) -> int:
         """The highest log start that may have been in force before ``t`` (a move that
         had begun)."""
-        return max((s for _, began, s in self.starts[tp] if began < t), default=0)
+        return _max_before(self._possible.get(tp), t)
+
+
+def _running_max(rows: list[tuple[float, int]]) -> tuple[list[float], list[int]]:
+    """Times in order, and the highest value at or before each."""
+    rows.sort()
+    highest, maxima = 0, []
+    for _, value in rows:
+        highest = max(highest, value)
+        maxima.append(highest)
+    return [t for t, _ in rows], maxima
+
+
+def _max_before(index: tuple[list[float], list[int]] | None, t: float) -> int:
+    """The highest value of the times strictly before ``t`` (0 when none)."""
+    if index is None:
+        return 0
+    times, maxima = index
+    at = bisect_left(times, t)
+    return maxima[at - 1] if at else 0
 
 
 def check(history: History) -> Report:
@@ -195,6 +222,12 @@ def _check_polls(history: History, facts: _Facts, report: Report) -> None:
         held[tp].append(offset)
     for offsets in held.values():
         offsets.sort()
+    # Acknowledged records by partition, in offset order, for the stuck-poll check.
+    acked: dict[TP, list[tuple[int, float, Op]]] = defaultdict(list)
+    for tp, offset, produced in facts.acked.values():
+        acked[tp].append((offset, produced.end, produced))
+    for rows in acked.values():
+        rows.sort(key=lambda row: row[0])
     for op in history.of("poll", "group_poll", "final_read"):
         if op.outcome == "fail" and op.answer.get("error") == "OffsetOutOfRange" \
                 and op.asked.get("offset") == 0:
@@ -212,11 +245,14 @@ def _check_polls(history: History, facts: _Facts, report: Report) -> None:
         if op.f == "final_read" or op.asked.get("offset") is None:
             continue  # a read "from the committed offset": no number to check against
         report.checked["reads"] += 1
-        _check_one_answer(op, tp, records, held[tp], facts, report)
+        _check_one_answer(op, tp, records, held[tp], acked[tp], facts, report)
 
 
 def _check_one_answer(op: Op, tp: TP, records: list[tuple[int, str]], held: list[int],
-                      facts: _Facts, report: Report) -> None:
+                      acked: list[tuple[int, float, Op]], facts: _Facts, report: Report
+                      ) -> None:
+    """One answer's offsets against what the partition held; ``held`` and ``acked`` in
+    offset order, so each answer costs a search, not a pass over the whole history."""
     asked = int(op.asked["offset"])
     offsets = [o for o, _ in records]
     if offsets != sorted(set(offsets)) or (offsets and offsets[0] < asked):
@@ -224,16 +260,18 @@ def _check_one_answer(op: Op, tp: TP, records: list[tuple[int, str]], held: list
         return
     floor = max(facts.possible_by(tp, op.end), int(op.answer.get("log_start") or 0))
     if offsets:
-        passed = [o for o in held if max(asked, floor) <= o < offsets[-1] and
-                  o not in set(offsets)]
+        answered = set(offsets)
+        lo, hi = bisect_left(held, max(asked, floor)), bisect_left(held, offsets[-1])
+        passed = [o for o in held[lo:hi] if o not in answered]
         if passed:
             report.add("skipping_poll", f"asked {tp}@{asked}, answered {offsets}, passing "
                        f"over {passed[:5]}", [op])
     elif int(op.asked.get("wait_ms") or 0) > 0 and not op.answer.get("error"):
-        waiting = [(o, p) for v, (t, o, p) in facts.acked.items()
-                   if t == tp and o >= max(asked, floor) and p.end < op.start]
-        if waiting:
-            o, produced = min(waiting, key=lambda w: w[0])
+        start = bisect_left(acked, max(asked, floor), key=lambda row: row[0])
+        waiting = next(((o, p) for o, end, p in islice(acked, start, None) if end < op.start),
+                       None)
+        if waiting is not None:
+            o, produced = waiting
             report.add("stuck_poll", f"a long-poll at {tp}@{asked} answered empty; "
                        f"{tp}@{o} was acknowledged before it began", [op, produced])
 

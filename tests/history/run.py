@@ -142,6 +142,18 @@ def run(out: Path, *, seconds: float, seed: int, faults: tuple[str, ...] = FAULT
     return report
 
 
+def recheck(out: Path, *, seed: int) -> Report:
+    """The checker again over the history saved in ``out`` (its report and plot written
+    anew): the faults applied are read from the history's nemesis entries."""
+    history = History.load(out / "history.jsonl")
+    report = check(history)
+    faults = [(str(op.asked.get("fault")), str(op.asked.get("target")))
+              for op in history.of("nemesis")]
+    seconds = max((e.time for e in history.entries), default=0.0)
+    _write(Run(out, seed, seconds), history, report, faults)
+    return report
+
+
 @contextlib.contextmanager
 def _oxia_proxies(spec: Run, cluster: bool) -> Iterator[OxiaClusterConfig | None]:
     """With ``cluster``: three data servers (replication factor 3), each behind a proxy
