@@ -43,6 +43,7 @@ class Batch:
         "alone",
         "attempts",
         "base_offset",
+        "callback_futures",
         "callbacks",
         "created",
         "deadline",
@@ -86,7 +87,9 @@ class Batch:
         self.error: LlogError | None = None
         self.last_error: LlogError | None = None
         self.waiter = waiter  # set once the batch is finished (threading or anyio Event)
-        self.callbacks: list[Callable[[], None]] | None = None
+        # Callbacks of records' futures: each function, and the future it is given.
+        self.callbacks: list[Callable[[Any], object]] | None = None
+        self.callback_futures: list[Any] = []
         self.alone = False  # refused whole with other batches: sent by itself from then on
         self.observed = False  # a caller read a future of it (or a delivery callback did)
         self.serial = 0  # the accumulator's count of batches, for flush

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 Bytesish = bytes | str  # str means its UTF-8 bytes
 
@@ -65,10 +65,10 @@ class ProduceResult:
         return [(b.partition, o) for b in self.batches for o in b.offsets]
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMetadata:
+class RecordMetadata(NamedTuple):
     """Where a producer's record was appended. ``duplicate``: a retry of its batch found
-    it committed by an earlier attempt (it is stored once, at this offset)."""
+    it committed by an earlier attempt (it is stored once, at this offset). A named tuple:
+    one is made per record acknowledged, and a tuple is made fastest."""
 
     topic: str
     partition: int

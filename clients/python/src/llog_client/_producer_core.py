@@ -4,7 +4,6 @@ placed in its partition, and the future a caller holds for it."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import re
 import threading
 import time
@@ -306,15 +305,15 @@ class _FutureBase:
         batch = self._batch
         with self._lock:
             if not batch.finished:
+                # The function and this future in two lists, no object made to hold
+                # them: a producer may hold a callback for each of a million records,
+                # and fewer objects alive is less for Python's collector to walk over.
                 if batch.callbacks is None:
-                    batch.callbacks = []
-                batch.callbacks.append(functools.partial(_call, fn, self))
+                    batch.callbacks, batch.callback_futures = [], []
+                batch.callbacks.append(fn)
+                batch.callback_futures.append(self)
                 return
         fn(self)
-
-
-def _call(fn: Callable[[Any], object], future: _FutureBase) -> None:
-    fn(future)
 
 
 class RecordFuture(_FutureBase):

@@ -55,8 +55,10 @@ class RetryRules:
 
     def settle(self, batches: Sequence[Batch], settled: Sequence[tuple[int, bool] | LlogError],
                placed: Sequence[int], outcome: Outcome, started: float, now: float
-               ) -> list[Batch]:
-        """Each batch acknowledged, requeued or failed; those finished."""
+               ) -> tuple[list[Batch], bool]:
+        """Each batch acknowledged, requeued or failed: those finished, and whether the
+        broker answered a refusal worth retrying elsewhere (the next broker may take
+        it)."""
         self._metrics.request(now - started, failed=all(
             isinstance(s, LlogError) for s in settled))
         split = len(batches) > 1 and not isinstance(outcome, Broken) and (
@@ -83,9 +85,7 @@ class RetryRules:
             self._acc.settled(batch, self._hold_until(batch))
             self.fail(batch, final)
             done.append(batch)
-        if moved:  # an answered refusal worth retrying: the next broker may take it
-            self._config.next_broker()
-        return done
+        return done, moved
 
     def _noted(self, batch: Batch, error: LlogError, started: float) -> LlogError:
         """Remember the attempt's error; one that may have written marks the batch."""

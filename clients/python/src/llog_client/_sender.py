@@ -153,36 +153,41 @@ class Sender:
         for batch in batches:
             batch.waiter.set()
         for batch in batches:
-            for callback in (*(batch.callbacks or ()), lambda b=batch: self._deliver(b)):
-                try:
-                    callback()
-                except Exception:
-                    log.exception("a producer callback raised; the producer goes on")
+            if batch.callbacks is not None:
+                for fn, future in zip(batch.callbacks, batch.callback_futures, strict=True):
+                    try:
+                        fn(future)
+                    except Exception:
+                        log.exception("a record's callback raised; the producer goes on")
+            try:
+                self._deliver(batch)
+            except Exception:
+                log.exception("on_delivery raised; the producer goes on")
 
     # -- one request -----------------------------------------------------------------
 
     async def _send(self, batches: list[Batch]) -> None:
         outcome: Outcome | None = None
         started = self._clock()
+        url = self._target(batches[0])
         try:
             for batch in batches:
                 if not batch.idempotency_key:
                     batch.idempotency_key = self._keys.next()
                 batch.attempts += 1
-            outcome = await self._post(batches)
+            outcome = await self._post(batches, url)
         finally:
             self._in_flight -= 1
             if outcome is None:  # cancelled or crashed mid-request: not settled here
                 outcome = Broken("the request was abandoned", maybe_sent=True)
-            self._settle(batches, outcome, started)
+            self._settle(batches, outcome, started, url)
             self.wake()
 
-    async def _post(self, batches: list[Batch]) -> Outcome:
+    async def _post(self, batches: list[Batch], url: str) -> Outcome:
         try:
             content, headers = await self._request(batches)
         except (ValueError, OverflowError, UnicodeError) as exc:  # nothing was sent
             return Broken(f"the request could not be built: {exc}", maybe_sent=False)
-        url = self._target(batches[0])
         self.metrics.request_bytes += len(content)
         try:
             # httpx's timeout bounds each read; this bounds the whole answer.
@@ -190,7 +195,7 @@ class Sender:
                 response = await self._http.post(url, content=content, headers=headers,
                                                  timeout=self._config.timeout(_PRODUCE))
         except (httpx.HTTPError, TimeoutError) as exc:
-            self._unreached(url)
+            self._away_from(url)
             if isinstance(exc, httpx.TransportError):
                 return broken_of(exc)
             return Broken(f"{type(exc).__name__}: {exc}", maybe_sent=True)
@@ -231,22 +236,30 @@ class Sender:
                 return url + "/produce"
         return self._config.url("/produce")
 
-    def _unreached(self, url: str) -> None:
+    def _away_from(self, url: str) -> None:
+        """``url`` did not take a request: pass it over. Its preferred broker is marked
+        down a while; a broker of the list is left for the next one, unless another
+        request's failure moved the list on already (many requests fail together, and
+        each moving it on would bring it back to the broker that failed)."""
+        current = self._config.url("/produce")
         routes = self._config.routes
-        if routes is not None and url != self._config.url("/produce"):
+        if routes is not None and url != current:
             routes.failed(url.removesuffix("/produce"))
-        else:
+        elif url == current:
             self._config.next_broker()
 
-    def _settle(self, batches: list[Batch], outcome: Outcome, started: float) -> None:
+    def _settle(self, batches: list[Batch], outcome: Outcome, started: float, url: str
+                ) -> None:
         try:
             settled, placed = batch_wire.settle(batches, outcome)
         except Exception as exc:  # an answer outside the contract: it may have written
             error = batch_wire.outside_contract(outcome, exc)
             settled, placed = [error] * len(batches), [b.partition for b in batches]
         with self._lock:
-            done = self._rules.settle(batches, settled, placed, outcome, started,
-                                      self._clock())
+            done, refused = self._rules.settle(batches, settled, placed, outcome, started,
+                                               self._clock())
+            if refused:
+                self._away_from(url)
             self._space()
         self._notify(done)
 
@@ -260,6 +273,7 @@ class Sender:
         deadline = self._clock() + within_s
         attempt = 0
         while True:
+            tried = self._config.url("/produce")
             try:
                 return await self._topic_once(topic)
             except LlogError as exc:
@@ -267,7 +281,7 @@ class Sender:
                 pause = min(s.backoff_max_s, s.backoff_s * 2 ** attempt)
                 if not exc.retriable or self._clock() + pause >= deadline:
                     raise
-            self._config.next_broker()
+            self._away_from(tried)
             await anyio.sleep(pause)
             attempt += 1
 
