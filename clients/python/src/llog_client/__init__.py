@@ -11,11 +11,12 @@
 See docs/client.md.
 """
 
+from llog_client._aconsumer import AsyncConsumer
 from llog_client._aio import AsyncLlogClient
 from llog_client._aio_producer import AsyncProducer
 from llog_client._compression import Compression
 from llog_client._config import DEFAULT_BROKER_URL, version
-from llog_client._consumer import GroupConsumer
+from llog_client._consumer import Consumer, GroupConsumer
 from llog_client._errors import (
     AccessError,
     AppendError,
@@ -86,6 +87,7 @@ from llog_client._models import (
 from llog_client._params import UNSET
 from llog_client._producer import Producer
 from llog_client._producer_core import AsyncRecordFuture, ProducerSettings, RecordFuture
+from llog_client._records import PartitionBatch, RecordView
 from llog_client._retry import NO_RETRIES, ProduceLimits, RetryPolicy
 from llog_client._sync import LlogClient
 
@@ -95,6 +97,7 @@ __all__ = [
     "UNSET",
     "AccessError",
     "AppendError",
+    "AsyncConsumer",
     "AsyncLlogClient",
     "AsyncProducer",
     "AsyncRecordFuture",
@@ -106,6 +109,7 @@ __all__ = [
     "CommitInDoubt",
     "Compression",
     "ConsumedRecord",
+    "Consumer",
     "CorruptData",
     "DeliveryTimeout",
     "Fetched",
@@ -131,6 +135,7 @@ __all__ = [
     "ObjectMissing",
     "OffsetBeyondHighWatermark",
     "OffsetOutOfRange",
+    "PartitionBatch",
     "PartitionFenced",
     "PartitionNotAssigned",
     "PartitionOffsets",
@@ -148,6 +153,7 @@ __all__ = [
     "Record",
     "RecordFuture",
     "RecordMetadata",
+    "RecordView",
     "RequestError",
     "RetryPolicy",
     "RoleDisabled",

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from typing import TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import httpx
@@ -54,6 +54,9 @@ from llog_client._params import (
 from llog_client._retry import ProduceLimits, RetryPolicy
 from llog_client._wire import Outcome
 
+if TYPE_CHECKING:  # the consumer reads through this client: it imports it
+    from llog_client._aconsumer import AsyncConsumer
+
 T = TypeVar("T")
 
 
@@ -73,6 +76,7 @@ class AsyncLlogClient:
                                     limits or ProduceLimits(), checked(compression),
                                     routes=routes_for(route))
         self._http = httpx.AsyncClient(headers=default_headers(token), transport=transport)
+        self._transport_given = transport is not None  # the consumers' fast lane yields
 
     @property
     def compression(self) -> Compression:
@@ -260,3 +264,12 @@ class AsyncLlogClient:
                             offset: int | None = None) -> dict[TopicPartitionKey, int]:
         entry = reset_entry(topic, partition, to, timestamp_ms, offset)
         return await self._run(group_ops.reset(group, [entry], self._config.retry))
+
+    def consumer(self, topics: Iterable[str] | str | None = None, **options: Any
+                 ) -> AsyncConsumer:
+        """An :class:`~llog_client.AsyncConsumer` reading through this client (use it
+        in ``async with``): ``topics`` (with ``group=``, as a member) or
+        ``partitions=``."""
+        from llog_client._aconsumer import AsyncConsumer
+
+        return AsyncConsumer(self, topics, **options)

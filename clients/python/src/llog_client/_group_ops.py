@@ -53,10 +53,11 @@ def leave(group: str, member_id: str, policy: RetryPolicy) -> Op[bool]:
     return bool(body.get("left"))
 
 
-def _offset_results(send: Send, expected: int | None, policy: RetryPolicy
-                    ) -> Op[Committed]:
-    """An answer of commit or reset-offsets: every partition's offset, or the error of
-    the first that failed. ``expected``: how many results (None: any number)."""
+def offset_results(send: Send, expected: int | None, policy: RetryPolicy
+                   ) -> Op[Committed]:
+    """An answer of commit, reset-offsets or offsets by time: every partition's offset,
+    or the error of the first that failed. ``expected``: how many results (None: any
+    number)."""
 
     def interpret(outcome: Outcome) -> Committed | LlogError:
         if isinstance(outcome, Reply):
@@ -83,7 +84,7 @@ def commit(group: str, offsets: Mapping[TopicPartitionKey, int], member_id: str 
     if member_id is not None:
         body |= {"member_id": member_id, "generation": generation}
     send = Send("POST", _path(group, "commit"), wire.dumps(body))
-    return (yield from _offset_results(send, len(offsets), policy))
+    return (yield from offset_results(send, len(offsets), policy))
 
 
 def reset(group: str, entries: list[dict[str, Json]], policy: RetryPolicy
@@ -92,7 +93,7 @@ def reset(group: str, entries: list[dict[str, Json]], policy: RetryPolicy
     topic's)."""
     send = Send("POST", _path(group, "reset-offsets"),
                 wire.dumps({"topic_partitions": entries}))
-    return (yield from _offset_results(send, None, policy))
+    return (yield from offset_results(send, None, policy))
 
 
 def page(after: str | None, limit: int, policy: RetryPolicy) -> Op[GroupPage]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
@@ -23,7 +23,6 @@ from llog_client._config import (
     reply_of,
     routes_for,
 )
-from llog_client._consumer import GroupConsumer
 from llog_client._errors import LlogError
 from llog_client._models import (
     ConsumedRecord,
@@ -53,6 +52,9 @@ from llog_client._params import (
 )
 from llog_client._retry import ProduceLimits, RetryPolicy
 from llog_client._wire import Outcome
+
+if TYPE_CHECKING:  # the consumers read through this client: they import it
+    from llog_client._consumer import Consumer, GroupConsumer
 
 T = TypeVar("T")
 
@@ -84,6 +86,7 @@ class LlogClient:
                                     limits or ProduceLimits(), checked(compression),
                                     routes=routes_for(route))
         self._http = httpx.Client(headers=default_headers(token), transport=transport)
+        self._transport_given = transport is not None  # the consumers' fast lane yields
 
     @property
     def compression(self) -> Compression:
@@ -295,8 +298,18 @@ class LlogClient:
         entry = reset_entry(topic, partition, to, timestamp_ms, offset)
         return self._run(group_ops.reset(group, [entry], self._config.retry))
 
+    def consumer(self, topics: Iterable[str] | str | None = None, **options: Any
+                 ) -> Consumer:
+        """A :class:`~llog_client.Consumer` reading through this client: ``topics``
+        (with ``group=``, as a member of the group) or ``partitions=``."""
+        from llog_client._consumer import Consumer
+
+        return Consumer(self, topics, **options)
+
     def group_consumer(self, group: str, topics: Iterable[str] | str, **options: Any
                        ) -> GroupConsumer:
-        """A member of ``group`` that consumes its partitions and commits what was
-        processed (at-least-once): see :class:`~llog_client.GroupConsumer`."""
+        """``consumer(topics, group=group)`` under its former name (its options too:
+        ``auto_offset_reset`` is ``start``): see :class:`~llog_client.GroupConsumer`."""
+        from llog_client._consumer import GroupConsumer
+
         return GroupConsumer(self, group, as_topics(topics), **options)
