@@ -46,10 +46,15 @@ load generator (bench/httpload). Sections, each printed as a table with its sett
   setting `compression` (its 400 or 422 names the field) refuses the rows of codecs
   other than none, by name.
 - peer (not by default): Kafka 4.3.1 and llog one after the other, same records:
-  produce and catch-up, llog/Kafka (bench/peer.py; needs Java, Maven, confluent-kafka).
+  produce (records of each --record-sizes, back to back, then paced at --peer-pace of
+  each producer's figure for latency) and catch-up (fresh and compacted), llog_client's
+  producers and consumers beside confluent-kafka's, aiokafka's and the Go load
+  generator's on the same broker, each client's CPU per record (bench/peer.py; needs
+  Java, Maven, confluent-kafka, aiokafka).
 
     .venv/bin/python bench/perf.py [--quick] [--sections storage,produce,records,...]
     .venv/bin/python bench/perf.py --sections peer [--quick]
+    .venv/bin/python bench/perf.py --sections peer --peer-broker dev --catchup-mib 256
 
 It measures and prints; it asserts nothing. Results also go to .llog/bench/perf-*.json.
 """
@@ -87,7 +92,7 @@ import shipped  # noqa: E402
 import storage_ceiling  # noqa: E402
 
 from app.localstack.broker import broker_process, wait_healthy  # noqa: E402
-from app.localstack.dev import start_compactor  # noqa: E402
+from app.localstack.dev import SHIPPED_COMPRESSION, start_compactor  # noqa: E402
 from app.localstack.processes import ManagedProcess, free_port  # noqa: E402
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
 
@@ -202,10 +207,21 @@ def kinds(run: Run) -> list[str]:
     return [*BROKER_KINDS, *([f"{k}@base" for k in BROKER_KINDS] if run.baseline else [])]
 
 
-def start_kind(run: Run, kind: str, name: str) -> Server:
+def key_space(kind: str, space: str) -> dict[str, str]:
+    """The settings that put a ``kind`` broker (and ``llog compact-once``) in the key
+    space ``space``: `llog dev`'s brokers have one each (``start_kind``), the others
+    share the stack's."""
+    return {"LLOG_ROOT_PREFIX": f"perf-{space}"} if kind.partition("@")[0] == "dev" else {}
+
+
+def start_kind(run: Run, kind: str, name: str, *, space: str | None = None,
+               compactor: bool = True) -> Server:
     """A broker of ``kind`` (BROKER_KINDS): the tuned one, or as ``llog dev`` or the
     Kubernetes reference configure it; ``kind@base``: the same, of the --baseline
-    revision with that revision's settings (its dev.py and its deploy/k8s files)."""
+    revision with that revision's settings (its dev.py and its deploy/k8s files).
+    ``space``: the key space of an earlier broker of that name, to read what it wrote
+    (`llog dev`'s; default: one of its own); ``compactor`` off: `llog dev`'s broker
+    without the compactor beside it (a read that must meet what was written)."""
     kind, _, suffix = kind.partition("@")
     base = suffix == "base"
     tree = run.baseline[0] if base and run.baseline else ROOT
@@ -219,9 +235,9 @@ def start_kind(run: Run, kind: str, name: str) -> Server:
                else shipped.dev_broker_env(run.stack, data_dir))
         # A key space of its own, as a developer's `llog dev` stack holds only their own
         # data: its compactor must not compact what the rows before it wrote.
-        own = {"LLOG_ROOT_PREFIX": f"perf-{name}"}
+        own = key_space(kind, space or name)
         env.update({"LLOG_DRAIN_S": "0", "LLOG_BROKER_ID": f"perf-{name}", **own})
-        if not base:  # and its compactor beside it, as `llog dev` runs them
+        if not base and compactor:  # and its compactor beside it, as `llog dev` runs them
             server = _launch(run, name, env)
             compactor, url = start_compactor(run.stack, data_dir, env=own)
             server.companions.append(compactor)
@@ -847,49 +863,132 @@ def _per_mib(step: dict[str, Any], mib: float) -> dict[str, Any]:
 
 def peer_section(run: Run) -> dict[str, Any]:
     """Kafka, then llog (``--peer-broker``), on this machine one after the other
-    (bench/peer.py): produce and a catch-up read of the same amount, same records."""
+    (bench/peer.py): produce back to back and paced, records of each --record-sizes,
+    and a catch-up read of the same amount of 1 KiB records; every Python client's CPU
+    per record beside the Go load generator's."""
     a = run.args
-    seconds, conns, mib = a.duration, a.peer_connections, a.catchup_mib
-    kafka = peer.kafka_side(run.logs.parent, seconds, mib)
-    llog: dict[str, Any] = {"load_before": peer.idle_load()}
-    shape = peer.SHAPE
+    sizes = a.record_sizes
+    kafka = peer.kafka_side(run.logs.parent, a.duration, a.catchup_mib, sizes, a.peer_pace)
+    llog: dict[str, Any] = {"load_before": peer.idle_load(), "rows": []}
     broker = start_kind(run, a.peer_broker, "peer")
     try:
-        for fmt in ("json", "binary"):
-            topic = _topic("pp")
-            create_topic(broker, topic, shape[0])
-            warm(broker, shape, fmt, topic)
-            llog[f"produce_{fmt}"] = peer.timed(functools.partial(
-                hb.run_loadgen, load_args(broker.url, topic, shape, fmt, seconds, conns),
-                timeout=seconds + 120))
-        # What a Python user of llog gets, beside confluent-kafka: llog_client.
-        topic = _topic("pp")
-        create_topic(broker, topic, shape[0])
-        warm(broker, shape, "json", topic)
-        llog["produce_python"] = peer.timed(functools.partial(
-            peer.client, "llog-produce", broker.url, topic, str(seconds), str(conns),
-            timeout=seconds + 180))
+        llog["rows"] += peer_produce_rows(run, broker, sizes)
+        llog["rows"] += peer_paced_rows(run, broker, llog["rows"], peer.paced_bytes(sizes))
         topic = _topic("pc")
-        create_topic(broker, topic, shape[0])
+        _peer_create(run, broker, topic)
         llog["fill"] = hb.run_loadgen(
-            [*load_args(broker.url, topic, shape, "binary", 3600, conns),
-             "-total-mib", str(mib)], timeout=3600)
+            [*load_args(broker.url, topic, peer.SHAPE, "binary", 3600, a.peer_connections),
+             "-total-mib", str(a.catchup_mib)], timeout=3600)
     finally:
         stop_server(run, broker)
     for state in ("fresh", "compacted"):
         if state == "compacted":
-            llog["compact"] = compact_all(run, topic, range(shape[0]))
-        for reader in ("python", "go"):
-            broker = start_kind(run, a.peer_broker, f"peer-{state}-{reader}")  # cold caches
-            try:
-                llog[f"catchup_{state}_{reader}"] = peer.timed(
-                    functools.partial(peer.read, broker.url, topic, reader, mib))
-            finally:
-                stop_server(run, broker)
+            llog["compact"] = compact_all(run, topic, range(peer.SHAPE[0]),
+                                          key_space(a.peer_broker, "peer"))
+        llog["rows"] += peer_catchup_rows(run, topic, state)
     return {"section": "peer", "kafka": kafka, "llog": llog,
-            "table": peer.table(llog, kafka),
+            "table": peer.table(llog, kafka), "paced": peer.paced(llog, kafka),
             "settings": {"broker": f"{a.peer_broker} ({BROKER_KINDS[a.peer_broker]})",
-                         "seconds": seconds, "connections": conns, "catchup_mib": mib}}
+                         "seconds": a.duration, "connections": a.peer_connections,
+                         "catchup_mib": a.catchup_mib, "record_sizes": sizes,
+                         "pace": a.peer_pace, "compression": a.peer_compression
+                         or f"the broker's default ({_default_compression(a.peer_broker)})"}}
+
+
+def _default_compression(kind: str) -> str:
+    """What a topic created without ``compression`` gets from a broker of ``kind``."""
+    return {"dev": SHIPPED_COMPRESSION, "k8s": "deploy/k8s/base's"}.get(kind, "none")
+
+
+def _peer_create(run: Run, broker: Server, topic: str) -> None:
+    """A topic of the peer section: 4 partitions, --peer-compression if given."""
+    codec = run.args.peer_compression
+    hb.create_topic(broker.url, topic, peer.SHAPE[0], **(topic_compression(codec)
+                                                         if codec else {}))
+
+
+def _peer_topic(run: Run, broker: Server, shape: tuple[int, int, int], fmt: str) -> str:
+    """A topic of its own for one row, written for a second first (``warm``)."""
+    topic = _topic("pp")
+    _peer_create(run, broker, topic)
+    warm(broker, shape, fmt, topic)
+    return topic
+
+
+def peer_produce_rows(run: Run, broker: Server, sizes: list[int]) -> list[dict[str, Any]]:
+    """llog's producers, records of each size: the Go load generator (binary; JSON too
+    at 1 KiB), then llog_client's producers, each in a process of its own."""
+    a = run.args
+    rows = []
+    for size in sizes:
+        shape = peer.shape_for(size)
+        for fmt in ("json", "binary") if size == peer.SHAPE[2] else ("binary",):
+            topic = _peer_topic(run, broker, shape, fmt)
+            rows.append(peer.row("produce", f"go-{fmt}", size, peer.timed(functools.partial(
+                _go_produce, broker.url, topic, shape, fmt, a.duration,
+                a.peer_connections))))
+        before = ["llog-produce"] if size == peer.SHAPE[2] else []
+        for kind in [*before, "llog-producer", "llog-async-producer"]:
+            topic = _peer_topic(run, broker, shape, "binary")
+            rows.append(peer.row("produce", kind, size, peer.attempt(functools.partial(
+                peer.timed, functools.partial(
+                    peer.client, kind, broker.url, topic, seconds=a.duration,
+                    record_bytes=size, tasks=a.peer_connections,
+                    timeout=a.duration + 180)))))
+    return rows
+
+
+def _go_produce(url: str, topic: str, shape: tuple[int, int, int], fmt: str,
+                seconds: float, connections: int, rate: float | None = None
+                ) -> dict[str, Any]:
+    """The Go load generator's produce, back to back or at ``rate`` requests/s."""
+    pacing = [] if rate is None else ["-rate", f"{rate:.3f}"]
+    return peer.go_produced(hb.run_loadgen(
+        [*load_args(url, topic, shape, fmt, seconds, connections), *pacing],
+        timeout=seconds + 120))
+
+
+def peer_paced_rows(run: Run, broker: Server, rows: list[dict[str, Any]], size: int
+                    ) -> list[dict[str, Any]]:
+    """llog_client's producers at --peer-pace of their own records/s, records of
+    ``size``, each beside the Go load generator at the same records/s."""
+    a = run.args
+    out = []
+    shape = peer.shape_for(size)
+    for kind in ("llog-producer", "llog-async-producer"):
+        rate = peer.pace_rate(rows, kind, size, a.peer_pace)
+        if rate is None:
+            continue
+        topic = _peer_topic(run, broker, shape, "binary")
+        mine = peer.attempt(functools.partial(peer.timed, functools.partial(
+            peer.client, kind, broker.url, topic, seconds=a.duration, record_bytes=size,
+            rate=rate, warmup=peer.PACED_WARMUP_S, timeout=a.duration + 180)))
+        topic = _peer_topic(run, broker, shape, "binary")
+        go = peer.attempt(functools.partial(peer.timed, functools.partial(
+            _go_produce, broker.url, topic, shape, "binary", a.duration,
+            a.peer_connections, rate / (shape[0] * shape[1]))))
+        out.append(peer.row("paced", kind, size, mine, of_max=a.peer_pace, go=go))
+    return out
+
+
+def peer_catchup_rows(run: Run, topic: str, state: str) -> list[dict[str, Any]]:
+    """Each reader of peer.PEER_READERS reads ``topic`` (``state``: fresh or compacted)
+    from a broker started for it, in the writer's key space: no read starts with what
+    another cached. `llog dev`'s broker runs without its compactor here: it would
+    compact the partitions while the fresh reads go on (entries 30 s old), and each
+    reader would meet other objects."""
+    a = run.args
+    rows = []
+    for reader in peer.PEER_READERS:
+        broker = start_kind(run, a.peer_broker, f"peer-{state}-{reader}", space="peer",
+                            compactor=False)
+        try:
+            out = peer.attempt(functools.partial(peer.timed, functools.partial(
+                peer.read, broker.url, topic, reader, a.catchup_mib)))
+        finally:
+            stop_server(run, broker)
+        rows.append(peer.row(f"catchup_{state}", reader, peer.SHAPE[2], out))
+    return rows
 
 
 # -- report ----------------------------------------------------------------------------
@@ -1095,6 +1194,16 @@ def main() -> int:
                         help="peer section: the llog broker set against Kafka")
     parser.add_argument("--peer-connections", type=int, default=32,
                         help="peer section: connections of llog's produce")
+    parser.add_argument("--record-sizes", default="100,1024,10240",
+                        help="peer section: the produce rows' record sizes in bytes "
+                             "(comma-separated; the paced rows take 1024 if listed)")
+    parser.add_argument("--peer-compression", default="none", metavar="CODEC",
+                        help="peer section: llog's topics stored with none (as Kafka's "
+                             "producers send) or zstd[:LEVEL]; '' for the broker's "
+                             "default (`llog dev` ships zstd:1)")
+    parser.add_argument("--peer-pace", type=float, default=0.5,
+                        help="peer section: the paced rows' rate, a fraction of each "
+                             "producer's own back-to-back records/s")
     parser.add_argument("--baseline", default=None, metavar="REF",
                         help="also measure the brokers users run, and the 4-partition "
                         "catch-up, as revision REF (a commit, tag or branch) ships them, in "
@@ -1113,6 +1222,7 @@ def main() -> int:
                         help="2 s per row, 128 MiB catch-up: a smoke run")
     args = parser.parse_args()
     args.broker_connections = [int(c) for c in str(args.broker_connections).split(",")]
+    args.record_sizes = [int(n) for n in str(args.record_sizes).split(",")]
     if args.quick:
         args.duration, args.catchup_mib = 2.0, 128
         args.scale_out_duration = min(args.scale_out_duration, 2.0)

@@ -102,7 +102,9 @@ func main() {
 	flag.StringVar(&c.format, "format", "json",
 		"json, or binary (produce: the LLP1 envelope; consume: Accept the LLR1 answer)")
 	flag.Float64Var(&c.rate, "rate", 0,
-		"e2e mode: produce requests per second (0: one request at a time, back to back)")
+		"e2e and throughput modes: produce requests per second over all connections, each "+
+			"request's latency counted from its due time (0: e2e one request at a time, "+
+			"throughput every connection back to back)")
 	flag.StringVar(&c.consumeURL, "consume-url", "",
 		"e2e and catchup modes: the broker consumers read from (default: -url)")
 	flag.IntVar(&c.maxBytes, "max-bytes", 8<<20, "catchup mode: max_bytes per consume request")

@@ -3,6 +3,8 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -114,5 +116,30 @@ func TestPartitionSetValidation(t *testing.T) {
 		partitionSet: "1"}
 	if err := validate(&c); err == nil || !strings.HasPrefix(err.Error(), "-partition-set ") {
 		t.Fatalf("e2e: got %v", err)
+	}
+}
+
+// With -rate the connections send one request per due time, not back to back: never
+// more requests than due times in the run, whatever the server's speed.
+func TestThroughputRateBoundsTheRequests(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{"results":[]}`))
+	}))
+	defer srv.Close()
+	c := config{url: srv.URL, path: "/produce", mode: "throughput", connections: 4,
+		duration: 200 * time.Millisecond, topic: "t", partitions: 2, records: 1, size: 8,
+		timeout: 5 * time.Second, entries: 2, format: "binary", maxBytes: 1, readParts: 1,
+		rate: 50}
+	if err := validate(&c); err != nil {
+		t.Fatal(err)
+	}
+	res, err := runThroughput(&c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// due times every 20 ms in [0, 200 ms): 10 of them
+	if res.Requests < 1 || res.Requests > 10 || res.OK != res.Requests ||
+		res.RateRequestsPerS != 50 {
+		t.Fatalf("got %+v", res)
 	}
 }

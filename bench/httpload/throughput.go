@@ -28,6 +28,7 @@ type ThroughputResult struct {
 	Format            string            `json:"format"`
 	RecordBytes       int               `json:"record_bytes"`
 	RequestBodyBytes  int               `json:"request_body_bytes"`
+	RateRequestsPerS  float64           `json:"rate_requests_per_s"` // -rate; 0: back to back
 	DurationS         float64           `json:"duration_s"`
 	ElapsedS          float64           `json:"elapsed_s"`
 	Requests          uint64            `json:"requests"`
@@ -88,6 +89,9 @@ type throughput struct {
 	deadline  time.Time
 	acked     atomic.Int64 // record bytes acknowledged, for -total-mib
 	fallbacks atomic.Uint64
+	// -rate: each request's due time (then the connections send at that rate, not back
+	// to back); closed when the run ends. nil without -rate.
+	due <-chan time.Time
 }
 
 func runThroughput(c *config) (*ThroughputResult, error) {
@@ -102,6 +106,9 @@ func runThroughput(c *config) (*ThroughputResult, error) {
 	cpu0 := cpuSeconds()
 	start := time.Now()
 	t.deadline = start.Add(c.duration)
+	if c.rate > 0 {
+		t.due = pace(start, c.rate, t.deadline)
+	}
 	var wg sync.WaitGroup
 	for i, to := range connectionTargets(t.targets, c.connections) {
 		w := &worker{statuses: map[int]uint64{}, hist: latency.New()}
@@ -226,8 +233,15 @@ func (t *throughput) work(w *worker, to *target) {
 	buf := make([]byte, 32*1024)
 	for time.Now().Before(t.deadline) &&
 		(t.c.totalMiB == 0 || t.acked.Load() < int64(t.c.totalMiB)<<20) {
-		turn := (to.next.Add(1) - 1) % uint64(len(to.bodies))
 		t0 := time.Now()
+		if t.due != nil {
+			at, more := <-t.due
+			if !more {
+				return
+			}
+			t0 = at // a request sent late counts from when it was due: no coordinated omission
+		}
+		turn := (to.next.Add(1) - 1) % uint64(len(to.bodies))
 		resp, err := t.send(to.url, to.bodies[turn])
 		if err != nil && t.fallback != "" && notConnected(err) {
 			// The member took no connection, so nothing was sent (the bodies carry no
@@ -267,6 +281,28 @@ func (t *throughput) work(w *worker, to *target) {
 	}
 }
 
+// pace gives the due time of each request at rate requests per second from start until
+// the deadline, then closes. A due time waits in the channel while every connection is
+// busy and keeps its value, so the lateness counts in that request's latency.
+func pace(start time.Time, rate float64, deadline time.Time) <-chan time.Time {
+	due := make(chan time.Time, 1024)
+	go func() {
+		defer close(due)
+		interval := float64(time.Second) / rate
+		for i := 0; ; i++ {
+			at := start.Add(time.Duration(float64(i) * interval))
+			if !at.Before(deadline) {
+				return
+			}
+			if wait := time.Until(at); wait > 0 {
+				time.Sleep(wait)
+			}
+			due <- at
+		}
+	}()
+	return due
+}
+
 // notConnected: the request failed while dialing, before any byte of it was sent.
 func notConnected(err error) bool {
 	var op *net.OpError
@@ -296,7 +332,7 @@ func (t *throughput) result(workers []*worker, elapsed float64) *ThroughputResul
 		Partitions: c.partitions, RecordsPerRequest: c.records, EntriesPerRequest: c.entries,
 		Format: c.format, RecordBytes: c.size, RequestBodyBytes: len(t.targets[0].bodies[0]),
 		DurationS: c.duration.Seconds(), ElapsedS: elapsed, Statuses: map[string]uint64{},
-		GoVersion: runtime.Version(),
+		GoVersion: runtime.Version(), RateRequestsPerS: c.rate,
 	}
 	if c.partitionSet != "" {
 		res.PartitionSet = c.written
