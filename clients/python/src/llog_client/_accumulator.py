@@ -194,20 +194,10 @@ class Accumulator:
         """Add a record to its partition's open batch (a new one when the last is sealed
         or full): the batch, the record's index, and whether the sender should look now
         (a new batch starts its linger; a full one is ready)."""
-        queue = self._queues.get(route)
-        if queue and key is None and timestamp_ms is None and not headers and not self.closed:
-            tail = queue[-1]
-            if tail.plain and not (tail.sealed or tail.full):
-                # The common case (a value alone, an open batch of values alone) without
-                # a call: this runs once per record.
-                index = len(tail.values)
-                tail.values.append(value)
-                tail.size += size
-                self.buffered += size
-                if tail.size >= self.batch_bytes or index + 1 >= self.batch_records:
-                    tail.full = True
-                    return tail, index, True
-                return tail, index, False
+        if key is None and timestamp_ms is None and not headers:
+            found = self.append_value(route, value, size)
+            if found is not None:
+                return found
         if self.closed:
             raise ProducerClosed("the producer is closed")
         lane = lane_of(route)
@@ -230,6 +220,26 @@ class Accumulator:
             batch.full = True
             return batch, index, True
         return batch, index, opened
+
+    def append_value(self, route: Route, value: bytes, size: int
+                     ) -> tuple[Batch, int, bool] | None:
+        """The common case of :meth:`append`, in few steps (it runs once per record): a
+        value alone, to a partition whose open batch holds values alone. None when
+        anything else applies."""
+        queue = self._queues.get(route)
+        if not queue or self.closed:
+            return None
+        tail = queue[-1]
+        if not tail.plain or tail.sealed or tail.full:
+            return None
+        index = len(tail.values)
+        tail.values.append(value)
+        tail.size += size
+        self.buffered += size
+        if tail.size >= self.batch_bytes or index + 1 >= self.batch_records:
+            tail.full = True
+            return tail, index, True
+        return tail, index, False
 
     def by_key_pending(self, topic: str) -> bool:
         """Whether batches of ``topic`` placed by the broker by key are queued or in

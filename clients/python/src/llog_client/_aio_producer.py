@@ -97,6 +97,12 @@ class AsyncProducer:
         core = self._core
         if self._sender is None:
             raise ProducerClosed("the producer is not started: use `async with` or start()")
+        if key is None and headers is None and timestamp_ms is None and type(value) is bytes:
+            found = core.express(topic, value, partition)
+            if found is not None:
+                if found[2]:
+                    self._sender.wake()
+                return AsyncRecordFuture(found[0], found[1], core.lock)
         raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():

@@ -65,6 +65,7 @@ class Producer:
         self._core = ProducerCore(brokers, ProducerSettings(**options), compression, route,
                                   threading.Event)
         self._space = threading.Condition(self._core.lock)
+        self._space_waiters = 0  # sends waiting for room in the buffer (lock held)
         self._deliver = delivery_hook(on_delivery)
         self._client_args: dict[str, Any] = {"headers": default_headers(token),
                                              "transport": transport}
@@ -99,10 +100,16 @@ class Producer:
             self._stop = tg.cancel_scope
             sender = Sender(core.acc, core.lock, core.config, http,
                             core.settings.sender(core.compression), core.keys, core.metrics,
-                            core.topics, self._space.notify_all, self._deliver)
+                            core.topics, self._space_freed, self._deliver)
             await tg.start(sender.run)
             self._sender = sender
             self._ready.set()
+
+    def _space_freed(self) -> None:
+        """(lock held) Buffer bytes were freed: wake the sends that wait for room, if
+        any (a notify costs a call into the lock even when nobody waits)."""
+        if self._space_waiters:
+            self._space.notify_all()
 
     def _wake(self) -> None:
         if self._loop is not None and self._sender is not None:
@@ -119,6 +126,12 @@ class Producer:
         batch at a time. Blocks only for a topic's first use (its partition count) and
         while the buffer is full."""
         core = self._core
+        if key is None and headers is None and timestamp_ms is None and type(value) is bytes:
+            found = core.express(topic, value, partition)
+            if found is not None:
+                if found[2]:
+                    self._wake()
+                return RecordFuture(found[0], found[1], core.lock)
         raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():
@@ -143,11 +156,15 @@ class Producer:
         if self._on_sender():
             raise self._core.buffer_full()
         deadline = time.monotonic() + settings.max_block_ms / 1000
-        while acc.buffered + size > settings.buffer_bytes and not acc.closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise self._core.buffer_full()
-            self._space.wait(left)
+        self._space_waiters += 1
+        try:
+            while acc.buffered + size > settings.buffer_bytes and not acc.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise self._core.buffer_full()
+                self._space.wait(left)
+        finally:
+            self._space_waiters -= 1
 
     def _topic(self, topic: str, known: TopicMeta | None) -> TopicMeta:
         """What is known of ``topic``: read now on its first use; read again in the

@@ -226,6 +226,29 @@ class ProducerCore:
                 meta.sticky_batch = batch
         return batch, index, wake
 
+    def express(self, topic: str, value: bytes, partition: int | None
+                ) -> tuple[Batch, int, bool] | None:
+        """A value alone to a topic known (and fresh) appended in one step, when its
+        partition's open batch takes it and the buffer has room; None when anything
+        else applies (the caller then takes the whole way, which decides the rest)."""
+        meta = self.topics.get(topic)
+        if meta is None or meta.expires <= time.monotonic():
+            return None
+        if partition is None:
+            route, held = meta.sticky_route, meta.sticky_batch
+            if route is None or held is None or held.sealed or held.full:
+                return None
+        elif partition >= 0:
+            route = (topic, partition, None)
+        else:
+            return None
+        size = len(value) + RECORD_OVERHEAD
+        acc = self.acc
+        with self.lock:
+            if acc.buffered + size > self.buffer_bytes or size > self.max_record_size:
+                return None
+            return acc.append_value(route, value, size)
+
     def lookup_failed(self, topic: str) -> BufferFull:
         return BufferFull(f"topic {topic!r} could not be looked up within max_block_ms "
                           f"({self.settings.max_block_ms:g} ms)")
