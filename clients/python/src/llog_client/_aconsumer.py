@@ -65,7 +65,7 @@ class AsyncConsumer(ConsumerBase[AsyncLlogClient]):
         return await self.start()
 
     async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
+        await self.aclose(processed=exc[0] is None)
 
     # -- the worker's task ------------------------------------------------------------
 
@@ -143,6 +143,10 @@ class AsyncConsumer(ConsumerBase[AsyncLlogClient]):
         core = self._core
         self._started()
         core.progress.mark_handed()
+        resumed = self._resume()
+        if resumed is not None:
+            core.progress.handed = resumed if hand else []
+            return resumed
         while (got := core.prefetch.take()) is None:
             core.check()
             if core.prefetch.finished or core.closing or core.stopped:
@@ -196,19 +200,22 @@ class AsyncConsumer(ConsumerBase[AsyncLlogClient]):
             raise core.commit_result
         return core.commit_result
 
-    async def aclose(self) -> None:
-        """Commit what was processed, leave the group, end the task (waiting for a
-        fetch in flight, at most a long-poll); raises a failed final commit. Cancelled,
-        it ends the task at once and leaves, committing nothing more."""
+    async def aclose(self, *, processed: bool = True) -> None:
+        """Commit what was processed, leave the group, end the task (a fetch in flight
+        is cut short); raises a failed final commit. Cancelled, it ends the task at once
+        and leaves, committing nothing more. ``processed``: the last poll's records
+        count as processed (``async with`` left by an exception: they do not)."""
         if self._closed:
             return
         self._closed = True
         try:
             if self._tasks is not None:
-                self._core.progress.mark_handed()
+                if processed:
+                    self._core.progress.mark_handed()
                 self._core.closing = True
                 self._changed()
                 self._closing.set()
+                self._sender.interrupt()  # a fetch under way is cut short
                 try:
                     await self._stopped.wait()
                 except BaseException:  # cancelled: end the worker now

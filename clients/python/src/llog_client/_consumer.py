@@ -72,7 +72,8 @@ class Consumer(ConsumerBase[LlogClient]):
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        # Left by an exception: the last poll's records were not all processed.
+        self.close(processed=exc[0] is None)
 
     def start(self) -> Consumer:
         """Find the partitions (join the group) and start fetching; polls start it
@@ -115,6 +116,10 @@ class Consumer(ConsumerBase[LlogClient]):
         self.start()
         with self._cond:
             core.progress.mark_handed()
+            resumed = self._resume()
+            if resumed is not None:
+                core.progress.handed = resumed if hand else []
+                return resumed
             while (got := core.prefetch.take()) is None:
                 core.check()
                 if core.prefetch.finished or core.closing or core.stopped:
@@ -169,16 +174,18 @@ class Consumer(ConsumerBase[LlogClient]):
             raise result
         return result
 
-    def close(self) -> None:
-        """Commit what was processed, leave the group, end the thread (waiting for a
-        fetch in flight, at most a long-poll); raises a failed final commit."""
+    def close(self, *, processed: bool = True) -> None:
+        """Commit what was processed, leave the group, end the thread (a fetch in flight
+        is cut short); raises a failed final commit. ``processed``: the last poll's
+        records count as processed (``with`` left by an exception: they do not)."""
         if self._closed:
             return
         self._closed = True
         try:
             if self._worker is not None:
                 with self._cond:
-                    self._core.progress.mark_handed()
+                    if processed:
+                        self._core.progress.mark_handed()
                 self._worker.stop()
                 self._worker.thread.join()
                 if self._core.close_error is not None:
@@ -203,11 +210,13 @@ class _Worker:
         self.thread = threading.Thread(target=self._run, name="llog-consumer", daemon=True)
 
     def stop(self) -> None:
-        """Commit what was processed, leave, and end (the thread does it)."""
+        """Commit what was processed, leave, and end (the thread does it): a fetch under
+        way is cut short, not waited for."""
         with self.cond:
             self.core.closing = True
             self.cond.notify_all()
         self.closing.set()
+        self.sender.interrupt()
 
     def _run(self) -> None:
         op = self.core.run()

@@ -56,6 +56,9 @@ class ConsumerBase(Generic[C]):
             compressed=compressed, client_id=client_id, session_timeout_ms=session_timeout_ms)
         self._client, self._owns_client = self._connect(client)
         self._core = Core(settings, self._policy(), clock)
+        # An iteration under way: its answer, the batch it is in, and how many of that
+        # batch's records it handed out.
+        self._at: list[Any] | None = None
         self._setup()
 
     # -- what each driver says --------------------------------------------------------
@@ -128,23 +131,48 @@ class ConsumerBase(Generic[C]):
 
     def _records(self, batches: list[PartitionBatch]) -> Iterator[RecordView]:
         """The records of an answer, each counted as processed when the next is asked
-        for; a seek or a rebalance that drops a partition ends its batch at once."""
+        for; a seek or a rebalance that drops a partition ends its batch at once, and
+        skips the batches of it not begun. Where it is is kept on the consumer: an
+        iteration left part way (``break``) is taken up by the next poll or iteration."""
         core = self._core
         progress = core.progress
-        for batch in batches:
+        at = self._at = [batches, 0, 0]  # the batch, and how many of its records are out
+        for i, batch in enumerate(batches):
+            at[1], at[2] = i, 0
+            with self._guard():
+                if not core.prefetch.current(batch):
+                    continue  # its partition was sought elsewhere or lost
             record = None
             epoch = core.epoch
             for record in batch:
+                at[2] += 1
                 progress.current = record
                 yield record
+                if self._at is not at:
+                    return  # a newer iteration (or a poll) took over from here
                 if core.epoch != epoch:  # something moved: is this batch still read?
                     if not core.prefetch.current(batch):
+                        at[2] = len(batch)
                         break
                     epoch = core.epoch
             if record is not None:
                 with self._guard():
                     progress.mark(batch, record.offset)
                     progress.current = None
+        if self._at is at:
+            self._at = None
+
+    def _resume(self) -> list[PartitionBatch] | None:
+        """(guarded) What an iteration left part way: the rest of its batch and those
+        after it still current, taken over (that iteration yields no more)."""
+        at, self._at = self._at, None
+        if at is None:
+            return None
+        batches, i, out = at
+        rest = batches[i + 1:]
+        if out < len(batches[i]):
+            rest.insert(0, batches[i].tail(out))
+        return [b for b in rest if self._core.prefetch.current(b)] or None
 
     @property
     def finished(self) -> bool:

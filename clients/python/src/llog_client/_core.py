@@ -193,7 +193,7 @@ class Core:
                                       reset=str(s.start), commit_as=commit_as),
                          wait_ms / 1000, s.compressed)
         try:
-            results = yield from fetch(send, self.policy)
+            results = yield from fetch(send, self.policy, lambda: self.closing)
         except GroupConflict:  # at-most-once: the member's view is out of date
             try:
                 yield from self._rejoin_or_heartbeat()

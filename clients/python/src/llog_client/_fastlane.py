@@ -15,7 +15,9 @@ honours ``HTTP_PROXY`` and the others; this lane does not).
 
 from __future__ import annotations
 
+import contextlib
 import http.client
+import socket
 import ssl
 import urllib.request
 from collections.abc import Mapping
@@ -72,7 +74,7 @@ class Lane:
                 # had let this one go before it read the request.
                 self._open(parts, connect_s)
                 return self._exchange(path, body, headers, read_s)
-        except (OSError, http.client.HTTPException) as exc:
+        except (OSError, ValueError, http.client.HTTPException) as exc:
             sent = self._conn is not None  # it stood: the request may have gone out
             self.close()
             return Broken(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__,
@@ -120,3 +122,12 @@ class Lane:
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
+
+    def interrupt(self) -> None:
+        """Shut the connection's socket down, from any thread: a read blocked on it ends
+        at once (and the request fails as a broken connection)."""
+        conn = self._conn
+        sock = getattr(conn, "sock", None)
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)

@@ -75,10 +75,12 @@ def consume_body(positions: Sequence[tuple[TopicPartitionKey, Resume]], *, max_w
     return wire.dumps(request)
 
 
-def fetch(send: FetchSend, policy: RetryPolicy) -> Generator[Action, Answer, Results]:
+def fetch(send: FetchSend, policy: RetryPolicy,
+          stopping: Callable[[], bool] = lambda: False) -> Generator[Action, Answer, Results]:
     """The results of ``send``; what the broker or the connection refuses is retried
     within the policy (a read changes nothing: a consume that commits commits again only
-    what it delivers again), then raised."""
+    what it delivers again), then raised; not retried once ``stopping`` (the consumer
+    closes: it waits for no more than the request under way)."""
     attempt = 0
     while True:
         outcome = yield send
@@ -87,7 +89,7 @@ def fetch(send: FetchSend, policy: RetryPolicy) -> Generator[Action, Answer, Res
         assert isinstance(outcome, Reply | Broken)
         error = failure(outcome, idempotent=True)
         attempt += 1
-        if not error.retriable or attempt >= policy.max_attempts:
+        if not error.retriable or attempt >= policy.max_attempts or stopping():
             raise error
         yield Pause(policy.delay_s(attempt - 1, error.retry_after_s))
 
@@ -171,6 +173,12 @@ class Sender:
     def close(self) -> None:
         if self._lane is not None:
             self._lane.close()
+
+    def interrupt(self) -> None:
+        """End a request under way on the lane now (from another thread: closing the
+        socket would not wake a ``recv`` blocked on it; shutting it down does)."""
+        if self._lane is not None:
+            self._lane.interrupt()
 
 
 def _http_answer(response: httpx.Response) -> Results | Outcome:

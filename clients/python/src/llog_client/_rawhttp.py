@@ -19,10 +19,12 @@ from __future__ import annotations
 import socket
 import struct
 import sys
+import time
 from collections.abc import Mapping
 
 _HEAD_END = b"\r\n\r\n"
 _MAX_HEAD = 64 * 1024
+_MAX_LINE = 256
 # The largest answer body read: consume answers are bounded by the request's max_bytes
 # (at most a few tens of MiB); a length beyond this is a broken or hostile peer, refused
 # before anything is allocated for it.
@@ -47,6 +49,7 @@ class Connection:
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.settimeout(None)  # blocking: see the module
         self._timeout: float | None = None
+        self._deadline: float | None = None  # of the exchange under way
         self._host = f"{host}:{port}"
 
     def close(self) -> None:
@@ -56,19 +59,23 @@ class Connection:
                  timeout_s: float | None) -> tuple[int, dict[str, str], bytes, bool]:
         """POST ``body``: the status, the headers (lower-case names), the body, and
         whether the broker closes the connection after it."""
+        # One deadline for the whole exchange: a peer that trickles a byte at a time
+        # within each read's timeout does not hold the reader past it.
+        self._deadline = None if timeout_s is None else time.monotonic() + timeout_s
         self._set_timeout(timeout_s)
         try:
             self.sock.sendall(_request(path, self._host, headers, body))
         except BlockingIOError:  # SO_SNDTIMEO ran out
             raise TimeoutError("the broker did not take the request in time") from None
         status, answer = self._read_head()
-        if answer.get("transfer-encoding", "").lower() == "chunked":
+        while 100 <= status < 200:  # interim answers (100 Continue): the final one follows
+            status, answer = self._read_head()
+        if status in (204, 304):
+            content = b""  # no body, whatever the head says
+        elif answer.get("transfer-encoding", "").lower() == "chunked":
             content = self._read_chunked()
         elif "content-length" in answer:
-            length = int(answer["content-length"])
-            if not 0 <= length <= MAX_BODY:
-                raise ProtocolError(f"an answer of {length} bytes (at most {MAX_BODY})")
-            content = self._read_exact(length)
+            content = self._read_exact(_length(answer["content-length"]))
         else:  # to the end of the connection
             content = self._read_to_close()
             answer["connection"] = "close"
@@ -85,6 +92,11 @@ class Connection:
         self._timeout = seconds
 
     def _recv(self, size: int, flags: int = 0) -> bytes:
+        if self._deadline is not None:
+            left = self._deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the broker's answer did not come in time")
+            self._set_timeout(max(left, 0.001))  # 0 would mean "no limit"
         try:
             data = self.sock.recv(size, flags)
         except BlockingIOError:  # SO_RCVTIMEO ran out with nothing come
@@ -121,16 +133,25 @@ class Connection:
         return b"".join(parts)
 
     def _read_line(self) -> bytes:
-        peek = self._recv(256, socket.MSG_PEEK)
-        end = peek.find(b"\r\n")
-        if end < 0:
-            raise ProtocolError("a chunk's size line is too long")
-        return self._read_exact(end + 2)[:-2]
+        """A chunk's size line (or a trailer), which may come in pieces."""
+        while True:
+            peek = self._recv(_MAX_LINE, socket.MSG_PEEK)
+            end = peek.find(b"\r\n")
+            if end >= 0:
+                return self._read_exact(end + 2)[:-2]
+            if len(peek) >= _MAX_LINE:
+                raise ProtocolError("a chunk's size line is too long")
+            self._wait_for_more(len(peek))
+
+    def _wait_for_more(self, have: int) -> None:
+        """Until more than ``have`` bytes wait on the socket (peeked at, not taken)."""
+        while len(self._recv(have + 1, socket.MSG_PEEK | socket.MSG_WAITALL)) <= have:
+            pass
 
     def _read_chunked(self) -> bytes:
         parts: list[bytes] = []
         while True:
-            size = int(self._read_line().split(b";")[0], 16)
+            size = _length(self._read_line().split(b";")[0].decode("latin-1"), 16)
             got = sum(map(len, parts)) + size
             if size < 0 or got > MAX_BODY:
                 raise ProtocolError(f"a chunked answer over {MAX_BODY} bytes")
@@ -152,6 +173,18 @@ class Connection:
             got += len(parts[-1])
             if got > MAX_BODY:
                 raise ProtocolError(f"an answer over {MAX_BODY} bytes")
+
+
+def _length(text: str, base: int = 10) -> int:
+    """A length of the head or a chunk: a ProtocolError, not a ValueError, when it is
+    not one."""
+    try:
+        length = int(text.strip(), base)
+    except ValueError:
+        raise ProtocolError(f"not a length: {text[:40]!r}") from None
+    if not 0 <= length <= MAX_BODY:
+        raise ProtocolError(f"a length of {length} bytes (at most {MAX_BODY})")
+    return length
 
 
 def _request(path: str, host: str, headers: Mapping[str, str], body: bytes) -> bytes:
