@@ -22,7 +22,8 @@ import httpx
 from app.storage import columnar
 from app.wire import produce as binary_produce
 from app.wire import records as binary_records
-from llog_client import AsyncLlogClient, LlogError
+from llog_client import AsyncLlogClient, AsyncProducer, LlogError
+from llog_client._partitioner import partition_for_key
 from tests.history.model import Recorder
 
 # As the Python client's default: a fault shorter than this (a pause, a slow store) is
@@ -174,6 +175,50 @@ class RoutingProducer:
             "offsets": [offset for _, offset in result.offsets()],
             "duplicate": any(b.duplicate for b in result.batches)})
         return "ok"
+
+
+class BatchingProducer:
+    """Records through ``llog_client.AsyncProducer`` (batches per partition, many
+    partitions per binary request, several requests in flight, its own retries under
+    each batch's idempotency key), as an application would: ``lanes`` tasks each send
+    one record, keyed, and await it; each task is a process of the history. A record
+    whose outcome is unknown is not sent again (a new record follows): the checker
+    holds the producer to storing each record once."""
+
+    def __init__(self, name: str, rec: Recorder, urls: list[str], topic: str,
+                 partitions: int, rng: random.Random, lanes: int = 16) -> None:
+        self.name, self.rec, self.urls = name, rec, urls
+        self.topic, self.partitions, self.rng, self.lanes = topic, partitions, rng, lanes
+
+    async def run(self, stop: anyio.Event) -> None:
+        async with AsyncProducer(self.urls, linger_ms=5, request_timeout_s=TIMEOUT_S,
+                                 delivery_timeout_ms=TIMEOUT_S * 2000) as producer, \
+                anyio.create_task_group() as tg:
+            for lane in range(self.lanes):
+                tg.start_soon(self._lane, producer, f"{self.name}-{lane}", stop)
+
+    async def _lane(self, producer: AsyncProducer, process: str, stop: anyio.Event) -> None:
+        seq = 0
+        while not stop.is_set():
+            seq += 1
+            value = f"{process}-{seq}"
+            key = f"k{self.rng.randrange(64)}".encode()
+            partition = partition_for_key(key, self.partitions)  # the broker's rule
+            self.rec.add(process, "invoke", "produce", {
+                "topic": self.topic, "partition": partition, "values": [value],
+                "idem": None, "binary": True, "via": "producer"})
+            try:
+                meta = await (await producer.send(self.topic, value.encode(), key=key))
+            except LlogError as exc:
+                kind = "info" if exc.maybe_written else "fail"
+                self.rec.add(process, kind, "produce", {"error": exc.error_type})
+            except Exception as exc:  # whatever escaped the producer: unknown outcome
+                self.rec.add(process, "info", "produce", {"error": type(exc).__name__})
+            else:
+                self.rec.add(process, "ok", "produce", {
+                    "offsets": [meta.offset], "duplicate": meta.duplicate,
+                    "placed": meta.partition})
+            await anyio.sleep(self.rng.uniform(0, 0.02))
 
 
 class Streamer:

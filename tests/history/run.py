@@ -40,6 +40,7 @@ from app.localstack.stack import LocalStack, StackConfig
 from tests.history import clients, plot
 from tests.history.checker import Report, check
 from tests.history.clients import (
+    BatchingProducer,
     GroupMember,
     Poller,
     Producer,
@@ -238,6 +239,8 @@ async def _drive(spec: Run, rec: Recorder) -> list[tuple[str, str]]:
                             random.Random(rng.random()), idem=True, binary=False, keyed=False))
     workers.append(RoutingProducer("pr", rec, urls, TOPIC, PARTITIONS,
                                    random.Random(rng.random())))
+    workers.append(BatchingProducer("pb", rec, urls, TOPIC, PARTITIONS,
+                                    random.Random(rng.random())))
     for topic, n in ((TOPIC, PARTITIONS), (DELETES, DELETES_PARTITIONS)):
         workers += [Poller(f"r-{topic}-{p}", rec, brokers, topic, p,
                            random.Random(rng.random()), binary=p % 2 == 1) for p in range(n)]
