@@ -395,9 +395,6 @@ class Accumulator:
         for queue in self._queues.values():
             yield from queue
 
-    def in_flight(self) -> int:
-        return sum(self._in_flight.values())
-
     def empty(self) -> bool:
         return not any(self._queues.values()) and not self._in_flight
 

@@ -142,10 +142,8 @@ class AsyncConsumer(ConsumerBase[AsyncLlogClient]):
                     ) -> list[PartitionBatch] | None:
         core = self._core
         self._started()
-        core.progress.mark_handed()
-        resumed = self._resume()
+        resumed = self._resume_after_handed(hand)
         if resumed is not None:
-            core.progress.handed = resumed if hand else []
             return resumed
         while (got := core.prefetch.take()) is None:
             core.check()

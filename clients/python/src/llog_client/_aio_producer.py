@@ -74,7 +74,7 @@ class AsyncProducer:
         """The sender, its crash kept from the caller's task: it has failed every batch
         with the cause, and sends refuse from then on."""
         assert self._sender is not None
-        with contextlib.suppress(Exception):  # recorded in sender.crashed
+        with contextlib.suppress(Exception):  # its batches failed with the cause
             await self._sender.run(task_status=task_status)
 
     def _space_freed(self) -> None:

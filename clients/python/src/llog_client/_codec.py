@@ -31,17 +31,11 @@ _BODY_HEAD = struct.Struct(">BI")
 Headers = Sequence[tuple[str, bytes]]
 
 
-def encode_v3(values: Sequence[bytes], keys: Sequence[bytes | None] | None,
-              timestamps: Sequence[int] | None) -> bytes:
-    """One bytes-batch-v3 body. ``keys`` and ``timestamps`` are None when no record has
-    one, else one per record (None / -1 for a record without)."""
-    return b"".join(v3_parts(values, keys, timestamps))
-
-
 def v3_parts(values: Sequence[bytes], keys: Sequence[bytes | None] | None,
              timestamps: Sequence[int] | None) -> list[bytes]:
-    """:func:`encode_v3` as parts, to be joined once with the rest of a request (the
-    values are not copied before that)."""
+    """One bytes-batch-v3 body, as parts to be joined once with the rest of a request
+    (the values are not copied before that). ``keys`` and ``timestamps`` are None when
+    no record has one, else one per record (None / -1 for a record without)."""
     count = len(values)
     columns = (KEYS if keys is not None else 0) | (TIMESTAMPS if timestamps is not None else 0)
     parts = [_V3_HEAD.pack(count, columns), struct.pack(f">{count}I", *map(len, values))]

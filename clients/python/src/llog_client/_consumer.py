@@ -115,10 +115,8 @@ class Consumer(ConsumerBase[LlogClient]):
         core = self._core
         self.start()
         with self._cond:
-            core.progress.mark_handed()
-            resumed = self._resume()
+            resumed = self._resume_after_handed(hand)
             if resumed is not None:
-                core.progress.handed = resumed if hand else []
                 return resumed
             while (got := core.prefetch.take()) is None:
                 core.check()

@@ -162,6 +162,17 @@ class ConsumerBase(Generic[C]):
         if self._at is at:
             self._at = None
 
+    def _resume_after_handed(self, hand: bool) -> list[PartitionBatch] | None:
+        """(guarded) A poll or iteration begins: the last poll's records count as
+        processed, and what an iteration left part way comes first (``hand``: as the
+        poll's records)."""
+        progress = self._core.progress
+        progress.mark_handed()
+        resumed = self._resume()
+        if resumed is not None:
+            progress.handed = resumed if hand else []
+        return resumed
+
     def _resume(self) -> list[PartitionBatch] | None:
         """(guarded) What an iteration left part way: the rest of its batch and those
         after it still current, taken over (that iteration yields no more)."""

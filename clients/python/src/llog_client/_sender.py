@@ -61,9 +61,7 @@ class Sender:
         self._wake = anyio.Event()
         self._in_flight = 0
         self._map_wanted = False  # a fetch of the members' map is under way
-        self.crashed: BaseException | None = None
         self.stopped = anyio.Event()
-        self.thread: threading.Thread | None = None  # the thread of the sender's loop
 
     def wake(self) -> None:
         """Look again now (call on the sender's loop)."""
@@ -71,7 +69,6 @@ class Sender:
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
-        self.thread = threading.current_thread()
         try:
             async with anyio.create_task_group() as tg:
                 task_status.started()
@@ -137,7 +134,6 @@ class Sender:
 
     def _crash(self, exc: BaseException) -> None:
         """Fail every batch still waiting: nobody else will settle them."""
-        self.crashed = exc
         with self._lock:
             self._acc.closed = True
             left = self._acc.take_all()
