@@ -23,6 +23,7 @@ from llog_client._errors import UnexpectedResponse
 from llog_client._fastlane import Lane
 from llog_client._records import PartitionBatch, PartitionFailure, parse
 from llog_client._wire import Broken
+from tests.helpers.raw_http import read_request
 from tests.helpers.stack import Broker
 
 LIMITS = ProduceLimits(max_request_bytes=200_000, max_records_per_request=1000)
@@ -44,24 +45,8 @@ def group() -> str:
 
 def _read_request(conn: socket.socket) -> bytes | None:
     """One HTTP request's body (None: the client closed the connection)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return None
-        body += chunk
-    return body
+    request = read_request(conn)
+    return None if request is None else request.body
 
 
 class FakeBroker:

@@ -41,8 +41,9 @@ def test_the_client_is_its_own_distribution_at_the_brokers_version() -> None:
     assert client["name"] == "llog-client"
     assert client["version"] == broker["version"]
     assert f"llog-client=={broker['version']}" in broker["dependencies"]
-    # httpx alone (anyio is httpx's own); zstandard only through the extra
-    assert {d.split(">")[0] for d in client["dependencies"]} == {"httpx", "anyio"}
+    # httpx and what it uses (anyio; sniffio, which httpcore imports on each request);
+    # zstandard only through the extra
+    assert {d.split(">")[0] for d in client["dependencies"]} == {"httpx", "anyio", "sniffio"}
     assert [d.split(">")[0] for d in client["optional-dependencies"]["zstd"]] == ["zstandard"]
     assert client["scripts"] == {"llog": "llog_client._cli:main"}
     assert "scripts" not in broker

@@ -43,7 +43,6 @@ class Batch:
         "alone",
         "attempts",
         "base_offset",
-        "callback_futures",
         "callbacks",
         "created",
         "deadline",
@@ -87,9 +86,9 @@ class Batch:
         self.error: LlogError | None = None
         self.last_error: LlogError | None = None
         self.waiter = waiter  # set once the batch is finished (threading or anyio Event)
-        # Callbacks of records' futures: each function, and the future it is given.
-        self.callbacks: list[Callable[[Any], object]] | None = None
-        self.callback_futures: list[Any] = []
+        # Callbacks of records' futures, flat: a function, the future it is given, the
+        # next function... (one list, no object made per callback).
+        self.callbacks: list[Any] | None = None
         self.alone = False  # refused whole with other batches: sent by itself from then on
         self.observed = False  # a caller read a future of it (or a delivery callback did)
         self.serial = 0  # the accumulator's count of batches, for flush
@@ -171,6 +170,11 @@ class Accumulator:
         self._new_waiter = new_waiter
         self._clock = clock
         self._queues: dict[Route, deque[Batch]] = {}
+        # The open batch of each partition named by the sender of its records, by topic
+        # then partition: where a value alone goes in one step (ProducerCore.express),
+        # without a route made and hashed per record. A batch leaves it once drained,
+        # and one taken out of its queue any other way is sealed, so it takes no more.
+        self.tails: dict[str, dict[int, Batch]] = {}
         self._in_flight: dict[Route, int] = {}
         # Lanes held back until a time: a batch failed for good after an attempt that
         # may still commit (until its commit deadline); nothing passes it before then.
@@ -214,6 +218,8 @@ class Accumulator:
             self.unfinished[batch.serial] = batch
             queue.append(batch)
             opened = True
+            if route[1] >= 0:
+                self.tails.setdefault(route[0], {})[route[1]] = batch
         index = batch.add(value, key, headers, timestamp_ms, size)
         self.buffered += size
         if batch.size >= self.batch_bytes or index + 1 >= self.batch_records:
@@ -306,7 +312,7 @@ class Accumulator:
             queue.popleft()
             if not queue:
                 del self._queues[lane]  # lanes by key come and go
-            batch.sealed = True
+            self._seal(batch)
             self._in_flight[lane] = self._in_flight.get(lane, 0) + 1
             if not self.ordered:
                 sent = self._sent.get(lane, 0)
@@ -318,6 +324,16 @@ class Accumulator:
             if batch.alone:
                 break
         return taken
+
+    def _seal(self, batch: Batch) -> None:
+        """``batch`` takes no more records: drained, expired or failed at close."""
+        batch.sealed = True
+        topic, partition, _ = batch.route
+        tails = self.tails.get(topic)
+        if tails is not None and tails.get(partition) is batch:
+            del tails[partition]
+            if not tails:
+                del self.tails[topic]
 
     def requeue(self, batch: Batch, ready_at: float) -> None:
         """A batch to send again after ``ready_at``: first of its partition's queue."""
@@ -366,6 +382,7 @@ class Accumulator:
         for lane, queue in list(self._queues.items()):
             while queue and queue[0].deadline <= now:
                 batch = queue.popleft()
+                self._seal(batch)
                 self._forget(batch)
                 out.append(batch)
             if not queue:
@@ -402,6 +419,7 @@ class Accumulator:
         """Every queued batch, taken out (closing: the caller fails them)."""
         out = list(self.batches())
         for batch in out:
+            self._seal(batch)
             self._forget(batch)
         self._queues.clear()
         return out

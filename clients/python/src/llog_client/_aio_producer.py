@@ -23,6 +23,7 @@ from llog_client._producer_core import (
     ProducerCore,
     ProducerSettings,
     delivery_hook,
+    posts_for,
     unobserved_error,
 )
 from llog_client._producer_metrics import prometheus_text
@@ -48,10 +49,11 @@ class AsyncProducer:
                  token: str | None = None, on_delivery: DeliveryCallback | None = None,
                  transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> None:
         self._core = ProducerCore(brokers, ProducerSettings(**options), compression, route,
-                                  anyio.Event)
+                                  anyio.Event, AsyncRecordFuture)
         self._deliver = delivery_hook(on_delivery)
         self._client_args: dict[str, Any] = {"headers": default_headers(token),
                                              "transport": transport}
+        self._posts = posts_for(self._client_args)  # ValueError here, for the caller
         self._space = anyio.Event()
         self._http: httpx.AsyncClient | None = None
         self._sender: Sender | None = None
@@ -62,9 +64,12 @@ class AsyncProducer:
             return
         core = self._core
         self._http = httpx.AsyncClient(**self._client_args)
+        if self._posts is not None and self._posts.closed:  # started again after close
+            self._posts = posts_for(self._client_args)
         self._sender = Sender(core.acc, core.lock, core.config, self._http,
                               core.settings.sender(core.compression), core.keys, core.metrics,
-                              core.topics, self._space_freed, self._deliver)
+                              core.topics, self._space_freed, self._deliver,
+                              posts=self._posts)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         await self._tg.start(self._run_sender)
@@ -98,11 +103,9 @@ class AsyncProducer:
         if self._sender is None:
             raise ProducerClosed("the producer is not started: use `async with` or start()")
         if key is None and headers is None and timestamp_ms is None and type(value) is bytes:
-            found = core.express(topic, value, partition)
-            if found is not None:
-                if found[2]:
-                    self._sender.wake()
-                return AsyncRecordFuture(found[0], found[1], core.lock)
+            future: AsyncRecordFuture | None = core.express(topic, value, partition)
+            if future is not None:
+                return future
         raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():
@@ -185,9 +188,11 @@ class AsyncProducer:
             try:
                 await tg.__aexit__(None, None, None)
             finally:
-                if self._http is not None:
-                    with anyio.CancelScope(shield=True):
+                with anyio.CancelScope(shield=True):
+                    if self._http is not None:
                         await self._http.aclose()
+                    if self._posts is not None:
+                        self._posts.close()
 
     def metrics(self) -> dict[str, float]:
         return self._core.snapshot()

@@ -7,7 +7,7 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Literal
@@ -187,13 +187,26 @@ def default_headers(token: str | None) -> dict[str, str]:
 
 
 def reply_of(response: httpx.Response) -> Reply:
+    return reply_from(response.status_code, response.content,
+                      response.headers.get("retry-after"), lambda: response.text)
+
+
+def reply_from(status: int, content: bytes, retry_after: str | None,
+               text: Callable[[], str] | None = None) -> Reply:
+    """An answer as the client reads it: its JSON body (None when it is not JSON) and,
+    then, its text."""
     try:
-        body = json.loads(response.content) if response.content else None
+        body = json.loads(content) if content else None
     except ValueError:
         body = None
-    return Reply(status=response.status_code, body=body,
-                 retry_after_s=parse_retry_after(response.headers.get("retry-after")),
-                 text=response.text if body is None else "")
+    if body is not None:
+        shown = ""
+    elif text is not None:
+        shown = text()
+    else:
+        shown = content.decode("utf-8", "replace")
+    return Reply(status=status, body=body, retry_after_s=parse_retry_after(retry_after),
+                 text=shown)
 
 
 def broken_of(exc: httpx.TransportError) -> Broken:

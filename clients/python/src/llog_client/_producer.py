@@ -17,6 +17,7 @@ import httpx
 from llog_client._compression import Compression
 from llog_client._config import Routing, default_headers
 from llog_client._errors import ProducerClosed
+from llog_client._http_post import PostPool
 from llog_client._models import Bytesish
 from llog_client._producer_core import (
     DeliveryCallback,
@@ -24,7 +25,9 @@ from llog_client._producer_core import (
     ProducerCore,
     ProducerSettings,
     RecordFuture,
+    closing_posts,
     delivery_hook,
+    posts_for,
     unobserved_error,
 )
 from llog_client._producer_metrics import prometheus_text
@@ -63,12 +66,13 @@ class Producer:
                  token: str | None = None, on_delivery: DeliveryCallback | None = None,
                  transport: httpx.AsyncBaseTransport | None = None, **options: Any) -> None:
         self._core = ProducerCore(brokers, ProducerSettings(**options), compression, route,
-                                  threading.Event)
+                                  threading.Event, RecordFuture)
         self._space = threading.Condition(self._core.lock)
         self._space_waiters = 0  # sends waiting for room in the buffer (lock held)
         self._deliver = delivery_hook(on_delivery)
         self._client_args: dict[str, Any] = {"headers": default_headers(token),
                                              "transport": transport}
+        self._posts = posts_for(self._client_args)  # ValueError here, for the caller
         self._ready = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sender: Sender | None = None
@@ -94,13 +98,17 @@ class Producer:
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
+        with closing_posts(self._posts):
+            await self._run(self._posts)
+
+    async def _run(self, posts: PostPool | None) -> None:
         core = self._core
         async with httpx.AsyncClient(**self._client_args) as http, \
                 anyio.create_task_group() as tg:
             self._stop = tg.cancel_scope
             sender = Sender(core.acc, core.lock, core.config, http,
                             core.settings.sender(core.compression), core.keys, core.metrics,
-                            core.topics, self._space_freed, self._deliver)
+                            core.topics, self._space_freed, self._deliver, posts=posts)
             await tg.start(sender.run)
             self._sender = sender
             self._ready.set()
@@ -127,11 +135,9 @@ class Producer:
         while the buffer is full."""
         core = self._core
         if key is None and headers is None and timestamp_ms is None and type(value) is bytes:
-            found = core.express(topic, value, partition)
-            if found is not None:
-                if found[2]:
-                    self._wake()
-                return RecordFuture(found[0], found[1], core.lock)
+            future: RecordFuture | None = core.express(topic, value, partition)
+            if future is not None:
+                return future
         raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():

@@ -7,7 +7,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from llog_client._batching import KeySource
 from llog_client._compression import Compression, checked
 from llog_client._config import ClientConfig, Routing, broker_urls, routes_for
 from llog_client._errors import BufferFull, InvalidRequest, LlogError, PayloadTooLarge
+from llog_client._http_post import PostPool
 from llog_client._models import Bytesish, RecordMetadata
 from llog_client._partitioner import partition_for_key
 from llog_client._producer_metrics import ProducerMetrics
@@ -25,6 +26,7 @@ from llog_client._sender import Sender
 from llog_client._topic_meta import TopicMeta
 
 MiB = 1024 * 1024
+_new_tuple = tuple.__new__  # a NamedTuple made without its Python-level __new__
 # A header's name is 1 to 256 characters; a record has at most 64 (the broker's limits).
 MAX_HEADER_NAME = 256
 MAX_HEADERS = 64
@@ -106,8 +108,9 @@ class ProducerCore:
 
     def __init__(self, brokers: str | Sequence[str] | None, settings: ProducerSettings,
                  compression: Compression | None, route: Routing,
-                 new_waiter: Callable[[], Any]) -> None:
+                 new_waiter: Callable[[], Any], future_type: type[_FutureBase]) -> None:
         self.settings = settings
+        self.future_type = future_type
         self.compression = None if compression is None else checked(compression)
         self.config = ClientConfig(broker_urls(brokers), settings.request_timeout_s,
                                    RetryPolicy(), ProduceLimits(), routes=routes_for(route))
@@ -226,28 +229,42 @@ class ProducerCore:
                 meta.sticky_batch = batch
         return batch, index, wake
 
-    def express(self, topic: str, value: bytes, partition: int | None
-                ) -> tuple[Batch, int, bool] | None:
-        """A value alone to a topic known (and fresh) appended in one step, when its
-        partition's open batch takes it and the buffer has room; None when anything
-        else applies (the caller then takes the whole way, which decides the rest)."""
-        meta = self.topics.get(topic)
-        if meta is None or meta.expires <= time.monotonic():
-            return None
+    def express(self, topic: str, value: bytes, partition: int | None) -> Any:
+        """A value alone appended in one step: its future, when its partition's open
+        batch takes it without filling up and the buffer has room; None when anything
+        else applies (the caller then takes the whole way, which decides the rest, a
+        full batch's wake-up included). A batch is opened only the whole way, which
+        reads the topic again when what is known of it is old, so an open batch stands
+        for a fresh look. Runs once per record of most programs: lookups by topic then
+        partition, the lock taken and released by hand (half the cost of ``with``
+        here), no call but the future's."""
         if partition is None:
-            route, held = meta.sticky_route, meta.sticky_batch
-            if route is None or held is None or held.sealed or held.full:
+            meta = self.topics.get(topic)
+            if meta is None or meta.sticky_route is None:  # read again: the whole way
                 return None
-        elif partition >= 0:
-            route = (topic, partition, None)
+            batch = meta.sticky_batch
         else:
+            tails = self.acc.tails.get(topic)
+            batch = None if tails is None else tails.get(partition)
+        if batch is None:
             return None
         size = len(value) + RECORD_OVERHEAD
         acc = self.acc
-        with self.lock:
-            if acc.buffered + size > self.buffer_bytes or size > self.max_record_size:
+        values = batch.values
+        lock = self.lock
+        lock.acquire()
+        try:
+            if (batch.sealed or batch.full or not batch.plain or acc.closed
+                    or acc.buffered + size > self.buffer_bytes
+                    or batch.size + size >= acc.batch_bytes
+                    or len(values) + 1 >= acc.batch_records):
                 return None
-            return acc.append_value(route, value, size)
+            values.append(value)
+            batch.size += size
+            acc.buffered += size
+            return self.future_type(batch, len(values) - 1, lock)
+        finally:
+            lock.release()
 
     def lookup_failed(self, topic: str) -> BufferFull:
         return BufferFull(f"topic {topic!r} could not be looked up within max_block_ms "
@@ -319,23 +336,29 @@ class _FutureBase:
         batch.observed = True
         if batch.error is not None:
             raise batch.error
-        return RecordMetadata(batch.route[0], batch.route[1], batch.base_offset + self._index,
-                              batch.duplicate)
+        route = batch.route
+        return _new_tuple(RecordMetadata, (route[0], route[1], batch.base_offset + self._index,
+                                           batch.duplicate))
 
     def add_done_callback(self, fn: Callable[[Any], object]) -> None:
         """``fn(future)`` once the record is acknowledged or failed (at once if it
         is): on the sender's thread (sync) or loop (async)."""
         batch = self._batch
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             if not batch.finished:
-                # The function and this future in two lists, no object made to hold
+                # The function and this future in one flat list, no object made to hold
                 # them: a producer may hold a callback for each of a million records,
                 # and fewer objects alive is less for Python's collector to walk over.
-                if batch.callbacks is None:
-                    batch.callbacks, batch.callback_futures = [], []
-                batch.callbacks.append(fn)
-                batch.callback_futures.append(self)
+                callbacks = batch.callbacks
+                if callbacks is None:
+                    callbacks = batch.callbacks = []
+                callbacks.append(fn)
+                callbacks.append(self)
                 return
+        finally:
+            lock.release()
         fn(self)
 
 
@@ -346,9 +369,16 @@ class RecordFuture(_FutureBase):
     __slots__ = ()
 
     def result(self, timeout: float | None = None) -> RecordMetadata:
-        if not self._batch.finished and not self._batch.waiter.wait(timeout):
+        # _outcome written out: result() runs once per record in most callbacks.
+        batch = self._batch
+        if not batch.finished and not batch.waiter.wait(timeout):
             raise TimeoutError("the record is not settled yet")
-        return self._outcome()
+        batch.observed = True
+        if batch.error is not None:
+            raise batch.error
+        route = batch.route
+        return _new_tuple(RecordMetadata, (route[0], route[1], batch.base_offset + self._index,
+                                           batch.duplicate))
 
     def exception(self, timeout: float | None = None) -> LlogError | None:
         try:
@@ -394,6 +424,23 @@ def delivery_hook(callback: DeliveryCallback | None) -> Callable[[Batch], None]:
                                         batch.duplicate), None)
 
     return deliver
+
+
+def posts_for(client_args: dict[str, Any]) -> PostPool | None:
+    """The producer's own connections for its requests to plain-HTTP brokers, unless a
+    transport was given (tests put a fake broker there: every request goes to it)."""
+    if client_args.get("transport") is not None:
+        return None
+    return PostPool(client_args.get("headers") or {})
+
+
+@contextlib.contextmanager
+def closing_posts(posts: PostPool | None) -> Iterator[None]:
+    try:
+        yield
+    finally:
+        if posts is not None:
+            posts.close()
 
 
 def unobserved_error(batches: Sequence[Batch]) -> LlogError | None:

@@ -28,8 +28,15 @@ from llog_client._accumulator import Accumulator, Batch
 from llog_client._batching import KeySource
 from llog_client._codec import CONTENT_TYPE
 from llog_client._compression import HAS_ZSTD, Compression, encode_body
-from llog_client._config import COMMIT_DEADLINE_HEADER, ClientConfig, broken_of, reply_of
+from llog_client._config import (
+    COMMIT_DEADLINE_HEADER,
+    ClientConfig,
+    broken_of,
+    reply_from,
+    reply_of,
+)
 from llog_client._errors import LlogError, ProducerClosed
+from llog_client._http_post import NotSent, PostFailed, PostPool
 from llog_client._ops import Send
 from llog_client._producer_metrics import ProducerMetrics
 from llog_client._retry_rules import RetryRules, SenderSettings
@@ -53,8 +60,10 @@ class Sender:
                  http: httpx.AsyncClient, settings: SenderSettings, keys: KeySource,
                  metrics: ProducerMetrics, topics: dict[str, TopicMeta],
                  space: Callable[[], None], deliver: Callable[[Batch], None],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 posts: PostPool | None = None) -> None:
         self._acc, self._lock, self._config, self._http = acc, lock, config, http
+        self._posts = posts  # produce requests to http:// brokers go this way
         self._settings, self._keys, self.metrics = settings, keys, metrics
         self._topics, self._space, self._deliver, self._clock = topics, space, deliver, clock
         self._rules = RetryRules(settings, acc, metrics, config)
@@ -150,7 +159,11 @@ class Sender:
             batch.waiter.set()
         for batch in batches:
             if batch.callbacks is not None:
-                for fn, future in zip(batch.callbacks, batch.callback_futures, strict=True):
+                # Taken off the batch first: its futures refer to it, and a batch left
+                # in a cycle with them (and its records) waits for Python's collector.
+                pairs = iter(batch.callbacks)  # function, future, function, future...
+                batch.callbacks = None
+                for fn, future in zip(pairs, pairs, strict=True):
                     try:
                         fn(future)
                     except Exception:
@@ -185,6 +198,8 @@ class Sender:
         except (ValueError, OverflowError, UnicodeError) as exc:  # nothing was sent
             return Broken(f"the request could not be built: {exc}", maybe_sent=False)
         self.metrics.request_bytes += len(content)
+        if self._posts is not None and self._posts.handles(url):
+            return await self._post_plain(self._posts, url, content, headers)
         try:
             # httpx's timeout bounds each read; this bounds the whole answer.
             with anyio.fail_after(self._config.timeout_s * 2 + 5):
@@ -198,6 +213,26 @@ class Sender:
         if self._config.routes is not None:
             self._config.routes.noticed(response.headers.get(DIGEST_HEADER))
         return reply_of(response)
+
+    async def _post_plain(self, posts: PostPool, url: str, content: bytes,
+                          headers: dict[str, str]) -> Outcome:
+        """:meth:`_post` through the producer's own connections (plain HTTP)."""
+        timeout = self._config.timeout(_PRODUCE)
+        try:
+            with anyio.fail_after(self._config.timeout_s * 2 + 5):
+                answer = await posts.post(url, content, headers,
+                                          connect_s=timeout.connect or 10.0,
+                                          read_s=timeout.read or self._config.timeout_s)
+        except (PostFailed, TimeoutError) as exc:
+            self._away_from(url)
+            return Broken(str(exc) or type(exc).__name__,
+                          maybe_sent=not isinstance(exc, NotSent))
+        except (OSError, ValueError) as exc:  # outside PostPool's own: it may have gone
+            self._away_from(url)
+            return Broken(f"{type(exc).__name__}: {exc}", maybe_sent=True)
+        if self._config.routes is not None:
+            self._config.routes.noticed(answer.headers.get(DIGEST_HEADER))
+        return reply_from(answer.status, answer.body, answer.headers.get("retry-after"))
 
     async def _request(self, batches: list[Batch]) -> tuple[bytes, dict[str, str]]:
         content = batch_wire.envelope(batches)
