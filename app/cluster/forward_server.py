@@ -97,7 +97,11 @@ class ForwardServer:
         """Listen and serve until :meth:`close`; returns once every APPEND read has been
         answered and every connection closed."""
         async with anyio.create_task_group() as tg:
-            def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            # A coroutine, so asyncio runs it as a task: anyio asks sniffio which event
+            # loop runs, and sniffio knows only inside a task (a plain callback of the
+            # server's protocol would be refused, and the connection with it).
+            async def accepted(reader: asyncio.StreamReader,
+                               writer: asyncio.StreamWriter) -> None:
                 try:
                     tg.start_soon(self._serve, reader, writer)
                 except RuntimeError:  # accepted as the server stopped
