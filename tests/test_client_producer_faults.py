@@ -569,7 +569,12 @@ def test_by_key_records_of_a_new_topic_keep_their_order_across_a_retry() -> None
     assert fake.logs[("t", 0)] == [b"a", b"b"]
 
 
-def test_a_maybe_written_batch_that_timed_out_does_not_land_after_its_successor() -> None:
+@pytest.mark.parametrize("arrival_s", [0.0, 0.5])
+def test_a_maybe_written_batch_that_timed_out_does_not_land_after_its_successor(
+        arrival_s: float) -> None:
+    """``arrival_s``: how long after the client sent it the broker read the first
+    attempt, and so started counting its commit deadline (a busy broker, a slow
+    network): the partition is held past that deadline all the same."""
     fake = FakeBroker({"t": 1})
     pending: list[tuple[Attempt, float]] = []
 
@@ -579,6 +584,7 @@ def test_a_maybe_written_batch_that_timed_out_does_not_land_after_its_successor(
         if attempt.values == [b"a"]:
             if attempt.number == 1:  # taken into the broker's batcher; the answer is cut
                 assert attempt.deadline_ms is not None
+                await anyio.sleep(arrival_s)
                 pending.append((attempt, time.monotonic() + attempt.deadline_ms / 1000))
                 raise httpx.ReadError("the answer was cut")
             return error_response(503, "BackPressureRejected", retry_after=5)

@@ -94,7 +94,7 @@ class Batch:
         self.serial = 0  # the accumulator's count of batches, for flush
         self.plain = True  # every record so far is a value alone (no key, headers, time)
         self.maybe_written = False  # an attempt may have been committed
-        self.maybe_sent_at = 0.0  # when the last such attempt was sent
+        self.maybe_sent_at = 0.0  # when the last such attempt ended (failed, unanswered)
 
     @property
     def topic(self) -> str:

@@ -161,9 +161,12 @@ class ClientConfig:
         the largest deadline a broker allows."""
         if not math.isfinite(self.timeout_s):
             return None
-        margin_s = min(COMMIT_DEADLINE_MARGIN_S, self.timeout_s / 10)
         return max(1, min(MAX_COMMIT_DEADLINE_MS,
-                          math.floor((self.timeout_s - margin_s) * 1000)))
+                          math.floor((self.timeout_s - self.deadline_margin_s()) * 1000)))
+
+    def deadline_margin_s(self) -> float:
+        """How much earlier than this client's timeout the commit deadline ends."""
+        return min(COMMIT_DEADLINE_MARGIN_S, self.timeout_s / 10)
 
     def compresses_off_thread(self, send: Send) -> bool:
         """Whether compressing the body is worth a worker thread (the async client's

@@ -73,7 +73,7 @@ class RetryRules:
                 self._metrics.delivered(batch)
                 done.append(batch)
                 continue
-            error = self._noted(batch, copy.copy(result), started)
+            error = self._noted(batch, copy.copy(result), now)
             if split:
                 batch.alone = True  # refused whole with others: try it by itself
                 self._acc.requeue(batch, now)
@@ -87,12 +87,15 @@ class RetryRules:
             done.append(batch)
         return done, moved
 
-    def _noted(self, batch: Batch, error: LlogError, started: float) -> LlogError:
-        """Remember the attempt's error; one that may have written marks the batch."""
+    def _noted(self, batch: Batch, error: LlogError, ended: float) -> LlogError:
+        """Remember the attempt's error; one that may have written marks the batch,
+        with when the attempt ended: the broker counts its commit deadline from the
+        request's arrival, which comes after the request started, not before the
+        client saw it fail."""
         batch.last_error = error
         if error.maybe_written:
             batch.maybe_written = True
-            batch.maybe_sent_at = started
+            batch.maybe_sent_at = ended
         return self.carried(batch, error)
 
     def carried(self, batch: Batch, error: LlogError) -> LlogError:
@@ -119,10 +122,13 @@ class RetryRules:
         return None
 
     def _hold_until(self, batch: Batch) -> float | None:
+        """When the last attempt that may have written can no longer commit: its end,
+        plus the commit deadline it carried, plus the deadline's own margin (the
+        broker may start counting a little after it read the request)."""
         if not (self._acc.ordered and batch.maybe_written):
             return None
         deadline_ms = self._config.commit_deadline_ms() or MAX_COMMIT_DEADLINE_MS
-        return batch.maybe_sent_at + deadline_ms / 1000
+        return batch.maybe_sent_at + deadline_ms / 1000 + self._config.deadline_margin_s()
 
     def expire(self, batch: Batch) -> None:
         """A queued batch past its delivery deadline (taken out of its queue): failed,
