@@ -39,6 +39,7 @@ from llog_client import (
     RecordMetadata,
     UnknownTopic,
 )
+from llog_client import _topic_meta as topic_meta
 from llog_client._accumulator import Accumulator
 from llog_client._partitioner import partition_for_key
 from tests.helpers.stack import Broker, BrokerFactory
@@ -607,6 +608,62 @@ def test_a_maybe_written_batch_that_timed_out_does_not_land_after_its_successor(
         assert isinstance(error, DeliveryTimeout) and error.maybe_written
         assert producer.send("t", b"b", partition=0).result(10).offset >= 1
     assert fake.logs[("t", 0)] in ([b"b"], [b"a", b"b"])
+
+
+def test_a_held_lane_of_keyed_records_holds_their_key_once_the_topic_is_known(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Records placed by the broker by key (the topic's partition count not known yet):
+    one fails that may still commit, and their lane is held. The count becomes known
+    meanwhile; the next record of the key still waits behind the hold, and is not sent
+    to its partition straight away, where it could land before the earlier one."""
+    monkeypatch.setattr(topic_meta, "UNKNOWN_AGE_S", 0.0)  # looked up again at each use
+    fake = FakeBroker()  # "t" does not exist: the first attempt creates it
+    pending: list[tuple[Attempt, float]] = []
+
+    async def before(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt]
+                     ) -> httpx.Response | None:
+        attempt = attempts[0]
+        if attempt.values == [b"a"]:
+            if attempt.number == 1:  # created on use, taken in; the answer is cut
+                assert attempt.deadline_ms is not None
+                fake.topics.setdefault("t", 1)
+                pending.append((attempt, time.monotonic() + attempt.deadline_ms / 1000))
+                raise httpx.ReadError("the answer was cut")
+            return error_response(503, "BackPressureRejected", retry_after=5)
+        return None
+
+    async def after(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt],
+                    response: httpx.Response) -> httpx.Response:
+        if attempts[0].values == [b"b"]:
+            for attempt, deadline in pending:
+                if time.monotonic() < deadline:  # within its commit deadline: it lands
+                    fake.append(attempt)
+            pending.clear()
+        return response
+
+    fake.before, fake.after = before, after
+    with Producer(A, transport=fake.transport(), linger_ms=0, compression="none",
+                  request_timeout_s=3, delivery_timeout_ms=3000, retry_backoff_ms=50,
+                  retry_backoff_max_ms=5000) as producer:
+        error = producer.send("t", b"a", key=b"k").exception(10)
+        assert isinstance(error, DeliveryTimeout) and error.maybe_written
+        known = time.monotonic() + 10
+        while producer.send("t", b"x").result(10).partition is not None and (
+                producer._core.topics["t"].partitions is None):  # read again meanwhile
+            assert time.monotonic() < known, "the topic was never read again"
+        producer.send("t", b"b", key=b"k").result(10)
+    assert [v for v in fake.logs[("t", 0)] if v != b"x"] in ([b"b"], [b"a", b"b"])
+
+
+@pytest.mark.parametrize("options", [
+    {"request_timeout_s": 0}, {"request_timeout_s": -1}, {"batch_bytes": 0},
+    {"linger_ms": -1}, {"batch_bytes": 8 << 20, "max_request_bytes": 4 << 20},
+    {"delivery_timeout_ms": 1000, "request_timeout_s": 30},
+], ids=["timeout-zero", "timeout-negative", "no-batch", "negative-linger",
+        "batch-over-request", "delivery-under-request"])
+def test_settings_that_cannot_work_are_refused_at_once(options: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        Producer(A, transport=FakeBroker().transport(), **options)
 
 
 # -- 7. errors, retries, brokers ---------------------------------------------------------

@@ -54,7 +54,7 @@ class Batch:
         "idempotency_key",
         "keys",
         "last_error",
-        "maybe_sent_at",
+        "maybe_ended_at",
         "maybe_written",
         "observed",
         "plain",
@@ -94,7 +94,7 @@ class Batch:
         self.serial = 0  # the accumulator's count of batches, for flush
         self.plain = True  # every record so far is a value alone (no key, headers, time)
         self.maybe_written = False  # an attempt may have been committed
-        self.maybe_sent_at = 0.0  # when the last such attempt ended (failed, unanswered)
+        self.maybe_ended_at = 0.0  # when the last such attempt ended (failed, unanswered)
 
     @property
     def topic(self) -> str:
@@ -248,11 +248,15 @@ class Accumulator:
         return tail, index, False
 
     def by_key_pending(self, topic: str) -> bool:
-        """Whether batches of ``topic`` placed by the broker by key are queued or in
-        flight: keyed records go the same way until they are settled, or one could be
-        stored before an earlier record of its key."""
+        """Whether batches of ``topic`` placed by the broker by key are queued, in
+        flight, or held (one failed that may still commit): keyed records go the same
+        way until they are settled and the hold is over, or one could be stored before
+        an earlier record of its key."""
         lane = (topic, -1, None)
-        return lane in self._queues or lane in self._in_flight
+        if lane in self._queues or lane in self._in_flight:
+            return True
+        held = self._held.get(lane)
+        return held is not None and held > self._clock()
 
     def _waits_for_answer(self, lane: Route, head: Batch) -> bool:
         """Whether the lane may not send ``head`` before an answer settles one of its

@@ -67,6 +67,8 @@ class ProducerSettings:
             raise ValueError("batch_bytes must be at most max_request_bytes")
         if self.linger_ms < 0 or self.max_block_ms < 0:
             raise ValueError("linger_ms and max_block_ms must not be negative")
+        if not self.request_timeout_s > 0:
+            raise ValueError("request_timeout_s must be positive")
         if self.delivery_timeout_ms < self.request_timeout_s * 1000:
             raise ValueError("delivery_timeout_ms must be at least the request timeout")
 

@@ -95,7 +95,7 @@ class RetryRules:
         batch.last_error = error
         if error.maybe_written:
             batch.maybe_written = True
-            batch.maybe_sent_at = ended
+            batch.maybe_ended_at = ended
         return self.carried(batch, error)
 
     def carried(self, batch: Batch, error: LlogError) -> LlogError:
@@ -123,12 +123,13 @@ class RetryRules:
 
     def _hold_until(self, batch: Batch) -> float | None:
         """When the last attempt that may have written can no longer commit: its end,
-        plus the commit deadline it carried, plus the deadline's own margin (the
-        broker may start counting a little after it read the request)."""
+        plus the commit deadline it carried (the broker counts it from the request's
+        arrival, before the end the client saw), plus the deadline's margin, for bytes
+        of the request still on their way when the client gave up on it."""
         if not (self._acc.ordered and batch.maybe_written):
             return None
         deadline_ms = self._config.commit_deadline_ms() or MAX_COMMIT_DEADLINE_MS
-        return batch.maybe_sent_at + deadline_ms / 1000 + self._config.deadline_margin_s()
+        return batch.maybe_ended_at + deadline_ms / 1000 + self._config.deadline_margin_s()
 
     def expire(self, batch: Batch) -> None:
         """A queued batch past its delivery deadline (taken out of its queue): failed,
