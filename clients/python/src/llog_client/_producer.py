@@ -25,7 +25,6 @@ from llog_client._producer_core import (
     ProducerCore,
     ProducerSettings,
     RecordFuture,
-    closing_posts,
     delivery_hook,
     posts_for,
     unobserved_error,
@@ -98,8 +97,11 @@ class Producer:
 
     async def _serve(self) -> None:
         self._loop = asyncio.get_running_loop()
-        with closing_posts(self._posts):
+        try:
             await self._run(self._posts)
+        finally:
+            if self._posts is not None:
+                self._posts.close()
 
     async def _run(self, posts: PostPool | None) -> None:
         core = self._core

@@ -7,7 +7,7 @@ import contextlib
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -434,15 +434,6 @@ def posts_for(client_args: dict[str, Any]) -> PostPool | None:
     if client_args.get("transport") is not None:
         return None
     return PostPool(client_args.get("headers") or {})
-
-
-@contextlib.contextmanager
-def closing_posts(posts: PostPool | None) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        if posts is not None:
-            posts.close()
 
 
 def unobserved_error(batches: Sequence[Batch]) -> LlogError | None:
