@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.broker.state import BrokerState
 from app.factory import create_app
+from app.localstack.processes import free_port
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
 from llog_client import AsyncLlogClient
@@ -225,6 +226,62 @@ async def test_a_forward_a_slow_store_left_unanswered_is_written_once_past_the_k
     assert _counter(text_a, "llog_forward_fences", side="forwarder", outcome="taken") == 1
     assert in_doubt == first
     assert _counter(text_b, "llog_forward_received_groups", outcome="expired") >= len(first)
+
+
+async def test_a_forward_answered_after_its_timeout_is_settled_by_that_answer(
+        stack: LocalStack) -> None:
+    """Broker b commits ten keyed records a forwarded, but its answer is held on the
+    way back (a proxy in front of b's forward listener), so a's wait runs out and a
+    finds b took the frame. Before, a answered them in doubt once the frame's window was
+    over, whatever b said meanwhile, and the client sent them again: a second copy once
+    more keyed appends than the partition remembers had come in between (the history
+    checker found it so, with Oxia paused under b's commit). Now the frame keeps its
+    place on the connection until then: b's answer, released after a's timeout, settles
+    the records as written, at b's offsets, and nothing is left for a client to resend."""
+    prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
+    forward_port = free_port()
+    with anyio.fail_after(120):
+        async with holding_proxy("127.0.0.1", forward_port, answers=True) as proxy, \
+                _broker(stack, prefix, "a", forward_deadline_ms=2_000,
+                        forward_answer_timeout_ms=300) as (app_a, a), \
+                _broker(stack, prefix, "b", forward_port=forward_port,
+                        forward_advertised_address=f"127.0.0.1:{proxy.port}"
+                        ) as (app_b, b):
+            await _sees(app_a, 2)
+            view = app_a.state.broker.membership.view()
+            p = next(p for p in range(PARTITIONS)
+                     if view.preferred(TopicPartition(topic, p)).member_id == "b.w0")
+            await _produce_keyed(a, topic, p, ["warm-up"])  # connected, the topic exists
+            received = await _received(b)
+            proxy.hold()
+            first = [f"first-{i}" for i in range(10)]
+            async with anyio.create_task_group() as tg:
+                answered: list[dict[str, Any]] = []
+
+                async def produce() -> None:
+                    answered.extend(await _produce_keyed(a, topic, p, first))
+
+                tg.start_soon(produce)
+                await _until_received(b, received + len(first))  # b committed them
+                await _until_counted(a, "llog_forward_frames", outcome="timeout")
+                proxy.release()
+            values = await _read_all(a, topic, p)
+            text_a = (await a.get("/metrics/prometheus")).text
+    assert all(r["ok"] for r in answered), answered
+    assert [r["start_offset"] for r in answered] == list(range(2, 12))
+    assert values == ["warm-up", *first]
+    assert _counter(text_a, "llog_forward_fences", side="forwarder", outcome="taken") == 1
+    assert _counter(text_a, "llog_forward_frames", outcome="late") == 1
+    assert _counter(text_a, "llog_affinity_groups", route="fallback") == 0
+
+
+async def _until_counted(client: httpx.AsyncClient, name: str, **labels: str) -> None:
+    """Until the broker's counter ``name`` (with ``labels``) is above 0: polled, bounded."""
+    with anyio.fail_after(WAIT_S):
+        while True:
+            if _counter((await client.get("/metrics/prometheus")).text, name, **labels):
+                return
+            await anyio.sleep(0.05)
 
 
 async def _produce_keyed(client: httpx.AsyncClient, topic: str, partition: int,

@@ -6,6 +6,7 @@ brokers in test_affinity.py."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -225,6 +226,79 @@ async def test_a_frame_the_peer_took_is_answered_once_its_window_is_over_holding
         assert local.calls == []
 
     await _with_router({1: "peer"}, client, body, fences=fences)
+
+
+class _Late:
+    """A late answer whose arrival the test decides (``answer``), or never."""
+
+    def __init__(self) -> None:
+        self.outcomes_: list[AppendOutcome] | None = None
+        self.arrived = anyio.Event()
+        self.kept_until: list[float] = []
+        self.released = False
+
+    def answer(self, outcomes: list[AppendOutcome] | None) -> None:
+        self.outcomes_ = outcomes
+        self.arrived.set()
+
+    def keep_until(self, when: float) -> None:
+        self.kept_until.append(when)
+
+    def release(self) -> None:
+        self.released = True
+
+    async def outcomes(self, until: float) -> list[AppendOutcome] | None:
+        with anyio.move_on_after(until - time.monotonic()):
+            await self.arrived.wait()
+        return self.outcomes_
+
+
+async def test_the_peers_late_answer_settles_a_frame_it_took_before_its_window_is_over(
+) -> None:
+    """The frame timed out, the peer took it, and then its answer came after all: each
+    group gets the peer's own outcome at once, not in doubt after the window; a group
+    the peer let expire (not written) is appended here, as from a timely answer."""
+    late = _Late()
+    client = _Client(ForwardUnknown("timeout", "no answer within the deadline", FENCE,
+                                    window_s=3600, late=late))  # type: ignore[arg-type]
+    fences = _Fences("taken")
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        groups = [_group(1, "key-1"), _group(1), _group(1, "key-2")]
+        async with anyio.create_task_group() as tg:
+            answered: list[list[AppendOutcome]] = []
+
+            async def submit() -> None:
+                answered.append(await router.submit(groups))
+
+            tg.start_soon(submit)
+            await client.sent(1)
+            await wait_all_tasks_blocked()
+            assert answered == [] and len(late.kept_until) == 1  # until the window is over
+            assert late.kept_until[0] > time.monotonic() + 3500
+            late.answer([_result(groups[0], "peer"), ForwardExpired("late"),
+                         _result(groups[2], "peer")])
+        (outcomes,) = answered
+        assert [o.index_key for o in outcomes] == ["peer", "local", "peer"]  # type: ignore[union-attr]
+        assert local.calls == [[groups[1]]] and not late.released
+
+    await _with_router({1: "peer"}, client, body, fences=fences)
+
+
+@pytest.mark.parametrize("holder", ["abandoned", "error"])
+async def test_a_late_answer_is_not_waited_for_when_the_fence_settles_or_cannot_bound_it(
+        holder: Outcome) -> None:
+    late = _Late()
+    client = _Client(ForwardUnknown("timeout", "no answer within the deadline", FENCE,
+                                    window_s=3600, late=late))  # type: ignore[arg-type]
+
+    async def body(router: AffinityRouter, local: _Local, membership: _Membership) -> None:
+        outcomes = await router.submit([_group(1, "key-1")])
+        expected = AppendResult if holder == "abandoned" else CommitInDoubt
+        assert [type(o) for o in outcomes] == [expected]
+        assert late.released and late.kept_until == []
+
+    await _with_router({1: "peer"}, client, body, fences=_Fences(holder))
 
 
 async def test_a_frame_whose_fence_cannot_be_settled_is_answered_in_doubt_at_once(

@@ -8,7 +8,7 @@ import contextlib
 import functools
 import struct
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import anyio
@@ -19,7 +19,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from app.batching.batcher import Batcher
 from app.cluster import frames
 from app.cluster.fences import Fence, FenceMetrics, ForwardFences
-from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardServer, ForwardUnknown
+from app.cluster.forward import (
+    ForwardClient,
+    ForwardNotWritten,
+    ForwardServer,
+    ForwardUnknown,
+    LateAnswer,
+)
 from app.cluster.forward_metrics import ForwardMetrics
 from app.cluster.forward_server import ForwardHandler
 from app.cluster.frames import FrameType
@@ -505,6 +511,71 @@ async def test_no_answer_in_time_is_unknown_and_aclose_answers_every_waiter() ->
             handler.release.set()
     assert len(outcome) == 1 and isinstance(outcome[0], ForwardUnknown)
     assert outcome[0].reason == "closed"
+
+
+async def test_an_answer_after_the_timeout_still_settles_the_frame_until_released(
+) -> None:
+    """The frame that timed out keeps its place on the connection: the peer's answer,
+    when it comes, is the outcome of each group (a slow peer, not a dead one). A place
+    given up (``release``) drops a later answer, and its waiters stop at once; the
+    connection serves other frames all along."""
+    handler = FakeHandler()
+    handler.release = anyio.Event()
+    with anyio.fail_after(30):
+        async with serving(handler) as (server, _), \
+                client_of(server.address, deadline_s=0.01, answer_timeout_s=0.05) as client:
+            with pytest.raises(ForwardUnknown) as slow:
+                await client.append([AppendGroup(A, [b"x", b"y"]), AppendGroup(B, [b"z"])])
+            late = slow.value.late
+            assert slow.value.reason == "timeout" and late is not None
+            assert await late.outcomes(time.monotonic()) is None  # not yet: no wait
+            handler.release.set()
+            outcomes = await late.outcomes(time.monotonic() + 20)
+            assert outcomes is not None
+            assert [(o.tp, o.start_offset, o.end_offset) for o in outcomes  # type: ignore[union-attr]
+                    ] == [(A, 1, 2), (B, 1, 1)]
+            late.release()  # what was answered stays answered
+            assert await late.outcomes(time.monotonic()) == outcomes
+
+            handler.release = anyio.Event()
+            with pytest.raises(ForwardUnknown) as again:
+                await client.append([AppendGroup(A, [b"w"])])
+            given_up = again.value.late
+            assert given_up is not None
+            assert await _waited_while(given_up, given_up.release) is None
+            handler.release.set()
+            (ok,) = await client.append([AppendGroup(B, [b"v"])])  # the same connection
+            assert isinstance(ok, AppendResult) and ok.start_offset == 2
+    assert len(handler.calls) == 3
+
+
+async def test_a_late_answer_the_connection_never_brings_ends_the_wait_when_it_breaks(
+) -> None:
+    handler = FakeHandler()
+    handler.release = anyio.Event()  # never set
+    with anyio.fail_after(30):
+        async with killable(handler) as (server, kill), \
+                client_of(server.address, deadline_s=0.01, answer_timeout_s=0.05) as client:
+            with pytest.raises(ForwardUnknown) as slow:
+                await client.append([AppendGroup(A, [b"x"])])
+            late = slow.value.late
+            assert late is not None
+            assert await _waited_while(late, kill.cancel) is None
+
+
+async def _waited_while(late: LateAnswer, act: Callable[[], None]
+                        ) -> list[AppendOutcome] | None:
+    """What a wait of an hour for ``late`` returns once ``act`` has run."""
+    waited: list[list[AppendOutcome] | None] = []
+
+    async def wait() -> None:
+        waited.append(await late.outcomes(time.monotonic() + 3600))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(wait)
+        await anyio.wait_all_tasks_blocked()
+        act()
+    return waited[0]
 
 
 async def test_the_client_connects_again_after_the_peer_came_back() -> None:

@@ -12,6 +12,8 @@ one of three ways, and the difference is what keeps a fallback safe:
 - :class:`ForwardUnknown`: the frame was sent and no verdict came back (the connection
   broke, or the answer did not come in time): the groups may have been written, until
   the frame's fence (:mod:`app.cluster.fences`, which the error carries) says otherwise.
+  A frame that timed out keeps its place on the connection for a while
+  (:class:`LateAnswer`): the peer's verdict, should it still come, settles the groups.
 
 The server side is :class:`~app.cluster.forward_server.ForwardServer`; the frames are in
 app/cluster/frames.py (docs/protocol.md, Forwarding between brokers).
@@ -41,7 +43,7 @@ from app.cluster.frames import Frame, FrameError, FrameType
 from app.storage.appends import AppendGroup, AppendOutcome
 
 __all__ = ["ForwardClient", "ForwardMetrics", "ForwardNotWritten", "ForwardServer",
-           "ForwardUnknown"]
+           "ForwardUnknown", "LateAnswer"]
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +69,74 @@ class ForwardUnknown(Exception):
     deadline plus the answer timeout), ``closed`` (this client was closed). ``fence``:
     the frame's, which settles whether the peer may still write it; ``window_s``: its
     commit window (once the fence is found taken, the peer sends no commit of the frame
-    expecting a version it read later than that)."""
+    expecting a version it read later than that); ``late``: where the peer's answer may
+    still arrive (a ``timeout`` on a connection that is still up), else None."""
 
     def __init__(self, reason: UnknownReason, detail: str, fence: Fence | None = None,
-                 window_s: float = 0.0) -> None:
+                 window_s: float = 0.0, late: LateAnswer | None = None) -> None:
         super().__init__(f"{reason}: {detail}")
         self.reason: UnknownReason = reason
         self.detail = detail
         self.fence = fence
         self.window_s = window_s
+        self.late = late
+
+
+class LateAnswer:
+    """The peer's answer to a frame that timed out, should it still come.
+
+    A peer that is slow, not dead (its store paused), commits the frame and answers it
+    after the forwarder stopped waiting; the forwarder then waits out the frame's commit
+    window anyway before it may answer in doubt (app/cluster/router.py). Meanwhile the
+    frame keeps its place among the connection's answers, so a late ``RESULTS`` settles
+    its groups for certain instead: a client told "in doubt" sends again, and if by then
+    more keyed appends than the partition remembers came after the first copy, the
+    resend is a second copy. The place is given up at :meth:`keep_until`'s time (by
+    default the longest the forwarder could still wait), or when the connection ends.
+    """
+
+    def __init__(self, future: asyncio.Future[Frame], groups: Sequence[AppendGroup],
+                 release: Callable[[], None], keep_s: float,
+                 metrics: ForwardMetrics | None) -> None:
+        self._future = future
+        self._groups = groups
+        self._release = release
+        self._metrics = metrics
+        self._outcomes: list[AppendOutcome] | None = None
+        self._timer = asyncio.get_running_loop().call_later(keep_s, release)
+
+    def keep_until(self, when: float) -> None:
+        """Keep waiting for the answer until ``when`` (``time.monotonic()``)."""
+        self._timer.cancel()
+        self._timer = asyncio.get_running_loop().call_later(
+            max(0.0, when - time.monotonic()), self._release)
+
+    def release(self) -> None:
+        """Stop waiting, now: an answer from now on is dropped."""
+        self._timer.cancel()
+        self._release()
+
+    async def outcomes(self, until: float) -> list[AppendOutcome] | None:
+        """The peer's outcome of each group if its results come by ``until``
+        (``time.monotonic()``); None if they do not (no answer, another kind of answer,
+        the connection ended, or the place was given up)."""
+        future = self._future
+        delay = until - time.monotonic()
+        if not future.done() and delay > 0:
+            await asyncio.wait([future], timeout=delay)  # never cancels the future
+        if not future.done() or future.cancelled() or future.exception() is not None:
+            return None
+        if self._outcomes is None:
+            answer = future.result()
+            if answer.type is not FrameType.RESULTS:
+                return None  # refused or expired after the claim: stays in doubt
+            try:
+                self._outcomes = frames.parse_results(answer.payload, self._groups)
+            except FrameError:
+                return None
+            if self._metrics is not None:
+                self._metrics.frame("late")
+        return self._outcomes
 
 
 @dataclass(eq=False)
@@ -152,7 +213,7 @@ class ForwardClient:
                                     f"bytes; the limit is {self._max_frame}")
         conn = await self._connection()
         try:
-            answer = await self._exchange(conn, frame_id, parts)
+            answer = await self._exchange(conn, frame_id, parts, groups)
         except ForwardUnknown as exc:
             exc.fence, exc.window_s = fence, window_ms / 1000
             raise
@@ -192,8 +253,8 @@ class ForwardClient:
                   - ANSWER_MARGIN_S - connect_s)
         return max(0, min(self._window_ms, math.floor(left_s * 1000)))
 
-    async def _exchange(self, conn: _Connection, frame_id: int, parts: frames.Parts
-                        ) -> Frame:
+    async def _exchange(self, conn: _Connection, frame_id: int, parts: frames.Parts,
+                        groups: Sequence[AppendGroup]) -> Frame:
         """Send one APPEND and wait for its answer."""
         if self._closed:
             raise ForwardNotWritten("closed", "the forward client is closed")
@@ -208,14 +269,18 @@ class ForwardClient:
         # From here on the peer may read the whole frame: any failure is "unknown".
         conn.writer.writelines(parts)
         sent = time.monotonic()
+        late: LateAnswer | None = None
         try:
             with anyio.fail_after(self._wait_s):
                 await conn.writer.drain()
-                answer = await future
+                # Shielded: a timeout must leave the future for a late answer to fill.
+                answer = await asyncio.shield(future)
         except TimeoutError:
             self._count("timeout")
+            if conn.usable():
+                late = self._late_answer(conn, frame_id, future, groups)
             raise ForwardUnknown("timeout", f"{self.address} did not answer within "
-                                 f"{self._wait_s:.3f} s") from None
+                                 f"{self._wait_s:.3f} s", late=late) from None
         except ConnectionError as exc:
             self._drop(conn, f"the connection to {self.address} broke: {exc}")
             self._count("broken")
@@ -224,10 +289,25 @@ class ForwardClient:
             self._count(exc.reason)
             raise
         finally:
-            conn.pending.pop(frame_id, None)
+            if late is None:
+                conn.pending.pop(frame_id, None)
         if self._metrics is not None:
             self._metrics.answered(time.monotonic() - sent)
         return answer
+
+    def _late_answer(self, conn: _Connection, frame_id: int,
+                     future: asyncio.Future[Frame], groups: Sequence[AppendGroup]
+                     ) -> LateAnswer:
+        """The frame keeps its place among ``conn``'s answers: by default for as long as
+        the forwarder could still wait for its window (a claim of the fence, at most
+        another wait, then the window and its margin)."""
+        def release() -> None:
+            if conn.pending.get(frame_id) is future:
+                del conn.pending[frame_id]
+            future.cancel()  # its waiters stop waiting
+
+        keep_s = self._wait_s + self._window_ms / 1000 + ANSWER_MARGIN_S
+        return LateAnswer(future, groups, release, keep_s, self._metrics)
 
     async def _connection(self) -> _Connection:
         conn = self._conn
@@ -300,8 +380,8 @@ class ForwardClient:
                     break
                 future = conn.pending.get(frame_id)
                 if future is not None and not future.done():
-                    future.set_result(answer)
-                # else: an answer after its frame timed out; that outcome stays unknown
+                    future.set_result(answer)  # a timed-out frame's: its LateAnswer's
+                # else: an answer after its frame gave up its place: it stays unknown
         except (FrameError, OSError) as exc:
             reason = f"the connection to {self.address} failed: {exc}"
         except Exception as exc:

@@ -9,7 +9,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 
 # How an APPEND frame this process sent ended.
 FrameOutcome = Literal["results", "refused", "expired", "unreachable", "broken", "timeout",
-                       "closed"]
+                       "closed", "late"]
 # What became of the groups a peer forwarded here.
 ReceivedOutcome = Literal["appended", "expired", "refused"]
 
@@ -25,7 +25,8 @@ class ForwardMetrics:
         self._frames = Counter(
             "llog_forward_frames", "APPEND frames sent to other brokers, by how they ended "
             "(results, refused, expired: answered; unreachable: not sent; broken, timeout, "
-            "closed: sent, outcome unknown)", ["member", "outcome"], registry=registry)
+            "closed: sent, outcome unknown; late: results that came after a timeout, "
+            "counted again)", ["member", "outcome"], registry=registry)
         self._seconds = Histogram(
             "llog_forward_seconds", "APPEND frames answered by other brokers, from sending "
             "to the answer", ["member"], buckets=_TIME_BUCKETS, registry=registry)

@@ -27,7 +27,11 @@ append:
   margin) from the moment the fence said so: by then the peer sends no commit of the
   frame but one expecting a control version it read before, so a client that sends the
   records again under their keys cannot race a late first copy. The wait is the
-  request's own, after the lane's flush, so it holds no flush slot of the lane. When
+  request's own, after the lane's flush, so it holds no flush slot of the lane. If the
+  frame only timed out, the peer's answer may still come on the same connection
+  meanwhile (a peer whose store paused commits the frame once it answers): that answer
+  settles the groups for certain (:class:`~app.cluster.forward.LateAnswer`), and no
+  client is left to resend records that are in the log. When
   Oxia could not say who holds the fence, no such bound is known: answered at once.
 
   Of a frame answered in part (some groups expired at the peer, unwritten), the expired
@@ -56,7 +60,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from app.batching.batcher import Batcher
 from app.cluster.fences import ANSWER_MARGIN_S, Fence, ForwardFences, Outcome
-from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardUnknown
+from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardUnknown, LateAnswer
 from app.cluster.membership import Member, Membership
 from app.errors import CommitInDoubt, ForwardExpired, LlogError, Unavailable
 from app.storage.appends import AppendGroup, AppendOutcome
@@ -100,12 +104,26 @@ class RouterMetrics:
 class _InDoubtFrom(CommitInDoubt):
     """A group of a frame its peer took: in doubt, to be answered no sooner than
     ``answer_at`` (``time.monotonic()``), once the frame's commit window and
-    :data:`~app.cluster.fences.ANSWER_MARGIN_S` have passed.
+    :data:`~app.cluster.fences.ANSWER_MARGIN_S` have passed; unless the peer's late
+    answer (``late``, the group being its ``index``-th) comes first and settles it.
     Made by a lane's flush, waited out by the request (``AffinityRouter._when_due``)."""
 
-    def __init__(self, message: str, answer_at: float) -> None:
+    def __init__(self, message: str, answer_at: float, late: LateAnswer | None = None,
+                 index: int = 0) -> None:
         super().__init__(message)
         self.answer_at = answer_at
+        self.late = late
+        self.index = index
+
+    async def settle(self) -> AppendOutcome:
+        """The peer's outcome if it comes by ``answer_at`` (``ForwardExpired`` among
+        them: not written); else CommitInDoubt then."""
+        if self.late is not None:
+            outcomes = await self.late.outcomes(self.answer_at)
+            if outcomes is not None:
+                return outcomes[self.index]
+        await anyio.sleep(max(0.0, self.answer_at - time.monotonic()))
+        return CommitInDoubt(str(self))
 
 
 class _Lane:
@@ -240,21 +258,23 @@ class AffinityRouter:
             return await self._fallback(groups, type(exc).__name__)
         except LlogError as exc:  # the lane's flush failed: only these groups share it
             return [exc] * len(groups)
-        return await self._when_due(outcomes)
+        return await self._when_due(groups, outcomes)
 
-    async def _when_due(self, outcomes: list[AppendOutcome]) -> list[AppendOutcome]:
+    async def _when_due(self, groups: list[AppendGroup], outcomes: list[AppendOutcome]
+                        ) -> list[AppendOutcome]:
         """``outcomes`` once no group of theirs can be committed by a peer but with a
-        control version it read before: after the latest ``answer_at`` among them, as
-        plain CommitInDoubt."""
-        waits = [o.answer_at for o in outcomes if isinstance(o, _InDoubtFrom)]
-        if not waits:
+        control version it read before: the peer's late answer (groups it let expire
+        are appended here, as from a timely one), or after the latest ``answer_at``
+        among them, as plain CommitInDoubt."""
+        if not any(isinstance(o, _InDoubtFrom) for o in outcomes):
             return outcomes
         # At shutdown the server lets requests in flight finish for 30 s, usually long
         # enough; a request it cuts short is unanswered, which is no less safe: its
         # client resends after its timeout (docs/protocol.md, Forward fences).
-        await anyio.sleep(max(0.0, max(waits) - time.monotonic()))
-        return [CommitInDoubt(str(o)) if isinstance(o, _InDoubtFrom) else o
-                for o in outcomes]
+        settled = [await o.settle() if isinstance(o, _InDoubtFrom) else o for o in outcomes]
+        expired = [i for i, o in enumerate(settled) if isinstance(o, ForwardExpired)]
+        await self._fall_back_at(groups, expired, settled, "expired")
+        return settled
 
     async def _send(self, peer: Member, client: ForwardClient,
                     groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
@@ -287,6 +307,8 @@ class AffinityRouter:
         """A frame without a verdict: appended here if this broker wins its fence, in
         doubt otherwise; waited out (by the request) if the peer took it."""
         holder = await self._fence_holder(exc.fence)
+        if exc.late is not None and holder != "taken":
+            exc.late.release()  # settled here, or not bounded: nothing to wait for
         if holder == "abandoned":
             log.warning("forward to %s went unanswered (%s); its fence was won, so it is "
                         "appended here", peer.member_id, exc)
@@ -301,11 +323,14 @@ class AffinityRouter:
         # The peer's claim landed before this broker found out, and began earlier still:
         # the window, counted from here, ends after the peer's commit_by.
         answer_at = time.monotonic() + exc.window_s + ANSWER_MARGIN_S
+        if exc.late is not None:
+            exc.late.keep_until(answer_at)
         log.warning("forward to %s may have been written (it took the frame): %s; "
-                    "answered in doubt in %.1f s, past its commit window",
-                    peer.member_id, exc, exc.window_s + ANSWER_MARGIN_S)
+                    "answered in doubt in %.1f s, past its commit window, unless it "
+                    "answers by then", peer.member_id, exc, exc.window_s + ANSWER_MARGIN_S)
         return [_InDoubtFrom(f"{why}; sent again under their idempotency keys, they are "
-                             "kept single", answer_at) for _ in groups]
+                             "kept single", answer_at, exc.late, i)
+                for i in range(len(groups))]
 
     async def _fence_holder(self, fence: Fence | None) -> Outcome | None:
         """Who holds the frame's fence once this broker has claimed it; None if there is

@@ -1,6 +1,8 @@
 """A TCP proxy that can hold what clients send: while held, bytes from clients wait in
 the proxy (the upstream sees nothing) until released, in order. In front of MinIO it
-makes a broker's object-store writes as slow as a test needs, on the real wire."""
+makes a broker's object-store writes as slow as a test needs, on the real wire. Its
+twin holds the answers instead (the upstream reads and acts, its client hears nothing):
+a peer that did the work and whose answer is late."""
 
 from __future__ import annotations
 
@@ -51,11 +53,14 @@ class HoldingProxy:
 
 
 @contextlib.asynccontextmanager
-async def holding_proxy(target_host: str, target_port: int) -> AsyncIterator[HoldingProxy]:
-    async def up(client: anyio.abc.SocketStream, upstream: anyio.abc.SocketStream) -> None:
-        await proxy._send_when_open(client, upstream)
+async def holding_proxy(target_host: str, target_port: int, *, answers: bool = False
+                        ) -> AsyncIterator[HoldingProxy]:
+    """``answers``: hold what the target sends back, not what clients send."""
+    async def held(source: anyio.abc.SocketStream, sink: anyio.abc.SocketStream) -> None:
+        await proxy._send_when_open(source, sink)
 
-    async with tcp_proxy(target_host, target_port, up=up, down=_pump) as port:
+    up, down = (_pump, held) if answers else (held, _pump)
+    async with tcp_proxy(target_host, target_port, up=up, down=down) as port:
         proxy = HoldingProxy(port)
         try:
             yield proxy
