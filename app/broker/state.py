@@ -409,8 +409,9 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     secret = None if c.cluster_secret is None else c.cluster_secret.get_secret_value()
     forward_metrics = ForwardMetrics(state.registry, member=me_id)
 
+    claim_budget_s = claim_budget_for(s.oxia_request_timeout_s)
     fences = ForwardFences(oxia, layout, FenceMetrics(state.registry, member=me_id),
-                           claim_budget_s=claim_budget_for(s.oxia_request_timeout_s))
+                           claim_budget_s=claim_budget_s)
     server = await _serve_forwarded(state, fences, secret, forward_metrics, tg, stack)
     state.forward_address = c.forward_advertised_address or server.address
     me = Member(me_id, s.broker_id, s.broker_url, state.forward_address, tuple(s.roles),
@@ -430,7 +431,8 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
                              deadline_s=c.forward_deadline_ms / 1000,
                              answer_timeout_s=c.forward_answer_timeout_ms / 1000,
                              metrics=forward_metrics,
-                             fence_prefix=f"{me_id}.{uuid.uuid4().hex}")
+                             fence_prefix=f"{me_id}.{uuid.uuid4().hex}",
+                             claim_budget_s=claim_budget_s)
 
     state.router = AffinityRouter(
         batcher.submit, state.membership, client, lane_buffer_bytes=s.batch_buffer_max_bytes,

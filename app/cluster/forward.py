@@ -40,6 +40,7 @@ from app.cluster.fences import ANSWER_MARGIN_S, Fence
 from app.cluster.forward_metrics import ForwardMetrics, FrameOutcome
 from app.cluster.forward_server import ForwardServer
 from app.cluster.frames import Frame, FrameError, FrameType
+from app.errors import ForwardExpired
 from app.storage.appends import AppendGroup, AppendOutcome
 
 __all__ = ["ForwardClient", "ForwardMetrics", "ForwardNotWritten", "ForwardServer",
@@ -82,25 +83,29 @@ class ForwardUnknown(Exception):
         self.late = late
 
 
+
+
 class LateAnswer:
     """The peer's answer to a frame that timed out, should it still come.
 
     A peer that is slow, not dead (its store paused), commits the frame and answers it
     after the forwarder stopped waiting; the forwarder then waits out the frame's commit
     window anyway before it may answer in doubt (app/cluster/router.py). Meanwhile the
-    frame keeps its place among the connection's answers, so a late ``RESULTS`` settles
-    its groups for certain instead: a client told "in doubt" sends again, and if by then
+    frame keeps its place among the connection's answers, so a late answer settles its
+    groups for certain instead: a client told "in doubt" sends again, and if by then
     more keyed appends than the partition remembers came after the first copy, the
-    resend is a second copy. The place is given up at :meth:`keep_until`'s time (by
-    default the longest the forwarder could still wait), or when the connection ends.
+    resend is a second copy. The place is given up at :meth:`keep_until`'s time, at
+    :meth:`release`, or when the connection ends; until the forwarder says, after
+    ``keep_s`` (longer than it can take to say: ``ForwardClient``'s ``claim_budget_s``).
     """
 
     def __init__(self, future: asyncio.Future[Frame], groups: Sequence[AppendGroup],
-                 release: Callable[[], None], keep_s: float,
-                 metrics: ForwardMetrics | None) -> None:
+                 release: Callable[[], None], distrust: Callable[[str], None],
+                 keep_s: float, metrics: ForwardMetrics | None) -> None:
         self._future = future
         self._groups = groups
         self._release = release
+        self._distrust = distrust
         self._metrics = metrics
         self._outcomes: list[AppendOutcome] | None = None
         self._timer = asyncio.get_running_loop().call_later(keep_s, release)
@@ -117,9 +122,11 @@ class LateAnswer:
         self._release()
 
     async def outcomes(self, until: float) -> list[AppendOutcome] | None:
-        """The peer's outcome of each group if its results come by ``until``
-        (``time.monotonic()``); None if they do not (no answer, another kind of answer,
-        the connection ended, or the place was given up)."""
+        """The peer's outcome of each group if its answer comes by ``until``
+        (``time.monotonic()``; at once if it is not later): its results, or every group
+        ``ForwardExpired`` when it answered the whole frame expired or refused (not
+        written, as when that answer comes in time). None if no answer comes (the
+        connection ended, or the place was given up)."""
         future = self._future
         delay = until - time.monotonic()
         if not future.done() and delay > 0:
@@ -127,16 +134,23 @@ class LateAnswer:
         if not future.done() or future.cancelled() or future.exception() is not None:
             return None
         if self._outcomes is None:
-            answer = future.result()
-            if answer.type is not FrameType.RESULTS:
-                return None  # refused or expired after the claim: stays in doubt
-            try:
-                self._outcomes = frames.parse_results(answer.payload, self._groups)
-            except FrameError:
-                return None
-            if self._metrics is not None:
+            self._outcomes = self._read(future.result())
+            if self._outcomes is not None and self._metrics is not None:
                 self._metrics.frame("late")
         return self._outcomes
+
+    def _read(self, answer: Frame) -> list[AppendOutcome] | None:
+        if answer.type is FrameType.EXPIRED:
+            why = "the receiver answered late that no flush took the records in time"
+        elif answer.type is FrameType.REFUSED:
+            why = f"the receiver refused them late: {frames.parse_refused(answer.payload)}"
+        else:
+            try:
+                return frames.parse_results(answer.payload, self._groups)
+            except FrameError as exc:  # as on time: trust nothing more of the peer
+                self._distrust(f"malformed late results: {exc}")
+                return None
+        return [ForwardExpired(why) for _ in self._groups]
 
 
 @dataclass(eq=False)
@@ -171,7 +185,9 @@ class ForwardClient:
     groups whose produce deadline comes first (:meth:`_window_for`). Each
     frame's fence token is ``{fence_prefix}.{frame id}``: the prefix must be unique to
     this client (its member and incarnation), and ``clock_ms`` is the wall clock fences
-    are dated by.
+    are dated by. ``claim_budget_s``: how long a claim of a frame's fence may take
+    (:func:`~app.cluster.fences.claim_budget_for`), during which a frame that timed out
+    keeps its place for a late answer (:class:`LateAnswer`).
     """
 
     def __init__(self, address: str, *, secret: str | None, deadline_s: float,
@@ -179,7 +195,7 @@ class ForwardClient:
                  max_frame_bytes: int = frames.DEFAULT_MAX_FRAME_BYTES,
                  connect_timeout_s: float | None = None,
                  metrics: ForwardMetrics | None = None, fence_prefix: str | None = None,
-                 clock_ms: Callable[[], int] = wall_ms
+                 clock_ms: Callable[[], int] = wall_ms, claim_budget_s: float = 0.0
                  ) -> None:
         self.address = address
         self._host, self._port = split_address(address)
@@ -194,6 +210,7 @@ class ForwardClient:
         self._ids = itertools.count(1)
         self._fence_prefix = fence_prefix or uuid.uuid4().hex
         self._clock_ms = clock_ms
+        self._claim_budget_s = claim_budget_s
         self._conn: _Connection | None = None
         self._connecting = asyncio.Lock()
         self._closed = False
@@ -298,16 +315,19 @@ class ForwardClient:
     def _late_answer(self, conn: _Connection, frame_id: int,
                      future: asyncio.Future[Frame], groups: Sequence[AppendGroup]
                      ) -> LateAnswer:
-        """The frame keeps its place among ``conn``'s answers: by default for as long as
-        the forwarder could still wait for its window (a claim of the fence, at most
-        another wait, then the window and its margin)."""
+        """The frame keeps its place among ``conn``'s answers (:class:`LateAnswer`)."""
         def release() -> None:
             if conn.pending.get(frame_id) is future:
                 del conn.pending[frame_id]
             future.cancel()  # its waiters stop waiting
 
-        keep_s = self._wait_s + self._window_ms / 1000 + ANSWER_MARGIN_S
-        return LateAnswer(future, groups, release, keep_s, self._metrics)
+        def distrust(why: str) -> None:
+            self._drop(conn, f"{self.address} sent {why}")
+
+        # Until the forwarder says how long (once its claim of the fence is over), with
+        # a minute to spare: no shorter than the claim may last, and not forever.
+        keep_s = self._claim_budget_s + 60.0
+        return LateAnswer(future, groups, release, distrust, keep_s, self._metrics)
 
     async def _connection(self) -> _Connection:
         conn = self._conn
@@ -398,9 +418,10 @@ class ForwardClient:
         if not conn.closed:
             conn.closed = True
             conn.writer.transport.abort()
-            if conn.pending:
+            unanswered = sum(not future.done() for future in conn.pending.values())
+            if unanswered:
                 log.warning("forwarding to %s: %d frame(s) without an answer: %s",
-                            self.address, len(conn.pending), reason)
+                            self.address, unanswered, reason)
         unknown: UnknownReason = "closed" if self._closed else "broken"
         for future in conn.pending.values():
             if not future.done():

@@ -80,7 +80,8 @@ class RouterMetrics:
             "(this member is preferred), forwarded (its preferred member appended it), "
             "fallback (a forward that was not written, appended here), in_doubt (a "
             "forward left unanswered that this broker could not show unwritten: its "
-            "peer took it, or its fence could not be settled; answered CommitInDoubt)",
+            "peer took it and did not answer by the end of its commit window, or its "
+            "fence could not be settled; answered CommitInDoubt)",
             ["member", "route"], registry=registry)
         fallbacks = Counter(
             "llog_affinity_fallbacks", "Forwarded groups appended here instead, by why "
@@ -115,15 +116,15 @@ class _InDoubtFrom(CommitInDoubt):
         self.late = late
         self.index = index
 
-    async def settle(self) -> AppendOutcome:
-        """The peer's outcome if it comes by ``answer_at`` (``ForwardExpired`` among
-        them: not written); else CommitInDoubt then."""
+    async def settle(self) -> AppendOutcome | None:
+        """The peer's outcome if its answer comes by ``answer_at`` (``ForwardExpired``
+        among them: not written); None once ``answer_at`` has passed without one."""
         if self.late is not None:
             outcomes = await self.late.outcomes(self.answer_at)
             if outcomes is not None:
                 return outcomes[self.index]
         await anyio.sleep(max(0.0, self.answer_at - time.monotonic()))
-        return CommitInDoubt(str(self))
+        return None
 
 
 class _Lane:
@@ -266,15 +267,34 @@ class AffinityRouter:
         control version it read before: the peer's late answer (groups it let expire
         are appended here, as from a timely one), or after the latest ``answer_at``
         among them, as plain CommitInDoubt."""
-        if not any(isinstance(o, _InDoubtFrom) for o in outcomes):
+        waiting = [i for i, o in enumerate(outcomes) if isinstance(o, _InDoubtFrom)]
+        if not waiting:
             return outcomes
         # At shutdown the server lets requests in flight finish for 30 s, usually long
         # enough; a request it cuts short is unanswered, which is no less safe: its
         # client resends after its timeout (docs/protocol.md, Forward fences).
-        settled = [await o.settle() if isinstance(o, _InDoubtFrom) else o for o in outcomes]
-        expired = [i for i, o in enumerate(settled) if isinstance(o, ForwardExpired)]
-        await self._fall_back_at(groups, expired, settled, "expired")
-        return settled
+        settled, answered = list(outcomes), []
+        for i in waiting:
+            doubt = outcomes[i]
+            assert isinstance(doubt, _InDoubtFrom)
+            late = await doubt.settle()
+            if late is None:
+                settled[i] = CommitInDoubt(str(doubt))
+            else:
+                settled[i] = late
+                answered.append(i)
+        self._metrics.routed("in_doubt", len(waiting) - len(answered))
+        return await self._answered(groups, settled, answered)
+
+    async def _answered(self, groups: Sequence[AppendGroup], outcomes: list[AppendOutcome],
+                        among: Sequence[int] | None = None) -> list[AppendOutcome]:
+        """``outcomes``, the peer's answer of the groups at ``among`` (all by default):
+        those it let expire, unwritten, are appended here instead."""
+        among = range(len(groups)) if among is None else among
+        expired = [i for i in among if isinstance(outcomes[i], ForwardExpired)]
+        self._metrics.routed("forwarded", len(among) - len(expired))
+        await self._fall_back_at(groups, expired, outcomes, "expired")
+        return outcomes
 
     async def _send(self, peer: Member, client: ForwardClient,
                     groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
@@ -291,10 +311,7 @@ class AffinityRouter:
         except ForwardUnknown as exc:
             self._membership.suspect(peer.member_id, self._unanswered_suspect_s)
             return await self._unknown(peer, list(groups), exc)
-        expired = [i for i, o in enumerate(outcomes) if isinstance(o, ForwardExpired)]
-        self._metrics.routed("forwarded", len(groups) - len(expired))
-        await self._fall_back_at(groups, expired, outcomes, "expired")
-        return outcomes
+        return await self._answered(groups, outcomes)
 
     async def _fallback(self, groups: list[AppendGroup], reason: str
                         ) -> list[AppendOutcome]:
@@ -305,31 +322,43 @@ class AffinityRouter:
     async def _unknown(self, peer: Member, groups: list[AppendGroup], exc: ForwardUnknown
                        ) -> list[AppendOutcome]:
         """A frame without a verdict: appended here if this broker wins its fence, in
-        doubt otherwise; waited out (by the request) if the peer took it."""
-        holder = await self._fence_holder(exc.fence)
-        if exc.late is not None and holder != "taken":
-            exc.late.release()  # settled here, or not bounded: nothing to wait for
+        doubt otherwise; waited out (by the request) if the peer took it, unless the
+        peer's answer comes meanwhile (``exc.late``)."""
+        late = exc.late
+        try:
+            holder = await self._fence_holder(exc.fence)
+        except BaseException:  # cancelled: nobody is left to read a late answer
+            if late is not None:
+                late.release()
+            raise
+        if late is not None and holder != "taken":
+            # An answer that came during the claim is the peer's verdict, whoever holds
+            # the fence now; none has come: the fence says what happens, at once.
+            answered = await late.outcomes(time.monotonic())
+            late.release()
+            if answered is not None:
+                return await self._answered(groups, list(answered))
         if holder == "abandoned":
             log.warning("forward to %s went unanswered (%s); its fence was won, so it is "
                         "appended here", peer.member_id, exc)
             return await self._fallback(groups, "abandoned")
-        self._metrics.routed("in_doubt", len(groups))
         why = (f"forwarded to the partition's preferred broker, which did not answer "
                f"({exc}); the records may have been written")
         if holder != "taken":  # nobody can say: no bound on a late commit is known
             log.warning("forward to %s may have been written, and its fence did not say "
                         "by whom (%s): %s", peer.member_id, holder, exc)
+            self._metrics.routed("in_doubt", len(groups))
             return [CommitInDoubt(why) for _ in groups]
         # The peer's claim landed before this broker found out, and began earlier still:
         # the window, counted from here, ends after the peer's commit_by.
         answer_at = time.monotonic() + exc.window_s + ANSWER_MARGIN_S
-        if exc.late is not None:
-            exc.late.keep_until(answer_at)
+        if late is not None:
+            late.keep_until(answer_at)
         log.warning("forward to %s may have been written (it took the frame): %s; "
                     "answered in doubt in %.1f s, past its commit window, unless it "
                     "answers by then", peer.member_id, exc, exc.window_s + ANSWER_MARGIN_S)
         return [_InDoubtFrom(f"{why}; sent again under their idempotency keys, they are "
-                             "kept single", answer_at, exc.late, i)
+                             "kept single", answer_at, late, i)
                 for i in range(len(groups))]
 
     async def _fence_holder(self, fence: Fence | None) -> Outcome | None:
