@@ -191,7 +191,8 @@ class OxiaChangeListener:
                   ) -> None:
         self._loop = asyncio.get_running_loop()
         self._notifications = await anyio.to_thread.run_sync(functools.partial(
-            oxia_notifications.notifications, self._client, on_resumed=self._resumed))
+            oxia_notifications.notifications, self._client, on_resumed=self._resumed,
+            wanted=_is_control_key))
         task_status.started()
         try:
             await anyio.to_thread.run_sync(self._consume, abandon_on_cancel=True)
@@ -213,8 +214,6 @@ class OxiaChangeListener:
             if self._stopping.is_set():
                 return
             key = n.key()
-            if not key.endswith("/meta/control"):
-                continue
             try:
                 tp = self._parsed[key]
             except KeyError:
@@ -240,3 +239,8 @@ class OxiaChangeListener:
         if version is not None and self._is_own(tp, version):
             return
         self._watch.notify_remote(tp)
+
+
+def _is_control_key(key: str) -> bool:
+    """The keys the listener wants (the others are dropped on the stream's thread)."""
+    return key.endswith("/meta/control")
