@@ -61,10 +61,8 @@ def parse_batch(data: bytes) -> Batch:
             offset, pos = _varint(data, pos, end)
             offset = _signed(offset)
         elif field == 4 and wire == _LENGTH:
-            size, pos = _varint(data, pos, end)
-            stop = _within(pos, size, end)
-            changes.append(_change(data, pos, stop))
-            pos = stop
+            start, pos = _span(data, pos, end)
+            changes.append(_change(data, start, pos))
         else:
             pos = _skip(data, pos, end, wire)
     return Batch(shard, offset, changes)
@@ -79,15 +77,11 @@ def _change(data: bytes, pos: int, end: int) -> Change:
         tag, pos = _varint(data, pos, end)
         field, wire = tag >> 3, tag & 7
         if field == 1 and wire == _LENGTH:
-            size, pos = _varint(data, pos, end)
-            stop = _within(pos, size, end)
-            key = _text(data, pos, stop)
-            pos = stop
+            start, pos = _span(data, pos, end)
+            key = _text(data, start, pos)
         elif field == 2 and wire == _LENGTH:
-            size, pos = _varint(data, pos, end)
-            stop = _within(pos, size, end)
-            type_, version, range_last = _notification(data, pos, stop)
-            pos = stop
+            start, pos = _span(data, pos, end)
+            type_, version, range_last = _notification(data, start, pos)
         else:
             pos = _skip(data, pos, end, wire)
     return Change(key, type_, version, range_last)
@@ -106,10 +100,8 @@ def _notification(data: bytes, pos: int, end: int) -> tuple[int, int, str | None
             version, pos = _varint(data, pos, end)
             version = _signed(version)
         elif field == 3 and wire == _LENGTH:
-            size, pos = _varint(data, pos, end)
-            stop = _within(pos, size, end)
-            range_last = _text(data, pos, stop)
-            pos = stop
+            start, pos = _span(data, pos, end)
+            range_last = _text(data, start, pos)
         else:
             pos = _skip(data, pos, end, wire)
     return type_, version, range_last
@@ -137,6 +129,12 @@ def _signed(value: int) -> int:
     return value - _INT64_SPAN if value > _INT64_MAX else value
 
 
+def _span(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    """Where a length-delimited field's bytes start and stop (its length at ``pos``)."""
+    size, pos = _varint(data, pos, end)
+    return pos, _within(pos, size, end)
+
+
 def _within(pos: int, size: int, end: int) -> int:
     stop = pos + size
     if stop > end:
@@ -157,8 +155,7 @@ def _skip(data: bytes, pos: int, end: int, wire: int) -> int:
     if wire == _FIXED64:
         return _within(pos, 8, end)
     if wire == _LENGTH:
-        size, pos = _varint(data, pos, end)
-        return _within(pos, size, end)
+        return _span(data, pos, end)[1]
     if wire == _FIXED32:
         return _within(pos, 4, end)
     raise MalformedBatch(f"wire type {wire} (groups are not used by Oxia)")
