@@ -46,6 +46,29 @@ def test_round_trip(payloads: list[Payload]) -> None:
     assert codec.decode_body(body, codec.ENCODING_V3, len(payloads)) == _normal(payloads)
 
 
+sent = st.lists(st.one_of(values, st.builds(  # as a client sends them: no append times
+    LogRecord, values, st.none() | st.binary(max_size=10), st.just(()),
+    st.none() | st.integers(0, 2**62), st.just(0))), max_size=20)
+
+
+@PROPS
+@given(sent, st.binary(max_size=8), st.binary(max_size=8))
+def test_a_batch_detached_from_a_request_keeps_its_columns(
+        payloads: list[Payload], before: bytes, after: bytes) -> None:
+    """A body checked where it lies in a request, then copied out (the tail cache's
+    copy): the copy's columns are the ones its own bytes give; so are those of a layout
+    read from a larger buffer, which are read again."""
+    body = columnar.encode(payloads)
+    held = memoryview(before + body + after)[len(before):len(before) + len(body)]
+    batch = RecordBatch.checked(held, columnar.ENCODING_V3)
+    copy = batch.detached()
+    assert isinstance(copy.body, bytes) and copy.body == body
+    assert copy.columns == columnar.read_columns(copy.body)
+    assert copy.decoded() == _normal(payloads)
+    wide = columnar.read_columns(before + body, len(before))  # within a larger buffer
+    assert columnar.copied(wide, body) == columnar.read_columns(body)
+
+
 @PROPS
 @given(st.lists(mixed, min_size=1, max_size=5))
 def test_join_is_the_concatenation(bodies: list[list[Payload]]) -> None:

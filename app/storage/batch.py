@@ -81,7 +81,7 @@ class RecordBatch(Sequence[Payload]):
         if isinstance(self.body, bytes):
             return self
         body = bytes(self.body)
-        layout = columnar.read_columns(body) if self.columns is not None else None
+        layout = None if self.columns is None else columnar.copied(self.columns, body)
         return RecordBatch(body, self.encoding, self.n_records, self.size, layout,
                            self._decoded)
 
