@@ -9,7 +9,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
-from app.storage.notification_wire import Change, MalformedBatch, parse_batch
+from app.storage.notification_wire import (
+    Change,
+    MalformedBatch,
+    Refused,
+    parse_batch,
+    read_batch,
+)
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 KEYS = st.text(min_size=0, max_size=40)
@@ -84,3 +90,16 @@ def test_bytes_that_are_not_a_batch_are_refused(raw: bytes) -> None:
 def test_an_empty_batch_is_the_first_message_of_a_stream() -> None:
     assert parse_batch(b"") == (0, 0, [])
     assert parse_batch(bytes(pb.NotificationBatch(shard=1, offset=9))) == (1, 9, [])
+
+
+def test_the_streams_decoder_answers_bad_bytes_with_how_far_it_read() -> None:
+    """gRPC leaves a stream whose decoder raised open for good: the stream's decoder
+    answers instead, with the shard and offset when they were read, so the batch can be
+    skipped."""
+    good = bytes(pb.NotificationBatch(shard=3, offset=77, notifications={
+        "k": pb.Notification(type=pb.NotificationType.KEY_MODIFIED, version_id=5)}))
+    assert read_batch(good) == parse_batch(good)
+    cut = read_batch(good[:-2])
+    assert isinstance(cut, Refused) and (cut.shard, cut.offset) == (3, 77)
+    assert read_batch(b"\x08\x03\x10") == Refused(3, None, "a varint runs past its message")
+    assert read_batch(b"\xff") == Refused(None, None, "a varint runs past its message")

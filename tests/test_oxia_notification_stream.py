@@ -8,10 +8,11 @@ import queue
 import threading
 import uuid
 
+import pytest
 from oxia.defs import NotificationType
 
 from app.localstack.stack import LocalStack
-from app.storage import oxia_compat, oxia_notifications
+from app.storage import notification_wire, oxia_compat, oxia_notifications
 
 NOTIFIED_S = 60.0
 
@@ -48,3 +49,40 @@ def test_a_listener_gets_the_keys_it_wants_with_their_types_and_versions(
     assert got[4] == (f"{prefix}/want/", NotificationType.KEY_RANGE_DELETED, 0,
                       f"{prefix}/want/~")
     assert seen.empty()  # nothing of the other key
+
+
+@pytest.mark.parametrize("fault", ["does not decode", "unknown type"])
+def test_a_batch_that_cannot_be_read_is_skipped_and_the_stream_goes_on(
+        stack: LocalStack, monkeypatch: pytest.MonkeyPatch, fault: str) -> None:
+    """A batch holding a marker key is refused (bytes that do not decode, or a change
+    of a type this client does not know): it is skipped once, reported as a resumption
+    (what it held is unknown), and the changes after it arrive; the stream is not
+    reopened over and over on the same batch."""
+    def refusing(raw: bytes) -> notification_wire.Batch | notification_wire.Refused:
+        batch = notification_wire.read_batch(raw)
+        if b"MARKER" not in raw or isinstance(batch, notification_wire.Refused):
+            return batch
+        if fault == "does not decode":
+            return notification_wire.Refused(batch.shard, batch.offset, "test: refused")
+        return batch._replace(changes=[c._replace(type=99) for c in batch.changes])
+
+    monkeypatch.setattr(oxia_notifications, "read_batch", refusing)
+    client = oxia_compat.connect(stack.oxia_address, request_timeout_s=5)
+    prefix = f"notes-{uuid.uuid4().hex}"
+    resumed = threading.Semaphore(0)
+    notes = oxia_notifications.notifications(
+        client, wanted=lambda key: key.startswith(prefix), on_resumed=resumed.release)
+    seen: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [seen.put(n.key()) for n in notes], daemon=True).start()
+    shard = {"partition_key": prefix}
+    try:
+        client.put(f"{prefix}/before", b"1", **shard)
+        assert seen.get(timeout=NOTIFIED_S) == f"{prefix}/before"
+        client.put(f"{prefix}/MARKER", b"x", **shard)
+        client.put(f"{prefix}/after", b"2", **shard)
+        assert seen.get(timeout=NOTIFIED_S) == f"{prefix}/after"
+        assert resumed.acquire(timeout=NOTIFIED_S)
+    finally:
+        notes.close()
+        client.close()
+    assert notes.resumptions == 1  # the skip alone: no stream was reopened

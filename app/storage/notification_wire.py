@@ -11,9 +11,12 @@ needs. This reads the three fields a listener uses, by hand, in a tenth of that:
     Notification      { NotificationType type = 1; optional int64 version_id = 2;
                         optional string key_range_last = 3; }
 
-(a map is a repeated message of ``key = 1``, ``value = 2``). Unknown fields are skipped
-by their wire type, as protobuf requires; anything truncated or of the wrong wire type
-is :class:`MalformedBatch`, and the stream that sent it is opened again.
+(a map is a repeated message of ``key = 1``, ``value = 2``). Unknown fields, and known
+ones of another wire type, are skipped by their wire type, as protobuf's own decoders
+do; anything truncated, a group or a string that is not UTF-8 is :class:`MalformedBatch`.
+:func:`read_batch`, the stream's decoder, never raises (gRPC leaves a stream whose
+decoder raised open for good): it answers such bytes with :class:`Refused`, which says
+how far the batch was read.
 """
 
 from __future__ import annotations
@@ -46,6 +49,24 @@ class Batch(NamedTuple):
     changes: list[Change]
 
 
+class Refused(NamedTuple):
+    """A batch that does not decode, and its shard and offset where they were read
+    before the fault (Oxia writes them first): a listener can skip it and go on."""
+
+    shard: int | None
+    offset: int | None
+    reason: str
+
+
+def read_batch(data: bytes) -> Batch | Refused:
+    """:func:`parse_batch`, or :class:`Refused` for bytes that are not a batch."""
+    try:
+        return parse_batch(data)
+    except MalformedBatch as exc:
+        shard, offset = _head(data)
+        return Refused(shard, offset, str(exc))
+
+
 def parse_batch(data: bytes) -> Batch:
     """A ``NotificationBatch``'s shard, offset and changes, in the order sent."""
     shard = offset = 0
@@ -66,6 +87,26 @@ def parse_batch(data: bytes) -> Batch:
         else:
             pos = _skip(data, pos, end, wire)
     return Batch(shard, offset, changes)
+
+
+def _head(data: bytes) -> tuple[int | None, int | None]:
+    """The shard and offset of a batch, as far as they can be read."""
+    shard = offset = None
+    pos, end = 0, len(data)
+    try:
+        while pos < end and (shard is None or offset is None):
+            tag, pos = _varint(data, pos, end)
+            if tag == (1 << 3 | _VARINT):
+                value, pos = _varint(data, pos, end)
+                shard = _signed(value)
+            elif tag == (2 << 3 | _VARINT):
+                value, pos = _varint(data, pos, end)
+                offset = _signed(value)
+            else:
+                pos = _skip(data, pos, end, tag & 7)
+    except MalformedBatch:
+        pass
+    return shard, offset
 
 
 def _change(data: bytes, pos: int, end: int) -> Change:

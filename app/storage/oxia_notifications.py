@@ -18,8 +18,11 @@ answers may want to check them again.
 
 Its streams are read with :mod:`app.storage.notification_wire` rather than the client's
 generic decoder (a tenth of the CPU, on a thread that competes with the event loop for
-the GIL), and a caller that wants only some keys (``wanted``) gets only those: the
-others never become objects or cross the queue.
+the GIL), and a caller that wants only some keys (``wanted``, judged by the key, or by
+the first key of a deleted range) gets only those on the queue. A batch that does not
+decode, or names a change of a type this client does not know, is skipped, logged, and
+reported as ``on_resumed`` reports a reopened stream (what it held is not known): the
+stream goes on, where reading it again would meet the same batch for ever.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from oxia.defs import Notification, NotificationType
 from oxia.internal.notifications import Notifications
 from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
-from app.storage.notification_wire import Batch, parse_batch
+from app.storage.notification_wire import Batch, Refused, read_batch
 from app.storage.oxia_discovery import FailoverDiscovery
 
 log = logging.getLogger(__name__)
@@ -56,7 +59,8 @@ class FollowingNotifications(Notifications):
                  wanted: Callable[[str], bool] | None = None) -> None:
         self._on_resumed = on_resumed
         self._wanted = wanted
-        self.resumptions = 0  # times the streams were reopened after a failure
+        self.resumptions = 0  # times the streams were reopened, or a batch skipped
+        self._read_since = False  # a batch came since the streams were last opened
         super().__init__(discovery)
 
     def _coordinator_loop(self) -> None:
@@ -66,12 +70,15 @@ class FollowingNotifications(Notifications):
             failed = threading.Event()
             try:
                 leaders = self._service_discovery.leaders()
+                self._read_since = False
                 self._open_streams(failed)
                 self._ready.set()
                 if interrupted:
                     self._resumed()
-                interrupted, pause = False, FIRST_RETRY_PAUSE_S
+                interrupted = False
                 self._watch(failed, leaders)
+                if self._read_since:  # the streams got somewhere: retry soon again
+                    pause = FIRST_RETRY_PAUSE_S
             except threading.BrokenBarrierError:
                 pass  # a stream failed, or was silent, before its first message
             except Exception as exc:  # no leader yet, a channel error: try again
@@ -98,7 +105,7 @@ class FollowingNotifications(Notifications):
         threads, streams = [], []
         for shard, stub in shards:
             open_stream = stub._channel.unary_stream(
-                _METHOD, pb.NotificationsRequest.SerializeToString, parse_batch)
+                _METHOD, pb.NotificationsRequest.SerializeToString, read_batch)
             stream = open_stream(pb.NotificationsRequest(
                 shard=shard, start_offset_exclusive=offsets[shard]))
             waits = barrier if offsets[shard] is None else threading.Barrier(1)
@@ -117,24 +124,19 @@ class FollowingNotifications(Notifications):
 
     def _worker(self, stream: Any, barrier: threading.Barrier,
                 failed: threading.Event) -> None:
-        """The client's worker, for batches of :func:`parse_batch` and ``wanted`` keys:
+        """The client's worker, for batches of :func:`read_batch` and ``wanted`` keys:
         each change a :class:`~oxia.defs.Notification` on the queue, then the shard's
         offset noted (a stream reopened starts after it)."""
         first = True
-        wanted, queue = self._wanted, self._notifications
         try:
-            batch: Batch
+            batch: Batch | Refused
             for batch in stream:
-                for change in batch.changes:
-                    if wanted is not None and not wanted(change.key):
-                        continue
-                    n = Notification()
-                    n._key, n._type = change.key, NotificationType(change.type)
-                    n._version_id = change.version_id
-                    n._key_range_end = change.key_range_last
-                    queue.put(n)
-                with self._lock:
-                    self._last_notification[batch.shard] = batch.offset
+                if isinstance(batch, Refused) or not self._queue_changes(batch):
+                    self._skipped(batch)
+                if batch.shard is not None and batch.offset is not None:
+                    with self._lock:
+                        self._last_notification[batch.shard] = batch.offset
+                self._read_since = True
                 if first:
                     barrier.wait()
                     first = False
@@ -144,12 +146,43 @@ class FollowingNotifications(Notifications):
             cancelled = (isinstance(exc, grpc.RpcError)
                          and exc.code() == grpc.StatusCode.CANCELLED)
             if not self._closed and not cancelled:
-                log.warning("an Oxia notification stream failed: %s", exc)
+                log.warning("an Oxia notification stream failed: %s", exc,
+                            exc_info=not isinstance(exc, grpc.RpcError))
         finally:
             if first:
                 with contextlib.suppress(threading.BrokenBarrierError):
                     barrier.abort()
             failed.set()
+
+    def _queue_changes(self, batch: Batch) -> bool:
+        """Queue the batch's wanted changes; False (and nothing queued) if one is of a
+        type this client does not know."""
+        wanted = self._wanted
+        notes = []
+        for change in batch.changes:
+            if wanted is not None and not wanted(change.key):
+                continue
+            try:
+                kind = NotificationType(change.type)
+            except ValueError:
+                return False
+            n = Notification()
+            n._key, n._type, n._version_id = change.key, kind, change.version_id
+            n._key_range_end = change.key_range_last
+            notes.append(n)
+        for n in notes:
+            self._notifications.put(n)
+        return True
+
+    def _skipped(self, batch: Batch | Refused) -> None:
+        why = (batch.reason if isinstance(batch, Refused)
+               else "a change of a type this client does not know")
+        if batch.offset is None:  # nowhere to go on from: the stream is opened again
+            raise RuntimeError(f"an Oxia notification batch does not decode: {why}")
+        log.error("Oxia notification batch %s of shard %s skipped: %s; its changes are "
+                  "unknown, so every partition is looked at again", batch.offset,
+                  batch.shard, why)
+        self._resumed()
 
     def _watch(self, failed: threading.Event, leaders: dict[int, str]) -> None:
         """Until a stream ends, the client closes, or a shard has another leader."""
