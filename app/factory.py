@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from prometheus_fastapi_instrumentator import Instrumentator
-from prometheus_fastapi_instrumentator import metrics as http_metrics
 
 from app.auth.control import AccessControl, run_access_control
 from app.auth.exposure import announce
@@ -22,6 +21,7 @@ from app.routes import table
 from app.routes.access import AccessMiddleware
 from app.routes.errors import BodyLimitMiddleware, CloseWhileDraining, install_error_handlers
 from app.routes.hot_lane import HotLane
+from app.routes.http_series import HttpSeries
 from app.routes.models import ProduceRequest
 from app.routes.openapi import install_openapi
 from app.routes.openapi_auth import declare_bearer_auth, declare_metrics_token
@@ -96,7 +96,7 @@ def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
     )
     # Made here rather than by the middleware: the hot lane builds the middleware once
     # more per route, and each would register the same series again.
-    instrumentator.add(http_metrics.default(metric_namespace="llog", registry=state.registry))
+    instrumentator.add(HttpSeries(state.registry, namespace="llog"))
     instrumentator.instrument(app, metric_namespace="llog")
     app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
     # Outside the rest, so an oversized body is refused before anything reads it.

@@ -26,6 +26,7 @@ from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.routes.errors import BodyLimitMiddleware, install_error_handlers
 from app.routes.hot_lane import HotLane
+from app.routes.http_series import HttpSeries
 from app.routes.table import Route
 from app.telemetry.request_id import RequestIdMiddleware
 from tests.helpers.bodies import consume_body, produce_body
@@ -116,16 +117,19 @@ async def test_the_lane_keeps_the_edge_errors_and_metrics() -> None:
     assert _sample(registry, "t_http_response_size_bytes_count", handler="/produce") == 3
 
 
-def _app(registry: CollectorRegistry, *, lane: bool, **instrumentator: Any) -> FastAPI:
-    """The unit app, its metrics made by an Instrumentator given ``instrumentator``;
-    with ``lane``, POST /produce served by the hot lane, else by the framework's route."""
+def _app(registry: CollectorRegistry, *, lane: bool, series: bool = False,
+         **instrumentator: Any) -> FastAPI:
+    """The unit app, its metrics made by an Instrumentator given ``instrumentator``
+    (the instrumentator's ``default()`` series, or with ``series`` the app's own); with
+    ``lane``, POST /produce served by the hot lane, else by the framework's route."""
     app = FastAPI()
     install_error_handlers(app)
     app.router.routes.clear()
     routes = [Route(APIRoute("/produce", _answer, methods=["POST"]), lane=_answer)]
     app.router.routes.extend(row.route for row in routes)
     metrics = Instrumentator(registry=registry, **instrumentator)
-    metrics.add(http_metrics.default(metric_namespace="t", registry=registry))
+    metrics.add(HttpSeries(registry, namespace="t") if series
+                else http_metrics.default(metric_namespace="t", registry=registry))
     metrics.instrument(app, metric_namespace="t")
     app.add_middleware(BodyLimitMiddleware, max_bytes=100)
     if lane:
@@ -142,22 +146,42 @@ def _figures(registry: CollectorRegistry) -> dict[tuple[Any, ...], float]:
             and not (any(t in s.name for t in timed) and not s.name.endswith("_count"))}
 
 
+async def _recorded(registry: CollectorRegistry, app: FastAPI) -> dict[tuple[Any, ...], float]:
+    transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+    async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
+        for body in (b"abc", b"unknown", b"bug", b"x" * 101, b"abc"):
+            await client.post("/produce", content=body)
+        await client.get("/produce")  # 405, through the framework
+    return _figures(registry)
+
+
+@pytest.mark.parametrize("series", [False, True], ids=["default", "own series"])
 @pytest.mark.parametrize("options", [
     {"should_group_status_codes": False}, {"should_group_status_codes": True},
     {"excluded_handlers": ["/prod"]}], ids=["statuses", "grouped", "excluded"])
 async def test_the_lane_records_what_the_instrumentators_middleware_records(
-        options: dict[str, Any]) -> None:
+        options: dict[str, Any], series: bool) -> None:
     figures = []
     for lane in (True, False):
         registry = CollectorRegistry()
-        transport = httpx.ASGITransport(app=_app(registry, lane=lane, **options),
-                                        raise_app_exceptions=False)
-        async with httpx.AsyncClient(transport=transport, base_url="http://app") as client:
-            for body in (b"abc", b"unknown", b"bug", b"x" * 101, b"abc"):
-                await client.post("/produce", content=body)
-        figures.append(_figures(registry))
+        figures.append(await _recorded(registry, _app(registry, lane=lane, series=series,
+                                                      **options)))
     assert figures[0] == figures[1]
     assert any(figures[0].values()) != ("excluded_handlers" in options)
+
+
+async def test_the_apps_series_are_the_instrumentators_default_series() -> None:
+    """Names, help, labels, buckets and every figure of the same requests (the lane's
+    and the framework's), whichever of the two records them."""
+    mine, theirs = CollectorRegistry(), CollectorRegistry()
+    got = [await _recorded(mine, _app(mine, lane=True, series=True)),
+           await _recorded(theirs, _app(theirs, lane=True))]
+    assert got[0] == got[1] and got[0]
+    shapes = [{(f.name, f.documentation, f.type, tuple(sorted({
+        (s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k == "le")))
+        for s in f.samples}))) for f in r.collect() if f.name.startswith("t_http")}
+        for r in (mine, theirs)]
+    assert shapes[0] == shapes[1]
 
 
 @pytest.mark.parametrize("option", [{"should_round_latency_decimals": True},

@@ -44,6 +44,7 @@ from starlette.routing import request_response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.broker.loop_watchdog import ARRIVED, arrival_floor
+from app.routes.http_series import HttpSeries
 from app.routes.table import Handler, Route
 
 
@@ -154,6 +155,10 @@ class HttpMetrics:
         self.handler = handler
         self.instrumentations = instrumentations
         self.group_status_codes = group_status_codes
+        # The app's own series alone (app/routes/http_series.py): recorded directly,
+        # without the Info, request and headers objects built for an instrumentation.
+        only = instrumentations[0] if len(instrumentations) == 1 else None
+        self.series = only if isinstance(only, HttpSeries) else None
 
     @classmethod
     def standing_in(cls, entry: Middleware, route: str) -> Middleware | None:
@@ -190,12 +195,30 @@ class HttpMetrics:
         try:
             await self.app(scope, receive, observing_send)
         finally:
-            code = str(status)
-            info = Info(request=Request(scope), response=_Answer(headers),  # type: ignore[arg-type]
-                        method=scope["method"], modified_handler=self.handler,
-                        modified_status=code[0] + "xx" if self.group_status_codes else code,
-                        modified_duration=max(default_timer() - started, 0.0),
-                        modified_duration_without_streaming=max(
-                            (answered or started) - started, 0.0))
-            for instrumentation in self.instrumentations:
-                instrumentation(info)
+            self._record(scope, status, headers, started, answered)
+
+    def _record(self, scope: Scope, status: int, headers: list[tuple[bytes, bytes]],
+                started: float, answered: float | None) -> None:
+        code = str(status)
+        label = code[0] + "xx" if self.group_status_codes else code
+        duration = max(default_timer() - started, 0.0)
+        if self.series is not None:
+            self.series.record(self.handler, scope["method"], label,
+                               _content_length(scope["headers"]),
+                               _content_length(headers), duration)
+            return
+        info = Info(request=Request(scope), response=_Answer(headers),  # type: ignore[arg-type]
+                    method=scope["method"], modified_handler=self.handler,
+                    modified_status=label, modified_duration=duration,
+                    modified_duration_without_streaming=max(
+                        (answered or started) - started, 0.0))
+        for instrumentation in self.instrumentations:
+            instrumentation(info)
+
+
+def _content_length(headers: Sequence[tuple[bytes, bytes]]) -> int:
+    """A Content-Length among raw ASGI headers, as ``Headers.get`` finds it (0 if none)."""
+    for name, value in headers:
+        if name.lower() == b"content-length":
+            return int(value)
+    return 0
