@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
+import anyio.abc
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -282,6 +283,64 @@ async def _until_counted(client: httpx.AsyncClient, name: str, **labels: str) ->
             if _counter((await client.get("/metrics/prometheus")).text, name, **labels):
                 return
             await anyio.sleep(0.05)
+
+
+async def test_a_broker_that_stops_answers_the_frames_it_took_before_it_goes(
+        stack: LocalStack) -> None:
+    """Broker a forwards ten keyed records to b, whose object store is held, and b is
+    stopped while its flush of them waits on the PUT: b refuses new frames, its last
+    flushes commit what it took, and it answers those frames before its listener goes,
+    so a answers the records written, at b's offsets. Before, b's shutdown cut the
+    frame's connection as its flush committed the records: a answered them in doubt,
+    and a client's resend could be a second copy (the history checker found one, a
+    broker restarted under a forward)."""
+    prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
+    host, port = httpx.URL(stack.s3_endpoint).host, httpx.URL(stack.s3_endpoint).port
+    assert port is not None
+    stop_b = anyio.Event()
+
+    async def run_b(proxy_url: str, *, task_status: anyio.abc.TaskStatus[FastAPI]) -> None:
+        async with _broker(stack, prefix, "b", s3_endpoint=proxy_url) as (app_b, _):
+            task_status.started(app_b)
+            await stop_b.wait()  # then b stops, in the task that started it
+
+    with anyio.fail_after(120):
+        async with holding_proxy(host, port) as proxy, \
+                _broker(stack, prefix, "a", forward_answer_timeout_ms=60_000) as (app_a, a), \
+                anyio.create_task_group() as tg:
+            app_b = await tg.start(run_b, proxy.url)
+            await _sees(app_a, 2)
+            view = app_a.state.broker.membership.view()
+            p = next(p for p in range(PARTITIONS)
+                     if view.preferred(TopicPartition(topic, p)).member_id == "b.w0")
+            await _produce_keyed(a, topic, p, ["warm-up"])  # connected, the topic exists
+            proxy.hold()
+            first = [f"first-{i}" for i in range(10)]
+            answered: list[dict[str, Any]] = []
+            async with anyio.create_task_group() as requests:
+                async def produce() -> None:
+                    answered.extend(await _produce_keyed(a, topic, p, first))
+
+                requests.start_soon(produce)
+                await anyio.to_thread.run_sync(proxy.holding.wait, 60)  # b's flush waits
+                stop_b.set()  # b stops with the frame in its flush
+                await _until_stopping(app_b)
+                proxy.release()
+            values = await _read_all(a, topic, p)
+            text_a = (await a.get("/metrics/prometheus")).text
+    assert all(r["ok"] for r in answered), answered
+    assert values == ["warm-up", *first]
+    assert _counter(text_a, "llog_affinity_groups", route="forwarded") >= len(first)
+    assert _counter(text_a, "llog_affinity_groups", route="in_doubt") == 0
+
+
+async def _until_stopping(app: FastAPI) -> None:
+    """Until the broker's shutdown has begun (its state says so: polled, bounded)."""
+    with anyio.fail_after(WAIT_S):
+        while True:
+            if app.state.broker.status == "stopping":
+                return
+            await anyio.sleep(0.01)
 
 
 async def _produce_keyed(client: httpx.AsyncClient, topic: str, partition: int,

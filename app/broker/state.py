@@ -121,6 +121,7 @@ class BrokerState:
     # "host:port" of this worker's forward listener once it listens ("": none); the
     # member record announces it (set it with set_forward_address).
     forward_address: str = ""
+    forward_server: ForwardServer | None = None  # with affinity on and the write role
     # With LLOG_AFFINITY=forward: sends each produce group to its partition's preferred
     # member (app/cluster/router.py); produce appends through :meth:`append`.
     router: AffinityRouter | None = None
@@ -307,8 +308,13 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                 finally:
                     state.status = "stopping"
                     await _stop_cluster(state)
+                    forwarded = state.forward_server
+                    if forwarded is not None:  # refuses new frames from here on
+                        forwarded.close()
                     if state.batcher is not None:
                         state.batcher.close()  # flush what is buffered, answer every waiter
+                    if forwarded is not None:
+                        await _answer_forwarded(forwarded)
                     background.cancel_scope.cancel()
 
 
@@ -470,6 +476,7 @@ async def _serve_forwarded(state: BrokerState, fences: ForwardFences, secret: st
     with anyio.fail_after(30):
         await tg.start(_watched, state, server.run)
     stack.callback(server.close)
+    state.forward_server = server  # closed first at shutdown, and its frames answered
     return server
 
 
@@ -482,6 +489,14 @@ async def _stop_cluster(state: BrokerState) -> None:
     router.close()
     with anyio.move_on_after(FORWARD_DRAIN_S, shield=True):
         await router.stopped.wait()
+
+
+async def _answer_forwarded(server: ForwardServer) -> None:
+    """Until every frame the forward server took is answered, as the batcher's last
+    flushes commit them (bounded): a frame cut off unanswered leaves its forwarder in
+    doubt, and its client sends again what may well be committed already."""
+    with anyio.move_on_after(FORWARD_DRAIN_S, shield=True):
+        await server.stopped.wait()
 
 
 async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> None:

@@ -90,12 +90,19 @@ class ForwardServer:
         self._metrics = metrics
         self._peers: set[_Peer] = set()
         self._closing = anyio.Event()
+        self.stopped = anyio.Event()  # run() has returned: every APPEND read was answered
         self.address = ""  # host:port, known once run() has started listening
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """Listen and serve until :meth:`close`; returns once every APPEND read has been
-        answered and every connection closed."""
+        answered and every connection closed (then :attr:`stopped` is set)."""
+        try:
+            await self._run(task_status)
+        finally:
+            self.stopped.set()
+
+    async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         async with anyio.create_task_group() as tg:
             # A coroutine, so asyncio runs it as a task: anyio asks sniffio which event
             # loop runs, and sniffio knows only inside a task (a plain callback of the
