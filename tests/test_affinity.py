@@ -18,6 +18,7 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.broker import state as broker_state
 from app.broker.state import BrokerState
 from app.factory import create_app
 from app.localstack.processes import free_port
@@ -285,15 +286,19 @@ async def _until_counted(client: httpx.AsyncClient, name: str, **labels: str) ->
             await anyio.sleep(0.05)
 
 
+@pytest.mark.parametrize("held_s", [0.0, 1.0], ids=["released", "held-past-the-bound"])
 async def test_a_broker_that_stops_answers_the_frames_it_took_before_it_goes(
-        stack: LocalStack) -> None:
+        stack: LocalStack, monkeypatch: pytest.MonkeyPatch, held_s: float) -> None:
     """Broker a forwards ten keyed records to b, whose object store is held, and b is
-    stopped while its flush of them waits on the PUT: b refuses new frames, its last
+    stopped while its flush of them waits on the PUT: b reads no new frames, its last
     flushes commit what it took, and it answers those frames before its listener goes,
-    so a answers the records written, at b's offsets. Before, b's shutdown cut the
-    frame's connection as its flush committed the records: a answered them in doubt,
-    and a client's resend could be a second copy (the history checker found one, a
-    broker restarted under a forward)."""
+    so a answers the records written, at b's offsets; also when the store is held for
+    longer than b gives its answers to go out (shortened here to 0.2 s), which counts
+    from the end of its last flush. Before, b's shutdown cut the frame's connection as
+    its flush committed the records: a answered them in doubt, and a client's resend
+    could be a second copy (the history checker found one, a broker restarted under a
+    forward)."""
+    monkeypatch.setattr(broker_state, "FORWARD_DRAIN_S", 0.2)
     prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
     host, port = httpx.URL(stack.s3_endpoint).host, httpx.URL(stack.s3_endpoint).port
     assert port is not None
@@ -325,6 +330,7 @@ async def test_a_broker_that_stops_answers_the_frames_it_took_before_it_goes(
                 await anyio.to_thread.run_sync(proxy.holding.wait, 60)  # b's flush waits
                 stop_b.set()  # b stops with the frame in its flush
                 await _until_stopping(app_b)
+                await anyio.sleep(held_s)  # the store stays slow past the bound
                 proxy.release()
             values = await _read_all(a, topic, p)
             text_a = (await a.get("/metrics/prometheus")).text

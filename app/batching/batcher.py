@@ -290,6 +290,7 @@ class Batcher:
         self._wakeup = anyio.Event()
         self._state = BatcherState.OPEN
         self._failure: BaseException | None = None
+        self.finished = anyio.Event()  # run() has returned, however it ended
 
     @property
     def state(self) -> BatcherState:
@@ -373,6 +374,12 @@ class Batcher:
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
                   ) -> None:
         """The flusher loop; returns after :meth:`close` once everything is answered."""
+        try:
+            await self._run(task_status)
+        finally:
+            self.finished.set()
+
+    async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         try:
             async with anyio.create_task_group() as tg:
                 task_status.started()

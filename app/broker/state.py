@@ -91,7 +91,8 @@ log = logging.getLogger(__name__)
 
 # A peer whose forward listener could not be reached is passed over for this long.
 FORWARD_SUSPECT_S = 2.0
-# At shutdown, how long the lanes may take to hand what they hold to their peers.
+# At shutdown, how long the lanes may take to hand what they hold to their peers, and
+# the forward listener to send its last answers once the batcher has committed them.
 FORWARD_DRAIN_S = 10.0
 
 
@@ -314,7 +315,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                     if state.batcher is not None:
                         state.batcher.close()  # flush what is buffered, answer every waiter
                     if forwarded is not None:
-                        await _answer_forwarded(forwarded)
+                        await _answer_forwarded(forwarded, state.batcher)
                     background.cancel_scope.cancel()
 
 
@@ -491,10 +492,14 @@ async def _stop_cluster(state: BrokerState) -> None:
         await router.stopped.wait()
 
 
-async def _answer_forwarded(server: ForwardServer) -> None:
-    """Until every frame the forward server took is answered, as the batcher's last
-    flushes commit them (bounded): a frame cut off unanswered leaves its forwarder in
-    doubt, and its client sends again what may well be committed already."""
+async def _answer_forwarded(server: ForwardServer, batcher: Batcher | None) -> None:
+    """Until every frame the forward server took is answered: once the batcher's last
+    flushes have committed them (however long they take: shutdown waits for the batcher
+    anyway), the answers have FORWARD_DRAIN_S to go out. A frame cut off unanswered
+    leaves its forwarder in doubt, and its client sends again what may well be committed
+    already."""
+    if batcher is not None:
+        await batcher.finished.wait()
     with anyio.move_on_after(FORWARD_DRAIN_S, shield=True):
         await server.stopped.wait()
 
