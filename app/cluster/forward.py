@@ -83,8 +83,6 @@ class ForwardUnknown(Exception):
         self.late = late
 
 
-
-
 class LateAnswer:
     """The peer's answer to a frame that timed out, should it still come.
 

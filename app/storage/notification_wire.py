@@ -60,53 +60,34 @@ class Refused(NamedTuple):
 
 def read_batch(data: bytes) -> Batch | Refused:
     """:func:`parse_batch`, or :class:`Refused` for bytes that are not a batch."""
+    head: list[int | None] = [None, None]  # the shard and offset, once read
     try:
-        return parse_batch(data)
+        return _parse(data, head)
     except MalformedBatch as exc:
-        shard, offset = _head(data)
-        return Refused(shard, offset, str(exc))
+        return Refused(head[0], head[1], str(exc))
 
 
 def parse_batch(data: bytes) -> Batch:
     """A ``NotificationBatch``'s shard, offset and changes, in the order sent."""
-    shard = offset = 0
+    return _parse(data, [None, None])
+
+
+def _parse(data: bytes, head: list[int | None]) -> Batch:
+    """:func:`parse_batch`, noting the shard and offset in ``head`` as they are read."""
     changes: list[Change] = []
     pos, end = 0, len(data)
     while pos < end:
         tag, pos = _varint(data, pos, end)
         field, wire = tag >> 3, tag & 7
-        if field == 1 and wire == _VARINT:
-            shard, pos = _varint(data, pos, end)
-            shard = _signed(shard)
-        elif field == 2 and wire == _VARINT:
-            offset, pos = _varint(data, pos, end)
-            offset = _signed(offset)
+        if field in (1, 2) and wire == _VARINT:
+            value, pos = _varint(data, pos, end)
+            head[field - 1] = _signed(value)
         elif field == 4 and wire == _LENGTH:
             start, pos = _span(data, pos, end)
             changes.append(_change(data, start, pos))
         else:
             pos = _skip(data, pos, end, wire)
-    return Batch(shard, offset, changes)
-
-
-def _head(data: bytes) -> tuple[int | None, int | None]:
-    """The shard and offset of a batch, as far as they can be read."""
-    shard = offset = None
-    pos, end = 0, len(data)
-    try:
-        while pos < end and (shard is None or offset is None):
-            tag, pos = _varint(data, pos, end)
-            if tag == (1 << 3 | _VARINT):
-                value, pos = _varint(data, pos, end)
-                shard = _signed(value)
-            elif tag == (2 << 3 | _VARINT):
-                value, pos = _varint(data, pos, end)
-                offset = _signed(value)
-            else:
-                pos = _skip(data, pos, end, tag & 7)
-    except MalformedBatch:
-        pass
-    return shard, offset
+    return Batch(head[0] or 0, head[1] or 0, changes)
 
 
 def _change(data: bytes, pos: int, end: int) -> Change:
