@@ -321,6 +321,28 @@ class CommitInDoubt(AppendError):
     maybe_written = True
 
 
+class OutOfOrderSequence(AppendError):
+    """The producer's group is not the next of its sequence for the partition: an
+    earlier one is not committed yet (nothing was written; send the earlier groups
+    first, then this one again)."""
+
+    retriable = True
+
+
+class UnknownProducer(AppendError):
+    """The partition does not remember the producer, and the group's sequence is not 0:
+    the producer was forgotten (many other producers appended since its last group), so
+    a repeat cannot be told from a new group. Nothing was written; the producer starts
+    a new sequence under a new producer id."""
+
+
+class DuplicateSequence(AppendError):
+    """The producer's group was committed before, longer ago than the partition
+    remembers where: not written again, and its offsets cannot be answered."""
+
+    maybe_written = True
+
+
 # -- internal signals --------------------------------------------------------------------
 
 

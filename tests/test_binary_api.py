@@ -20,6 +20,7 @@ from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.routes import produce_body
 from app.storage import codec, columnar
+from app.storage.appends import ProducerSeq
 from app.storage.log_record import LogRecord
 from app.wire import produce as llp1
 from app.wire import records as llr1
@@ -102,24 +103,41 @@ async def test_a_binary_answer_carries_errors_as_json(stack: LocalStack, topic: 
         assert isinstance(empty, llr1.Records) and empty.records == []
 
 
-def _entry(topic: str, body: bytes, code: int = 3, partition: int = 0, key: bytes = b""
-           ) -> bytes:
+def _entry(topic: str, body: bytes, code: int = 3, partition: int = 0, key: bytes = b"",
+           producer: bytes | None = None) -> bytes:
+    """An LLP1 entry; with ``producer`` (its bytes after the key), an LLP2 one."""
     raw = topic.encode()
     return (len(raw).to_bytes(2, "big") + raw + partition.to_bytes(4, "big", signed=True)
-            + len(key).to_bytes(1, "big") + key + code.to_bytes(1, "big")
+            + len(key).to_bytes(1, "big") + key + (producer or b"") + code.to_bytes(1, "big")
             + len(body).to_bytes(4, "big") + body)
 
 
 GOOD = columnar.encode([b"r"])
 
 
-def _envelope(*entries: bytes, count: int | None = None) -> bytes:
+def _envelope(*entries: bytes, count: int | None = None, magic: bytes = b"LLP1") -> bytes:
     n = len(entries) if count is None else count
-    return b"LLP1" + n.to_bytes(4, "big") + b"".join(entries)
+    return magic + n.to_bytes(4, "big") + b"".join(entries)
+
+
+def _sequenced(*entries: bytes) -> bytes:
+    return _envelope(*entries, magic=b"LLP2")
+
+
+def _producer(pid: bytes, seq: int) -> bytes:
+    return len(pid).to_bytes(1, "big") + pid + seq.to_bytes(8, "big")
 
 
 @pytest.mark.parametrize("envelope, why", [
-    (b"LLP2" + bytes(4), "starts with"),
+    (b"LLP3" + bytes(4), "starts with"),
+    (_sequenced(_entry("t", GOOD, producer=_producer(b"has space", 0))), "producer id"),
+    (_sequenced(_entry("t", GOOD, producer=_producer(b"p", 2**53))), "sequence is at most"),
+    (_sequenced(_entry("t", GOOD, partition=-1, producer=_producer(b"p", 0))),
+     "names its partition"),
+    (_sequenced(_entry("t", GOOD, key=b"k", producer=_producer(b"p", 0))),
+     "no idempotency key"),
+    (_sequenced(_entry("t", GOOD, producer=_producer(b"p", 0)))[:-(len(GOOD) + 8)],
+     "ends inside"),
     (_envelope(), "at least one entry"),
     (_envelope(_entry("t", GOOD), count=2), "ends inside"),
     (_envelope(_entry("t", GOOD)) + b"x", "after the last entry"),
@@ -172,7 +190,8 @@ _RECORD = st.one_of(
     st.dictionaries(st.sampled_from(["value", "key", "headers", "timestamp_ms", "other"]),
                     _VALUE, max_size=4))
 _ENTRY = st.dictionaries(
-    st.sampled_from(["topic", "partition", "records", "idempotency_key", "other"]),
+    st.sampled_from(["topic", "partition", "records", "idempotency_key", "producer_id",
+                     "sequence", "other"]),
     st.one_of(_VALUE, st.lists(_TEXT, max_size=3), st.lists(_VALUE, max_size=2)),
     max_size=5)
 _DOCS = st.one_of(
@@ -182,6 +201,16 @@ _DOCS = st.one_of(
         "records": st.lists(_TEXT, min_size=1, max_size=3)},
         optional={"partition": st.integers(0, 3) | st.none(),
                   "idempotency_key": st.sampled_from(["k1", "x" * 128, "x" * 129, "é"])}),
+        max_size=3)}),
+    st.fixed_dictionaries({"topic_partitions": st.lists(st.fixed_dictionaries({
+        "topic": st.sampled_from(["t", "orders.v2"]),
+        "records": st.lists(_TEXT, min_size=1, max_size=3)},
+        optional={"partition": st.sampled_from([0, 3, None, -1, "0"]),
+                  "idempotency_key": st.sampled_from(["k1", None]),
+                  "producer_id": st.sampled_from(["p-1", "x" * 100, "x" * 101, "é", "", 5,
+                                                  None]),
+                  "sequence": st.sampled_from([0, 7, -1, 2**53 - 1, 2**53, 1.0, True, None,
+                                               "1"])}),
         max_size=3)}),
     st.fixed_dictionaries({"topic_partitions": st.lists(st.fixed_dictionaries({
         "topic": st.just("t"), "records": st.lists(st.one_of(_TEXT, _RECORD),
@@ -194,7 +223,8 @@ def _model(body: bytes) -> list[tuple[Any, ...]] | None:
         entries = produce_body._through_model(body)
     except RequestValidationError:
         return None
-    return [(e.topic, e.partition, e.idempotency_key, list(e.records)) for e in entries]
+    return [(e.topic, e.partition, e.idempotency_key, list(e.records), e.producer)
+            for e in entries]
 
 
 @settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -206,7 +236,7 @@ def test_the_fast_path_accepts_exactly_what_the_model_accepts(doc: Any) -> None:
     if fast is None:
         return  # it stepped aside: the model decides
     assert expected is not None, f"the fast path accepted what the model refuses: {doc}"
-    assert [(e.topic, e.partition, e.idempotency_key, list(e.records))
+    assert [(e.topic, e.partition, e.idempotency_key, list(e.records), e.producer)
             for e in fast] == expected
 
 
@@ -227,8 +257,24 @@ def test_record_objects_with_text_fields_take_the_fast_path() -> None:
     body = json.dumps(doc).encode()
     fast = produce_body._fast(json.loads(body))
     assert fast is not None, "record objects of text fields went through the model"
-    assert [(e.topic, e.partition, e.idempotency_key, list(e.records))
+    assert [(e.topic, e.partition, e.idempotency_key, list(e.records), e.producer)
             for e in fast] == _model(body)
     # A base64 field is the model's to decode.
     doc["topic_partitions"][0]["records"].append({"value": {"base64": "AAE="}})
     assert produce_body._fast(doc) is None
+
+
+def test_an_llp2_envelope_carries_each_entrys_producer() -> None:
+    """Built and read back: producers where given, none elsewhere; LLP1 when no entry
+    has one (a receiver of the earlier version reads it)."""
+    body = codec.encode_batch([b"x"])
+    entries = [("t", 0, None, body, codec.ENCODING_V1), ("t", 1, "k", body, codec.ENCODING_V1)]
+    seq = ProducerSeq("p-1", 2**53 - 1)
+    sequenced = llp1.build(entries, [seq, None])
+    assert sequenced.startswith(b"LLP2")
+    first, second = llp1.parse(sequenced, max_entries=10)
+    assert (first.producer, first.idempotency_key) == (seq, None)
+    assert (second.producer, second.idempotency_key) == (None, "k")
+    plain = llp1.build(entries, [None, None])
+    assert plain.startswith(b"LLP1") and plain == llp1.build(entries)
+    assert [e.producer for e in llp1.parse(plain, max_entries=10)] == [None, None]

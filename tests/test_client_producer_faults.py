@@ -61,7 +61,7 @@ class Attempt:
     url: str
     topic: str
     partition: int  # as sent: -1 when the broker places it by key
-    key: str  # the idempotency key
+    key: str  # the idempotency key, or the producer id and sequence
     values: list[bytes]
     record_keys: list[bytes | None]
     number: int  # the how-manieth attempt of this idempotency key
@@ -127,7 +127,11 @@ class FakeBroker:
         attempts = []
         for entry in wire_produce.parse(request.content, 1000):
             records = entry.records.decoded()
-            key = entry.idempotency_key or ""
+            # What makes a retry the same entry: its producer sequence, or (placed by
+            # key) its idempotency key; the fake dedupes either by its key window.
+            key = (f"{entry.topic}:{entry.partition}:{entry.producer.producer_id}#"
+                   f"{entry.producer.sequence}"
+                   if entry.producer is not None else entry.idempotency_key or "")
             self.numbers[key] += 1
             attempts.append(Attempt(
                 f"{request.url.scheme}://{request.url.host}", entry.topic,

@@ -37,7 +37,7 @@ from app.errors import (
     Unavailable,
 )
 from app.localstack.processes import free_port
-from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
+from app.storage.appends import AppendGroup, AppendOutcome, AppendResult, ProducerSeq
 from app.storage.batch import RecordBatch
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord
@@ -154,6 +154,15 @@ async def test_an_append_frame_carries_the_groups_bodies_as_they_are() -> None:
     assert [(g.tp, g.idempotency_key) for g in parsed] == [(A, "key-1"), (B, None)]
     assert _values(parsed[0]) == [b"one", b"two"]
     assert list(parsed[1].records) == [LogRecord(b"v", key=b"k", headers=(("h", b"x"),))]
+
+
+async def test_an_append_frame_carries_each_groups_producer_sequence() -> None:
+    groups = [AppendGroup(A, [b"x"], producer=ProducerSeq("p-1", 41)), AppendGroup(B, [b"y"]),
+              AppendGroup(A, [b"z"], producer=ProducerSeq("p-1", 42))]
+    got = await _read(frames.append(3, 150, 13_300, Fence(1, "m.w0.c0ffee.7"), groups))
+    parsed = frames.parse_append_groups(got.payload, frames.parse_append_head(got.payload))
+    assert [(g.tp, g.producer) for g in parsed] == [
+        (A, ProducerSeq("p-1", 41)), (B, None), (A, ProducerSeq("p-1", 42))]
 
 
 async def test_results_rebuild_each_outcome_as_it_was() -> None:

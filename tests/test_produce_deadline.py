@@ -25,7 +25,6 @@ from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.oxia_store import PutSpec
 from llog_client import ProduceExpired as ClientProduceExpired
 from llog_client._config import COMMIT_DEADLINE_HEADER, ClientConfig
 from llog_client._errors import LlogError as ClientLlogError
@@ -33,6 +32,7 @@ from llog_client._errors import _leaves
 from llog_client._ops import Send
 from llog_client._retry import ProduceLimits, RetryPolicy
 from tests.helpers.bodies import produce_body
+from tests.helpers.held_commits import hold_first_commit
 from tests.helpers.stack import Engine, open_engine
 from tests.test_routes import running_app
 
@@ -124,23 +124,6 @@ async def test_a_resend_after_the_deadline_lands_once_however_late_the_first_upl
     assert len(records) == WINDOW + 3
 
 
-def _hold_first_commit(e: Engine, held: anyio.Event, release: anyio.Event) -> None:
-    """``e``'s writer's first commit request waits for ``release`` on its way to Oxia
-    (``held`` says it is there: the control version it expects was read)."""
-    real = e.oxia.put_group
-
-    async def put_group(puts: list[PutSpec]) -> list[int | Exception]:
-        last = puts[-1]
-        commit = (last.key.endswith("/meta/control") and last.expected_version is not None
-                  and last.expected_version >= 0)
-        if commit and not held.is_set():
-            held.set()
-            await release.wait()
-        return await real(puts)
-
-    e.oxia.put_group = put_group  # type: ignore[method-assign]
-
-
 @pytest.mark.parametrize(("before", "after"), [(0, WINDOW), (WINDOW, WINDOW - 1)],
                          ids=["forgotten", "remembered"])
 async def test_a_commit_that_lost_to_its_key_never_appends_it_once_the_key_may_be_forgotten(
@@ -160,7 +143,7 @@ async def test_a_commit_that_lost_to_its_key_never_appends_it_once_the_key_may_b
     held, release, answers = anyio.Event(), anyio.Event(), []
     async with open_engine(settings) as b, anyio.create_task_group() as tg:
         await b.writer.ensure_partition(tp)
-        _hold_first_commit(b, held, release)
+        hold_first_commit(b, held, release)
 
         async def append_on_b() -> None:
             answers.extend(await b.writer.append_shared(

@@ -140,7 +140,8 @@ async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory,
         if where.max_record_bytes is not None:
             _check_records(entry.topic, entry.records, s, where.max_record_bytes)
         groups.append(AppendGroup(where.tp, entry.records, entry.idempotency_key,
-                                  where.compression, commit_by=commit_by))
+                                  where.compression, commit_by=commit_by,
+                                  producer=entry.producer))
     return groups
 
 

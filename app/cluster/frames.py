@@ -195,7 +195,7 @@ def append(frame_id: int, deadline_ms: int, window_ms: int, fence: Fence,
     if not is_fence_token(fence.token):
         raise ValueError(f"a fence token {fence.token!r} that cannot name a fence key")
     token = fence.token.encode("ascii")
-    entries = []
+    entries: list[envelope.BuildEntry] = []
     for g in groups:
         batch = RecordBatch.of(g.records)
         entries.append((g.tp.topic, g.tp.partition, g.idempotency_key, batch.body,
@@ -203,7 +203,7 @@ def append(frame_id: int, deadline_ms: int, window_ms: int, fence: Fence,
     return frame(FrameType.APPEND,
                  _APPEND.pack(frame_id, _u32(deadline_ms), _u32(window_ms),
                               fence.sent_at_ms, len(token)), token,
-                 *envelope.build_parts(entries))
+                 *envelope.build_parts(entries, [g.producer for g in groups]))
 
 
 def _u32(ms: int) -> int:
@@ -238,7 +238,7 @@ def parse_append_groups(payload: bytes, head: AppendHead) -> list[AppendGroup]:
         if e.partition is None:
             raise InvalidRequest(f"a forwarded entry of {e.topic} without its partition")
         groups.append(AppendGroup(TopicPartition(e.topic, e.partition), e.records,
-                                  e.idempotency_key))
+                                  e.idempotency_key, producer=e.producer))
     return groups
 
 

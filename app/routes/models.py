@@ -30,6 +30,7 @@ from typing_extensions import TypeAliasType
 
 from app.routes.error_types import ErrorType
 from app.settings import MAX_PARTITIONS_PER_REQUEST_CEILING
+from app.storage.appends import ProducerSeq
 from app.storage.compression import ZSTD_MAX_LEVEL, ZSTD_MIN_LEVEL
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
@@ -41,6 +42,7 @@ from app.storage.names import (
     NAME_PATTERN,
     NAME_RULE,
 )
+from app.wire.produce import PRODUCER_RULE
 
 # An answer's field that is left out when it does not apply: answers are sent without
 # their None fields, so the document says "optional", never "null".
@@ -51,6 +53,14 @@ IdempotencyKey = Annotated[StrictStr, Field(
                 "the same key for the same partition is answered with the first "
                 "attempt's offsets and writes nothing (see docs/http-api.md)",
     examples=["order-4711"])]
+
+ProducerId = Annotated[StrictStr, Field(
+    min_length=1, max_length=IDEMPOTENCY_KEY_MAX_CHARS, pattern=IDEMPOTENCY_KEY_PATTERN,
+    description=f"{IDEMPOTENCY_KEY_RULE}, chosen by the client once for its life (a "
+                "random id): with sequence, the partition answers a repeat of the "
+                "producer's entry with its first offsets and keeps the producer's entries "
+                "in order (see docs/http-api.md, Idempotent producers)",
+    examples=["7f3c9a0e5b2d4c18"])]
 
 TopicName = Annotated[
     StrictStr,
@@ -230,8 +240,26 @@ class ProduceTopicPartition(_Strict):
         "modulo the topic's partition count"))
     records: list[ProduceRecord] = Field(min_length=1, examples=[["alpha", {"base64": "AAE="}]])
     idempotency_key: IdempotencyKey | None = None
+    producer_id: ProducerId | None = None
+    sequence: int | None = Field(default=None, ge=0, le=MAX_SAFE_INTEGER, description=(
+        "with producer_id: this entry's number in the producer's sequence for the "
+        "partition, 0 for its first entry and one more for each after it"))
 
     _topic = field_validator("topic")(_check_topic)
+
+    @model_validator(mode="after")
+    def _sequenced(self) -> Self:
+        if (self.producer_id is None) != (self.sequence is None):
+            raise ValueError("producer_id and sequence come together")
+        if self.producer_id is not None and (self.partition is None
+                                             or self.idempotency_key is not None):
+            raise ValueError(PRODUCER_RULE)
+        return self
+
+    def producer(self) -> ProducerSeq | None:
+        if self.producer_id is None or self.sequence is None:
+            return None
+        return ProducerSeq(self.producer_id, self.sequence)
 
     @field_validator("records")
     @classmethod

@@ -21,6 +21,7 @@ from starlette.requests import Request
 
 from app.routes.json_body import invalid_body
 from app.routes.models import MAX_SAFE_INTEGER, ProduceRequest
+from app.storage.appends import ProducerSeq
 from app.storage.batch import RecordBatch
 from app.storage.keys import MAX_PARTITION
 from app.storage.log_record import LogRecord, Payload
@@ -30,6 +31,7 @@ from app.wire import produce as wire
 from app.wire.produce import Entry
 
 _ENTRY_FIELDS = frozenset({"topic", "partition", "records", "idempotency_key"})
+_SEQUENCED_FIELDS = frozenset({"topic", "partition", "records", "producer_id", "sequence"})
 _RECORD_FIELDS = frozenset({"value", "key", "headers", "timestamp_ms"})
 _MAX_TIMESTAMP = MAX_SAFE_INTEGER
 _MAX_HEADER_NAME = 256
@@ -72,8 +74,13 @@ def _fast(doc: Any) -> list[Entry] | None:
         return None
     out = []
     for e in raw:
-        if type(e) is not dict or not e.keys() <= _ENTRY_FIELDS:
+        if type(e) is not dict:
             return None
+        producer = None
+        if not e.keys() <= _ENTRY_FIELDS:
+            producer = _producer(e)
+            if producer is None:
+                return None
         topic, partition = e.get("topic"), e.get("partition")
         key, records = e.get("idempotency_key"), e.get("records")
         if (type(topic) is not str or not is_name(topic)
@@ -90,10 +97,23 @@ def _fast(doc: Any) -> list[Entry] | None:
             payloads = _payloads(records)
             if payloads is None:
                 return None
-            out.append(Entry(topic, partition, key, RecordBatch.of(payloads)))
+            out.append(Entry(topic, partition, key, RecordBatch.of(payloads), producer))
             continue
-        out.append(Entry(topic, partition, key, RecordBatch.of_values(values)))
+        out.append(Entry(topic, partition, key, RecordBatch.of_values(values), producer))
     return out
+
+
+def _producer(e: dict[str, Any]) -> ProducerSeq | None:
+    """The producer sequence of an entry with exactly the sequenced fields, all of the
+    common shape; None for anything else (the model decides)."""
+    if e.keys() != _SEQUENCED_FIELDS:
+        return None
+    producer_id, sequence = e["producer_id"], e["sequence"]
+    if (type(e["partition"]) is not int
+            or type(producer_id) is not str or not is_idempotency_key(producer_id)
+            or type(sequence) is not int or not 0 <= sequence <= MAX_SAFE_INTEGER):
+        return None
+    return ProducerSeq(producer_id, sequence)
 
 
 def _payloads(records: list[Any]) -> list[Payload] | None:
@@ -153,5 +173,6 @@ def _through_model(body: bytes) -> list[Entry]:
         request = ProduceRequest.model_validate(doc)
     except ValidationError as exc:
         raise invalid_body(exc) from None
-    return [Entry(e.topic, e.partition, e.idempotency_key, RecordBatch.of(e.payloads()))
+    return [Entry(e.topic, e.partition, e.idempotency_key, RecordBatch.of(e.payloads()),
+                  e.producer())
             for e in request.topic_partitions]

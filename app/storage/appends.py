@@ -19,12 +19,25 @@ from app.storage.log_record import Payload
 
 
 @dataclass(frozen=True)
+class ProducerSeq:
+    """Where a group stands in its producer's sequence for its partition: the producer's
+    id (the client's, stable while it runs) and the group's number, 0 for the
+    producer's first group to the partition, one more for each after it (docs/protocol.md,
+    Idempotent producers)."""
+
+    producer_id: str
+    sequence: int
+
+
+@dataclass(frozen=True)
 class AppendGroup:
     """Records for one partition.
 
     ``idempotency_key`` makes the group's append happen at most once while the key is
     remembered (see docs/protocol.md, Idempotent appends): a repeat answers the first
-    append's offsets with ``duplicate`` set instead of writing again.
+    append's offsets with ``duplicate`` set instead of writing again. ``producer`` does
+    the same by the producer's sequence, and keeps the producer's groups in order
+    (Idempotent producers); a group carries one of the two at most.
 
     ``compression``: how the topic stores its appends, as the caller's cached catalog
     record says (the writer reads no topic record of its own).
@@ -46,6 +59,13 @@ class AppendGroup:
     compression: Compression = NO_COMPRESSION
     commit_by: float | None = None
     expired_as: type[LlogError] = ProduceExpired
+    producer: ProducerSeq | None = None
+
+    @property
+    def identity(self) -> str | ProducerSeq | None:
+        """What makes a repeat of this group the same append: its idempotency key or its
+        place in its producer's sequence."""
+        return self.idempotency_key if self.producer is None else self.producer
 
     def due_by(self, commit_by: float | None, expired_as: type[LlogError]) -> AppendGroup:
         """This group with a further deadline: the earlier of the two holds, answered as

@@ -24,7 +24,8 @@ class _Member:
 
 @dataclass(frozen=True)
 class _Echo:
-    """A group repeating the idempotency key of an earlier one (``original``, an index)."""
+    """A group repeating the idempotency key, or the producer sequence, of an earlier one
+    (``original``, an index)."""
 
     original: int
     group: AppendGroup
@@ -40,7 +41,9 @@ class PartitionAppend:
     original's commit was sent), by group index. ``keys_absent_through``: the sequence
     counter through which a commit of these groups found none of their keys committed
     (None before any read), carried to the next upload round so that its commit knows
-    from where on a key it does not find may have been forgotten."""
+    from where on a key it does not find may have been forgotten; ``evictions_seen``:
+    the partition's count of forgotten producers at that read, for the same question
+    about a producer."""
 
     tp: TopicPartition
     members: list[_Member] = field(default_factory=list)
@@ -49,12 +52,13 @@ class PartitionAppend:
     uploads: int = 1
     detached: dict[int, AppendOutcome] = field(default_factory=dict)
     keys_absent_through: int | None = None
+    evictions_seen: int | None = None
 
     def add(self, index: int, group: AppendGroup) -> None:
-        key = group.idempotency_key
+        key = group.identity
         if key is not None:
             for m in self.members:
-                if m.group.idempotency_key == key:
+                if m.group.identity == key:
                     self.echoes[index] = _Echo(m.index, group)
                     return
         self.members.append(_Member(index, group, self.size))
@@ -115,7 +119,8 @@ class PartitionAppend:
         Another upload round, ``counted`` against the writer's limit unless it answers
         groups that cannot come back (in doubt: every keyed group at once)."""
         rest = PartitionAppend(self.tp, uploads=self.uploads + (1 if counted else 0),
-                               keys_absent_through=self.keys_absent_through)
+                               keys_absent_through=self.keys_absent_through,
+                               evictions_seen=self.evictions_seen)
         for m in self.members:
             if m.index not in answered:
                 rest.add(m.index, m.group)
@@ -129,7 +134,8 @@ class PartitionAppend:
         their keys, so the first repeat of each takes its place. Counted as the same
         upload round: each such round answers a group, so they end by themselves."""
         rest = PartitionAppend(self.tp, uploads=self.uploads,
-                               keys_absent_through=self.keys_absent_through)
+                               keys_absent_through=self.keys_absent_through,
+                               evictions_seen=self.evictions_seen)
         groups = {m.index: m.group for m in self.members}
         groups.update({i: e.group for i, e in self.echoes.items()})
         for index in sorted(groups):

@@ -31,7 +31,8 @@ from app.errors import (
     StorageUnavailable,
     VersionMismatch,
 )
-from app.storage.appends import AppendOutcome, AppendResult
+from app.storage import producer_state
+from app.storage.appends import AppendOutcome, AppendResult, ProducerSeq
 from app.storage.cas import Done, Outage, Retry
 from app.storage.control_cache import CachedControl, ControlCache
 from app.storage.idempotency import (
@@ -154,7 +155,7 @@ class PartitionCommit:
             return self.results(pending.start_offset, pending.data_key,
                                 layout.index(self.tp, pending.end_offset),
                                 pending.created_at_ms)
-        hits = self._remembered(control)
+        hits, refused = self._remembered(control)
         if hits and all(r.data_key == self.upload.data_key for r in hits.values()):
             # Our own upload: an earlier, unanswered attempt of this commit landed.
             first = next(m for m in self.part.members if m.index in hits)
@@ -171,17 +172,41 @@ class PartitionCommit:
         answered: dict[int, AppendOutcome] = {
             i: r.result(self.tp, layout) for i, r in hits.items()}
         answered.update(self._forgotten(control, hits))
+        answered.update(refused)
         self.part.keys_absent_through = control.sequence_counter
+        self.part.evictions_seen = producer_state.evictions(control)
         if not answered:
             return None
         rest = self.part.without(answered, counted=bool(hits))
         return Reupload(answered, rest) if rest.members else answered
 
-    def _remembered(self, control: Control) -> dict[int, Remembered]:
-        """The groups whose idempotency keys the window remembers, by group index."""
-        found = {m.index: remembered(control, m.group.idempotency_key)
-                 for m in self.part.members if m.group.idempotency_key is not None}
-        return {i: r for i, r in found.items() if r is not None}
+    def _remembered(self, control: Control
+                    ) -> tuple[dict[int, Remembered], dict[int, AppendOutcome]]:
+        """The groups committed before, by group index: those whose idempotency keys the
+        window remembers, and those their producer's sequence shows; and the groups their
+        producer's sequence refuses (out of order, not remembered, or in doubt), each
+        with its error."""
+        found: dict[int, Remembered] = {}
+        refused: dict[int, AppendOutcome] = {}
+        check: producer_state.SequenceCheck | None = None
+        for m in self.part.members:
+            group = m.group
+            if group.producer is not None:
+                if check is None:
+                    check = producer_state.SequenceCheck(control, self.tp,
+                                                         self.part.evictions_seen)
+                verdict = check.judge(group.producer)
+                if verdict is None:
+                    check.accept(group.producer)
+                elif isinstance(verdict, Remembered):
+                    found[m.index] = verdict
+                else:
+                    refused[m.index] = verdict
+            elif group.idempotency_key is not None:
+                hit = remembered(control, group.idempotency_key)
+                if hit is not None:
+                    found[m.index] = hit
+        return found, refused
 
     def _forgotten(self, control: Control, hits: dict[int, Remembered]
                    ) -> dict[int, AppendOutcome]:
@@ -317,6 +342,12 @@ class PartitionCommit:
         keyed = self.keyed_ranges(mine.start_offset)
         if keyed:
             extra[IDEMPOTENCY_FIELD] = remember(control, keyed)
+        sequenced = self.sequenced_ranges(mine.start_offset)
+        if sequenced:
+            table, evicted = producer_state.remember(control, sequenced)
+            extra[producer_state.PRODUCERS_FIELD] = table
+            if evicted:
+                extra[producer_state.EVICTED_FIELD] = evicted
         updated = dataclasses.replace(
             control, sequence_counter=mine.end_offset, pending=mine,
             last_append_ms=mine.created_at_ms, appended_bytes=mine.end_bytes, extra=extra)
@@ -367,3 +398,9 @@ class PartitionCommit:
                  Remembered(start + m.first, start + m.first + len(m.group.records) - 1,
                             self.upload.data_key))
                 for m in self.part.members if m.group.idempotency_key is not None]
+
+    def sequenced_ranges(self, start: int) -> list[tuple[ProducerSeq, Remembered]]:
+        return [(m.group.producer,
+                 Remembered(start + m.first, start + m.first + len(m.group.records) - 1,
+                            self.upload.data_key))
+                for m in self.part.members if m.group.producer is not None]

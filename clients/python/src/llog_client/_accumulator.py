@@ -4,9 +4,9 @@ of I/O, so the sync and the async producer share it.
 A batch takes records until it holds ``batch_bytes``; it is ready to go when it is full,
 when its first record has waited ``linger_s``, or when a flush asks for everything. A
 request takes ready batches of many partitions, up to ``max_request_bytes``. Once a batch
-has been drained into a request it is *sealed*: its records and its idempotency key never
-change again, so every retry of it is the same append and the broker writes it at most
-once (docs/http-api.md, Idempotency keys).
+has been drained into a request it is *sealed*: its records and its producer sequence
+(or idempotency key) never change again, so every retry of it is the same append and the
+broker writes it at most once (docs/http-api.md, Idempotent producers).
 
 With ``ordered`` (the default), a partition has at most one batch in flight, and a batch
 to retry goes back to the front of its partition's queue: records of a partition are
@@ -58,9 +58,11 @@ class Batch:
         "maybe_written",
         "observed",
         "plain",
+        "producer_id",
         "ready_at",
         "route",
         "sealed",
+        "sequence",
         "serial",
         "size",
         "timestamps",
@@ -78,6 +80,8 @@ class Batch:
         self.created = created
         self.deadline = deadline
         self.idempotency_key = ""
+        self.producer_id = ""  # with ``sequence``: its place in its producer's sequence
+        self.sequence = -1
         self.attempts = 0
         self.ready_at = created  # a batch to retry waits out its backoff
         self.sealed = self.full = self.finished = False

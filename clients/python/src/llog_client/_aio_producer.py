@@ -69,7 +69,7 @@ class AsyncProducer:
         self._sender = Sender(core.acc, core.lock, core.config, self._http,
                               core.settings.sender(core.compression), core.keys, core.metrics,
                               core.topics, self._space_freed, self._deliver,
-                              posts=self._posts)
+                              posts=self._posts, sequences=core.sequences)
         self._tg = anyio.create_task_group()
         await self._tg.__aenter__()
         await self._tg.start(self._run_sender)

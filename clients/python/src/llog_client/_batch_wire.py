@@ -1,9 +1,10 @@
 """A producer request of sealed batches, and what its answer says of each batch; free
 of I/O.
 
-The body is one binary envelope, an entry per batch with the batch's idempotency key
-(docs/http-api.md, Binary bodies). The answer is the JSON of ``POST /produce``: one result
-per entry, in order, each acknowledged or failed on its own (a 409 mixes both).
+The body is one binary envelope, an entry per batch with the batch's producer sequence
+or, placed by key, its idempotency key (docs/http-api.md, Binary bodies). The answer is
+the JSON of ``POST /produce``: one result per entry, in order, each acknowledged or
+failed on its own (a 409 mixes both).
 """
 
 from __future__ import annotations
@@ -30,13 +31,18 @@ def body(batch: Batch) -> tuple[int, list[bytes]]:
 
 
 def envelope(batches: Sequence[Batch]) -> bytes:
+    """LLP2 when a batch carries its producer's sequence, LLP1 otherwise."""
     entries = []
+    producers: list[tuple[bytes, int] | None] = []
     for batch in batches:
         topic, partition, _ = batch.route
         code, parts = body(batch)
         entries.append((topic.encode(), partition, batch.idempotency_key.encode(), code,
                         parts))
-    return codec.envelope(entries)
+        producers.append((batch.producer_id.encode(), batch.sequence)
+                         if batch.producer_id else None)
+    sequenced = any(p is not None for p in producers)
+    return codec.envelope(entries, producers if sequenced else None)
 
 
 Settled = tuple[int, bool] | LlogError  # (first offset, duplicate) or the batch's error

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 CONTENT_TYPE = "application/vnd.llog.produce"
 MAGIC = b"LLP1"
+MAGIC_SEQUENCED = b"LLP2"  # entries carry a producer id and sequence
 V2, V3 = 2, 3  # the envelope's encoding codes
 KEYS, TIMESTAMPS = 0x01, 0x02  # bytes-batch-v3 column bits (no append times: the broker's)
 NO_KEY = NO_TIMESTAMP = -1
@@ -27,6 +28,9 @@ _I64 = struct.Struct(">q")
 _ENVELOPE_HEAD = struct.Struct(">4sI")
 _PARTITION_KEY = struct.Struct(">iB")
 _BODY_HEAD = struct.Struct(">BI")
+_U8 = struct.Struct(">B")
+_U64 = struct.Struct(">Q")
+_NO_PRODUCER = _U8.pack(0)
 
 Headers = Sequence[tuple[str, bytes]]
 
@@ -78,13 +82,22 @@ def encode_v2(values: Sequence[bytes], keys: Sequence[bytes | None] | None,
         _v2_record(values[i], key_of[i], headers[i], time_of[i]) for i in range(count))])
 
 
-def envelope(entries: Sequence[tuple[bytes, int, bytes, int, Sequence[bytes]]]) -> bytes:
+def envelope(entries: Sequence[tuple[bytes, int, bytes, int, Sequence[bytes]]],
+             producers: Sequence[tuple[bytes, int] | None] | None = None) -> bytes:
     """One request of (topic, partition (-1: by key), idempotency key, encoding code,
-    body parts) entries; topic and key already ASCII bytes. One join: every record's
-    bytes are copied once, into the request."""
-    parts = [_ENVELOPE_HEAD.pack(MAGIC, len(entries))]
-    for topic, partition, key, code, body in entries:
-        parts += [_U16.pack(len(topic)), topic, _PARTITION_KEY.pack(partition, len(key)), key,
-                  _BODY_HEAD.pack(code, sum(map(len, body)))]
+    body parts) entries; topic and key already ASCII bytes. With ``producers`` (an
+    entry's producer id, ASCII, and sequence, or None), the LLP2 envelope. One join:
+    every record's bytes are copied once, into the request."""
+    parts = [_ENVELOPE_HEAD.pack(MAGIC if producers is None else MAGIC_SEQUENCED,
+                                 len(entries))]
+    for i, (topic, partition, key, code, body) in enumerate(entries):
+        parts += [_U16.pack(len(topic)), topic, _PARTITION_KEY.pack(partition, len(key)), key]
+        if producers is not None:
+            producer = producers[i]
+            if producer is None:
+                parts.append(_NO_PRODUCER)
+            else:
+                parts += [_U8.pack(len(producer[0])), producer[0], _U64.pack(producer[1])]
+        parts.append(_BODY_HEAD.pack(code, sum(map(len, body))))
         parts += body
     return b"".join(parts)

@@ -284,6 +284,25 @@ class CommitInDoubt(AppendError):
     maybe_written = True
 
 
+class OutOfOrderSequence(AppendError):
+    """The producer's batch is not the next of its sequence for the partition: an
+    earlier one is not committed yet (nothing written)."""
+
+    retriable = True
+
+
+class UnknownProducer(AppendError):
+    """The partition no longer remembers the producer and the batch's sequence is not 0
+    (nothing written): the producer starts a new sequence."""
+
+
+class DuplicateSequence(AppendError):
+    """The producer's batch was committed before, too long ago for its offsets to be
+    answered."""
+
+    maybe_written = True
+
+
 class ClientError(LlogError):
     """No usable answer came from a broker."""
 

@@ -110,7 +110,8 @@ class Producer:
             self._stop = tg.cancel_scope
             sender = Sender(core.acc, core.lock, core.config, http,
                             core.settings.sender(core.compression), core.keys, core.metrics,
-                            core.topics, self._space_freed, self._deliver, posts=posts)
+                            core.topics, self._space_freed, self._deliver, posts=posts,
+                            sequences=core.sequences)
             await tg.start(sender.run)
             self._sender = sender
             self._ready.set()

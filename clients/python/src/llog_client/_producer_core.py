@@ -23,6 +23,7 @@ from llog_client._producer_metrics import ProducerMetrics
 from llog_client._retry import ProduceLimits, RetryPolicy
 from llog_client._retry_rules import SenderSettings
 from llog_client._sender import Sender
+from llog_client._sequences import ProducerSequences
 from llog_client._topic_meta import TopicMeta
 
 MiB = 1024 * 1024
@@ -106,7 +107,7 @@ def as_headers(headers: Headers) -> tuple[tuple[str, bytes], ...]:
 
 class ProducerCore:
     """The state both producers keep: the accumulator and its lock, what is known of
-    each topic, the idempotency keys and the counters."""
+    each topic, the producer sequences and idempotency keys, and the counters."""
 
     def __init__(self, brokers: str | Sequence[str] | None, settings: ProducerSettings,
                  compression: Compression | None, route: Routing,
@@ -123,6 +124,7 @@ class ProducerCore:
                                new_waiter=new_waiter, clock=time.monotonic)
         self.topics: dict[str, TopicMeta] = {}
         self.keys = KeySource()
+        self.sequences = ProducerSequences()
         self.metrics = ProducerMetrics()
         self.closed = False
         self.delivery_s = settings.delivery_timeout_ms / 1000

@@ -8,6 +8,8 @@ I/O, called with the producer's lock held.
   ``Retry-After`` up to :data:`MAX_RETRY_AFTER_S`), on the next broker when the broker
   answered, until the batch's delivery deadline; then ``DeliveryTimeout``.
 - Otherwise failed with the error, ``maybe_written`` when any attempt may have been.
+- ``UnknownProducer`` (the partition forgot the producer's sequence): retried as the
+  first of a new sequence, unless an attempt may have been written (then failed).
 
 A batch that fails for good after an attempt that may still commit holds its partition
 back until that attempt's commit deadline has passed (the broker refuses to commit it
@@ -24,8 +26,9 @@ from dataclasses import dataclass
 from llog_client._accumulator import Accumulator, Batch
 from llog_client._compression import Compression
 from llog_client._config import MAX_COMMIT_DEADLINE_MS, ClientConfig
-from llog_client._errors import DeliveryTimeout, LlogError
+from llog_client._errors import DeliveryTimeout, LlogError, UnknownProducer
 from llog_client._producer_metrics import ProducerMetrics
+from llog_client._sequences import ProducerSequences
 from llog_client._wire import Broken, Outcome
 
 # How long a broker's Retry-After is honoured at most (the blocking client's ceiling).
@@ -50,8 +53,9 @@ class RetryRules:
     """See the module."""
 
     def __init__(self, settings: SenderSettings, acc: Accumulator, metrics: ProducerMetrics,
-                 config: ClientConfig) -> None:
+                 config: ClientConfig, sequences: ProducerSequences | None = None) -> None:
         self._settings, self._acc, self._metrics, self._config = settings, acc, metrics, config
+        self._sequences = sequences
 
     def settle(self, batches: Sequence[Batch], settled: Sequence[tuple[int, bool] | LlogError],
                placed: Sequence[int], outcome: Outcome, started: float, now: float
@@ -78,6 +82,12 @@ class RetryRules:
                 batch.alone = True  # refused whole with others: try it by itself
                 self._acc.requeue(batch, now)
                 continue
+            if (isinstance(error, UnknownProducer) and self._sequences is not None
+                    and not batch.maybe_written):
+                # Forgotten by the partition, and no attempt of it may have been written:
+                # it starts a new sequence, retried as any retriable refusal is.
+                self._sequences.restart(batch)
+                error.retriable = True
             final = self._retry_or_final(batch, error, now)
             if final is None:
                 moved = moved or not isinstance(outcome, Broken)
@@ -150,6 +160,9 @@ class RetryRules:
         return error
 
     def fail(self, batch: Batch, error: LlogError) -> None:
-        """(lock held; notify it after)"""
+        """(lock held; notify it after) A batch of a producer sequence that fails breaks
+        it: the partition goes on under a new one."""
+        if self._sequences is not None:
+            self._sequences.broken(batch)
         self._metrics.failed(batch)
         batch.fail(error)

@@ -41,6 +41,7 @@ from llog_client._ops import Send
 from llog_client._producer_metrics import ProducerMetrics
 from llog_client._retry_rules import RetryRules, SenderSettings
 from llog_client._routing import DIGEST_HEADER
+from llog_client._sequences import ProducerSequences
 from llog_client._topic_meta import TopicMeta
 from llog_client._wire import Broken, Outcome, broken_error
 
@@ -61,12 +62,16 @@ class Sender:
                  metrics: ProducerMetrics, topics: dict[str, TopicMeta],
                  space: Callable[[], None], deliver: Callable[[Batch], None],
                  clock: Callable[[], float] = time.monotonic,
-                 posts: PostPool | None = None) -> None:
+                 posts: PostPool | None = None,
+                 sequences: ProducerSequences | None = None) -> None:
         self._acc, self._lock, self._config, self._http = acc, lock, config, http
         self._posts = posts  # produce requests to http:// brokers go this way
         self._settings, self._keys, self.metrics = settings, keys, metrics
         self._topics, self._space, self._deliver, self._clock = topics, space, deliver, clock
-        self._rules = RetryRules(settings, acc, metrics, config)
+        # Ordered producers send each partition's batches as a producer sequence; unordered
+        # ones, many batches of a partition at once, with idempotency keys.
+        self._sequences = sequences if acc.ordered else None
+        self._rules = RetryRules(settings, acc, metrics, config, self._sequences)
         self._wake = anyio.Event()
         self._in_flight = 0
         self._map_wanted = False  # a fetch of the members' map is under way
@@ -181,7 +186,8 @@ class Sender:
         url = self._target(batches[0])
         try:
             for batch in batches:
-                if not batch.idempotency_key:
+                sequenced = self._sequences is not None and self._sequences.assign(batch)
+                if not sequenced and not batch.idempotency_key:
                     batch.idempotency_key = self._keys.next()
                 batch.attempts += 1
             outcome = await self._post(batches, url)

@@ -1,0 +1,120 @@
+"""The producers' sequences (docs/http-api.md, Idempotent producers): an ordered producer
+sends each partition's batches as its sequence, so a retry is answered, not written
+again, however many keyed appends came meanwhile; a broken or forgotten sequence starts
+again under a new producer id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from app.factory import create_app
+from app.localstack.stack import LocalStack
+from app.storage.appends import ProducerSeq
+from app.wire import produce as wire_produce
+from llog_client import AsyncProducer, PartitionFenced, RecordMetadata
+from tests.helpers.bodies import consume_body
+from tests.helpers.stack import make_settings
+from tests.test_client_producer_faults import PLAIN, Attempt, FakeBroker, failed
+
+A = "http://a.test"
+
+
+class _CutFirstAnswer(httpx.AsyncBaseTransport):
+    """The app, whose first produce answer is lost after it was written: other clients
+    make ``others`` keyed appends to the partition meanwhile."""
+
+    def __init__(self, app: Any, topic: str, others: int) -> None:
+        self._inner = httpx.ASGITransport(app=app)
+        self._topic, self._others, self.cut = topic, others, 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self._inner.handle_async_request(request)
+        if request.url.path != "/produce" or self.cut:
+            return response
+        await response.aread()
+        assert response.status_code == 200, response.text
+        self.cut += 1
+        for i in range(self._others):
+            other = await self._inner.handle_async_request(httpx.Request(
+                "POST", "http://broker/produce", json={"topic_partitions": [
+                    {"topic": self._topic, "partition": 0, "records": ["other"],
+                     "idempotency_key": f"other-{i}"}]}))
+            await other.aread()
+            assert other.status_code == 200
+        raise httpx.ReadError("the answer was cut")
+
+
+async def test_a_retry_after_many_keyed_appends_is_not_written_twice(
+        stack: LocalStack, topic: str) -> None:
+    """The first answer is lost after the broker wrote the batch; 100 keyed appends
+    follow (more than the idempotency window's 64); the producer's retry is answered
+    as a duplicate, and the log holds one copy."""
+    app = create_app(make_settings(stack))
+    async with app.router.lifespan_context(app):
+        transport = _CutFirstAnswer(app, topic, 100)
+        async with AsyncProducer("http://broker", transport=transport, linger_ms=0,
+                                 **PLAIN) as producer:
+            first = await (await producer.send(topic, b"once", partition=0))
+            second = await (await producer.send(topic, b"next", partition=0))
+        assert transport.cut == 1
+        assert first == RecordMetadata(topic, 0, 1, True)  # answered by the retry
+        assert second.offset == 102 and not second.duplicate
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://broker") as http:
+            r = await http.post("/consume", json=consume_body(topic, 1, 0))
+            values = [x["value"] for x in r.json()["results"][0]["records"]]
+        assert values.count("once") == 1 and values[-1] == "next" and len(values) == 102
+
+
+async def test_a_failed_batch_starts_a_new_sequence_and_a_forgotten_one_restarts() -> None:
+    """Partition 0: the second batch fails for good, so the third goes under a new
+    producer id from 0. Partition 1: the broker answers UnknownProducer once; nothing of
+    the batch was written, so it is sent again at once as 0 of a new id, and succeeds."""
+    fake = FakeBroker({"t": 2})
+    forgotten: list[Attempt] = []
+
+    def fault(attempt: Attempt) -> dict[str, Any] | None:
+        if attempt.partition == 0 and attempt.values == [b"b"]:
+            return failed("PartitionFenced", retriable=False)
+        if attempt.partition == 1 and not forgotten:
+            forgotten.append(attempt)
+            return failed("UnknownProducer", retriable=False)
+        return None
+
+    fake.fault = fault
+    async with AsyncProducer(A, transport=fake.transport(), linger_ms=0, **PLAIN) as producer:
+        assert (await (await producer.send("t", b"a", partition=0))).offset == 1
+        with pytest.raises(PartitionFenced):
+            await (await producer.send("t", b"b", partition=0))
+        assert (await (await producer.send("t", b"c", partition=0))).offset == 2
+        assert (await (await producer.send("t", b"x", partition=1))).offset == 1
+    sent = [(a.partition, a.key) for r in fake.requests for a in r]
+    zero = [key.split(":", 2)[2] for p, key in sent if p == 0]
+    base = zero[0].split(".")[0]
+    assert zero == [f"{base}.0#0", f"{base}.0#1", f"{base}.1#0"]
+    one = [key.split(":", 2)[2] for p, key in sent if p == 1]
+    assert one == [f"{base}.0#0", f"{base}.1#0"]
+
+
+async def test_batches_placed_by_key_keep_idempotency_keys() -> None:
+    """A topic the client does not know yet: the broker places its keyed records."""
+    fake = FakeBroker()
+    async with AsyncProducer(A, transport=fake.transport(), linger_ms=0, **PLAIN) as producer:
+        await (await producer.send("new", b"v", key=b"k"))
+    (attempt,), = fake.requests
+    assert ":" not in attempt.key and attempt.key  # an idempotency key, not a sequence
+
+
+def test_the_envelope_the_client_writes_is_the_brokers() -> None:
+    """The client's LLP2 bytes read back by the broker's parser."""
+    from llog_client import _codec as codec
+    body = codec.envelope([(b"t", 3, b"", codec.V3, codec.v3_parts([b"a"], None, None)),
+                           (b"t", -1, b"key-1", codec.V3, codec.v3_parts([b"b"], None, None))],
+                          [(b"p.0", 2**40), None])
+    first, second = wire_produce.parse(body, 10)
+    assert (first.partition, first.producer, first.idempotency_key) == (
+        3, ProducerSeq("p.0", 2**40), None)
+    assert (second.partition, second.producer, second.idempotency_key) == (None, None, "key-1")

@@ -1,0 +1,177 @@
+"""Idempotent producers against real Oxia and MinIO: a producer's groups are appended
+once and in order, whatever other producers and keyed appends do meanwhile
+(docs/protocol.md, Idempotent producers)."""
+
+from __future__ import annotations
+
+import anyio
+
+from app.errors import (
+    CommitInDoubt,
+    DuplicateSequence,
+    OutOfOrderSequence,
+    UnknownProducer,
+)
+from app.localstack.stack import LocalStack
+from app.settings import Settings
+from app.storage import producer_state
+from app.storage.appends import AppendGroup, AppendOutcome, AppendResult, ProducerSeq
+from app.storage.idempotency import IDEMPOTENCY_WINDOW
+from app.storage.keys import TopicPartition
+from tests.helpers.held_commits import hold_first_commit
+from tests.helpers.stack import Engine, make_settings, open_engine
+
+
+def _seq(pid: str, n: int) -> ProducerSeq:
+    return ProducerSeq(pid, n)
+
+
+def _group(tp: TopicPartition, value: bytes, pid: str, n: int) -> AppendGroup:
+    return AppendGroup(tp, [value], producer=_seq(pid, n))
+
+
+async def _one(engine: Engine, group: AppendGroup) -> AppendOutcome:
+    (outcome,) = await engine.writer.append_shared([group])
+    return outcome
+
+
+def _ok(outcome: AppendOutcome) -> AppendResult:
+    assert isinstance(outcome, AppendResult), outcome
+    return outcome
+
+
+async def _values(engine: Engine, tp: TopicPartition) -> list[bytes]:
+    got = await engine.reader.read(tp, 1, max_records=10_000)
+    return [v for _, v in got.records]  # type: ignore[misc]
+
+
+async def test_a_resend_is_answered_after_many_other_keyed_appends(
+        engine: Engine, stack: LocalStack, tp: TopicPartition) -> None:
+    """The idempotency window forgets a key after 64 other keyed appends; a producer's
+    sequence is remembered whatever other keyed appends come: a resend from another
+    process (no cache) gets the first offsets back, marked duplicate."""
+    first = _ok(await _one(engine, AppendGroup(tp, [b"a", b"b"], producer=_seq("p1", 0))))
+    for i in range(IDEMPOTENCY_WINDOW * 2):
+        _ok(await _one(engine, AppendGroup(tp, [b"x"], f"other-{i}")))
+    async with open_engine(make_settings(stack)) as fresh:
+        again = _ok(await _one(fresh, AppendGroup(tp, [b"a", b"b"], producer=_seq("p1", 0))))
+        following = _ok(await _one(fresh, _group(tp, b"c", "p1", 1)))
+    assert (first.start_offset, first.end_offset) == (1, 2) and not first.duplicate
+    assert (again.start_offset, again.end_offset, again.duplicate) == (1, 2, True)
+    assert following.start_offset == IDEMPOTENCY_WINDOW * 2 + 3
+    values = await _values(engine, tp)
+    assert values.count(b"a") == 1 and values[-1] == b"c"
+
+
+async def test_a_gap_is_refused_and_nothing_written(engine: Engine,
+                                                    tp: TopicPartition) -> None:
+    """Sequence 2 before 1 is refused (retriable, nothing written); once 1 is in, 2
+    follows. A repeat of an older group is answered with its offsets."""
+    zero = _ok(await _one(engine, _group(tp, b"0", "p", 0)))
+    gap = await _one(engine, _group(tp, b"2", "p", 2))
+    assert type(gap) is OutOfOrderSequence and gap.retriable and not gap.maybe_written
+    one = _ok(await _one(engine, _group(tp, b"1", "p", 1)))
+    two = _ok(await _one(engine, _group(tp, b"2", "p", 2)))
+    again = _ok(await _one(engine, _group(tp, b"0", "p", 0)))
+    assert (zero.start_offset, one.start_offset, two.start_offset) == (1, 2, 3)
+    assert again.duplicate and again.start_offset == 1
+    assert await _values(engine, tp) == [b"0", b"1", b"2"]
+
+
+async def test_groups_of_one_append_are_judged_in_order(engine: Engine,
+                                                        tp: TopicPartition) -> None:
+    """In one append: a producer's 0 then 1 both go in; a repeat of 0 is its echo; a 3
+    after them is a gap (refused, the rest committed without it); 1 before 0 of another
+    producer: the 1 is refused, the 0 goes in."""
+    a0, a1, echo, a3, b1, b0, plain = await engine.writer.append_shared([
+        _group(tp, b"a0", "a", 0), _group(tp, b"a1", "a", 1), _group(tp, b"a0'", "a", 0),
+        _group(tp, b"a3", "a", 3), _group(tp, b"b1", "b", 1), _group(tp, b"b0", "b", 0),
+        AppendGroup(tp, [b"plain"])])
+    assert _ok(a0).start_offset == 1 and _ok(a1).start_offset == 2
+    assert _ok(echo).duplicate and _ok(echo).start_offset == 1
+    assert type(a3) is OutOfOrderSequence
+    assert type(b1) is UnknownProducer and not b1.retriable
+    assert _ok(b0).start_offset == 3 and _ok(plain).start_offset == 4
+    assert await _values(engine, tp) == [b"a0", b"a1", b"b0", b"plain"]
+
+
+async def test_an_unknown_producer_must_start_at_zero(engine: Engine,
+                                                      tp: TopicPartition) -> None:
+    refused = await _one(engine, _group(tp, b"x", "new", 5))
+    assert type(refused) is UnknownProducer and not refused.maybe_written
+    assert _ok(await _one(engine, _group(tp, b"x", "new", 0))).start_offset == 1
+
+
+async def test_a_producer_is_forgotten_only_after_many_other_producers(
+        engine: Engine, tp: TopicPartition) -> None:
+    """The partition remembers the last PRODUCER_WINDOW producers: the oldest is
+    forgotten by the one after them (counted), and its next sequence is refused as
+    unknown, never appended blind."""
+    window = producer_state.PRODUCER_WINDOW
+    _ok(await _one(engine, _group(tp, b"first", "first", 0)))
+    for i in range(window - 1):
+        _ok(await _one(engine, _group(tp, b"x", f"p{i}", 0)))
+    remembered = _ok(await _one(engine, _group(tp, b"first", "first", 0)))
+    assert remembered.duplicate and remembered.start_offset == 1
+    _ok(await _one(engine, _group(tp, b"x", "pushes-out", 0)))
+    control = await engine.reader.read_control(tp)
+    assert control is not None and producer_state.evictions(control) == 1
+    assert "first" not in control.extra[producer_state.PRODUCERS_FIELD]
+    assert type(await _one(engine, _group(tp, b"next", "first", 1))) is UnknownProducer
+
+
+async def test_a_repeat_older_than_the_groups_remembered(engine: Engine,
+                                                         tp: TopicPartition) -> None:
+    kept = producer_state.PRODUCER_BATCHES
+    for n in range(kept + 1):
+        _ok(await _one(engine, _group(tp, b"%d" % n, "p", n)))
+    oldest_kept = _ok(await _one(engine, _group(tp, b"1", "p", 1)))
+    assert oldest_kept.duplicate and oldest_kept.start_offset == 2
+    too_old = await _one(engine, _group(tp, b"0", "p", 0))
+    assert type(too_old) is DuplicateSequence and too_old.maybe_written
+    assert len(await _values(engine, tp)) == kept + 1
+
+
+async def _lose_the_race(engine: Engine, settings: Settings, tp: TopicPartition,
+                         others: int) -> tuple[AppendOutcome, AppendOutcome, AppendResult]:
+    """Broker B's commit of ("p", 0) beside a plain group is held after its read; A
+    commits ("p", 0) (the client's resend) and then ``others`` other producers. B's
+    commit conflicts and reads again."""
+    held, release, answers = anyio.Event(), anyio.Event(), []
+    async with open_engine(settings) as b, anyio.create_task_group() as tg:
+        await b.writer.ensure_partition(tp)
+        hold_first_commit(b, held, release)
+
+        async def append_on_b() -> None:
+            answers.extend(await b.writer.append_shared(
+                [_group(tp, b"P0", "p", 0), AppendGroup(tp, [b"no producer"])]))
+
+        tg.start_soon(append_on_b)
+        with anyio.fail_after(60):
+            await held.wait()
+        first = _ok(await _one(engine, _group(tp, b"P0", "p", 0)))
+        for i in range(others):
+            _ok(await _one(engine, _group(tp, b"x", f"o{i}", 0)))
+        release.set()
+    sequenced, plain = answers
+    return sequenced, plain, first
+
+
+async def test_a_commit_that_lost_to_its_own_resend_answers_the_duplicate(
+        engine: Engine, settings: Settings, tp: TopicPartition) -> None:
+    sequenced, plain, first = await _lose_the_race(engine, settings, tp, 3)
+    assert _ok(sequenced).duplicate and _ok(sequenced).start_offset == first.start_offset
+    assert _ok(plain).start_offset == 5
+    assert (await _values(engine, tp)).count(b"P0") == 1
+
+
+async def test_a_commit_whose_producer_may_have_been_forgotten_meanwhile_is_in_doubt(
+        engine: Engine, settings: Settings, tp: TopicPartition) -> None:
+    """As above, with enough producers after the resend to push "p" out: B does not find
+    it, and other producers were forgotten since it looked, so it answers in doubt
+    rather than appending sequence 0 again; the plain group is appended."""
+    others = producer_state.PRODUCER_WINDOW
+    sequenced, plain, _ = await _lose_the_race(engine, settings, tp, others)
+    assert type(sequenced) is CommitInDoubt and sequenced.maybe_written
+    assert _ok(plain).start_offset == others + 2
+    assert (await _values(engine, tp)).count(b"P0") == 1
