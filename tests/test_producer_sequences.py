@@ -175,3 +175,47 @@ async def test_a_commit_whose_producer_may_have_been_forgotten_meanwhile_is_in_d
     assert type(sequenced) is CommitInDoubt and sequenced.maybe_written
     assert _ok(plain).start_offset == others + 2
     assert (await _values(engine, tp)).count(b"P0") == 1
+
+
+async def test_a_writer_behind_other_brokers_commits_judges_refusals_afresh(
+        engine: Engine, settings: Settings, tp: TopicPartition) -> None:
+    """B commits the producer's 0 and keeps the control record it wrote; A commits 1
+    (the producer's next request went there). B's cached record calls 2 a gap; read
+    again, it is the next: appended, not refused."""
+    async with open_engine(settings) as b:
+        _ok(await _one(b, _group(tp, b"0", "p", 0)))
+        _ok(await _one(engine, _group(tp, b"1", "p", 1)))
+        cached = await b.writer._controls.current(tp)
+        assert cached.cached, "B no longer serves its own record: the test shows nothing"
+        two = _ok(await _one(b, _group(tp, b"2", "p", 2)))
+    assert two.start_offset == 3
+    assert await _values(engine, tp) == [b"0", b"1", b"2"]
+
+
+async def test_a_writer_whose_record_says_fenced_judges_on_the_record_it_commits_on(
+        engine: Engine, settings: Settings, tp: TopicPartition) -> None:
+    """A fenced the partition and keeps that record; B lifts the fence and commits the
+    producer's 3. The client's resend of 3 through A: A reads again for the fence and
+    judges on what it read, so 3 is a duplicate, not a second copy that would also move
+    the producer's sequence back."""
+    for n in range(3):
+        _ok(await _one(engine, _group(tp, b"%d" % n, "p", n)))
+    await engine.writer.fence(tp)
+    async with open_engine(settings) as b:
+        await b.writer.unfence(tp)
+        three = _ok(await _one(b, _group(tp, b"3", "p", 3)))
+    again = _ok(await _one(engine, _group(tp, b"3", "p", 3)))
+    assert again.duplicate and again.start_offset == three.start_offset == 4
+    _ok(await _one(engine, _group(tp, b"4", "p", 4)))
+    assert await _values(engine, tp) == [b"0", b"1", b"2", b"3", b"4"]
+
+
+async def test_a_repeat_beside_the_next_group_is_answered_as_the_repeat(
+        engine: Engine, tp: TopicPartition) -> None:
+    """One append holding the producer's next group and then a resend of its last one:
+    the resend is the duplicate it is, not a gap after the next."""
+    last = _ok(await _one(engine, _group(tp, b"0", "p", 0)))
+    following, repeat = await engine.writer.append_shared(
+        [_group(tp, b"1", "p", 1), _group(tp, b"0", "p", 0)])
+    assert _ok(following).start_offset == 2
+    assert _ok(repeat).duplicate and _ok(repeat).start_offset == last.start_offset

@@ -133,14 +133,19 @@ class PartitionCommit:
         """One CAS attempt, as named steps; see the module docstring."""
         controls = self.rules.controls
         current = await controls.current(self.tp)
+        if current.cached and (current.control.fenced or self._refused(current.control)):
+            # A cached record may be behind other brokers' commits: fencing can be lifted,
+            # and a producer's group it calls out of order or unknown may be the next
+            # one. Read again before judging anything: every step below, the
+            # compare-and-set too, works from the one record (what a cached record calls
+            # committed stays so; a refusal is answered only from the record as it is).
+            current = await controls.fresh(self.tp)
         settled = await self.settle(current)
         if settled is None:
             settled = self.without_late()
         if settled is not None:
             return Done(settled)
         self.refuse_expired()
-        if current.control.fenced and current.cached:
-            current = await controls.fresh(self.tp)  # fencing can be lifted: look again
         if current.control.fenced:
             raise PartitionFenced(f"{self.tp} is fenced: appends are refused")
         return await self.compare_and_set(current)
@@ -179,6 +184,20 @@ class PartitionCommit:
             return None
         rest = self.part.without(answered, counted=bool(hits))
         return Reupload(answered, rest) if rest.members else answered
+
+    def _all_next(self, control: Control) -> bool:
+        """Whether every sequenced group is the next of its producer in ``control``."""
+        if all(m.group.producer is None for m in self.part.members):
+            return True
+        hits, refused = self._remembered(control)
+        return not refused and all(m.group.producer is None for m in self.part.members
+                                   if m.index in hits)
+
+    def _refused(self, control: Control) -> bool:
+        """Whether ``control`` refuses a group by its producer's sequence."""
+        if all(m.group.producer is None for m in self.part.members):
+            return False
+        return bool(self._remembered(control)[1])
 
     def _remembered(self, control: Control
                     ) -> tuple[dict[int, Remembered], dict[int, AppendOutcome]]:
@@ -335,8 +354,13 @@ class PartitionCommit:
             codec=u.codec, raw_length=u.raw_length)
 
     async def compare_and_set(self, current: CachedControl) -> Done[Settled] | Retry:
-        """Retire the previous pending append and install ours, in one request."""
+        """Retire the previous pending append and install ours, in one request. Only a
+        record its groups were judged on (:meth:`settle`): a producer's group is
+        committed only as the next of its sequence in the very record it replaces."""
         tp, control, rules = self.tp, current.control, self.rules
+        if not self._all_next(control):
+            rules.controls.forget(tp)
+            return Retry("conflict")
         mine = self._pending(control)
         extra = dict(control.extra)
         keyed = self.keyed_ranges(mine.start_offset)

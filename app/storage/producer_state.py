@@ -87,11 +87,13 @@ class SequenceCheck:
         repeat of a group committed before. An error: not to append (nothing written by
         this group; :class:`CommitInDoubt` when a copy may have been)."""
         pid, n = seq.producer_id, seq.sequence
+        state = _read(self._control, pid)
+        if state is not None and state.first() <= n <= state.last:
+            return state.ranges[n - state.first()]  # committed, whatever came before it here
         last = self._accepted.get(pid)
         if last is not None:
             return None if n == last + 1 else OutOfOrderSequence(
                 f"{self._tp}: producer {pid!r} sent sequence {n} after {last} in one append")
-        state = _read(self._control, pid)
         if state is None:
             forgotten = (self._evictions_before is not None
                          and evictions(self._control) > self._evictions_before)
@@ -106,8 +108,6 @@ class SequenceCheck:
                 f"{self._tp}: producer {pid!r} is not remembered (its sequence starts "
                 f"at 0; {PRODUCER_WINDOW} other producers may have appended since its "
                 f"last group); sequence {n} not appended")
-        if state.first() <= n <= state.last:
-            return state.ranges[n - state.first()]
         if n == state.last + 1:
             return None
         if n > state.last:
