@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import anyio
 import httpx
 import pytest
 
@@ -14,10 +15,16 @@ from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.storage.appends import ProducerSeq
 from app.wire import produce as wire_produce
-from llog_client import AsyncProducer, PartitionFenced, RecordMetadata
+from llog_client import AsyncProducer, InvalidRequest, PartitionFenced, RecordMetadata
 from tests.helpers.bodies import consume_body
 from tests.helpers.stack import make_settings
-from tests.test_client_producer_faults import PLAIN, Attempt, FakeBroker, failed
+from tests.test_client_producer_faults import (
+    PLAIN,
+    Attempt,
+    FakeBroker,
+    error_response,
+    failed,
+)
 
 A = "http://a.test"
 
@@ -118,3 +125,107 @@ def test_the_envelope_the_client_writes_is_the_brokers() -> None:
     assert (first.partition, first.producer, first.idempotency_key) == (
         3, ProducerSeq("p.0", 2**40), None)
     assert (second.partition, second.producer, second.idempotency_key) == (None, None, "key-1")
+
+
+def _values(fake: FakeBroker, partition: int = 0) -> list[bytes]:
+    return fake.logs[("t", partition)]
+
+
+async def _requests(fake: FakeBroker, n: int) -> None:
+    """Until the fake has seen ``n`` produce requests (its hooks see them as they
+    come; checked each millisecond, for at most 5 s)."""
+    with anyio.fail_after(5):
+        while len(fake.requests) < n:  # noqa: ASYNC110 (the fake has no event to wait on)
+            await anyio.sleep(0.001)
+
+
+async def _send_two_in_flight(fake: FakeBroker) -> None:
+    """``a`` to partition 0, then, once its request is out, ``b``: stored in that order
+    at offsets 1 and 2."""
+    async with AsyncProducer(A, transport=fake.transport(), linger_ms=0, **PLAIN) as producer:
+        first = await producer.send("t", b"a", partition=0)
+        await _requests(fake, 1)
+        second = await producer.send("t", b"b", partition=0)
+        assert (await first).offset == 1 and (await second).offset == 2
+    assert _values(fake) == [b"a", b"b"]
+
+
+async def test_a_partitions_batches_travel_together_in_order() -> None:
+    """The first batch's request is held until the second one's arrives: both are in
+    flight at once (one at a time, the second would never come and the test would time
+    out), and the log holds them in the order sent."""
+    fake = FakeBroker({"t": 1})
+    second_came = anyio.Event()
+
+    async def before(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt]
+                     ) -> httpx.Response | None:
+        if attempts[0].values == [b"a"]:
+            with anyio.fail_after(5):
+                await second_came.wait()
+        elif attempts[0].values == [b"b"]:
+            second_came.set()
+        return None
+
+    fake.before = before
+    await _send_two_in_flight(fake)
+
+
+async def test_a_batch_behind_one_that_failed_waits_for_it_and_keeps_the_order() -> None:
+    """The first batch's first attempt is held until the second's arrives and is then
+    refused (503); the second, read first, is "unknown" (its producer's 0 is not in): it
+    goes again only once the first is retried and in, and both are stored once, in
+    order."""
+    fake = FakeBroker({"t": 1})
+    second_came = anyio.Event()
+
+    async def before(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt]
+                     ) -> httpx.Response | None:
+        attempt = attempts[0]
+        if attempt.values == [b"b"] and attempt.number == 1:
+            second_came.set()
+        if attempt.values == [b"a"] and attempt.number == 1:
+            with anyio.fail_after(5):
+                await second_came.wait()
+            await anyio.sleep(0.05)  # the second's answer comes back first
+            return error_response(503, "StorageUnavailable")
+        return None
+
+    fake.before = before
+    await _send_two_in_flight(fake)
+    sent = [(a.values, a.producer) for r in fake.requests for a in r]
+    assert sent[-2:] == [([b"a"], sent[0][1]), ([b"b"], sent[1][1])]
+
+
+async def test_batches_behind_one_that_fails_for_good_go_on_in_a_new_sequence() -> None:
+    """Three batches in flight; the first is refused for good. The two behind it were not
+    written (its 0 is missing, so they are refused too): they are sent again as 0 and 1
+    of a new sequence, after the first's failure, and stored in order."""
+    fake = FakeBroker({"t": 1})
+    all_came = anyio.Event()
+
+    async def before(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt]
+                     ) -> httpx.Response | None:
+        values = attempts[0].values
+        if values == [b"c"]:
+            all_came.set()
+        if values in ([b"a"], [b"b"]) and attempts[0].number == 1:
+            with anyio.fail_after(5):
+                await all_came.wait()  # all three in flight
+            if values == [b"a"]:
+                await anyio.sleep(0.05)  # answered after the two behind it
+                return error_response(400, "InvalidRequest")
+        return None
+
+    fake.before = before
+    async with AsyncProducer(A, transport=fake.transport(), linger_ms=0, **PLAIN) as producer:
+        futures = []
+        for value in (b"a", b"b", b"c"):
+            futures.append(await producer.send("t", value, partition=0))
+            await _requests(fake, len(futures))
+        with pytest.raises(InvalidRequest):
+            await futures[0]
+        assert (await futures[1]).offset == 1 and (await futures[2]).offset == 2
+    assert _values(fake) == [b"b", b"c"]
+    last_two = [a.producer for r in fake.requests[-2:] for a in r]
+    assert [seq for _, seq in last_two] == [0, 1]  # type: ignore[misc]
+    assert last_two[0][0] != fake.requests[0][0].producer[0]  # type: ignore[index]

@@ -81,18 +81,19 @@ async def test_a_gap_is_refused_and_nothing_written(engine: Engine,
 async def test_groups_of_one_append_are_judged_in_order(engine: Engine,
                                                         tp: TopicPartition) -> None:
     """In one append: a producer's 0 then 1 both go in; a repeat of 0 is its echo; a 3
-    after them is a gap (refused, the rest committed without it); 1 before 0 of another
-    producer: the 1 is refused, the 0 goes in."""
-    a0, a1, echo, a3, b1, b0, plain = await engine.writer.append_shared([
+    after them is a gap (refused, the rest committed without it); another producer's 1
+    read before its 0 goes in after it; a third producer unknown at 1 is refused."""
+    a0, a1, echo, a3, b1, b0, c1, plain = await engine.writer.append_shared([
         _group(tp, b"a0", "a", 0), _group(tp, b"a1", "a", 1), _group(tp, b"a0'", "a", 0),
         _group(tp, b"a3", "a", 3), _group(tp, b"b1", "b", 1), _group(tp, b"b0", "b", 0),
-        AppendGroup(tp, [b"plain"])])
+        _group(tp, b"c1", "c", 1), AppendGroup(tp, [b"plain"])])
     assert _ok(a0).start_offset == 1 and _ok(a1).start_offset == 2
     assert _ok(echo).duplicate and _ok(echo).start_offset == 1
     assert type(a3) is OutOfOrderSequence
-    assert type(b1) is UnknownProducer and not b1.retriable
-    assert _ok(b0).start_offset == 3 and _ok(plain).start_offset == 4
-    assert await _values(engine, tp) == [b"a0", b"a1", b"b0", b"plain"]
+    assert _ok(b0).start_offset == 3 and _ok(b1).start_offset == 4
+    assert type(c1) is UnknownProducer and not c1.retriable
+    assert _ok(plain).start_offset == 5
+    assert await _values(engine, tp) == [b"a0", b"a1", b"b0", b"b1", b"plain"]
 
 
 async def test_an_unknown_producer_must_start_at_zero(engine: Engine,
@@ -219,3 +220,16 @@ async def test_a_repeat_beside_the_next_group_is_answered_as_the_repeat(
         [_group(tp, b"1", "p", 1), _group(tp, b"0", "p", 0)])
     assert _ok(following).start_offset == 2
     assert _ok(repeat).duplicate and _ok(repeat).start_offset == last.start_offset
+
+
+async def test_a_producers_groups_read_out_of_order_are_appended_in_its_order(
+        engine: Engine, tp: TopicPartition) -> None:
+    """Requests of one producer read in another order than sent (2, 0, 1), beside
+    another producer's and a plain group: each producer's groups take their places in
+    the order of their sequence, none is refused."""
+    outcomes = await engine.writer.append_shared([
+        _group(tp, b"a2", "a", 2), AppendGroup(tp, [b"plain"]), _group(tp, b"a0", "a", 0),
+        _group(tp, b"b0", "b", 0), _group(tp, b"a1", "a", 1)])
+    offsets = [_ok(o).start_offset for o in outcomes]
+    assert offsets == [5, 2, 1, 4, 3]
+    assert await _values(engine, tp) == [b"a0", b"plain", b"a1", b"b0", b"a2"]

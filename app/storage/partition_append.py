@@ -4,6 +4,7 @@ within the request is answered with the first group's outcome)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app.errors import LlogError
@@ -138,9 +139,10 @@ class PartitionAppend:
                                evictions_seen=self.evictions_seen)
         groups = {m.index: m.group for m in self.members}
         groups.update({i: e.group for i, e in self.echoes.items()})
-        for index in sorted(groups):
-            if index not in dropped:
-                rest.add(index, groups[index])
+        indices = sorted(groups)
+        for k in in_sequence_order([groups[i] for i in indices]):
+            if indices[k] not in dropped:
+                rest.add(indices[k], groups[indices[k]])
         return rest
 
     def fail(self, outcomes: list[AppendOutcome | None], error: LlogError) -> None:
@@ -150,3 +152,27 @@ class PartitionAppend:
 def _as_duplicate(result: AppendResult) -> AppendResult:
     return AppendResult(result.tp, result.start_offset, result.end_offset, result.count,
                         result.index_key, result.wal_uri, duplicate=True)
+
+
+def in_sequence_order(groups: Sequence[AppendGroup]) -> list[int]:
+    """The order to append ``groups`` in (their indices): as given, but the groups of
+    one producer to one partition, in the places they hold, in the order of their
+    sequence. A producer with several requests in flight may have them read in another
+    order than it sent them (other connections, other tasks); appended as read, the
+    later one would be refused as out of order and sent again for nothing."""
+    places: dict[tuple[TopicPartition, str], list[int]] = {}
+    for i, g in enumerate(groups):
+        if g.producer is not None:
+            places.setdefault((g.tp, g.producer.producer_id), []).append(i)
+    order = list(range(len(groups)))
+    for indices in places.values():
+        if len(indices) > 1:
+            ranked = sorted(indices, key=lambda i: _sequence(groups[i]))
+            for place, i in zip(indices, ranked, strict=True):
+                order[place] = i
+    return order
+
+
+def _sequence(group: AppendGroup) -> int:
+    assert group.producer is not None
+    return group.producer.sequence

@@ -48,7 +48,7 @@ from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import materialise_pending
 from app.storage.metrics import StoreMetrics
 from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
-from app.storage.partition_append import PartitionAppend
+from app.storage.partition_append import PartitionAppend, in_sequence_order
 from app.storage.partition_commit import (
     CommitRules,
     PartitionCommit,
@@ -167,13 +167,15 @@ class LogWriter:
     async def append_shared(self, groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
         """Append every group; one outcome per group, in order.
 
-        Groups of one partition are committed together, in order, as one append; one
-        partition failing never affects another. Raises only for invalid input.
+        Groups of one partition are committed together, in order (a producer's in the
+        order of its sequence), as one append; one partition failing never affects
+        another. Raises only for invalid input.
         """
         if not groups:
             raise InvalidRequest("append_shared needs at least one group")
         parts: dict[TopicPartition, PartitionAppend] = {}
-        for i, group in enumerate(groups):
+        for i in in_sequence_order(groups):
+            group = groups[i]
             if not group.records:
                 raise InvalidRequest(f"{group.tp}: an append needs at least one record")
             parts.setdefault(group.tp, PartitionAppend(group.tp)).add(i, group)

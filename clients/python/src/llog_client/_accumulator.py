@@ -8,11 +8,17 @@ has been drained into a request it is *sealed*: its records and its producer seq
 (or idempotency key) never change again, so every retry of it is the same append and the
 broker writes it at most once (docs/http-api.md, Idempotent producers).
 
-With ``ordered`` (the default), a partition has at most one batch in flight, and a batch
-to retry goes back to the front of its partition's queue: records of a partition are
-appended in the order they were sent, however many retries it takes (Kafka's
-``max.in.flight.requests.per.connection=1``). Unordered, many batches of a partition
-travel at once and a retried one may land after a later one.
+With ``ordered`` (the default), a partition's batches are sent as its producer sequence
+(app's docs/http-api.md, Idempotent producers), ``in_flight_per_partition`` of them at
+once (Kafka's ``max.in.flight.requests.per.connection`` with idempotence): the broker
+appends each only after the one before it, so a partition's records are stored in the
+order they were sent however many retries it takes. A batch to retry goes back to its
+place in its partition's queue (by ``serial``) and is sent only once the batches sent
+before it are answered. A batch whose sequence was broken by an earlier batch failing
+for good, and which may have been written, keeps its old place in that sequence
+(``stale``): it travels alone in its partition. Batches the broker places by key (no
+partition, no sequence) go one at a time. Unordered, many batches of a partition travel
+at once and a retried one may land after a later one.
 
 Every method is called with the producer's lock held: the sync producer's threads append
 while its sender thread drains.
@@ -65,6 +71,7 @@ class Batch:
         "sequence",
         "serial",
         "size",
+        "stale",
         "timestamps",
         "values",
         "waiter",
@@ -82,6 +89,7 @@ class Batch:
         self.idempotency_key = ""
         self.producer_id = ""  # with ``sequence``: its place in its producer's sequence
         self.sequence = -1
+        self.stale = False  # keeps a sequence the producer has left (module docstring)
         self.attempts = 0
         self.ready_at = created  # a batch to retry waits out its backoff
         self.sealed = self.full = self.finished = False
@@ -164,13 +172,13 @@ class Accumulator:
     """Each partition's queue of batches; see the module."""
 
     def __init__(self, *, batch_bytes: int, batch_records: int, linger_s: float,
-                 ordered: bool, new_waiter: Callable[[], Any], clock: Callable[[], float]
-                 ) -> None:
+                 ordered: bool, new_waiter: Callable[[], Any], clock: Callable[[], float],
+                 in_flight_per_partition: int = 1) -> None:
         self.batch_bytes = batch_bytes
         self.batch_records = batch_records  # a request's record limit holds one batch
         self.linger_s = linger_s
         self.ordered = ordered
-        self._per_lane = 1 if ordered else UNORDERED_PER_PARTITION
+        self._per_partition = in_flight_per_partition
         self._new_waiter = new_waiter
         self._clock = clock
         self._queues: dict[Route, deque[Batch]] = {}
@@ -179,7 +187,10 @@ class Accumulator:
         # without a route made and hashed per record. A batch leaves it once drained,
         # and one taken out of its queue any other way is sealed, so it takes no more.
         self.tails: dict[str, dict[int, Batch]] = {}
-        self._in_flight: dict[Route, int] = {}
+        # Each lane's batches in flight, oldest first; lanes whose sequence broke send
+        # nothing more until those are answered.
+        self._flying: dict[Route, list[Batch]] = {}
+        self._draining: set[Route] = set()
         # Lanes held back until a time: a batch failed for good after an attempt that
         # may still commit (until its commit deadline); nothing passes it before then.
         self._held: dict[Route, float] = {}
@@ -257,7 +268,7 @@ class Accumulator:
         way until they are settled and the hold is over, or one could be stored before
         an earlier record of its key."""
         lane = (topic, -1, None)
-        if lane in self._queues or lane in self._in_flight:
+        if lane in self._queues or lane in self._flying:
             return True
         held = self._held.get(lane)
         return held is not None and held > self._clock()
@@ -267,8 +278,14 @@ class Accumulator:
         batches: it has as many in flight as it may, or (unordered) the oldest batch
         not settled must be settled before more pass it (unless ``head`` is that one,
         back for a retry)."""
-        if self._in_flight.get(lane, 0) >= self._per_lane:
-            return True
+        flying = self._flying.get(lane)
+        if flying:
+            if len(flying) >= self._limit(lane) or lane in self._draining:
+                return True
+            if head.stale or any(b.stale for b in flying):
+                return True  # a sequence left behind: alone in its partition
+            if head.attempts and any(b.serial < head.serial for b in flying):
+                return True  # a retry goes once the batches sent before it are answered
         unsettled = self._unsettled.get(lane)
         if not unsettled or head.serial in unsettled:
             return False
@@ -321,7 +338,7 @@ class Accumulator:
             if not queue:
                 del self._queues[lane]  # lanes by key come and go
             self._seal(batch)
-            self._in_flight[lane] = self._in_flight.get(lane, 0) + 1
+            self._flying.setdefault(lane, []).append(batch)
             if not self.ordered:
                 sent = self._sent.get(lane, 0)
                 self._sent[lane] = sent + 1
@@ -343,19 +360,51 @@ class Accumulator:
             if not tails:
                 del self.tails[topic]
 
+    def _limit(self, lane: Route) -> int:
+        """Batches of ``lane`` in flight at once."""
+        if not self.ordered:
+            return UNORDERED_PER_PARTITION
+        return self._per_partition if lane[1] >= 0 else 1
+
     def requeue(self, batch: Batch, ready_at: float) -> None:
-        """A batch to send again after ``ready_at``: first of its partition's queue."""
+        """A batch to send again after ``ready_at``: back in its place in its
+        partition's queue, before the batches made after it."""
         lane = lane_of(batch.route)
-        self._landed(lane)
+        self._landed(lane, batch)
         batch.ready_at = ready_at
-        self._queues.setdefault(lane, deque()).appendleft(batch)
+        queue = self._queues.setdefault(lane, deque())
+        at = next((i for i, b in enumerate(queue) if b.serial > batch.serial), len(queue))
+        queue.insert(at, batch)
+
+    def predecessor_pending(self, batch: Batch) -> bool:
+        """Whether a batch before ``batch`` in its producer sequence is still to be
+        answered (in flight, or queued to go again)."""
+        lane = lane_of(batch.route)
+        return any(b.producer_id == batch.producer_id and b.sequence < batch.sequence
+                   for b in (*self._flying.get(lane, ()), *self._queues.get(lane, ())))
+
+    def sequence_broken(self, batch: Batch) -> None:
+        """``batch``'s partition goes on under a new sequence: the batches queued after
+        it that cannot have been written take their places in the new one when sent;
+        those that may have been keep theirs (``stale``). Nothing more of the partition
+        is sent before its batches in flight are answered."""
+        lane = lane_of(batch.route)
+        for queued in self._queues.get(lane, ()):
+            if queued.producer_id != batch.producer_id or queued.sequence < batch.sequence:
+                continue
+            if queued.maybe_written:
+                queued.stale = True
+            else:
+                queued.producer_id, queued.sequence = "", -1
+        if lane in self._flying:
+            self._draining.add(lane)
 
     def settled(self, batch: Batch, hold_until: float | None = None) -> None:
         """A batch that was in flight is finished: its bytes are free. ``hold_until``:
         it failed, but an attempt of it may still commit until then; its lane sends
         nothing before."""
         lane = lane_of(batch.route)
-        self._landed(lane)
+        self._landed(lane, batch)
         self._forget(batch)
         if hold_until is not None:
             self.hold(batch.route, hold_until)
@@ -376,12 +425,13 @@ class Accumulator:
                 if not unsettled:
                     del self._unsettled[lane]
 
-    def _landed(self, lane: Route) -> None:
-        left = self._in_flight.get(lane, 0) - 1
-        if left > 0:
-            self._in_flight[lane] = left
-        else:
-            self._in_flight.pop(lane, None)
+    def _landed(self, lane: Route, batch: Batch) -> None:
+        flying = self._flying.get(lane)
+        if flying is not None and batch in flying:
+            flying.remove(batch)
+        if not flying:
+            self._flying.pop(lane, None)
+            self._draining.discard(lane)
 
     def expired(self, now: float) -> list[Batch]:
         """Queued batches past their delivery deadline, taken out (the caller fails
@@ -421,7 +471,7 @@ class Accumulator:
             yield from queue
 
     def empty(self) -> bool:
-        return not any(self._queues.values()) and not self._in_flight
+        return not any(self._queues.values()) and not self._flying
 
     def take_all(self) -> list[Batch]:
         """Every queued batch, taken out (closing: the caller fails them)."""

@@ -46,17 +46,20 @@ class Producer:
     ``send`` adds a record to its partition's batch and returns a
     :class:`~llog_client.RecordFuture`; a thread of the producer's own sends a batch once
     it holds ``batch_bytes`` or has waited ``linger_ms``, many partitions' batches per
-    request (binary bodies), ``max_in_flight`` requests at a time. Each batch carries an
-    idempotency key and is retried under it until ``delivery_timeout_ms``: a record is
-    stored once however often it is sent. With ``ordered`` (the default) a partition has
-    one batch in flight, so records of a partition are stored in the order sent.
+    request (binary bodies), ``max_in_flight`` requests at a time. Each batch is retried
+    as the same append until ``delivery_timeout_ms``: a record is stored once however
+    often it is sent. With ``ordered`` (the default) a partition's batches go as its
+    producer sequence, ``in_flight_per_partition`` (5) at once, and the broker appends
+    each only after the one before it: records of a partition are stored in the order
+    sent.
 
     Options (``ProducerSettings``): ``linger_ms`` (5), ``batch_bytes`` (1 MiB),
     ``max_request_bytes`` (4 MiB), ``max_in_flight`` (8), ``buffer_bytes`` (64 MiB: ``send``
     blocks while the records not yet acknowledged fill it, and raises ``BufferFull`` after
     ``max_block_ms``, 60 s), ``delivery_timeout_ms`` (120 s), ``request_timeout_s`` (30),
-    ``ordered`` (True). ``compression``: zstd, gzip or none for every request; None (the
-    default): zstd for requests whose topics are stored compressed, else none.
+    ``ordered`` (True), ``in_flight_per_partition`` (5). ``compression``: zstd, gzip or
+    none for every request; None (the default): zstd for requests whose topics are stored
+    compressed, else none.
     ``on_delivery(metadata, error)`` runs once per record on the producer's thread.
     """
 

@@ -27,6 +27,9 @@ from llog_client._sequences import ProducerSequences
 from llog_client._topic_meta import TopicMeta
 
 MiB = 1024 * 1024
+# A partition remembers where a producer's last 5 batches went (docs/http-api.md,
+# Idempotent producers): a resend of the oldest of that many in flight is still known.
+MAX_IN_FLIGHT_PER_PARTITION = 5
 _new_tuple = tuple.__new__  # a NamedTuple made without its Python-level __new__
 # A header's name is 1 to 256 characters; a record has at most 64 (the broker's limits).
 MAX_HEADER_NAME = 256
@@ -58,12 +61,18 @@ class ProducerSettings:
     retry_backoff_ms: float = 100.0
     retry_backoff_max_ms: float = 1_000.0
     ordered: bool = True
+    # Ordered: a partition's batches in flight at once, kept in order by its producer
+    # sequence (at most what a partition remembers of a producer: 5).
+    in_flight_per_partition: int = 5
 
     def __post_init__(self) -> None:
         for name in ("batch_bytes", "max_request_bytes", "max_request_records",
                      "max_request_entries", "max_in_flight", "buffer_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if not 1 <= self.in_flight_per_partition <= MAX_IN_FLIGHT_PER_PARTITION:
+            raise ValueError("in_flight_per_partition must be 1 to "
+                             f"{MAX_IN_FLIGHT_PER_PARTITION}")
         if self.batch_bytes > self.max_request_bytes:
             raise ValueError("batch_bytes must be at most max_request_bytes")
         if self.linger_ms < 0 or self.max_block_ms < 0:
@@ -121,7 +130,8 @@ class ProducerCore:
         self.acc = Accumulator(batch_bytes=settings.batch_bytes,
                                batch_records=settings.max_request_records,
                                linger_s=settings.linger_ms / 1000, ordered=settings.ordered,
-                               new_waiter=new_waiter, clock=time.monotonic)
+                               new_waiter=new_waiter, clock=time.monotonic,
+                               in_flight_per_partition=settings.in_flight_per_partition)
         self.topics: dict[str, TopicMeta] = {}
         self.keys = KeySource()
         self.sequences = ProducerSequences()

@@ -10,6 +10,10 @@ I/O, called with the producer's lock held.
 - Otherwise failed with the error, ``maybe_written`` when any attempt may have been.
 - ``UnknownProducer`` (the partition forgot the producer's sequence): retried as the
   first of a new sequence, unless an attempt may have been written (then failed).
+- ``OutOfOrderSequence`` (or ``UnknownProducer``) while a batch before it in its sequence
+  is still to be answered: sent again as soon as that one is. A batch that fails for
+  good breaks its partition's sequence (:meth:`Accumulator.sequence_broken`); one sent
+  before that and not written takes a place in the new sequence.
 
 A batch that fails for good after an attempt that may still commit holds its partition
 back until that attempt's commit deadline has passed (the broker refuses to commit it
@@ -26,7 +30,12 @@ from dataclasses import dataclass
 from llog_client._accumulator import Accumulator, Batch
 from llog_client._compression import Compression
 from llog_client._config import MAX_COMMIT_DEADLINE_MS, ClientConfig
-from llog_client._errors import DeliveryTimeout, LlogError, UnknownProducer
+from llog_client._errors import (
+    DeliveryTimeout,
+    LlogError,
+    OutOfOrderSequence,
+    UnknownProducer,
+)
 from llog_client._producer_metrics import ProducerMetrics
 from llog_client._sequences import ProducerSequences
 from llog_client._wire import Broken, Outcome
@@ -82,12 +91,26 @@ class RetryRules:
                 batch.alone = True  # refused whole with others: try it by itself
                 self._acc.requeue(batch, now)
                 continue
-            if (isinstance(error, UnknownProducer) and self._sequences is not None
-                    and not batch.maybe_written):
-                # Forgotten by the partition, and no attempt of it may have been written:
-                # it starts a new sequence, retried as any retriable refusal is.
-                self._sequences.restart(batch)
-                error.retriable = True
+            if (self._sequences is not None and batch.producer_id
+                    and isinstance(error, OutOfOrderSequence | UnknownProducer)
+                    and self._acc.predecessor_pending(batch)):
+                # Read before the batch ahead of it in its sequence was committed (a new
+                # producer's 1 before its 0 is "unknown"): it goes again as soon as that
+                # one is answered (its queue holds it back until then), no backoff.
+                self._metrics.retries += 1
+                self._acc.requeue(batch, now)
+                continue
+            if self._sequences is not None and batch.producer_id and not batch.maybe_written:
+                if isinstance(error, UnknownProducer):
+                    # Forgotten by the partition, and no attempt of it may have been
+                    # written: the partition starts a new sequence, this batch first.
+                    self._break(batch)
+                    batch.producer_id, batch.sequence = "", -1
+                    error.retriable = True
+                elif self._sequences.left(batch):
+                    # Sent before an earlier batch broke the sequence, and not written:
+                    # it takes a place in the new one when sent again.
+                    batch.producer_id, batch.sequence = "", -1
             final = self._retry_or_final(batch, error, now)
             if final is None:
                 moved = moved or not isinstance(outcome, Broken)
@@ -163,6 +186,13 @@ class RetryRules:
         """(lock held; notify it after) A batch of a producer sequence that fails breaks
         it: the partition goes on under a new one."""
         if self._sequences is not None:
-            self._sequences.broken(batch)
+            self._break(batch)
         self._metrics.failed(batch)
         batch.fail(error)
+
+    def _break(self, batch: Batch) -> None:
+        """``batch``'s partition goes on under a new sequence (unless it left this one
+        already)."""
+        assert self._sequences is not None
+        if self._sequences.broken(batch):
+            self._acc.sequence_broken(batch)

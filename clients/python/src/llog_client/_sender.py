@@ -109,6 +109,10 @@ class Sender:
                 batches = (self._acc.drain(now, s.max_request_bytes, s.max_request_records,
                                            s.max_request_entries, self._group())
                            if can_send else [])
+                for batch in batches:  # in the order drained: a partition's, in its order
+                    sequenced = self._sequences is not None and self._sequences.assign(batch)
+                    if not sequenced and not batch.idempotency_key:
+                        batch.idempotency_key = self._keys.next()
                 finished = self._acc.closed and self._acc.empty()
                 delay = self._acc.next_check_s(now, can_send)
                 if expired:
@@ -186,9 +190,6 @@ class Sender:
         url = self._target(batches[0])
         try:
             for batch in batches:
-                sequenced = self._sequences is not None and self._sequences.assign(batch)
-                if not sequenced and not batch.idempotency_key:
-                    batch.idempotency_key = self._keys.next()
                 batch.attempts += 1
             outcome = await self._post(batches, url)
         finally:

@@ -44,18 +44,18 @@ class ProducerSequences:
         self._next[place] = batch.sequence + 1
         return True
 
-    def broken(self, batch: Batch) -> None:
-        """``batch`` failed for good: its partition's next batch starts a new sequence
-        (unless a later epoch began already)."""
+    def broken(self, batch: Batch) -> bool:
+        """``batch`` failed for good, or its partition forgot the producer: the
+        partition's next batches start a new sequence. False when ``batch`` belongs to a
+        sequence left already (nothing changes)."""
         place = (batch.topic, batch.partition)
-        if batch.producer_id and batch.producer_id == self.producer_id(place):
-            self._epochs[place] = self._epochs.get(place, 0) + 1
-            self._next[place] = 0
+        if not batch.producer_id or batch.producer_id != self.producer_id(place):
+            return False
+        self._epochs[place] = self._epochs.get(place, 0) + 1
+        self._next[place] = 0
+        return True
 
-    def restart(self, batch: Batch) -> None:
-        """The partition forgot the producer (``UnknownProducer``) and no attempt of
-        ``batch`` may have been written: it goes again as the first of a new
-        sequence."""
-        self.broken(batch)
-        batch.producer_id = ""
-        self.assign(batch)
+    def left(self, batch: Batch) -> bool:
+        """Whether ``batch`` holds a place in a sequence its partition has left."""
+        return bool(batch.producer_id) and batch.producer_id != self.producer_id(
+            (batch.topic, batch.partition))
