@@ -49,6 +49,7 @@ pytestmark = pytest.mark.timeout(60)
 A = "http://a.test"
 B = "http://b.test"
 WINDOW = 64  # idempotency keys a partition remembers (docs/http-api.md)
+REMEMBERED_SEQUENCES = 5  # where a producer's last sequences went, per partition
 # Compression given: a record with a partition needs no topic lookup. Short backoffs.
 PLAIN: dict[str, Any] = {"compression": "none", "retry_backoff_ms": 10,
                          "retry_backoff_max_ms": 50}
@@ -214,13 +215,16 @@ class FakeBroker:
                     "duplicate": True}
         if state is None and seq != 0:
             return failed("UnknownProducer", retriable=False)
-        if state is not None and seq != state[0] + 1:
+        if state is not None and seq > state[0] + 1:
             return failed("OutOfOrderSequence", retriable=True)
+        if state is not None and seq <= state[0]:
+            return failed("DuplicateSequence", retriable=False, maybe_written=True)
         log = self.logs[(topic, partition)]
         start = len(log) + 1
         log.extend(attempt.values)
         ranges = {} if state is None else state[1]
         ranges[seq] = (start, len(attempt.values))
+        ranges.pop(seq - REMEMBERED_SEQUENCES, None)  # the broker keeps the last 5
         self.producers[(topic, partition, pid)] = (seq, ranges)
         return {"topic": topic, "partition": partition, "ok": True, "outcome": "success",
                 "start_offset": start, "end_offset": len(log), "count": len(attempt.values)}

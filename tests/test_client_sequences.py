@@ -229,3 +229,138 @@ async def test_batches_behind_one_that_fails_for_good_go_on_in_a_new_sequence() 
     last_two = [a.producer for r in fake.requests[-2:] for a in r]
     assert [seq for _, seq in last_two] == [0, 1]  # type: ignore[misc]
     assert last_two[0][0] != fake.requests[0][0].producer[0]  # type: ignore[index]
+
+
+def _sent(fake: FakeBroker, value: bytes) -> int:
+    """How many times ``value``'s batch was sent."""
+    return sum(1 for r in fake.requests for a in r if a.values == [value])
+
+
+async def _until_sent(fake: FakeBroker, value: bytes, times: int = 1) -> None:
+    with anyio.fail_after(5):
+        while _sent(fake, value) < times:  # noqa: ASYNC110 (the fake has no event to wait on)
+            await anyio.sleep(0.001)
+
+
+async def test_batches_answered_out_of_order_after_a_break_keep_the_send_order() -> None:
+    """a, b, c in flight; a is refused for good, then c is answered (unknown: its
+    sequence's 0 never went in) before b. c must not go again under the left sequence
+    beside a later d: b, c, d are stored in that order."""
+    fake = FakeBroker({"t": 1})
+    answered = {v: anyio.Event() for v in (b"a", b"c")}
+    d_judged = anyio.Event()
+
+    async def before(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt]
+                     ) -> httpx.Response | None:
+        at = attempts[0]
+        if at.number == 1 and at.values in ([b"a"], [b"b"], [b"c"]):
+            await _until_sent(fake, b"c")  # all three out
+            if at.values == [b"a"]:
+                answered[b"a"].set()
+                return error_response(400, "InvalidRequest")
+            with anyio.fail_after(5):
+                await answered[b"a" if at.values == [b"c"] else b"c"].wait()
+            await anyio.sleep(0.05)
+            if at.values == [b"c"]:
+                answered[b"c"].set()
+            return None
+        if at.values == [b"c"] and _sent(fake, b"c") >= 2:
+            with anyio.fail_after(5):
+                await d_judged.wait()  # a later batch judged before c's second attempt
+        return None
+
+    async def after(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt],
+                    response: httpx.Response) -> httpx.Response:
+        if attempts[0].values == [b"d"]:
+            d_judged.set()
+        return response
+
+    fake.before, fake.after = before, after
+    async with AsyncProducer(A, transport=fake.transport(), linger_ms=0, **PLAIN) as producer:
+        futures = []
+        for value in (b"a", b"b", b"c"):
+            futures.append(await producer.send("t", value, partition=0))
+            await _requests(fake, len(futures))
+        await _until_sent(fake, b"c", 2)
+        futures.append(await producer.send("t", b"d", partition=0))
+        with pytest.raises(InvalidRequest):
+            await futures[0]
+        assert [(await f).offset for f in futures[1:]] == [1, 2, 3]
+    assert _values(fake) == [b"b", b"c", b"d"]
+
+
+async def test_no_batch_goes_past_the_sequences_a_partition_remembers() -> None:
+    """a is written and its answer lost; b..e are written, their answers held until a's
+    retry is out. f must not be sent (and committed) before a's retry is answered: five
+    sequences past a, a's retry would no longer be found (DuplicateSequence)."""
+    fake = FakeBroker({"t": 1})
+    retry_out = anyio.Event()
+
+    async def before(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt]
+                     ) -> httpx.Response | None:
+        if attempts[0].values == [b"a"] and _sent(fake, b"a") == 2:
+            retry_out.set()
+            await anyio.sleep(0.05)  # anything sent beside it would be judged first
+        return None
+
+    async def after(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt],
+                    response: httpx.Response) -> httpx.Response:
+        at = attempts[0]
+        if at.values == [b"a"] and at.number == 1:
+            await _until_sent(fake, b"e")
+            raise httpx.ReadError("the answer was cut")  # written, not acknowledged
+        if at.values in ([b"b"], [b"c"], [b"d"], [b"e"]):
+            with anyio.fail_after(5):
+                await retry_out.wait()
+        return response
+
+    fake.before, fake.after = before, after
+    async with AsyncProducer(A, transport=fake.transport(), linger_ms=0, **PLAIN) as producer:
+        futures = []
+        for value in (b"a", b"b", b"c", b"d", b"e"):
+            futures.append(await producer.send("t", value, partition=0))
+            await _requests(fake, len(futures))
+        futures.append(await producer.send("t", b"f", partition=0))
+        assert [(await f).offset for f in futures] == [1, 2, 3, 4, 5, 6]
+    assert _values(fake) == [b"a", b"b", b"c", b"d", b"e", b"f"]
+
+
+@pytest.mark.parametrize("cut", ["before_read", "after_break"])
+async def test_batches_behind_a_certain_failure_go_on_at_once(cut: str) -> None:
+    """a is refused for good (certainly not written), so nothing after it in its
+    sequence can have been, whatever became of b's request (cut before the broker read
+    it, or cut after a's refusal): b and c are stored, in order, long before the
+    delivery timeout, and b does not fail as maybe written."""
+    fake = FakeBroker({"t": 1})
+    a_refused = anyio.Event()
+
+    async def before(fake: FakeBroker, request: httpx.Request, attempts: list[Attempt]
+                     ) -> httpx.Response | None:
+        at = attempts[0]
+        if at.values == [b"a"] and at.number == 1:
+            await _until_sent(fake, b"b")
+            if cut == "before_read":
+                await anyio.sleep(0.05)  # b's cut is seen first
+            a_refused.set()
+            return error_response(400, "InvalidRequest")
+        if at.values == [b"b"] and at.number == 1:
+            if cut == "after_break":
+                with anyio.fail_after(5):
+                    await a_refused.wait()
+                await anyio.sleep(0.05)
+            raise httpx.ReadError("the request was cut")
+        return None
+
+    fake.before = before
+    async with AsyncProducer(A, transport=fake.transport(), linger_ms=0,
+                             delivery_timeout_ms=60_000, **PLAIN) as producer:
+        fa = await producer.send("t", b"a", partition=0)
+        await _requests(fake, 1)
+        fb = await producer.send("t", b"b", partition=0)
+        await _requests(fake, 2)
+        fc = await producer.send("t", b"c", partition=0)
+        with pytest.raises(InvalidRequest):
+            await fa
+        with anyio.fail_after(10):  # the delivery timeout is 60 s
+            assert [(await fb).offset, (await fc).offset] == [1, 2]
+    assert _values(fake) == [b"b", b"c"]

@@ -49,6 +49,7 @@ class Batch:
         "alone",
         "attempts",
         "base_offset",
+        "behind_certain",
         "callbacks",
         "created",
         "deadline",
@@ -90,6 +91,8 @@ class Batch:
         self.producer_id = ""  # with ``sequence``: its place in its producer's sequence
         self.sequence = -1
         self.stale = False  # keeps a sequence the producer has left (module docstring)
+        # Out when its sequence broke at a batch certainly not written: neither is it.
+        self.behind_certain = False
         self.attempts = 0
         self.ready_at = created  # a batch to retry waits out its backoff
         self.sealed = self.full = self.finished = False
@@ -191,6 +194,8 @@ class Accumulator:
         # nothing more until those are answered.
         self._flying: dict[Route, list[Batch]] = {}
         self._draining: set[Route] = set()
+        # The producer's id and next sequence for a partition (the sender's sequences).
+        self.position: Callable[[tuple[str, int]], tuple[str, int]] | None = None
         # Lanes held back until a time: a batch failed for good after an attempt that
         # may still commit (until its commit deadline); nothing passes it before then.
         self._held: dict[Route, float] = {}
@@ -286,6 +291,8 @@ class Accumulator:
                 return True  # a sequence left behind: alone in its partition
             if head.attempts and any(b.serial < head.serial for b in flying):
                 return True  # a retry goes once the batches sent before it are answered
+            if not head.producer_id and self._window_full(lane):
+                return True
         unsettled = self._unsettled.get(lane)
         if not unsettled or head.serial in unsettled:
             return False
@@ -360,6 +367,18 @@ class Accumulator:
             if not tails:
                 del self.tails[topic]
 
+    def _window_full(self, lane: Route) -> bool:
+        """Whether the next batch of ``lane``'s sequence would be as far past the oldest
+        one not yet answered as the partition remembers (``in_flight_per_partition``): a
+        retry of that one must still find its place among the sequences remembered."""
+        if self.position is None or lane[1] < 0 or not self.ordered:
+            return False
+        producer_id, following = self.position((lane[0], lane[1]))
+        unanswered = [b.sequence for b in (*self._flying.get(lane, ()),
+                                           *self._queues.get(lane, ()))
+                      if b.producer_id == producer_id]
+        return bool(unanswered) and following - min(unanswered) >= self._limit(lane)
+
     def _limit(self, lane: Route) -> int:
         """Batches of ``lane`` in flight at once."""
         if not self.ordered:
@@ -384,18 +403,28 @@ class Accumulator:
                    for b in (*self._flying.get(lane, ()), *self._queues.get(lane, ())))
 
     def sequence_broken(self, batch: Batch) -> None:
-        """``batch``'s partition goes on under a new sequence: the batches queued after
-        it that cannot have been written take their places in the new one when sent;
-        those that may have been keep theirs (``stale``). Nothing more of the partition
-        is sent before its batches in flight are answered."""
+        """``batch``'s partition goes on under a new sequence. The batches after it in
+        the old one: if ``batch`` was certainly not written, neither can they be (the
+        broker appends a sequence only in order): queued, they take places in the new
+        one when sent; out, they will once answered (``behind_certain``). If it may have
+        been, so may they: they keep their places (``stale``). Nothing more of the
+        partition is sent before its batches in flight are answered."""
         lane = lane_of(batch.route)
+        certain = not batch.maybe_written
         for queued in self._queues.get(lane, ()):
             if queued.producer_id != batch.producer_id or queued.sequence < batch.sequence:
                 continue
-            if queued.maybe_written:
-                queued.stale = True
-            else:
+            if certain:
                 queued.producer_id, queued.sequence = "", -1
+                queued.maybe_written = queued.stale = False
+            else:
+                queued.stale = True
+        for out in self._flying.get(lane, ()):
+            if out.producer_id == batch.producer_id and out.sequence > batch.sequence:
+                if certain:
+                    out.behind_certain = True
+                else:
+                    out.stale = True
         if lane in self._flying:
             self._draining.add(lane)
 

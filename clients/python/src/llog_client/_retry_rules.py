@@ -91,26 +91,16 @@ class RetryRules:
                 batch.alone = True  # refused whole with others: try it by itself
                 self._acc.requeue(batch, now)
                 continue
-            if (self._sequences is not None and batch.producer_id
-                    and isinstance(error, OutOfOrderSequence | UnknownProducer)
-                    and self._acc.predecessor_pending(batch)):
-                # Read before the batch ahead of it in its sequence was committed (a new
-                # producer's 1 before its 0 is "unknown"): it goes again as soon as that
-                # one is answered (its queue holds it back until then), no backoff.
-                self._metrics.retries += 1
-                self._acc.requeue(batch, now)
-                continue
-            if self._sequences is not None and batch.producer_id and not batch.maybe_written:
-                if isinstance(error, UnknownProducer):
-                    # Forgotten by the partition, and no attempt of it may have been
-                    # written: the partition starts a new sequence, this batch first.
-                    self._break(batch)
-                    batch.producer_id, batch.sequence = "", -1
-                    error.retriable = True
-                elif self._sequences.left(batch):
-                    # Sent before an earlier batch broke the sequence, and not written:
-                    # it takes a place in the new one when sent again.
-                    batch.producer_id, batch.sequence = "", -1
+            if self._sequences is not None and batch.producer_id:
+                placed_error = self._in_sequence(batch, error)
+                if placed_error is None:
+                    # Read before the batch ahead of it in its sequence was committed (a
+                    # new producer's 1 before its 0 is "unknown"): it goes again as soon
+                    # as that one is answered (its queue holds it back until then).
+                    self._metrics.retries += 1
+                    self._acc.requeue(batch, now)
+                    continue
+                error = placed_error
             final = self._retry_or_final(batch, error, now)
             if final is None:
                 moved = moved or not isinstance(outcome, Broken)
@@ -119,6 +109,38 @@ class RetryRules:
             self.fail(batch, final)
             done.append(batch)
         return done, moved
+
+    def _in_sequence(self, batch: Batch, error: LlogError) -> LlogError | None:
+        """What a refusal means for a batch of a producer sequence: None to send it again
+        as soon as the batches before it are answered; else the error to go on with
+        (the batch may have been given a place in a new sequence)."""
+        assert self._sequences is not None
+        if self._sequences.left(batch):
+            # Its sequence was left (a batch before it failed for good) while it was out.
+            never = batch.behind_certain or (
+                isinstance(error, OutOfOrderSequence)
+                and not self._acc.predecessor_pending(batch))
+            if not never:
+                batch.stale = True  # it may yet be written under the old one: alone
+                return error
+            # Never written: the batch its sequence broke at was not (nothing after it
+            # can be), or the partition says it is not the next while nothing before it
+            # is still to come. It takes a place in the new sequence.
+            _reset(batch)
+            batch.maybe_written = False
+            error = copy.copy(error)
+            error.maybe_written, error.retriable = False, True
+            return error
+        if (isinstance(error, OutOfOrderSequence | UnknownProducer)
+                and self._acc.predecessor_pending(batch)):
+            return None
+        if isinstance(error, UnknownProducer) and not batch.maybe_written:
+            # Forgotten by the partition, and no attempt of it may have been written: the
+            # partition starts a new sequence, this batch first.
+            self._break(batch)
+            _reset(batch)
+            error.retriable = True
+        return error
 
     def _noted(self, batch: Batch, error: LlogError, ended: float) -> LlogError:
         """Remember the attempt's error; one that may have written marks the batch,
@@ -196,3 +218,9 @@ class RetryRules:
         assert self._sequences is not None
         if self._sequences.broken(batch):
             self._acc.sequence_broken(batch)
+
+
+def _reset(batch: Batch) -> None:
+    """``batch`` holds no place in any sequence: it takes one when sent again."""
+    batch.producer_id, batch.sequence = "", -1
+    batch.stale = batch.behind_certain = False

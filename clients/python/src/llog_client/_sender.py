@@ -71,6 +71,8 @@ class Sender:
         # Ordered producers send each partition's batches as a producer sequence; unordered
         # ones, many batches of a partition at once, with idempotency keys.
         self._sequences = sequences if acc.ordered else None
+        if self._sequences is not None:
+            acc.position = self._sequences.position
         self._rules = RetryRules(settings, acc, metrics, config, self._sequences)
         self._wake = anyio.Event()
         self._in_flight = 0

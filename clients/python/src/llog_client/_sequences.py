@@ -30,6 +30,10 @@ class ProducerSequences:
     def producer_id(self, place: Place) -> str:
         return f"{self._base}.{self._epochs.get(place, 0)}"
 
+    def position(self, place: Place) -> tuple[str, int]:
+        """The partition's producer id now and the sequence its next batch takes."""
+        return self.producer_id(place), self._next.get(place, 0)
+
     def assign(self, batch: Batch) -> bool:
         """Give ``batch`` its place in its partition's sequence on its first attempt
         (kept for every retry); False for a batch placed by key."""
