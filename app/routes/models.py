@@ -229,9 +229,15 @@ ProduceRecord = TypeAliasType("ProduceRecord", Annotated[
 class ProduceTopicPartition(_Strict):
     # Without a partition, every record is an object with a key (that the keys are
     # equal, JSON Schema cannot say: the broker refuses other keys with 400).
-    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={
-        "if": {"not": _given("partition")},
-        "then": {"properties": {"records": {"items": {"type": "object", **_given("key")}}}}})
+    # A producer's entry (producer_id with sequence, not one without the other) names its
+    # partition and carries no idempotency key.
+    model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra={"allOf": [
+        {"if": {"not": _given("partition")},
+         "then": {"properties": {"records": {"items": {"type": "object", **_given("key")}}}}},
+        {"if": _given("producer_id"),
+         "then": {**_given("sequence", "partition"), "not": _given("idempotency_key")}},
+        {"if": _given("sequence"), "then": _given("producer_id")},
+    ]})
 
     topic: TopicName
     partition: Partition | None = Field(default=None, description=(
