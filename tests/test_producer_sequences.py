@@ -4,6 +4,8 @@ once and in order, whatever other producers and keyed appends do meanwhile
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 
 from app.errors import (
@@ -233,3 +235,44 @@ async def test_a_producers_groups_read_out_of_order_are_appended_in_its_order(
     offsets = [_ok(o).start_offset for o in outcomes]
     assert offsets == [5, 2, 1, 4, 3]
     assert await _values(engine, tp) == [b"a0", b"plain", b"a1", b"b0", b"a2"]
+
+
+async def test_a_later_flush_commits_after_an_earlier_one_holding_the_group_before(
+        engine: Engine, tp: TopicPartition) -> None:
+    """Two flushes of one writer under way: the first holds the producer's 0 and its
+    upload is held; the second holds its 1 and uploads at once. The second's commit
+    waits for the first's (it would otherwise refuse 1 as out of order): released only
+    once the second is seen waiting, both are committed, in order."""
+    writer = engine.writer
+    real_put, real_wait = writer._s3.put, writer._turns.wait
+    first_held, release, second_waits = anyio.Event(), anyio.Event(), anyio.Event()
+
+    async def put(key: str, body: bytes) -> None:
+        if not first_held.is_set():
+            first_held.set()
+            await release.wait()
+        await real_put(key, body)
+
+    async def wait(number: int, tp: TopicPartition, producers: Any) -> None:
+        producers = list(producers)
+        if any(p.sequence == 1 for p in producers):
+            second_waits.set()
+        await real_wait(number, tp, producers)
+
+    writer._s3.put = put  # type: ignore[method-assign]
+    writer._turns.wait = wait  # type: ignore[method-assign]
+    outcomes: dict[int, AppendOutcome] = {}
+    async with anyio.create_task_group() as tg:
+
+        async def flush(n: int) -> None:
+            outcomes[n] = await _one(engine, _group(tp, b"%d" % n, "p", n))
+
+        tg.start_soon(flush, 0)
+        with anyio.fail_after(10):
+            await first_held.wait()
+        tg.start_soon(flush, 1)
+        with anyio.fail_after(10):
+            await second_waits.wait()  # uploaded, at its commit's turn
+        release.set()
+    assert _ok(outcomes[0]).start_offset == 1 and _ok(outcomes[1]).start_offset == 2
+    assert await _values(engine, tp) == [b"0", b"1"]

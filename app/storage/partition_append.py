@@ -44,7 +44,8 @@ class PartitionAppend:
     (None before any read), carried to the next upload round so that its commit knows
     from where on a key it does not find may have been forgotten; ``evictions_seen``:
     the partition's count of forgotten producers at that read, for the same question
-    about a producer."""
+    about a producer. ``flush``: the writer's flush it belongs to (its turn among the
+    flushes under way, app/storage/sequence_turns.py)."""
 
     tp: TopicPartition
     members: list[_Member] = field(default_factory=list)
@@ -54,6 +55,7 @@ class PartitionAppend:
     detached: dict[int, AppendOutcome] = field(default_factory=dict)
     keys_absent_through: int | None = None
     evictions_seen: int | None = None
+    flush: int = 0  # the number of the writer's flush it belongs to (SequenceTurns)
 
     def add(self, index: int, group: AppendGroup) -> None:
         key = group.identity
@@ -121,7 +123,7 @@ class PartitionAppend:
         groups that cannot come back (in doubt: every keyed group at once)."""
         rest = PartitionAppend(self.tp, uploads=self.uploads + (1 if counted else 0),
                                keys_absent_through=self.keys_absent_through,
-                               evictions_seen=self.evictions_seen)
+                               evictions_seen=self.evictions_seen, flush=self.flush)
         for m in self.members:
             if m.index not in answered:
                 rest.add(m.index, m.group)
@@ -136,7 +138,7 @@ class PartitionAppend:
         upload round: each such round answers a group, so they end by themselves."""
         rest = PartitionAppend(self.tp, uploads=self.uploads,
                                keys_absent_through=self.keys_absent_through,
-                               evictions_seen=self.evictions_seen)
+                               evictions_seen=self.evictions_seen, flush=self.flush)
         groups = {m.index: m.group for m in self.members}
         groups.update({i: e.group for i, e in self.echoes.items()})
         indices = sorted(groups)

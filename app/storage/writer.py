@@ -63,6 +63,7 @@ from app.storage.records import (
     now_ms,
 )
 from app.storage.s3 import S3Store
+from app.storage.sequence_turns import SequenceTurns
 from app.storage.topics import TopicCatalog
 
 log = logging.getLogger(__name__)
@@ -130,6 +131,7 @@ class LogWriter:
                                   commit_horizon_ms, outage_s, self._step)
         self._locks: weakref.WeakValueDictionary[TopicPartition, anyio.Lock] = (
             weakref.WeakValueDictionary())
+        self._turns = SequenceTurns()
         self._catalog = TopicCatalog(oxia, layout)
 
     @classmethod
@@ -181,12 +183,19 @@ class LogWriter:
             parts.setdefault(group.tp, PartitionAppend(group.tp)).add(i, group)
         outcomes: list[AppendOutcome | None] = [None] * len(groups)
         todo = list(parts.values())
-        while todo:
-            todo = await self._upload_and_commit(todo, outcomes)
-            for part in [p for p in todo if p.uploads > MAX_UPLOAD_ROUNDS]:
-                part.fail(outcomes, CommitConflict(
-                    f"{part.tp}: idempotency keys kept turning out committed; not appended"))
-            todo = [p for p in todo if p.uploads <= MAX_UPLOAD_ROUNDS]
+        flush = self._turns.begin(groups)
+        for part in todo:
+            part.flush = flush.number
+        try:
+            while todo:
+                todo = await self._upload_and_commit(todo, outcomes)
+                for part in [p for p in todo if p.uploads > MAX_UPLOAD_ROUNDS]:
+                    part.fail(outcomes, CommitConflict(
+                        f"{part.tp}: idempotency keys kept turning out committed; "
+                        "not appended"))
+                todo = [p for p in todo if p.uploads <= MAX_UPLOAD_ROUNDS]
+        finally:
+            self._turns.end(flush)
         done = [o for o in outcomes if o is not None]
         assert len(done) == len(groups)
         for group, outcome in zip(groups, done, strict=True):
@@ -308,6 +317,11 @@ class LogWriter:
         return lock
 
     async def _commit(self, c: PartitionCommit) -> Settled:
+        # A producer's group before one of ours, in an earlier flush still under way:
+        # committed first, so ours is not refused as out of order (SequenceTurns).
+        await self._turns.wait(c.part.flush, c.tp,
+                               [m.group.producer for m in c.part.members
+                                if m.group.producer is not None])
         async with self._lock(c.tp):
             while True:
                 try:
