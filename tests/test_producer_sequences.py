@@ -4,6 +4,7 @@ once and in order, whatever other producers and keyed appends do meanwhile
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import anyio
@@ -12,6 +13,7 @@ from app.errors import (
     CommitInDoubt,
     DuplicateSequence,
     OutOfOrderSequence,
+    ProduceExpired,
     UnknownProducer,
 )
 from app.localstack.stack import LocalStack
@@ -276,3 +278,65 @@ async def test_a_later_flush_commits_after_an_earlier_one_holding_the_group_befo
         release.set()
     assert _ok(outcomes[0]).start_offset == 1 and _ok(outcomes[1]).start_offset == 2
     assert await _values(engine, tp) == [b"0", b"1"]
+
+
+def _hold_commits_of(engine: Engine, held_tp: TopicPartition
+                     ) -> tuple[anyio.Event, anyio.Event]:
+    """The writer's first commit of ``held_tp`` waits for the second event (the first
+    says it is waiting): an Oxia shard that does not answer, for that partition."""
+    writer = engine.writer
+    real = writer._commit
+    held, release = anyio.Event(), anyio.Event()
+
+    async def commit(c: Any) -> Any:
+        if c.tp == held_tp and not held.is_set():
+            held.set()
+            await release.wait()
+        return await real(c)
+
+    writer._commit = commit  # type: ignore[method-assign]
+    return held, release
+
+
+async def test_a_later_flush_waits_for_the_partitions_commit_not_the_whole_flush(
+        engine: Engine, tp: TopicPartition) -> None:
+    """The first flush holds the producer's 0 on P and a group of Q, whose commit does
+    not end (Q's shard is away). Its commit of P is done: the second flush's 1 on P is
+    committed while Q is still held."""
+    other = TopicPartition(tp.topic + "-other", 0)
+    await engine.writer.ensure_partition(other)
+    held, release = _hold_commits_of(engine, other)
+    async with anyio.create_task_group() as tg:
+
+        async def first() -> None:
+            await engine.writer.append_shared([_group(tp, b"0", "p", 0),
+                                               AppendGroup(other, [b"q"])])
+
+        tg.start_soon(first)
+        with anyio.fail_after(10):
+            await held.wait()
+            second = _ok(await _one(engine, _group(tp, b"1", "p", 1)))
+        release.set()
+    assert second.start_offset == 2
+    assert await _values(engine, tp) == [b"0", b"1"]
+
+
+async def test_a_wait_for_an_earlier_flush_ends_at_the_groups_deadline(
+        engine: Engine, tp: TopicPartition) -> None:
+    """The first flush holds the producer's 0 on P, whose commit does not end; the
+    second flush's 1 on P, due in 0.3 s, waits for it no longer than that: it is
+    answered (nothing written: late, or its 0 not in) while the first is still held."""
+    held, release = _hold_commits_of(engine, tp)
+    async with anyio.create_task_group() as tg:
+
+        async def first() -> None:
+            await _one(engine, _group(tp, b"0", "p", 0))
+
+        tg.start_soon(first)
+        with anyio.fail_after(10):
+            await held.wait()
+            late = await _one(engine, AppendGroup(tp, [b"1"], producer=ProducerSeq("p", 1),
+                                                  commit_by=time.monotonic() + 0.3))
+        release.set()
+    assert type(late) in (ProduceExpired, UnknownProducer) and not late.maybe_written
+    assert await _values(engine, tp) == [b"0"]

@@ -4,11 +4,13 @@ flush commits a partition after an earlier one that holds the group before its o
 Two flushes of one writer upload at once, and the later one's upload may end first: its
 commit would find its producer's group before the one in the earlier flush not yet
 committed and refuse it (``OutOfOrderSequence``), and the producer would send it again
-for nothing. Its commit of that partition waits for the earlier flush instead. Only for
-an earlier flush (flushes are numbered as they begin), so no two flushes ever wait for
-each other; and an earlier flush always ends (every commit is bounded by its deadlines,
-its attempts and the outage it rides out), so no wait lasts longer than the commit it
-waits for would have held the partition's lock anyway.
+for nothing. Its commit of that partition waits for the earlier flush's commit of the
+partition instead: only for an earlier flush (flushes are numbered as they begin), so no
+two flushes ever wait for each other; until that partition's commit is over (the writer
+releases a partition's groups as soon as its commit settles them, every round of it), so
+the wait is no longer than the earlier commit would have held the partition's lock; and
+never past the waiting groups' own deadline (the writer bounds it), after which their
+commit answers them as late, exactly as without the wait.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ _Key = tuple[TopicPartition, str, int]  # partition, producer id, sequence
 
 @dataclass
 class Flush:
-    """One ``append_shared`` under way: its number and the groups it registered."""
+    """One ``append_shared`` under way: its number and the groups it registered, by
+    partition."""
 
     number: int
-    keys: list[_Key] = field(default_factory=list)
+    keys: dict[TopicPartition, list[_Key]] = field(default_factory=dict)
 
 
 class SequenceTurns:
@@ -50,16 +53,21 @@ class SequenceTurns:
             key = (g.tp, g.producer.producer_id, g.producer.sequence)
             if key not in self._held:
                 self._held[key] = (flush.number, anyio.Event())
-                flush.keys.append(key)
+                flush.keys.setdefault(g.tp, []).append(key)
         return flush
 
-    def end(self, flush: Flush) -> None:
-        """``flush`` is over: whoever waits for its groups goes on."""
-        for key in flush.keys:
+    def release(self, flush: Flush, tp: TopicPartition) -> None:
+        """``flush``'s commit of ``tp`` is over: whoever waits for its groups there goes
+        on."""
+        for key in flush.keys.pop(tp, ()):
             held = self._held.pop(key, None)
             if held is not None:
                 held[1].set()
-        flush.keys.clear()
+
+    def end(self, flush: Flush) -> None:
+        """``flush`` is over (whatever became of it): every group it holds is released."""
+        for tp in list(flush.keys):
+            self.release(flush, tp)
 
     async def wait(self, number: int, tp: TopicPartition,
                    producers: Iterable[ProducerSeq]) -> None:

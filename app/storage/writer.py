@@ -63,7 +63,7 @@ from app.storage.records import (
     now_ms,
 )
 from app.storage.s3 import S3Store
-from app.storage.sequence_turns import SequenceTurns
+from app.storage.sequence_turns import Flush, SequenceTurns
 from app.storage.topics import TopicCatalog
 
 log = logging.getLogger(__name__)
@@ -188,7 +188,7 @@ class LogWriter:
             part.flush = flush.number
         try:
             while todo:
-                todo = await self._upload_and_commit(todo, outcomes)
+                todo = await self._upload_and_commit(todo, outcomes, flush)
                 for part in [p for p in todo if p.uploads > MAX_UPLOAD_ROUNDS]:
                     part.fail(outcomes, CommitConflict(
                         f"{part.tp}: idempotency keys kept turning out committed; "
@@ -258,7 +258,7 @@ class LogWriter:
     # -- one flush round --------------------------------------------------------------
 
     async def _upload_and_commit(self, parts: list[PartitionAppend],
-                                 outcomes: list[AppendOutcome | None]
+                                 outcomes: list[AppendOutcome | None], flush: Flush
                                  ) -> list[PartitionAppend]:
         """Upload one blob for ``parts`` and commit each; returns what must go again."""
         parts = _without_late(parts, outcomes)
@@ -272,6 +272,7 @@ class LogWriter:
         except LlogError as exc:
             for part in parts:
                 part.fail(outcomes, exc)
+                self._turns.release(flush, part.tp)
             return []
         self._metrics.shared_blob_bytes.observe(len(blob))
         for body in bodies:
@@ -291,11 +292,15 @@ class LogWriter:
                 result = await self._commit(PartitionCommit(self._rules, part, upload))
             except LlogError as exc:
                 part.fail(outcomes, exc)
+                self._turns.release(flush, part.tp)
                 return
             except Exception as exc:  # a defect: the CAS may or may not have landed
                 log.exception("%s: unexpected error while committing", part.tp)
                 part.fail(outcomes, CommitInDoubt(f"{part.tp}: unexpected {exc!r}"))
+                self._turns.release(flush, part.tp)
                 return
+            if not isinstance(result, Reupload):
+                self._turns.release(flush, part.tp)  # this partition's groups are settled
             if isinstance(result, Reupload):
                 part.resolve(outcomes, result.answered, result.part)
                 again.append(result.part)
@@ -319,9 +324,13 @@ class LogWriter:
     async def _commit(self, c: PartitionCommit) -> Settled:
         # A producer's group before one of ours, in an earlier flush still under way:
         # committed first, so ours is not refused as out of order (SequenceTurns).
-        await self._turns.wait(c.part.flush, c.tp,
-                               [m.group.producer for m in c.part.members
-                                if m.group.producer is not None])
+        # Never past the groups' own deadline: their commit then answers them as late.
+        deadlines = c.part.commit_by()
+        with anyio.move_on_after(max(0.0, min(deadlines) - time.monotonic())
+                                 if deadlines else None):
+            await self._turns.wait(c.part.flush, c.tp,
+                                   [m.group.producer for m in c.part.members
+                                    if m.group.producer is not None])
         async with self._lock(c.tp):
             while True:
                 try:
