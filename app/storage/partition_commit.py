@@ -133,14 +133,18 @@ class PartitionCommit:
         """One CAS attempt, as named steps; see the module docstring."""
         controls = self.rules.controls
         current = await controls.current(self.tp)
-        if current.cached and (current.control.fenced or self._refused(current.control)):
+        judged = self._remembered(current.control)
+        if current.cached and (current.control.fenced or judged[1]):
             # A cached record may be behind other brokers' commits: fencing can be lifted,
             # and a producer's group it calls out of order or unknown may be the next
             # one. Read again before judging anything: every step below, the
             # compare-and-set too, works from the one record (what a cached record calls
             # committed stays so; a refusal is answered only from the record as it is).
+            # So a compare-and-set goes out only when that record found every sequenced
+            # group the next of its producer (:meth:`settle` answered nothing).
             current = await controls.fresh(self.tp)
-        settled = await self.settle(current)
+            judged = self._remembered(current.control)
+        settled = await self.settle(current, judged)
         if settled is None:
             settled = self.without_late()
         if settled is not None:
@@ -150,17 +154,20 @@ class PartitionCommit:
             raise PartitionFenced(f"{self.tp} is fenced: appends are refused")
         return await self.compare_and_set(current)
 
-    async def settle(self, current: CachedControl) -> Settled | None:
+    async def settle(self, current: CachedControl,
+                     judged: tuple[dict[int, Remembered], dict[int, AppendOutcome]]
+                     ) -> Settled | None:
         """What is already true for this append, whatever this attempt would do: an
         earlier attempt committed it, its idempotency keys were committed before, or
-        they may have been and were forgotten since (:meth:`_forgotten`)."""
+        they may have been and were forgotten since (:meth:`_forgotten`). ``judged``:
+        :meth:`_remembered` of ``current``'s record."""
         layout, control = self.rules.layout, current.control
         pending = control.pending
         if pending is not None and pending.append_id == self.append_id:
             return self.results(pending.start_offset, pending.data_key,
                                 layout.index(self.tp, pending.end_offset),
                                 pending.created_at_ms)
-        hits, refused = self._remembered(control)
+        hits, refused = judged
         if hits and all(r.data_key == self.upload.data_key for r in hits.values()):
             # Our own upload: an earlier, unanswered attempt of this commit landed.
             first = next(m for m in self.part.members if m.index in hits)
@@ -184,20 +191,6 @@ class PartitionCommit:
             return None
         rest = self.part.without(answered, counted=bool(hits))
         return Reupload(answered, rest) if rest.members else answered
-
-    def _all_next(self, control: Control) -> bool:
-        """Whether every sequenced group is the next of its producer in ``control``."""
-        if all(m.group.producer is None for m in self.part.members):
-            return True
-        hits, refused = self._remembered(control)
-        return not refused and all(m.group.producer is None for m in self.part.members
-                                   if m.index in hits)
-
-    def _refused(self, control: Control) -> bool:
-        """Whether ``control`` refuses a group by its producer's sequence."""
-        if all(m.group.producer is None for m in self.part.members):
-            return False
-        return bool(self._remembered(control)[1])
 
     def _remembered(self, control: Control
                     ) -> tuple[dict[int, Remembered], dict[int, AppendOutcome]]:
@@ -358,9 +351,6 @@ class PartitionCommit:
         record its groups were judged on (:meth:`settle`): a producer's group is
         committed only as the next of its sequence in the very record it replaces."""
         tp, control, rules = self.tp, current.control, self.rules
-        if not self._all_next(control):
-            rules.controls.forget(tp)
-            return Retry("conflict")
         mine = self._pending(control)
         extra = dict(control.extra)
         keyed = self.keyed_ranges(mine.start_offset)

@@ -26,9 +26,13 @@ class ProducerSequences:
         self._base = base or uuid.uuid4().hex
         self._next: dict[Place, int] = {}  # the next sequence of each partition
         self._epochs: dict[Place, int] = {}  # how many times its sequence broke
+        self._ids: dict[Place, str] = {}  # each partition's id now (made once per epoch)
 
     def producer_id(self, place: Place) -> str:
-        return f"{self._base}.{self._epochs.get(place, 0)}"
+        found = self._ids.get(place)
+        if found is None:
+            found = self._ids[place] = f"{self._base}.{self._epochs.get(place, 0)}"
+        return found
 
     def position(self, place: Place) -> tuple[str, int]:
         """The partition's producer id now and the sequence its next batch takes."""
@@ -56,6 +60,7 @@ class ProducerSequences:
         if not batch.producer_id or batch.producer_id != self.producer_id(place):
             return False
         self._epochs[place] = self._epochs.get(place, 0) + 1
+        self._ids.pop(place, None)
         self._next[place] = 0
         return True
 
