@@ -117,7 +117,8 @@ def _print_usage(broker_url: str | None) -> None:
     if broker_url is None:
         print("llog dev: the broker is not part of this build yet; only Oxia and MinIO run.")
         return
-    print(f"llog dev: broker on {broker_url}\n")
+    print(f"llog dev: broker on {broker_url}")
+    print(f"llog dev: console on {broker_url}/console\n")
     print("Produce:")
     print(f"  curl -s {broker_url}/produce -H 'content-type: application/json' \\")
     print("    -d '{\"topic_partitions\":[{\"topic\":\"orders\",\"partition\":0,"

@@ -15,6 +15,7 @@ from prometheus_fastapi_instrumentator import Instrumentator
 from app.auth.control import AccessControl, run_access_control
 from app.auth.exposure import announce
 from app.broker.state import BrokerState, run_broker
+from app.console import install_console
 from app.drain import drain_on_sigterm as draining
 from app.gc_policy import collector_policy, own_process
 from app.routes import table
@@ -41,6 +42,8 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     control = AccessControl(settings.access, state.registry) if settings.auth_enabled else None
     state.registry.register(announce(settings))
 
+    console: contextlib.AbstractAsyncContextManager[None] | None = None
+
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
@@ -48,6 +51,8 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
                 await stack.enter_async_context(
                     run_access_control(control, sighup=drain_on_sigterm))
             await stack.enter_async_context(run_broker(state))
+            if console is not None:
+                await stack.enter_async_context(console)
             await stack.enter_async_context(draining(drain_on_sigterm, state.drain))
             yield
 
@@ -66,6 +71,8 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     # The routes are added to the app's own router rather than include_router()-ed:
     # an included router costs a route-resolution layer on every request.
     app.router.routes.extend(row.route for row in routes)
+    if settings.console == "on":  # not in the API's document: the console is its client
+        console = install_console(app, state.registry)
     # The produce route parses its body itself, so FastAPI does not name its model.
     install_openapi(app, extra_models=[ProduceRequest],
                     finish=functools.partial(_finish_openapi, settings=settings))

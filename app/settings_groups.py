@@ -582,6 +582,8 @@ class ServerSettings(_Group):
     ssl_client_cert: Literal["none", "optional", "required"] = "none"
     # One access-log line per request; with auth on it names the principal.
     access_log: bool = True
+    # The web console at /console (docs/console.md): its page, assets and metrics ring.
+    console: Literal["on", "off"] = "on"
     # Browsers on these origins may call the API (CORS); empty: CORS is off.
     cors_allow_origins: Annotated[tuple[str, ...], NoDecode] = ()
     # Codings a consume answer or stream may be compressed with, in order of preference,

@@ -8,7 +8,8 @@
 #                                 and nginx for the load-balancer tests, every Go-built
 #                                 server and tool (kustomize and the load generator too),
 #                                 the client generators and Node.js for the
-#                                 generated-client tests (the default)
+#                                 generated-client tests, Chromium for the console's
+#                                 browser tests (the default)
 # Each step is a no-op when it is done already (the venv is stamped by the hash of
 # pyproject.toml and the client's, clients/python/pyproject.toml; binaries are cached by
 # the hash of their pinned modules).
@@ -87,12 +88,19 @@ java_ok() {
   major=$(java -version 2>&1 | sed -nE '1s/.*version "([0-9]+).*/\1/p')
   [ -n "$major" ] && [ "$major" -ge 17 ]
 }
+# The console's browser tests drive Chromium (Playwright, never its own download): Debian's
+# package, /usr/bin/chromium, or the binary LLOG_CHROMIUM names (then nothing is installed).
+if [ -n "${LLOG_CHROMIUM:-}" ] && [ ! -x "$LLOG_CHROMIUM" ]; then
+  fail "LLOG_CHROMIUM=$LLOG_CHROMIUM is not an executable: point it at a Chromium binary, or unset it to use Debian's (apt-get install chromium)"
+fi
+chromium_ok() { [ -n "${LLOG_CHROMIUM:-}" ] || has chromium; }
 missing=()
 java_ok || missing+=(default-jre-headless)   # the Spark jobs: Java 17+
 has haproxy || missing+=(haproxy)            # the reference load-balancer configurations
 has nginx || missing+=(nginx)
 has node || missing+=(nodejs)                # a generated TypeScript client runs on it
 has npm || missing+=(npm)                    # and is compiled by TypeScript from npm
+chromium_ok || missing+=(chromium)           # the console's browser tests
 if [ ${#missing[@]} -gt 0 ]; then
   sudo=()
   [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null && sudo=(sudo -n); }
@@ -107,6 +115,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   has haproxy || fail "the load-balancer tests need HAProxy: install it (Debian/Ubuntu: apt-get install haproxy) and retry"
   has nginx || fail "the load-balancer tests need nginx: install it (Debian/Ubuntu: apt-get install nginx) and retry"
   { has node && has npm; } || fail "the generated-client tests need Node.js 18+ and npm: install them (Debian/Ubuntu: apt-get install nodejs npm) and retry"
+  chromium_ok || fail "the console's browser tests need Chromium: install it (Debian: apt-get install chromium) and retry, or set LLOG_CHROMIUM to a Chromium binary"
 fi
 
 # --- the whole suite: what it builds and fetches, cached under .llog/bin ---------------

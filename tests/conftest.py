@@ -21,8 +21,9 @@ from tests.helpers import selection
 from tests.helpers.stack import Broker, BrokerFactory, Engine, make_settings, open_engine
 from tests.helpers.topology import stack_overrides
 
-# The gate: a skip whose reason is not on selection.ALLOWED_SKIPS fails the run.
-pytest_plugins = ("tests.helpers.gate",)
+# The gate: a skip whose reason is not on selection.ALLOWED_SKIPS fails the run. The
+# browser: the console's tests in headless Chromium (browser, open_console, console_broker).
+pytest_plugins = ("tests.helpers.gate", "tests.helpers.browser")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -57,9 +57,17 @@ class Machine:
     def java(self, major: int) -> None:
         self.command("java", f'echo \'openjdk version "{major}.0.2" 2024-01-16\' >&2')
 
-    def run(self, want: str = "test") -> subprocess.CompletedProcess[str]:
+    def everything_but(self, *absent: str) -> None:
+        """Stand-ins for every system package the suite needs, but those named."""
+        if "java" not in absent:
+            self.java(17)
+        for tool in ("haproxy", "nginx", "node", "npm", "chromium"):
+            if tool not in absent:
+                self.command(tool, "exit 0")
+
+    def run(self, want: str = "test", **env_: str) -> subprocess.CompletedProcess[str]:
         env = {"PATH": str(self.bin), "PYTHON": sys.executable, "LLOG_SBIN_DIRS": "",
-               "HOME": str(self.root)}
+               "HOME": str(self.root), **env_}
         return subprocess.run([str(self.bin / "bash"), str(self.root / "scripts" /
                                                           "bootstrap.sh"), want],
                               capture_output=True, text=True, env=env, timeout=60,
@@ -72,11 +80,7 @@ def machine(tmp_path: Path) -> Machine:
 
 
 def test_everything_present_builds_the_servers(machine: Machine) -> None:
-    machine.java(17)
-    machine.command("haproxy", "exit 0")
-    machine.command("nginx", "exit 0")
-    machine.command("node", "exit 0")
-    machine.command("npm", "exit 0")
+    machine.everything_but()
     done = machine.run()
     assert done.returncode == 0, done.stderr
     assert (machine.root / "built").read_text() == "servers, tools and client generators\n"
@@ -109,6 +113,47 @@ def test_an_install_that_leaves_a_package_missing_is_caught(machine: Machine) ->
     done = machine.run()
     assert done.returncode == 1
     assert "need HAProxy" in done.stderr
+
+
+def test_a_missing_chromium_is_named(machine: Machine) -> None:
+    machine.everything_but("chromium")
+    done = machine.run()
+    assert done.returncode == 1
+    assert "the console's browser tests need Chromium" in done.stderr
+    assert "LLOG_CHROMIUM" in done.stderr
+    assert not (machine.root / "built").exists()
+
+
+def test_a_missing_chromium_is_installed_with_apt(machine: Machine) -> None:
+    machine.everything_but("chromium")
+    installs = machine.root / "installs"
+    # apt-get installs by putting a chromium on PATH, as Debian's package does.
+    chmod = shutil.which("chmod")
+    machine.command("apt-get", f'[ "$1" = update ] && exit 0; echo "$@" >> {installs}; '
+                               f'printf "#!/bin/sh\\nexit 0\\n" > {machine.bin}/chromium; '
+                               f'{chmod} +x {machine.bin}/chromium')
+    done = machine.run()
+    assert done.returncode == 0, done.stderr
+    assert installs.read_text().split()[-1:] == ["chromium"]
+    assert (machine.root / "built").exists()
+
+
+def test_llog_chromium_names_the_browser_and_nothing_is_installed(machine: Machine) -> None:
+    machine.everything_but("chromium")
+    own = machine.root / "own-chromium"
+    machine.command("own-chromium", "exit 0", where=machine.root)
+    machine.command("apt-get", "exit 100")  # would fail the run, were it called
+    done = machine.run(LLOG_CHROMIUM=str(own))
+    assert done.returncode == 0, done.stderr
+    assert (machine.root / "built").exists()
+
+
+def test_an_llog_chromium_that_is_not_there_is_named(machine: Machine) -> None:
+    machine.everything_but()
+    done = machine.run(LLOG_CHROMIUM=str(machine.root / "no-such-chromium"))
+    assert done.returncode == 1
+    assert "LLOG_CHROMIUM=" in done.stderr and "not an executable" in done.stderr
+    assert not (machine.root / "built").exists()
 
 
 def test_without_apt_a_missing_or_old_java_is_named(machine: Machine) -> None:

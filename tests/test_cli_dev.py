@@ -98,6 +98,10 @@ def test_llog_dev_lifecycle_and_persistence(tmp_path: Path) -> None:
         assert all(_alive(pid) for pid in pids.values())
         if stack["broker_url"] is not None:
             assert "curl" in output
+            # The console's URL is printed, and it answers there.
+            assert f"console on {stack['broker_url']}/console" in output
+            page = httpx.get(f"{stack['broker_url']}/console", timeout=10)
+            assert page.status_code == 200 and "llog console" in page.text
         client = oxia.Client(stack["oxia_address"])
         try:
             client.put(key, b"kept")

@@ -35,7 +35,7 @@ BROKER_OPERATIONS = {
     "describe_topic", "update_topic", "delete_topic", "join_group", "heartbeat",
     "leave_group", "commit_offsets", "list_groups", "describe_group", "reset_offsets",
     "get_cluster", "check_health", "check_readiness", "check_liveness", "get_metrics",
-    "get_prometheus_metrics"}
+    "get_prometheus_metrics", "get_whoami"}
 # Served only with access control on: stream tickets stand in for a token.
 AUTH_OPERATIONS = {"issue_stream_ticket"}
 COMPACTOR_OPERATIONS = {"check_health", "check_readiness", "check_liveness", "get_metrics",

@@ -97,6 +97,12 @@ async def test_history_then_live_records_and_resumption(brokers: BrokerFactory,
             async with http.stream("GET", url, headers={"Last-Event-ID": last}) as r:
                 got, _ = await _records(events(r), 1)
                 assert got == [(0, 4, "later")]  # nothing before the id is sent again
+            # The same positions as `from` (a page's new EventSource cannot send the
+            # header): each partition resumes at its own offset, none from the lowest.
+            resume = f"/topics/{topic}/stream?partitions=0,1&from={last}"
+            async with http.stream("GET", resume) as r:
+                got, _ = await _records(events(r), 1)
+                assert got == [(0, 4, "later")]
             # from=0 is the log start wherever it moved, as "earliest" is (not offset 1).
             assert (await http.delete(f"/topics/{topic}")).status_code == 200
             await _produce(broker, topic, "anew")
@@ -118,7 +124,8 @@ async def test_heartbeats_while_idle_and_bad_parameters(brokers: BrokerFactory,
         for query, headers in [("partitions=0,x", {}), ("partitions=1,1", {}),
                                ("from=soon", {}), ("heartbeat_ms=10", {}),
                                ("partitions=0", {"Last-Event-ID": "1:5"}),
-                               ("partitions=0", {"Last-Event-ID": "junk"})]:
+                               ("partitions=0", {"Last-Event-ID": "junk"}),
+                               ("partitions=0&from=1:5", {}), ("partitions=0&from=0:x", {})]:
             r = await http.get(f"/topics/{topic}/stream?{query}", headers=headers)
             assert r.status_code == 400, (query, r.text)
         r = await http.get("/topics/b@d/stream")

@@ -66,17 +66,19 @@ def partitions_of(raw: str) -> list[int]:
     return parts
 
 
-def resumed(last_event_id: str, partitions: list[int]) -> dict[int, int]:
-    """Next offsets from a ``Last-Event-ID`` this stream sent."""
+def resumed(last_event_id: str, partitions: list[int], *, given: str = "Last-Event-ID"
+            ) -> dict[int, int]:
+    """Next offsets from a ``Last-Event-ID`` this stream sent (or the same positions
+    given as ``from``, ``given`` naming which in a refusal)."""
     found: dict[int, int] = {}
     for item in last_event_id.split(","):
         m = _POSITION.fullmatch(item.strip())
         if m is None:
-            raise InvalidRequest(f"Last-Event-ID {last_event_id!r} is not one this "
+            raise InvalidRequest(f"{given} {last_event_id!r} is not one this "
                                  "stream sent")
         found[int(m.group(1))] = int(m.group(2))
     if set(found) != set(partitions):
-        raise InvalidRequest("Last-Event-ID names other partitions than the stream")
+        raise InvalidRequest(f"{given} names other partitions than the stream")
     return found
 
 
@@ -123,7 +125,10 @@ class EventStream:
         if state.topics is not None:
             for p in parts:
                 await state.topics.check_readable(TopicPartition(self.topic, p))
+        # Positions as ``from`` (an event's id): how a page resumes with a new
+        # EventSource, which cannot send Last-Event-ID.
         self.offsets = (resumed(last_event_id, parts) if last_event_id
+                        else resumed(start, parts, given="from") if ":" in start
                         else await self._starts(parts, start))
         try:
             slots.acquire_on_behalf_of_nowait(self)

@@ -113,9 +113,11 @@ class MemberView:
     def ids(self) -> list[str]:
         return [m.member_id for m in self.members]
 
-    def preferred(self, tp: TopicPartition) -> Member | None:
+    def preferred(self, tp: TopicPartition, *, remember: bool = True) -> Member | None:
         """The partition's preferred appender: rendezvous over the members that write,
-        have a forward listener and are not suspected; None when there is none."""
+        have a forward listener and are not suspected; None when there is none.
+        ``remember=False`` (a page of the console) leaves the cache the produce path
+        routes by as it was."""
         if tp in self._preferred:
             self._preferred.move_to_end(tp)
             return self._preferred[tp]
@@ -123,6 +125,8 @@ class MemberView:
         if self._writers:
             (first,) = owner_set(SEED, tp.topic, tp.partition, self._writers, 1)
             found = self._by_id[first]
+        if not remember:
+            return found
         self._preferred[tp] = found
         if len(self._preferred) > PREFERRED_CACHE_SIZE:
             self._preferred.popitem(last=False)

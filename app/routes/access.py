@@ -31,10 +31,14 @@ from app.routes.errors import error_response
 
 access_log = logging.getLogger("llog.access")
 PRINCIPAL = "llog.principal"
-# Open with auth on: health (probes and load balancers carry no token) and the API's
-# description. Metrics are added when LLOG_AUTH_METRICS=open.
+# Open with auth on: health (probes and load balancers carry no token), the API's
+# description, and the console's page and assets (a browser's navigation carries no
+# token; they hold no data, and the page asks for one). Metrics are added when
+# LLOG_AUTH_METRICS=open.
 OPEN_PATHS = frozenset({"/health", "/health/ready", "/health/live", "/openapi.json",
-                        "/docs", "/docs/oauth2-redirect", "/redoc"})
+                        "/docs", "/docs/oauth2-redirect", "/redoc", "/console",
+                        "/console/"})
+OPEN_PREFIXES = ("/console/assets/",)
 METRICS_PATHS = frozenset({"/metrics", "/metrics/prometheus"})
 
 
@@ -128,7 +132,8 @@ class AccessMiddleware:
         self.open_paths = frozenset(open_paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        if scope["type"] != "http" or scope["path"] in self.open_paths or \
+                scope["path"].startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         started = time.monotonic()

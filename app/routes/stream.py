@@ -79,8 +79,9 @@ async def stream(
     topic: PathTopic,
     partitions: Annotated[str, Query(description="comma-separated partitions")] = "0",
     start: Annotated[str, Query(alias="from", description=(
-        "earliest, latest or an offset; 0 is the log start, as earliest is"))
-                     ] = "latest",
+        "earliest, latest or an offset; 0 is the log start, as earliest is; or every "
+        "partition's next offset as an event's id gives them (0:17,1:4), to resume "
+        "where Last-Event-ID cannot be sent"))] = "latest",
     encoding: Annotated[str, Query(pattern="^(auto|base64)$")] = "auto",
     max_bytes: Annotated[int, Query(ge=1)] = 1024 * 1024,
     heartbeat_ms: Annotated[int, Query(ge=1000, le=60_000)] = 15_000,

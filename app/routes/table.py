@@ -30,6 +30,7 @@ from app.routes import (
     stream,
     stream_tickets,
     topics,
+    whoami,
 )
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -59,7 +60,8 @@ def broker_routes(*, tickets: bool) -> list[Route]:
     """The broker's routes; ``tickets``: stream tickets too (they stand in for a token,
     so there are none with access control off)."""
     routers = [produce.router, consume.router, stream.router, offsets.router,
-               topics.router, groups.router, cluster.router, health.router, metrics.router]
+               topics.router, groups.router, cluster.router, health.router, metrics.router,
+               whoami.router]
     if tickets:
         routers.append(stream_tickets.router)
     table = [Route(route, HOT.get(route.endpoint)) for route in _routes(routers)]
