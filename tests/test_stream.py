@@ -125,7 +125,8 @@ async def test_heartbeats_while_idle_and_bad_parameters(brokers: BrokerFactory,
                                ("from=soon", {}), ("heartbeat_ms=10", {}),
                                ("partitions=0", {"Last-Event-ID": "1:5"}),
                                ("partitions=0", {"Last-Event-ID": "junk"}),
-                               ("partitions=0&from=1:5", {}), ("partitions=0&from=0:x", {})]:
+                               ("partitions=0&from=1:5", {}), ("partitions=0&from=0:x", {}),
+                               ("partitions=0&from=0:1,0:2", {})]:
             r = await http.get(f"/topics/{topic}/stream?{query}", headers=headers)
             assert r.status_code == 400, (query, r.text)
         r = await http.get("/topics/b@d/stream")

@@ -71,13 +71,14 @@ def resumed(last_event_id: str, partitions: list[int], *, given: str = "Last-Eve
     """Next offsets from a ``Last-Event-ID`` this stream sent (or the same positions
     given as ``from``, ``given`` naming which in a refusal)."""
     found: dict[int, int] = {}
-    for item in last_event_id.split(","):
+    items = last_event_id.split(",")
+    for item in items:
         m = _POSITION.fullmatch(item.strip())
         if m is None:
             raise InvalidRequest(f"{given} {last_event_id!r} is not one this "
                                  "stream sent")
         found[int(m.group(1))] = int(m.group(2))
-    if set(found) != set(partitions):
+    if len(found) != len(items) or set(found) != set(partitions):
         raise InvalidRequest(f"{given} names other partitions than the stream")
     return found
 

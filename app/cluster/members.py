@@ -116,18 +116,22 @@ class MemberView:
     def preferred(self, tp: TopicPartition, *, remember: bool = True) -> Member | None:
         """The partition's preferred appender: rendezvous over the members that write,
         have a forward listener and are not suspected; None when there is none.
-        ``remember=False`` (a page of the console) leaves the cache the produce path
-        routes by as it was."""
+        ``remember=False`` (a page of the console, from a worker thread) never touches
+        the cache the produce path routes by, which only the event loop may."""
+        if not remember:
+            return self._first_writer(tp)
         if tp in self._preferred:
             self._preferred.move_to_end(tp)
             return self._preferred[tp]
-        found = None
-        if self._writers:
-            (first,) = owner_set(SEED, tp.topic, tp.partition, self._writers, 1)
-            found = self._by_id[first]
-        if not remember:
-            return found
+        found = self._first_writer(tp)
         self._preferred[tp] = found
         if len(self._preferred) > PREFERRED_CACHE_SIZE:
             self._preferred.popitem(last=False)
         return found
+
+    def _first_writer(self, tp: TopicPartition) -> Member | None:
+        # Reads only what never changes once the view is made: safe from any thread.
+        if not self._writers:
+            return None
+        (first,) = owner_set(SEED, tp.topic, tp.partition, self._writers, 1)
+        return self._by_id[first]

@@ -239,6 +239,7 @@ async function signIn(signal, why) {
 
 /** @type {number | undefined} */
 let expiryTimer;
+const EXPIRY_RECHECK_MS = 10_000;
 
 /**
  * The person is known: show who, and ask again for a token when a JWT's time is up
@@ -250,8 +251,11 @@ function known(person) {
   showWho();
   window.clearTimeout(expiryTimer);
   if (person.expires_at_ms !== null) {
-    const left = Math.min(Math.max(0, person.expires_at_ms - Date.now()), 2 ** 31 - 1);
-    expiryTimer = window.setTimeout(signedOut, left);
+    // The broker just took the token, so a time already past says this browser's clock
+    // runs ahead of the broker's: look again later, never at once in a loop.
+    const left = person.expires_at_ms - Date.now();
+    expiryTimer = window.setTimeout(signedOut,
+      Math.min(left > 0 ? left : EXPIRY_RECHECK_MS, 2 ** 31 - 1));
   }
 }
 

@@ -11,10 +11,10 @@
  * With access control on, a browser's EventSource cannot send the bearer header: the
  * tail asks for a single-use stream ticket first, and since a ticket is spent once used,
  * it reconnects itself (a new ticket, a new EventSource) when the connection drops,
- * from the lowest next offset of its partitions, dropping what it already showed.
+ * resuming every partition where the last event left it (``from`` as an event's id).
  */
 
-import { ApiError, api } from "./api.js";
+import { ApiError, UNAUTHENTICATED, api } from "./api.js";
 import { count, errorPanel, fill, h } from "./dom.js";
 import { matches, recordRow, recordsTable } from "./records.js";
 
@@ -63,6 +63,8 @@ export class Tail {
     this.lastPaint = 0;
     /** The id of the last event: every partition's next offset. */
     this.lastId = "";
+    /** Why the stream started again from the newest record (said when it is live). */
+    this.restarted = "";
     this.gapMs = 0;
     this.failures = 0;
     this.opened = false;
@@ -117,7 +119,9 @@ export class Tail {
     source.addEventListener("open", () => {
       this.failures = 0;
       this.setStatus(this.paused ? "paused" : "live", "ok");
-      fill(this.problem);
+      // Said once, where the connection's problems show: why it starts anew.
+      fill(this.problem, this.restarted ? h("div", { class: "badge warn" }, this.restarted) : null);
+      this.restarted = "";
     });
     source.addEventListener("records", (event) => this.arrived(/** @type {MessageEvent} */ (event)));
     source.addEventListener("end", () => this.reconnect());
@@ -127,14 +131,18 @@ export class Tail {
   /**
    * Where a new stream starts: latest on the first; then where the last event left
    * every partition (its id, ``0:17,1:4``, given as ``from``: a new EventSource cannot
-   * send Last-Event-ID), so no partition is read again from another's offset.
+   * send Last-Event-ID), or before any event, where each partition's log ended when the
+   * tail began: no partition is read again from another's offset, none skips a record.
    */
   resumeFrom() {
     if (!this.opened) {
       this.opened = true;
       return "latest";
     }
-    return this.lastId || "latest";
+    if (this.lastId) return this.lastId;
+    const { partitions } = this.options;
+    return partitions.every((p) => this.next.has(p))
+      ? partitions.map((p) => `${p}:${this.next.get(p)}`).join(",") : "latest";
   }
 
   /** @param {MessageEvent} event */
@@ -238,14 +246,28 @@ export class Tail {
       } catch {
         // not the broker's error body
       }
+      if (body.error_type === "OffsetOutOfRange") {
+        // Where it was is gone (retention, a topic made anew): follow from now on.
+        this.lastId = "";
+        this.next.clear();
+        this.opened = false;
+        this.restarted = `OffsetOutOfRange: ${body.error ?? "a position is gone"}; `
+          + "following from the newest record on";
+        this.reconnect();
+        return;
+      }
       const status = body.error_type === "Forbidden" ? 403
         : body.error_type === "Unauthenticated" ? 401 : 409;
-      this.fail(new ApiError(status, body.error_type ?? "StreamError", body.error ?? event.data),
-                body.retriable === true);
+      const refused = new ApiError(status, body.error_type ?? "StreamError", body.error ?? event.data);
+      this.fail(refused, body.retriable === true);
+      // The token stopped working (revoked, expired): the shell asks for another.
+      if (status === 401) window.dispatchEvent(new CustomEvent(UNAUTHENTICATED, { detail: refused }));
       return;
     }
-    if (this.source?.readyState === EventSource.CONNECTING && !this.options.who.auth) {
-      // The browser reconnects by itself, resuming with Last-Event-ID.
+    if (this.source?.readyState === EventSource.CONNECTING && !this.options.who.auth
+        && this.lastId) {
+      // The browser reconnects by itself, resuming with Last-Event-ID (before any event
+      // it would send none, and its address says "latest": we reconnect ourselves).
       this.setStatus("reconnecting", "warn");
       return;
     }

@@ -417,6 +417,33 @@ class MessagesView {
    * @returns {Promise<Scanned>}
    */
   async scan(scan) {
+    const first = await this.scanOnce(scan);
+    if (scan.keep !== "last" || !first.more) return first;
+    // Kept from the end, but a bound stopped the read short of it: what it kept are not
+    // the last records. Read again from nearer the end, by as many records of each
+    // partition as the bounds let this read take (a fifth fewer: sizes differ).
+    const from = new Map(scan.from);
+    for (const [p, [, next]] of first.covered) {
+      const start = scan.from.get(p) ?? next;
+      const end = Math.min(scan.until.get(p) ?? Infinity,
+                           (this.state.get(p)?.high_watermark ?? 0) + 1);
+      if (next < end) from.set(p, Math.max(start, end - Math.max(1, Math.floor((next - start) * 0.8))));
+    }
+    const again = await this.scanOnce({ ...scan, from });
+    const notes = [...first.notes, ...again.notes];
+    if (again.more) {
+      notes.push(`The read's bounds (${MAX_REQUESTS} reads of ${MAX_BYTES / 1048576} MiB, `
+        + `${count(SCAN_MAX)} records) stopped short of the newest records: Newer reads on.`);
+    }
+    return { ...again, scanned: first.scanned + again.scanned, notes };
+  }
+
+  /**
+   * One bounded read of ``scan``'s ranges.
+   * @param {Scan} scan
+   * @returns {Promise<Scanned>}
+   */
+  async scanOnce(scan) {
     const filter = this.asked.filter;
     const pos = new Map(scan.from);
     /** @type {Map<number, number>} */
