@@ -9,7 +9,7 @@ import uuid
 
 import httpx
 import pytest
-from playwright.async_api import expect
+from playwright.async_api import Page, expect
 
 from tests.helpers.browser import OpenConsole
 from tests.helpers.stack import Broker
@@ -37,17 +37,24 @@ async def _produce(http: httpx.AsyncClient, topic: str, *values: str) -> None:
     assert r.status_code == 200, r.text
 
 
+async def _tail(http: httpx.AsyncClient, broker: Broker, open_console: OpenConsole,
+                *before: str) -> tuple[Page, str]:
+    """A page with a tail of a new topic (``before``: records it holds first)."""
+    topic = f"tail-{uuid.uuid4().hex[:8]}"
+    assert (await http.post("/topics", json={"topic": topic, "partitions": 1})
+            ).status_code == 201
+    if before:
+        await _produce(http, topic, *before)
+    console = await open_console(broker.url)
+    await console.goto("/", "overview")
+    await console.page.evaluate(_START, topic)
+    return console.page, topic
+
+
 async def test_a_reconnect_before_any_event_skips_nothing_produced_meanwhile(
         console_broker: Broker, open_console: OpenConsole) -> None:
-    topic = f"tail-{uuid.uuid4().hex[:8]}"
     async with httpx.AsyncClient(base_url=console_broker.url, timeout=30) as http:
-        assert (await http.post("/topics", json={"topic": topic, "partitions": 1})
-                ).status_code == 201
-        await _produce(http, topic, "before")
-        console = await open_console(console_broker.url)
-        page = console.page
-        await console.goto("/", "overview")
-        await page.evaluate(_START, topic)
+        page, topic = await _tail(http, console_broker, open_console, "before")
         await page.evaluate("window.tail.closeSource()")  # dropped before any event
         await _produce(http, topic, "away-1", "away-2")
         await page.evaluate("window.tail.reconnect()")
@@ -60,14 +67,8 @@ async def test_a_reconnect_before_any_event_skips_nothing_produced_meanwhile(
 
 async def test_a_position_the_log_does_not_have_restarts_from_the_newest(
         console_broker: Broker, open_console: OpenConsole) -> None:
-    topic = f"tail-{uuid.uuid4().hex[:8]}"
     async with httpx.AsyncClient(base_url=console_broker.url, timeout=30) as http:
-        assert (await http.post("/topics", json={"topic": topic, "partitions": 1})
-                ).status_code == 201
-        console = await open_console(console_broker.url)
-        page = console.page
-        await console.goto("/", "overview")
-        await page.evaluate(_START, topic)
+        page, topic = await _tail(http, console_broker, open_console)
         # As if the tail had followed a topic since deleted and made anew, shorter.
         await page.evaluate("window.tail.closeSource(); window.tail.lastId = '0:900';"
                             " window.tail.reconnect()")
