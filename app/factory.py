@@ -72,7 +72,8 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     # an included router costs a route-resolution layer on every request.
     app.router.routes.extend(row.route for row in routes)
     if settings.console == "on":  # not in the API's document: the console is its client
-        console = install_console(app, state.registry)
+        console = install_console(app, state.registry, compactor_url=settings.compactor_url,
+                                  metrics_token=settings.metrics_token)
     # The produce route parses its body itself, so FastAPI does not name its model.
     install_openapi(app, extra_models=[ProduceRequest],
                     finish=functools.partial(_finish_openapi, settings=settings))

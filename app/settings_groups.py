@@ -584,6 +584,9 @@ class ServerSettings(_Group):
     access_log: bool = True
     # The web console at /console (docs/console.md): its page, assets and metrics ring.
     console: Literal["on", "off"] = "on"
+    # Where the standalone compactor beside the brokers serves /health and /metrics, for
+    # the console's overview (none: it shows only a compactor in this process).
+    compactor_url: str | None = None
     # Browsers on these origins may call the API (CORS); empty: CORS is off.
     cors_allow_origins: Annotated[tuple[str, ...], NoDecode] = ()
     # Codings a consume answer or stream may be compressed with, in order of preference,

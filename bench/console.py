@@ -210,19 +210,34 @@ class Broker:
     def headers(self) -> dict[str, str]:
         return {"authorization": f"Bearer {self.token}"} if self.token else {}
 
-    def start(self, **settings: str) -> str:
-        """Start the stack (once) and a broker with ``settings`` on it; its URL."""
+    def start(self, *, compactor: bool = False, **settings: str) -> str:
+        """Start the stack (once) and a broker with ``settings`` on it; its URL. With
+        ``compactor``, `llog dev`'s compactor beside it too, which its console shows."""
         import flush_cycle
 
+        from app.localstack.broker import wait_healthy
+        from app.localstack.dev import start_compactor
+        from app.localstack.processes import free_port
         from app.localstack.stack import LocalStack, StackConfig
 
         if self._tmp is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="llog-console-bench-")
             self._stack = LocalStack(StackConfig.ephemeral(Path(self._tmp.name) / "stack"))
             self._stack.__enter__()
+        beside: dict[str, str] = {}
+        if compactor:
+            port = free_port()
+            beside = {"LLOG_ROOT_PREFIX": f"cb{uuid.uuid4().hex[:6]}",
+                      "LLOG_COMPACTOR_URL": f"http://127.0.0.1:{port}"}
         proc, url = flush_cycle.start_broker(self._stack, Path(self._tmp.name), None, 1,
-                                             settings)
+                                             {**beside, **settings})
         self._procs.append(proc)
+        if compactor:
+            found, found_url = start_compactor(
+                self._stack, Path(self._tmp.name), port=port,
+                env={"LLOG_ROOT_PREFIX": beside["LLOG_ROOT_PREFIX"], "LLOG_DRAIN_S": "0"})
+            self._procs.append(found)
+            wait_healthy(found, found_url)
         if not self.url:
             self.url = url
         return str(url)
@@ -718,8 +733,9 @@ def prepared(a: argparse.Namespace) -> Iterator[tuple[Broker, Seeded, httpx.Clie
     broker = Broker(a.broker_url, a.token)
     try:
         if not broker.external:
-            print("starting Oxia, MinIO and a broker (llog dev's settings)...", flush=True)
-            broker.start()
+            print("starting Oxia, MinIO, a broker (llog dev's settings) and its compactor...",
+                  flush=True)
+            broker.start(compactor=True)
         suffix = f"-{uuid.uuid4().hex[:6]}" if broker.external else ""
         with httpx.Client(base_url=broker.url, headers=broker.headers(), timeout=60) as http:
             t0 = time.monotonic()

@@ -1,11 +1,12 @@
-"""The console's routes: its page, its assets, and the two reads the API has no route for.
+"""The console's routes: its page, its assets, and the reads the API has no route for.
 
 The page and its assets are open (a browser's navigation carries no bearer token, and
 they hold no data); everything the page shows it reads through the broker's own API
 with the token the person gave it, so the API's rights, limits and pages apply as they
-do to any client. Two figures only the console needs come from here, behind the same
-access control as the API: the serving broker's metrics over the last minutes
-(:mod:`app.console.series`) and the preferred broker of each partition.
+do to any client. What only the console needs comes from here, behind the same access
+control as the API: the serving broker's metrics over the last minutes
+(:mod:`app.console.series`), the preferred broker of each partition, and the standalone
+compactor's health and figures (:mod:`app.console.compactor`).
 
 None of these routes is in the OpenAPI document: the console is a client of the API,
 not part of it.
@@ -24,6 +25,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from app.cluster.members import MemberView
+from app.console.compactor import CompactorProbe
 from app.console.series import MetricsRing
 from app.errors import UnknownTopic
 from app.routes.access import authorize_describe
@@ -71,8 +73,9 @@ def load_assets(root: Path = ASSETS) -> dict[str, Asset]:
     return assets
 
 
-def console_router(ring: MetricsRing) -> APIRouter:
-    """The console's routes, over the assets as they are now and ``ring``."""
+def console_router(ring: MetricsRing, probe: CompactorProbe | None) -> APIRouter:
+    """The console's routes, over the assets as they are now, ``ring`` and ``probe``
+    (None: no standalone compactor was named)."""
     assets = load_assets()
     page = assets["index.html"]
     router = APIRouter(include_in_schema=False)
@@ -103,6 +106,12 @@ def console_router(ring: MetricsRing) -> APIRouter:
             "broker_id": head["broker_id"], "roles": head["roles"], "status": head["status"],
             "started_at_ms": head["started_at_ms"]}, **ring.snapshot()},
             headers={"Cache-Control": "no-store"})
+
+    @router.get("/console/api/compactor")
+    async def console_compactor() -> JSONResponse:
+        reading = await probe.reading() if probe is not None else None
+        return JSONResponse({"configured": probe is not None, "compactor": reading},
+                            headers={"Cache-Control": "no-store"})
 
     @router.get("/console/api/placement/{topic}")
     async def console_placement(

@@ -131,11 +131,13 @@ def compactor_env(stack: LocalStack) -> dict[str, str]:
 
 
 def start_compactor(stack: LocalStack, data_dir: Path, *, log_level: str = "warning",
-                    env: Mapping[str, str] | None = None) -> tuple[ManagedProcess, str]:
-    """Start ``llog compactor`` on a free port (registered in ``stack.extra``, so the
-    stack stops it too); the process and its URL. The caller waits for it. ``env``:
-    settings over :func:`compactor_env`'s (a benchmark gives it a key space of its own)."""
-    port = free_port()
+                    env: Mapping[str, str] | None = None, port: int | None = None
+                    ) -> tuple[ManagedProcess, str]:
+    """Start ``llog compactor`` on ``port`` (None: a free one; registered in
+    ``stack.extra``, so the stack stops it too); the process and its URL. The caller
+    waits for it. ``env``: settings over :func:`compactor_env`'s (a benchmark gives it a
+    key space of its own)."""
+    port = free_port() if port is None else port
     proc = ManagedProcess(
         "compactor",
         # Niced: on a developer's machine the broker's produce and consume come first and
@@ -161,14 +163,18 @@ def start_topology(stack: LocalStack, data_dir: Path, port: int, brokers: int
     else:
         ports = {f"b{i}": p for i, p in enumerate(free_ports(brokers, avoid={port}), 1)}
     topology = DevTopology(url=f"http://127.0.0.1:{port}")
+    # The compactor's port is chosen first: each broker's console shows it.
+    (compactor_port,) = free_ports(1, avoid={port, *ports.values()})
+    compactor_url = f"http://127.0.0.1:{compactor_port}"
     for name, broker_port in ports.items():
         url = f"http://127.0.0.1:{broker_port}"
-        proc = broker_process(name, broker_port, broker_env(stack, data_dir, name),
+        proc = broker_process(name, broker_port, {**broker_env(stack, data_dir, name),
+                                                  "LLOG_COMPACTOR_URL": compactor_url},
                               data_dir / "logs" / f"{name}.log")
         stack.extra[name] = proc
         proc.start()
         topology.brokers.append(DevBroker(name, url, proc))
-    compactor = start_compactor(stack, data_dir)
+    compactor = start_compactor(stack, data_dir, port=compactor_port)
     topology.compactor = DevBroker("compactor", compactor[1], compactor[0])
     for broker in [*topology.brokers, topology.compactor]:
         wait_healthy(broker.process, broker.url)

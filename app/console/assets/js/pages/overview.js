@@ -14,6 +14,7 @@ const REFRESH_MS = 2000;
 // the spread, bounded however many topics there are.
 const PLACEMENT_TOPICS = 50;
 const PLACEMENT_AT_ONCE = 4;
+const COMPACTOR_REFRESH_MS = 5000;
 const MIB = 1024 * 1024;
 
 /**
@@ -22,6 +23,20 @@ const MIB = 1024 * 1024;
  * @property {number} interval_s
  * @property {number} capacity
  * @property {Record<string, any>} series columns, one value per sample (t_ms the x axis)
+ *
+ * @typedef {object} CompactorReading what the standalone compactor answered last
+ * @property {string} url
+ * @property {boolean} reachable
+ * @property {string | null} status
+ * @property {string | null} compactor_id
+ * @property {number | null} started_at_ms
+ * @property {number | null} lag_records
+ * @property {number | null} runs
+ * @property {number | null} records
+ * @property {number | null} failures
+ * @property {string | null} error
+ *
+ * @typedef {{configured: boolean, compactor: CompactorReading | null}} CompactorAnswer
  *
  * @typedef {{title: string, unit: string, lines: {label: string, values: (s: Record<string, any>) => (number | null)[]}[]}} ChartSpec
  */
@@ -65,34 +80,45 @@ const COLORS = ["#0369a1", "#d97706", "#059669", "#dc2626", "#7c3aed", "#db2777"
  * @param {import("../main.js").Ctx} ctx
  */
 export async function render(view, _route, ctx) {
-  const [snapshot, cluster] = await Promise.all([
+  const [snapshot, cluster, compactor] = await Promise.all([
     /** @type {Promise<Snapshot>} */ (api("/console/api/series", { signal: ctx.signal })),
-    api("/cluster", { signal: ctx.signal })]);
+    api("/cluster", { signal: ctx.signal }),
+    /** @type {Promise<CompactorAnswer>} */ (api("/console/api/compactor", { signal: ctx.signal }))]);
   const head = h("div", { class: "head" }, h("h1", null, "Overview"));
   const tiles = h("div", { class: "tiles", "data-testid": "tiles" });
   const charts = h("div", { class: "charts" });
   const brokers = h("div", { class: "card", "data-testid": "brokers" }, h("p", { class: "muted" },
     "Loading the brokers…"));
-  fill(view, head, tiles, charts, h("h2", null, "Brokers"), brokers);
+  const compacting = h("div", { class: "card", "data-testid": "compactor" });
+  fill(view, head, tiles, charts, h("h2", null, "Brokers"), brokers,
+    h("h2", null, "Compactor"), compacting);
+  showCompactor(compacting, compactor, snapshot);
   const drawn = new Charts(charts, ctx);
+  let lastCompactor = compactor;
   const update = (/** @type {Snapshot} */ s) => {
     fill(head, h("h1", null, "Overview"), h("span", { class: "muted" },
       `served by ${s.broker.broker_id} (${s.broker.roles.join(", ")}), `
       + `${s.broker.status}, started ${ago(s.broker.started_at_ms)}; `
       + `one sample every ${s.interval_s} s, the last ${Math.round(s.interval_s * s.capacity / 60)} min`));
-    fill(tiles, ...figures(s));
+    fill(tiles, ...figures(s, lastCompactor));
     drawn.draw(s);
   };
   update(snapshot);
   await showBrokers(brokers, cluster, snapshot, ctx);
   ctx.every(REFRESH_MS, async () => update(await api("/console/api/series", { signal: ctx.signal })));
+  ctx.every(COMPACTOR_REFRESH_MS, async () => {
+    lastCompactor = await api("/console/api/compactor", { signal: ctx.signal });
+    showCompactor(compacting, lastCompactor, snapshot);
+  });
 }
 
 /**
  * The latest figure of each series, as tiles.
  * @param {Snapshot} s
+ * @param {CompactorAnswer} compactor the standalone compactor's backlog, when this
+ *   broker does not compact
  */
-function figures(s) {
+function figures(s, compactor) {
   const last = (/** @type {(number | null)[]} */ values) => {
     for (let i = values.length - 1; i >= 0; i -= 1) if (values[i] !== null) return values[i];
     return null;
@@ -110,8 +136,8 @@ function figures(s) {
     ["S3 requests", `${perS(s3)}/s`],
     ["S3 request cost", `$${(last(c.s3_cost_usd_per_hour) ?? 0).toFixed(4)}/h`],
   ];
-  const lag = last(c.compaction_lag_records);
-  shown.push(["Compaction backlog here", lag === null ? "–" : `${count(lag)} records`]);
+  const lag = last(c.compaction_lag_records) ?? compactor.compactor?.lag_records ?? null;
+  shown.push(["Compaction backlog", lag === null ? "–" : `${count(lag)} records`]);
   return shown.map(([label, value]) => h("div", { class: "tile" },
     h("div", { class: "label" }, label), h("div", { class: "value" }, value)));
 }
@@ -211,7 +237,7 @@ async function showBrokers(where, cluster, snapshot, ctx) {
       ` (roles: ${snapshot.broker.roles.join(", ")}).`),
     snapshot.broker.roles.includes("compact")
       ? h("p", { class: "muted" }, "It runs the compactor in process.")
-      : h("p", { class: "muted" }, "It does not compact: a compactor runs elsewhere, or none is configured."));
+      : h("p", { class: "muted" }, "It does not compact in process (the compactor, if one is known, is below)."));
     return;
   }
   /** @type {Map<string, number>} */
@@ -244,5 +270,39 @@ async function showBrokers(where, cluster, snapshot, ctx) {
       + (topics.length > some.length ? `Counted over the first ${some.length} of ${topics.length} topics. ` : "")
       + (uncounted ? `${uncounted} of them could not be read (deleted meanwhile, or refused) and are not counted. ` : "")
       + (compactors.length ? `Compacting: ${compactors.map((m) => m.broker_id).join(", ")}.`
-        : "No member compacts: a standalone compactor runs, or none is configured.")));
+        : "No member compacts in process (the compactor, if one is known, is below).")));
+}
+
+/**
+ * The compactor: in this broker (the compact role), or the standalone one the broker
+ * was told of (LLOG_COMPACTOR_URL), with its health and figures.
+ * @param {HTMLElement} where
+ * @param {CompactorAnswer} answer
+ * @param {Snapshot} snapshot
+ */
+function showCompactor(where, answer, snapshot) {
+  const here = snapshot.broker.roles.includes("compact");
+  const c = answer.compactor;
+  if (c === null) {
+    fill(where, h("p", null, here
+      ? "This broker compacts in process: its backlog is charted above."
+      : "No compactor is known to this broker: one in process (the compact role) shows "
+        + "here, and a standalone one when LLOG_COMPACTOR_URL names where it serves."));
+    return;
+  }
+  const state = !c.reachable ? ["unreachable", "bad"] : c.status === "ok" ? ["ok", "ok"]
+    : [c.status ?? "unknown", "warn"];
+  fill(where,
+    h("dl", { class: "facts" },
+      h("dt", null, "Standalone"), h("dd", null, h("code", null, c.url), " ",
+        h("span", { class: `badge ${state[1]}`, "data-testid": "compactor-status" }, state[0])),
+      c.compactor_id ? [h("dt", null, "Id"), h("dd", null, c.compactor_id)] : null,
+      c.started_at_ms ? [h("dt", null, "Started"), h("dd", null, ago(c.started_at_ms))] : null,
+      h("dt", null, "Backlog"), h("dd", { "data-testid": "compactor-backlog" },
+        c.lag_records === null ? "–" : `${count(c.lag_records)} records not compacted yet`),
+      h("dt", null, "Runs"), h("dd", null, c.runs === null ? "–"
+        : `${count(c.runs)} (${count(c.records ?? 0)} records compacted, `
+          + `${count(c.failures ?? 0)} failed)`)),
+    c.error ? h("p", { class: "muted" }, c.error) : null,
+    here ? h("p", { class: "muted" }, "This broker compacts in process too.") : null);
 }
