@@ -9,15 +9,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote
 
-import anyio
 import pytest
 from playwright.async_api import Browser, expect
 
-from app.localstack.broker import wait_healthy
-from app.localstack.processes import free_port
 from app.localstack.stack import LocalStack
 from tests.helpers.browser import OpenConsole
-from tests.helpers.stack import BrokerFactory, compactor_process
+from tests.helpers.stack import BrokerFactory, serving_compactor
 
 HARNESS_PAGE = "data:text/html," + quote(
     "<!doctype html><title>harness</title><main id='page'><p id='n'>0</p></main>"
@@ -129,13 +126,8 @@ async def test_console_overview_renders(brokers: BrokerFactory, stack: LocalStac
                                         tmp_path: Path, open_console: OpenConsole) -> None:
     """The overview: the serving broker's charts and tiles, the brokers it knows, and the
     standalone compactor it was told of, read from the broker's side."""
-    port = free_port()
-    compactor = compactor_process(stack, tmp_path / "compactor.log", port,
-                                  LLOG_BROKER_ID="smoke-compactor")
-    compactor.start()
-    try:
-        await anyio.to_thread.run_sync(wait_healthy, compactor, f"http://127.0.0.1:{port}")
-        broker = brokers.start(compactor_url=f"http://127.0.0.1:{port}")
+    async with serving_compactor(stack, tmp_path, "smoke-compactor") as url:
+        broker = brokers.start(compactor_url=url)
         console = await open_console(broker.url)
         await console.goto("", "overview")
         page = console.page
@@ -147,5 +139,3 @@ async def test_console_overview_renders(brokers: BrokerFactory, stack: LocalStac
         await expect(page.get_by_test_id("brokers")).to_contain_text("affinity is off")
         await expect(page.get_by_test_id("compactor-status")).to_have_text("ok")
         await expect(page.get_by_test_id("compactor")).to_contain_text("smoke-compactor")
-    finally:
-        compactor.stop()

@@ -7,18 +7,14 @@ import hashlib
 import re
 from pathlib import Path
 
-import anyio
-
 from app.auth.apikeys import mint
 from app.console.routes import ASSETS, load_assets
 from app.factory import create_app
-from app.localstack.broker import wait_healthy
-from app.localstack.processes import free_port
 from app.localstack.stack import LocalStack
 from app.storage.topics import TopicConfig
 from tests.helpers.asgi import served
 from tests.helpers.auth import bearer
-from tests.helpers.stack import compactor_process, make_settings
+from tests.helpers.stack import make_settings, serving_compactor
 
 
 def _auth_file(tmp_path: Path, topic: str) -> tuple[Path, str]:
@@ -124,27 +120,19 @@ def test_the_vendored_files_are_the_pinned_ones() -> None:
 
 async def test_the_standalone_compactor_is_read_from_the_brokers_side(
         stack: LocalStack, tmp_path: Path) -> None:
-    port = free_port()
-    proc = compactor_process(stack, tmp_path / "compactor.log", port,
-                             LLOG_BROKER_ID="console-compactor")
-    proc.start()
-    try:
-        await anyio.to_thread.run_sync(wait_healthy, proc, f"http://127.0.0.1:{port}")
-        app = create_app(make_settings(stack, compactor_url=f"http://127.0.0.1:{port}"))
+    async with serving_compactor(stack, tmp_path, "console-compactor") as url:
+        app = create_app(make_settings(stack, compactor_url=url))
         async with served(app) as http:
             seen = (await http.get("/console/api/compactor")).json()
             assert seen["configured"] is True
             found = seen["compactor"]
             assert found["reachable"] is True and found["error"] is None, found
-            assert found["status"] == "ok" and found["compactor_id"]
+            assert found["status"] == "ok" and found["compactor_id"] == "console-compactor"
             # Its /metrics read too: the backlog it sees, the runs it made (on whatever
             # the session's store holds).
             assert found["lag_records"] is not None and found["runs"] >= 0
-    finally:
-        proc.stop()
     # Gone: said so, without failing the page.
-    async with served(create_app(make_settings(
-            stack, compactor_url=f"http://127.0.0.1:{port}"))) as http:
+    async with served(create_app(make_settings(stack, compactor_url=url))) as http:
         for _ in range(2):  # the second within FRESH_S: the same reading
             gone = (await http.get("/console/api/compactor")).json()["compactor"]
             assert gone["reachable"] is False and gone["error"]

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from app.localstack.broker import broker_process, wait_healthy
 from app.localstack.processes import ManagedProcess, free_port, stop_together
 from app.localstack.stack import LocalStack, StackConfig
@@ -145,6 +147,22 @@ def compactor_process(stack: LocalStack, log: Path, port: int, **env: str) -> Ma
         log,
         env={**os.environ, **stack.settings_env(), "LLOG_DRAIN_S": "0", **env},
     )
+
+
+@contextlib.asynccontextmanager
+async def serving_compactor(stack: LocalStack, logs: Path, compactor_id: str
+                            ) -> AsyncIterator[str]:
+    """A standalone compactor against ``stack``, healthy, for the block; its URL."""
+    port = free_port()
+    proc = compactor_process(stack, logs / f"{compactor_id}.log", port,
+                             LLOG_BROKER_ID=compactor_id)
+    proc.start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        await anyio.to_thread.run_sync(wait_healthy, proc, url)
+        yield url
+    finally:
+        proc.stop()
 
 
 @contextlib.contextmanager
