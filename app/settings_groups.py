@@ -603,7 +603,7 @@ class ServerSettings(_Group):
     gc_freeze_after_start: bool = True
 
     _server_unset = field_validator(
-        "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", mode="before",
+        "ssl_certfile", "ssl_keyfile", "ssl_ca_certs", "compactor_url", mode="before",
     )(_empty_is_unset)
     _server_lists = field_validator("cors_allow_origins", "answer_encodings", mode="before")(
         _comma_list)

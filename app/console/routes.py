@@ -113,28 +113,30 @@ def console_router(ring: MetricsRing, probe: CompactorProbe | None) -> APIRouter
         return JSONResponse({"configured": probe is not None, "compactor": reading},
                             headers={"Cache-Control": "no-store"})
 
-    @router.get("/console/api/placement/{topic}")
-    async def console_placement(
-        topic: PathTopic, request: Request,
-        from_partition: Annotated[int, Query(ge=0, le=100_000)] = 0,
-        max_partitions: Annotated[int, Query(ge=1, le=PLACEMENT_PAGE_MAX)] = 100,
-    ) -> JSONResponse:
-        authorize_describe(request, topic)
-        state = request.app.state.broker
-        found = await state.topics.topic(topic) if state.topics is not None else None
-        if found is None:
-            raise UnknownTopic(f"no topic {topic}")
-        end = min(from_partition + max_partitions, found.partitions)
-        membership = state.membership
-        view = membership.view() if membership is not None else None
-        # The ranking reads no storage, but costs a hash per member and partition: a
-        # page of it runs in a worker thread, one page at a time per process.
-        placed = await anyio.to_thread.run_sync(
-            _placement, view, topic, range(from_partition, end), limiter=_PLACEMENT_THREADS)
-        return JSONResponse({"topic": topic, "affinity": view is not None and bool(
-            view.members), "partitions": placed}, headers={"Cache-Control": "no-store"})
-
+    router.add_api_route("/console/api/placement/{topic}", console_placement, methods=["GET"])
     return router
+
+
+async def console_placement(
+    topic: PathTopic, request: Request,
+    from_partition: Annotated[int, Query(ge=0, le=100_000)] = 0,
+    max_partitions: Annotated[int, Query(ge=1, le=PLACEMENT_PAGE_MAX)] = 100,
+) -> JSONResponse:
+    """The preferred broker of a page of ``topic``'s partitions (none: affinity off)."""
+    authorize_describe(request, topic)
+    state = request.app.state.broker
+    found = await state.topics.topic(topic) if state.topics is not None else None
+    if found is None:
+        raise UnknownTopic(f"no topic {topic}")
+    end = min(from_partition + max_partitions, found.partitions)
+    membership = state.membership
+    view = membership.view() if membership is not None else None
+    # The ranking reads no storage, but costs a hash per member and partition: a
+    # page of it runs in a worker thread, one page at a time per process.
+    placed = await anyio.to_thread.run_sync(
+        _placement, view, topic, range(from_partition, end), limiter=_PLACEMENT_THREADS)
+    return JSONResponse({"topic": topic, "affinity": view is not None and bool(
+        view.members), "partitions": placed}, headers={"Cache-Control": "no-store"})
 
 
 def _placement(view: MemberView | None, topic: str, partitions: range
