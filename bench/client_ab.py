@@ -2,17 +2,20 @@
 baseline revision's in the same run, rows alternating.
 
 One stack (real Oxia and MinIO on free ports) and one broker of this tree with `llog
-dev`'s settings (bench/shipped.py's ``dev_broker_env``, no compactor beside it). Each
-row is one run of a revision's bench/peer_clients.py KIND (its client on its
-``PYTHONPATH``) into a new uncompressed 4-partition topic: records of --record-bytes,
-round-robin over the partitions, back to back for --seconds, or paced at --rate
-records/s (each record's latency from when it was due to its acknowledgement, the
-first --warmup seconds untimed). Per row: records/s, MiB/s, the client's CPU per record
+dev`'s settings (bench/shipped.py's ``dev_broker_env``, no compactor beside it); with
+--baseline-broker a second, of the baseline revision, on the same stack, takes that
+revision's rows (the whole path before and after: client and broker). Each row is one
+run of a revision's bench/peer_clients.py KIND (its client on its ``PYTHONPATH``) into
+a new uncompressed 4-partition topic: records of --record-bytes, round-robin over the
+partitions, back to back for --seconds, or paced at --rate records/s (each record's
+latency from when it was due to its acknowledgement, the first --warmup seconds
+untimed). Per row: records/s, MiB/s, the client's CPU per record
 (``time.process_time()`` of its process), the p50/p99 of paced records, errors, and
 the producer's retries.
 
     .venv/bin/python bench/client_ab.py --baseline 35f0acb --rate 45000 --rounds 3
     .venv/bin/python bench/client_ab.py --baseline 35f0acb --kinds llog-producer
+    .venv/bin/python bench/client_ab.py --baseline dde4b95 --baseline-broker
 
 It measures and prints; it asserts nothing. Results: .llog/bench/client-ab-<time>.json.
 """
@@ -74,6 +77,9 @@ def main() -> None:
     parser.add_argument("--record-bytes", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--baseline", default=None, metavar="REF")
+    parser.add_argument("--baseline-broker", action="store_true",
+                        help="the baseline's client against a broker of the baseline "
+                             "(both brokers on the one stack), not this tree's")
     a = parser.parse_args()
     trees: list[tuple[str, Path]] = [("this tree", ROOT)]
     if a.baseline:
@@ -85,11 +91,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="llog-client-ab-") as tmp, \
             LocalStack(StackConfig.ephemeral(Path(tmp) / "stack")) as stack:
         proc, url = flush_cycle.start_broker(stack, Path(tmp), None, 1, {})
+        urls = {name: url for name, _ in trees}
+        base_proc = None
+        if a.baseline and a.baseline_broker:  # the baseline's client to its own broker
+            base_proc, urls[trees[0][0]] = flush_cycle.start_broker(stack, Path(tmp),
+                                                                    trees[0][1], 1, {})
         try:
             for _ in range(a.rounds):
                 for kind in a.kinds.split(","):
                     for name, tree in trees:
-                        r = {"code": name, "kind": kind, **client_row(tree, kind, url, a)}
+                        r = {"code": name, "kind": kind,
+                             **client_row(tree, kind, urls[name], a)}
                         results.append(r)
                         if "error" in r:
                             print(f"{name:>12} {kind:>20} failed: {r['error']}", flush=True)
@@ -103,6 +115,8 @@ def main() -> None:
                               f"{retries if retries is not None else '-':>7}", flush=True)
         finally:
             proc.stop(timeout=20)
+            if base_proc is not None:
+                base_proc.stop(timeout=20)
     out_dir = ROOT / ".llog" / "bench"
     out_dir.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

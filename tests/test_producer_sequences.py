@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 
+from app.batching.batcher import Batcher
 from app.errors import (
     CommitInDoubt,
     DuplicateSequence,
@@ -340,3 +341,32 @@ async def test_a_wait_for_an_earlier_flush_ends_at_the_groups_deadline(
         release.set()
     assert type(late) in (ProduceExpired, UnknownProducer) and not late.maybe_written
     assert await _values(engine, tp) == [b"0"]
+
+
+async def test_a_request_read_before_the_one_ahead_of_it_waits_for_it_at_the_batcher(
+        engine: Engine, tp: TopicPartition) -> None:
+    """The producer's group 2 reaches the batcher before its 1 (a broker reads requests
+    in turns): alone in a flush it would be refused out of order. It waits, unbuffered,
+    until 1 is taken (app/batching/sequence_gate.py); both are appended in order, none
+    refused."""
+    batcher = Batcher(engine.writer.append_shared, max_bytes=1 << 20, max_delay_s=0.001,
+                      buffer_max_bytes=1 << 24)
+    outcomes: dict[int, AppendOutcome] = {}
+    answered = {n: anyio.Event() for n in range(3)}
+
+    async def produce(n: int) -> None:
+        (outcomes[n],) = await batcher.enqueue([_group(tp, b"%d" % n, "p", n)], take_by=None)
+        answered[n].set()
+
+    async with anyio.create_task_group() as tg:
+        await tg.start(batcher.run)
+        with anyio.fail_after(20):
+            await produce(0)
+            tg.start_soon(produce, 2)
+            await anyio.wait_all_tasks_blocked()
+            assert 2 not in outcomes and batcher.statistics().buffered_waiters == 0
+            await produce(1)
+            await answered[2].wait()  # its flush, after 1 was taken
+        batcher.close()
+    assert [_ok(outcomes[n]).start_offset for n in range(3)] == [1, 2, 3]
+    assert await _values(engine, tp) == [b"0", b"1", b"2"]

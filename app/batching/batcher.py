@@ -53,6 +53,7 @@ import anyio
 import anyio.abc
 
 from app.batching.metrics import BatcherMetrics
+from app.batching.sequence_gate import SequenceGate
 from app.errors import (
     BackPressureRejected,
     CommitInDoubt,
@@ -95,6 +96,15 @@ def paced_for(share: float, inflight: int, cycle: float, last_start: float,
     if inflight:
         return math.inf
     return last_start + min(cycle / share, MAX_SPACING_S) - now
+
+
+def _earliest(take_by: float | None, groups: Sequence[AppendGroup]) -> float | None:
+    """The first of a request's deadlines: for a flush to take it, for its groups'
+    commits."""
+    deadlines = [g.commit_by for g in groups if g.commit_by is not None]
+    if take_by is not None:
+        deadlines.append(take_by)
+    return min(deadlines, default=None)
 
 
 async def _claim(batch: _Batch) -> None:
@@ -273,6 +283,7 @@ class Batcher:
         self._metrics = metrics
         self._on_committed = on_committed
         self._batch = _Batch()
+        self._gate = SequenceGate(held=None if metrics is None else metrics.sequence_held)
         self._inflight_bytes = 0
         self._inflight = 0
         self._flush_slots = anyio.Semaphore(max_inflight_flushes)
@@ -327,7 +338,11 @@ class Batcher:
         ``commit_within_s``, a won claim gives them that long, from just before the
         claim, to be committed with a control version read in that time
         (``AppendGroup.commit_by``); past it they are answered :class:`ForwardExpired`,
-        never committed."""
+        never committed.
+
+        A producer's group read before the group ahead of it waits for that one to
+        come in first, briefly (app/batching/sequence_gate.py)."""
+        await self._gate.wait(groups, _earliest(take_by, groups))
         if self._state is BatcherState.FAILED:
             raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
                               "retry on another broker")
@@ -348,6 +363,7 @@ class Batcher:
         future.add_done_callback(_retrieve)
         waiter = _Waiter(groups, size, future, take_by, claim, commit_within_s)
         self._batch.add(waiter)
+        self._gate.took(groups)
         if take_by is not None:
             # Answered at its deadline even while every flush slot is busy, so the
             # forwarding broker need not wait out its own timeout to fall back.

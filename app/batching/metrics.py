@@ -33,6 +33,15 @@ class BatcherMetrics:
                                 "Produce requests refused because the buffer was full",
                                 registry=registry)
 
+        self.sequence_holds = Counter(
+            "llog_batcher_sequence_holds",
+            "Produce requests read before the one holding their producer's previous "
+            "group, held for it (outcome: in_order, it came; timed_out, it did not)",
+            ["outcome"], registry=registry)
+
+    def sequence_held(self, in_time: bool) -> None:
+        self.sequence_holds.labels("in_order" if in_time else "timed_out").inc()
+
     def observe_flush(self, size: int, waiters: int, partitions: int, seconds: float) -> None:
         self.flushes.inc()
         self.flush_bytes.observe(size)
