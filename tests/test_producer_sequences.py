@@ -350,7 +350,7 @@ async def test_a_request_read_before_the_one_ahead_of_it_waits_for_it_at_the_bat
     until 1 is taken (app/batching/sequence_gate.py); both are appended in order, none
     refused."""
     batcher = Batcher(engine.writer.append_shared, max_bytes=1 << 20, max_delay_s=0.001,
-                      buffer_max_bytes=1 << 24)
+                      buffer_max_bytes=1 << 24, sequence_hold_s=30.0)
     outcomes: dict[int, AppendOutcome] = {}
     answered = {n: anyio.Event() for n in range(3)}
 

@@ -53,7 +53,7 @@ import anyio
 import anyio.abc
 
 from app.batching.metrics import BatcherMetrics
-from app.batching.sequence_gate import SequenceGate
+from app.batching.sequence_gate import HOLD_S, SequenceGate
 from app.errors import (
     BackPressureRejected,
     CommitInDoubt,
@@ -98,13 +98,9 @@ def paced_for(share: float, inflight: int, cycle: float, last_start: float,
     return last_start + min(cycle / share, MAX_SPACING_S) - now
 
 
-def _earliest(take_by: float | None, groups: Sequence[AppendGroup]) -> float | None:
-    """The first of a request's deadlines: for a flush to take it, for its groups'
-    commits."""
-    deadlines = [g.commit_by for g in groups if g.commit_by is not None]
-    if take_by is not None:
-        deadlines.append(take_by)
-    return min(deadlines, default=None)
+def _earliest(groups: Sequence[AppendGroup]) -> float | None:
+    """The first of a request's groups' commit deadlines, if any."""
+    return min((g.commit_by for g in groups if g.commit_by is not None), default=None)
 
 
 async def _claim(batch: _Batch) -> None:
@@ -275,6 +271,8 @@ class Batcher:
         eager_flushes: float | None = None,
         metrics: BatcherMetrics | None = None,
         on_committed: CommittedFn | None = None,
+        sequence_gate: bool = True,
+        sequence_hold_s: float = HOLD_S,
     ) -> None:
         self._append = append
         self._max_bytes = max_bytes
@@ -283,7 +281,11 @@ class Batcher:
         self._metrics = metrics
         self._on_committed = on_committed
         self._batch = _Batch()
-        self._gate = SequenceGate(held=None if metrics is None else metrics.sequence_held)
+        # A forwarding broker's lanes see part of a producer's requests: only the batcher
+        # that commits keeps their order (app/batching/sequence_gate.py).
+        self._gate = (SequenceGate(hold_s=sequence_hold_s,
+                                   held=None if metrics is None else metrics.sequence_held)
+                      if sequence_gate else None)
         self._inflight_bytes = 0
         self._inflight = 0
         self._flush_slots = anyio.Semaphore(max_inflight_flushes)
@@ -340,14 +342,15 @@ class Batcher:
         (``AppendGroup.commit_by``); past it they are answered :class:`ForwardExpired`,
         never committed.
 
-        A producer's group read before the group ahead of it waits for that one to
-        come in first, briefly (app/batching/sequence_gate.py)."""
-        await self._gate.wait(groups, _earliest(take_by, groups))
-        if self._state is BatcherState.FAILED:
-            raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
-                              "retry on another broker")
-        if self._state is not BatcherState.OPEN:
-            raise ShuttingDown("the broker is shutting down; retry on another broker")
+        A producer's request read before the one holding the group ahead of its own
+        waits for that one to come in first, briefly (app/batching/sequence_gate.py);
+        a forwarded frame (``take_by``) never does."""
+        self._check_open()
+        if self._gate is not None and take_by is None:
+            until = _earliest(groups)
+            # Taken by a flush before its deadline: the hold ends a window earlier.
+            await self._gate.wait(groups, None if until is None else until - self._max_delay)
+            self._check_open()
         size = sum(g.size for g in groups)
         in_use = self._batch.size + self._inflight_bytes
         if in_use + size > self._buffer_max and in_use:
@@ -363,7 +366,8 @@ class Batcher:
         future.add_done_callback(_retrieve)
         waiter = _Waiter(groups, size, future, take_by, claim, commit_within_s)
         self._batch.add(waiter)
-        self._gate.took(groups)
+        if self._gate is not None:
+            self._gate.took(groups)
         if take_by is not None:
             # Answered at its deadline even while every flush slot is busy, so the
             # forwarding broker need not wait out its own timeout to fall back.
@@ -375,6 +379,13 @@ class Batcher:
         # caller is still waiting (a disconnect must not tear a flush apart).
         return await asyncio.shield(future)
 
+    def _check_open(self) -> None:
+        if self._state is BatcherState.FAILED:
+            raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
+                              "retry on another broker")
+        if self._state is not BatcherState.OPEN:
+            raise ShuttingDown("the broker is shutting down; retry on another broker")
+
     def _expire(self, waiter: _Waiter) -> None:
         if self._batch.remove(waiter):  # else a flush took it first: it is written
             waiter.expire()
@@ -383,6 +394,8 @@ class Batcher:
         """Refuse new work, flush what is buffered now, and let :meth:`run` finish."""
         if self._state is BatcherState.OPEN:
             self._state = BatcherState.CLOSING
+        if self._gate is not None:
+            self._gate.close()  # requests held for a group before theirs: answered now
         self._wakeup.set()
 
     # -- flusher side ----------------------------------------------------------------
@@ -508,5 +521,7 @@ class Batcher:
     def _fail_all(self, exc: BaseException) -> None:
         self._state = BatcherState.FAILED
         self._failure = exc
+        if self._gate is not None:
+            self._gate.close()
         self._batch.fail(lambda: Unavailable(f"the produce batcher stopped: {exc!r}"))
         self._batch = _Batch()

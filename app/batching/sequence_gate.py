@@ -5,23 +5,33 @@ A producer keeps up to five batches of a partition in flight, on as many connect
 and the broker may finish reading a later request before an earlier one (bodies of MiBs
 are read in turns, a small one ends first). The later request's group then reaches a
 flush ahead of the group before it: its commit finds a gap and refuses it
-(``OutOfOrderSequence``), and every group of the producer behind it in flight, waiting
-for that commit (app/storage/sequence_turns.py), is refused the same way. Each is sent
-again: one request read out of order costs the producer and the broker about five
-batches sent twice, and the records their latency.
+(``OutOfOrderSequence``; ``UnknownProducer`` for a new producer's first groups), and
+every group of the producer behind it in flight, waiting for that commit
+(app/storage/sequence_turns.py), is refused the same way. Each is sent again: one
+request read out of order costs the producer and the broker about five batches sent
+twice, and their records the latency.
 
 Flushes keep a producer's order once its groups are in them; this keeps it on the way
-in. A group whose producer this batcher has taken on its partition recently, with a
-sequence past the next one expected, waits until the group before it is taken: at most
-:data:`HOLD_S`, and never past its deadlines. A producer whose wait ran out on a
-partition (its groups go to other brokers or workers too) is not held there again for
-:data:`QUIET_S`, so a producer spread over many processes pays one wait per partition
-now and then, not one per request. Held or not, every group is judged by its commit
+in. A request waits when one of its producers' first group in it is past the next one
+expected on its partition by fewer than the groups a producer keeps in flight
+(:data:`~app.storage.producer_state.PRODUCER_BATCHES`), where that producer's last group
+there was taken within :data:`RECENT_S` (a producer not seen on the partition: when its
+group is one of its first). It waits until the group before it is taken: at most
+:data:`HOLD_S`, and never so long that its deadline passes before a flush takes it. A
+producer whose wait ran out (its groups go to other brokers or workers too) is not held
+again for :data:`QUIET_S`, so a producer spread over many processes pays one wait now
+and then, not one per request.
+
+Only the batcher that commits holds, and only a producer's own requests: a forwarding
+broker's lanes do not (they see part of the requests), nor do forwarded frames (a frame
+mixes many producers' groups, and one of them waiting would hold every other; frames of
+several brokers could each wait for the other). A request held delays only itself: it is
+outside the batch while it waits. Held or not, every group is judged by its commit
 exactly as before: the gate saves resends and promises nothing.
 
 Bounded: :data:`CAPACITY` (partition, producer) pairs remembered, the least recently
-used forgotten first (a forgotten pair is never held); waiters are requests the batcher
-would buffer anyway.
+taken forgotten first; waiters are requests the batcher would buffer anyway, each for
+:data:`HOLD_S` at most.
 """
 
 from __future__ import annotations
@@ -34,11 +44,15 @@ import anyio
 
 from app.storage.appends import AppendGroup
 from app.storage.keys import TopicPartition
+from app.storage.producer_state import PRODUCER_BATCHES
 
-# How long a group waits for the one before it. A request read out of order is read
-# within milliseconds of the one before it; this is several times that.
+# How long a request waits for the group before one of its own. A request read out of
+# order is read within milliseconds of the one before it; this is several times that.
 HOLD_S = 0.05
-# After a wait ran out for a (partition, producer): no wait there for this long.
+# A pair whose last group was taken longer ago than this is not waited for: the group
+# before has likely gone another way (a reconnect, a failover).
+RECENT_S = 2.0
+# After a producer's wait ran out: no wait for its groups for this long.
 QUIET_S = 10.0
 CAPACITY = 65_536
 
@@ -47,27 +61,29 @@ _Key = tuple[TopicPartition, str]  # partition, producer id
 
 class SequenceGate:
     """See the module. ``held`` is called once per request that waited, with whether
-    the groups before it came in time."""
+    every group it waited for came."""
 
-    def __init__(self, *, hold_s: float = HOLD_S, quiet_s: float = QUIET_S,
-                 capacity: int = CAPACITY,
+    def __init__(self, *, hold_s: float = HOLD_S, recent_s: float = RECENT_S,
+                 quiet_s: float = QUIET_S, capacity: int = CAPACITY,
                  clock: Callable[[], float] = time.monotonic,
                  held: Callable[[bool], None] | None = None) -> None:
-        self._hold_s, self._quiet_s, self._capacity = hold_s, quiet_s, capacity
+        self._hold_s, self._recent_s, self._quiet_s = hold_s, recent_s, quiet_s
+        self._capacity = capacity
         self._clock = clock
         self._held = held
-        # The next sequence expected of each (partition, producer), least recently
-        # taken first, and until when a pair is not held (its last wait ran out).
-        self._next: OrderedDict[_Key, int] = OrderedDict()
-        self._quiet: dict[_Key, float] = {}
+        # Each pair's next sequence expected and when its last group was taken, least
+        # recently taken first; producers not held until a time (their wait ran out).
+        self._next: OrderedDict[_Key, tuple[int, float]] = OrderedDict()
+        self._quiet: dict[str, float] = {}
         self._moved: anyio.Event | None = None  # set when a group is taken, if awaited
+        self._closed = False
 
     def __len__(self) -> int:
         return len(self._next)
 
     def ahead(self, groups: Sequence[AppendGroup]) -> list[tuple[_Key, int]]:
-        """The (pair, sequence) of each producer's first group in ``groups`` whose
-        predecessor this gate has not seen taken yet, on a pair it holds."""
+        """The (pair, sequence) of each producer's first group in ``groups`` worth
+        waiting for the group before (see the module)."""
         first: dict[_Key, int] = {}
         for g in groups:
             p = g.producer
@@ -75,60 +91,87 @@ class SequenceGate:
                 key = (g.tp, p.producer_id)
                 if p.sequence < first.get(key, p.sequence + 1):
                     first[key] = p.sequence
-        if not first:
+        if not first or self._closed:
             return []
         now = self._clock()
         out = []
         for key, sequence in first.items():
-            expected = self._next.get(key)
-            if expected is None or expected >= sequence:
+            seen = self._next.get(key)
+            if seen is None:
+                expected, recent = 0, True  # one of a new producer's first groups?
+            else:
+                expected, recent = seen[0], now - seen[1] <= self._recent_s
+            if not (recent and expected < sequence < expected + PRODUCER_BATCHES):
                 continue
-            quiet_until = self._quiet.get(key)
+            quiet_until = self._quiet.get(key[1])
             if quiet_until is not None:
                 if quiet_until > now:
                     continue
-                del self._quiet[key]
+                del self._quiet[key[1]]
             out.append((key, sequence))
         return out
 
+    def _waits(self, key: _Key, sequence: int) -> bool:
+        return not self._closed and self._next.get(key, (0, 0.0))[0] < sequence
+
     async def wait(self, groups: Sequence[AppendGroup], until: float | None = None) -> None:
-        """Until each producer's first group in ``groups`` has its predecessor taken, or
-        :data:`HOLD_S` (or ``until``, a ``time.monotonic()`` time, if sooner) has passed."""
+        """Until each of :meth:`ahead`'s groups has the group before it taken, at most
+        :data:`HOLD_S`, or until ``until`` (a ``time.monotonic()`` time) if sooner."""
         behind = self.ahead(groups)
         if not behind:
             return
-        limit = self._hold_s if until is None else min(self._hold_s, until - self._clock())
-        in_time = False
-        with anyio.move_on_after(max(0.0, limit)):
+        limit = self._hold_s
+        if until is not None:
+            limit = min(limit, until - self._clock())
+            if limit <= 0:
+                return
+        with anyio.move_on_after(limit):
             for key, sequence in behind:
-                # A pair forgotten meanwhile (capacity) stops the wait: nothing to expect.
-                while self._next.get(key, sequence) < sequence:
+                while self._waits(key, sequence):
                     if self._moved is None:
                         self._moved = anyio.Event()
                     await self._moved.wait()
-            in_time = True
-        if not in_time:
+        missing = [key for key, sequence in behind if self._waits(key, sequence)]
+        if missing and limit >= self._hold_s:  # the whole hold ran out, not a deadline
             quiet_until = self._clock() + self._quiet_s
-            for key, sequence in behind:
-                if self._next.get(key, sequence) < sequence:
-                    self._quiet[key] = quiet_until
+            for key in missing:
+                self._quiet[key[1]] = quiet_until
         if self._held is not None:
-            self._held(in_time)
+            self._held(not missing)
 
     def took(self, groups: Sequence[AppendGroup]) -> None:
         """``groups`` are in the batch now (call in the same step that adds them)."""
+        moved = False
+        now = self._clock()
         for g in groups:
             p = g.producer
             if p is None:
                 continue
             key = (g.tp, p.producer_id)
-            expected = self._next.get(key)
-            if expected is None or p.sequence >= expected:
-                self._next[key] = p.sequence + 1
+            seen = self._next.get(key)
+            if seen is None or p.sequence >= seen[0]:
+                self._next[key] = (p.sequence + 1, now)
+                moved = True
+            else:
+                self._next[key] = (seen[0], now)
             self._next.move_to_end(key)
         while len(self._next) > self._capacity:
-            forgotten, _ = self._next.popitem(last=False)
-            self._quiet.pop(forgotten, None)  # so at most as many quiet as remembered
+            self._next.popitem(last=False)
+        if len(self._quiet) > self._capacity:
+            now = self._clock()
+            for producer in [k for k, until in self._quiet.items() if until <= now]:
+                del self._quiet[producer]
+            while len(self._quiet) > self._capacity:
+                del self._quiet[next(iter(self._quiet))]
+        if moved:
+            self._wake()
+
+    def close(self) -> None:
+        """No more waits: a batcher closing or failed answers its requests at once."""
+        self._closed = True
+        self._wake()
+
+    def _wake(self) -> None:
         if self._moved is not None:
             self._moved.set()
             self._moved = None

@@ -233,7 +233,7 @@ class AffinityRouter:
         lane = _Lane(peer, client, Batcher(
             lambda groups: self._send(peer, client, groups), max_bytes=self._lane_max_bytes,
             max_delay_s=0, buffer_max_bytes=self._lane_buffer,
-            max_inflight_flushes=self._lane_inflight))
+            max_inflight_flushes=self._lane_inflight, sequence_gate=False))
         self._lanes[peer.member_id] = lane
         self._tg.start_soon(self._run_lane, lane)
         return lane
