@@ -345,20 +345,15 @@ class Batcher:
         A producer's request read before the one holding the group ahead of its own
         waits for that one to come in first, briefly (app/batching/sequence_gate.py);
         a forwarded frame (``take_by``) never does."""
-        self._check_open()
+        size = sum(g.size for g in groups)
+        self._check_room(size)
         if self._gate is not None and take_by is None:
             until = _earliest(groups)
-            # Taken by a flush before its deadline: the hold ends a window earlier.
-            await self._gate.wait(groups, None if until is None else until - self._max_delay)
-            self._check_open()
-        size = sum(g.size for g in groups)
-        in_use = self._batch.size + self._inflight_bytes
-        if in_use + size > self._buffer_max and in_use:
-            if self._metrics is not None:
-                self._metrics.rejected.inc()
-            raise BackPressureRejected(
-                f"produce buffer full ({in_use} of {self._buffer_max} bytes in use); "
-                "retry shortly")
+            # Flushed and committed before its deadline: the hold ends a window and a
+            # flush's usual time earlier.
+            margin = self._max_delay + self._flush_time + self._lag
+            await self._gate.wait(groups, None if until is None else until - margin)
+            self._check_room(size)
         future: asyncio.Future[list[AppendOutcome]] = (
             asyncio.get_running_loop().create_future())
         # A caller that stopped waiting (cancelled) never reads a failure: mark it read,
@@ -379,12 +374,20 @@ class Batcher:
         # caller is still waiting (a disconnect must not tear a flush apart).
         return await asyncio.shield(future)
 
-    def _check_open(self) -> None:
+    def _check_room(self, size: int) -> None:
+        """Open, and room in the buffer for ``size`` more bytes (else the refusal)."""
         if self._state is BatcherState.FAILED:
             raise Unavailable(f"the produce batcher stopped ({self._failure!r}); "
                               "retry on another broker")
         if self._state is not BatcherState.OPEN:
             raise ShuttingDown("the broker is shutting down; retry on another broker")
+        in_use = self._batch.size + self._inflight_bytes
+        if in_use + size > self._buffer_max and in_use:
+            if self._metrics is not None:
+                self._metrics.rejected.inc()
+            raise BackPressureRejected(
+                f"produce buffer full ({in_use} of {self._buffer_max} bytes in use); "
+                "retry shortly")
 
     def _expire(self, waiter: _Waiter) -> None:
         if self._batch.remove(waiter):  # else a flush took it first: it is written

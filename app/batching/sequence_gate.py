@@ -30,8 +30,9 @@ outside the batch while it waits. Held or not, every group is judged by its comm
 exactly as before: the gate saves resends and promises nothing.
 
 Bounded: :data:`CAPACITY` (partition, producer) pairs remembered, the least recently
-taken forgotten first; waiters are requests the batcher would buffer anyway, each for
-:data:`HOLD_S` at most.
+taken forgotten first (a request waiting on one is let go); a request waits only while
+the buffer has room for it, each :data:`HOLD_S` at most, and one event per pair waited
+on.
 """
 
 from __future__ import annotations
@@ -74,16 +75,18 @@ class SequenceGate:
         # Each pair's next sequence expected and when its last group was taken, least
         # recently taken first; producers not held until a time (their wait ran out).
         self._next: OrderedDict[_Key, tuple[int, float]] = OrderedDict()
-        self._quiet: dict[str, float] = {}
-        self._moved: anyio.Event | None = None  # set when a group is taken, if awaited
+        # In the order set, which is the order they end (QUIET_S is one for all).
+        self._quiet: OrderedDict[str, float] = OrderedDict()
+        # A pair's event, while a request waits on it: set when the pair moves on.
+        self._moved: dict[_Key, anyio.Event] = {}
         self._closed = False
 
     def __len__(self) -> int:
         return len(self._next)
 
-    def ahead(self, groups: Sequence[AppendGroup]) -> list[tuple[_Key, int]]:
-        """The (pair, sequence) of each producer's first group in ``groups`` worth
-        waiting for the group before (see the module)."""
+    def ahead(self, groups: Sequence[AppendGroup]) -> list[tuple[_Key, int, bool]]:
+        """The (pair, sequence, whether the pair is known) of each producer's first
+        group in ``groups`` worth waiting for the group before (see the module)."""
         first: dict[_Key, int] = {}
         for g in groups:
             p = g.producer
@@ -108,15 +111,21 @@ class SequenceGate:
                 if quiet_until > now:
                     continue
                 del self._quiet[key[1]]
-            out.append((key, sequence))
+            out.append((key, sequence, seen is not None))
         return out
 
-    def _waits(self, key: _Key, sequence: int) -> bool:
-        return not self._closed and self._next.get(key, (0, 0.0))[0] < sequence
+    def _waits(self, key: _Key, sequence: int, known: bool) -> bool:
+        """Whether the group before ``sequence`` is still to be taken (a known pair
+        forgotten meanwhile is not waited for any more)."""
+        seen = self._next.get(key)
+        if seen is None:
+            return not known and not self._closed
+        return seen[0] < sequence and not self._closed
 
     async def wait(self, groups: Sequence[AppendGroup], until: float | None = None) -> None:
         """Until each of :meth:`ahead`'s groups has the group before it taken, at most
-        :data:`HOLD_S`, or until ``until`` (a ``time.monotonic()`` time) if sooner."""
+        :data:`HOLD_S`, or until ``until`` (a ``time.monotonic()`` time) if sooner, or the
+        gate closes."""
         behind = self.ahead(groups)
         if not behind:
             return
@@ -126,22 +135,31 @@ class SequenceGate:
             if limit <= 0:
                 return
         with anyio.move_on_after(limit):
-            for key, sequence in behind:
-                while self._waits(key, sequence):
-                    if self._moved is None:
-                        self._moved = anyio.Event()
-                    await self._moved.wait()
-        missing = [key for key, sequence in behind if self._waits(key, sequence)]
+            for key, sequence, known in behind:
+                while self._waits(key, sequence, known):
+                    event = self._moved.get(key)
+                    if event is None:
+                        event = self._moved[key] = anyio.Event()
+                    try:
+                        await event.wait()
+                    finally:  # nobody left waiting on it: drop it (bounded)
+                        if (not event.is_set() and self._moved.get(key) is event
+                                and not event.statistics().tasks_waiting):
+                            del self._moved[key]
+        if self._closed:
+            return  # the batcher refuses the request: no hold to count
+        missing = [key for key, sequence, known in behind
+                   if self._waits(key, sequence, known)]
         if missing and limit >= self._hold_s:  # the whole hold ran out, not a deadline
             quiet_until = self._clock() + self._quiet_s
             for key in missing:
                 self._quiet[key[1]] = quiet_until
+                self._quiet.move_to_end(key[1])
         if self._held is not None:
             self._held(not missing)
 
     def took(self, groups: Sequence[AppendGroup]) -> None:
         """``groups`` are in the batch now (call in the same step that adds them)."""
-        moved = False
         now = self._clock()
         for g in groups:
             p = g.producer
@@ -151,27 +169,25 @@ class SequenceGate:
             seen = self._next.get(key)
             if seen is None or p.sequence >= seen[0]:
                 self._next[key] = (p.sequence + 1, now)
-                moved = True
+                event = self._moved.pop(key, None)
+                if event is not None:
+                    event.set()
             else:
                 self._next[key] = (seen[0], now)
             self._next.move_to_end(key)
         while len(self._next) > self._capacity:
-            self._next.popitem(last=False)
-        if len(self._quiet) > self._capacity:
-            now = self._clock()
-            for producer in [k for k, until in self._quiet.items() if until <= now]:
-                del self._quiet[producer]
-            while len(self._quiet) > self._capacity:
-                del self._quiet[next(iter(self._quiet))]
-        if moved:
-            self._wake()
+            forgotten, _ = self._next.popitem(last=False)
+            event = self._moved.pop(forgotten, None)
+            if event is not None:
+                event.set()  # its waiters wait no more for a pair forgotten
+        # Quiet producers end in the order set: the ended ones are first.
+        while self._quiet and (len(self._quiet) > self._capacity
+                               or next(iter(self._quiet.values())) <= now):
+            self._quiet.popitem(last=False)
 
     def close(self) -> None:
         """No more waits: a batcher closing or failed answers its requests at once."""
         self._closed = True
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._moved is not None:
-            self._moved.set()
-            self._moved = None
+        for event in self._moved.values():
+            event.set()
+        self._moved.clear()
