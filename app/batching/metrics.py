@@ -32,11 +32,10 @@ class BatcherMetrics:
         self.rejected = Counter("llog_batcher_rejected",
                                 "Produce requests refused because the buffer was full",
                                 registry=registry)
-
         self.sequence_holds = Counter(
             "llog_batcher_sequence_holds",
             "Produce requests read before the one holding their producer's previous "
-            "group, held for it (outcome: in_order, it came; timed_out, it did not)",
+            "group, held for it (outcome: in_order, it came; timed_out, not in time)",
             ["outcome"], registry=registry)
 
     def sequence_held(self, in_time: bool) -> None:

@@ -17,10 +17,10 @@ expected on its partition by fewer than the groups a producer keeps in flight
 (:data:`~app.storage.producer_state.PRODUCER_BATCHES`), where that producer's last group
 there was taken within :data:`RECENT_S` (a producer not seen on the partition: when its
 group is one of its first). It waits until the group before it is taken: at most
-:data:`HOLD_S`, and never so long that its deadline passes before a flush takes it. A
-producer whose wait ran out (its groups go to other brokers or workers too) is not held
-again for :data:`QUIET_S`, so a producer spread over many processes pays one wait now
-and then, not one per request.
+:data:`HOLD_S`, ending a batch window and a flush's usual time before its commit
+deadline (the batcher gives that as ``until``). A producer whose whole hold ran out (its
+groups go to other brokers or workers too) is not held again for :data:`QUIET_S`, so a
+producer spread over many processes pays one wait now and then, not one per request.
 
 Only the batcher that commits holds, and only a producer's own requests: a forwarding
 broker's lanes do not (they see part of the requests), nor do forwarded frames (a frame
