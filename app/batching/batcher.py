@@ -347,12 +347,14 @@ class Batcher:
         a forwarded frame (``take_by``) never does."""
         size = sum(g.size for g in groups)
         self._check_room(size)
-        if self._gate is not None and take_by is None:
+        gate = self._gate if take_by is None else None
+        behind = gate.ahead(groups) if gate is not None else None
+        if gate is not None and behind:
             until = _earliest(groups)
             # Flushed and committed before its deadline: the hold ends a window and a
             # flush's usual time earlier.
             margin = self._max_delay + self._flush_time + self._lag
-            await self._gate.wait(groups, None if until is None else until - margin)
+            await gate.hold(behind, None if until is None else until - margin)
             self._check_room(size)
         future: asyncio.Future[list[AppendOutcome]] = (
             asyncio.get_running_loop().create_future())

@@ -127,8 +127,12 @@ class SequenceGate:
         :data:`HOLD_S`, or until ``until`` (a ``time.monotonic()`` time) if sooner, or the
         gate closes."""
         behind = self.ahead(groups)
-        if not behind:
-            return
+        if behind:
+            await self.hold(behind, until)
+
+    async def hold(self, behind: list[tuple[_Key, int, bool]], until: float | None) -> None:
+        """:meth:`wait` for groups :meth:`ahead` found (a caller that has them need not
+        look twice, nor make a coroutine for a request that does not wait)."""
         limit = self._hold_s
         if until is not None:
             limit = min(limit, until - self._clock())
