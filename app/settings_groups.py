@@ -107,9 +107,9 @@ class OxiaSettings(_Group):
     oxia_request_timeout_s: float = Field(default=10.0, gt=0, le=300)
     oxia_max_threads: int = Field(default=32, ge=1, le=512)
     # Gets (the control records and cursors reads wait on) on the event loop through
-    # grpc.aio rather than the package in a worker thread (app/storage/oxia_reads.py).
+    # grpc.aio rather than the package in a worker thread (app/stores/oxia/reads.py).
     oxia_event_loop_reads: bool = True
-    # The group puts of commits likewise (app/storage/oxia_writes.py); ephemeral puts,
+    # The group puts of commits likewise (app/stores/oxia/writes.py); ephemeral puts,
     # deletes and sessions stay with the package.
     oxia_event_loop_writes: bool = True
     oxia_max_inflight_writes: int = Field(default=2, ge=1, le=64)
@@ -128,7 +128,7 @@ class OxiaSettings(_Group):
     @classmethod
     def _check_address(cls, value: str) -> str:
         # Several servers of one cluster, comma separated: any of them serves the shard
-        # assignments (app/storage/oxia_discovery.py).
+        # assignments (app/stores/oxia/discovery.py).
         if not all(_HOST_PORT.fullmatch(a) for a in value.split(",")):
             raise ValueError("expected host:port, or several separated by commas")
         return value
@@ -155,9 +155,9 @@ class S3Settings(_Group):
     s3_put_checksum: bool = True
     s3_sign_payload: bool = False
     # GETs, ranged GETs and WAL uploads are signed and sent by the broker itself
-    # (app/storage/s3_lean.py) rather than through botocore's request pipeline, when an
+    # (app/stores/s3/lean.py) rather than through botocore's request pipeline, when an
     # endpoint and static keys are set: GETs on connections of its own
-    # (app/storage/s3_wire.py), uploads through aiohttp, each pool up to
+    # (app/stores/s3/wire.py), uploads through aiohttp, each pool up to
     # s3_max_pool_connections.
     s3_lean_requests: bool = True
 

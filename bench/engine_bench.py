@@ -30,10 +30,10 @@ from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
-from app.storage.s3 import S3Store
 from app.storage.writer import LogWriter
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 
 MiB = 1024 * 1024
 

@@ -12,7 +12,7 @@ that much, with the broker's own fastest pieces and none of its checks or bookke
 - a flush takes the requests of one batch window (``--window-ms``, up to
   ``--max-inflight`` flushes at once), packs their bodies into one shared blob
   (``codec.pack_shared_blob``, with its CRC32Cs), PUTs it through the broker's S3 client
-  for the data path (``app/storage/s3_lean.py``, with the upload's CRC32C for the store
+  for the data path (``app/stores/s3/lean.py``, with the upload's CRC32C for the store
   to verify), writes one Oxia key per partition in one Write request
   (``OxiaStore.put_group``: blind puts, no compare-and-set), and answers every waiter.
 
@@ -58,9 +58,9 @@ from fastapi.responses import Response  # noqa: E402
 
 from app.settings import Settings  # noqa: E402
 from app.storage import codec, columnar  # noqa: E402
-from app.storage.metrics import StoreMetrics  # noqa: E402
-from app.storage.oxia_store import OxiaStore, PutSpec  # noqa: E402
-from app.storage.s3 import S3Store  # noqa: E402
+from app.stores.metrics import StoreMetrics  # noqa: E402
+from app.stores.oxia.store import OxiaStore, PutSpec  # noqa: E402
+from app.stores.s3.store import S3Store  # noqa: E402
 from app.wire import produce as llp1  # noqa: E402
 from app.wire import records as llr1  # noqa: E402
 

@@ -1,7 +1,7 @@
 """What an Oxia call costs the broker's process: the ``oxia`` package against grpc.aio.
 
 The broker calls Oxia through the ``oxia`` package: a synchronous gRPC client with a
-pure-Python protobuf runtime, run in worker threads (app/storage/oxia_store.py). The
+pure-Python protobuf runtime, run in worker threads (app/stores/oxia/store.py). The
 alternative is an asyncio client on ``grpc.aio`` with the C protobuf runtime. This
 measures both on one Oxia server in one run: single-put writes, ``--concurrency`` at a
 time, writes/s and the client process's CPU per write (threads included), which is
@@ -40,7 +40,7 @@ if str(ROOT) not in sys.path:
 import anyio  # noqa: E402
 
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
-from app.storage import oxia_compat  # noqa: E402
+from app.stores.oxia import patches as oxia_patches  # noqa: E402
 
 VALUE = b"x" * 200
 GROUP = 4  # partitions committed by one flush in the store rows
@@ -89,7 +89,7 @@ async def _timed(writes: int, concurrency: int, write: Callable[[str], Awaitable
 
 
 async def through_package(address: str, writes: int, concurrency: int) -> dict[str, float]:
-    client = oxia_compat.connect(address, request_timeout_s=10)
+    client = oxia_patches.connect(address, request_timeout_s=10)
     limiter = anyio.CapacityLimiter(concurrency)
 
     async def write(key: str) -> None:
@@ -143,10 +143,10 @@ async def through_store(address: str, writes: int, concurrency: int, *, on_loop:
                         ) -> dict[str, float]:
     """The broker's own path: ``OxiaStore.put_group`` of a flush's commits (``GROUP``
     partitions of one topic), through the package in worker threads or on the loop
-    (app/storage/oxia_writes.py). A row's "write" is one group."""
+    (app/stores/oxia/writes.py). A row's "write" is one group."""
     from app.settings import Settings
-    from app.storage.metrics import StoreMetrics
-    from app.storage.oxia_store import OxiaStore, PutSpec
+    from app.stores.metrics import StoreMetrics
+    from app.stores.oxia.store import OxiaStore, PutSpec
 
     settings = Settings(oxia_address=address, oxia_event_loop_writes=on_loop)
     async with OxiaStore(settings.oxia, StoreMetrics()) as store:

@@ -1,7 +1,7 @@
 """What an Oxia get costs the broker's process: on the event loop or in a worker thread.
 
 The broker's gets (control records, cursors, group offsets) go through ``grpc.aio`` on
-the event loop (app/storage/oxia_reads.py) unless ``LLOG_OXIA_EVENT_LOOP_READS=false``
+the event loop (app/stores/oxia/reads.py) unless ``LLOG_OXIA_EVENT_LOOP_READS=false``
 sends them through the ``oxia`` package in a worker thread. This measures both through
 ``OxiaStore.get`` on one Oxia server, in one run, alternating: ``--concurrency`` gets at
 a time, gets/s and the process's CPU per get (every thread), plain and with the event
@@ -32,8 +32,8 @@ import uvloop  # noqa: E402
 
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from app.storage.metrics import StoreMetrics  # noqa: E402
-from app.storage.oxia_store import OxiaStore  # noqa: E402
+from app.stores.metrics import StoreMetrics  # noqa: E402
+from app.stores.oxia.store import OxiaStore  # noqa: E402
 
 
 def _cpu() -> float:

@@ -1,8 +1,8 @@
 """The storage ceiling: what the object store and Oxia accept with no broker in the way.
 
 A broker's produce path ends in one S3 PUT per flush and one Oxia write per partition
-of it. This measures both through the broker's own facades (app/storage/s3.py and
-app/storage/oxia_store.py, the same settings) on the stack the broker uses, in the same
+of it. This measures both through the broker's own facades (app/stores/s3/store.py and
+app/stores/oxia/store.py, the same settings) on the stack the broker uses, in the same
 run as the broker:
 
 - S3 PUT: objects of a flush's typical sizes, ``concurrency`` at a time (the broker's
@@ -33,9 +33,9 @@ if str(ROOT) not in sys.path:
 
 from app.localstack.stack import LocalStack, StackConfig  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from app.storage.metrics import StoreMetrics  # noqa: E402
-from app.storage.oxia_store import OxiaStore, PutSpec  # noqa: E402
-from app.storage.s3 import S3Store  # noqa: E402
+from app.stores.metrics import StoreMetrics  # noqa: E402
+from app.stores.oxia.store import OxiaStore, PutSpec  # noqa: E402
+from app.stores.s3.store import S3Store  # noqa: E402
 
 MiB = 1024 * 1024
 OBJECT_SIZES = (512 * 1024, 2 * MiB, 4 * MiB)

@@ -15,8 +15,8 @@ import pytest_asyncio
 from app.localstack.processes import PORT_RANGE_ENV
 from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
-from app.storage import oxia_compat
 from app.storage.keys import TopicPartition
+from app.stores.oxia import patches as oxia_patches
 from tests.helpers import selection
 from tests.helpers.stack import Broker, BrokerFactory, Engine, make_settings, open_engine
 from tests.helpers.topology import stack_overrides
@@ -78,7 +78,7 @@ def s3_client(stack: LocalStack) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def oxia_client(stack: LocalStack) -> Iterator[Any]:
-    client = oxia_compat.connect(stack.oxia_address, session_timeout_ms=3000,
+    client = oxia_patches.connect(stack.oxia_address, session_timeout_ms=3000,
                                  request_timeout_s=10)
     yield client
     client.close()

@@ -17,9 +17,15 @@ LONG_BECAUSE = "long because"
 # What of the storage engine a route module may name: the vocabulary its models and
 # parsers share with the engine (keys, names, records, batches, topic settings, append
 # outcomes), never what reads, writes or caches.
-ROUTE_STORAGE_MODULES = {"keys", "names", "log_record", "batch", "compression", "topics",
-                         "appends"}
+ROUTE_STORAGE_MODULES = {"keys", "names", "log_record", "batch", "compression",
+                         "topic_catalog", "appends"}
 MODEL_MODULES = {"models.py", "group_models.py"}
+# What the rest of the code may import of each store's client package: the store itself,
+# and for Oxia the change notifications (the broker's watch) and the patches of the
+# ``oxia`` package (the local stack's own clients). The rest of a package (its wire
+# formats, channels, signers, shard discovery) is that store's business alone.
+STORE_SURFACES = {"app.stores.oxia": {"store", "notifications", "patches"},
+                  "app.stores.s3": {"store"}}
 
 
 def _package_imports() -> dict[str, set[str]]:
@@ -88,7 +94,8 @@ def test_the_spark_jobs_import_each_other_without_cycles() -> None:
 
 def test_the_engine_knows_nothing_above_it() -> None:
     graph = _package_imports()
-    assert graph["storage"] <= {"errors", "settings", "clock"}
+    assert graph["storage"] <= {"errors", "settings", "clock", "stores"}
+    assert graph["stores"] <= {"errors", "settings"}  # the store clients know no log
     assert graph["errors"] == set()
     assert graph["clock"] == set()  # the wall clock every layer reads imports nothing
     assert "broker" not in graph["compaction"] and "routes" not in graph["compaction"]
@@ -96,6 +103,33 @@ def test_the_engine_knows_nothing_above_it() -> None:
     assert "cluster" in graph["broker"]
     assert not graph["cluster"] & {"broker", "routes", "groups", "compaction", "loadtest"}
     assert "cluster" in graph["loadtest"]  # the load generator ranks with the same hash
+
+
+def test_the_stores_are_reached_through_their_surface() -> None:
+    """Outside a store's package, only its surface (``STORE_SURFACES``) is imported, in
+    the broker, the jobs and the benchmarks alike."""
+    found: list[str] = []
+    for folder in ("app", "jobs", "bench"):
+        for path in (ROOT / folder).rglob("*.py"):
+            inside = path.relative_to(ROOT).with_suffix("").parts
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.ImportFrom) and node.module:
+                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                elif isinstance(node, ast.Import):
+                    names = [a.name for a in node.names]
+                else:
+                    continue
+                for name in names:
+                    for package, surface in STORE_SURFACES.items():
+                        if package.split(".") == list(inside[:3]):
+                            continue  # the package's own modules
+                        if name.startswith(package + ".") and \
+                                name.split(".")[3] not in surface:
+                            found.append(f"{path.relative_to(ROOT)}: {name}")
+    assert not found, "store modules imported past their surface:\n" + "\n".join(found)
+    for package, surface in STORE_SURFACES.items():
+        folder = ROOT / package.replace(".", "/")
+        assert all((folder / f"{name}.py").exists() for name in surface), package
 
 
 def test_the_client_needs_nothing_but_httpx() -> None:

@@ -16,7 +16,7 @@ import pytest
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from app.storage.records import Control
+from app.storage.metadata import Control
 from jobs.spark import backfill_appends
 from jobs.spark.job_settings import settings_payload
 from tests.helpers.clock import FakeClock

@@ -9,7 +9,7 @@ import httpx
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from app.storage.records import IndexEntry
+from app.storage.metadata import IndexEntry
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import BrokerFactory, make_settings, open_engine
 

@@ -8,7 +8,7 @@ from app.compaction.claims import Claims
 from app.errors import StorageUnavailable
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from app.storage.records import CompactorClaim
+from app.storage.metadata import CompactorClaim
 from tests.helpers.stack import Engine, make_settings, open_engine
 
 

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PROBE = """
 import time
 from app import clock
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 before = time.time_ns() // 1_000_000
 wall, records = clock.wall_ms(), now_ms()
 after = time.time_ns() // 1_000_000

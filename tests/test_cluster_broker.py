@@ -17,7 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.broker.loop_watchdog import STALLED_EXIT
 from app.broker.state import BrokerState
-from app.cluster.members import Member
+from app.cluster.members import BrokerMember
 from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.storage.keys import MEMBERS_PARTITION_KEY, KeyLayout
@@ -43,7 +43,7 @@ async def test_a_member_announces_its_advertised_forward_address(stack: LocalSta
         found = await operator.oxia.get(layout.member(f"{settings.broker_id}.w0"),
                                         MEMBERS_PARTITION_KEY)
         assert found is not None
-        assert Member.from_record(found.value).forward == "forwards.example:9300"
+        assert BrokerMember.from_record(found.value).forward == "forwards.example:9300"
         assert state.forward_address == "forwards.example:9300"
 
 
@@ -77,7 +77,7 @@ async def test_a_broker_with_affinity_lists_itself_and_leaves_when_it_drains(
         # The forward listener listens before the member registers: the record names it.
         assert state.forward_address.startswith("127.0.0.1:")
         assert found is not None
-        assert Member.from_record(found.value).forward == state.forward_address
+        assert BrokerMember.from_record(found.value).forward == state.forward_address
         assert state.membership is not None and state.router is not None
         # A new address is announced in the record.
         state.set_forward_address("127.0.0.1:4711")
@@ -86,7 +86,7 @@ async def test_a_broker_with_affinity_lists_itself_and_leaves_when_it_drains(
                 await state.membership.next_change()
         found = await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY)
         assert found is not None
-        assert Member.from_record(found.value).forward == "127.0.0.1:4711"
+        assert BrokerMember.from_record(found.value).forward == "127.0.0.1:4711"
         await state.drain()
         assert await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY) is None
         assert me not in [m["member_id"] for m in (await client.get("/cluster")).json()[
@@ -119,7 +119,7 @@ async def test_each_worker_is_a_member_and_a_replacement_takes_its_slot(
     settings = make_settings(stack)
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
 
-    async def records() -> dict[str, Member]:
+    async def records() -> dict[str, BrokerMember]:
         found = await operator.oxia.range_scan(layout.members_prefix(),
                                                layout.members_prefix() + "~",
                                                MEMBERS_PARTITION_KEY)
@@ -128,7 +128,7 @@ async def test_each_worker_is_a_member_and_a_replacement_takes_its_slot(
             member_id = layout.parse_member_key(r.key)
             if member_id in ids:
                 out[member_id] = r
-        return {k: Member.from_record(v.value) for k, v in out.items()}
+        return {k: BrokerMember.from_record(v.value) for k, v in out.items()}
 
     async with open_engine(settings) as operator:
         # Another process's state is polled: there is no event to wait on across processes.

@@ -23,9 +23,10 @@ from app.compaction.claims import Claims
 from app.errors import StorageUnavailable
 from app.localstack.oxia_cluster import OxiaClusterConfig
 from app.localstack.stack import LocalStack
-from app.storage import oxia_compat, oxia_notifications
 from app.storage.keys import TopicPartition
-from app.storage.records import CompactorClaim
+from app.storage.metadata import CompactorClaim
+from app.stores.oxia import notifications as oxia_notifications
+from app.stores.oxia import patches as oxia_patches
 from tests.helpers.failover import FailoverLoad, late_from, outage_problems
 from tests.helpers.selection import starts_servers
 from tests.helpers.stack import (
@@ -80,7 +81,7 @@ def partition_leaders(stack: LocalStack, topic: str, partitions: int) -> dict[in
     """The data server (node index) leading each of the topic's partitions."""
     assert stack.oxia_cluster is not None
     nodes = [n.public for n in stack.oxia_cluster.nodes]
-    client = oxia_compat.connect(stack.oxia_address, request_timeout_s=5)
+    client = oxia_patches.connect(stack.oxia_address, request_timeout_s=5)
     try:
         discovery = client._service_discovery
         return {p: nodes.index(discovery._assignments[
@@ -304,7 +305,7 @@ def test_notification_streams_resume_while_shards_are_idle(cluster: LocalStack) 
     """Streams reopened from their offsets send nothing until their shard changes: the
     reopened streams deliver at once, though every other shard stays idle (waiting for a
     first message from each would hold the active shard's stream back for good)."""
-    client = oxia_compat.connect(cluster.oxia_address, request_timeout_s=5)
+    client = oxia_patches.connect(cluster.oxia_address, request_timeout_s=5)
     resumed = threading.Event()
     notes = oxia_notifications.notifications(client, on_resumed=resumed.set)
     seen: queue.Queue[str] = queue.Queue()

@@ -17,8 +17,8 @@ from app.compaction.metrics import CompactionMetrics
 from app.errors import CorruptData
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS
-from app.storage.records import Compaction, CompactionCursor
+from app.storage.metadata import Compaction, CompactionCursor
+from app.stores.oxia.store import EXPECT_NOT_EXISTS
 from tests.helpers.compaction import (
     Expected,
     append_batches,

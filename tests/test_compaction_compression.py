@@ -28,7 +28,7 @@ from app.storage.chunks import MAX_CHUNK_RAW_BYTES, Chunk, chunk_records, parse_
 from app.storage.compression import Codec, Compression
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
-from app.storage.records import IndexEntry
+from app.storage.metadata import IndexEntry
 from app.storage.spans import Span
 from app.storage.stored import raw_body
 from app.wire import records as llr1

@@ -23,7 +23,7 @@ from app.compaction.scheduler import CompactionScheduler, Visit
 from app.localstack.stack import LocalStack
 from app.settings import Settings
 from app.storage.keys import TopicPartition
-from app.storage.records import CompactorClaim
+from app.storage.metadata import CompactorClaim
 from tests.helpers.compaction import (
     Expected,
     append_batches,

@@ -13,9 +13,9 @@ from app.compaction.run_steps import STEPS, RunSteps
 from app.compaction.selection import select_run
 from app.errors import VersionMismatch
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, Record
-from app.storage.records import Compaction, CompactionCursor, IndexEntry
+from app.storage.metadata import Compaction, CompactionCursor, IndexEntry
 from app.storage.spans import Span
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, Record
 
 TP = TopicPartition("t", 0)
 LAYOUT = KeyLayout("llog", "bucket")

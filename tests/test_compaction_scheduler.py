@@ -230,8 +230,8 @@ async def test_first_discovery_registers_uncatalogued_data_but_not_deleted_topic
     """Partitions written before the catalog existed get their topic registered; a
     deleted topic (its partitions emptied, their control records kept) stays deleted."""
     from app.storage.topic_admin import TopicAdmin
+    from app.storage.topic_catalog import TopicCatalog
     from app.storage.topic_deletion import TopicDeleter
-    from app.storage.topics import TopicCatalog
 
     settings = isolated_settings(stack)
     old, deleted = (f"old-{uuid.uuid4().hex[:8]}", f"del-{uuid.uuid4().hex[:8]}")

@@ -11,7 +11,7 @@ from app.auth.apikeys import mint
 from app.console.routes import ASSETS, load_assets
 from app.factory import create_app
 from app.localstack.stack import LocalStack
-from app.storage.topics import TopicConfig
+from app.storage.topic_catalog import TopicConfig
 from tests.helpers.asgi import served
 from tests.helpers.auth import bearer
 from tests.helpers.stack import make_settings, serving_compactor

@@ -12,7 +12,7 @@ from app.observability import (
     s3_cost_estimate,
     stored_totals,
 )
-from app.storage.metrics import StoreMetrics
+from app.stores.metrics import StoreMetrics
 
 
 def test_compression_savings_are_priced_from_what_was_stored() -> None:

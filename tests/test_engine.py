@@ -21,8 +21,8 @@ from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
+from app.storage.metadata import Control, IndexEntry, Pending, now_ms
 from app.storage.reader import LogReader, ReadRequest
-from app.storage.records import Control, IndexEntry, Pending, now_ms
 from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, make_compactor
 from tests.helpers.stack import Engine, make_settings, open_engine

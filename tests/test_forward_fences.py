@@ -24,7 +24,7 @@ from app.cluster.fences import (
 from app.errors import StorageUnavailable
 from app.settings_groups import ClusterSettings, OxiaSettings
 from app.storage.keys import FENCES_PARTITION_KEY, KeyLayout
-from app.storage.oxia_store import OxiaStore
+from app.stores.oxia.store import OxiaStore
 from tests.helpers.stack import Engine
 
 

@@ -16,13 +16,13 @@ from fastapi import FastAPI
 
 from app.errors import GroupNotEmpty, StaleGeneration, StorageUnavailable
 from app.factory import create_app
-from app.groups.membership import Membership
-from app.groups.offsets import GroupOffsets, ResetTarget
-from app.groups.records import CommittedOffset
+from app.groups.committed_offsets import GroupOffsets, ResetTarget
+from app.groups.group_records import CommittedOffset
+from app.groups.membership import GroupMembership
 from app.groups.store import GroupStore
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from app.wire import records
 from tests.helpers.bodies import produce_body
 from tests.helpers.stack import make_settings, open_engine
@@ -190,7 +190,7 @@ async def test_an_offset_written_by_a_newer_generation_fences_an_older_commit(
             async def count(_: str) -> int:
                 return 1
 
-            offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+            offsets = GroupOffsets(store, GroupMembership(store, e.settings, count), e.reader)
             with pytest.raises(StaleGeneration):
                 await offsets._write(group, tp, 1, late["generation"], late["member_id"])
             found = await store.offset(group, tp)
@@ -252,7 +252,7 @@ async def test_a_rebalance_between_the_check_and_the_write_undoes_the_commit(
             return 2
 
         store = Racing(e.oxia, e.layout)
-        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+        offsets = GroupOffsets(store, GroupMembership(store, e.settings, count), e.reader)
         done = await offsets.commit(group, member["member_id"], member["generation"],
                                     [(TopicPartition(topic, 0), 3), (TopicPartition(topic, 1), 2)])
         assert joined and joined[0]["generation"] == member["generation"] + 1
@@ -287,7 +287,7 @@ async def test_a_join_between_the_check_and_the_write_undoes_a_commit_without_me
             return 1
 
         store = Racing(e.oxia, e.layout)
-        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+        offsets = GroupOffsets(store, GroupMembership(store, e.settings, count), e.reader)
         (done,) = await offsets.commit(group, None, None, [(tp, 2)])
         assert joined and isinstance(done, GroupNotEmpty), done
         found = await store.offset(group, tp)
@@ -322,7 +322,7 @@ async def test_a_store_failure_in_the_check_after_writing_puts_the_commit_back(
             return 1
 
         store = Failing(e.oxia, e.layout)
-        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+        offsets = GroupOffsets(store, GroupMembership(store, e.settings, count), e.reader)
         (done,) = await offsets.commit(group, member["member_id"], member["generation"],
                                        [(tp, 3)])
         assert wrote[:1] == [tp] and isinstance(done, StorageUnavailable), done
@@ -567,7 +567,7 @@ async def _one_partition_offsets(e: Any, store_factory: Any) -> tuple[GroupStore
         return 1
 
     store = store_factory(e.oxia, e.layout)
-    return store, GroupOffsets(store, Membership(store, e.settings, count), e.reader)
+    return store, GroupOffsets(store, GroupMembership(store, e.settings, count), e.reader)
 
 
 @pytest.mark.parametrize("confirming", [False, True],
@@ -661,7 +661,7 @@ async def test_a_pending_commit_left_by_a_failed_withdrawal_is_counted_and_read_
             return 1
 
         store = Stuck(e.oxia, e.layout)
-        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader,
+        offsets = GroupOffsets(store, GroupMembership(store, e.settings, count), e.reader,
                                putback_failed=lambda: failures.append(None))
         (done,) = await offsets.commit(group, member["member_id"], member["generation"],
                                        [(tp, 3)])
@@ -733,7 +733,7 @@ async def test_while_upgrading_commits_are_written_directly_and_put_back_if_refu
             return 1
 
         store = Recording(e.oxia, e.layout)
-        offsets = GroupOffsets(store, Membership(store, e.settings, count), e.reader,
+        offsets = GroupOffsets(store, GroupMembership(store, e.settings, count), e.reader,
                                pending=False)
         assert await offsets.commit(group, member["member_id"], member["generation"],
                                     [(tp, 1)]) == [1]
@@ -749,7 +749,7 @@ async def test_while_upgrading_commits_are_written_directly_and_put_back_if_refu
                 return version
 
         racing = Racing(e.oxia, e.layout)
-        offsets = GroupOffsets(racing, Membership(racing, e.settings, count), e.reader,
+        offsets = GroupOffsets(racing, GroupMembership(racing, e.settings, count), e.reader,
                                pending=False)
         (done,) = await offsets.commit(group, member["member_id"], member["generation"],
                                        [(tp, 3)])

@@ -9,8 +9,8 @@ from typing import Any
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.index_windows import GUESS, IndexWindows
 from app.storage.keys import TopicPartition
+from app.storage.metadata import IndexEntry
 from app.storage.reader import LogReader
-from app.storage.records import IndexEntry
 from app.storage.spans import Span
 from tests.helpers.compaction import make_compactor
 from tests.helpers.stack import Engine

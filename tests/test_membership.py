@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator, Callable
 import anyio
 from prometheus_client import CollectorRegistry
 
-from app.cluster.members import Member, MemberView
-from app.cluster.membership import Membership
+from app.cluster.members import BrokerMember, MemberView
+from app.cluster.membership import ClusterMembership
 from app.localstack.stack import LocalStack
 from app.storage.keys import MEMBERS_PARTITION_KEY, KeyLayout, TopicPartition
 from tests.helpers.stack import Engine, make_settings, open_engine
@@ -22,8 +22,8 @@ PARTITIONS = [TopicPartition("orders", p) for p in range(16)]
 
 
 def _member(member_id: str, *, forward: str = "127.0.0.1:1",
-            roles: tuple[str, ...] = ("write", "read")) -> Member:
-    return Member(member_id, member_id.split(".")[0], f"http://{member_id}:8080", forward,
+            roles: tuple[str, ...] = ("write", "read")) -> BrokerMember:
+    return BrokerMember(member_id, member_id.split(".")[0], f"http://{member_id}:8080", forward,
                   roles, uuid.uuid4().hex)
 
 
@@ -33,7 +33,7 @@ def _changes(registry: CollectorRegistry, member_id: str, kind: str) -> float:
     return value or 0.0
 
 
-async def _until(m: Membership, ok: Callable[[MemberView], bool]) -> MemberView:
+async def _until(m: ClusterMembership, ok: Callable[[MemberView], bool]) -> MemberView:
     """Wait (bounded) for a view of ``m`` that satisfies ``ok``."""
     with anyio.fail_after(WAIT_S):
         while not ok(m.view()):
@@ -54,7 +54,7 @@ def _close_session(e: Engine) -> None:
 
 
 @contextlib.asynccontextmanager
-async def _running(*members: Membership) -> AsyncIterator[None]:
+async def _running(*members: ClusterMembership) -> AsyncIterator[None]:
     async with anyio.create_task_group() as tg:
         for m in members:
             with anyio.fail_after(WAIT_S):
@@ -80,8 +80,8 @@ async def test_members_see_each_other_and_agree_on_preferences(stack: LocalStack
         clash = TopicPartition("_brokers", 0)
         await ea.oxia.put(layout.control(clash), b"{}", clash.partition_key)
         await ea.oxia.put(layout.compactor_claim(clash), b"{}", MEMBERS_PARTITION_KEY)
-        a = Membership(ea.oxia, layout, _member("a.w0"), refresh_s=0.1)
-        b = Membership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1)
+        a = ClusterMembership(ea.oxia, layout, _member("a.w0"), refresh_s=0.1)
+        b = ClusterMembership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1)
         async with _running(a, b):
             both = {"a.w0", "b.w0"}
             va = await _until(a, lambda v: set(v.ids()) == both)
@@ -98,8 +98,8 @@ async def test_a_member_whose_session_ends_leaves_the_others_views(stack: LocalS
     registry = CollectorRegistry()
     async with _engines(stack, 2) as (layout, (ea, eb)):
         # a lists rarely, so it does not put its record back before b sees it gone.
-        a = Membership(ea.oxia, layout, _member("a.w0"), refresh_s=3600)
-        b = Membership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1, registry=registry)
+        a = ClusterMembership(ea.oxia, layout, _member("a.w0"), refresh_s=3600)
+        b = ClusterMembership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1, registry=registry)
         async with _running(a, b):
             await _until(b, lambda v: "a.w0" in v.ids())
             _close_session(ea)
@@ -113,7 +113,7 @@ async def test_a_member_whose_session_ends_leaves_the_others_views(stack: LocalS
 async def test_a_lost_record_is_put_back(stack: LocalStack) -> None:
     registry = CollectorRegistry()
     async with _engines(stack, 2) as (layout, (ea, eb)):
-        a = Membership(ea.oxia, layout, _member("a.w0"), refresh_s=0.1, registry=registry)
+        a = ClusterMembership(ea.oxia, layout, _member("a.w0"), refresh_s=0.1, registry=registry)
         async with _running(a):
             put = a.registrations
             _close_session(ea)
@@ -121,14 +121,14 @@ async def test_a_lost_record_is_put_back(stack: LocalStack) -> None:
                 while a.registrations == put:
                     await a.next_change()
             found = await eb.oxia.get(layout.member("a.w0"), MEMBERS_PARTITION_KEY)
-            assert found is not None and Member.from_record(found.value) == a.me
+            assert found is not None and BrokerMember.from_record(found.value) == a.me
         assert _changes(registry, "a.w0", "reregistered") == 1
 
 
 async def test_leaving_deletes_the_record_for_good(stack: LocalStack) -> None:
     async with _engines(stack, 2) as (layout, (ea, eb)):
-        a = Membership(ea.oxia, layout, _member("a.w0"), refresh_s=3600)
-        b = Membership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1)
+        a = ClusterMembership(ea.oxia, layout, _member("a.w0"), refresh_s=3600)
+        b = ClusterMembership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1)
         async with _running(a, b):
             await _until(b, lambda v: "a.w0" in v.ids())
             await a.leave()
@@ -144,15 +144,15 @@ async def test_leaving_deletes_the_record_for_good(stack: LocalStack) -> None:
 async def test_an_id_used_twice_is_reported_and_not_fought_over(stack: LocalStack) -> None:
     registry = CollectorRegistry()
     async with _engines(stack, 2) as (layout, (ea, eb)):
-        first = Membership(ea.oxia, layout, _member("a.w0"), refresh_s=3600,
+        first = ClusterMembership(ea.oxia, layout, _member("a.w0"), refresh_s=3600,
                            registry=registry)
-        second = Membership(eb.oxia, layout, _member("a.w0"), refresh_s=3600)
+        second = ClusterMembership(eb.oxia, layout, _member("a.w0"), refresh_s=3600)
         assert await first.refresh() and await second.refresh()  # second overwrites
         for _ in range(2):
             assert await first.refresh()
             found = await ea.oxia.get(layout.member("a.w0"), MEMBERS_PARTITION_KEY)
             assert found is not None
-            assert Member.from_record(found.value).incarnation == second.me.incarnation
+            assert BrokerMember.from_record(found.value).incarnation == second.me.incarnation
         assert _changes(registry, "a.w0", "id_clash") == 1
         assert first.view().member("a.w0") == second.me
         await first.leave()  # not its record: left alone
@@ -163,9 +163,9 @@ async def test_a_record_freed_by_the_other_process_of_our_id_is_taken_back(
         stack: LocalStack) -> None:
     registry = CollectorRegistry()
     async with _engines(stack, 2) as (layout, (ea, eb)):
-        first = Membership(ea.oxia, layout, _member("a.w0"), refresh_s=3600,
+        first = ClusterMembership(ea.oxia, layout, _member("a.w0"), refresh_s=3600,
                            registry=registry)
-        second = Membership(eb.oxia, layout, _member("a.w0"), refresh_s=3600)
+        second = ClusterMembership(eb.oxia, layout, _member("a.w0"), refresh_s=3600)
         assert await first.refresh() and await second.refresh() and await first.refresh()
         await second.leave()
         assert await first.refresh()
@@ -175,8 +175,8 @@ async def test_a_record_freed_by_the_other_process_of_our_id_is_taken_back(
 
 async def test_a_new_forward_address_is_announced(stack: LocalStack) -> None:
     async with _engines(stack, 2) as (layout, (ea, eb)):
-        a = Membership(ea.oxia, layout, _member("a.w0", forward=""), refresh_s=3600)
-        b = Membership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1)
+        a = ClusterMembership(ea.oxia, layout, _member("a.w0", forward=""), refresh_s=3600)
+        b = ClusterMembership(eb.oxia, layout, _member("b.w0"), refresh_s=0.1)
         async with _running(a, b):
             view = await _until(b, lambda v: "a.w0" in v.ids())
             # Without a forward listener a is no candidate.
@@ -191,8 +191,8 @@ async def test_a_suspect_is_skipped_until_its_time_runs_out(stack: LocalStack) -
     now = [0.0]
     registry = CollectorRegistry()
     async with _engines(stack, 2) as (layout, (ea, eb)):
-        a = Membership(ea.oxia, layout, _member("a.w0"), refresh_s=3600)
-        b = Membership(eb.oxia, layout, _member("b.w0"), refresh_s=3600, registry=registry,
+        a = ClusterMembership(ea.oxia, layout, _member("a.w0"), refresh_s=3600)
+        b = ClusterMembership(eb.oxia, layout, _member("b.w0"), refresh_s=3600, registry=registry,
                        clock=lambda: now[0])
         assert await a.refresh() and await b.refresh()
         owners = {tp: b.view().preferred(tp) for tp in PARTITIONS}
@@ -232,9 +232,9 @@ def test_a_record_round_trips_and_a_foreign_one_is_refused() -> None:
     assert data == {"v": 1, "member_id": "b1.w3", "broker_id": "b1", "pid": 7,
                     "incarnation": me.incarnation, "url": me.url, "forward": me.forward,
                     "roles": ["write", "read"], "started_at_ms": 1}
-    assert Member.from_record(me.to_record()) == me
+    assert BrokerMember.from_record(me.to_record()) == me
     for bad in (b"{", b"[]", json.dumps({**data, "v": 2}).encode(),
                 json.dumps({**data, "member_id": "a/b"}).encode(),
                 json.dumps({**data, "roles": "write"}).encode()):
         with pytest.raises(ValueError):
-            Member.from_record(bad)
+            BrokerMember.from_record(bad)

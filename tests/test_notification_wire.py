@@ -1,4 +1,4 @@
-"""Oxia's NotificationBatch read by hand (app/storage/notification_wire.py), against the
+"""Oxia's NotificationBatch read by hand (app/stores/oxia/notification_wire.py), against the
 oxia client's own decoder on the same bytes: every field, absent optional ones, values
 that are negative on the wire, fields it does not know, and bytes that are not a batch."""
 
@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
-from app.storage.notification_wire import (
+from app.stores.oxia.notification_wire import (
     Change,
     MalformedBatch,
     Refused,

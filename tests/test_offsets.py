@@ -10,7 +10,7 @@ from app.errors import Unavailable
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.offsets import list_offsets
+from app.storage.log_positions import list_offsets
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, make_compactor

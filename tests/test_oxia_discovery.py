@@ -12,8 +12,8 @@ from typing import Any
 import grpc
 from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
-from app.storage import oxia_discovery
-from app.storage.oxia_discovery import FailoverDiscovery
+from app.stores.oxia import discovery as oxia_discovery
+from app.stores.oxia.discovery import FailoverDiscovery
 
 
 def _assignments(leader: str) -> Any:

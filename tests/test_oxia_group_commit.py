@@ -12,9 +12,9 @@ import anyio
 
 from app.errors import VersionMismatch
 from app.localstack.stack import LocalStack
-from app.storage import oxia_store
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec, SendExpired
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia import store as oxia_store
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec, SendExpired
 from tests.helpers.stack import make_settings
 
 

@@ -15,10 +15,10 @@ import pytest
 
 from app.errors import StorageUnavailable
 from app.localstack.stack import LocalStack, StackConfig
-from app.storage import oxia_store
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
-from app.storage.oxia_writes import EventLoopWrites
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia import store as oxia_store
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
+from app.stores.oxia.writes import EventLoopWrites
 from tests.helpers.selection import starts_servers
 from tests.helpers.stack import make_settings
 

@@ -1,5 +1,5 @@
 """The broker's change notifications from the real Oxia: the streams read by hand
-(app/storage/notification_wire.py) say what the client's own decoder would, and a
+(app/stores/oxia/notification_wire.py) say what the client's own decoder would, and a
 listener that wants some keys gets those alone, in order."""
 
 from __future__ import annotations
@@ -12,14 +12,16 @@ import pytest
 from oxia.defs import NotificationType
 
 from app.localstack.stack import LocalStack
-from app.storage import notification_wire, oxia_compat, oxia_notifications
+from app.stores.oxia import notification_wire
+from app.stores.oxia import notifications as oxia_notifications
+from app.stores.oxia import patches as oxia_patches
 
 NOTIFIED_S = 60.0
 
 
 def test_a_listener_gets_the_keys_it_wants_with_their_types_and_versions(
         stack: LocalStack) -> None:
-    client = oxia_compat.connect(stack.oxia_address, request_timeout_s=5)
+    client = oxia_patches.connect(stack.oxia_address, request_timeout_s=5)
     prefix = f"notes-{uuid.uuid4().hex}"
     notes = oxia_notifications.notifications(
         client, wanted=lambda key: key.startswith(f"{prefix}/want"))
@@ -67,7 +69,7 @@ def test_a_batch_that_cannot_be_read_is_skipped_and_the_stream_goes_on(
         return batch._replace(changes=[c._replace(type=99) for c in batch.changes])
 
     monkeypatch.setattr(oxia_notifications, "read_batch", refusing)
-    client = oxia_compat.connect(stack.oxia_address, request_timeout_s=5)
+    client = oxia_patches.connect(stack.oxia_address, request_timeout_s=5)
     prefix = f"notes-{uuid.uuid4().hex}"
     resumed = threading.Semaphore(0)
     notes = oxia_notifications.notifications(

@@ -1,4 +1,4 @@
-"""Oxia gets and range scans on the event loop (app/storage/oxia_reads.py): the messages
+"""Oxia gets and range scans on the event loop (app/stores/oxia/reads.py): the messages
 match the package's byte for byte, and the store's gets and scans read what the package
 reads, from the real Oxia, falling back to the package for an answer they do not
 understand."""
@@ -9,9 +9,9 @@ import pytest
 from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
 from app.settings import Settings
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
-from app.storage.oxia_wire import (
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.oxia.wire import (
     NotUnderstood,
     decode_get,
     decode_range_scan,

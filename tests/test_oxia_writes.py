@@ -1,4 +1,4 @@
-"""Oxia puts on the event loop (app/storage/oxia_writes.py): the Write request matches the
+"""Oxia puts on the event loop (app/stores/oxia/writes.py): the Write request matches the
 package's byte for byte, its answer reads as the package writes it, and the store's group
 puts on the loop do what the package's do against the real Oxia (versions, conflicts,
 creates, several shards), leave to the package what they cannot send, and turn a failed
@@ -15,17 +15,17 @@ from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
 from app.errors import StorageUnavailable, VersionMismatch
 from app.settings import Settings
-from app.storage import oxia_store as oxia_store_module
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
-from app.storage.oxia_wire import (
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia import store as oxia_store_module
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
+from app.stores.oxia.wire import (
     OK,
     UNEXPECTED_VERSION_ID,
     NotUnderstood,
     decode_write,
     encode_write,
 )
-from app.storage.oxia_writes import EventLoopWrites
+from app.stores.oxia.writes import EventLoopWrites
 
 
 @pytest.mark.parametrize("shard", [0, 3, 2**40])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.records import IndexEntry
+from app.storage.metadata import IndexEntry
 from app.storage.spans import ParsedSpans
 
 LAYOUT = KeyLayout("llog", "bucket")

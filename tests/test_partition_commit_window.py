@@ -20,8 +20,8 @@ import pytest
 from app.errors import ForwardExpired, StorageUnavailable
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.oxia_store import PutSpec
 from app.storage.writer import MAX_UPLOAD_ROUNDS
+from app.stores.oxia.store import PutSpec
 from tests.helpers.stack import Engine
 
 # Windows far enough ahead that a loaded machine still reaches the upload or the commit

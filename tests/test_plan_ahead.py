@@ -12,9 +12,9 @@ from app.errors import StorageUnavailable
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.metadata import Control
 from app.storage.plan_ahead import MAX_AGE_S, Lookup, PlanAhead, Taken
 from app.storage.reader import LogReader
-from app.storage.records import Control
 from tests.helpers.stack import make_settings, open_engine
 
 TP = TopicPartition("t", 0)

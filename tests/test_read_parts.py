@@ -16,8 +16,8 @@ from app.storage import codec
 from app.storage.blob_lookups import BlobLookups
 from app.storage.index_walk import IndexWalk
 from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.metadata import Control, IndexEntry
 from app.storage.object_cache import ObjectCache
-from app.storage.oxia_store import Record
 from app.storage.read_ahead import ReadAhead
 from app.storage.read_plan import (
     PlannedRoom,
@@ -28,10 +28,10 @@ from app.storage.read_plan import (
     trim_to_total,
     units_for,
 )
-from app.storage.records import Control, IndexEntry
 from app.storage.span_fetch import SpanFetcher
 from app.storage.spans import Span
 from app.storage.wal_objects import WalObjects
+from app.stores.oxia.store import Record
 
 TP = TopicPartition("t", 0)
 LAYOUT = KeyLayout("llog", "bucket")

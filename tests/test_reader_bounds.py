@@ -14,11 +14,11 @@ from app.errors import StorageUnavailable
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
+from app.storage.metadata import IndexEntry
 from app.storage.reader import LogReader, ReadRequest, ReadResult
-from app.storage.records import IndexEntry
-from app.storage.s3 import S3Store
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 from tests.helpers.compaction import (
     append_batches,
     compaction_settings,

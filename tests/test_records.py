@@ -1,4 +1,4 @@
-"""Pure unit tests of the JSON records kept in Oxia (app/storage/records.py)."""
+"""Pure unit tests of the JSON records kept in Oxia (app/storage/metadata.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.errors import CorruptData
-from app.storage.records import (
+from app.storage.metadata import (
     Compaction,
     CompactionCursor,
     CompactorClaim,

@@ -17,10 +17,10 @@ from aiohttp import web
 from app.errors import ObjectMissing, StorageUnavailable
 from app.localstack.stack import LocalStack
 from app.settings import Settings
-from app.storage import s3_lean
-from app.storage.metrics import StoreMetrics
-from app.storage.s3 import S3Store
-from app.storage.s3_lean import LeanS3, S3Status
+from app.stores.metrics import StoreMetrics
+from app.stores.s3 import lean as s3_lean
+from app.stores.s3.lean import LeanS3, S3Status
+from app.stores.s3.store import S3Store
 from tests.helpers.stack import make_settings
 
 

@@ -13,8 +13,8 @@ import pytest
 
 from app.errors import LlogError
 from app.localstack.stack import LocalStack
-from app.storage.metrics import StoreMetrics
-from app.storage.s3 import S3Store
+from app.stores.metrics import StoreMetrics
+from app.stores.s3.store import S3Store
 from tests.helpers.stack import make_settings
 
 

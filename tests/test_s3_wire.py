@@ -1,4 +1,4 @@
-"""The lean path's GET connections (app/storage/s3_wire.py) against a scripted server
+"""The lean path's GET connections (app/stores/s3/wire.py) against a scripted server
 that writes its answers in pieces of random sizes: bodies and spans land where they
 belong, connections are kept and reused only when the answer allows it, and every way
 an answer can go wrong fails the request (retryably) without leaving the next one
@@ -20,8 +20,8 @@ import pytest
 import trustme
 import uvloop
 
-from app.storage import s3_wire
-from app.storage.s3_wire import MAX_ERROR_BODY, MAX_HEAD, WireError, WirePool
+from app.stores.s3 import wire as s3_wire
+from app.stores.s3.wire import MAX_ERROR_BODY, MAX_HEAD, WireError, WirePool
 
 OK = frozenset({200, 206})
 

@@ -10,7 +10,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from app.localstack.stack import LocalStack
-from app.storage import oxia_compat
+from app.stores.oxia import patches as oxia_patches
 
 
 def test_oxia_cas_fails_on_stale_version(oxia_client: Any) -> None:
@@ -30,7 +30,7 @@ def test_oxia_ephemeral_key_disappears_when_its_client_closes(
     stack: LocalStack, oxia_client: Any
 ) -> None:
     key = f"servers/eph-{uuid.uuid4().hex}"
-    owner = oxia_compat.connect(stack.oxia_address, session_timeout_ms=3000,
+    owner = oxia_patches.connect(stack.oxia_address, session_timeout_ms=3000,
                                 request_timeout_s=10)
     try:
         owner.put(key, b"held", ephemeral=True)

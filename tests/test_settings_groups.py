@@ -24,8 +24,8 @@ from app.compaction.scheduler import (
     visit_timeout_s,
 )
 from app.compaction.service import build_scheduler
-from app.groups.membership import Membership
-from app.groups.records import Member
+from app.groups.group_records import GroupMember
+from app.groups.membership import GroupMembership
 from app.groups.service import GroupService
 from app.localstack.stack import LocalStack
 from app.settings import (
@@ -47,12 +47,12 @@ from app.settings import (
     WriterSettings,
     default_broker_id,
 )
-from app.storage import s3_lean
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
-from app.storage.s3 import S3Store
-from app.storage.s3_lean import LeanS3
 from app.storage.writer import LogWriter
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3 import lean as s3_lean
+from app.stores.s3.lean import LeanS3
+from app.stores.s3.store import S3Store
 from tests.helpers.stack import make_settings
 
 # Every LLOG_* variable as it was named before the settings were grouped: grouping moves
@@ -213,7 +213,7 @@ def test_a_group_checks_its_own_fields() -> None:
     (OxiaStore.__init__, "oxia", OxiaSettings),
     (LogWriter.from_settings, "writer", WriterSettings),
     (GroupService.__init__, "groups", GroupSettings),
-    (Membership.__init__, "groups", GroupSettings),
+    (GroupMembership.__init__, "groups", GroupSettings),
     (JwtVerifier.__init__, "auth", AuthSettings),
     (AccessControl.__init__, "auth", AuthSettings),
     (CompactionConfig.from_settings, "settings", CompactionSettings),
@@ -269,11 +269,11 @@ def test_a_lease_names_the_broker_given() -> None:
     async def count(_: str) -> int:
         return 1
 
-    member = Member(member_id="m-1", topics=("t",), session_timeout_ms=10_000,
+    member = GroupMember(member_id="m-1", topics=("t",), session_timeout_ms=10_000,
                     joined_at_ms=0)
-    named = Membership(None, GroupSettings(), count, broker_id="b-7")  # type: ignore[arg-type]
+    named = GroupMembership(None, GroupSettings(), count, broker_id="b-7")  # type: ignore[arg-type]
     assert named._lease(member).broker_id == "b-7"
-    unnamed = Membership(None, GroupSettings(), count)  # type: ignore[arg-type]
+    unnamed = GroupMembership(None, GroupSettings(), count)  # type: ignore[arg-type]
     assert unnamed._lease(member).broker_id == default_broker_id()
 
 

@@ -15,7 +15,7 @@ from botocore.awsrequest import AWSRequest
 from botocore.config import Config
 from botocore.credentials import Credentials
 
-from app.storage.sigv4 import SigV4Signer, host_of
+from app.stores.s3.sigv4 import SigV4Signer, host_of
 
 ACCESS, SECRET = "AKIDEXAMPLE", "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY"
 

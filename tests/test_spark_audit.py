@@ -13,11 +13,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
-from app.storage.records import Control, IndexEntry
+from app.storage.metadata import Control, IndexEntry
 from app.storage.retention import move_log_start, trim_index
 from app.storage.topic_admin import TopicAdmin
+from app.storage.topic_catalog import PARTITION_KEY, TopicCatalog
 from app.storage.topic_deletion import TopicDeleter
-from app.storage.topics import PARTITION_KEY, TopicCatalog
 from tests.helpers.compaction import make_compactor, set_topic_compression
 from tests.helpers.spark_records import compact_entries, sample_records
 from tests.helpers.spark_support import (

@@ -21,7 +21,7 @@ from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload, payload_value
-from app.storage.topics import PARTITION_KEY
+from app.storage.topic_catalog import PARTITION_KEY
 from tests.helpers.compaction import index_entries
 from tests.helpers.spark_records import read_back, same_fields, sample_records
 from tests.helpers.spark_support import (

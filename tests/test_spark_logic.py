@@ -11,7 +11,7 @@ import pytest
 
 from app.storage.idempotency import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.records import Compaction, Control, IndexEntry, Pending
+from app.storage.metadata import Compaction, Control, IndexEntry, Pending
 from jobs.spark import cli
 from jobs.spark.backfill_appends import chunk_key, resume_decision
 from jobs.spark.export import plan_ranges

@@ -14,15 +14,15 @@ from typing import Any
 import httpx
 import pytest
 
-from app.broker.topics import TopicDirectory
+from app.broker.topic_view import TopicDirectory
 from app.errors import CorruptData
 from app.localstack.stack import LocalStack
 from app.storage import codec, columnar
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.compression import Codec, Compression
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.records import IndexEntry
-from app.storage.topics import TopicCatalog, TopicConfig
+from app.storage.metadata import IndexEntry
+from app.storage.topic_catalog import TopicCatalog, TopicConfig
 from app.wire import produce as llp1
 from app.wire import records as llr1
 from tests.helpers.asgi import in_process_broker

@@ -14,10 +14,10 @@ from app.errors import CorruptData, InvalidRequest
 from app.settings import ZSTD_LEVELS, Settings
 from app.storage import codec, compression, slices, writer
 from app.storage.compression import Codec, Compression
-from app.storage.records import IndexEntry, Pending
+from app.storage.metadata import IndexEntry, Pending
 from app.storage.spans import Span
+from app.storage.topic_catalog import Topic, TopicConfig
 from app.storage.topic_compression import parse_compression, topic_compression
-from app.storage.topics import Topic, TopicConfig
 from llog_client import _cli as cli_client
 
 ZSTD = Compression(Codec.ZSTD)

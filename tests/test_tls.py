@@ -18,8 +18,8 @@ from app.factory import create_app
 from app.localstack.broker import broker_process
 from app.localstack.processes import ManagedProcess, free_port, wait_until
 from app.localstack.stack import LocalStack, StackConfig
-from app.storage.metrics import StoreMetrics
-from app.storage.s3 import S3Store
+from app.stores.metrics import StoreMetrics
+from app.stores.s3.store import S3Store
 from tests.helpers.auth import Keys, bearer, write_atomically
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import make_settings

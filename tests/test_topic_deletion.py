@@ -19,10 +19,10 @@ from app.errors import CorruptData, UnknownTopic
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup
 from app.storage.keys import TopicPartition
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from app.storage.topic_admin import TopicAdmin
+from app.storage.topic_catalog import TopicCatalog
 from app.storage.topic_deletion import DeletionRun, TopicDeleter
-from app.storage.topics import TopicCatalog
 from app.storage.writer import LogWriter
 from tests.helpers.asgi import in_process_broker
 from tests.helpers.bodies import consume_body, produce_body

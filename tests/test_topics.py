@@ -19,7 +19,7 @@ from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.partitioner import partition_for_key
 from app.storage.retention import apply_retention, trim_index
-from app.storage.topics import TopicCatalog, TopicConfig
+from app.storage.topic_catalog import TopicCatalog, TopicConfig
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, index_entries, make_compactor

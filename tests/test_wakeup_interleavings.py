@@ -46,11 +46,11 @@ from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.errors import LlogError
 from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.metadata import Control, IndexEntry
 from app.storage.own_writes import OwnWrites
 from app.storage.plan_ahead import PlanAhead
 from app.storage.read_plan import ReadPlan, SpanFetch, min_budget, trim_to_total
 from app.storage.reader import LogReader, ReadOutcome, ReadRequest, ReadResult
-from app.storage.records import Control, IndexEntry
 from app.storage.spans import Span
 from app.tailcache import MemoryTailCache
 

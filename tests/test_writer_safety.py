@@ -15,7 +15,7 @@ from app.errors import (
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, PutSpec
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, PutSpec
 from tests.helpers.clock import FakeClock
 from tests.helpers.compaction import compaction_settings, index_entries, make_compactor, read_all
 from tests.helpers.stack import Engine, open_engine

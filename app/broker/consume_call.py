@@ -30,7 +30,7 @@ from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold, Budgete
 from app.broker.consume import Fetch
 from app.broker.positions import NAMED, resolve_named
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled
-from app.groups.offsets import Reset
+from app.groups.committed_offsets import Reset
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadOutcome, ReadResult
 from app.wire import records as wire

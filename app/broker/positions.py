@@ -12,9 +12,9 @@ import anyio
 
 from app.broker.answering import READ_FACTOR
 from app.errors import LlogError, PayloadTooLarge, RoleDisabled
-from app.storage import offsets as storage_offsets
+from app.storage import log_positions as storage_offsets
 from app.storage.keys import TopicPartition
-from app.storage.offsets import PartitionOffsets
+from app.storage.log_positions import PartitionOffsets
 
 if TYPE_CHECKING:
     from app.broker.state import BrokerState

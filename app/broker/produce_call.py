@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app.broker import answers
-from app.broker.topics import TopicDirectory
+from app.broker.topic_view import TopicDirectory
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled, Unavailable
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult

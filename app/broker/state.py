@@ -43,12 +43,12 @@ from app.broker.metrics import (
     ProduceMetrics,
     tail_cache_figures,
 )
-from app.broker.topics import TopicDirectory, default_topic_config
+from app.broker.topic_view import TopicDirectory, default_topic_config
 from app.broker.watch import OxiaChangeListener, PartitionWatch
 from app.cluster.fences import Fence, FenceMetrics, ForwardFences, claim_budget_for
 from app.cluster.forward import ForwardClient, ForwardMetrics, ForwardServer
-from app.cluster.members import Member
-from app.cluster.membership import Membership
+from app.cluster.members import BrokerMember
+from app.cluster.membership import ClusterMembership
 from app.cluster.router import AffinityRouter, RouterMetrics
 from app.cluster.slots import member_id, take_slot
 from app.compaction.service import run_in_broker
@@ -69,14 +69,14 @@ from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.identity import store_identity
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
-from app.storage.s3 import S3Store
 from app.storage.topic_admin import TopicAdmin
+from app.storage.topic_catalog import Topic, TopicCatalog
 from app.storage.topic_deletion import TopicDeleter
-from app.storage.topics import Topic, TopicCatalog
 from app.storage.writer import LogWriter
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 from app.tailcache import (
     SharedTailCache,
     TailCache,
@@ -118,7 +118,7 @@ class BrokerState:
     s3_usage: S3Usage = field(default_factory=S3Usage)
     failure: str | None = None
     # With LLOG_AFFINITY on and the write role: this worker as a cluster member.
-    membership: Membership | None = None
+    membership: ClusterMembership | None = None
     # "host:port" of this worker's forward listener once it listens ("": none); the
     # member record announces it (set it with set_forward_address).
     forward_address: str = ""
@@ -421,9 +421,9 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
                            claim_budget_s=claim_budget_s)
     server = await _serve_forwarded(state, fences, secret, forward_metrics, tg, stack)
     state.forward_address = c.forward_advertised_address or server.address
-    me = Member(me_id, s.broker_id, s.broker_url, state.forward_address, tuple(s.roles),
+    me = BrokerMember(me_id, s.broker_id, s.broker_url, state.forward_address, tuple(s.roles),
                 uuid.uuid4().hex)
-    state.membership = Membership(oxia, layout, me, refresh_s=c.membership_refresh_s,
+    state.membership = ClusterMembership(oxia, layout, me, refresh_s=c.membership_refresh_s,
                                   registry=state.registry,
                                   call_timeout_s=s.oxia_request_timeout_s * 2 + 5)
     with anyio.fail_after(30):
@@ -432,7 +432,7 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
     with anyio.fail_after(30):
         await tg.start(_watched, state, fences.run)
 
-    def client(peer: Member) -> ForwardClient:
+    def client(peer: BrokerMember) -> ForwardClient:
         # Fence tokens name this member and the client: each client counts frames anew.
         return ForwardClient(peer.forward, secret=secret,
                              deadline_s=c.forward_deadline_ms / 1000,

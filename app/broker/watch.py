@@ -34,8 +34,8 @@ import anyio
 import anyio.abc
 from cachetools import LRUCache
 
-from app.storage import oxia_notifications
 from app.storage.keys import KeyLayout, TopicPartition
+from app.stores.oxia import notifications as oxia_notifications
 
 PARSED_KEYS = 100_000  # control keys whose partition the listener remembers
 

@@ -57,7 +57,7 @@ from app.clock import wall_ms
 from app.errors import StorageUnavailable, VersionMismatch
 from app.storage.cas import Outage
 from app.storage.keys import FENCES_PARTITION_KEY, KeyLayout
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """A broker worker as a member of the cluster, and a view of the live members.
 
-A :class:`Member` is what a worker announces in its Oxia record (docs/protocol.md,
+A :class:`BrokerMember` is what a worker announces in its Oxia record (docs/protocol.md,
 MEMBER). A :class:`MemberView` is one process's picture of the live set: frozen, so
 every caller that holds it ranks partitions the same way, and cheap to ask again (the
 preferred appender of a partition is remembered per view).
@@ -29,7 +29,7 @@ PREFERRED_CACHE_SIZE = 65_536
 
 
 @dataclass(frozen=True)
-class Member:
+class BrokerMember:
     member_id: str
     broker_id: str
     url: str
@@ -58,7 +58,7 @@ class Member:
         }, separators=(",", ":")).encode()
 
     @classmethod
-    def from_record(cls, value: bytes) -> Member:
+    def from_record(cls, value: bytes) -> BrokerMember:
         """Raises ValueError for a record this version cannot read."""
         try:
             data: Any = json.loads(value)
@@ -82,13 +82,13 @@ class Member:
 class MemberView:
     """The live members (sorted by id) and the ones this process suspects to be down."""
 
-    members: tuple[Member, ...] = ()
+    members: tuple[BrokerMember, ...] = ()
     suspects: frozenset[str] = frozenset()
     digest: str = field(init=False)
     _writers: tuple[str, ...] = field(init=False, repr=False, compare=False)
-    _by_id: dict[str, Member] = field(init=False, repr=False, compare=False)
+    _by_id: dict[str, BrokerMember] = field(init=False, repr=False, compare=False)
     # Used on the event loop only, so without a lock.
-    _preferred: OrderedDict[TopicPartition, Member | None] = field(
+    _preferred: OrderedDict[TopicPartition, BrokerMember | None] = field(
         init=False, repr=False, compare=False, default_factory=OrderedDict)
 
     def __post_init__(self) -> None:
@@ -102,7 +102,7 @@ class MemberView:
         set_(self, "_writers", tuple(m.member_id for m in members
                                      if m.appends and m.member_id not in self.suspects))
 
-    def member(self, member_id: str) -> Member | None:
+    def member(self, member_id: str) -> BrokerMember | None:
         return self._by_id.get(member_id)
 
     @property
@@ -113,7 +113,7 @@ class MemberView:
     def ids(self) -> list[str]:
         return [m.member_id for m in self.members]
 
-    def preferred(self, tp: TopicPartition, *, remember: bool = True) -> Member | None:
+    def preferred(self, tp: TopicPartition, *, remember: bool = True) -> BrokerMember | None:
         """The partition's preferred appender: rendezvous over the members that write,
         have a forward listener and are not suspected; None when there is none.
         ``remember=False`` (a page of the console, from a worker thread) never touches
@@ -129,7 +129,7 @@ class MemberView:
             self._preferred.popitem(last=False)
         return found
 
-    def _first_writer(self, tp: TopicPartition) -> Member | None:
+    def _first_writer(self, tp: TopicPartition) -> BrokerMember | None:
         # Reads only what never changes once the view is made: safe from any thread.
         if not self._writers:
             return None

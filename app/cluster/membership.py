@@ -1,8 +1,8 @@
 """Membership: each broker worker announces itself in Oxia, and sees the live set.
 
-A worker puts its :class:`Member` record as an Oxia ephemeral record under
+A worker puts its :class:`BrokerMember` record as an Oxia ephemeral record under
 ``{root}/_brokers/{member_id}`` (docs/protocol.md, MEMBER), so the record goes when the
-worker's session does: at once on a clean stop (:meth:`Membership.leave`), within
+worker's session does: at once on a clean stop (:meth:`ClusterMembership.leave`), within
 ``LLOG_OXIA_SESSION_TIMEOUT_MS`` when the process dies. Every ``refresh_s`` it lists the
 members again (one range scan of one shard) and makes a new :class:`MemberView`, from
 which every worker computes the same preferred appender per partition.
@@ -27,20 +27,20 @@ import anyio
 import anyio.abc
 from prometheus_client import CollectorRegistry
 
-from app.cluster.members import Member, MemberView
+from app.cluster.members import BrokerMember, MemberView
 from app.cluster.metrics import MembershipMetrics
 from app.errors import LlogError, VersionMismatch
 from app.storage.keys import MEMBERS_PARTITION_KEY, KeyLayout
-from app.storage.oxia_store import OxiaStore, Record
+from app.stores.oxia.store import OxiaStore, Record
 
-__all__ = ["Member", "MemberView", "Membership"]
+__all__ = ["BrokerMember", "ClusterMembership", "MemberView"]
 log = logging.getLogger(__name__)
 # Bound of one Oxia call of the loop (the store's own deadline is usually shorter).
 CALL_TIMEOUT_S = 10.0
 
 
-class Membership:
-    def __init__(self, oxia: OxiaStore, layout: KeyLayout, me: Member, *, refresh_s: float,
+class ClusterMembership:
+    def __init__(self, oxia: OxiaStore, layout: KeyLayout, me: BrokerMember, *, refresh_s: float,
                  registry: CollectorRegistry | None = None,
                  call_timeout_s: float = CALL_TIMEOUT_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -69,7 +69,7 @@ class Membership:
         self.registrations = 0  # times our record was put
 
     @property
-    def me(self) -> Member:
+    def me(self) -> BrokerMember:
         return self._me
 
     def view(self) -> MemberView:
@@ -189,14 +189,14 @@ class Membership:
                 self.registrations += 1
         self._announce()
 
-    def _parse(self, records: list[Record]) -> dict[str, Member]:
-        found: dict[str, Member] = {}
+    def _parse(self, records: list[Record]) -> dict[str, BrokerMember]:
+        found: dict[str, BrokerMember] = {}
         for record in records:
             member_id = self._layout.parse_member_key(record.key)
             if member_id is None:
                 continue  # deeper: a topic named _brokers
             try:
-                member = Member.from_record(record.value)
+                member = BrokerMember.from_record(record.value)
                 if member.member_id != member_id:
                     raise ValueError(f"it names {member.member_id!r}")
             except ValueError as exc:
@@ -211,7 +211,7 @@ class Membership:
             found[member_id] = member
         return found
 
-    def _check_own(self, listed: Member, version: int) -> None:
+    def _check_own(self, listed: BrokerMember, version: int) -> None:
         if listed.incarnation == self._me.incarnation:
             self._version, self._clash = version, False
             return
@@ -223,7 +223,7 @@ class Membership:
             self._metrics.changes["id_clash"].inc()
         self._clash = True
 
-    def _own_record_missing(self, found: dict[str, Member]) -> bool:
+    def _own_record_missing(self, found: dict[str, BrokerMember]) -> bool:
         """Our record went (our session expired, or the other process of our id
         stopped): it is to be put again."""
         if self._left or self._me.member_id in found:
@@ -235,7 +235,7 @@ class Membership:
         self._clash = False
         return True
 
-    def _adopt(self, listed: Iterable[Member]) -> None:
+    def _adopt(self, listed: Iterable[BrokerMember]) -> None:
         members = tuple(sorted(listed, key=lambda m: m.member_id))
         before = set(self._view.ids())
         after = {m.member_id for m in members}
@@ -247,7 +247,7 @@ class Membership:
         if first or members != self._view.members:
             self._set_view(members)
 
-    def _set_view(self, members: Iterable[Member]) -> None:
+    def _set_view(self, members: Iterable[BrokerMember]) -> None:
         self._view = MemberView(tuple(members), frozenset(self._suspects))
         for watcher in self._watchers:
             watcher(self._view)

@@ -61,13 +61,13 @@ from prometheus_client import CollectorRegistry, Counter
 from app.batching.batcher import Batcher
 from app.cluster.fences import ANSWER_MARGIN_S, Fence, ForwardFences, Outcome
 from app.cluster.forward import ForwardClient, ForwardNotWritten, ForwardUnknown, LateAnswer
-from app.cluster.membership import Member, Membership
+from app.cluster.membership import BrokerMember, ClusterMembership
 from app.errors import CommitInDoubt, ForwardExpired, LlogError, Unavailable
 from app.storage.appends import AppendGroup, AppendOutcome
 
 log = logging.getLogger(__name__)
 
-ClientFactory = Callable[[Member], ForwardClient]
+ClientFactory = Callable[[BrokerMember], ForwardClient]
 SubmitFn = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendOutcome]]]
 
 
@@ -130,7 +130,7 @@ class _InDoubtFrom(CommitInDoubt):
 class _Lane:
     """Groups on their way to one peer: a batcher whose flush is one forward frame."""
 
-    def __init__(self, peer: Member, client: ForwardClient, batcher: Batcher) -> None:
+    def __init__(self, peer: BrokerMember, client: ForwardClient, batcher: Batcher) -> None:
         self.peer = peer
         self.client = client
         self.batcher = batcher
@@ -139,7 +139,7 @@ class _Lane:
 class AffinityRouter:
     """Appends a request's groups where their partitions are preferred (see module)."""
 
-    def __init__(self, local: SubmitFn, membership: Membership, clients: ClientFactory, *,
+    def __init__(self, local: SubmitFn, membership: ClusterMembership, clients: ClientFactory, *,
                  lane_buffer_bytes: int, lane_max_bytes: int, suspect_s: float,
                  unanswered_suspect_s: float, metrics: RouterMetrics,
                  fences: ForwardFences | None, lane_inflight: int = 2) -> None:
@@ -221,7 +221,7 @@ class AffinityRouter:
                 routes.setdefault(member.member_id, []).append(i)
         return routes
 
-    def _lane(self, peer: Member) -> _Lane | None:
+    def _lane(self, peer: BrokerMember) -> _Lane | None:
         lane = self._lanes.get(peer.member_id)
         if lane is not None and lane.peer == peer:
             return lane
@@ -296,7 +296,7 @@ class AffinityRouter:
         await self._fall_back_at(groups, expired, outcomes, "expired")
         return outcomes
 
-    async def _send(self, peer: Member, client: ForwardClient,
+    async def _send(self, peer: BrokerMember, client: ForwardClient,
                     groups: Sequence[AppendGroup]) -> list[AppendOutcome]:
         """One lane flush: a forward frame, with the outcome rules of the module."""
         if peer.member_id in self._membership.view().suspects:
@@ -319,7 +319,7 @@ class AffinityRouter:
         self._metrics.fell_back(reason, len(groups))
         return await self._local(groups)
 
-    async def _unknown(self, peer: Member, groups: list[AppendGroup], exc: ForwardUnknown
+    async def _unknown(self, peer: BrokerMember, groups: list[AppendGroup], exc: ForwardUnknown
                        ) -> list[AppendOutcome]:
         """A frame without a verdict: appended here if this broker wins its fence, in
         doubt otherwise; waited out (by the request) if the peer took it, unless the

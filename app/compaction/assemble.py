@@ -32,9 +32,9 @@ from app.storage import codec, columnar
 from app.storage.chunks import DEFAULT_CHUNK_BYTES, MAX_CHUNKS, chunk_table
 from app.storage.compression import Codec
 from app.storage.keys import KeyLayout
-from app.storage.s3 import S3Store
 from app.storage.slices import open_slice
 from app.storage.spans import Span
+from app.stores.s3.store import S3Store
 
 _U32 = struct.Struct(">I")
 MAX_BATCH_RECORDS = 2**32 - 1

@@ -24,8 +24,8 @@ import anyio
 from app.compaction.metrics import CompactionMetrics
 from app.errors import StorageUnavailable, VersionMismatch
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.records import CompactorClaim, now_ms
+from app.storage.metadata import CompactorClaim, now_ms
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore
 
 log = logging.getLogger(__name__)
 RELEASE_TIMEOUT_S = 10.0

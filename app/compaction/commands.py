@@ -17,9 +17,9 @@ from app.compaction.compactor import CompactionConfig, CompactionOutcome, Compac
 from app.errors import LlogError
 from app.settings import Settings
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
-from app.storage.s3 import S3Store
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 
 EXIT_BUSY = 3  # another compactor holds the partition's claim
 

@@ -50,11 +50,11 @@ from app.storage.chunks import DEFAULT_CHUNK_BYTES
 from app.storage.compression import Codec
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import materialise_pending
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.records import Compaction, Control, now_ms
+from app.storage.metadata import Compaction, Control, now_ms
 from app.storage.retention import trim_index
-from app.storage.s3 import S3Store
 from app.storage.spans import Span
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore
+from app.stores.s3.store import S3Store
 
 __all__ = [
     "STEPS",

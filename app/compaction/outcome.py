@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from app.storage.keys import TopicPartition
-from app.storage.records import CompactionState
+from app.storage.metadata import CompactionState
 
 Action = Literal["compacted", "resumed", "advanced_cursor", "abandoned", "nothing_to_do",
                  "raced", "trimmed"]

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 from app.errors import VersionMismatch
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.records import Compaction, CompactionCursor
+from app.storage.metadata import Compaction, CompactionCursor
 from app.storage.spans import Span, index_span
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore
 
 MAX_CAS_ATTEMPTS = 16
 

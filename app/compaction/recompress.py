@@ -32,9 +32,9 @@ from app.storage.compression import (
     compress_frame,
 )
 from app.storage.keys import KeyLayout
-from app.storage.oxia_store import OxiaStore
+from app.storage.topic_catalog import PARTITION_KEY
 from app.storage.topic_compression import topic_compression as stored_as
-from app.storage.topics import PARTITION_KEY
+from app.stores.oxia.store import OxiaStore
 
 log = logging.getLogger(__name__)
 _U32 = struct.Struct(">I")

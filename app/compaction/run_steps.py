@@ -19,8 +19,8 @@ from app.compaction.progress import MAX_CAS_ATTEMPTS, CompactionProgress
 from app.errors import CorruptData, VersionMismatch
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import OxiaStore
-from app.storage.records import Compaction, CompactionState, IndexEntry
+from app.storage.metadata import Compaction, CompactionState, IndexEntry
+from app.stores.oxia.store import OxiaStore
 
 StepHook = Callable[[str], object]
 """Test hook called between protocol steps; it may raise, kill the process, or return an

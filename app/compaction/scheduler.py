@@ -39,13 +39,13 @@ from app.compaction.metrics import CompactionMetrics, PartitionLag
 from app.compaction.throttle import Throttle
 from app.errors import InvalidRequest, LlogError
 from app.settings import CompactionSettings, OxiaSettings, S3Settings
-from app.storage.catalog import discover_partitions
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import OxiaStore
+from app.storage.metadata import CompactionCursor, Control, now_ms
+from app.storage.partition_discovery import discover_partitions
 from app.storage.reader import LogReader
-from app.storage.records import CompactionCursor, Control, now_ms
 from app.storage.retention import apply_retention
-from app.storage.topics import Topic, TopicCatalog
+from app.storage.topic_catalog import Topic, TopicCatalog
+from app.stores.oxia.store import OxiaStore
 
 log = logging.getLogger(__name__)
 MAX_ROUNDS_PER_VISIT = 16

@@ -41,9 +41,9 @@ from app.observability import (
 )
 from app.settings import Settings
 from app.storage.keys import KeyLayout
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
-from app.storage.s3 import S3Store
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 from app.telemetry.registry import ServiceRegistry
 from app.telemetry.snapshots import SnapshotMetrics
 

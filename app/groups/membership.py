@@ -30,17 +30,17 @@ from app.errors import (
     VersionMismatch,
 )
 from app.groups.assignment import Assignment, Subscription, assign
-from app.groups.records import GroupRecord, Lease, Member
+from app.groups.group_records import GroupMember, GroupRecord, Lease
 from app.groups.store import GroupStore, Versioned
 from app.settings import GroupSettings, default_broker_id
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import TopicPartition, validate_group, validate_topic
-from app.storage.oxia_store import EXPECT_NOT_EXISTS
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
+from app.stores.oxia.store import EXPECT_NOT_EXISTS
 
 log = logging.getLogger(__name__)
 PartitionCount = Callable[[str], Awaitable[int]]  # a topic's partitions (0: no such topic)
-Edit = Callable[[list[Member]], list[Member]]
+Edit = Callable[[list[GroupMember]], list[GroupMember]]
 _ATTEMPTS = 16
 CLEANUP_TIMEOUT_S = 10.0
 
@@ -59,7 +59,7 @@ class GroupView:
         return self.record.generation
 
 
-class Membership:
+class GroupMembership:
     def __init__(self, store: GroupStore, groups: GroupSettings, partitions_of: PartitionCount,
                  *, broker_id: str | None = None, clock: Callable[[], int] = now_ms) -> None:
         """``broker_id``: the broker a lease names as its renewer (LLOG_BROKER_ID; none:
@@ -103,10 +103,10 @@ class Membership:
     # -- join, heartbeat, leave --------------------------------------------------------
 
     async def join(self, group: str, topics: Iterable[str], *, client_id: str | None,
-                   session_timeout_ms: int | None) -> tuple[GroupView, Member]:
+                   session_timeout_ms: int | None) -> tuple[GroupView, GroupMember]:
         """A new member with a fresh lease, listed in a new generation."""
         validate_group(group)
-        member = Member(member_id=uuid.uuid4().hex, topics=self._subscription(topics),
+        member = GroupMember(member_id=uuid.uuid4().hex, topics=self._subscription(topics),
                         session_timeout_ms=self._session(session_timeout_ms),
                         joined_at_ms=self._clock(), client_id=client_id)
         await self._check_room(group, member)
@@ -114,7 +114,7 @@ class Membership:
         # that no record lists yet and leaves it alone.
         await self._store.put_lease(group, self._lease(member), EXPECT_NOT_EXISTS)
 
-        def add(live: list[Member]) -> list[Member]:
+        def add(live: list[GroupMember]) -> list[GroupMember]:
             others = [m for m in live if m.member_id != member.member_id]
             if len(others) >= self._full():
                 raise GroupFull(f"group {group!r} has {len(others)} members; the limit "
@@ -129,7 +129,7 @@ class Membership:
         assert view is not None
         return view, member
 
-    async def heartbeat(self, group: str, member_id: str) -> tuple[GroupView, Member]:
+    async def heartbeat(self, group: str, member_id: str) -> tuple[GroupView, GroupMember]:
         """Renew the member's lease; the group as it stands (settled now and then)."""
         found, lease = await self._both(group, member_id)
         member = None if found is None else found.value.member(member_id)
@@ -221,12 +221,12 @@ class Membership:
                                  f"{s.group_max_session_timeout_ms}")
         return requested
 
-    def _lease(self, member: Member) -> Lease:
+    def _lease(self, member: GroupMember) -> Lease:
         now = self._clock()
         return Lease(member_id=member.member_id, expires_at_ms=now + member.session_timeout_ms,
                      renewed_at_ms=now, broker_id=self._broker_id)
 
-    async def _check_room(self, group: str, member: Member) -> None:
+    async def _check_room(self, group: str, member: GroupMember) -> None:
         """Refuse, before writing anything, a join to a group that is full (after
         settling it) or that the subscription would take over LLOG_GROUP_MAX_PARTITIONS
         (the settle itself enforces the member limit, under concurrent joins too)."""
@@ -247,7 +247,7 @@ class Membership:
     def _full(self) -> int:
         return self._settings.group_max_members
 
-    async def _counts(self, members: list[Member]) -> dict[str, int]:
+    async def _counts(self, members: list[GroupMember]) -> dict[str, int]:
         topics = sorted({t for m in members for t in m.topics})
         return {t: await self._partitions_of(t) for t in topics}
 
@@ -284,7 +284,7 @@ class Membership:
             raise failed
         return found, lease
 
-    async def _renew(self, group: str, member: Member, lease: Versioned[Lease]) -> None:
+    async def _renew(self, group: str, member: GroupMember, lease: Versioned[Lease]) -> None:
         """Extend the lease by CAS on the version read: a settle that deleted it in
         between wins, and the member is told to join again."""
         try:

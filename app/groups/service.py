@@ -10,15 +10,15 @@ from prometheus_client import CollectorRegistry, Counter
 from app.errors import UnknownGroup
 from app.groups.assignment import Assignment
 from app.groups.bounded import each, first_error
-from app.groups.membership import GroupView, Membership, PartitionCount
-from app.groups.offsets import GroupOffsets
-from app.groups.records import CommittedOffset, GroupRecord
+from app.groups.committed_offsets import GroupOffsets
+from app.groups.group_records import CommittedOffset, GroupRecord
+from app.groups.membership import GroupMembership, GroupView, PartitionCount
 from app.groups.store import GroupStore
 from app.settings import GroupSettings
 from app.storage.keys import KeyLayout, TopicPartition, validate_group
-from app.storage.offsets import PartitionOffsets, list_offsets
-from app.storage.oxia_store import OxiaStore
+from app.storage.log_positions import PartitionOffsets, list_offsets
 from app.storage.reader import LogReader
+from app.stores.oxia.store import OxiaStore
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class GroupService:
         self._store = GroupStore(oxia, layout)
         self._reader = reader
         self._settings = groups
-        self.membership = Membership(self._store, groups, partitions_of, broker_id=broker_id)
+        self.membership = GroupMembership(self._store, groups, partitions_of, broker_id=broker_id)
         self.putback_failures = Counter(
             "llog_group_putback_failures", "Refused group commits whose pending offset could "
             "not be withdrawn (Oxia refusing writes; readers are unaffected)",
@@ -66,7 +66,8 @@ class GroupService:
         if view is None:
             raise UnknownGroup(f"group {group!r} does not exist")
         limit = self._settings.group_max_partitions
-        # What was confirmed: a pending commit is nobody's position (app/groups/offsets.py).
+        # What was confirmed: a pending commit is nobody's position
+        # (app/groups/committed_offsets.py).
         committed = {tp: confirmed for tp, record in (await self._store.offsets(group, limit)
                                                       ).items()
                      if (confirmed := record.confirmed()) is not None}

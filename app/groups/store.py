@@ -7,9 +7,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
-from app.groups.records import CommittedOffset, GroupRecord, Lease
+from app.groups.group_records import CommittedOffset, GroupRecord, Lease
 from app.storage.keys import GROUPS_PARTITION_KEY, KeyLayout, TopicPartition, group_partition_key
-from app.storage.oxia_store import OxiaStore
+from app.stores.oxia.store import OxiaStore
 
 T = TypeVar("T")
 

@@ -9,7 +9,7 @@ again on the same ports and data.
 
 Clients are given every server's public address, comma separated
 (:attr:`OxiaCluster.service_address`): the broker's Oxia client takes its shard
-assignments from whichever of them answers (``app/storage/oxia_compat.py``).
+assignments from whichever of them answers (``app/stores/oxia/patches.py``).
 """
 
 from __future__ import annotations
@@ -270,9 +270,9 @@ class OxiaCluster:
             return False
 
     def _all_shards_answer(self) -> bool:
-        from app.storage import oxia_compat
+        from app.stores.oxia import patches as oxia_patches
 
-        client = oxia_compat.connect(self.service_address, namespace=self.namespace,
+        client = oxia_patches.connect(self.service_address, namespace=self.namespace,
                                      request_timeout_s=2.0)
         try:
             if len(client._service_discovery.get_all_shards()) != self.config.shards:

@@ -172,7 +172,7 @@ class LocalStack:
     def _oxia_answers(self) -> bool:
         import oxia
 
-        from app.storage import oxia_compat  # noqa: F401  (fixes a client start-up race)
+        from app.stores.oxia import patches  # noqa: F401  (fixes a client start-up race)
 
         client = oxia.Client(self.oxia_address, namespace=self.config.oxia_namespace)
         try:

@@ -17,9 +17,9 @@ from app.errors import (
     UnknownGroup,
     UnknownTopic,
 )
+from app.groups.committed_offsets import ResetTarget
+from app.groups.group_records import GroupMember
 from app.groups.membership import GroupView
-from app.groups.offsets import ResetTarget
-from app.groups.records import Member
 from app.groups.service import GroupService, PartitionLag
 from app.routes.access import authorize, holds, require
 from app.routes.deps import broker_state
@@ -84,7 +84,7 @@ def _by_topic(tps: Iterable[TopicPartition]) -> list[AssignedTopic]:
     return [AssignedTopic(topic=t, partitions=ps) for t, ps in topics.items()]
 
 
-def _assignment(service: GroupService, view: GroupView, member: Member) -> MemberAssignment:
+def _assignment(service: GroupService, view: GroupView, member: GroupMember) -> MemberAssignment:
     return MemberAssignment(
         group=view.record.group, member_id=member.member_id, generation=view.generation,
         assignment=_by_topic(service.membership.owned(view, member.member_id)),

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
 from app.broker.state import BrokerState
-from app.broker.topics import default_topic_config
+from app.broker.topic_view import default_topic_config
 from app.errors import InvalidRequest, PartitionsOnlyGrow
 from app.routes.access import authorize, authorize_describe, require, sees_topic
 from app.routes.deps import broker_state
@@ -25,7 +25,7 @@ from app.routes.models import (
     TopicUpdateRequest,
 )
 from app.routes.openapi import error, errors, store_errors
-from app.storage.topics import DESCRIBE_PAGE_MAX, Topic, TopicConfig
+from app.storage.topic_catalog import DESCRIBE_PAGE_MAX, Topic, TopicConfig
 
 router = APIRouter(tags=["topics"])
 # Every topic operation reads the catalog in Oxia, and needs the read role.

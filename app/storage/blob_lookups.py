@@ -27,10 +27,10 @@ from collections.abc import Callable
 from cachetools import LRUCache
 
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import Record
+from app.storage.metadata import Control
 from app.storage.plan_ahead import MAX_AGE_S, Taken
-from app.storage.records import Control
 from app.storage.spans import Span
+from app.stores.oxia.store import Record
 
 CONTROL_REUSE_S = MAX_AGE_S / 2  # half of what a lookup made ahead may be: 0.5 s
 

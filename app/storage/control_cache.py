@@ -15,9 +15,9 @@ from cachetools import LRUCache
 
 from app.errors import StorageUnavailable
 from app.storage.keys import KeyLayout, TopicPartition
+from app.storage.metadata import Control
 from app.storage.own_writes import OwnWrites
-from app.storage.oxia_store import OxiaStore, PutSpec
-from app.storage.records import Control
+from app.stores.oxia.store import OxiaStore, PutSpec
 
 
 @dataclass

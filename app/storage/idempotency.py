@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from app.storage.appends import AppendResult
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.records import Control
+from app.storage.metadata import Control
 
 IDEMPOTENCY_FIELD = "idempotency"
 IDEMPOTENCY_WINDOW = 64

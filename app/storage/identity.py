@@ -15,8 +15,8 @@ import anyio
 
 from app.errors import CorruptData, StorageUnavailable, VersionMismatch
 from app.storage.keys import KeyLayout
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore
 
 _PARTITION_KEY = "_meta"
 # How long a starting process keeps trying when Oxia does not answer.

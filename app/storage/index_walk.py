@@ -12,10 +12,10 @@ from app.errors import LogGap
 from app.storage.blob_lookups import BlobLookups, Remembered
 from app.storage.index_windows import IndexWindows
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import OxiaStore, Record
+from app.storage.metadata import CompactionCursor, Control
 from app.storage.read_plan import UNLIMITED
-from app.storage.records import CompactionCursor, Control
 from app.storage.spans import ParsedSpans, Span
+from app.stores.oxia.store import OxiaStore, Record
 
 FIRST_PAGE, PAGE = 16, 64  # index entries per range_scan: a tail read needs few
 MAX_STRAYS_SKIPPED = 10_000  # beyond this, an uncovered offset is reported as a gap

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from app.errors import VersionMismatch
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
-from app.storage.records import Control, Pending
+from app.storage.metadata import Control, Pending
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
 
 
 def index_entry_put(layout: KeyLayout, tp: TopicPartition, pending: Pending) -> PutSpec:

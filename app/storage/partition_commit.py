@@ -45,10 +45,10 @@ from app.storage.idempotency import (
 )
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import ensure_index_entry, index_entry_put
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore, PutSpec, SendExpired
+from app.storage.metadata import Compaction, CompactionCursor, Control, IndexEntry, Pending
 from app.storage.partition_append import PartitionAppend
-from app.storage.records import Compaction, CompactionCursor, Control, IndexEntry, Pending
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore, PutSpec, SendExpired
 
 
 @dataclass(frozen=True)

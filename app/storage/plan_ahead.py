@@ -29,8 +29,8 @@ import anyio
 import anyio.abc
 
 from app.storage.keys import TopicPartition
-from app.storage.oxia_store import Record
-from app.storage.records import Control
+from app.storage.metadata import Control
+from app.stores.oxia.store import Record
 
 log = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ from app.errors import (
 from app.storage.appends import ProducerSeq
 from app.storage.idempotency import Remembered
 from app.storage.keys import TopicPartition
-from app.storage.records import Control
+from app.storage.metadata import Control
 
 PRODUCERS_FIELD = "producers"
 EVICTED_FIELD = "producers_evicted"

@@ -43,8 +43,8 @@ from app.storage.blob_lookups import CONTROL_REUSE_S, BlobLookups
 from app.storage.index_walk import FIRST_PAGE, IndexWalk
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.log_record import Payload
+from app.storage.metadata import Control
 from app.storage.object_cache import ObjectCache
-from app.storage.oxia_store import OxiaStore, Record
 from app.storage.plan_ahead import PlanAhead, Taken
 from app.storage.read_ahead import ReadAhead
 from app.storage.read_assembly import ReadOutcome, ReadResult, assemble_all
@@ -58,11 +58,11 @@ from app.storage.read_plan import (
     trim_to_total,
     units_for,
 )
-from app.storage.records import Control
-from app.storage.s3 import S3Store
 from app.storage.span_fetch import SpanFetcher
 from app.storage.spans import Span
 from app.storage.wal_objects import WalObjects
+from app.stores.oxia.store import OxiaStore, Record
+from app.stores.s3.store import S3Store
 
 __all__ = ["WAL_OBJECT_MAX_BYTES", "LogReader", "ReadOutcome", "ReadRequest", "ReadResult"]
 

@@ -22,12 +22,12 @@ import dataclasses
 from app.errors import VersionMismatch
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.offsets import first_offset_at, first_span_where
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
+from app.storage.log_positions import first_offset_at, first_span_where
+from app.storage.metadata import CompactionCursor, Control
 from app.storage.reader import LogReader
-from app.storage.records import CompactionCursor, Control
 from app.storage.spans import index_span
-from app.storage.topics import TopicConfig
+from app.storage.topic_catalog import TopicConfig
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore
 
 _ATTEMPTS = 16
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import anyio
 
 from app.storage import codec
-from app.storage.records import IndexEntry
+from app.storage.metadata import IndexEntry
 
 # Raw bytes decompressed in place: zstd decodes about 1 GB/s of records on one core
 # of the 2-core machine measured (0.3 GB/s while other work competed), so at most 0.2 ms

@@ -20,16 +20,16 @@ from app.storage.chunks import chunk_records
 from app.storage.compression import Codec
 from app.storage.keys import KeyLayout
 from app.storage.log_record import Payload
+from app.storage.metadata import IndexEntry
 from app.storage.object_cache import ObjectCache
 from app.storage.read_ahead import ReadAhead
 from app.storage.read_plan import SpanFetch
-from app.storage.records import IndexEntry
 from app.storage.runs import Pieces
-from app.storage.s3 import S3Store
 from app.storage.slices import open_slice
 from app.storage.spans import Span
 from app.storage.stored import raw_body
 from app.storage.wal_objects import WalObjects
+from app.stores.s3.store import S3Store
 
 Records = Sequence[Payload]
 _Job = tuple[Callable[[], Awaitable[None]], list[SpanFetch]]

@@ -17,7 +17,7 @@ from cachetools import LRUCache
 from app.storage.chunks import Chunk, chunk_index, parse_chunks
 from app.storage.compression import Codec, parse_codec
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.records import IndexEntry, Pending
+from app.storage.metadata import IndexEntry, Pending
 
 UNKNOWN_COST = sys.maxsize  # an object whose size is not recorded: assume it fills a budget
 

@@ -14,7 +14,7 @@ from app.errors import CorruptData
 from app.storage import codec
 from app.storage.chunks import parse_chunks, raw_object
 from app.storage.compression import Codec, parse_codec
-from app.storage.records import IndexEntry
+from app.storage.metadata import IndexEntry
 
 
 def raw_body(stored: bytes | memoryview, entry: IndexEntry) -> bytes | memoryview:

@@ -19,11 +19,11 @@ import anyio
 from app.errors import UnknownTopic
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import materialise_pending
-from app.storage.oxia_store import OxiaStore
+from app.storage.metadata import Control, now_ms
 from app.storage.reader import LogReader
-from app.storage.records import Control, now_ms
 from app.storage.retention import move_log_start, trim_index
-from app.storage.topics import DESCRIBE_PAGE_MAX, Topic, TopicCatalog
+from app.storage.topic_catalog import DESCRIBE_PAGE_MAX, Topic, TopicCatalog
+from app.stores.oxia.store import OxiaStore
 
 CONCURRENCY = 16
 _ATTEMPTS = 16

@@ -38,9 +38,9 @@ from prometheus_client import CollectorRegistry, Counter
 
 from app.errors import LlogError, TopicExists, UnknownTopic, VersionMismatch
 from app.storage.keys import TopicPartition
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from app.storage.topic_admin import TopicAdmin, each
-from app.storage.topics import Topic
+from app.storage.topic_catalog import Topic
 
 log = logging.getLogger(__name__)
 

@@ -46,8 +46,12 @@ from app.storage.compression import Codec
 from app.storage.control_cache import ControlCache
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.materialise import materialise_pending
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
+from app.storage.metadata import (
+    CompactionCursor,
+    Control,
+    LogState,
+    now_ms,
+)
 from app.storage.partition_append import PartitionAppend, in_sequence_order
 from app.storage.partition_commit import (
     CommitRules,
@@ -56,15 +60,11 @@ from app.storage.partition_commit import (
     Settled,
     UploadedSlice,
 )
-from app.storage.records import (
-    CompactionCursor,
-    Control,
-    LogState,
-    now_ms,
-)
-from app.storage.s3 import S3Store
 from app.storage.sequence_turns import Flush, SequenceTurns
-from app.storage.topics import TopicCatalog
+from app.storage.topic_catalog import TopicCatalog
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore, PutSpec
+from app.stores.s3.store import S3Store
 
 log = logging.getLogger(__name__)
 

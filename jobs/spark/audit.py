@@ -35,7 +35,7 @@ import anyio
 from app.errors import VersionMismatch
 from app.settings import Settings
 from app.storage.keys import TopicPartition
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from jobs.spark.catalog_checks import (
     CatalogView,
     catalog_finding,

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
 from app.storage.idempotency import IDEMPOTENCY_WINDOW
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from jobs.spark.backfill_appends import (
     APPENDED,
     CHUNK_COLUMNS,

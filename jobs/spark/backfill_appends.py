@@ -18,10 +18,10 @@ from app.storage.compression import NO_COMPRESSION, Compression
 from app.storage.idempotency import IDEMPOTENCY_FIELD, IDEMPOTENCY_WINDOW
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload, payload_size
-from app.storage.records import Control, now_ms
-from app.storage.s3 import S3Store
-from app.storage.topics import TopicCatalog
+from app.storage.metadata import Control, now_ms
+from app.storage.topic_catalog import TopicCatalog
 from app.storage.writer import LogWriter
+from app.stores.s3.store import S3Store
 from jobs.spark.stores import Stores, job_object_key, open_stores
 from jobs.spark.tasks import run_async, task_identity, task_logger
 

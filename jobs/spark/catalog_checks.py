@@ -20,8 +20,8 @@ from typing import Any
 from app.errors import CorruptData
 from app.settings import Settings
 from app.storage.keys import KeyLayout
-from app.storage.oxia_store import OxiaStore
-from app.storage.topics import PARTITION_KEY, Topic
+from app.storage.topic_catalog import PARTITION_KEY, Topic
+from app.stores.oxia.store import OxiaStore
 from jobs.spark.findings import CORRUPTION, INFO, Finding
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.snapshot import PartitionSnapshot

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from app.storage.keys import TopicPartition
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from jobs.spark.delta_files import data_schema
 from jobs.spark.delta_location import TableLocation
 

@@ -1,5 +1,6 @@
-"""Which topic-partitions a job works on: :func:`app.storage.catalog.discover_partitions`
-over any ``meta/`` or ``index/`` key, not only ``meta/control``.
+"""Which topic-partitions a job works on:
+:func:`app.storage.partition_discovery.discover_partitions` over any ``meta/`` or
+``index/`` key, not only ``meta/control``.
 
 The catalog's single listing already returns every per-partition key; a partition whose
 ``meta/control`` was lost but whose index survives is still audited, and still counts as
@@ -10,9 +11,9 @@ entries name).
 from __future__ import annotations
 
 from app.settings import Settings
-from app.storage.catalog import discover_partitions
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import OxiaStore
+from app.storage.partition_discovery import discover_partitions
+from app.stores.oxia.store import OxiaStore
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.stores import open_stores
 from jobs.spark.tasks import run_async, task_identity

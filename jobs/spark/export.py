@@ -39,8 +39,8 @@ import anyio
 
 from app.settings import Settings
 from app.storage.log_record import payload_value
+from app.storage.metadata import now_ms
 from app.storage.reader import LogReader
-from app.storage.records import now_ms
 from jobs.spark.export_delta import run_delta_export
 from jobs.spark.export_iceberg import run_iceberg_export
 from jobs.spark.export_read import (

@@ -16,7 +16,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from jobs.spark.delta_files import DATA_FILE_COLUMNS, delta_task
 from jobs.spark.delta_location import table_location
 from jobs.spark.delta_table import commit, high_waters, open_table

@@ -18,7 +18,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from app.settings import Settings
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from jobs.spark.export_read import (
     JOB,
     ExportOptions,

@@ -7,7 +7,7 @@ from typing import Any
 
 from app.storage.codec import ENCODING_V1
 from app.storage.keys import TopicPartition
-from app.storage.records import IndexEntry
+from app.storage.metadata import IndexEntry
 
 CORRUPTION = "corruption"
 WARNING = "warning"

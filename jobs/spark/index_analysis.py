@@ -8,7 +8,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from app.storage.records import IndexEntry, Pending
+from app.storage.metadata import IndexEntry, Pending
 from jobs.spark.findings import CORRUPTION, INFO, WARNING, Finding, ObjectUse
 from jobs.spark.snapshot import IndexRow, PartitionSnapshot
 

@@ -16,9 +16,9 @@ from app.errors import CorruptData, ObjectMissing
 from app.storage import codec
 from app.storage.compression import parse_codec
 from app.storage.keys import TopicPartition
-from app.storage.records import IndexEntry
-from app.storage.s3 import ObjectInfo
+from app.storage.metadata import IndexEntry
 from app.storage.stored import raw_body
+from app.stores.s3.store import ObjectInfo
 from jobs.spark.findings import CORRUPTION, WARNING, Finding, ObjectUse
 from jobs.spark.snapshot import object_key
 from jobs.spark.stores import Stores

@@ -1,6 +1,6 @@
 """Whether this release fully understands a parsed Oxia record.
 
-:mod:`app.storage.records` accepts any JSON object with the required fields: readers
+:mod:`app.storage.metadata` accepts any JSON object with the required fields: readers
 ignore what they do not know, so a newer release can add fields. A job that deletes
 objects needs more: it must be sure it understood every field that can name one. A
 record that parses but has an encoding, type or state this release does not know, a
@@ -20,7 +20,7 @@ from app.errors import CorruptData, InvalidRequest
 from app.storage.codec import ENTRY_ENCODINGS
 from app.storage.compression import parse_codec
 from app.storage.keys import KeyLayout
-from app.storage.records import (
+from app.storage.metadata import (
     Compaction,
     CompactionCursor,
     CompactionState,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.settings import Settings, SettingsError
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from jobs.spark.job_settings import load_settings
 from jobs.spark.progress import Progress
 from jobs.spark.report import EXIT_FAILED, JobOutcome, Report

@@ -9,8 +9,8 @@ from typing import Any, TypeVar
 
 from app.errors import CorruptData, InvalidRequest
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import OxiaStore, Record
-from app.storage.records import Compaction, CompactionCursor, Control, IndexEntry
+from app.storage.metadata import Compaction, CompactionCursor, Control, IndexEntry
+from app.stores.oxia.store import OxiaStore, Record
 from jobs.spark.record_checks import (
     compaction_problems,
     control_problems,

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 from app.settings import Settings
 from app.storage.keys import KeyLayout
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
-from app.storage.s3 import S3Store
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 from jobs.spark.job_settings import settings_from_payload
 
 JOBS_PREFIX = "_jobs"  # {root}/_jobs/...: objects of the jobs themselves (never data)

@@ -39,7 +39,7 @@ import anyio
 from app.errors import LlogError
 from app.settings import Settings
 from app.storage.keys import TopicPartition
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import (
     EXIT_FAILED,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 
 
 class FakeClock:

@@ -21,9 +21,9 @@ from app.compaction.claims import Claims
 from app.compaction.compactor import CompactionConfig, Compactor
 from app.settings import Settings
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
-from app.storage.s3 import S3Store
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 
 
 def main() -> None:

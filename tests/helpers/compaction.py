@@ -19,9 +19,9 @@ from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload
-from app.storage.records import Compaction, CompactionCursor, IndexEntry
+from app.storage.metadata import Compaction, CompactionCursor, IndexEntry
 from app.storage.stored import raw_body
-from app.storage.topics import PARTITION_KEY
+from app.storage.topic_catalog import PARTITION_KEY
 from app.storage.writer import LogWriter
 from tests.helpers.stack import Engine, make_settings
 

@@ -27,8 +27,8 @@ from typing import Any
 
 import schemathesis
 
-# The broker's words for the two refusals (app/broker/topics.py, app/groups/offsets.py,
-# app/broker/consume_call.py).
+# The broker's words for the two refusals (app/broker/topic_view.py,
+# app/groups/committed_offsets.py, app/broker/consume_call.py).
 CODINGS = ("zstd", "gzip", "x-gzip")
 INEXPRESSIBLE = ("without a partition needs one key on every record",
                  "a partition appears more than once")

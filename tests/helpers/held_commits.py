@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import anyio
 
-from app.storage.oxia_store import PutSpec
+from app.stores.oxia.store import PutSpec
 from tests.helpers.stack import Engine
 
 

@@ -29,9 +29,9 @@ from app.storage import codec
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload
-from app.storage.oxia_store import EXPECT_NOT_EXISTS
-from app.storage.records import Compaction, CompactionCursor, IndexEntry, now_ms
+from app.storage.metadata import Compaction, CompactionCursor, IndexEntry, now_ms
 from app.storage.writer import CrashPoint
+from app.stores.oxia.store import EXPECT_NOT_EXISTS
 from jobs.spark.job_settings import settings_from_payload
 from tests.helpers.stack import Engine, open_engine
 

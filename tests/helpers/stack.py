@@ -17,11 +17,11 @@ from app.localstack.processes import ManagedProcess, free_port, stop_together
 from app.localstack.stack import LocalStack, StackConfig
 from app.settings import Settings
 from app.storage.keys import KeyLayout
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_store import OxiaStore
 from app.storage.reader import LogReader
-from app.storage.s3 import S3Store
 from app.storage.writer import LogWriter
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia.store import OxiaStore
+from app.stores.s3.store import S3Store
 
 
 def make_settings(stack: LocalStack, **overrides: Any) -> Settings:

@@ -13,7 +13,7 @@ import uuid
 from app.storage import codec
 from app.storage.compression import Codec, Compression, compress
 from app.storage.keys import TopicPartition
-from app.storage.records import IndexEntry
+from app.storage.metadata import IndexEntry
 from tests.helpers.stack import Engine
 
 _U32 = struct.Struct(">I")

@@ -14,7 +14,7 @@ import trustme
 
 from app.localstack.processes import ManagedProcess, free_port, port_open, wait_until
 from app.localstack.stack import LocalStack
-from app.storage import oxia_compat
+from app.stores.oxia import patches as oxia_patches
 
 
 @dataclass
@@ -99,9 +99,9 @@ class TlsStack(LocalStack):
 
     def _oxia_answers_tls(self) -> bool:
         assert self.certs is not None
-        client = oxia_compat.connect(self.oxia_address, request_timeout_s=5,
+        client = oxia_patches.connect(self.oxia_address, request_timeout_s=5,
                                      namespace=self.config.oxia_namespace,
-                                     tls=oxia_compat.TlsFiles(self.certs.ca_file))
+                                     tls=oxia_patches.TlsFiles(self.certs.ca_file))
         try:
             client.put("__llog_health__", b"ok")
             return True

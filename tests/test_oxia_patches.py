@@ -6,11 +6,11 @@ import threading
 
 from oxia.internal.service_discovery import ServiceDiscovery
 
-from app.storage import oxia_compat
+from app.stores.oxia import patches as oxia_patches
 
 
 def test_the_assignment_thread_may_touch_the_barrier_before_init_creates_it() -> None:
-    oxia_compat.install()
+    oxia_patches.install()
     discovery = object.__new__(ServiceDiscovery)
     seen_by_thread = discovery._init_barrier  # the thread got there first
     discovery._init_barrier = threading.Barrier(2)  # __init__ assigns later: first wins
@@ -19,16 +19,16 @@ def test_the_assignment_thread_may_touch_the_barrier_before_init_creates_it() ->
 
 
 def test_install_is_idempotent() -> None:
-    oxia_compat.install()
+    oxia_patches.install()
     descriptor = ServiceDiscovery.__dict__["_init_barrier"]
-    oxia_compat.install()
+    oxia_patches.install()
     assert ServiceDiscovery.__dict__["_init_barrier"] is descriptor
 
 
 def test_close_marks_the_discovery_closed_before_the_channels() -> None:
     from oxia.client import Client
 
-    oxia_compat.install()
+    oxia_patches.install()
     order: list[str] = []
 
     class Discovery:

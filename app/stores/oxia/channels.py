@@ -1,7 +1,7 @@
 """``grpc.aio`` channels to Oxia's shard leaders, for the calls made on the event loop.
 
 Which shard a partition key maps to, and which server leads it, come from the ``oxia``
-package's own discovery (app/storage/oxia_discovery.py), which follows leader changes;
+package's own discovery (app/stores/oxia/discovery.py), which follows leader changes;
 this only keeps one channel per leader, opened on first use on the running loop (which
 ``grpc.aio`` needs) and closed by :meth:`LeaderChannels.aclose`.
 """
@@ -13,7 +13,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from app.storage.oxia_wire import NotUnderstood
+from app.stores.oxia.wire import NotUnderstood
 
 
 class LeaderChannels:

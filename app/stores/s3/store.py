@@ -31,9 +31,9 @@ from pydantic import SecretStr
 
 from app.errors import ObjectMissing, StorageUnavailable
 from app.settings import S3Settings
-from app.storage import s3_lean
-from app.storage.metrics import StoreMetrics
-from app.storage.s3_lean import LeanS3, S3Status
+from app.stores.metrics import StoreMetrics
+from app.stores.s3 import lean as s3_lean
+from app.stores.s3.lean import LeanS3, S3Status
 
 
 @dataclass(frozen=True)

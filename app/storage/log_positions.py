@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from app.storage.chunks import Chunk
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord
+from app.storage.metadata import Control
 from app.storage.reader import LogReader
-from app.storage.records import Control
 from app.storage.spans import Span
 
 # Called with the bytes a lookup is about to read (and decode) before it reads them: it

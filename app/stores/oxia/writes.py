@@ -4,7 +4,7 @@ Each flush of the produce path commits its partitions through one ``Write`` requ
 shard. Through the ``oxia`` package that request is built and its answer read as the
 package's pure-Python messages, in a worker thread that then hands the GIL back and forth
 with the loop and gRPC's polling thread. Here the request is a few lines of protobuf wire
-format (app/storage/oxia_wire.py) sent on a channel of the loop's own, and the shards of
+format (app/stores/oxia/wire.py) sent on a channel of the loop's own, and the shards of
 one group are written concurrently.
 
 A put that cannot be sent (no assignments yet, a shard between leaders) is left to the
@@ -24,8 +24,8 @@ import grpc
 import grpc.aio
 
 from app.errors import StorageUnavailable, VersionMismatch
-from app.storage.oxia_channels import LeaderChannels
-from app.storage.oxia_wire import (
+from app.stores.oxia.channels import LeaderChannels
+from app.stores.oxia.wire import (
     OK,
     UNEXPECTED_VERSION_ID,
     NotUnderstood,

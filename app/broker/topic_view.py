@@ -35,8 +35,8 @@ from app.storage.compression import Compression
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
 from app.storage.partitioner import partition_for_key
+from app.storage.topic_catalog import MAX_PARTITIONS, Topic, TopicCatalog, TopicConfig
 from app.storage.topic_compression import parse_compression
-from app.storage.topics import MAX_PARTITIONS, Topic, TopicCatalog, TopicConfig
 
 # How long a topic read before is used while the catalog cannot be read.
 STALE_IF_UNREACHABLE_S = 60.0

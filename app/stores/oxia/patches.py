@@ -25,7 +25,7 @@
   on it, so ephemeral puts fail meanwhile. :func:`put_ephemeral` drops such a session
   and creates the record again under a new one.
 - Leader changes: :func:`connect` also gives the client a
-  :class:`~app.storage.oxia_discovery.FailoverDiscovery`, which follows every shard
+  :class:`~app.stores.oxia.discovery.FailoverDiscovery`, which follows every shard
   assignment update and takes them from any of several service addresses.
 
 :func:`install` is idempotent and runs when this module loads.
@@ -45,7 +45,7 @@ from oxia.client import Client
 from oxia.internal.connection_pool import ConnectionPool
 from oxia.internal.service_discovery import ServiceDiscovery
 
-from app.storage.oxia_discovery import FailoverDiscovery
+from app.stores.oxia.discovery import FailoverDiscovery
 
 _LOCK = threading.Lock()
 _SLOT = "_llog_init_barrier"

@@ -27,9 +27,9 @@ from app.errors import CorruptData, InvalidRequest, TopicExists, UnknownTopic, V
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.compression import Compression
 from app.storage.keys import KeyLayout, validate_topic
-from app.storage.oxia_store import EXPECT_NOT_EXISTS, OxiaStore
-from app.storage.records import now_ms
+from app.storage.metadata import now_ms
 from app.storage.topic_compression import topic_compression
+from app.stores.oxia.store import EXPECT_NOT_EXISTS, OxiaStore
 
 PARTITION_KEY = "_topics"
 MAX_PARTITIONS = 100_000  # per topic

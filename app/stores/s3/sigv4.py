@@ -1,4 +1,4 @@
-"""AWS Signature Version 4 for the lean S3 path's requests (``app/storage/s3_lean.py``).
+"""AWS Signature Version 4 for the lean S3 path's requests (``app/stores/s3/lean.py``).
 
 botocore's signer builds an ``AWSRequest``, splits its URL again, sorts its headers
 through ``HTTPHeaders`` and derives the signing key with four HMACs for every request:

@@ -38,15 +38,15 @@ from app.errors import (
     VersionMismatch,
 )
 from app.groups.bounded import each, first_error
-from app.groups.membership import Membership
-from app.groups.records import CommittedOffset, Member, PendingCommit
+from app.groups.group_records import CommittedOffset, GroupMember, PendingCommit
+from app.groups.membership import GroupMembership
 from app.groups.store import GroupStore
 from app.storage.cas import Done, Retry, cas_loop
 from app.storage.keys import TopicPartition, validate_group
-from app.storage.offsets import PartitionOffsets, list_offsets
-from app.storage.oxia_store import EXPECT_NOT_EXISTS
+from app.storage.log_positions import PartitionOffsets, list_offsets
+from app.storage.metadata import now_ms
 from app.storage.reader import LogReader
-from app.storage.records import now_ms
+from app.stores.oxia.store import EXPECT_NOT_EXISTS
 
 log = logging.getLogger(__name__)
 Reset = Literal["earliest", "latest"]
@@ -81,7 +81,7 @@ class _Written:
 
 
 class GroupOffsets:
-    def __init__(self, store: GroupStore, membership: Membership, reader: LogReader, *,
+    def __init__(self, store: GroupStore, membership: GroupMembership, reader: LogReader, *,
                  clock: Callable[[], int] = now_ms,
                  putback_failed: Callable[[], None] = lambda: None,
                  pending: bool = True) -> None:
@@ -434,8 +434,8 @@ def _refusal(group: str, member_id: str | None, generation: int, tp: TopicPartit
                            "for the current assignment")
 
 
-def _refuse_members(group: str) -> Callable[[list[Member]], list[Member]]:
-    def edit(live: list[Member]) -> list[Member]:
+def _refuse_members(group: str) -> Callable[[list[GroupMember]], list[GroupMember]]:
+    def edit(live: list[GroupMember]) -> list[GroupMember]:
         if live:
             raise GroupNotEmpty(f"group {group!r} has {len(live)} live members; offsets "
                                 "are reset only while no member is live")

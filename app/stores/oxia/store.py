@@ -2,10 +2,10 @@
 
 Every call of the package runs in a bounded worker pool (``anyio.to_thread.run_sync``
 with a ``CapacityLimiter``), never on the event loop; gets, range scans and the group
-puts of commits go through ``grpc.aio`` on the loop instead (app/storage/oxia_reads.py,
-app/storage/oxia_writes.py), and through the package only when that cannot take them.
+puts of commits go through ``grpc.aio`` on the loop instead (app/stores/oxia/reads.py,
+app/stores/oxia/writes.py), and through the package only when that cannot take them.
 The package sets no gRPC deadlines of its own, so it is built with channels that add one
-to every request/response call (:func:`app.storage.oxia_compat.connect`); a stuck call
+to every request/response call (:func:`app.stores.oxia.patches.connect`); a stuck call
 therefore ends by itself and a worker thread is never leaked.
 """
 
@@ -26,13 +26,13 @@ import oxia.ex
 
 from app.errors import StorageUnavailable, VersionMismatch
 from app.settings import OxiaSettings, default_broker_id
-from app.storage import oxia_compat
-from app.storage.metrics import StoreMetrics
-from app.storage.oxia_channels import LeaderChannels
-from app.storage.oxia_discovery import STALE_LEADER_CODES
-from app.storage.oxia_reads import EventLoopReads
-from app.storage.oxia_wire import NotUnderstood, PutSpec, SendExpired, in_time
-from app.storage.oxia_writes import EventLoopWrites
+from app.stores.metrics import StoreMetrics
+from app.stores.oxia import patches as oxia_patches
+from app.stores.oxia.channels import LeaderChannels
+from app.stores.oxia.discovery import STALE_LEADER_CODES
+from app.stores.oxia.reads import EventLoopReads
+from app.stores.oxia.wire import NotUnderstood, PutSpec, SendExpired, in_time
+from app.stores.oxia.writes import EventLoopWrites
 
 T = TypeVar("T")
 EXPECT_NOT_EXISTS = oxia.EXPECTED_RECORD_DOES_NOT_EXIST
@@ -72,11 +72,11 @@ class OxiaStore:
         s = self._settings
 
         def connect() -> Any:
-            return oxia_compat.connect(
+            return oxia_patches.connect(
                 s.oxia_address, namespace=s.oxia_namespace,
                 session_timeout_ms=s.oxia_session_timeout_ms,
                 client_identifier=self._identity, request_timeout_s=self._timeout,
-                tls=oxia_compat.TlsFiles(s.oxia_tls_ca_file, s.oxia_tls_cert_file,
+                tls=oxia_patches.TlsFiles(s.oxia_tls_ca_file, s.oxia_tls_cert_file,
                                          s.oxia_tls_key_file) if s.oxia_tls else None,
             )
 
@@ -86,10 +86,10 @@ class OxiaStore:
             raise StorageUnavailable(f"cannot reach Oxia at {s.oxia_address}: {exc}") from exc
         if (s.oxia_event_loop_reads or s.oxia_event_loop_writes) and _on_asyncio():
             credentials = None if not s.oxia_tls else await anyio.to_thread.run_sync(
-                oxia_compat.TlsFiles(s.oxia_tls_ca_file, s.oxia_tls_cert_file,
+                oxia_patches.TlsFiles(s.oxia_tls_ca_file, s.oxia_tls_cert_file,
                                      s.oxia_tls_key_file).credentials)
             self._channels = LeaderChannels(self._client, credentials=credentials,
-                                            options=oxia_compat.CHANNEL_OPTIONS)
+                                            options=oxia_patches.CHANNEL_OPTIONS)
             if s.oxia_event_loop_reads:
                 self._reads = EventLoopReads(self._channels, timeout_s=self._timeout)
             if s.oxia_event_loop_writes:
@@ -121,7 +121,7 @@ class OxiaStore:
         started = time.monotonic()
         outcome = "ok"
         try:
-            # Every gRPC call carries its own deadline (oxia_compat.connect), so a worker
+            # Every gRPC call carries its own deadline (oxia_patches.connect), so a worker
             # thread always comes back. The outer bound covers waiting for a free worker;
             # if it fires, the caller is released and the thread ends at its deadline.
             with anyio.fail_after(self._timeout * 2 + 5):
@@ -239,7 +239,7 @@ class OxiaStore:
             return outcome
 
         def run() -> int:
-            return oxia_compat.put_ephemeral(self._client, key, value, partition_key,
+            return oxia_patches.put_ephemeral(self._client, key, value, partition_key,
                                              expected_version)
 
         op = "put" if expected_version is None else "cas"
@@ -463,7 +463,7 @@ def _suspect_if_stale(client: Any, exc: BaseException) -> None:
 
 
 def _suspect_leaders(client: Any) -> None:
-    """Have the shard assignments read again (app/storage/oxia_discovery.py): the
+    """Have the shard assignments read again (app/stores/oxia/discovery.py): the
     leader that failed may have been replaced without this client hearing of it."""
     refresh = getattr(getattr(client, "_service_discovery", None), "refresh", None)
     if refresh is not None:

@@ -8,10 +8,10 @@ handover waits its turn: a control-record get took 15 ms on average there, again
 is one ``Read`` call on a ``grpc.aio`` channel of the loop's own, and a range scan (the
 index pages a catch-up through WAL entries walks) one ``RangeScan`` call.
 
-The messages are written and read in protobuf wire format (app/storage/oxia_wire.py).
+The messages are written and read in protobuf wire format (app/stores/oxia/wire.py).
 
 Only as a fast path: which shard and which leader come from the package's
-own discovery (which follows leader changes, app/storage/oxia_discovery.py), a gRPC
+own discovery (which follows leader changes, app/stores/oxia/discovery.py), a gRPC
 error is reported as the package's would be (:class:`OxiaStore` maps both), and anything
 else that goes wrong here (an answer this does not understand) sends the read through the
 package instead. Only under asyncio, which ``grpc.aio`` needs.
@@ -19,8 +19,8 @@ package instead. Only under asyncio, which ``grpc.aio`` needs.
 
 from __future__ import annotations
 
-from app.storage.oxia_channels import LeaderChannels
-from app.storage.oxia_wire import (
+from app.stores.oxia.channels import LeaderChannels
+from app.stores.oxia.wire import (
     Found,
     NotUnderstood,
     decode_get,

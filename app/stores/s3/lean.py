@@ -4,17 +4,17 @@ request pipeline.
 botocore builds every request through its event hooks, parameter validation, endpoint
 rules, serialisers and response parsers: about 1.5 ms of CPU for a 4 KiB ranged GET on
 the development machine, where signing it and sending it through aiohttp costs about
-0.45 ms (0.27 since it is signed by ``app/storage/sigv4.py`` rather than botocore's
+0.45 ms (0.27 since it is signed by ``app/stores/s3/sigv4.py`` rather than botocore's
 signer). A catch-up answer is up to thirty ranged
 GETs and a flush one PUT, so the broker sends these three requests itself; everything
 else (listing, HEAD, DELETE, conditional creates) still goes through botocore. PUTs go
-through aiohttp; GETs through ``app/storage/s3_wire.py``, which reads a body straight
+through aiohttp; GETs through ``app/stores/s3/wire.py``, which reads a body straight
 into the buffers that keep it (each pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
 
 It retries as botocore's standard mode does: connection errors, timeouts, 5xx and
 throttling answers, up to ``LLOG_S3_MAX_ATTEMPTS`` attempts with jittered exponential
 backoff. Any other answer is final and raised as :class:`S3Status`, which the store
-translates with botocore's errors (``app/storage/s3.py``).
+translates with botocore's errors (``app/stores/s3/store.py``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import anyio
 from yarl import URL
 
 from app.settings import S3Settings
-from app.storage.s3_wire import Answer, WirePool
-from app.storage.sigv4 import SigV4Signer
+from app.stores.s3.sigv4 import SigV4Signer
+from app.stores.s3.wire import Answer, WirePool
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException",

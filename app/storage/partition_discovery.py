@@ -10,7 +10,7 @@ per-partition key (index entries included), which compaction keeps small.
 from __future__ import annotations
 
 from app.storage.keys import KeyLayout, TopicPartition
-from app.storage.oxia_store import OxiaStore
+from app.stores.oxia.store import OxiaStore
 
 _PARTITION_KEY_DEPTH = 5  # topic / "partitions" / p / a / b below the root
 

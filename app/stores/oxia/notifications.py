@@ -16,7 +16,7 @@ streams, which send nothing while their shard is idle) and pauses at most
 happened while they were down has been replayed, but a caller that cached "no change"
 answers may want to check them again.
 
-Its streams are read with :mod:`app.storage.notification_wire` rather than the client's
+Its streams are read with :mod:`app.stores.oxia.notification_wire` rather than the client's
 generic decoder (a tenth of the CPU, on a thread that competes with the event loop for
 the GIL), and a caller that wants only some keys (``wanted``, judged by the key, or by
 the first key of a deleted range) gets only those on the queue. A batch that does not
@@ -39,8 +39,8 @@ from oxia.defs import Notification, NotificationType
 from oxia.internal.notifications import Notifications
 from oxia.internal.proto.io.streamnative.oxia import proto as pb
 
-from app.storage.notification_wire import Batch, Refused, read_batch
-from app.storage.oxia_discovery import FailoverDiscovery
+from app.stores.oxia.discovery import FailoverDiscovery
+from app.stores.oxia.notification_wire import Batch, Refused, read_batch
 
 log = logging.getLogger(__name__)
 
@@ -201,9 +201,9 @@ class FollowingNotifications(Notifications):
 
 def notifications(client: Any, *, on_resumed: Callable[[], None] | None = None,
                   wanted: Callable[[str], bool] | None = None) -> FollowingNotifications:
-    """Change notifications of a client built by :func:`app.storage.oxia_compat.connect`
+    """Change notifications of a client built by :func:`app.stores.oxia.patches.connect`
     (of the keys ``wanted`` says, or all)."""
     discovery = client._service_discovery
     if not isinstance(discovery, FailoverDiscovery):
-        raise TypeError("the client was not built by oxia_compat.connect")
+        raise TypeError("the client was not built by oxia_patches.connect")
     return FollowingNotifications(discovery, on_resumed=on_resumed, wanted=wanted)

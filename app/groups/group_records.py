@@ -28,7 +28,7 @@ class _Json(BaseModel):
                               f"{exc.errors()[0].get('msg')}") from None
 
 
-class Member(_Json):
+class GroupMember(_Json):
     """One member as the group record lists it."""
 
     member_id: str
@@ -44,12 +44,12 @@ class GroupRecord(_Json):
 
     group: str
     generation: int = 0
-    members: tuple[Member, ...] = ()
+    members: tuple[GroupMember, ...] = ()
     partitions: dict[str, int] = Field(default_factory=dict)
     created_at_ms: int = 0
     updated_at_ms: int = 0
 
-    def member(self, member_id: str) -> Member | None:
+    def member(self, member_id: str) -> GroupMember | None:
         return next((m for m in self.members if m.member_id == member_id), None)
 
 
