@@ -1,4 +1,4 @@
-"""The history checker's short run in CI (docs/testing.md, "Histories"): a seeded minute
+"""The history checker's short run in CI (docs/testing.md, "Histories"): seeded 45 s
 of clients through two brokers while the nemesis kills, pauses and slows them and
 deletes a topic, then the checker reads the whole history. Any anomaly fails the run,
 and the report names each with its entries; the history, report.json and the plot stay
@@ -17,7 +17,7 @@ from tests.history.run import run
 pytestmark = [pytest.mark.own_servers, pytest.mark.slow]
 
 SEED = 20261205
-SECONDS = 60.0
+SECONDS = 45.0
 
 
 def test_a_short_seeded_history_has_no_anomaly(tmp_path: Path) -> None:
