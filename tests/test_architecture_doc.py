@@ -105,3 +105,35 @@ def test_every_name_the_page_gives_is_in_the_code() -> None:
     assert not missing, f"docs/architecture.md names what the code does not have: {missing}"
     assert not unread, f"neither code nor listed as not code (NOT_CODE): {unread}"
     assert len(tokens) > 50  # the page was read
+
+
+ARROW = re.compile(r"^(\w+)\s+──►\s+(.+)$")
+
+
+def _drawn() -> dict[str, set[str]]:
+    """The page's "Who imports whom" lines: a package, then the ones it imports."""
+    section = PAGE.read_text().split("## Who imports whom", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```", 2)[1]
+    drawn: dict[str, set[str]] = {}
+    for line in block.strip().splitlines():
+        found = ARROW.match(line.strip())
+        assert found, f"not a line of the graph: {line!r}"
+        assert found[1] not in drawn, f"{found[1]} is drawn twice"
+        drawn[found[1]] = {name.strip() for name in found[2].split(",")}
+    return drawn
+
+
+def test_the_page_draws_every_import_between_packages_and_no_other() -> None:
+    """Arrow for arrow: an import the page does not draw, or an arrow no import makes,
+    fails (the first is how the page went stale before)."""
+    from tests.test_architecture import _package_imports
+
+    code = {package: set(imported) for package, imported in _package_imports().items()
+            if imported}
+    drawn = _drawn()
+    missing = sorted(f"{a} ──► {b}" for a, targets in code.items()
+                     for b in targets - drawn.get(a, set()))
+    extra = sorted(f"{a} ──► {b}" for a, targets in drawn.items()
+                   for b in targets - code.get(a, set()))
+    assert not missing, f"imports docs/architecture.md does not draw: {missing}"
+    assert not extra, f"arrows in docs/architecture.md no import makes: {extra}"
