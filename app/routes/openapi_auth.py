@@ -12,7 +12,7 @@ from typing import Any
 from app.routes.access import METRICS_PATHS, OPEN_PATHS
 from app.routes.errors import REALM
 from app.routes.openapi import JSON, RETRY_AFTER, error_example, named
-from app.settings import Settings
+from app.settings import AuthSettings
 
 SCHEME = "bearerAuth"
 METRICS_SCHEME = "metricsToken"
@@ -49,7 +49,7 @@ def refusal(status: str) -> dict[str, Any]:
         "schema": _ERROR_SCHEMA, "examples": named({error_type: example})}}}
 
 
-def declare_bearer_auth(schema: dict[str, Any], settings: Settings) -> None:
+def declare_bearer_auth(schema: dict[str, Any], settings: AuthSettings) -> None:
     """Add the scheme and mark each protected operation (in place). A status the
     operation declares already (503) keeps its answer and gains the example."""
     open_paths = OPEN_PATHS | (METRICS_PATHS if settings.auth_metrics == "open" else set())
@@ -79,7 +79,7 @@ def _add_examples(declared: dict[str, Any], answer: dict[str, Any]) -> None:
         examples.update(answer["content"][JSON]["examples"])
 
 
-def declare_metrics_token(schema: dict[str, Any], settings: Settings) -> None:
+def declare_metrics_token(schema: dict[str, Any], settings: AuthSettings) -> None:
     """With LLOG_METRICS_TOKEN set: its scheme on the metrics operations, and their 401."""
     if settings.metrics_token is None:
         return
