@@ -175,6 +175,39 @@ async def test_a_put_sends_its_body_and_checksum_once_per_attempt() -> None:
     assert bodies == [body, body]
     assert all(r.method == "PUT" and r.headers["x-amz-checksum-crc32c"] == checksum
                for r in seen)
+    # The body waits for the store's 100 Continue; the header is not signed, as botocore
+    # leaves it unsigned.
+    assert all(r.headers["Expect"] == "100-continue" for r in seen)
+    assert all("expect" not in r.headers["Authorization"].lower() for r in seen)
+
+
+async def test_a_put_refused_before_its_body_is_answered_once() -> None:
+    """A store that answers the headers with a refusal, never asking for the body: the
+    PUT ends with that answer, neither waiting for a 100 Continue nor sent again."""
+    asked: list[web.Request] = []
+
+    async def refuse(request: web.Request) -> web.StreamResponse:
+        asked.append(request)
+        return _error(403, "AccessDenied")
+
+    async def never(request: web.Request) -> web.Response:
+        raise AssertionError("the body was asked for")
+
+    app = web.Application()
+    app.router.add_route("PUT", "/{tail:.*}", never, expect_handler=refuse)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+        async with LeanS3(_settings(url), backoff_s=0.001) as lean:
+            with pytest.raises(S3Status) as raised:
+                await lean.put("wal/obj", b"x" * 100_000, None)
+    finally:
+        await runner.cleanup()
+    assert (raised.value.status, raised.value.code) == (403, "AccessDenied")
+    assert len(asked) == 1
 
 
 async def test_a_refused_connection_is_retried_then_raised() -> None:

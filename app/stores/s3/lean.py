@@ -1,15 +1,13 @@
 """The data path's S3 requests (GET, ranged GET, PUT), signed and sent without botocore's
 request pipeline.
 
-botocore builds every request through its event hooks, parameter validation, endpoint
-rules, serialisers and response parsers: about 1.5 ms of CPU for a 4 KiB ranged GET on
-the development machine, where signing it and sending it through aiohttp costs about
-0.45 ms (0.27 since it is signed by ``app/stores/s3/sigv4.py`` rather than botocore's
-signer). A catch-up answer is up to thirty ranged
-GETs and a flush one PUT, so the broker sends these three requests itself; everything
-else (listing, HEAD, DELETE, conditional creates) still goes through botocore. PUTs go
-through aiohttp; GETs through ``app/stores/s3/wire.py``, which reads a body straight
-into the buffers that keep it (each pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
+The broker sends these three requests itself (why, with the measured figures: the
+docstring of ``app/stores/s3/store.py``); everything else (listing, HEAD, DELETE,
+conditional creates) still goes through botocore. Requests are signed by
+``app/stores/s3/sigv4.py``. PUTs go through aiohttp, their bodies sent once the store
+has answered ``100 Continue`` as botocore sends its own; GETs through
+``app/stores/s3/wire.py``, which reads a body straight into the buffers that keep it
+(each pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
 
 It retries as botocore's standard mode does: connection errors, timeouts, 5xx and
 throttling answers, up to ``LLOG_S3_MAX_ATTEMPTS`` attempts with jittered exponential
@@ -180,8 +178,11 @@ class LeanS3:
         if self._session is None:
             raise aiohttp.ClientConnectionError("the S3 session is closed")
         signed = self._signer.headers("PUT", path, headers, body)
+        # Expect: 100-continue (aiohttp adds it, unsigned, as botocore does): the body
+        # goes once the store reads it, not into socket buffers it is not yet draining.
         async with self._session.request("PUT", URL(self._origin + path, encoded=True),
-                                         headers=signed, data=body) as response:
+                                         headers=signed, data=body,
+                                         expect100=True) as response:
             if response.status != 200:
                 raise _status_error(response.status,
                                     await response.content.read(_MAX_ERROR_BODY))
