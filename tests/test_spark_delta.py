@@ -52,27 +52,27 @@ def test_table_locations_and_foreign_tables_are_refused(tmp_path: Path) -> None:
 
     settings = Settings(s3_endpoint="http://127.0.0.1:9000", s3_access_key="k",
                         s3_secret_key="s")
-    s3 = table_location("s3a://lake/llog/events/", settings)
+    s3 = table_location("s3a://lake/llog/events/", settings.s3, settings.store)
     assert (s3.uri, s3.base_path) == ("s3://lake/llog/events", "lake/llog/events")
     assert s3.storage_options["aws_conditional_put"] == "etag"
     assert s3.storage_options["AWS_ALLOW_HTTP"] == "true"
     inside = f"s3://{settings.s3_bucket}/{settings.root_prefix}/lake"
     for bad in ("s3://lake", "s3://lake/", "gs://lake/events", "http://x/y", inside):
         with pytest.raises(ValueError, match="--table"):
-            table_location(bad, settings)
+            table_location(bad, settings.s3, settings.store)
     other = tmp_path / "other"
     write_deltalake(str(other), pa.table({"topic": ["a"], "append_date": ["x"], "n": [1]}),
                     partition_by=["topic", "append_date"])
     with pytest.raises(ValueError, match="columns are not the export's"):
-        open_table(table_location(str(other), settings))
+        open_table(table_location(str(other), settings.s3, settings.store))
     expiring = tmp_path / "expiring"
     DeltaTable.create(str(expiring), table_schema(), partition_by=["topic", "append_date"],
                       configuration={"delta.setTransactionRetentionDuration": "interval 1 day"})
     with pytest.raises(ValueError, match="setTransactionRetentionDuration"):
-        open_table(table_location(str(expiring), settings))
-    created = open_table(table_location(str(tmp_path / "new"), settings))
+        open_table(table_location(str(expiring), settings.s3, settings.store))
+    created = open_table(table_location(str(tmp_path / "new"), settings.s3, settings.store))
     assert created.version() == 0 and open_table(
-        table_location(str(tmp_path / "new"), settings)).version() == 0
+        table_location(str(tmp_path / "new"), settings.s3, settings.store)).version() == 0
 
 
 def test_options_of_the_other_format_are_refused(spark: Any, tmp_path: Path) -> None:
@@ -142,7 +142,7 @@ def _open(settings: Settings, table: str) -> Any:
 
     from jobs.spark.delta_location import table_location
 
-    location = table_location(table, settings)
+    location = table_location(table, settings.s3, settings.store)
     return DeltaTable(location.uri, storage_options=location.storage_options)
 
 
@@ -278,7 +278,7 @@ def _orphans(settings: Settings, table_uri: str, table: Any) -> int:
 
     from jobs.spark.delta_location import filesystem, table_location
 
-    location = table_location(table_uri, settings)
+    location = table_location(table_uri, settings.s3, settings.store)
     fs = filesystem(location, settings)
     listed = {i.path[len(location.base_path) + 1:] for i in fs.get_file_info(
         pyarrow.fs.FileSelector(location.base_path, recursive=True))
@@ -297,7 +297,7 @@ def test_a_commit_never_lands_on_a_table_another_export_moved(stack: LocalStack)
     from jobs.spark.delta_table import commit, open_table
 
     settings = stack_settings(stack)
-    location = table_location(_table_uri(settings), settings)
+    location = table_location(_table_uri(settings), settings.s3, settings.store)
     first, second = open_table(location), open_table(location)
     tp = TopicPartition("t", 0)
     assert commit(first, [], {tp: 5}, {}) == 1

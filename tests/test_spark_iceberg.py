@@ -88,8 +88,9 @@ def test_tables_inside_the_store_and_foreign_tables_are_refused(tmp_path: Path) 
             identifier(bad)
     inside = f"s3://{settings.s3_bucket}/{settings.root_prefix}/lake"
     with pytest.raises(ValueError, match="inside the store's root prefix"):
-        check_location(TABLE, inside, settings)
-    check_location(TABLE, f"s3://{settings.s3_bucket}/{settings.root_prefix}-lake", settings)
+        check_location(TABLE, inside, settings.s3, settings.store)
+    check_location(TABLE, f"s3://{settings.s3_bucket}/{settings.root_prefix}-lake",
+                   settings.s3, settings.store)
     catalog.create_namespace("other")
     catalog.create_table("other.events", pa.schema([("topic", pa.string())]))
     with pytest.raises(ValueError, match="columns are not the export's"):

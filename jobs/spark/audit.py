@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -33,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from app.errors import VersionMismatch
-from app.settings import Settings
+from app.settings import S3Settings, Settings, StoreSettings
 from app.storage.keys import TopicPartition
 from app.storage.metadata import now_ms
 from jobs.spark.catalog_checks import (
@@ -59,6 +58,7 @@ from jobs.spark.runner import (
     entry_point,
     finish,
     parse_duration_ms,
+    run_as_main,
 )
 from jobs.spark.scan import (
     SnapshotHandler,
@@ -256,8 +256,8 @@ def _orphan_totals(objects: DataFrame, orphans: DataFrame) -> dict[str, int]:
             "oldest_age_ms": int(orph["oldest"] or 0)}
 
 
-def _summary(settings: Settings, options: AuditOptions, started: int, horizon: int,
-             tables: dict[str, DataFrame], objects: DataFrame, orphans: DataFrame,
+def _summary(s3: S3Settings, store: StoreSettings, options: AuditOptions, started: int,
+             horizon: int, tables: dict[str, DataFrame], objects: DataFrame, orphans: DataFrame,
              catalog: CatalogView) -> dict[str, Any]:
     by_kind, by_severity = _findings_by(tables["findings"])
     totals = _partition_totals(tables["partitions"])
@@ -270,7 +270,7 @@ def _summary(settings: Settings, options: AuditOptions, started: int, horizon: i
     else:
         status, code = "ok", EXIT_OK
     return {
-        **job_header(JOB, status, code, started, now_ms(), settings, options),
+        **job_header(JOB, status, code, started, now_ms(), s3, store, options),
         **totals,
         "findings_by_kind": by_kind,
         "findings_by_severity": by_severity,
@@ -301,8 +301,8 @@ def run_audit(spark: SparkSession, settings: Settings, options: AuditOptions,
          "R": ("references", REFERENCE_COLUMNS)}, report, extra={"F": catalog.bad})
     horizon = options.retry_horizon_ms or settings.retry_horizon_ms
     orphans = _orphans(spark, objects, tables["references"], started, horizon, report)
-    summary = _summary(settings, options, started, horizon, tables, objects, orphans,
-                       catalog)
+    summary = _summary(settings.s3, settings.store, options, started, horizon, tables,
+                       objects, orphans, catalog)
     return finish(spark, report, summary, f"{summary['partitions']} partitions, "
                   f"{summary['findings_by_severity'][CORRUPTION]} corruption findings, "
                   f"{summary['strays']} strays, {summary['orphans']['count']} orphans")
@@ -327,8 +327,4 @@ main = entry_point(JOB, build_parser, run_audit, AuditOptions)
 
 
 if __name__ == "__main__":
-    # The importable module's main, not this __main__'s: the functions Spark ships to its
-    # executors must be found there under jobs.spark.audit.
-    from jobs.spark.audit import main as module_main
-
-    sys.exit(module_main(sys.argv[1:]))
+    run_as_main("jobs.spark.audit")

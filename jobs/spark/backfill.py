@@ -35,12 +35,11 @@ import functools
 import hashlib
 import json
 import shutil
-import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from app.settings import Settings
+from app.settings import S3Settings, Settings, StoreSettings
 from app.storage.idempotency import IDEMPOTENCY_WINDOW
 from app.storage.metadata import now_ms
 from jobs.spark.backfill_appends import (
@@ -61,7 +60,7 @@ from jobs.spark.backfill_input import (
 from jobs.spark.backfill_options import BackfillOptions, MiB
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
-from jobs.spark.runner import base_parser, entry_point, finish
+from jobs.spark.runner import base_parser, entry_point, finish, run_as_main
 from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import job_object_key, open_stores
 from jobs.spark.tasks import run_async, task_identity
@@ -201,9 +200,9 @@ def _statuses(chunks: DataFrame) -> dict[str, dict[str, int]]:
                 F.sum("bytes").alias("bytes")).collect()}
 
 
-def _summary(settings: Settings, options: BackfillOptions, job_id: str, started: int,
-             seconds: float, plan: dict[str, list[int]], statuses: dict[str, dict[str, int]]
-             ) -> dict[str, Any]:
+def _summary(s3: S3Settings, store: StoreSettings, options: BackfillOptions, job_id: str,
+             started: int, seconds: float, plan: dict[str, list[int]],
+             statuses: dict[str, dict[str, int]]) -> dict[str, Any]:
     total_records = sum(v[0] for v in plan.values())
     done = statuses.get(APPENDED, {"records": 0, "bytes": 0, "chunks": 0})
     bad = sum(v["chunks"] for k, v in statuses.items() if k not in OK_STATUSES)
@@ -211,7 +210,7 @@ def _summary(settings: Settings, options: BackfillOptions, job_id: str, started:
     complete = bad == 0 and done_records == total_records
     return {
         **job_header(JOB, "ok" if complete else "incomplete",
-                     EXIT_OK if complete else EXIT_FINDINGS, started, now_ms(), settings,
+                     EXIT_OK if complete else EXIT_FINDINGS, started, now_ms(), s3, store,
                      options),
         "job_id": job_id,
         "append_seconds": round(seconds, 3),
@@ -248,7 +247,8 @@ def run_backfill(spark: SparkSession, settings: Settings, options: BackfillOptio
     chunks, seconds = _append_staged(spark, settings, files, params, report)
     shutil.rmtree(staging, ignore_errors=True)
     report.write_table(_per_partition(chunks), "partitions")
-    summary = _summary(settings, options, job_id, started, seconds, plan, _statuses(chunks))
+    summary = _summary(settings.s3, settings.store, options, job_id, started, seconds, plan,
+                       _statuses(chunks))
     return finish(spark, report, summary, f"{job_id}: {summary['records_appended']} "
                   f"records appended, {summary['records_done']}/{summary['records_input']} "
                   "done")
@@ -307,8 +307,4 @@ main = entry_point(JOB, build_parser, run_backfill, BackfillOptions)
 
 
 if __name__ == "__main__":
-    # The importable module's main, not this __main__'s: the functions Spark ships to its
-    # executors must be found there under jobs.spark.backfill.
-    from jobs.spark.backfill import main as module_main
-
-    sys.exit(module_main(sys.argv[1:]))
+    run_as_main("jobs.spark.backfill")

@@ -2,46 +2,30 @@
 files of the table, one per ``append_date`` the range touches.
 
 A data file is written under a name no other attempt uses
-(``topic={t}/append_date={d}/part-{partition}-{first}-{uuid}.parquet``) and is
-invisible until the driver commits it: files of failed, retried or crashed attempts are
-never referenced, and Delta's VACUUM removes them. The partition columns (``topic``,
-``append_date``) are not stored in the files, as Delta's protocol has it; the commit
-carries them. Each file's statistics (row count, offset and append-time bounds) go into
-its ``add`` action, so readers skip files by offset and time.
+(``topic={t}/append_date={d}/part-{partition}-{first}-{uuid}.parquet``,
+:mod:`jobs.spark.table_files`) and is invisible until the driver commits it: files of
+failed, retried or crashed attempts are never referenced, and Delta's VACUUM removes
+them. The partition columns (``topic``, ``append_date``) are not stored in the files, as
+Delta's protocol has it; the commit carries them. Each file's statistics (row count,
+offset and append-time bounds) go into its ``add`` action, so readers skip files by
+offset and time.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import anyio
-
-from app.storage.reader import LogReader
 from jobs.spark.delta_location import filesystem, table_location
-from jobs.spark.export_read import (
-    JOB,
-    READ_RECORDS,
-    PartRange,
-    read_batches,
-    record_batch,
-    record_schema,
-    split_by_day,
-)
+from jobs.spark.export_read import PartRange, record_schema
 from jobs.spark.job_settings import settings_from_payload
-from jobs.spark.stores import open_stores
-from jobs.spark.tasks import task_identity, task_logger
+from jobs.spark.table_files import FILE_COLUMNS, DataFiles, OpenFile, table_task
 
 # One row per data file: what the driver needs for the file's add action and the report.
-DATA_FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, "
-                     "last_offset long, records long, bytes long, file string, size long, "
-                     "append_date string, stats string")
+DATA_FILE_COLUMNS = f"{FILE_COLUMNS}, size long, append_date string, stats string"
 STATS_COLUMNS = ("partition", "offset", "append_time_ms")
-
 
 
 def data_schema() -> Any:
@@ -51,23 +35,16 @@ def data_schema() -> Any:
 
 
 @dataclass
-class _OpenFile:
+class _OpenFile(OpenFile):
     """A data file being written, and the statistics of what went into it."""
 
-    path: str
-    stream: Any
-    writer: Any
-    records: int = 0
-    bytes: int = 0
     low: dict[str, int] = field(default_factory=dict)
     high: dict[str, int] = field(default_factory=dict)
 
     def add(self, batch: Any) -> None:
         import pyarrow.compute as pc  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-        self.writer.write_batch(batch)
-        self.records += batch.num_rows
-        self.bytes += pc.sum(pc.binary_length(batch.column("value"))).as_py() or 0
+        super().add(batch)
         for name in STATS_COLUMNS:
             bounds = pc.min_max(batch.column(name)).as_py()
             self.low[name] = min(self.low.get(name, bounds["min"]), bounds["min"])
@@ -79,7 +56,6 @@ class _OpenFile:
                            "nullCount": dict.fromkeys(STATS_COLUMNS, 0)})
 
 
-
 def _open(fs: Any, path: str) -> Any:
     import pyarrow.fs  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
@@ -88,57 +64,35 @@ def _open(fs: Any, path: str) -> Any:
     return fs.open_output_stream(path)
 
 
-async def write_range(reader: LogReader, fs: Any, base: str, part: PartRange,
-                      *, batch_records: int = READ_RECORDS) -> list[tuple[Any, ...]]:
-    """Write ``part`` as data files under ``base``; rows of :data:`DATA_FILE_COLUMNS`."""
-    import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
+@dataclass
+class DeltaFiles(DataFiles[_OpenFile]):
+    """Data files under ``base`` (the table's root on ``fs``), named relative to it,
+    without the partition columns; rows of :data:`DATA_FILE_COLUMNS`. Never committed,
+    a failed attempt's files are Delta's VACUUM's to remove."""
 
-    full, schema = record_schema(), data_schema()
-    files: dict[str, _OpenFile] = {}
-    name = f"part-{part.partition:05d}-{part.first:020d}-{uuid.uuid4().hex}.parquet"
-    try:
-        async for got in read_batches(reader, part, batch_records):
-            batch = record_batch(full, part, got).drop_columns(["topic"])
-            for date, rows in split_by_day(batch):
-                if date not in files:
-                    path = f"topic={part.topic}/append_date={date}/{name}"
-                    stream = _open(fs, f"{base}/{path}")
-                    files[date] = _OpenFile(path, stream, pq.ParquetWriter(
-                        stream, schema, compression="snappy"))
-                files[date].add(rows)
-        for f in files.values():
-            f.writer.close()
-            f.stream.close()
-    except BaseException:
-        for f in files.values():  # never committed: Delta's VACUUM removes what is left
-            with contextlib.suppress(Exception):
-                f.writer.close()
-            with contextlib.suppress(Exception):
-                f.stream.close()
-        raise
-    return [(part.index, part.topic, part.partition, part.first, part.last, f.records,
-             f.bytes, f.path, fs.get_file_info(f"{base}/{f.path}").size, date, f.stats())
-            for date, f in sorted(files.items())]
+    fs: Any
+    base: str
+    schema: Any = field(default_factory=data_schema)
+
+    def columns(self, batch: Any) -> Any:
+        return batch.drop_columns(["topic"])
+
+    def open(self, part: PartRange, date: str, name: str) -> _OpenFile:
+        import pyarrow.parquet as pq  # type: ignore[import-untyped,import-not-found,unused-ignore]
+
+        path = f"topic={part.topic}/append_date={date}/{name}"
+        stream = _open(self.fs, f"{self.base}/{path}")
+        return _OpenFile(path, stream, pq.ParquetWriter(stream, self.schema,
+                                                        compression="snappy"))
+
+    def described(self, file: _OpenFile, date: str) -> tuple[Any, ...]:
+        return self.fs.get_file_info(f"{self.base}/{file.path}").size, date, file.stats()
 
 
 def delta_task(payload: Mapping[str, str], table: str,
                ranges: Iterable[tuple[int, str, int, int, int]]) -> Iterator[tuple[Any, ...]]:
-    """Spark ``mapPartitions`` body: write each range with :func:`write_range`."""
-    todo = [PartRange(*r) for r in ranges]
-    logger = task_logger(JOB)
+    """Spark ``mapPartitions`` body: write each range as data files of the table."""
     settings = settings_from_payload(payload)
-    location = table_location(table, settings)
-    fs = filesystem(location, settings)
-    out: list[tuple[Any, ...]] = []
-
-    async def run() -> None:
-        async with open_stores(payload, task_identity(JOB)) as stores:
-            reader = LogReader(stores.oxia, stores.s3, stores.layout)
-            for part in todo:
-                out.extend(await write_range(reader, fs, location.base_path, part))
-                logger.info("exported %s offsets %d..%d to the table", part.tp, part.first,
-                            part.last)
-
-    anyio.run(run)
-    return iter(out)
-
+    location = table_location(table, settings.s3, settings.store)
+    files = DeltaFiles(filesystem(location, settings), location.base_path)
+    return table_task(payload, files, ranges)

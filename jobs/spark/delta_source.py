@@ -126,7 +126,7 @@ class DeltaReader(DataSourceReader):
 
         assert isinstance(partition, FileGroup)
         settings = settings_from_payload(self.payload)
-        fs = filesystem(table_location(self.uri, settings), settings)
+        fs = filesystem(table_location(self.uri, settings.s3, settings.store), settings)
         for file in partition.files:
             with fs.open_input_file(f"{self.base}/{file.path}") as stream:
                 for batch in pq.ParquetFile(stream).iter_batches(batch_size=BATCH_ROWS):
@@ -151,7 +151,7 @@ class DeltaSource(DataSource):
             raise ValueError(f"{NAME}: load(table URI) or .option('table', URI)")
         stack = self.options.get("stackJson")
         settings = load_settings(Path(stack) if stack else None)
-        location = table_location(uri, settings)
+        location = table_location(uri, settings.s3, settings.store)
         version = self.options.get("version")
         return DeltaReader(_snapshot(location, None if version is None else int(version)),
                            location.base_path, settings_payload(settings), uri,

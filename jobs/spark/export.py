@@ -31,11 +31,8 @@ import argparse
 import contextlib
 import functools
 import os
-import sys
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
-
-import anyio
 
 from app.settings import Settings
 from app.storage.log_record import payload_value
@@ -44,6 +41,7 @@ from app.storage.reader import LogReader
 from jobs.spark.export_delta import run_delta_export
 from jobs.spark.export_iceberg import run_iceberg_export
 from jobs.spark.export_read import (
+    FILE_COLUMNS,
     JOB,
     MAX_SLICES,
     RANGE_COLUMNS,
@@ -51,6 +49,7 @@ from jobs.spark.export_read import (
     ExportOptions,
     PartRange,
     plan_ranges,
+    ranges_task,
     read_batches,
     read_bounds,
     record_batch,
@@ -59,10 +58,9 @@ from jobs.spark.export_read import (
 )
 from jobs.spark.job_settings import settings_payload
 from jobs.spark.report import EXIT_FINDINGS, EXIT_OK, JobOutcome, Report, job_header
-from jobs.spark.runner import base_parser, entry_point, finish
+from jobs.spark.runner import base_parser, entry_point, finish, run_as_main
 from jobs.spark.session import default_tasks, describe
-from jobs.spark.stores import open_stores
-from jobs.spark.tasks import task_attempt_id, task_identity, task_logger
+from jobs.spark.tasks import task_attempt_id
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -71,8 +69,6 @@ __all__ = ["ExportOptions", "PartRange", "plan_ranges", "run_export", "write_par
 RECORD_COLUMNS = ("topic string, partition int, offset long, value binary, "
                   "value_utf8 string, key binary, headers array<struct<name:string,"
                   "value:binary>>, timestamp_ms long, append_time_ms long")
-FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, last_offset long, "
-                "records long, bytes long, file string")
 
 
 def _filesystem(output: str) -> tuple[Any, str]:
@@ -147,21 +143,13 @@ def export_task(payload: Mapping[str, str], output: str,
     Records are read with :class:`LogReader` in batches and written with pyarrow as they
     come (no per-row serialisation through the JVM).
     """
-    todo = [PartRange(*r) for r in ranges]
-    logger = task_logger(JOB)
     fs, base = _filesystem(output)
     attempt = task_attempt_id()
-    out: list[tuple[Any, ...]] = []
 
-    async def run() -> None:
-        async with open_stores(payload, task_identity(JOB)) as stores:
-            reader = LogReader(stores.oxia, stores.s3, stores.layout)
-            for part in todo:
-                out.append(await write_part(reader, fs, base, part, attempt))
-                logger.info("exported %s offsets %d..%d", part.tp, part.first, part.last)
+    async def write(reader: LogReader, part: PartRange) -> list[tuple[Any, ...]]:
+        return [await write_part(reader, fs, base, part, attempt)]
 
-    anyio.run(run)
-    return iter(out)
+    return ranges_task(payload, ranges, write, "exported %s offsets %d..%d")
 
 
 
@@ -258,7 +246,7 @@ def run_export(spark: SparkSession, settings: Settings, options: ExportOptions,
     seconds = (finished - started) / 1000
     summary: dict[str, Any] = {
         **job_header(JOB, "ok" if ok else "mismatch", EXIT_OK if ok else EXIT_FINDINGS,
-                     started, finished, settings, options),
+                     started, finished, settings.s3, settings.store, options),
         "output": output,
         "partitions": len(partitions),
         "ranges": len(ranges),
@@ -313,8 +301,4 @@ main = entry_point(JOB, build_parser, run_export, ExportOptions)
 
 
 if __name__ == "__main__":
-    # The importable module's main, not this __main__'s: the functions Spark ships to its
-    # executors must be found there under jobs.spark.export.
-    from jobs.spark.export import main as module_main
-
-    sys.exit(module_main(sys.argv[1:]))
+    run_as_main("jobs.spark.export")

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import datetime
 import functools
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -19,7 +27,7 @@ from app.storage.reader import LogReader
 from jobs.spark.discovery import discover_on_driver
 from jobs.spark.session import default_tasks, describe
 from jobs.spark.stores import open_stores
-from jobs.spark.tasks import partition_slices, task_identity
+from jobs.spark.tasks import partition_slices, task_identity, task_logger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -31,6 +39,9 @@ MiB = 1024 * 1024
 READ_RECORDS = 5000
 READ_BYTES = 8 * MiB
 RANGE_COLUMNS = "topic string, partition int, first_offset long, last_offset long"
+# What every format's tasks say of each file they wrote (the table formats add columns).
+FILE_COLUMNS = ("part int, topic string, partition int, first_offset long, last_offset long, "
+                "records long, bytes long, file string")
 MAX_SLICES = 10_000
 
 @dataclass(frozen=True)
@@ -107,6 +118,27 @@ class PartRange:
     @property
     def tp(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
+
+
+def ranges_task(payload: Mapping[str, str], ranges: Iterable[tuple[int, str, int, int, int]],
+                write: Callable[[LogReader, PartRange], Awaitable[list[tuple[Any, ...]]]],
+                written: str) -> Iterator[tuple[Any, ...]]:
+    """The body of every format's Spark ``mapPartitions`` task: ``write`` each range in
+    turn (its rows describe the files it wrote), logging ``written`` (a format string of
+    the partition, first and last offsets) after each."""
+    todo = [PartRange(*r) for r in ranges]
+    logger = task_logger(JOB)
+    out: list[tuple[Any, ...]] = []
+
+    async def run() -> None:
+        async with open_stores(payload, task_identity(JOB)) as stores:
+            reader = LogReader(stores.oxia, stores.s3, stores.layout)
+            for part in todo:
+                out.extend(await write(reader, part))
+                logger.info(written, part.tp, part.first, part.last)
+
+    anyio.run(run)
+    return iter(out)
 
 
 def record_schema() -> Any:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from app.settings import Settings
+from app.settings import S3Settings, StoreSettings
 
 if TYPE_CHECKING:
     from pyiceberg.catalog import Catalog
@@ -42,18 +42,18 @@ def parse_properties(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def store_file_io(settings: Settings) -> dict[str, str]:
+def store_file_io(s3: S3Settings) -> dict[str, str]:
     """PyArrow FileIO properties for the store's S3 endpoint (``LLOG_S3_*``)."""
-    props = {"py-io-impl": PYARROW_FILE_IO, "s3.region": settings.s3_region}
-    if settings.s3_endpoint:
-        props["s3.endpoint"] = settings.s3_endpoint
-    if settings.s3_access_key is not None and settings.s3_secret_key is not None:
-        props["s3.access-key-id"] = settings.s3_access_key.get_secret_value()
-        props["s3.secret-access-key"] = settings.s3_secret_key.get_secret_value()
+    props = {"py-io-impl": PYARROW_FILE_IO, "s3.region": s3.s3_region}
+    if s3.s3_endpoint:
+        props["s3.endpoint"] = s3.s3_endpoint
+    if s3.s3_access_key is not None and s3.s3_secret_key is not None:
+        props["s3.access-key-id"] = s3.s3_access_key.get_secret_value()
+        props["s3.secret-access-key"] = s3.s3_secret_key.get_secret_value()
     return props
 
 
-def catalog_properties(name: str, settings: Settings, options: Mapping[str, str]
+def catalog_properties(name: str, s3: S3Settings, options: Mapping[str, str]
                        ) -> dict[str, str]:
     """The catalog's properties: the store's FileIO defaults, under pyiceberg's own
     configuration of ``name``, under ``options``."""
@@ -64,7 +64,7 @@ def catalog_properties(name: str, settings: Settings, options: Mapping[str, str]
     # A catalog with S3 settings of its own (another endpoint or account) gets none of
     # the store's: mixing them would pair one account's key with another's endpoint.
     own_s3 = any(k.startswith(("s3.", "client.")) for k in given)
-    props = {**({"py-io-impl": PYARROW_FILE_IO} if own_s3 else store_file_io(settings)),
+    props = {**({"py-io-impl": PYARROW_FILE_IO} if own_s3 else store_file_io(s3)),
              **given}
     if "uri" not in props and "type" not in props and "py-catalog-impl" not in props:
         raise ValueError(
@@ -74,10 +74,10 @@ def catalog_properties(name: str, settings: Settings, options: Mapping[str, str]
     return props
 
 
-def open_catalog(name: str, settings: Settings, options: Mapping[str, str]) -> Catalog:
+def open_catalog(name: str, s3: S3Settings, options: Mapping[str, str]) -> Catalog:
     from pyiceberg.catalog import load_catalog
 
-    return load_catalog(name, **catalog_properties(name, settings, options))
+    return load_catalog(name, **catalog_properties(name, s3, options))
 
 
 def file_io_properties(properties: Mapping[str, str]) -> dict[str, str]:
@@ -85,18 +85,18 @@ def file_io_properties(properties: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in properties.items() if k.startswith(FILE_IO_PREFIXES)}
 
 
-def check_location(table: str, location: str, settings: Settings) -> None:
+def check_location(table: str, location: str, s3: S3Settings, store: StoreSettings) -> None:
     """Refuse a table whose files would land among the store's own keys: vacuum deletes
     unreferenced objects under a partition's data/ prefix, and a table must never be
     mistaken for log data."""
     parts = urlsplit(location)
-    if parts.scheme not in ("s3", "s3a") or parts.netloc != settings.s3_bucket:
+    if parts.scheme not in ("s3", "s3a") or parts.netloc != s3.s3_bucket:
         return
     prefix = parts.path.strip("/")
-    root = settings.root_prefix
+    root = store.root_prefix
     if prefix == root or prefix.startswith(f"{root}/"):
         raise ValueError(f"--table {table}: its location {location} is inside the store's "
-                         f"root prefix ({settings.s3_bucket}/{root}/); give the catalog "
+                         f"root prefix ({s3.s3_bucket}/{root}/); give the catalog "
                          "another warehouse")
 
 

@@ -4,6 +4,12 @@ Each task rebuilds a :class:`Settings` from the plain ``LLOG_*`` dictionary of
 :meth:`Settings.as_env` captured in its closure: strings rather than a pickled object,
 so an executor with another Python build, or a job submitted from another host, gets
 exactly what ``LLOG_*`` would give it.
+
+Hence the functions of the jobs that make such a payload (for their tasks, or to open
+the stores on the driver with :func:`jobs.spark.stores.open_stores`), and those that
+hand the settings on to them, take the whole :class:`Settings`: every group goes to the
+tasks. The others take the groups they read (``S3Settings``, ``StoreSettings``, ...),
+two parameters when they read two; a ``Settings`` is an instance of every group.
 """
 
 from __future__ import annotations

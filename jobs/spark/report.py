@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.settings import Settings
+from app.settings import S3Settings, StoreSettings
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -28,7 +28,7 @@ class JobOutcome:
 
 
 def job_header(job: str, status: str, exit_code: int, started_ms: int, finished_ms: int,
-               settings: Settings, options: Any) -> dict[str, Any]:
+               s3: S3Settings, store: StoreSettings, options: Any) -> dict[str, Any]:
     """The fields every job's ``summary.json`` starts with (``options``: a dataclass)."""
     return {
         "job": job,
@@ -37,8 +37,8 @@ def job_header(job: str, status: str, exit_code: int, started_ms: int, finished_
         "started_ms": started_ms,
         "finished_ms": finished_ms,
         "duration_s": round((finished_ms - started_ms) / 1000, 3),
-        "root_prefix": settings.root_prefix,
-        "bucket": settings.s3_bucket,
+        "root_prefix": store.root_prefix,
+        "bucket": s3.s3_bucket,
         "options": {k: (list(v) if isinstance(v, tuple) else v)
                     for k, v in dataclasses.asdict(options).items()},
     }

@@ -1,15 +1,17 @@
-"""The command line every job shares: common options, durations, and ``run_main``."""
+"""The command line every job shares: common options, durations, ``run_main``, and
+``run_as_main`` for ``python -m jobs.spark.<job>``."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import logging
 import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from app.settings import Settings, SettingsError
 from app.storage.metadata import now_ms
@@ -63,6 +65,7 @@ def base_parser(job: str, description: str) -> argparse.ArgumentParser:
 
 
 Options = TypeVar("Options", bound="DataclassInstance")
+# A job gets the whole settings: its tasks get them all (job_settings.settings_payload).
 JobRunner = Callable[["SparkSession", Settings, Options, Report], JobOutcome]
 
 
@@ -151,3 +154,10 @@ def entry_point(job: str, build_parser: Callable[[], argparse.ArgumentParser],
         return run_main(job, build_parser(), argv, runner, options_type)
 
     return main
+
+
+def run_as_main(module: str) -> NoReturn:
+    """Each job's ``if __name__ == "__main__"`` (``python -m jobs.spark.<job>``): exit with
+    the ``main`` of the importable ``module`` rather than of ``__main__``, since the
+    functions Spark ships to its executors must be found under the module's own name."""
+    sys.exit(importlib.import_module(module).main(sys.argv[1:]))

@@ -27,7 +27,7 @@ def job_object_key(layout: KeyLayout, *parts: str) -> str:
 
 @dataclass
 class Stores:
-    settings: Settings
+    settings: Settings  # all of the task's settings: its code takes the groups it needs
     layout: KeyLayout
     metrics: StoreMetrics
     oxia: OxiaStore

@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import sys
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from app.errors import LlogError
-from app.settings import Settings
+from app.settings import S3Settings, Settings, StoreSettings
 from app.storage.keys import TopicPartition
 from app.storage.metadata import now_ms
 from jobs.spark.job_settings import settings_payload
@@ -50,7 +49,7 @@ from jobs.spark.report import (
     Report,
     job_header,
 )
-from jobs.spark.runner import base_parser, entry_point, finish
+from jobs.spark.runner import base_parser, entry_point, finish, run_as_main
 from jobs.spark.scan import (
     SnapshotHandler,
     Tagged,
@@ -123,7 +122,7 @@ class VacuumHandler(SnapshotHandler):
                        f"{type(exc).__name__}: {exc}"))]
 
 
-def retry_horizon(settings: Settings, options: VacuumOptions) -> int:
+def retry_horizon(settings: StoreSettings, options: VacuumOptions) -> int:
     """The horizon of this run: the writers' own setting unless a longer one is asked
     for. Writers refuse to commit a blob older than half of ``retry_horizon_ms``, so an
     object older than it can no longer become referenced; a shorter horizon could
@@ -283,14 +282,14 @@ def _status(verdict: ScanVerdict, delete_failed: int) -> tuple[str, int]:
     return "ok", EXIT_OK
 
 
-def _summary(settings: Settings, options: VacuumOptions, horizon: int, started: int,
-             scan_started: int, listed: int, verdict: ScanVerdict,
+def _summary(s3: S3Settings, store: StoreSettings, options: VacuumOptions, horizon: int,
+             started: int, scan_started: int, listed: int, verdict: ScanVerdict,
              decisions: DataFrame) -> dict[str, Any]:
     totals, reasons = _tally(decisions)
     status, code = _status(verdict, totals.get(DELETE_FAILED, {}).get("count", 0))
     none = {"count": 0, "bytes": 0}
     return {
-        **job_header(JOB, status, code, started, now_ms(), settings, options),
+        **job_header(JOB, status, code, started, now_ms(), s3, store, options),
         "dry_run": not options.apply,
         "scan_started_ms": scan_started,
         "retry_horizon_ms": horizon,
@@ -344,8 +343,8 @@ def run_vacuum(spark: SparkSession, settings: Settings, options: VacuumOptions,
         # A leftover anchor is a few bytes outside every data prefix.
         with contextlib.suppress(LlogError):
             _anchor(settings, run_id, remove=True)
-    summary = _summary(settings, options, horizon, started, scan_started, listed, verdict,
-                       decisions)
+    summary = _summary(settings.s3, settings.store, options, horizon, started, scan_started,
+                       listed, verdict, decisions)
     return finish(spark, report, summary, f"{summary['deleted']['count']} deleted, "
                   f"{summary['would_delete']['count']} would be deleted, "
                   f"{summary['kept']['count']} kept")
@@ -367,8 +366,4 @@ main = entry_point(JOB, build_parser, run_vacuum, VacuumOptions)
 
 
 if __name__ == "__main__":
-    # The importable module's main, not this __main__'s: the functions Spark ships to its
-    # executors must be found there under jobs.spark.vacuum.
-    from jobs.spark.vacuum import main as module_main
-
-    sys.exit(module_main(sys.argv[1:]))
+    run_as_main("jobs.spark.vacuum")
