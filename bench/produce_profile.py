@@ -116,10 +116,10 @@ RULES: dict[str, list[str]] = {
     CHECKSUM: ["app/storage/codec.py:crc32c,verify_body",
                "app/stores/s3/store.py:_crc32c,_checksum", "crc32c/"],
     COMPRESSION: ["app/storage/compression.py", "zstandard/"],
-    S3: ["app/storage/s3", "app/stores/s3/sigv4.py", "botocore/", "aiobotocore/", "aiohttp/"],
+    S3: ["app/stores/s3/", "botocore/", "aiobotocore/", "aiohttp/"],
     OXIA: ["app/storage/writer.py:_commit,_set_state,commit_one,ensure_partition,attempt",
            "app/storage/metadata.py",  # the control and index records, as JSON
-           "app/storage/oxia_", "app/storage/cas.py", "app/storage/partition_commit.py",
+           "app/stores/oxia/", "app/storage/cas.py", "app/storage/partition_commit.py",
            "app/storage/control_cache.py", "app/storage/log_positions.py",
            "app/storage/idempotency.py", "app/storage/own_writes.py", "app/storage/keys.py",
            "grpc/", "oxia/", "google/protobuf/", "betterproto"],
