@@ -193,8 +193,8 @@ async def test_a_stream_that_waits_to_read_again_holds_none_of_the_budget() -> N
         def answer(self, factor: float) -> AnswerHold:
             return AnswerHold(budget.reservation(), factor)
 
-        async def consume_holding(self, hold: AnswerHold, *args: object, **kwargs: object
-                                  ) -> object:
+        async def consume(self, *args: object, hold: AnswerHold, **kwargs: object
+                          ) -> object:
             hold.hold(4_000)  # what the batch sent before still held
             raise Unavailable("the answer budget is full")
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from app.broker.answer_budget import AnswerBudget
 from app.broker.consume import ConsumeService, Fetch
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import PartitionWatch
@@ -51,7 +52,9 @@ async def test_no_record_below_a_log_start_another_broker_moved_is_served_again(
             cache.flush()
         watch = PartitionWatch()
         service = ConsumeService(this.reader, cache, watch,
-                                 ConsumeMetrics(CollectorRegistry()), max_long_polls=4)
+                                 ConsumeMetrics(CollectorRegistry()),
+                                 answers=AnswerBudget(1 << 30, max_wait_s=1),
+                                 max_long_polls=4)
         first = await _read(service, tp, 1)  # from the log: the partition is fresh now
         assert isinstance(first, ReadResult) and [o for o, _ in first.records] == [1, 2, 3,
                                                                                  4, 5]

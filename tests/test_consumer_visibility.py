@@ -16,6 +16,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.broker.answer_budget import AnswerBudget
 from app.broker.consume import ConsumeService, Fetch
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import PartitionWatch
@@ -54,6 +55,7 @@ async def test_a_remote_commit_during_a_read_is_never_lost(stack: LocalStack,
 
         b.reader.read_many = read_many  # type: ignore[method-assign]
         service = ConsumeService(b.reader, cache, watch, ConsumeMetrics(CollectorRegistry()),
+                                 answers=AnswerBudget(1 << 30, max_wait_s=1),
                                  max_long_polls=4)
         with anyio.fail_after(60):  # a hang; a missed wake-up answers empty after 20 s
             (outcome,) = await service.consume([Fetch(tp, 2)], max_wait_s=20, min_bytes=1,

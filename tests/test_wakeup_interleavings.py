@@ -41,6 +41,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from app.broker import consume
+from app.broker.answer_budget import AnswerBudget
 from app.broker.consume import ConsumeService, Fetch
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import OxiaChangeListener, PartitionWatch
@@ -232,7 +233,8 @@ class Broker:
                                            self.own.claims)
         self.reader = ModelReader(log, _Group(schedule.spawn))
         self.service = ConsumeService(self.reader, self.cache, self.watch,
-                                      METRICS, max_long_polls=4)
+                                      METRICS, answers=AnswerBudget(1 << 30, max_wait_s=1),
+                                      max_long_polls=4)
         self.answers: dict[str, ReadOutcome] = {}
 
     async def look(self, name: str, offset: int, max_bytes: int = BIG) -> None:

@@ -1,29 +1,25 @@
 """Consume answers held within the process's answer budget (app/broker/answer_budget.py).
 
-:class:`BudgetedConsumeService` is the consume service whose every look at the log (the
-first read of a request, and each read after a long-poll's wake-up) first reserves room
-for what it may read: ``max_bytes`` times what reading holds per byte, or what the
+Every look a consume request makes at the log (its first read, and each read after a
+long-poll's wake-up) first reserves room for what it may read through the request's
+:class:`AnswerHold`: ``max_bytes`` times what reading holds per byte, or what the
 answer's encoding does (:attr:`AnswerHold.factor`), whichever is more. Once the look
-returns, the request holds what it read (times that factor). So a
-long-poll that waits holds only the records it already has (none, usually), not its
-``max_bytes``: a thousand idle long-polls cost the budget nothing, and a thousand woken
-at once read within it, the rest waiting their turn or refused with 503.
+returns, the request holds what it read (times that factor). So a long-poll that waits
+holds only the records it already has (none, usually), not its ``max_bytes``: a
+thousand idle long-polls cost the budget nothing, and a thousand woken at once read
+within it, the rest waiting their turn or refused with 503.
 
-The request being served says which reservation its looks grow through
-(:meth:`BudgetedConsumeService.consume_holding`); a look without one (a caller that
-does not answer an HTTP request) is not counted.
+The request passes its hold to :meth:`app.broker.consume.ConsumeService.consume`; a
+read given none (a caller that answers no HTTP request) is not counted.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
-from app.broker.answer_budget import AnswerBudget, Reservation
-from app.broker.consume import ConsumeService, Fetch
+from app.broker.answer_budget import Reservation
 from app.storage import runs
 from app.storage.reader import ReadOutcome, ReadResult
 
@@ -64,11 +60,18 @@ class AnswerHold:
     def hold(self, n: int) -> None:
         self.reservation.hold(n)
 
+    async def reserve_to_read(self, max_bytes: int) -> None:
+        """Room for a look of at most ``max_bytes``, beside what the outcomes of the
+        previous look hold until this one replaces them; waits for it (or raises
+        :class:`~app.errors.Unavailable`)."""
+        await self.reservation.reserve(self.reservation.held + self.room_to_read(max_bytes))
+
+    def keep(self, outcomes: Sequence[ReadOutcome]) -> None:
+        """From now on, hold what the answer of ``outcomes`` holds."""
+        self.hold(self.room(*_read(outcomes)))
+
     def release(self) -> None:
         self.reservation.release()
-
-
-_HOLD: ContextVar[AnswerHold | None] = ContextVar("llog_answer_hold", default=None)
 
 
 def _read(outcomes: Sequence[ReadOutcome]) -> tuple[int, int]:
@@ -76,37 +79,3 @@ def _read(outcomes: Sequence[ReadOutcome]) -> tuple[int, int]:
     results = [o for o in outcomes if isinstance(o, ReadResult)]
     return (sum(runs.records_bytes(o.records) for o in results),
             sum(len(o.records) for o in results))
-
-
-class BudgetedConsumeService(ConsumeService):
-    def __init__(self, *args: Any, answers: AnswerBudget, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.answers = answers
-
-    def answer(self, factor: float) -> AnswerHold:
-        """A new answer's (empty) hold; release it once the answer has been sent."""
-        return AnswerHold(self.answers.reservation(), factor)
-
-    async def consume_holding(self, hold: AnswerHold, fetches: Sequence[Fetch],
-                              **kwargs: Any) -> list[ReadOutcome]:
-        """:meth:`consume`, its looks reserving through ``hold``, which afterwards holds
-        what the outcomes do (anything it held before is given back first: a stream's
-        previous batch has been sent). Raises :class:`~app.errors.Unavailable` when the
-        budget has no room for a look within its wait."""
-        hold.release()
-        token = _HOLD.set(hold)
-        try:
-            return await self.consume(fetches, **kwargs)
-        finally:
-            _HOLD.reset(token)
-
-    async def _look(self, fetches: Sequence[Fetch], max_bytes: int, *args: Any,
-                    **kwargs: Any) -> list[ReadOutcome]:
-        hold = _HOLD.get()
-        if hold is None:
-            return await super()._look(fetches, max_bytes, *args, **kwargs)
-        # The outcomes of the previous look are held until this one replaces them.
-        await hold.reservation.reserve(hold.reservation.held + hold.room_to_read(max_bytes))
-        outcomes = await super()._look(fetches, max_bytes, *args, **kwargs)
-        hold.hold(hold.room(*_read(outcomes)))
-        return outcomes

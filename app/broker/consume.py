@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import anyio
 
+from app.broker.answer_budget import AnswerBudget
+from app.broker.answering import AnswerHold
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import Generation, PartitionWatch
 from app.errors import LlogError, OffsetOutOfRange
@@ -55,10 +57,14 @@ class ConsumeService:
         watch: PartitionWatch,
         metrics: ConsumeMetrics,
         *,
+        answers: AnswerBudget,
         max_long_polls: int,
         max_streams: int = 100,
     ) -> None:
         self._reader = reader
+        # The process's answer budget, which the looks of a request given an
+        # AnswerHold reserve through (app/broker/answering.py).
+        self.answers = answers
         self._cache = cache
         self._watch = watch
         self._metrics = metrics
@@ -84,19 +90,30 @@ class ConsumeService:
     def released(self) -> bool:
         return self._released
 
+    def answer(self, factor: float) -> AnswerHold:
+        """A new answer's (empty) hold on the answer budget; release it once the answer
+        has been sent."""
+        return AnswerHold(self.answers.reservation(), factor)
+
     async def consume(
         self, fetches: Sequence[Fetch], *, max_wait_s: float, min_bytes: int, max_bytes: int,
-        slot: bool = True,
+        slot: bool = True, hold: AnswerHold | None = None,
     ) -> list[ReadOutcome]:
         """Answer a consume request; waits up to ``max_wait_s`` for ``min_bytes``.
 
         When every long-poll slot is taken, the request is answered without waiting
         rather than refused: the client simply polls again. ``slot=False`` waits without
-        one: streams, which their own limit bounds.
+        one: streams, which their own limit bounds. With ``hold``, each look reserves
+        its room in the answer budget through it, and afterwards it holds what the
+        outcomes do (anything it held before is given back first: a stream's previous
+        batch has been sent); raises :class:`~app.errors.Unavailable` when the budget
+        has no room for a look within its wait.
         """
+        if hold is not None:
+            hold.release()
         deadline = time.monotonic() + max_wait_s
         with self._watch.watching([f.tp for f in fetches]) as waiter:
-            outcomes = await self._look(fetches, max_bytes)
+            outcomes = await self._look(fetches, max_bytes, hold)
             if max_wait_s <= 0 or self._released or _enough(outcomes, min_bytes):
                 return outcomes
             try:
@@ -111,7 +128,7 @@ class ConsumeService:
                         await waiter.wait()
                     waiter.arm()  # before the look: a write landing during it wakes us
                     self._metrics.long_poll_wakeups.inc()
-                    outcomes = await self._look(fetches, max_bytes)
+                    outcomes = await self._look(fetches, max_bytes, hold)
                     if self._released or _enough(outcomes, min_bytes):
                         break
                 return outcomes
@@ -119,7 +136,17 @@ class ConsumeService:
                 if slot:
                     self._long_polls.release()
 
-    async def _look(self, fetches: Sequence[Fetch], max_bytes: int) -> list[ReadOutcome]:
+    async def _look(self, fetches: Sequence[Fetch], max_bytes: int,
+                    hold: AnswerHold | None) -> list[ReadOutcome]:
+        if hold is None:
+            return await self._look_now(fetches, max_bytes)
+        await hold.reserve_to_read(max_bytes)
+        outcomes = await self._look_now(fetches, max_bytes)
+        hold.keep(outcomes)
+        return outcomes
+
+    async def _look_now(self, fetches: Sequence[Fetch], max_bytes: int
+                        ) -> list[ReadOutcome]:
         # The watch's clock first, before any look at the cache or the log: a remote
         # change reported from here on keeps its partition stale.
         since = self._watch.generation()

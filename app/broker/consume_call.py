@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Protocol
 
 from app.broker import answers
 from app.broker.answer_compression import compress_answer
-from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold, BudgetedConsumeService
-from app.broker.consume import Fetch
+from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold
+from app.broker.consume import ConsumeService, Fetch
 from app.broker.positions import NAMED, resolve_named
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled
 from app.groups.committed_offsets import Reset
@@ -208,7 +208,7 @@ class ConsumeCall:
             else:
                 self.fetches[i] = dataclasses.replace(self.fetches[i], offset=position)
 
-    async def _read(self, service: BudgetedConsumeService, hold: AnswerHold
+    async def _read(self, service: ConsumeService, hold: AnswerHold
                     ) -> Outcomes | None:
         """Each fetch's outcome: read (a long-poll), or why it was refused; None when
         the caller went away first."""
@@ -218,9 +218,9 @@ class ConsumeCall:
                 group_of(ask), ask.member_id, ask.generation, [f.tp for f in self.fetches])
         self.refused.update(await self._unknown())
         readable = [f for i, f in enumerate(self.fetches) if i not in self.refused]
-        answered = await self.until(lambda: service.consume_holding(
-            hold, readable, max_wait_s=ask.max_wait_ms / 1000, min_bytes=ask.min_bytes,
-            max_bytes=ask.max_bytes)) if readable else ([],)
+        answered = await self.until(lambda: service.consume(
+            readable, max_wait_s=ask.max_wait_ms / 1000, min_bytes=ask.min_bytes,
+            max_bytes=ask.max_bytes, hold=hold)) if readable else ([],)
         if answered is None:
             return None
         read = iter(answered[0])

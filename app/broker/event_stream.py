@@ -21,8 +21,8 @@ import anyio
 import orjson
 
 from app.broker import answers
-from app.broker.answering import JSON_FACTOR, AnswerHold, BudgetedConsumeService
-from app.broker.consume import Fetch
+from app.broker.answering import JSON_FACTOR, AnswerHold
+from app.broker.consume import ConsumeService, Fetch
 from app.broker.positions import NAMED, Named, resolve_named
 from app.errors import InvalidRequest, LlogError, ShuttingDown, Unavailable
 from app.storage.keys import TopicPartition
@@ -224,15 +224,15 @@ class EventStream:
                 metrics.stream_events.labels("heartbeat").inc()
                 yield b": heartbeat\n\n"
 
-    def _next_read(self, service: BudgetedConsumeService
+    def _next_read(self, service: ConsumeService
                    ) -> tuple[list[Fetch], AnswerHold, Read]:
         """The next read of every partition from where the stream is, within the answer
         budget: the previous batch was sent, this one holds its bytes."""
         fetches = [Fetch(TopicPartition(self.topic, p), o) for p, o in self.offsets.items()]
         hold = self.hold = self.hold or service.answer(JSON_FACTOR)
-        read = functools.partial(service.consume_holding, hold, fetches,
-                                 max_wait_s=self.heartbeat_s, min_bytes=1,
-                                 max_bytes=self.max_bytes, slot=False)
+        read = functools.partial(service.consume, fetches, max_wait_s=self.heartbeat_s,
+                                 min_bytes=1, max_bytes=self.max_bytes, slot=False,
+                                 hold=hold)
         return fetches, hold, read
 
     def _last(self, outcome: str, kind: str, data: dict[str, Any]) -> bytes:

@@ -28,7 +28,8 @@ from app.batching.batcher import Batcher
 from app.batching.metrics import BatcherMetrics
 from app.broker import roles
 from app.broker.answer_budget import AnswerBudget
-from app.broker.answering import READ_FACTOR, BudgetedConsumeService
+from app.broker.answering import READ_FACTOR
+from app.broker.consume import ConsumeService
 from app.broker.loop_watchdog import LoopWatchdog, end_the_process, install_test_blocker
 from app.broker.metrics import (
     ANSWER_FIGURES,
@@ -106,7 +107,7 @@ class BrokerState:
     started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
     status: Status = "starting"
     batcher: Batcher | None = None
-    consume: BudgetedConsumeService | None = None
+    consume: ConsumeService | None = None
     writer: LogWriter | None = None
     reader: LogReader | None = None
     cache: TailCache | None = None
@@ -160,7 +161,7 @@ class BrokerState:
     # The services of the roles: each raises RoleDisabled on a broker without its role
     # (app/broker/roles.py), so a handler never checks for one that is missing.
 
-    def consume_service(self) -> BudgetedConsumeService:
+    def consume_service(self) -> ConsumeService:
         return roles.required(self.consume, roles.READ)
 
     def log_reader(self) -> LogReader:
@@ -376,7 +377,7 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
     state.groups = GroupService(oxia, layout, state.reader, s.consumer_groups, partitions_of,
                                 broker_id=s.broker_id, registry=state.registry)
     limits = s.limits
-    state.consume = BudgetedConsumeService(
+    state.consume = ConsumeService(
         state.reader, state.cache, state.watch, state.consume_metrics,
         max_long_polls=limits.max_concurrent_long_polls,
         max_streams=limits.max_concurrent_streams,
