@@ -9,9 +9,8 @@ TP = TopicPartition("t", 0)
 
 
 def _own() -> tuple[OwnWrites, list[TopicPartition]]:
-    own = OwnWrites(max_partitions=8)
     foreign: list[TopicPartition] = []
-    own.on_foreign = foreign.append
+    own = OwnWrites(max_partitions=8, on_foreign=foreign.append)
     return own, foreign
 
 

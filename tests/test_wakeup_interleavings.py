@@ -227,8 +227,7 @@ class Broker:
         self.log = log
         self.watch = PartitionWatch()
         self.cache = MemoryTailCache(BIG, store_id="test")
-        self.own = OwnWrites(16)
-        self.own.on_foreign = self.watch.notify_remote
+        self.own = OwnWrites(16, on_foreign=self.watch.notify_remote)
         self.listener = OxiaChangeListener(None, LAYOUT, self.watch,
                                            self.own.claims)
         self.reader = ModelReader(log, _Group(schedule.spawn))

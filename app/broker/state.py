@@ -281,7 +281,10 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
             auto_partitions=rules.auto_create_partitions, ttl_s=rules.topic_cache_ttl_s,
             max_partitions=rules.max_topic_partitions,
             default_config=default_topic_config(rules.topic_default_compression))
-        state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s.writer)
+        # A change seen while this process's own write of it is in flight is decided when
+        # that write returns; a foreign one then wakes the partition's waiters.
+        state.writer = LogWriter.from_settings(oxia, s3, layout, state.store_metrics, s.writer,
+                                               on_foreign=state.watch.notify_remote)
         async with anyio.create_task_group() as writers:
             if s.has_role("write"):
                 await _start_batcher(state, writers)
@@ -348,13 +351,18 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
                         tg: anyio.abc.TaskGroup, stack: contextlib.AsyncExitStack) -> None:
     s = state.settings
     assert state.writer is not None
-    r = s.read_path
+    r, limits = s.read_path, s.limits
+    answers = AnswerBudget(limits.max_answer_bytes_in_flight,
+                           max_wait_s=limits.answer_bytes_wait_ms / 1000)
     state.reader = LogReader(
         oxia, s3, layout, object_cache_bytes=r.read_object_cache_bytes,
         fetch_concurrency=r.read_fetch_concurrency,
         max_concurrent_fetches=r.read_max_concurrent_fetches,
         read_ahead=r.read_ahead_max_inflight,
-        wal_object_max_bytes=r.read_wal_object_max_bytes)
+        wal_object_max_bytes=r.read_wal_object_max_bytes,
+        # Reading ahead holds its bytes in the answers' budget, and only when they fit
+        # at once.
+        admit=lambda n: answers.try_hold(math.ceil(n * READ_FACTOR)))
     state.reader.run_ahead_in(tg)
     assert state.topics is not None
     state.admin = TopicAdmin(oxia, layout, state.reader, state.topics.catalog)
@@ -376,19 +384,10 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
 
     state.groups = GroupService(oxia, layout, state.reader, s.consumer_groups, partitions_of,
                                 broker_id=s.broker_id, registry=state.registry)
-    limits = s.limits
     state.consume = ConsumeService(
         state.reader, state.cache, state.watch, state.consume_metrics,
         max_long_polls=limits.max_concurrent_long_polls,
-        max_streams=limits.max_concurrent_streams,
-        answers=AnswerBudget(limits.max_answer_bytes_in_flight,
-                             max_wait_s=limits.answer_bytes_wait_ms / 1000))
-    # Reading ahead holds its bytes in the same budget, and only when they fit at once.
-    answers = state.consume.answers
-    state.reader.ahead.admit = lambda n: answers.try_hold(math.ceil(n * READ_FACTOR))
-    # A change seen while this process's own write of it is in flight is decided when
-    # that write returns; a foreign one then wakes the partition's waiters.
-    state.writer.own.on_foreign = state.watch.notify_remote
+        max_streams=limits.max_concurrent_streams, answers=answers)
     listener = OxiaChangeListener(oxia.client, layout, state.watch, state.writer.own.claims)
     stack.callback(listener.close)
     with anyio.fail_after(30):

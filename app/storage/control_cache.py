@@ -16,7 +16,7 @@ from cachetools import LRUCache
 from app.errors import StorageUnavailable
 from app.storage.keys import KeyLayout, TopicPartition
 from app.storage.metadata import Control
-from app.storage.own_writes import OwnWrites
+from app.storage.own_writes import Foreign, OwnWrites
 from app.stores.oxia.store import OxiaStore, PutSpec
 
 
@@ -31,7 +31,8 @@ class ControlCache:
     """Bounded (``max_partitions``): a partition not in it is read again."""
 
     def __init__(self, oxia: OxiaStore, layout: KeyLayout, *, clock: Callable[[], int],
-                 pending_reread_ms: int, max_partitions: int) -> None:
+                 pending_reread_ms: int, max_partitions: int,
+                 on_foreign: Foreign | None = None) -> None:
         self._oxia = oxia
         self._layout = layout
         self._clock = clock
@@ -41,7 +42,7 @@ class ControlCache:
         self.materialised: LRUCache[TopicPartition, str] = LRUCache(max_partitions)
         # The control versions this process wrote: only these are "our own" changes (a
         # version merely read after a conflict is someone else's).
-        self.own = OwnWrites(max_partitions)
+        self.own = OwnWrites(max_partitions, on_foreign=on_foreign)
 
     async def current(self, tp: TopicPartition) -> CachedControl:
         """The cached control record, unless it may lead the writer astray.

@@ -29,14 +29,18 @@ from app.storage.keys import TopicPartition
 REMEMBERED_VERSIONS = 16  # own versions kept per partition
 
 
+Foreign = Callable[[TopicPartition], None]
+
+
 class OwnWrites:
-    def __init__(self, max_partitions: int) -> None:
+    def __init__(self, max_partitions: int, *, on_foreign: Foreign | None = None) -> None:
         self._versions: LRUCache[TopicPartition, collections.deque[int]] = LRUCache(
             max_partitions)
         self._in_flight: dict[TopicPartition, int] = {}
         self._held: dict[TopicPartition, list[int]] = {}
-        # Told of each partition with a foreign version that was held (set by the broker).
-        self.on_foreign: Callable[[TopicPartition], None] | None = None
+        # Told of each partition with a foreign version that was held (the broker wakes
+        # the partition's waiters); None: nobody listens for changes.
+        self._on_foreign = on_foreign
 
     def wrote(self, tp: TopicPartition, version: int) -> None:
         versions = self._versions.get(tp)
@@ -50,7 +54,7 @@ class OwnWrites:
 
     def claims(self, tp: TopicPartition, version: int) -> bool:
         """True if ``version`` is this process's own, or is held until the write in
-        flight to the partition ends (then :attr:`on_foreign` hears of it unless that
+        flight to the partition ends (then ``on_foreign`` hears of it unless that
         write returned it); False: a foreign change, to be acted on now."""
         if self.owns(tp, version):
             return True
@@ -72,5 +76,5 @@ class OwnWrites:
             else:
                 del self._in_flight[tp]
                 held = self._held.pop(tp, ())
-                if any(not self.owns(tp, v) for v in held) and self.on_foreign is not None:
-                    self.on_foreign(tp)
+                if any(not self.owns(tp, v) for v in held) and self._on_foreign is not None:
+                    self._on_foreign(tp)

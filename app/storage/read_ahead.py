@@ -49,7 +49,7 @@ class ReadAhead:
 
     def __init__(self, max_inflight: int, admit: Admit | None = None) -> None:
         self.max_inflight = max_inflight
-        self.admit = admit  # None: read-aheads hold no budget (a reader of its own)
+        self._admit = admit  # None: read-aheads hold no budget (a reader of its own)
         self._group: anyio.abc.TaskGroup | None = None
         self._inflight: dict[str, anyio.Event] = {}
         self.started = 0
@@ -72,8 +72,8 @@ class ReadAhead:
                 or len(self._inflight) >= self.max_inflight):
             return False
         release = None
-        if self.admit is not None:
-            release = self.admit(cost)
+        if self._admit is not None:
+            release = self._admit(cost)
             if release is None:
                 self.declined += 1
                 return False

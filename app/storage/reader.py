@@ -46,7 +46,7 @@ from app.storage.log_record import Payload
 from app.storage.metadata import Control
 from app.storage.object_cache import ObjectCache
 from app.storage.plan_ahead import PlanAhead, Taken
-from app.storage.read_ahead import ReadAhead
+from app.storage.read_ahead import Admit, ReadAhead
 from app.storage.read_assembly import ReadOutcome, ReadResult, assemble_all
 from app.storage.read_plan import (
     PlannedRoom,
@@ -80,6 +80,7 @@ class LogReader:
                  object_cache_bytes: int = 256 * 1024 * 1024, fetch_concurrency: int = 32,
                  max_concurrent_fetches: int = 64, read_ahead: int = 0,
                  wal_object_max_bytes: int = WAL_OBJECT_MAX_BYTES,
+                 admit: Admit | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._oxia = oxia
         self._layout = layout
@@ -89,8 +90,9 @@ class LogReader:
         self.wal = WalObjects(s3, self.objects, wal_object_max_bytes)
         self._fetch_concurrency = fetch_concurrency
         # Chunks after a read stopped inside a compacted blob (app/storage/read_ahead.py),
-        # once given a task group; ``read_ahead`` blobs at most at once.
-        self.ahead = ReadAhead(read_ahead)
+        # once given a task group; ``read_ahead`` blobs at most at once, each holding its
+        # bytes in the budget ``admit`` takes them from (None: a reader of its own).
+        self.ahead = ReadAhead(read_ahead, admit)
         # The Oxia reads of a catch-up's next read (app/storage/plan_ahead.py), as many.
         # ``clock`` (seconds) dates every lookup, here and in the blob lookups below.
         self.plans = PlanAhead(read_ahead, clock=clock)

@@ -52,6 +52,7 @@ from app.storage.metadata import (
     LogState,
     now_ms,
 )
+from app.storage.own_writes import Foreign
 from app.storage.partition_append import PartitionAppend, in_sequence_order
 from app.storage.partition_commit import (
     CommitRules,
@@ -108,6 +109,7 @@ class LogWriter:
         max_cached_partitions: int = DEFAULT_MAX_CACHED_PARTITIONS,
         encoding: str = codec.ENCODING_V3,
         outage_s: float = DEFAULT_OUTAGE_S,
+        on_foreign: Foreign | None = None,
     ) -> None:
         if encoding not in (codec.ENCODING_V1, codec.ENCODING_V3):
             raise ValueError(f"a writer writes {codec.ENCODING_V3} or {codec.ENCODING_V1}, "
@@ -124,8 +126,10 @@ class LogWriter:
         self._initialised: LRUCache[TopicPartition, bool] = LRUCache(max_cached_partitions)
         self._controls = ControlCache(oxia, layout, clock=clock,
                                       pending_reread_ms=pending_reread_ms,
-                                      max_partitions=max_cached_partitions)
-        # The control versions this process wrote (change notifications consult them).
+                                      max_partitions=max_cached_partitions,
+                                      on_foreign=on_foreign)
+        # The control versions this process wrote (change notifications consult them; a
+        # foreign one seen while a write was in flight goes to ``on_foreign`` once it ends).
         self.own = self._controls.own
         self._rules = CommitRules(oxia, layout, metrics, self._controls, clock,
                                   commit_horizon_ms, outage_s, self._step)
