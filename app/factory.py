@@ -106,7 +106,7 @@ def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
     # more per route, and each would register the same series again.
     instrumentator.add(HttpSeries(state.registry, namespace="llog"))
     instrumentator.instrument(app, metric_namespace="llog")
-    app.add_middleware(CloseWhileDraining, draining=lambda: state.status == "stopping")
+    app.add_middleware(CloseWhileDraining, draining=lambda: state.health.status == "stopping")
     # Outside the rest, so an oversized body is refused before anything reads it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     # Every answer, refusals included, carries the request's id.

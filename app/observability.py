@@ -1,6 +1,6 @@
 """Observability shared by every service of the project (broker, compactor): the
-``Service`` protocol of the health and metrics routes, the JSON snapshot of gathered
-metric families, and the S3 cost estimate with its figures.
+``Service`` protocol of the health and metrics routes (its status: app/service_health.py),
+the JSON snapshot of gathered metric families, and the S3 cost estimate with its figures.
 
 Statistics snapshots become metrics in :mod:`app.telemetry.snapshots`; the registry
 that answers a scrape, alone or for all the workers of a server, is
@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 from prometheus_client import Counter
 from prometheus_client.core import Metric
 
+from app.service_health import ServiceHealth
 from app.telemetry.registry import ServiceRegistry
 from app.telemetry.snapshots import Figure
 
@@ -26,16 +27,14 @@ PRICE_PER_1000_GET_USD = 0.0004
 PRICE_PER_GB_MONTH_USD = 0.023
 
 
-Status = Literal["starting", "ok", "stopping", "failed"]
-
-
 class Service(Protocol):
     """What the shared health and metrics routes need of a running service."""
 
-    status: Status
-    failure: str | None
-    started_at_ms: int
-    registry: ServiceRegistry
+    @property
+    def health(self) -> ServiceHealth: ...
+
+    @property
+    def registry(self) -> ServiceRegistry: ...
 
     def identity(self) -> dict[str, Any]:
         """Fields that name this process in /health (broker_id, host, port, ...)."""
@@ -50,9 +49,9 @@ READY = Figure("ready", "1 while /health/ready answers 200 (status ok), else 0; 
                         "several workers, 0 unless every one is", "livemin")
 
 
-def readiness(service: Service) -> dict[str, int]:
+def readiness(health: ServiceHealth) -> dict[str, int]:
     """The statistics snapshot behind :data:`READY`."""
-    return {"ready": int(service.status == "ok")}
+    return {"ready": int(health.ready)}
 
 
 @dataclass

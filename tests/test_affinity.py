@@ -344,7 +344,7 @@ async def _until_stopping(app: FastAPI) -> None:
     """Until the broker's shutdown has begun (its state says so: polled, bounded)."""
     with anyio.fail_after(WAIT_S):
         while True:
-            if app.state.broker.status == "stopping":
+            if app.state.broker.health.status == "stopping":
                 return
             await anyio.sleep(0.01)
 

@@ -184,6 +184,7 @@ async def test_a_stream_that_waits_to_read_again_holds_none_of_the_budget() -> N
     from app.broker.answering import AnswerHold
     from app.broker.event_stream import EventStream
     from app.broker.metrics import ConsumeMetrics
+    from app.service_health import ServiceHealth
 
     budget = AnswerBudget(10_000, max_wait_s=LONG)
 
@@ -198,7 +199,9 @@ async def test_a_stream_that_waits_to_read_again_holds_none_of_the_budget() -> N
             hold.hold(4_000)  # what the batch sent before still held
             raise Unavailable("the answer budget is full")
 
-    state = SimpleNamespace(status="ok", consume=FullBudget(), topics=None,
+    health = ServiceHealth()
+    health.serving()  # the stream reads while its broker takes work
+    state = SimpleNamespace(health=health, consume=FullBudget(), topics=None,
                             consume_metrics=ConsumeMetrics(CollectorRegistry()))
     stream = EventStream(state, "orders", encoding="auto",  # type: ignore[arg-type]
                          max_bytes=1000, heartbeat_ms=1000, guard=None,

@@ -179,7 +179,7 @@ async def test_service_serves_health_and_metrics_while_compacting(stack: LocalSt
                 health = await _get(app, "/health")
                 snapshot = await _get(app, "/metrics")
                 prometheus = await _get(app, "/metrics/prometheus")
-        assert app.state.compactor.status == "stopping"
+        assert app.state.compactor.health.status == "stopping"
         await assert_compacted(e, tp, Expected([(1, 6)]))
         assert await read_all(e, tp) == acked
 

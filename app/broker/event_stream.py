@@ -121,7 +121,7 @@ class EventStream:
                                  f"{s.max_fetch_bytes}")
         state.log_reader()
         slots = state.consume_service().stream_slots
-        if state.status == "stopping":
+        if state.health.status == "stopping":
             raise ShuttingDown("the broker is draining; connect to another broker")
         if state.topics is not None:
             for p in parts:
@@ -173,7 +173,7 @@ class EventStream:
         yield b"retry: 1000\n\n"
         while True:
             service = state.consume
-            if state.status != "ok" or service is None or service.released:
+            if not state.health.ready or service is None or service.released:
                 yield self._last("ended", "end", {"reason": DRAINING})
                 return
             fetches, hold, read = self._next_read(service)

@@ -17,7 +17,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,12 +60,12 @@ from app.observability import (
     S3_REQUEST_COST,
     S3_USAGE,
     S3Usage,
-    Status,
     readiness,
     request_counts,
     s3_cost_estimate,
     stored_totals,
 )
+from app.service_health import ServiceHealth
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.identity import store_identity
@@ -104,8 +104,7 @@ class BrokerState:
     store_metrics: StoreMetrics
     produce_metrics: ProduceMetrics
     consume_metrics: ConsumeMetrics
-    started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    status: Status = "starting"
+    health: ServiceHealth = field(default_factory=ServiceHealth)
     batcher: Batcher | None = None
     consume: ConsumeService | None = None
     writer: LogWriter | None = None
@@ -117,7 +116,6 @@ class BrokerState:
     groups: GroupService | None = None
     watch: PartitionWatch = field(default_factory=PartitionWatch)
     s3_usage: S3Usage = field(default_factory=S3Usage)
-    failure: str | None = None
     # With LLOG_AFFINITY on and the write role: this worker as a cluster member.
     membership: ClusterMembership | None = None
     # "host:port" of this worker's forward listener once it listens ("": none); the
@@ -139,8 +137,7 @@ class BrokerState:
     async def drain(self) -> None:
         """Not ready from now on; answer parked long-polls; keep serving for the drain
         period while load balancers notice (app/drain.py)."""
-        if self.status == "ok":
-            self.status = "stopping"
+        self.health.not_ready()
         if self.consume is not None:
             self.consume.release()
         if self.membership is not None:  # peers move our partitions while we drain
@@ -209,8 +206,8 @@ class BrokerState:
     def metrics_header(self) -> dict[str, Any]:
         s = self.settings
         return {
-            "broker_id": s.broker_id, "roles": list(s.roles), "status": self.status,
-            "started_at_ms": self.started_at_ms,
+            "broker_id": s.broker_id, "roles": list(s.roles), "status": self.health.status,
+            "started_at_ms": self.health.started_at_ms,
             "batch": {"max_bytes": s.batch_max_bytes, "max_delay_ms": s.batch_max_delay_ms,
                       "buffer_max_bytes": s.batch_buffer_max_bytes},
             "s3_prices_note": "S3 cost figures are estimates at S3 Standard us-east-1 "
@@ -226,7 +223,7 @@ class BrokerState:
         scenario = json.loads(s.loadtest_scenario) if s.loadtest_scenario else None
         self.registry.register(BrokerInfoCollector(info, scenario))
         for prefix, source, figures in (
-            ("llog_broker", lambda: readiness(self), (READY,)),
+            ("llog_broker", lambda: readiness(self.health), (READY,)),
             ("llog_batcher", lambda: self.batcher.statistics() if self.batcher else None,
              BATCHER_FIGURES),
             ("llog_consume", lambda: self.consume.statistics() if self.consume else None,
@@ -295,7 +292,7 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                 if s.affinity != "off" and s.has_role("write"):
                     await _start_cluster(state, oxia, layout, background, stack)
                 if s.has_role("compact"):
-                    await background.start(_watched, state, functools.partial(
+                    await background.start(state.health.watched, functools.partial(
                         run_in_broker, s, oxia, s3, state.registry))
                 install_test_blocker()  # only with LLOG_TEST_LOOP_BLOCKER=1
                 if s.loop_stall_s > 0:  # membership follows the loop, not Oxia's threads
@@ -303,15 +300,15 @@ async def run_broker(state: BrokerState) -> AsyncIterator[BrokerState]:
                         s.loop_stall_s, end_the_process(oxia.client.close)).run)
                 background.start_soon(_scan_s3_usage, state, s3, s.s3_usage_scan_interval_s)
                 if isinstance(state.cache, SharedTailCache):  # off the produce path
-                    await background.start(_watched, state, state.cache.write_behind)
+                    await background.start(state.health.watched, state.cache.write_behind)
                 if state.registry.shared_dir is not None:  # for the other workers' scrapes
                     background.start_soon(state.registry.refresh_every,
                                           s.metrics_refresh_interval_s)
-                state.status = "ok"
+                state.health.serving()
                 try:
                     yield state
                 finally:
-                    state.status = "stopping"
+                    state.health.stopping()
                     await _stop_cluster(state)
                     forwarded = state.forward_server
                     if forwarded is not None:  # refuses new frames from here on
@@ -344,7 +341,7 @@ async def _start_batcher(state: BrokerState, tg: anyio.abc.TaskGroup) -> None:
         eager_flushes=min(b.batch_eager_flushes, b.batch_max_inflight),
         metrics=BatcherMetrics(state.registry),
         on_committed=on_committed)
-    await tg.start(_watched, state, state.batcher.run)
+    await tg.start(state.health.watched, state.batcher.run)
 
 
 async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout: KeyLayout,
@@ -375,7 +372,7 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
     state.deleter = TopicDeleter(state.admin, by=s.broker_id, on_deleted=forget_deleted,
                                  settle_s=s.topic_rules.topic_cache_ttl_s + 1,
                                  registry=state.registry)
-    await tg.start(_watched, state, state.deleter.run)
+    await tg.start(state.health.watched, state.deleter.run)
     topics = state.topics
 
     async def partitions_of(topic: str) -> int:
@@ -391,7 +388,7 @@ async def _start_reader(state: BrokerState, oxia: OxiaStore, s3: S3Store, layout
     listener = OxiaChangeListener(oxia.client, layout, state.watch, state.writer.own.claims)
     stack.callback(listener.close)
     with anyio.fail_after(30):
-        await tg.start(_watched, state, listener.run)
+        await tg.start(state.health.watched, listener.run)
 
 
 async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
@@ -427,10 +424,10 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
                                   registry=state.registry,
                                   call_timeout_s=s.oxia_request_timeout_s * 2 + 5)
     with anyio.fail_after(30):
-        await tg.start(_watched, state, state.membership.run)
+        await tg.start(state.health.watched, state.membership.run)
 
     with anyio.fail_after(30):
-        await tg.start(_watched, state, fences.run)
+        await tg.start(state.health.watched, fences.run)
 
     def client(peer: BrokerMember) -> ForwardClient:
         # Fence tokens name this member and the client: each client counts frames anew.
@@ -447,7 +444,7 @@ async def _start_cluster(state: BrokerState, oxia: OxiaStore, layout: KeyLayout,
         # A peer that hung keeps its Oxia session this long at most, then leaves the view.
         unanswered_suspect_s=s.oxia_session_timeout_ms / 1000 + c.membership_refresh_s,
         metrics=RouterMetrics(state.registry, member=me_id), fences=fences)
-    await tg.start(_watched, state, state.router.run)
+    await tg.start(state.health.watched, state.router.run)
     # The members split the partitions, so they split the batcher's eager flushes too:
     # together they flush about as often as one broker would at the same load.
     state.membership.on_change(lambda view: batcher.pace(view.writer_count))
@@ -475,7 +472,7 @@ async def _serve_forwarded(state: BrokerState, fences: ForwardFences, secret: st
     server = ForwardServer(forwarded, host=c.forward_host, port=c.forward_port,
                            secret=secret, metrics=metrics)
     with anyio.fail_after(30):
-        await tg.start(_watched, state, server.run)
+        await tg.start(state.health.watched, server.run)
     stack.callback(server.close)
     state.forward_server = server  # closed first at shutdown, and its frames answered
     return server
@@ -518,14 +515,3 @@ async def _scan_s3_usage(state: BrokerState, s3: S3Store, interval_s: float) -> 
             log.warning("S3 usage scan failed: %s", exc)
         await anyio.sleep(interval_s)
 
-
-async def _watched(state: BrokerState, run: Callable[..., Awaitable[None]], *,
-                   task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
-    """Run a background loop; if it crashes, the broker reports itself failed (not
-    ready, not live) and keeps answering /health, so an orchestrator replaces it."""
-    try:
-        await run(task_status=task_status)
-    except Exception as exc:
-        state.status = "failed"
-        state.failure = repr(exc)
-        log.exception("background loop %s crashed", getattr(run, "__qualname__", run))

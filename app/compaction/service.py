@@ -8,15 +8,14 @@
   the scheduler.
 
 A scheduler loop that crashes (it should not: visits catch their own errors) marks the
-service failed, so ``/health`` answers 503 and an orchestrator restarts it, rather than
-taking the HTTP server down with it.
+service failed (app/service_health.py, as the broker's loops do), so ``/health``
+answers 503 and an orchestrator restarts it, rather than taking the HTTP server down
+with it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,11 +33,11 @@ from app.observability import (
     READY,
     S3_REQUEST_COST,
     S3Usage,
-    Status,
     readiness,
     request_counts,
     s3_cost_estimate,
 )
+from app.service_health import ServiceHealth
 from app.settings import Settings
 from app.storage.keys import KeyLayout
 from app.stores.metrics import StoreMetrics
@@ -47,7 +46,6 @@ from app.stores.s3.store import S3Store
 from app.telemetry.registry import ServiceRegistry
 from app.telemetry.snapshots import SnapshotMetrics
 
-log = logging.getLogger(__name__)
 # How long a stopping service lets running compactions finish before cancelling them
 # (cancelling is safe too: every step is idempotent).
 STOP_GRACE_S = 20.0
@@ -103,10 +101,8 @@ class CompactorService:
     registry: ServiceRegistry
     store_metrics: StoreMetrics
     metrics: CompactionMetrics
-    started_at_ms: int = field(default_factory=lambda: int(time.time() * 1000))
-    status: Status = "starting"
+    health: ServiceHealth = field(default_factory=ServiceHealth)
     scheduler: CompactionScheduler | None = None
-    failure: str | None = None
 
     @classmethod
     def create(cls, settings: Settings) -> CompactorService:
@@ -114,8 +110,8 @@ class CompactorService:
         store_metrics = StoreMetrics(registry)
         service = cls(settings, registry, store_metrics, CompactionMetrics(registry))
         registry.register(_ServiceInfo(service))
-        registry.register(SnapshotMetrics("llog_compactor", lambda: readiness(service),
-                                          (READY,)))
+        registry.register(SnapshotMetrics("llog_compactor",
+                                          lambda: readiness(service.health), (READY,)))
         # Stored bytes are the brokers' to scan; this process reports its own requests.
         registry.register(SnapshotMetrics("llog_s3", lambda: s3_cost_estimate(
             request_counts(store_metrics.s3_requests), S3Usage()), (S3_REQUEST_COST,)))
@@ -130,8 +126,7 @@ class CompactorService:
 
     async def drain(self) -> None:
         """Not ready, and no new compaction starts; the running ones finish (app/drain.py)."""
-        if self.status == "ok":
-            self.status = "stopping"
+        self.health.not_ready()
         if self.scheduler is not None:
             self.scheduler.stop()
         await anyio.sleep(self.settings.drain_s)
@@ -140,8 +135,8 @@ class CompactorService:
         s = self.settings
         return {
             "compactor_id": self.compactor_id,
-            "status": self.status,
-            "started_at_ms": self.started_at_ms,
+            "status": self.health.status,
+            "started_at_ms": self.health.started_at_ms,
             "known_partitions": len(self.scheduler.known) if self.scheduler else 0,
             "compaction": {
                 "max_bytes": s.compaction_max_bytes, "max_entries": s.compaction_max_entries,
@@ -191,24 +186,12 @@ async def run_compactor(service: CompactorService) -> AsyncIterator[CompactorSer
         scheduler = build_scheduler(s, oxia, s3, service.metrics,
                                     compactor_id=service.compactor_id)
         service.scheduler = scheduler
-        await tg.start(_supervised, service, scheduler)
-        if service.status == "starting":
-            service.status = "ok"
+        await tg.start(service.health.watched, scheduler.run)
+        service.health.serving()
         try:
             yield service
         finally:
-            if service.status != "failed":
-                service.status = "stopping"
+            service.health.stopping()
             scheduler.stop()
             tg.cancel_scope.deadline = anyio.current_time() + STOP_GRACE_S
 
-
-async def _supervised(service: CompactorService, scheduler: CompactionScheduler, *,
-                      task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
-                      ) -> None:
-    try:
-        await scheduler.run(task_status=task_status)
-    except Exception as exc:
-        service.status = "failed"
-        service.failure = repr(exc)
-        log.exception("the compaction scheduler crashed")

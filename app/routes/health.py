@@ -46,8 +46,9 @@ def _service(request: Request) -> Service:
 
 
 def _answer(service: Service, ok: bool) -> JSONResponse:
-    body = HealthResponse(status=ServiceStatus(service.status), started_at_ms=service.started_at_ms,
-                          failure=service.failure, **service.identity())
+    health = service.health
+    body = HealthResponse(status=ServiceStatus(health.status), started_at_ms=health.started_at_ms,
+                          failure=health.failure, **service.identity())
     return JSONResponse(body.model_dump(exclude_none=True), status_code=200 if ok else 503)
 
 
@@ -56,7 +57,7 @@ def _answer(service: Service, ok: bool) -> JSONResponse:
             summary="Readiness (the same as /health/ready)")
 async def check_health(request: Request) -> JSONResponse:
     service = _service(request)
-    return _answer(service, service.status == "ok")
+    return _answer(service, service.health.ready)
 
 
 @router.get("/health/ready", response_model=HealthResponse,
@@ -64,7 +65,7 @@ async def check_health(request: Request) -> JSONResponse:
             summary="200 while the service takes work; 503 starting, draining or failed")
 async def check_readiness(request: Request) -> JSONResponse:
     service = _service(request)
-    return _answer(service, service.status == "ok")
+    return _answer(service, service.health.ready)
 
 
 @router.get("/health/live", response_model=HealthResponse,
@@ -73,4 +74,4 @@ async def check_readiness(request: Request) -> JSONResponse:
             summary="200 while the process works; 503 once a background loop failed")
 async def check_liveness(request: Request) -> JSONResponse:
     service = _service(request)
-    return _answer(service, service.status != "failed")
+    return _answer(service, service.health.status != "failed")
