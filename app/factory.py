@@ -1,4 +1,10 @@
-"""The broker application: ``create_app(settings)``; nothing is built at import time."""
+"""The broker application: ``create_app(settings)``; nothing is built at import time.
+
+``create_app`` makes the process-level part (app/broker/process.py: settings, metrics,
+status), which the health and metrics routes serve from the start; the lifespan
+assembles the broker's services (app/broker/assembly.py) and hands them to the routes
+as ``app.state.broker`` before the first request.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +20,8 @@ from prometheus_fastapi_instrumentator import Instrumentator
 
 from app.auth.control import AccessControl, run_access_control
 from app.auth.exposure import announce
-from app.broker.state import BrokerState, run_broker
+from app.broker.assembly import assemble
+from app.broker.process import BrokerProcess
 from app.console import install_console
 from app.drain import drain_on_sigterm as draining
 from app.gc_policy import collector_policy, own_process
@@ -38,22 +45,24 @@ partition. See docs/http-api.md."""
 def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI:
     """The broker app. ``drain_on_sigterm``: the first SIGTERM drains before the server
     stops (app/drain.py); set where uvicorn serves it, not for apps run in tests."""
-    state = BrokerState.create(settings)
-    control = AccessControl(settings.access, state.registry) if settings.auth_enabled else None
-    state.registry.register(announce(settings))
+    process = BrokerProcess.create(settings)
+    control = (AccessControl(settings.access, process.registry) if settings.auth_enabled
+               else None)
+    process.registry.register(announce(settings))
 
     console: contextlib.AbstractAsyncContextManager[None] | None = None
 
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with contextlib.AsyncExitStack() as stack:
             if control is not None:  # first: a broken auth file stops the start
                 await stack.enter_async_context(
                     run_access_control(control, sighup=drain_on_sigterm))
-            await stack.enter_async_context(run_broker(state))
+            broker = await stack.enter_async_context(assemble(process))
+            app.state.broker = broker  # what the routes are handed (app/routes/deps.py)
             if console is not None:
                 await stack.enter_async_context(console)
-            await stack.enter_async_context(draining(drain_on_sigterm, state.drain))
+            await stack.enter_async_context(draining(drain_on_sigterm, broker.drain))
             yield
 
     app = FastAPI(
@@ -62,8 +71,7 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
         description=API_DESCRIPTION,
         lifespan=lifespan,
     )
-    app.state.broker = state
-    app.state.service = state
+    app.state.service = process
     app.state.auth = control
     app.state.metrics_token = settings.metrics_token
     install_error_handlers(app)
@@ -72,12 +80,12 @@ def create_app(settings: Settings, *, drain_on_sigterm: bool = False) -> FastAPI
     # an included router costs a route-resolution layer on every request.
     app.router.routes.extend(row.route for row in routes)
     if settings.console == "on":  # not in the API's document: the console is its client
-        console = install_console(app, state.registry, compactor_url=settings.compactor_url,
+        console = install_console(app, process.registry, compactor_url=settings.compactor_url,
                                   metrics_token=settings.metrics_token)
     # The produce route parses its body itself, so FastAPI does not name its model.
     install_openapi(app, extra_models=[ProduceRequest],
                     finish=functools.partial(_finish_openapi, settings=settings))
-    _install_middleware(app, settings, state, control, routes)
+    _install_middleware(app, settings, process, control, routes)
     return app
 
 
@@ -90,7 +98,7 @@ def _finish_openapi(schema: dict[str, Any], settings: Settings) -> None:
     declare_metrics_token(schema, settings)
 
 
-def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
+def _install_middleware(app: FastAPI, settings: Settings, process: BrokerProcess,
                         control: AccessControl | None, routes: list[table.Route]) -> None:
     """From the innermost: access control, HTTP metrics, draining, the body limit, the
     request id, the hot lane (app/routes/hot_lane.py: produce and consume served through
@@ -98,15 +106,16 @@ def _install_middleware(app: FastAPI, settings: Settings, state: BrokerState,
     if control is not None:  # innermost: the HTTP metrics count its refusals
         app.add_middleware(AccessMiddleware, control=control, log_requests=settings.access_log)
     instrumentator = Instrumentator(
-        registry=state.registry,
+        registry=process.registry,
         excluded_handlers=["/metrics", "/metrics/prometheus", "/health"],
         should_group_status_codes=False,
     )
     # Made here rather than by the middleware: the hot lane builds the middleware once
     # more per route, and each would register the same series again.
-    instrumentator.add(HttpSeries(state.registry, namespace="llog"))
+    instrumentator.add(HttpSeries(process.registry, namespace="llog"))
     instrumentator.instrument(app, metric_namespace="llog")
-    app.add_middleware(CloseWhileDraining, draining=lambda: state.health.status == "stopping")
+    app.add_middleware(CloseWhileDraining,
+                       draining=lambda: process.health.status == "stopping")
     # Outside the rest, so an oversized body is refused before anything reads it.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_request_bytes)
     # Every answer, refusals included, carries the request's id.
@@ -127,4 +136,4 @@ def create_app_from_env() -> FastAPI:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     settings = Settings.from_env()
     app = create_app(settings, drain_on_sigterm=True)
-    return own_process(app, collector_policy(settings), app.state.broker.registry)
+    return own_process(app, collector_policy(settings), app.state.service.registry)

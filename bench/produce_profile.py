@@ -104,9 +104,9 @@ RULES: dict[str, list[str]] = {
     CHECKS: ["app/broker/produce_call.py:_check_limits,_check_records,commit_deadline_ms,"
              "_place", "app/routes/access.py", "app/auth/", "app/broker/topic_view.py",
              "app/storage/topic_catalog.py", "app/storage/topic_compression.py",
-             "app/broker/state.py:write_topics", "app/storage/names.py"],
+             "app/broker/roles.py", "app/storage/names.py"],
     BATCHING: ["app/batching/", "app/storage/writer.py", "app/storage/appends.py",
-               "app/storage/partition_append.py", "app/broker/state.py",
+               "app/storage/partition_append.py", "app/broker/appends.py",
                "app/cluster/"],  # affinity: the partition's preferred broker
     SLICE: ["app/storage/codec.py", "app/storage/writer.py:_pack",
             "app/storage/partition_append.py:body",

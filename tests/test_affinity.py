@@ -18,8 +18,9 @@ import pytest
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.broker import state as broker_state
-from app.broker.state import BrokerState
+from app.broker import appends, cluster_side
+from app.broker.assembly import Broker
+from app.broker.cluster_side import ClusterSide
 from app.factory import create_app
 from app.localstack.processes import free_port
 from app.localstack.stack import LocalStack
@@ -48,11 +49,12 @@ async def _broker(stack: LocalStack, prefix: str, broker_id: str, **options: Any
 
 
 async def _sees(app: FastAPI, members: int) -> None:
-    state: BrokerState = app.state.broker
-    assert state.membership is not None
+    broker: Broker = app.state.broker
+    assert isinstance(broker.members, ClusterSide)
+    membership = broker.members.membership
     with anyio.fail_after(WAIT_S):
-        while len(state.membership.view().members) != members:
-            await state.membership.next_change()
+        while len(membership.view().members) != members:
+            await membership.next_change()
 
 
 def _counter(text: str, name: str, **labels: str) -> float:
@@ -98,7 +100,7 @@ async def test_two_brokers_append_each_partition_at_its_preferred_member_without
             app_b, b):
         await _sees(app_a, 2)
         await _sees(app_b, 2)
-        view = app_a.state.broker.membership.view()
+        view = app_a.state.broker.members.view()
         preferred = {p: view.preferred(TopicPartition(topic, p)) for p in range(PARTITIONS)}
         assert {m.member_id for m in preferred.values() if m} == {"a.w0", "b.w0"}
         # Both brokers write every partition, one request after the other.
@@ -168,7 +170,7 @@ async def test_a_client_that_routes_sends_each_partition_to_its_preferred_broker
             assert forwarded == 0 and all(n > 0 for n in local)
         else:  # all through broker a: b's partitions took the hop
             assert forwarded > 0 and local[1] == 0
-        digest = app_a.state.broker.membership.view().digest
+        digest = app_a.state.broker.members.view().digest
         r = await a.post("/produce", json={"topic_partitions": [
             {"topic": topic, "partition": 0, "records": ["x"]}]})
         assert r.headers[DIGEST_HEADER] == digest
@@ -200,7 +202,7 @@ async def test_a_forward_a_slow_store_left_unanswered_is_written_once_past_the_k
                 _broker(stack, prefix, "b", s3_endpoint=proxy.url,
                         oxia_request_timeout_s=2) as (app_b, b):
             await _sees(app_a, 2)
-            view = app_a.state.broker.membership.view()
+            view = app_a.state.broker.members.view()
             p = next(p for p in range(PARTITIONS)
                      if view.preferred(TopicPartition(topic, p)).member_id == "b.w0")
             await _produce_keyed(a, topic, p, ["warm-up"])  # the topic exists
@@ -250,7 +252,7 @@ async def test_a_forward_answered_after_its_timeout_is_settled_by_that_answer(
                         forward_advertised_address=f"127.0.0.1:{proxy.port}"
                         ) as (app_b, b):
             await _sees(app_a, 2)
-            view = app_a.state.broker.membership.view()
+            view = app_a.state.broker.members.view()
             p = next(p for p in range(PARTITIONS)
                      if view.preferred(TopicPartition(topic, p)).member_id == "b.w0")
             await _produce_keyed(a, topic, p, ["warm-up"])  # connected, the topic exists
@@ -298,7 +300,8 @@ async def test_a_broker_that_stops_answers_the_frames_it_took_before_it_goes(
     its flush committed the records: a answered them in doubt, and a client's resend
     could be a second copy (the history checker found one, a broker restarted under a
     forward)."""
-    monkeypatch.setattr(broker_state, "FORWARD_DRAIN_S", 0.2)
+    monkeypatch.setattr(appends, "FORWARD_DRAIN_S", 0.2)
+    monkeypatch.setattr(cluster_side, "FORWARD_DRAIN_S", 0.2)
     prefix, topic = f"aff-{uuid.uuid4().hex[:8]}", "orders"
     host, port = httpx.URL(stack.s3_endpoint).host, httpx.URL(stack.s3_endpoint).port
     assert port is not None
@@ -315,7 +318,7 @@ async def test_a_broker_that_stops_answers_the_frames_it_took_before_it_goes(
                 anyio.create_task_group() as tg:
             app_b = await tg.start(run_b, proxy.url)
             await _sees(app_a, 2)
-            view = app_a.state.broker.membership.view()
+            view = app_a.state.broker.members.view()
             p = next(p for p in range(PARTITIONS)
                      if view.preferred(TopicPartition(topic, p)).member_id == "b.w0")
             await _produce_keyed(a, topic, p, ["warm-up"])  # connected, the topic exists

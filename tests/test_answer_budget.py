@@ -177,14 +177,16 @@ async def test_a_stream_that_waits_to_read_again_holds_none_of_the_budget() -> N
     """The read of a stream found the budget full (a retriable refusal) while its hold
     still had the batch it sent before: the hold is given back before the stream sleeps
     to retry, so waiting streams cannot keep the budget full between them."""
-    from types import SimpleNamespace
+    from typing import Any
 
     from prometheus_client import CollectorRegistry
 
     from app.broker.answering import AnswerHold
-    from app.broker.event_stream import EventStream
+    from app.broker.event_stream import EventStream, Streaming
     from app.broker.metrics import ConsumeMetrics
     from app.service_health import ServiceHealth
+    from app.settings import Settings
+    from app.storage.keys import TopicPartition
 
     budget = AnswerBudget(10_000, max_wait_s=LONG)
 
@@ -199,13 +201,19 @@ async def test_a_stream_that_waits_to_read_again_holds_none_of_the_budget() -> N
             hold.hold(4_000)  # what the batch sent before still held
             raise Unavailable("the answer budget is full")
 
+    class Readable:
+        async def check_readable(self, tp: TopicPartition) -> None:
+            return None
+
     health = ServiceHealth()
     health.serving()  # the stream reads while its broker takes work
-    state = SimpleNamespace(health=health, consume=FullBudget(), topics=None,
-                            consume_metrics=ConsumeMetrics(CollectorRegistry()))
-    stream = EventStream(state, "orders", encoding="auto",  # type: ignore[arg-type]
-                         max_bytes=1000, heartbeat_ms=1000, guard=None,
-                         consumed=lambda _: None)
+    stand_in: Any = FullBudget()
+    broker = Streaming(Settings(broker_id="stream"), health, stand_in,
+                       positions=stand_in,  # the stream's start is given below
+                       topics=Readable(),  # type: ignore[arg-type]
+                       metrics=ConsumeMetrics(CollectorRegistry()))
+    stream = EventStream(broker, "orders", encoding="auto", max_bytes=1000,
+                         heartbeat_ms=1000, guard=None, consumed=lambda _: None)
     stream.offsets = {0: 1}
     events = stream.events()
     with anyio.fail_after(10):

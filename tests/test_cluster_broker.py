@@ -15,8 +15,9 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.broker.assembly import Broker
+from app.broker.cluster_side import ClusterSide, Solo
 from app.broker.loop_watchdog import STALLED_EXIT
-from app.broker.state import BrokerState
 from app.cluster.members import BrokerMember
 from app.factory import create_app
 from app.localstack.stack import LocalStack
@@ -37,14 +38,14 @@ async def test_a_member_announces_its_advertised_forward_address(stack: LocalSta
     settings = make_settings(stack, broker_id=f"c{uuid.uuid4().hex[:8]}", affinity="forward",
                              forward_advertised_address="forwards.example:9300", drain_s=0)
     app = create_app(settings)
-    state: BrokerState = app.state.broker
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
     async with open_engine(settings) as operator, app.router.lifespan_context(app):
+        cluster = _cluster(app.state.broker)
         found = await operator.oxia.get(layout.member(f"{settings.broker_id}.w0"),
                                         MEMBERS_PARTITION_KEY)
         assert found is not None
         assert BrokerMember.from_record(found.value).forward == "forwards.example:9300"
-        assert state.forward_address == "forwards.example:9300"
+        assert cluster.address == "forwards.example:9300"
 
 
 def test_an_advertised_forward_address_is_a_host_and_port(stack: LocalStack) -> None:
@@ -60,12 +61,13 @@ async def test_a_broker_with_affinity_lists_itself_and_leaves_when_it_drains(
     settings = make_settings(stack, broker_id=broker_id, affinity="forward",
                              advertised_url="http://b.example:8080/", drain_s=0)
     app = create_app(settings)
-    state: BrokerState = app.state.broker
     layout = KeyLayout(settings.root_prefix, settings.s3_bucket)
     me = f"{broker_id}.w0"
     async with open_engine(settings) as operator, app.router.lifespan_context(app), \
             httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                               base_url="http://broker") as client:
+        broker: Broker = app.state.broker
+        cluster = _cluster(broker)
         body = (await client.get("/cluster")).json()
         assert body["algorithm"] == "rendezvous-sha256" and len(body["digest"]) == 12
         mine = [m for m in body["members"] if m["member_id"] == me]
@@ -75,19 +77,18 @@ async def test_a_broker_with_affinity_lists_itself_and_leaves_when_it_drains(
             len(body["members"])]
         found = await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY)
         # The forward listener listens before the member registers: the record names it.
-        assert state.forward_address.startswith("127.0.0.1:")
+        assert cluster.address.startswith("127.0.0.1:")
         assert found is not None
-        assert BrokerMember.from_record(found.value).forward == state.forward_address
-        assert state.membership is not None and state.router is not None
+        assert BrokerMember.from_record(found.value).forward == cluster.address
         # A new address is announced in the record.
-        state.set_forward_address("127.0.0.1:4711")
+        cluster.membership.update_me("127.0.0.1:4711")
         with anyio.fail_after(WAIT_S):
-            while state.membership.registrations < 2:
-                await state.membership.next_change()
+            while cluster.membership.registrations < 2:
+                await cluster.membership.next_change()
         found = await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY)
         assert found is not None
         assert BrokerMember.from_record(found.value).forward == "127.0.0.1:4711"
-        await state.drain()
+        await broker.drain()
         assert await operator.oxia.get(layout.member(me), MEMBERS_PARTITION_KEY) is None
         assert me not in [m["member_id"] for m in (await client.get("/cluster")).json()[
             "members"]]
@@ -99,8 +100,14 @@ async def test_a_broker_without_affinity_has_no_members(stack: LocalStack) -> No
             transport=httpx.ASGITransport(app=app), base_url="http://broker") as client:
         r = await client.get("/cluster")
         assert r.status_code == 200 and r.json()["members"] == []
-        assert app.state.broker.membership is None
+        assert isinstance(app.state.broker.members, Solo)
         assert _members_gauge((await client.get("/metrics/prometheus")).text) == []
+
+
+def _cluster(broker: Broker) -> ClusterSide:
+    """The broker as a cluster member (LLOG_AFFINITY on)."""
+    assert isinstance(broker.members, ClusterSide)
+    return broker.members
 
 
 async def _members(url: str, prefix: str) -> dict[str, Any]:

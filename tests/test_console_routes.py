@@ -78,7 +78,7 @@ async def test_the_reads_answer_a_principal_within_its_rights(
         assert body["broker"]["broker_id"] and "t_ms" in body["series"]
         unknown = await http.get(f"/console/api/placement/{topic}", headers=bearer(token))
         assert unknown.status_code == 404 and unknown.json()["error_type"] == "UnknownTopic"
-        await app.state.broker.topic_admin().catalog.create(topic, 3, TopicConfig())
+        await app.state.broker.admin.catalog.create(topic, 3, TopicConfig())
         await app.state.broker.forget_topic(topic)  # as POST /topics does
         placed = await http.get(f"/console/api/placement/{topic}",
                                 params={"from_partition": 1, "max_partitions": 5},

@@ -196,7 +196,7 @@ def test_the_lane_refuses_metrics_options_it_does_not_implement(
 async def test_the_broker_counts_a_produce_and_a_consume_once_with_the_same_labels(
         stack: LocalStack, topic: str) -> None:
     app = create_app(make_settings(stack))
-    registry = app.state.broker.registry
+    registry = app.state.service.registry
     counts = [(s, h) for s in ("200", "400") for h in ("/produce", "/consume")]
     before = {(s, h): _sample(registry, "llog_http_requests_total", method="POST", status=s,
                               handler=h) for s, h in counts}

@@ -1,7 +1,8 @@
 """A broker without a role refuses that role's operations the same way on every way in
 (the hot lane, the FastAPI routes, the event stream): each answer here is pinned byte
 for byte, so that moving the refusal into the services (app/broker/roles.py) changed
-no answer. On the real Oxia and MinIO, in process."""
+no answer. On the real Oxia and MinIO, in process; the stand-ins a broker holds for
+the services it lacks, without them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,10 @@ import httpx
 import orjson
 import pytest
 
-from app.broker.state import BrokerState
+from app.broker import roles
+from app.broker.assembly import Broker, compose
+from app.broker.process import BrokerProcess
+from app.broker.read_side import ReadSide
 from app.errors import RoleDisabled
 from app.factory import create_app
 from app.localstack.stack import LocalStack
@@ -77,20 +81,40 @@ async def test_a_broker_without_the_write_role_refuses_every_entry(stack: LocalS
             "success_count": 0, "error_count": 1})
 
 
+def _roleless() -> Broker:
+    """A broker composed without the write and read roles (the parts every broker has
+    are not used here)."""
+    process = BrokerProcess.create(Settings(broker_id="roles"))
+    unused: Any = None
+    return compose(process, unused, unused, unused, unused, unused, None, None,
+                   ReadSide.disabled(), None)
+
+
 @pytest.mark.parametrize(("ask", "message"), [
-    (BrokerState.consume_service, READ), (BrokerState.log_reader, READ),
-    (BrokerState.group_service, GROUPS), (BrokerState.topic_admin, ADMIN),
-    (BrokerState.write_topics, WRITE),
+    (lambda b: b.consume.answer, READ), (lambda b: b.reader.read, READ),
+    (lambda b: b.consuming.consume.stream_slots, READ),
+    (lambda b: b.streaming.consume.stream_slots, READ),
+    (lambda b: b.positions.reader.read, READ),
+    (lambda b: b.groups.offsets, GROUPS), (lambda b: b.consuming.groups.offsets, GROUPS),
+    (lambda b: b.admin.catalog, ADMIN), (lambda b: b.deleter.start, ADMIN),
+    (lambda b: b.producing.topics.place, WRITE), (lambda b: b.batcher.submit, WRITE),
 ])
-def test_a_service_the_broker_lacks_refuses_when_asked_for(ask: Any, message: str) -> None:
-    """Not started, a broker has none of its roles' services: each refuses, by name."""
-    state = BrokerState.create(Settings(broker_id="roles"))
+def test_a_service_the_broker_lacks_refuses_when_used(ask: Any, message: str) -> None:
+    """A broker holds a stand-in for each service of a role it lacks: each refuses, by
+    name, as soon as it is used."""
     with pytest.raises(RoleDisabled) as refused:
-        ask(state)
+        ask(_roleless())
     assert str(refused.value) == message
 
 
+def test_a_request_may_ask_for_the_refusal_first() -> None:
+    """What answers each entry or partition with the refusal asks before using it."""
+    broker = _roleless()
+    assert str(roles.refusal_of(broker.producing.topics)) == WRITE
+    assert str(roles.refusal_of(broker.consuming.consume)) == READ
+    assert roles.refusal_of(broker.settings) is None  # a part that is there
+
+
 async def test_appending_without_the_write_role_is_refused() -> None:
-    state = BrokerState.create(Settings(broker_id="roles"))
     with pytest.raises(RoleDisabled, match=WRITE):
-        await state.append([])
+        await _roleless().producing.append([])

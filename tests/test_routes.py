@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.broker.state import BrokerState
+from app.broker.assembly import Broker
 from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.storage.keys import TopicPartition
@@ -31,9 +31,9 @@ async def running_app(stack: LocalStack, **overrides: Any
         yield app, client
 
 
-def _state(app: FastAPI) -> BrokerState:
-    state: BrokerState = app.state.broker
-    return state
+def _broker(app: FastAPI) -> Broker:
+    broker: Broker = app.state.broker
+    return broker
 
 
 # -- no input is a 5xx -------------------------------------------------------------------
@@ -85,7 +85,7 @@ async def test_a_lone_surrogate_is_a_400_and_writes_nothing(stack: LocalStack,
             produce_body(topic, "ok", "\ud800")), headers={"content-type": "application/json"})
         assert r.status_code == 400 and r.json()["error_type"] == "InvalidRequest"
         assert "surrogate" in r.json()["details"][0]["msg"]
-        reader = _state(app).reader
+        reader = _broker(app).reader
         assert reader is not None and await reader.high_watermark(TopicPartition(topic, 0)) == 0
 
 
@@ -127,7 +127,7 @@ async def test_a_client_that_goes_away_frees_its_long_poll(stack: LocalStack,
     # The long-poll's own deadline is far beyond the bound below: only the disconnect
     # ends it within that.
     async with running_app(stack, max_wait_ms_ceiling=600_000) as (app, _):
-        service = _state(app).consume
+        service = _broker(app).consume
         assert service is not None
         body = json.dumps(consume_body(topic, 1, max_wait_ms=600_000)).encode()
         gone = anyio.Event()

@@ -142,7 +142,7 @@ async def test_writes_to_many_new_partitions_at_once_grow_the_topic_without_a_fi
     async with app.router.lifespan_context(app), httpx.AsyncClient(
             transport=httpx.ASGITransport(app=app), base_url="http://broker") as http:
         await _produce_to(http, topic, 0)
-        registry = app.state.broker.registry
+        registry = app.state.service.registry
 
         def conflicts() -> float:
             return registry.get_sample_value(

@@ -1,14 +1,14 @@
 """One ``POST /consume``, served the same whichever way it came in (the FastAPI route or
 the hot lane, app/routes/consume.py).
 
-One small object per request, holding what the request needs (the broker, the parsed
-request, its share of the answer budget), its steps in order: the request within the
-limits, its partitions' positions resolved ("earliest"/"latest" from the log,
-"committed" from the group), a committing member checked, unknown partitions refused,
-the read (a long-poll), what was delivered committed, the outcomes counted, and the
-answer's bytes, JSON or binary (app/broker/answers.py), compressed for the caller. It
-answers bytes and what they hold, not HTTP: the route adds only the response around
-them.
+One small object per request, holding what the request needs (what it uses of the
+broker, :class:`Consuming`; the parsed request; its share of the answer budget), its
+steps in order: the request within the limits, its partitions' positions resolved
+("earliest"/"latest" from the log, "committed" from the group), a committing member
+checked, unknown partitions refused, the read (a long-poll), what was delivered
+committed, the outcomes counted, and the answer's bytes, JSON or binary
+(app/broker/answers.py), compressed for the caller. It answers bytes and what they
+hold, not HTTP: the route adds only the response around them.
 
 The answer holds its share of the answer budget (app/broker/answering.py) from its first
 read until it has been sent (:attr:`ConsumeAnswer.release`); on any failure before the
@@ -22,21 +22,22 @@ import dataclasses
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-from app.broker import answers
+from app.broker import answers, roles
 from app.broker.answer_compression import compress_answer
 from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold
 from app.broker.consume import ConsumeService, Fetch
-from app.broker.positions import NAMED, resolve_named
-from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled
+from app.broker.metrics import ConsumeMetrics
+from app.broker.positions import NAMED, Positions
+from app.broker.topic_view import TopicDirectory
+from app.errors import InvalidRequest, LlogError, PayloadTooLarge
 from app.groups.committed_offsets import Reset
+from app.groups.service import GroupService
+from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadOutcome, ReadResult
 from app.wire import records as wire
-
-if TYPE_CHECKING:
-    from app.broker.state import BrokerState
 
 Outcomes = list[ReadOutcome]
 # Runs the read, or answers None when the caller went away first (the read cancelled).
@@ -82,6 +83,19 @@ class ConsumeAsk(Protocol):
 
 
 @dataclass(frozen=True)
+class Consuming:
+    """What a consume request uses of the broker; without the read role, ``consume``
+    and ``groups`` are stand-ins that refuse (app/broker/roles.py)."""
+
+    settings: Settings
+    consume: ConsumeService
+    positions: Positions  # "earliest" and "latest"
+    groups: GroupService  # "committed", and commits
+    topics: TopicDirectory  # unknown partitions are refused, not read
+    metrics: ConsumeMetrics
+
+
+@dataclass(frozen=True)
 class ConsumeAnswer:
     """The answer's bytes, as sent (compressed with ``content_encoding``, if named)."""
 
@@ -104,10 +118,10 @@ def needs_group(ask: ConsumeAsk) -> bool:
 
 
 class ConsumeCall:
-    def __init__(self, state: BrokerState, ask: ConsumeAsk, *, binary: bool,
+    def __init__(self, broker: Consuming, ask: ConsumeAsk, *, binary: bool,
                  accept_encoding: str | None, until: Until,
                  started: float | None = None) -> None:
-        self.state = state
+        self.broker = broker
         self.ask = ask
         self.binary = binary
         self.accept_encoding = accept_encoding
@@ -120,11 +134,11 @@ class ConsumeCall:
 
     async def answer(self) -> ConsumeAnswer | None:
         """The answer; None when the caller went away while the read waited."""
-        try:
-            service = self.state.consume_service()
-        except RoleDisabled as exc:  # every partition answers the refusal
+        service = self.broker.consume
+        refused = roles.refusal_of(service)
+        if refused is not None:  # every partition answers the refusal
             await self._positions()
-            return await self._answered([exc] * len(self.fetches), None)
+            return await self._answered([refused] * len(self.fetches), None)
         hold = service.answer(BINARY_FACTOR if self.binary else JSON_FACTOR)
         try:
             await self._positions()
@@ -153,7 +167,7 @@ class ConsumeCall:
 
     def _checked(self) -> list[Fetch]:
         """The request as fetches, within the configured limits (400/413 otherwise)."""
-        ask, s = self.ask, self.state.settings
+        ask, s = self.ask, self.broker.settings
         if ask.max_wait_ms > s.max_wait_ms_ceiling:
             raise InvalidRequest(f"max_wait_ms {ask.max_wait_ms} exceeds the ceiling of "
                                  f"{s.max_wait_ms_ceiling}")
@@ -188,8 +202,8 @@ class ConsumeCall:
                  if e.fetch_offset in NAMED]
         if not named:
             return
-        found = await resolve_named(self.state, [(self.fetches[i].tp, name)
-                                                 for i, name in named])
+        found = await self.broker.positions.resolve_named(
+            [(self.fetches[i].tp, name) for i, name in named])
         for (i, _), offset in zip(named, found, strict=True):
             if isinstance(offset, int):
                 self.fetches[i] = dataclasses.replace(self.fetches[i], offset=offset)
@@ -200,7 +214,7 @@ class ConsumeCall:
         at = [i for i, e in enumerate(self.ask.topic_partitions) if e.fetch_offset == "committed"]
         if not at:
             return
-        positions = await self.state.group_service().offsets.positions(
+        positions = await self.broker.groups.offsets.positions(
             group_of(self.ask), [self.fetches[i].tp for i in at], self.ask.auto_offset_reset)
         for i, position in zip(at, positions, strict=True):
             if isinstance(position, LlogError):
@@ -214,7 +228,7 @@ class ConsumeCall:
         the caller went away first."""
         ask = self.ask
         if ask.commit:  # a member that may not commit is refused before any wait
-            await self.state.group_service().offsets.authorise(
+            await self.broker.groups.offsets.authorise(
                 group_of(ask), ask.member_id, ask.generation, [f.tp for f in self.fetches])
         self.refused.update(await self._unknown())
         readable = [f for i, f in enumerate(self.fetches) if i not in self.refused]
@@ -231,14 +245,11 @@ class ConsumeCall:
         """The fetches of partitions that do not exist (when topics are not auto-created),
         by index, with their error (those refused already are not looked at)."""
         out: dict[int, LlogError] = {}
-        topics = self.state.topics
-        if topics is None:
-            return out
         for i, fetch in enumerate(self.fetches):
             if i in self.refused:
                 continue
             try:
-                await topics.check_readable(fetch.tp)
+                await self.broker.topics.check_readable(fetch.tp)
             except LlogError as exc:
                 out[i] = exc
         return out
@@ -254,7 +265,7 @@ class ConsumeCall:
         ask = self.ask
         done: list[int | LlogError]
         try:
-            done = await self.state.group_service().offsets.commit(
+            done = await self.broker.groups.offsets.commit(
                 group_of(ask), ask.member_id, ask.generation,
                 [(tp, offset) for _, tp, offset in delivered], check_bounds=False)
         except LlogError as exc:  # the group changed while the request waited
@@ -262,7 +273,7 @@ class ConsumeCall:
         return {i: outcome for (i, _, _), outcome in zip(delivered, done, strict=True)}
 
     def _count(self, outcomes: Outcomes) -> None:
-        metrics = self.state.consume_metrics
+        metrics = self.broker.metrics
         for outcome in outcomes:
             if isinstance(outcome, ReadResult):
                 metrics.records.inc(len(outcome.records))
@@ -284,11 +295,10 @@ class ConsumeCall:
         if hold is not None:  # from here the answer holds what it sends, until it is sent
             # (the raw size: compressed, the answer is smaller, and both exist meanwhile)
             hold.hold(sum(len(p) for p in parts))
-        s = self.state.settings
         parts, encoding = await compress_answer(parts, self.accept_encoding,
-                                                s.answer_encodings)
-        self.state.consume_metrics.requests.inc()
-        self.state.consume_metrics.latency.observe(time.monotonic() - self.started)
+                                                self.broker.settings.answer_encodings)
+        self.broker.metrics.requests.inc()
+        self.broker.metrics.latency.observe(time.monotonic() - self.started)
         return ConsumeAnswer(parts, wire.CONTENT_TYPE if self.binary else "application/json",
                              encoding,
                              sum(o.size for o in outcomes if isinstance(o, ReadResult)),

@@ -15,7 +15,8 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import AsyncGenerator, Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import anyio
 import orjson
@@ -23,13 +24,14 @@ import orjson
 from app.broker import answers
 from app.broker.answering import JSON_FACTOR, AnswerHold
 from app.broker.consume import ConsumeService, Fetch
-from app.broker.positions import NAMED, Named, resolve_named
+from app.broker.metrics import ConsumeMetrics
+from app.broker.positions import NAMED, Named, Positions
+from app.broker.topic_view import TopicDirectory
 from app.errors import InvalidRequest, LlogError, ShuttingDown, Unavailable
+from app.service_health import ServiceHealth
+from app.settings import Settings
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadOutcome, ReadResult
-
-if TYPE_CHECKING:
-    from app.broker.state import BrokerState
 
 T = TypeVar("T")
 MAX_STREAM_PARTITIONS = 256
@@ -39,6 +41,19 @@ RETRY_AFTER_S = 1.0
 DRAINING = "the broker is draining; reconnect (with Last-Event-ID) to another broker"
 _POSITION = re.compile(r"(\d{1,10}):(\d{1,19})")
 Read = Callable[[], Awaitable[list[ReadOutcome]]]
+
+
+@dataclass(frozen=True)
+class Streaming:
+    """What an event stream uses of the broker; without the read role, ``consume`` is
+    a stand-in that refuses (app/broker/roles.py)."""
+
+    settings: Settings
+    health: ServiceHealth  # a draining broker opens no stream, and ends its streams
+    consume: ConsumeService
+    positions: Positions  # "earliest" and "latest"
+    topics: TopicDirectory  # unknown partitions are refused; a deleted topic's stream ends
+    metrics: ConsumeMetrics
 
 
 class Guard(Protocol):
@@ -94,10 +109,10 @@ def problem(exc: LlogError) -> dict[str, Any]:
 
 
 class EventStream:
-    def __init__(self, state: BrokerState, topic: str, *, encoding: str, max_bytes: int,
+    def __init__(self, broker: Streaming, topic: str, *, encoding: str, max_bytes: int,
                  heartbeat_ms: int, guard: Guard | None, consumed: Callable[[int], None]
                  ) -> None:
-        self.state = state
+        self.broker = broker
         self.topic = topic
         self.encoding = encoding
         self.max_bytes = max_bytes
@@ -114,18 +129,16 @@ class EventStream:
     async def open(self, partitions: str, start: str, last_event_id: str | None) -> None:
         """Check the request, find where each partition starts, and take a stream slot
         (or refuse: 400, 404, 503)."""
-        state, s = self.state, self.state.settings
+        broker, s = self.broker, self.broker.settings
         parts = partitions_of(partitions)
         if self.max_bytes > s.max_fetch_bytes:
             raise InvalidRequest(f"max_bytes {self.max_bytes} exceeds the limit of "
                                  f"{s.max_fetch_bytes}")
-        state.log_reader()
-        slots = state.consume_service().stream_slots
-        if state.health.status == "stopping":
+        slots = broker.consume.stream_slots  # RoleDisabled without the read role
+        if broker.health.status == "stopping":
             raise ShuttingDown("the broker is draining; connect to another broker")
-        if state.topics is not None:
-            for p in parts:
-                await state.topics.check_readable(TopicPartition(self.topic, p))
+        for p in parts:
+            await broker.topics.check_readable(TopicPartition(self.topic, p))
         # Positions as ``from`` (an event's id): how a page resumes with a new
         # EventSource, which cannot send Last-Event-ID.
         self.offsets = (resumed(last_event_id, parts) if last_event_id
@@ -134,7 +147,7 @@ class EventStream:
         try:
             slots.acquire_on_behalf_of_nowait(self)
         except anyio.WouldBlock:
-            state.consume_metrics.streams.labels("refused").inc()
+            broker.metrics.streams.labels("refused").inc()
             raise Unavailable(f"all {s.max_concurrent_streams} stream slots are "
                               "taken; retry shortly or on another broker") from None
         self.slots = slots
@@ -145,8 +158,8 @@ class EventStream:
         if start not in NAMED:
             raise InvalidRequest(f"from {start!r}: earliest, latest or an offset")
         name: Named = start
-        found = await resolve_named(self.state, [(TopicPartition(self.topic, p), name)
-                                                 for p in partitions])
+        found = await self.broker.positions.resolve_named(
+            [(TopicPartition(self.topic, p), name) for p in partitions])
         out: dict[int, int] = {}
         for p, offset in zip(partitions, found, strict=True):
             if isinstance(offset, LlogError):
@@ -162,24 +175,24 @@ class EventStream:
         slots.release_on_behalf_of(self)
         if self.hold is not None:
             self.hold.release()
-        self.state.consume_metrics.streams.labels(self.outcome).inc()
+        self.broker.metrics.streams.labels(self.outcome).inc()
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         """The events of the stream, each read only after the previous was sent; with
         access control on, each read races the guard, which ends the stream with an
         ``error`` event when the principal loses access."""
-        state, metrics = self.state, self.state.consume_metrics
+        broker, metrics = self.broker, self.broker.metrics
         first = True  # the request that opened the stream paid for its first read
         yield b"retry: 1000\n\n"
         while True:
-            service = state.consume
-            if not state.health.ready or service is None or service.released:
+            service = broker.consume
+            if not broker.health.ready or service.released:
                 yield self._last("ended", "end", {"reason": DRAINING})
                 return
             fetches, hold, read = self._next_read(service)
             try:
-                if state.topics is not None:  # deleted while the stream runs: it ends
-                    await state.topics.check_readable(fetches[0].tp)
+                # Deleted while the stream runs: it ends.
+                await broker.topics.check_readable(fetches[0].tp)
                 answered = await self._read_once(read, first, hold)
             except ShuttingDown:
                 yield self._last("ended", "end", {"reason": DRAINING})
@@ -237,7 +250,7 @@ class EventStream:
 
     def _last(self, outcome: str, kind: str, data: dict[str, Any]) -> bytes:
         """The stream's last event, counted, with how the stream ended."""
-        self.state.consume_metrics.stream_events.labels(kind).inc()
+        self.broker.metrics.stream_events.labels(kind).inc()
         self.outcome = outcome
         return event(kind, data)
 

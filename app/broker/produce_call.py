@@ -10,13 +10,13 @@ turns them into a status and a response.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from app.broker import answers
+from app.broker import answers, roles
+from app.broker.metrics import ProduceMetrics
 from app.broker.topic_view import TopicDirectory
-from app.errors import InvalidRequest, LlogError, PayloadTooLarge, RoleDisabled, Unavailable
+from app.errors import InvalidRequest, LlogError, PayloadTooLarge, Unavailable
 from app.settings import Settings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import RecordBatch
@@ -24,13 +24,23 @@ from app.storage.keys import TopicPartition
 from app.storage.log_record import payload_size
 from app.wire.produce import Entry
 
-if TYPE_CHECKING:
-    from app.broker.state import BrokerState
-
 # A client's own commit deadline, in ms, shorter than the broker's (never longer): its
 # timeout less a margin, so that its resend comes after the deadline (docs/http-api.md).
 COMMIT_DEADLINE_HEADER = "llog-commit-deadline-ms"
 _MAX_DEADLINE_DIGITS = 10  # more than any setting allows, and no huge int parsed
+# Appends a request's groups: one outcome per group, in order (app/broker/appends.py).
+Append = Callable[[Sequence[AppendGroup]], Awaitable[list[AppendOutcome]]]
+
+
+@dataclass(frozen=True)
+class Producing:
+    """What a produce request uses of the broker; without the write role, ``topics``
+    and ``append`` are stand-ins that refuse (app/broker/roles.py)."""
+
+    settings: Settings
+    topics: TopicDirectory  # where entries are placed
+    append: Append
+    metrics: ProduceMetrics
 
 
 @dataclass(frozen=True)
@@ -42,10 +52,10 @@ class ProduceAnswer:
 
 
 class ProduceCall:
-    def __init__(self, state: BrokerState, entries: list[Entry], *,
+    def __init__(self, broker: Producing, entries: list[Entry], *,
                  charge: Callable[[int], None], located: Callable[[str], bool],
                  started: float, deadline_ms: int) -> None:
-        self.state = state
+        self.broker = broker
         self.entries = entries
         self.charge = charge  # the bytes to the caller's quota, once within the limits
         self.located = located  # whether the caller is told where an entry of a topic lives
@@ -58,20 +68,19 @@ class ProduceCall:
     async def answer(self) -> ProduceAnswer:
         """The answer's body and outcomes: each entry written, or why not (the request
         as a whole refused with 400, 404 or 413 before anything is written)."""
-        entries, s = self.entries, self.state.settings
+        entries, s = self.entries, self.broker.settings
         outcomes: list[AppendOutcome]
-        try:
-            topics = self.state.write_topics()
-        except RoleDisabled as exc:  # every entry answers the refusal
-            outcomes = [exc] * len(entries)
+        refused = roles.refusal_of(self.broker.topics)
+        if refused is not None:  # every entry answers the refusal
+            outcomes = [refused] * len(entries)
             groups = [AppendGroup(TopicPartition(e.topic, e.partition or 0), e.records)
                       for e in entries]
         else:
             _check_limits(entries, s)  # every limit first: before a topic is made
             self.charge(sum(e.records.size for e in entries))
-            groups = await _place(entries, s, topics, self.commit_by)
+            groups = await _place(entries, s, self.broker.topics, self.commit_by)
             try:
-                outcomes = await self.state.append(groups)
+                outcomes = await self.broker.append(groups)
             except LlogError as exc:  # refused as a whole: nothing was written
                 outcomes = [exc] * len(groups)
         results = [answers.produce_result(group, outcome, self.located)
@@ -86,12 +95,12 @@ class ProduceCall:
 
     def done(self, status: int) -> None:
         """Count the request, answered with ``status``."""
-        metrics = self.state.produce_metrics
+        metrics = self.broker.metrics
         metrics.requests.labels(str(status)).inc()
         metrics.latency.observe(time.monotonic() - self.started)
 
     def _count(self, groups: list[AppendGroup], outcomes: list[AppendOutcome]) -> None:
-        metrics = self.state.produce_metrics
+        metrics = self.broker.metrics
         for group, outcome in zip(groups, outcomes, strict=True):
             if not isinstance(outcome, AppendResult):
                 metrics.failed_entries.labels(outcome.error_type).inc()

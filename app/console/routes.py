@@ -100,8 +100,7 @@ def console_router(ring: MetricsRing, probe: CompactorProbe | None) -> APIRouter
     async def console_series(request: Request) -> JSONResponse:
         # The serving broker's identity heads its figures: behind a load balancer each
         # reload of the page may be answered by another broker.
-        broker = request.app.state.broker
-        head = broker.metrics_header()
+        head = request.app.state.service.metrics_header()
         return JSONResponse({"broker": {
             "broker_id": head["broker_id"], "roles": head["roles"], "status": head["status"],
             "started_at_ms": head["started_at_ms"]}, **ring.snapshot()},
@@ -124,27 +123,24 @@ async def console_placement(
 ) -> JSONResponse:
     """The preferred broker of a page of ``topic``'s partitions (none: affinity off)."""
     authorize_describe(request, topic)
-    state = request.app.state.broker
-    found = await state.topics.topic(topic) if state.topics is not None else None
+    broker = request.app.state.broker  # assembled by the lifespan (app/broker/assembly.py)
+    found = await broker.topics.topic(topic)
     if found is None:
         raise UnknownTopic(f"no topic {topic}")
     end = min(from_partition + max_partitions, found.partitions)
-    membership = state.membership
-    view = membership.view() if membership is not None else None
+    view = broker.members.view()  # no members outside a cluster
     # The ranking reads no storage, but costs a hash per member and partition: a
     # page of it runs in a worker thread, one page at a time per process.
     placed = await anyio.to_thread.run_sync(
         _placement, view, topic, range(from_partition, end), limiter=_PLACEMENT_THREADS)
-    return JSONResponse({"topic": topic, "affinity": view is not None and bool(
-        view.members), "partitions": placed}, headers={"Cache-Control": "no-store"})
+    return JSONResponse({"topic": topic, "affinity": bool(view.members),
+                         "partitions": placed}, headers={"Cache-Control": "no-store"})
 
 
-def _placement(view: MemberView | None, topic: str, partitions: range
-               ) -> list[dict[str, Any]]:
+def _placement(view: MemberView, topic: str, partitions: range) -> list[dict[str, Any]]:
     placed: list[dict[str, Any]] = []
     for p in partitions:
-        member = (view.preferred(TopicPartition(topic, p), remember=False)
-                  if view is not None else None)
+        member = view.preferred(TopicPartition(topic, p), remember=False)
         placed.append({"partition": p} if member is None else {
             "partition": p, "member_id": member.member_id, "broker_id": member.broker_id,
             "url": member.url})

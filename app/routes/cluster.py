@@ -14,10 +14,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict
 
-from app.broker.state import BrokerState
-from app.cluster.members import MemberView
+from app.broker.assembly import Broker
 from app.cluster.rendezvous import ALGORITHM
-from app.routes.deps import broker_state
+from app.routes.deps import running_broker
 
 router = APIRouter(tags=["cluster"])
 
@@ -49,9 +48,9 @@ class ClusterResponse(BaseModel):
             summary="The broker members and how partitions are ranked among them",
             responses={200: {"description": "the members this broker sees (none with "
                                             "LLOG_AFFINITY off)"}})
-async def get_cluster(state: Annotated[BrokerState, Depends(broker_state)]
+async def get_cluster(broker: Annotated[Broker, Depends(running_broker)]
                       ) -> ClusterResponse:
-    view = state.membership.view() if state.membership is not None else MemberView()
+    view = broker.members.view()
     return ClusterResponse(digest=view.digest, algorithm=ALGORITHM, members=[
         ClusterMember(member_id=m.member_id, broker_id=m.broker_id, url=m.url,
                       roles=list(m.roles)) for m in view.members])

@@ -12,10 +12,10 @@ from fastapi import APIRouter, Body, Depends, Request
 from fastapi.responses import Response
 
 from app.auth.rights import Right
+from app.broker.assembly import Broker
 from app.broker.consume_call import ConsumeCall, group_of, needs_group
-from app.broker.state import BrokerState
 from app.routes.access import account, authorize, control_of
-from app.routes.deps import broker_state
+from app.routes.deps import running_broker
 from app.routes.disconnect import unless_disconnected
 from app.routes.examples import CONSUME_REQUESTS, CONSUMED_ANSWERS
 from app.routes.json_body import read_body
@@ -70,9 +70,9 @@ def with_binary(answer: Responses) -> Responses:
 )
 async def consume(
     body: Annotated[ConsumeRequest, Body(openapi_examples=named(CONSUME_REQUESTS))],
-    request: Request, state: Annotated[BrokerState, Depends(broker_state)],
+    request: Request, broker: Annotated[Broker, Depends(running_broker)],
 ) -> Response:
-    return await serve(body, request, state)
+    return await serve(body, request, broker)
 
 
 async def consume_in_lane(request: Request) -> Response:
@@ -83,7 +83,7 @@ async def consume_in_lane(request: Request) -> Response:
     return await serve(body, request, request.app.state.broker)
 
 
-async def serve(body: ConsumeRequest, request: Request, state: BrokerState) -> Response:
+async def serve(body: ConsumeRequest, request: Request, broker: Broker) -> Response:
     """The answer of app/broker/consume_call.py, for a caller allowed to read (and with
     a group, to use its offsets)."""
     started = time.monotonic()  # the latency metric counts authorization, as before
@@ -92,7 +92,7 @@ async def serve(body: ConsumeRequest, request: Request, state: BrokerState) -> R
         authorize(request, Right.GROUP, [group_of(body)])
     headers = request.headers
     answer = await ConsumeCall(
-        state, body, binary=wire.wants_binary(headers.get("accept", "")),
+        broker.consuming, body, binary=wire.wants_binary(headers.get("accept", "")),
         accept_encoding=headers.get("accept-encoding"),
         until=functools.partial(unless_disconnected, request), started=started).answer()
     if answer is None:

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
-from app.broker.state import BrokerState
+from app.broker.assembly import Broker
 from app.errors import (
     InvalidRequest,
     LlogError,
@@ -22,7 +22,7 @@ from app.groups.group_records import GroupMember
 from app.groups.membership import GroupView
 from app.groups.service import GroupService, PartitionLag
 from app.routes.access import authorize, holds, require
-from app.routes.deps import broker_state
+from app.routes.deps import running_broker
 from app.routes.group_models import (
     COMMITTED,
     STALE,
@@ -58,7 +58,7 @@ from app.storage.keys import TopicPartition
 
 router = APIRouter(tags=["groups"])
 PathGroup = Annotated[GroupName, Path(description="the consumer group's name")]
-State = Annotated[BrokerState, Depends(broker_state)]
+Running = Annotated[Broker, Depends(running_broker)]
 DEFAULT_PAGE = 100
 # Every route on one group needs the group right on it (403 before any storage work);
 # those that name topics need the consume right on them too, as reading does.
@@ -97,10 +97,10 @@ def _assignment(service: GroupService, view: GroupView, member: GroupMember) -> 
                         **errors(400), **error(409, "GroupFull", description="the group is full"),
                         **errors(413), **_STORE},
              summary="Join a group: a member id, the generation and this member's partitions")
-async def join_group(group: PathGroup, body: JoinRequest, request: Request, state: State
+async def join_group(group: PathGroup, body: JoinRequest, request: Request, broker: Running
                      ) -> MemberAssignment:
     authorize(request, Right.CONSUME, body.topics)
-    service = state.group_service()
+    service = broker.groups
     view, member = await service.membership.join(
         group, body.topics, client_id=body.client_id,
         session_timeout_ms=body.session_timeout_ms)
@@ -115,8 +115,8 @@ async def join_group(group: PathGroup, body: JoinRequest, request: Request, stat
                                 "not a member (it left, or its session expired): join "
                                 "again")), **errors(413), **_STORE},
              summary="Keep a member's session; the current generation and its partitions")
-async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> MemberAssignment:
-    service = state.group_service()
+async def heartbeat(group: PathGroup, body: MemberRequest, broker: Running) -> MemberAssignment:
+    service = broker.groups
     view, member = await service.membership.heartbeat(group, body.member_id)
     return _assignment(service, view, member)
 
@@ -125,8 +125,8 @@ async def heartbeat(group: PathGroup, body: MemberRequest, state: State) -> Memb
              responses={200: {"description": "whether the member was in the group"},
                         **errors(400), **_UNKNOWN, **errors(413), **_STORE},
              summary="Leave a group: its partitions move now")
-async def leave_group(group: PathGroup, body: MemberRequest, state: State) -> LeaveResponse:
-    view, left = await state.group_service().membership.leave(group, body.member_id)
+async def leave_group(group: PathGroup, body: MemberRequest, broker: Running) -> LeaveResponse:
+    view, left = await broker.groups.membership.leave(group, body.member_id)
     if view is None:
         raise UnknownGroup(f"group {group!r} does not exist")
     return LeaveResponse(group=group, member_id=body.member_id, left=left,
@@ -155,13 +155,13 @@ def _results(entries: Sequence[tuple[TopicPartition, int | LlogError]]) -> JSONR
                         **errors(413), **_STORE},
              summary="Commit the last offset processed of partitions")
 async def commit_offsets(group: PathGroup, body: CommitRequest, request: Request,
-                         state: State) -> JSONResponse:
+                         broker: Running) -> JSONResponse:
     authorize(request, Right.CONSUME, (e.topic for e in body.offsets))
-    if len(body.offsets) > state.settings.max_partitions_per_request:
+    if len(body.offsets) > broker.settings.max_partitions_per_request:
         raise PayloadTooLarge(f"{len(body.offsets)} partitions in one request; the limit is "
-                              f"{state.settings.max_partitions_per_request}")
+                              f"{broker.settings.max_partitions_per_request}")
     offsets = [(TopicPartition(e.topic, e.partition), e.offset) for e in body.offsets]
-    done = await state.group_service().offsets.commit(group, body.member_id,
+    done = await broker.groups.offsets.commit(group, body.member_id,
                                                       body.generation, offsets)
     return _results([(tp, o) for (tp, _), o in zip(offsets, done, strict=True)])
 
@@ -173,16 +173,16 @@ async def commit_offsets(group: PathGroup, body: CommitRequest, request: Request
             summary="List the groups, a page at a time")
 async def list_groups(
     request: Request,
-    state: State,
+    broker: Running,
     after: Annotated[GroupName | None, Query(description="the last group of the page before")
                      ] = None,
     limit: Annotated[int, Query(ge=1, description="groups per page, at most "
                                 "LLOG_GROUP_LIST_MAX")] = DEFAULT_PAGE,
 ) -> GroupList:
-    if limit > state.settings.group_list_max:
+    if limit > broker.settings.group_list_max:
         raise InvalidRequest(f"limit {limit} exceeds LLOG_GROUP_LIST_MAX "
-                             f"({state.settings.group_list_max})")
-    page, next_after = await state.group_service().page(after, limit)
+                             f"({broker.settings.group_list_max})")
+    page, next_after = await broker.groups.page(after, limit)
     return GroupList(next_after=next_after, groups=[GroupSummary(
         group=r.group, generation=r.generation, members=len(r.members),
         topics=sorted({t for m in r.members for t in m.topics}),
@@ -204,8 +204,8 @@ def _partition(p: PartitionLag) -> GroupPartition:
             responses={200: {"description": "the group settled now"}, **errors(400),
                        **_UNKNOWN, **_STORE},
             summary="A group: members, assignment, generation, committed offsets and lag")
-async def describe_group(group: PathGroup, state: State) -> GroupDescription:
-    found = await state.group_service().describe(group)
+async def describe_group(group: PathGroup, broker: Running) -> GroupDescription:
+    found = await broker.groups.describe(group)
     record, leases = found.view.record, found.view.leases or {}
     return GroupDescription(
         group=record.group, generation=record.generation, created_at_ms=record.created_at_ms,
@@ -219,21 +219,21 @@ async def describe_group(group: PathGroup, state: State) -> GroupDescription:
         partitions=[_partition(p) for p in found.partitions])
 
 
-async def _targets(state: BrokerState, entries: list[ResetEntry]) -> list[ResetTarget]:
+async def _targets(broker: Broker, entries: list[ResetEntry]) -> list[ResetTarget]:
     """One target per partition; an entry without a partition names them all."""
     out: list[ResetTarget] = []
     for e in entries:
         if e.partition is not None:
             partitions = [e.partition]
         else:
-            topic = await state.topics.topic(e.topic) if state.topics else None
+            topic = await broker.topics.topic(e.topic)
             if topic is None:
                 raise UnknownTopic(f"topic {e.topic!r} does not exist")
             partitions = list(range(topic.partitions))
         out.extend(ResetTarget(TopicPartition(e.topic, p), e.to, e.timestamp_ms, e.offset)
                    for p in partitions)
-        if len(out) > state.settings.max_partitions_per_request:
-            raise PayloadTooLarge(f"more than {state.settings.max_partitions_per_request} "
+        if len(out) > broker.settings.max_partitions_per_request:
+            raise PayloadTooLarge(f"more than {broker.settings.max_partitions_per_request} "
                                   "partitions in one request")
     return out
 
@@ -250,10 +250,10 @@ async def _targets(state: BrokerState, entries: list[ResetEntry]) -> list[ResetT
                                   "GroupNotEmpty", "OffsetBeyondHighWatermark"),
                         **errors(413), **_STORE},
              summary="Set a group's committed offsets (no member may be live)")
-async def reset_offsets(group: PathGroup, body: ResetRequest, request: Request, state: State
+async def reset_offsets(group: PathGroup, body: ResetRequest, request: Request, broker: Running
                         ) -> JSONResponse:
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
-    service = state.group_service()
-    targets = await _targets(state, body.topic_partitions)
-    done = await service.offsets.reset(group, targets)
+    offsets = broker.groups.offsets  # RoleDisabled without the read role, before all else
+    targets = await _targets(broker, body.topic_partitions)
+    done = await offsets.reset(group, targets)
     return _results([(t.tp, o) for t, o in zip(targets, done, strict=True)])

@@ -8,11 +8,11 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Request
 
 from app.auth.rights import Right
-from app.broker.positions import Found, lookup_within_limits
-from app.broker.state import BrokerState
+from app.broker.assembly import Broker
+from app.broker.positions import Found
 from app.errors import LlogError
 from app.routes.access import authorize
-from app.routes.deps import broker_state
+from app.routes.deps import running_broker
 from app.routes.models import (
     OffsetsFailure,
     OffsetsRequest,
@@ -35,11 +35,11 @@ router = APIRouter(tags=["offsets"])
                **errors(400, 413)},
 )
 async def list_offsets(body: OffsetsRequest, request: Request,
-                       state: Annotated[BrokerState, Depends(broker_state)]
+                       broker: Annotated[Broker, Depends(running_broker)]
                        ) -> OffsetsResponse:
     authorize(request, Right.CONSUME, (e.topic for e in body.topic_partitions))
-    found = await lookup_within_limits(state, [(e.topic, e.partition, e.timestamp_ms)
-                                               for e in body.topic_partitions])
+    found = await broker.positions.lookup_within_limits(
+        [(e.topic, e.partition, e.timestamp_ms) for e in body.topic_partitions])
     return OffsetsResponse(results=[_result(e, f) for e, f in
                                     zip(body.topic_partitions, found, strict=True)])
 

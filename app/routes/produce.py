@@ -16,9 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from app.auth.rights import Right
+from app.broker.assembly import Broker
 from app.broker.loop_watchdog import ARRIVED
 from app.broker.produce_call import COMMIT_DEADLINE_HEADER, ProduceCall, commit_deadline_ms
-from app.broker.state import BrokerState
 from app.routes.access import account, authorize, charge_produce, control_of, holds
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import ErrorResponse, ProduceResults
@@ -86,17 +86,18 @@ async def produce(request: Request) -> Response:
     # docstring as the operation's description.)
     # The deadline counts from the request's arrival at the app (app/routes/hot_lane.py).
     started = request.scope.get(ARRIVED, time.monotonic())
-    state: BrokerState = request.app.state.broker
-    deadline_ms = commit_deadline_ms(request.headers.get(COMMIT_DEADLINE_HEADER),
-                                     state.settings)
-    body = await read_decoded(request, state.settings.max_request_bytes)
+    broker: Broker = request.app.state.broker  # assembled by the lifespan
+    s = broker.settings
+    deadline_ms = commit_deadline_ms(request.headers.get(COMMIT_DEADLINE_HEADER), s)
+    body = await read_decoded(request, s.max_request_bytes)
     if is_binary(request.headers.get("content-type", "")):
-        entries = wire.parse(body, state.settings.max_partitions_per_request)
+        entries = wire.parse(body, s.max_partitions_per_request)
     else:
         entries = parse_json(body)
     authorize(request, Right.PRODUCE, (e.topic for e in entries))
-    call = ProduceCall(state, entries, charge=functools.partial(charge_produce, request),
-                       located=_locations_shown(request, state.settings), started=started,
+    call = ProduceCall(broker.producing, entries,
+                       charge=functools.partial(charge_produce, request),
+                       located=_locations_shown(request, s), started=started,
                        deadline_ms=deadline_ms)
     answer = await call.answer()
     if control_of(request) is not None:
@@ -109,9 +110,10 @@ async def produce(request: Request) -> Response:
         headers["Retry-After"] = "1"
     else:
         status = 409
-    if state.membership is not None and status != 503:
+    digest = broker.members.digest()  # None outside a cluster
+    if digest is not None and status != 503:
         # A routing client's cue that the members changed (declared on 200 and 409).
-        headers[DIGEST_HEADER] = state.membership.view().digest
+        headers[DIGEST_HEADER] = digest
     call.done(status)
     return Response(answer.body, status_code=status, headers=headers,
                     media_type="application/json")

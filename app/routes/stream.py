@@ -27,8 +27,8 @@ from starlette.types import Receive, Scope, Send
 
 from app.auth.rights import Right
 from app.broker.answer_compression import VARY, compress_events
+from app.broker.assembly import Broker
 from app.broker.event_stream import EventStream
-from app.broker.state import BrokerState
 from app.routes.access import account, authorize, control_of, principal_of
 from app.routes.models import PathTopic
 from app.routes.openapi import error, errors
@@ -91,17 +91,17 @@ async def stream(
         max_length=2048, description="with access control on, in place of the "
         "Authorization header: a ticket from POST /topics/{topic}/stream/tickets")] = None,
 ) -> StreamingResponse:
-    state: BrokerState = request.app.state.broker
+    broker: Broker = request.app.state.broker  # assembled by the lifespan
     validate_topic(topic)
     authorize(request, Right.CONSUME, [topic])
-    stream = EventStream(state, topic, encoding=encoding, max_bytes=max_bytes,
+    stream = EventStream(broker.streaming, topic, encoding=encoding, max_bytes=max_bytes,
                          heartbeat_ms=heartbeat_ms, guard=_guard(request, topic),
                          consumed=lambda size: account(request, consumed=size))
     await stream.open(partitions, start, last_event_id)
     events = stream.events()
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no", "Vary": VARY}
     compressed = answer_encoding(request.headers.get("accept-encoding"),
-                                 state.settings.answer_encodings)
+                                 broker.settings.answer_encodings)
     if compressed is not None:  # each event flushed whole: compressing buffers nothing
         events = compress_events(events, compressed)
         headers["Content-Encoding"] = compressed

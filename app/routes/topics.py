@@ -9,11 +9,11 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from app.auth.rights import Right
-from app.broker.state import BrokerState
+from app.broker.assembly import Broker
 from app.broker.topic_view import default_topic_config
 from app.errors import InvalidRequest, PartitionsOnlyGrow
 from app.routes.access import authorize, authorize_describe, require, sees_topic
-from app.routes.deps import broker_state
+from app.routes.deps import running_broker
 from app.routes.models import (
     PartitionInfo,
     PathTopic,
@@ -53,17 +53,17 @@ def _info(topic: Topic, *, deleted: bool = False) -> TopicInfo:
                         **error(409, "TopicExists", description="a topic of that name exists"),
                         **errors(413), **_STORE})
 async def create_topic(body: TopicCreateRequest, request: Request,
-                       state: Annotated[BrokerState, Depends(broker_state)]) -> JSONResponse:
+                       broker: Annotated[Broker, Depends(running_broker)]) -> JSONResponse:
     authorize(request, Right.ADMIN, [body.topic])
-    _check_partitions(body.partitions, state)
-    admin = state.topic_admin()
-    stored = (default_topic_config(state.settings.topic_default_compression)
+    _check_partitions(body.partitions, broker)
+    catalog = broker.admin.catalog  # RoleDisabled without the read role, before all else
+    stored = (default_topic_config(broker.settings.topic_default_compression)
               if body.compression is None else
               TopicConfig(compression=body.compression, compression_level=body.compression_level))
-    topic = await admin.catalog.create(body.topic, body.partitions, TopicConfig(
+    topic = await catalog.create(body.topic, body.partitions, TopicConfig(
         body.retention_ms, body.retention_bytes, body.max_record_bytes,
         stored.compression, stored.compression_level))
-    await state.forget_topic(topic.name)
+    await broker.forget_topic(topic.name)
     return JSONResponse(_info(topic).model_dump(), status_code=201)
 
 
@@ -71,9 +71,9 @@ async def create_topic(body: TopicCreateRequest, request: Request,
             summary="List the topics (with auth on: those the caller holds a right on)",
             responses={200: {"description": "every topic (with auth on: those the caller "
                                             "holds a right on)"}, **_STORE})
-async def list_topics(request: Request, state: Annotated[BrokerState, Depends(broker_state)]
+async def list_topics(request: Request, broker: Annotated[Broker, Depends(running_broker)]
                       ) -> TopicList:
-    return TopicList(topics=[_info(t) for t in await state.topic_admin().catalog.list()
+    return TopicList(topics=[_info(t) for t in await broker.admin.catalog.list()
                              if sees_topic(request, t.name)])
 
 
@@ -82,15 +82,14 @@ async def list_topics(request: Request, state: Annotated[BrokerState, Depends(br
             summary="A topic and its partitions' log start, end and size, a page at a time")
 async def describe_topic(
     topic: PathTopic, request: Request,
-    state: Annotated[BrokerState, Depends(broker_state)],
+    broker: Annotated[Broker, Depends(running_broker)],
     from_partition: Annotated[int, Query(ge=0, le=100_000, description=(
         "the first partition of the page"))] = 0,
     max_partitions: Annotated[int, Query(ge=1, le=DESCRIBE_PAGE_MAX, description=(
         "partitions per page"))] = DESCRIBE_PAGE_MAX,
 ) -> TopicDescription:
     authorize_describe(request, topic)
-    found, partitions = await state.topic_admin().describe(topic, from_partition,
-                                                           max_partitions)
+    found, partitions = await broker.admin.describe(topic, from_partition, max_partitions)
     end = from_partition + max_partitions
     more = found.deleting is None and end < found.partitions
     return TopicDescription(**_info(found).model_dump(), partition_states=[
@@ -108,20 +107,20 @@ async def describe_topic(
               dependencies=_ADMIN,
               summary="Change retention, limits or compression, or add partitions")
 async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
-                       state: Annotated[BrokerState, Depends(broker_state)]) -> TopicInfo:
-    _check_partitions(body.partitions, state)
+                       broker: Annotated[Broker, Depends(running_broker)]) -> TopicInfo:
+    _check_partitions(body.partitions, broker)
     changes = {k: getattr(body, k) for k in body.model_fields_set if k != "partitions"}
     if "compression" in changes:
         changes["compression_level"] = body.compression_level  # the two go together
     try:
-        updated = await state.topic_admin().catalog.update(
+        updated = await broker.admin.catalog.update(
             topic, partitions=body.partitions, config=changes)
     except InvalidRequest as exc:
         # The body's model checked its shape and bounds: what the catalog refuses
         # still is a count below the topic's own, a conflict with the topic as it
         # stands (which the request alone cannot show), not a malformed request.
         raise PartitionsOnlyGrow(str(exc)) from None
-    await state.forget_topic(topic)
+    await broker.forget_topic(topic)
     return _info(updated)
 
 
@@ -133,23 +132,23 @@ async def update_topic(topic: PathTopic, body: TopicUpdateRequest,
                           **_NAMED},
                dependencies=_ADMIN,
                summary="Delete a topic: its records are removed, its offsets never reused")
-async def delete_topic(topic: PathTopic, state: Annotated[BrokerState, Depends(broker_state)]
+async def delete_topic(topic: PathTopic, broker: Annotated[Broker, Depends(running_broker)]
                        ) -> JSONResponse:
     # Marked first (no broker produces to it or reads it from then on), emptied in the
     # background; the answer waits a bounded time for that to finish.
-    marked, run = await state.topic_deleter().start(topic)
-    await state.forget_topic(topic)
+    marked, run = await broker.deleter.start(topic)
+    await broker.forget_topic(topic)
     if run is not None:
-        with anyio.move_on_after(state.settings.topic_delete_wait_ms / 1000):
+        with anyio.move_on_after(broker.settings.topic_delete_wait_ms / 1000):
             await run.done.wait()
     if run is not None and run.deleted:
         return JSONResponse(_info(marked, deleted=True).model_dump(), status_code=200)
     return JSONResponse(_info(marked).model_dump(), status_code=202)
 
 
-def _check_partitions(partitions: int | None, state: BrokerState) -> None:
+def _check_partitions(partitions: int | None, broker: Broker) -> None:
     """Within LLOG_MAX_TOPIC_PARTITIONS (400 otherwise; the document states it)."""
-    limit = state.settings.max_topic_partitions
+    limit = broker.settings.max_topic_partitions
     if partitions is not None and partitions > limit:
         raise InvalidRequest(f"partitions {partitions} exceeds LLOG_MAX_TOPIC_PARTITIONS "
                              f"({limit})")
