@@ -20,6 +20,7 @@ from app.routes import consume as consume_route
 from app.routes.json_body import read_body
 from app.routes.models import ConsumeRequest
 from app.settings import MAX_PARTITIONS_PER_REQUEST_CEILING, Settings
+from tests.helpers.asgi import roleless_broker
 
 
 def _body(partitions: int) -> dict[str, Any]:
@@ -36,8 +37,9 @@ class _Calls:
 @pytest.fixture
 async def broker(monkeypatch: pytest.MonkeyPatch
                  ) -> AsyncIterator[tuple[httpx.AsyncClient, _Calls]]:
-    """The app (not started: nothing here may reach the store), with its consume route's
-    parsing and serving counted."""
+    """The app (not started: nothing here may reach the store; a broker of no role
+    stands in for the one its lifespan would assemble), with its consume route's parsing
+    and serving counted."""
     calls = _Calls()
     serve, parse = consume_route.serve, read_body
 
@@ -52,6 +54,7 @@ async def broker(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(consume_route, "serve", counted_serve)
     monkeypatch.setattr(consume_route, "read_body", counted_parse)
     app = create_app(Settings(broker_id="bounds", max_request_bytes=8 * 1024 * 1024))
+    app.state.broker = roleless_broker(app.state.service)
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
                                  base_url="http://broker") as client:
         yield client, calls

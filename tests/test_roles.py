@@ -15,13 +15,13 @@ import orjson
 import pytest
 
 from app.broker import roles
-from app.broker.assembly import Broker, compose
+from app.broker.assembly import Broker
 from app.broker.process import BrokerProcess
-from app.broker.read_side import ReadSide
 from app.errors import RoleDisabled
 from app.factory import create_app
 from app.localstack.stack import LocalStack
 from app.settings import Settings
+from tests.helpers.asgi import roleless_broker
 from tests.helpers.bodies import consume_body, produce_body
 from tests.helpers.stack import make_settings
 
@@ -82,12 +82,7 @@ async def test_a_broker_without_the_write_role_refuses_every_entry(stack: LocalS
 
 
 def _roleless() -> Broker:
-    """A broker composed without the write and read roles (the parts every broker has
-    are not used here)."""
-    process = BrokerProcess.create(Settings(broker_id="roles"))
-    unused: Any = None
-    return compose(process, unused, unused, unused, unused, unused, None, None,
-                   ReadSide.disabled(), None)
+    return roleless_broker(BrokerProcess.create(Settings(broker_id="roles")))
 
 
 @pytest.mark.parametrize(("ask", "message"), [

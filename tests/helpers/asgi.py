@@ -10,6 +10,9 @@ import anyio
 import httpx
 from fastapi import FastAPI
 
+from app.broker.assembly import Broker, compose
+from app.broker.process import BrokerProcess
+from app.broker.read_side import ReadSide
 from app.factory import create_app
 from app.localstack.stack import LocalStack
 from tests.helpers.stack import make_settings
@@ -34,3 +37,13 @@ async def served(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
                 transport=httpx.ASGITransport(app=app), base_url="http://broker",
                 timeout=30) as client:
             yield client
+
+
+def roleless_broker(process: BrokerProcess) -> Broker:
+    """A broker of no role, composed without store clients: every service it has is a
+    stand-in that refuses (app/broker/roles.py), and the parts every broker has are
+    missing. For an app whose lifespan does not run, given to it as ``app.state.broker``,
+    where no request reaches a service."""
+    missing: Any = None
+    return compose(process, missing, missing, missing, missing, missing, None, None,
+                   ReadSide.disabled(), None)
