@@ -1,12 +1,12 @@
 """The running broker, assembled in one place by the app's lifespan.
 
 :func:`assemble` opens the store clients, builds each part of the broker with what it
-needs (constructor arguments: nothing is set on a part once it is built) and starts the
-background loops, each watched (a crash fails the broker's status, app/service_health.py,
-rather than dying unseen): first what every broker has (tail cache, partition watch,
-topic directory, log writer), then the write role's batcher, the read side
-(app/broker/read_side.py), cluster membership (app/broker/cluster_side.py) and the
-remaining loops. What it yields, a :class:`Broker`, holds every part; a role the broker
+needs (constructor arguments: no attribute is patched on a part once it is built) and
+starts the background loops, each watched (a crash fails the broker's status,
+app/service_health.py, rather than dying unseen): first what every broker has (tail
+cache, partition watch, topic directory, log writer), then the write role's batcher,
+the read side (app/broker/read_side.py), cluster membership (app/broker/cluster_side.py)
+and the remaining loops. What it yields, a :class:`Broker`, holds every part; a role the broker
 lacks is a stand-in that refuses when used (app/broker/roles.py), so requests receive
 their dependencies whole (:class:`~app.broker.produce_call.Producing`,
 :class:`~app.broker.consume_call.Consuming`, :class:`~app.broker.event_stream.Streaming`,
