@@ -91,6 +91,14 @@ class PayloadTooLarge(RequestError):
 
     http_status = 413
 
+    @classmethod
+    def unless_within(cls, count: int, limit: int, what: str = "partitions") -> None:
+        """The check of ``LLOG_MAX_PARTITIONS_PER_REQUEST``, one definition for every
+        way in (produce, consume, offsets, group commits and resets), each of which
+        makes it once: raises when a request names more ``what`` than ``limit``."""
+        if count > limit:
+            raise cls(f"{count} {what} in one request; the limit is {limit}")
+
 
 class UnsupportedEncoding(RequestError):
     """The body's Content-Encoding is not one the broker decodes (identity, gzip, zstd)."""

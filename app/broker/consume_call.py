@@ -171,9 +171,7 @@ class ConsumeCall:
         if ask.max_wait_ms > s.max_wait_ms_ceiling:
             raise InvalidRequest(f"max_wait_ms {ask.max_wait_ms} exceeds the ceiling of "
                                  f"{s.max_wait_ms_ceiling}")
-        if len(ask.topic_partitions) > s.max_partitions_per_request:
-            raise PayloadTooLarge(f"{len(ask.topic_partitions)} partitions in one request; "
-                                  f"the limit is {s.max_partitions_per_request}")
+        PayloadTooLarge.unless_within(len(ask.topic_partitions), s.max_partitions_per_request)
         if ask.max_bytes > s.max_fetch_bytes:
             raise InvalidRequest(f"max_bytes {ask.max_bytes} exceeds the limit of "
                                  f"{s.max_fetch_bytes}")

@@ -86,9 +86,7 @@ class Positions:
                                    ) -> list[Found]:
         """``POST /offsets``: each (topic, partition, time or None)'s offsets, or its
         error; 413 for more partitions than one request may name."""
-        if len(asked) > self.max_partitions:
-            raise PayloadTooLarge(f"{len(asked)} partitions in one request; the limit is "
-                                  f"{self.max_partitions}")
+        PayloadTooLarge.unless_within(len(asked), self.max_partitions)
         return await self.lookup_all([(TopicPartition(topic, partition), at_ms)
                                       for topic, partition, at_ms in asked])
 

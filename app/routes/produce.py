@@ -19,6 +19,7 @@ from app.auth.rights import Right
 from app.broker.assembly import Broker
 from app.broker.loop_watchdog import ARRIVED
 from app.broker.produce_call import COMMIT_DEADLINE_HEADER, ProduceCall, commit_deadline_ms
+from app.errors import PayloadTooLarge
 from app.routes.access import account, authorize, charge_produce, control_of, holds
 from app.routes.examples import PRODUCE_PARTLY, PRODUCE_REFUSED, PRODUCE_REQUESTS, PRODUCE_WRITTEN
 from app.routes.models import ErrorResponse, ProduceResults
@@ -91,9 +92,11 @@ async def produce(request: Request) -> Response:
     deadline_ms = commit_deadline_ms(request.headers.get(COMMIT_DEADLINE_HEADER), s)
     body = await read_decoded(request, s.max_request_bytes)
     if is_binary(request.headers.get("content-type", "")):
+        # Counted before anything is decoded: the limit bounds the decoding too.
         entries = wire.parse(body, s.max_partitions_per_request)
     else:
         entries = parse_json(body)
+        PayloadTooLarge.unless_within(len(entries), s.max_partitions_per_request, "entries")
     authorize(request, Right.PRODUCE, (e.topic for e in entries))
     call = ProduceCall(broker.producing, entries,
                        charge=functools.partial(charge_produce, request),

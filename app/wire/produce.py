@@ -72,8 +72,7 @@ def parse(body: bytes | memoryview, max_entries: int) -> list[Entry]:
         raise InvalidRequest("a binary produce body starts with 'LLP1' or 'LLP2'")
     if count == 0:
         raise InvalidRequest("a binary produce body needs at least one entry")
-    if count > max_entries:
-        raise PayloadTooLarge(f"{count} entries in one request; the limit is {max_entries}")
+    PayloadTooLarge.unless_within(count, max_entries, "entries")
     pos = _HEAD.size
     entries = []
     for i in range(count):
