@@ -208,7 +208,7 @@ async def test_a_stream_that_waits_to_read_again_holds_none_of_the_budget() -> N
     health = ServiceHealth()
     health.serving()  # the stream reads while its broker takes work
     stand_in: Any = FullBudget()
-    broker = Streaming(Settings(broker_id="stream"), health, stand_in,
+    broker = Streaming(Settings(broker_id="stream").limits, health, stand_in,
                        positions=stand_in,  # the stream's start is given below
                        topics=Readable(),  # type: ignore[arg-type]
                        metrics=ConsumeMetrics(CollectorRegistry()))

@@ -16,6 +16,8 @@ from pydantic import BaseModel, ValidationError
 
 from app.auth.control import AccessControl
 from app.auth.jwts import JwtVerifier
+from app.broker.event_stream import Streaming
+from app.broker.produce_call import Producing
 from app.compaction.compactor import CompactionConfig
 from app.compaction.metrics import CompactionMetrics
 from app.compaction.scheduler import (
@@ -218,6 +220,8 @@ def test_a_group_checks_its_own_fields() -> None:
     (AccessControl.__init__, "auth", AuthSettings),
     (CompactionConfig.from_settings, "settings", CompactionSettings),
     (CompactionScheduler.__init__, "compaction", CompactionSettings),
+    (Producing, "limits", LimitSettings),
+    (Streaming, "limits", LimitSettings),
 ])
 def test_components_name_their_group(function: Any, parameter: str,
                                      group: type[BaseModel]) -> None:

@@ -176,7 +176,7 @@ def compose(process: BrokerProcess, topics: TopicDirectory, cache: TailCache,
     positions = Positions(read.reader, read.answers, topics, s.max_partitions_per_request)
     writing = batcher is not None and appends is not None
     producing = Producing(
-        s, topics if writing else roles.disabled(TopicDirectory, roles.WRITE),
+        s.limits, topics if writing else roles.disabled(TopicDirectory, roles.WRITE),
         appends if appends is not None else roles.disabled(Appends, roles.WRITE),
         process.produce_metrics)
     return Broker(
@@ -188,7 +188,7 @@ def compose(process: BrokerProcess, topics: TopicDirectory, cache: TailCache,
         groups=read.groups, positions=positions, producing=producing,
         consuming=Consuming(s, read.consume, positions, read.groups, topics,
                             process.consume_metrics),
-        streaming=Streaming(s, process.health, read.consume, positions, topics,
+        streaming=Streaming(s.limits, process.health, read.consume, positions, topics,
                             process.consume_metrics),
         on_drain=_drain_steps(read, cluster))
 

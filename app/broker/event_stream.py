@@ -29,7 +29,7 @@ from app.broker.positions import NAMED, Named, Positions
 from app.broker.topic_view import TopicDirectory
 from app.errors import InvalidRequest, LlogError, ShuttingDown, Unavailable
 from app.service_health import ServiceHealth
-from app.settings import Settings
+from app.settings import LimitSettings
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadOutcome, ReadResult
 
@@ -48,7 +48,7 @@ class Streaming:
     """What an event stream uses of the broker; without the read role, ``consume`` is
     a stand-in that refuses (app/broker/roles.py)."""
 
-    settings: Settings
+    limits: LimitSettings
     health: ServiceHealth  # a draining broker opens no stream, and ends its streams
     consume: ConsumeService
     positions: Positions  # "earliest" and "latest"
@@ -129,7 +129,7 @@ class EventStream:
     async def open(self, partitions: str, start: str, last_event_id: str | None) -> None:
         """Check the request, find where each partition starts, and take a stream slot
         (or refuse: 400, 404, 503)."""
-        broker, s = self.broker, self.broker.settings
+        broker, s = self.broker, self.broker.limits
         parts = partitions_of(partitions)
         if self.max_bytes > s.max_fetch_bytes:
             raise InvalidRequest(f"max_bytes {self.max_bytes} exceeds the limit of "

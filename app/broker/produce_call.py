@@ -17,7 +17,7 @@ from app.broker import answers, roles
 from app.broker.metrics import ProduceMetrics
 from app.broker.topic_view import TopicDirectory
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge, Unavailable
-from app.settings import Settings
+from app.settings import LimitSettings
 from app.storage.appends import AppendGroup, AppendOutcome, AppendResult
 from app.storage.batch import RecordBatch
 from app.storage.keys import TopicPartition
@@ -37,7 +37,7 @@ class Producing:
     """What a produce request uses of the broker; without the write role, ``topics``
     and ``append`` are stand-ins that refuse (app/broker/roles.py)."""
 
-    settings: Settings
+    limits: LimitSettings
     topics: TopicDirectory  # where entries are placed
     append: Append
     metrics: ProduceMetrics
@@ -68,7 +68,7 @@ class ProduceCall:
     async def answer(self) -> ProduceAnswer:
         """The answer's body and outcomes: each entry written, or why not (the request
         as a whole refused with 400, 404 or 413 before anything is written)."""
-        entries, s = self.entries, self.broker.settings
+        entries, s = self.entries, self.broker.limits
         outcomes: list[AppendOutcome]
         refused = roles.refusal_of(self.broker.topics)
         if refused is not None:  # every entry answers the refusal
@@ -109,7 +109,7 @@ class ProduceCall:
                 metrics.bytes.inc(group.size)
 
 
-def _check_limits(entries: list[Entry], s: Settings) -> None:
+def _check_limits(entries: list[Entry], s: LimitSettings) -> None:
     """The request within the configured limits (413 otherwise); its count of entries
     was checked where its body was parsed (app/routes/produce.py)."""
     total = sum(e.records.n_records for e in entries)
@@ -120,7 +120,7 @@ def _check_limits(entries: list[Entry], s: Settings) -> None:
         _check_records(entry.topic, entry.records, s, s.max_record_bytes)
 
 
-def commit_deadline_ms(header: str | None, s: Settings) -> int:
+def commit_deadline_ms(header: str | None, s: LimitSettings) -> int:
     """The request's commit deadline: ``LLOG_PRODUCE_COMMIT_DEADLINE_MS``, or the
     client's :data:`COMMIT_DEADLINE_HEADER` when that is shorter; a header that is not a
     whole number of milliseconds, at least 1, is refused (400) before anything is read."""
@@ -136,7 +136,7 @@ def commit_deadline_ms(header: str | None, s: Settings) -> int:
     return min(int(text), ceiling)
 
 
-async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory,
+async def _place(entries: list[Entry], s: LimitSettings, topics: TopicDirectory,
                  commit_by: float) -> list[AppendGroup]:
     """The entries as append groups in their partitions, due by ``commit_by``, or
     refused as a whole (unknown topic or partition: 404; a topic's own record limit:
@@ -152,7 +152,7 @@ async def _place(entries: list[Entry], s: Settings, topics: TopicDirectory,
     return groups
 
 
-def _check_records(tp: str, records: RecordBatch, s: Settings, max_record_bytes: int
+def _check_records(tp: str, records: RecordBatch, s: LimitSettings, max_record_bytes: int
                    ) -> None:
     """Each record within the size limits: by columns for a bytes-batch-v3 body (no
     step per record), record by record otherwise."""
