@@ -7,6 +7,10 @@ the services it lacks, without them."""
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
+import inspect
+import pickle
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -108,6 +112,23 @@ def test_a_request_may_ask_for_the_refusal_first() -> None:
     assert str(roles.refusal_of(broker.producing.topics)) == WRITE
     assert str(roles.refusal_of(broker.consuming.consume)) == READ
     assert roles.refusal_of(broker.settings) is None  # a part that is there
+
+
+def test_a_stand_in_is_an_ordinary_object_to_python_itself() -> None:
+    """Copying, pickling, ``hasattr`` and ``getattr`` with a default, ``inspect`` and
+    ``dataclasses.replace`` of the broker ask a stand-in for dunder names: they find none,
+    as on any object, and nothing is refused; the service's own names still refuse."""
+    broker = _roleless()
+    stand_in = broker.consume
+    copied = copy.copy(stand_in)
+    assert str(roles.refusal_of(copied)) == READ
+    assert str(roles.refusal_of(pickle.loads(pickle.dumps(stand_in)))) == READ
+    assert not hasattr(stand_in, "__wrapped__")
+    assert getattr(stand_in, "__missing_protocol__", "none") == "none"
+    assert not inspect.iscoroutinefunction(stand_in)
+    assert dataclasses.replace(broker).consume is stand_in
+    with pytest.raises(RoleDisabled, match=READ):
+        _ = copied.answer
 
 
 async def test_appending_without_the_write_role_is_refused() -> None:

@@ -32,7 +32,13 @@ class _Refusing:
         self.refusal = refusal
 
     def __getattr__(self, name: str) -> NoReturn:
-        raise RoleDisabled(self.refusal)
+        # Python's own lookups (copy, pickle, hasattr of a protocol, inspect) ask for
+        # dunder names and find none, as on any object; the service's names refuse.
+        # The refusal is read past this method: on a copy not yet filled in it would
+        # come back here for ever.
+        if (name.startswith("__") and name.endswith("__")) or name == "refusal":
+            raise AttributeError(name)
+        raise RoleDisabled(object.__getattribute__(self, "refusal"))
 
     def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise RoleDisabled(self.refusal)

@@ -4,8 +4,7 @@ request pipeline.
 The broker sends these three requests itself (why, with the measured figures: the
 docstring of ``app/stores/s3/store.py``); everything else (listing, HEAD, DELETE,
 conditional creates) still goes through botocore. Requests are signed by
-``app/stores/s3/sigv4.py``. PUTs go through aiohttp, their bodies sent once the store
-has answered ``100 Continue`` as botocore sends its own; GETs through
+``app/stores/s3/sigv4.py``. PUTs go through aiohttp; GETs through
 ``app/stores/s3/wire.py``, which reads a body straight into the buffers that keep it
 (each pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
 
@@ -178,11 +177,11 @@ class LeanS3:
         if self._session is None:
             raise aiohttp.ClientConnectionError("the S3 session is closed")
         signed = self._signer.headers("PUT", path, headers, body)
-        # Expect: 100-continue (aiohttp adds it, unsigned, as botocore does): the body
-        # goes once the store reads it, not into socket buffers it is not yet draining.
+        # No Expect: 100-continue: aiohttp would wait for the 100 without bound (botocore
+        # sends the body after a second), and a store or proxy that never sends one
+        # would hold the flush, and every flush slot after it, for good.
         async with self._session.request("PUT", URL(self._origin + path, encoded=True),
-                                         headers=signed, data=body,
-                                         expect100=True) as response:
+                                         headers=signed, data=body) as response:
             if response.status != 200:
                 raise _status_error(response.status,
                                     await response.content.read(_MAX_ERROR_BODY))
