@@ -14,7 +14,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from app.settings import CONFIG_FILE_ENV, Settings, SettingsError
+from app.settings import CONFIG_FILE_ENV, ServerSettings, Settings, SettingsError
 
 COMPACTOR_PORT = 8090
 # After the drain (LLOG_DRAIN_S) the server stops accepting; requests in flight finish
@@ -195,7 +195,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(config, settings.metrics_dir)
 
 
-def _tls(s: Settings) -> dict[str, Any]:
+def _tls(s: ServerSettings) -> dict[str, Any]:
     """uvicorn's TLS options from the settings (none: plain HTTP)."""
     import ssl
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from app.auth.control import AccessControl
 from app.auth.jwts import JwtVerifier
+from app.broker.consume_call import Consuming
 from app.broker.event_stream import Streaming
 from app.broker.produce_call import Producing
 from app.compaction.compactor import CompactionConfig
@@ -222,6 +223,7 @@ def test_a_group_checks_its_own_fields() -> None:
     (CompactionScheduler.__init__, "compaction", CompactionSettings),
     (Producing, "limits", LimitSettings),
     (Streaming, "limits", LimitSettings),
+    (Consuming, "limits", LimitSettings),
 ])
 def test_components_name_their_group(function: Any, parameter: str,
                                      group: type[BaseModel]) -> None:

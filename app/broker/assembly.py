@@ -49,7 +49,7 @@ from app.errors import LlogError
 from app.groups.service import GroupService
 from app.observability import S3Usage
 from app.service_health import ServiceHealth
-from app.settings import Settings
+from app.settings import Settings, TopicSettings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.identity import store_identity
 from app.storage.keys import KeyLayout
@@ -116,7 +116,7 @@ async def assemble(process: BrokerProcess) -> AsyncIterator[Broker]:
         s3 = await stack.enter_async_context(S3Store(s.s3, process.store_metrics))
         cache = await _open_cache(s, oxia, layout, stack)
         watch = PartitionWatch()
-        topics = _topic_directory(s, oxia, layout)
+        topics = _topic_directory(s.topic_rules, oxia, layout)
         # A change seen while this process's own write of it is in flight is decided when
         # that write returns; a foreign one then wakes the partition's waiters.
         writer = LogWriter.from_settings(oxia, s3, layout, process.store_metrics, s.writer,
@@ -186,8 +186,8 @@ def compose(process: BrokerProcess, topics: TopicDirectory, cache: TailCache,
         batcher=batcher if batcher is not None else roles.disabled(Batcher, roles.WRITE),
         reader=read.reader, consume=read.consume, admin=read.admin, deleter=read.deleter,
         groups=read.groups, positions=positions, producing=producing,
-        consuming=Consuming(s, read.consume, positions, read.groups, topics,
-                            process.consume_metrics),
+        consuming=Consuming(s.limits, s.answer_encodings, read.consume, positions,
+                            read.groups, topics, process.consume_metrics),
         streaming=Streaming(s.limits, process.health, read.consume, positions, topics,
                             process.consume_metrics),
         on_drain=_drain_steps(read, cluster))
@@ -219,8 +219,8 @@ async def _open_cache(s: Settings, oxia: OxiaStore, layout: KeyLayout,
     return cache
 
 
-def _topic_directory(s: Settings, oxia: OxiaStore, layout: KeyLayout) -> TopicDirectory:
-    rules = s.topic_rules
+def _topic_directory(rules: TopicSettings, oxia: OxiaStore, layout: KeyLayout
+                     ) -> TopicDirectory:
     return TopicDirectory(
         TopicCatalog(oxia, layout), auto_create=rules.auto_create_topics,
         auto_partitions=rules.auto_create_partitions, ttl_s=rules.topic_cache_ttl_s,

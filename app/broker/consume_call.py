@@ -34,7 +34,7 @@ from app.broker.topic_view import TopicDirectory
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge
 from app.groups.committed_offsets import Reset
 from app.groups.service import GroupService
-from app.settings import Settings
+from app.settings import LimitSettings
 from app.storage.keys import TopicPartition
 from app.storage.reader import ReadOutcome, ReadResult
 from app.wire import records as wire
@@ -87,7 +87,8 @@ class Consuming:
     """What a consume request uses of the broker; without the read role, ``consume``
     and ``groups`` are stand-ins that refuse (app/broker/roles.py)."""
 
-    settings: Settings
+    limits: LimitSettings
+    answer_encodings: tuple[str, ...]  # LLOG_ANSWER_ENCODINGS, the server's
     consume: ConsumeService
     positions: Positions  # "earliest" and "latest"
     groups: GroupService  # "committed", and commits
@@ -167,7 +168,7 @@ class ConsumeCall:
 
     def _checked(self) -> list[Fetch]:
         """The request as fetches, within the configured limits (400/413 otherwise)."""
-        ask, s = self.ask, self.broker.settings
+        ask, s = self.ask, self.broker.limits
         if ask.max_wait_ms > s.max_wait_ms_ceiling:
             raise InvalidRequest(f"max_wait_ms {ask.max_wait_ms} exceeds the ceiling of "
                                  f"{s.max_wait_ms_ceiling}")
@@ -294,7 +295,7 @@ class ConsumeCall:
             # (the raw size: compressed, the answer is smaller, and both exist meanwhile)
             hold.hold(sum(len(p) for p in parts))
         parts, encoding = await compress_answer(parts, self.accept_encoding,
-                                                self.broker.settings.answer_encodings)
+                                                self.broker.answer_encodings)
         self.broker.metrics.requests.inc()
         self.broker.metrics.latency.observe(time.monotonic() - self.started)
         return ConsumeAnswer(parts, wire.CONTENT_TYPE if self.binary else "application/json",
