@@ -43,24 +43,29 @@ def _package_imports() -> dict[str, set[str]]:
     return graph
 
 
+def _imported(path: Path) -> list[str]:
+    """Every name ``path`` imports, at the top or inside a function: each module, and
+    each ``module.name`` of a from-import (which may itself be a module)."""
+    found: list[str] = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            found += [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names]
+    return found
+
+
 def _job_module_imports() -> dict[str, set[str]]:
     """jobs/spark's modules -> the ones they import (at the top or inside a function:
     a cycle through a deferred import is still one)."""
     graph: dict[str, set[str]] = defaultdict(set)
     for path in (ROOT / "jobs/spark").glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            else:
-                continue
-            for name in names:
-                parts = name.split(".")
-                if parts[:2] == ["jobs", "spark"] and len(parts) > 2 \
-                        and (ROOT / "jobs/spark" / f"{parts[2]}.py").exists() \
-                        and parts[2] != path.stem:
-                    graph[path.stem].add(parts[2])
+        for name in _imported(path):
+            parts = name.split(".")
+            if parts[:2] == ["jobs", "spark"] and len(parts) > 2 \
+                    and (ROOT / "jobs/spark" / f"{parts[2]}.py").exists() \
+                    and parts[2] != path.stem:
+                graph[path.stem].add(parts[2])
     return graph
 
 
@@ -113,20 +118,12 @@ def test_the_stores_are_reached_through_their_surface() -> None:
     for folder in ("app", "jobs"):
         for path in (ROOT / folder).rglob("*.py"):
             inside = path.relative_to(ROOT).with_suffix("").parts
-            for node in ast.walk(ast.parse(path.read_text())):
-                if isinstance(node, ast.ImportFrom) and node.module:
-                    names = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
-                elif isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                else:
-                    continue
-                for name in names:
-                    for package, surface in STORE_SURFACES.items():
-                        if package.split(".") == list(inside[:3]):
-                            continue  # the package's own modules
-                        if name.startswith(package + ".") and \
-                                name.split(".")[3] not in surface:
-                            found.append(f"{path.relative_to(ROOT)}: {name}")
+            for name in _imported(path):
+                for package, surface in STORE_SURFACES.items():
+                    if package.split(".") == list(inside[:3]):
+                        continue  # the package's own modules
+                    if name.startswith(package + ".") and name.split(".")[3] not in surface:
+                        found.append(f"{path.relative_to(ROOT)}: {name}")
     assert not found, "store modules imported past their surface:\n" + "\n".join(found)
     for package, surface in STORE_SURFACES.items():
         folder = ROOT / package.replace(".", "/")
