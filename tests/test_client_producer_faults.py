@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import sys
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -957,12 +958,13 @@ def test_threads_and_faults_store_each_record_once_in_order() -> None:
 
 def test_callbacks_added_while_batches_complete_run_once() -> None:
     fake = FakeBroker({"t": 4})
-    calls: dict[int, int] = defaultdict(int)
+    calls: dict[RecordFuture, int] = defaultdict(int)
     lock = threading.Lock()
 
     def count(future: RecordFuture) -> None:
+        # The future given equals (is not always) the one the callback was added to.
         with lock:
-            calls[id(future)] += 1
+            calls[future] += 1
 
     with Producer(A, transport=fake.transport(), linger_ms=0, batch_bytes=100,
                   **PLAIN) as producer:
@@ -975,6 +977,25 @@ def test_callbacks_added_while_batches_complete_run_once() -> None:
             thread.join(30)
         producer.flush(30)
     assert len(calls) == len(futures) and set(calls.values()) == {1}
+    assert set(calls) == set(futures)
+
+
+def test_a_done_callback_holds_its_records_place_not_its_future() -> None:
+    """A program that drops its futures frees them at once: the producer keeps a
+    callback's function and its record's place, and gives the function a future equal
+    to the one it was added to (same record, same outcome, same hash)."""
+    fake = FakeBroker({"t": 2})
+    got: list[RecordFuture] = []
+    with Producer(A, transport=fake.transport(), linger_ms=60_000, **PLAIN) as producer:
+        first = producer.send("t", b"one", partition=0)
+        second = producer.send("t", b"two", partition=0)
+        held = sys.getrefcount(first)
+        first.add_done_callback(got.append)
+        assert sys.getrefcount(first) == held and not first.done()
+        producer.flush(30)
+    assert got == [first] and got[0] != second
+    assert hash(got[0]) == hash(first) and got[0].result(0) == first.result(0)
+    assert {got[0]: 1}[first] == 1
 
 
 def test_a_request_refused_whole_is_sent_again_batch_by_batch() -> None:

@@ -101,9 +101,9 @@ class Batch:
         self.error: LlogError | None = None
         self.last_error: LlogError | None = None
         self.waiter = waiter  # set once the batch is finished (threading or anyio Event)
-        # Callbacks of records' futures, flat: a function, the future it is given, the
-        # next function... (one list, no object made per callback).
-        self.callbacks: list[Any] | None = None
+        # The done-callbacks of its records' futures (a DoneCallbacks of
+        # _producer_core, which imports this module), until it is finished.
+        self.callbacks: Any = None
         self.alone = False  # refused whole with other batches: sent by itself from then on
         self.observed = False  # a caller read a future of it (or a delivery callback did)
         self.serial = 0  # the accumulator's count of batches, for flush

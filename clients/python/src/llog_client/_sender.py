@@ -170,11 +170,12 @@ class Sender:
             batch.waiter.set()
         for batch in batches:
             if batch.callbacks is not None:
-                # Taken off the batch first: its futures refer to it, and a batch left
-                # in a cycle with them (and its records) waits for Python's collector.
-                pairs = iter(batch.callbacks)  # function, future, function, future...
+                # Taken off the batch first: a callback's function may hold a future
+                # of the batch, and a batch left in a cycle with it (and its records)
+                # waits for Python's collector.
+                callbacks = batch.callbacks
                 batch.callbacks = None
-                for fn, future in zip(pairs, pairs, strict=True):
+                for fn, future in callbacks.each(batch):
                     try:
                         fn(future)
                     except Exception:
