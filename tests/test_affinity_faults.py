@@ -19,7 +19,9 @@ sent before the kill and answered "maybe written" (the proxy's 502 or a cut conn
 
 A hung broker adds one more way to fail: a survivor's forward to it gets no answer, and
 if the hung broker had taken the frame (its fence says so), the requests with a group in
-it are answered CommitInDoubt (a keyed entry is then sent again under its key). A
+it are answered CommitInDoubt (an entry with its producer's sequence is then sent again
+under it: seconds later, after more appends than a partition remembers idempotency keys
+of, so sequences, not keys, keep it single). A
 producer may meet that more than once (its next request can go to the other survivor,
 whose frames to the hung broker are still waiting), but each survivor sends the hung
 broker no frame after one went unanswered: at most the lane's two frames in flight go
@@ -125,14 +127,14 @@ async def test_a_broker_killed_under_load_fails_only_what_was_in_flight_on_it(
     await _kill_under_load(brokers, stack, tmp_path, keyed=True, hang_first=False)
 
 
-@pytest.mark.parametrize("keyed", [True, False], ids=["keyed", "keyless"])
+@pytest.mark.parametrize("keyed", [True, False], ids=["sequenced", "keyless"])
 async def test_a_hung_broker_killed_under_load_leaves_forwards_in_doubt_and_resolved(
         keyed: bool, brokers: BrokerFactory, stack: LocalStack, tmp_path: Path) -> None:
     """The broker hangs (SIGSTOP) before its kill -9: the survivors' forwards to it get
     no answer, so their outcome is unknown, surely. Each frame's fence settles it: what
     the hung broker had not taken is appended by the survivor, what it had taken is
-    answered CommitInDoubt (keyed entries are then sent again under their keys by the
-    producers, keyless ones given up); either way once each in the log."""
+    answered CommitInDoubt (entries with their producer's sequence are then sent again
+    under it by the producers, keyless ones given up); either way once each in the log."""
     await _kill_under_load(brokers, stack, tmp_path, keyed=keyed, hang_first=True)
 
 
@@ -146,7 +148,8 @@ async def _kill_under_load(brokers: BrokerFactory, stack: LocalStack, tmp_path: 
     unknown_before = 0.0
     with behind("caddy", started, tmp_path / "caddy") as proxy:
         load = FailoverLoad([proxy.url], topic, PARTITIONS, producers_per_broker=PRODUCERS,
-                            entries_per_request=ENTRIES, keyed=keyed, root_prefix=prefix)
+                            entries_per_request=ENTRIES, keyed=keyed, sequenced=keyed,
+                            root_prefix=prefix)
         await _until_views([b.url for b in started], members, 30)
         async with load.running(stack):
             with anyio.fail_after(180):  # generous: a loaded machine runs slowly

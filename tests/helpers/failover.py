@@ -6,8 +6,16 @@ entry the broker may have written (``maybe_written``, or no answer at all) is se
 with the same key; an entry the broker says it did not write (retriable, not
 ``maybe_written``) is sent again with a *new* key. So a broker that wrongly says
 "nothing was written" leaves a second copy in the log, which :meth:`FailoverLoad.verify`
-reports. Without keys (``keyed=False``) an entry that may have been written is given up
-instead (``in_doubt``: it may be stored, once). A request may carry entries for several
+reports. A key keeps a resend single only while it is among its partition's 64 most
+recent (docs/protocol.md, Idempotent appends): a load whose resends may come seconds
+later, after more appends than that (a forward in doubt until a dead broker's fence is
+settled), sends producer sequences instead (``sequenced``): each producer's entry for a
+partition names the producer and its place in the producer's sequence, which the
+partition remembers however many appends come between, while fewer than 64 other
+producers commit there. The same rules, by construction: resent under the same
+sequence; told "not written", under a new producer id from sequence 0. Without keys
+(``keyed=False``) an entry that may have been written is given up instead
+(``in_doubt``: it may be stored, once). A request may carry entries for several
 partitions (``entries_per_request``); each entry is judged on its own result.
 Consumers long-poll every partition through every broker from offset 1 and check each
 offset follows the previous one. :func:`outage_problems` judges whether
@@ -140,6 +148,9 @@ class FailoverLoad:
     # False: entries carry no idempotency key, so one that may have been written is
     # given up (``in_doubt``), never sent again.
     keyed: bool = True
+    # With ``keyed``: each entry carries its producer's sequence (``producer_id``,
+    # ``sequence``) rather than an idempotency key (see the module).
+    sequenced: bool = False
     # Entries (each of another partition) in one produce request.
     entries_per_request: int = 1
     # The brokers' LLOG_ROOT_PREFIX when not the stack's own.
@@ -161,6 +172,8 @@ class FailoverLoad:
         self._drained = anyio.Event()
         self._running_consumers = 0
         self._rng = random.Random(7)
+        # (producer, partition) -> [producer id's epoch, the next entry's sequence]
+        self._sequences: dict[tuple[str, int], list[int]] = {}
 
     # -- progress ----------------------------------------------------------------------
 
@@ -236,7 +249,11 @@ class FailoverLoad:
             for p, values in pending.items():
                 entry: dict[str, Any] = {"topic": self.topic, "partition": p,
                                          "records": values}
-                if self.keyed:
+                if self.keyed and self.sequenced:
+                    epoch, sequence = self._sequences.setdefault((name, p), [0, 0])
+                    entry["producer_id"] = f"{name}-{p}-{epoch}"
+                    entry["sequence"] = sequence
+                elif self.keyed:
                     suffix = f"{keys[p]}" if len(parts) == 1 else f"{p}-{keys[p]}"
                     entry["idempotency_key"] = f"{name}-{i}-{suffix}"
                 entries.append(entry)
@@ -258,6 +275,8 @@ class FailoverLoad:
                 if result.get("ok"):
                     self._record(p, result, values)
                     del pending[p]
+                    if self.sequenced:
+                        self._sequences[(name, p)][1] += 1
                     continue
                 error = result.get("error_type", f"http:{r.status_code}")
                 self.errors[error] += 1
@@ -270,7 +289,11 @@ class FailoverLoad:
                     self.in_doubt.update(values)  # sending it again could store it twice
                     del pending[p]
                 elif not result.get("maybe_written"):
-                    keys[p] += 1  # the broker says nothing was written: a new key proves it
+                    # The broker says nothing was written: a new key (or producer id)
+                    # proves it.
+                    keys[p] += 1
+                    if self.sequenced:
+                        self._sequences[(name, p)] = [self._sequences[(name, p)][0] + 1, 0]
             if pending:
                 await anyio.sleep(retry_after)
         if not self.in_doubt.intersection(v for values in parts.values() for v in values):
