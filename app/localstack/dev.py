@@ -41,6 +41,13 @@ SHIPPED_COMPRESSION = "zstd:1"
 # it falls behind while a load above the rate lasts and catches up when it stops
 # (docs/performance.md, "As users run it").
 DEV_COMPACTION_MAX_BYTES_PER_S = str(4 * 1024 * 1024)
+# The most WAL bytes one of its runs rewrites (LLOG_COMPACTION_MAX_BYTES; 64 MiB
+# elsewhere). A run is paid for once done, so the rate above is an average over bursts
+# of a run each: a 64 MiB run's reads and PUT held up the broker's own PUTs to the same
+# MinIO for 100-340 ms, and every produce in flight with them (a paced producer at
+# 130,000 records/s: 42-69 of ~8,000 requests over 100 ms in 100 s, a 10 s p99 above
+# 250 ms in 2-3 of 8; with 8 MiB runs, 5 and none; with the compactor stopped, 0).
+DEV_COMPACTION_MAX_BYTES = str(8 * 1024 * 1024)
 
 
 @dataclass
@@ -119,15 +126,17 @@ def broker_env(stack: LocalStack, data_dir: Path, name: str) -> dict[str, str]:
 
 def compactor_env(stack: LocalStack) -> dict[str, str]:
     """The environment of the compactor ``llog dev`` runs beside its brokers: throttled,
-    unless the user's environment sets LLOG_COMPACTION_MAX_BYTES_PER_S (to a rate, or
-    to "unlimited" or "" for none)."""
+    in runs of 8 MiB, unless the user's environment sets LLOG_COMPACTION_MAX_BYTES_PER_S
+    (to a rate, or to "unlimited" or "" for none) or LLOG_COMPACTION_MAX_BYTES."""
     return {**stack.settings_env(),
             "LLOG_BROKER_ID": os.environ.get("LLOG_BROKER_ID", "broker-dev") + "-compactor",
             # As short as the brokers': no balancer routes to a compactor, and its running
             # visits finish within the shutdown's grace either way.
             "LLOG_DRAIN_S": os.environ.get("LLOG_DRAIN_S", DEV_DRAIN_S),
             "LLOG_COMPACTION_MAX_BYTES_PER_S": os.environ.get(
-                "LLOG_COMPACTION_MAX_BYTES_PER_S", DEV_COMPACTION_MAX_BYTES_PER_S)}
+                "LLOG_COMPACTION_MAX_BYTES_PER_S", DEV_COMPACTION_MAX_BYTES_PER_S),
+            "LLOG_COMPACTION_MAX_BYTES": os.environ.get(
+                "LLOG_COMPACTION_MAX_BYTES", DEV_COMPACTION_MAX_BYTES)}
 
 
 def start_compactor(stack: LocalStack, data_dir: Path, *, log_level: str = "warning",
