@@ -92,20 +92,20 @@ def test_started_freezes_only_when_asked(collector: None) -> None:
 
 def test_the_frozen_objects_are_counted_once_when_frozen(
         collector: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Counting them walks every one (about 10 ms in a broker): a sample of the figures
+    """Counting them walks every one (about 4 ms in a broker): a sample of the figures
     (the console's sampler, a /metrics scrape) does not count them again."""
     gc.unfreeze()
     policy = CollectorPolicy(0, freeze_after_start=True)
     assert policy.statistics().frozen_objects == 0
     policy.started()
-    frozen = gc.get_freeze_count()
+    frozen = gc.get_freeze_count()  # at most what started() counted: some may have died
     assert frozen > 0
 
     def walk() -> int:
         raise AssertionError("the frozen objects were counted again")
 
     monkeypatch.setattr(gc, "get_freeze_count", walk)
-    assert policy.statistics().frozen_objects == frozen
+    assert policy.statistics().frozen_objects >= frozen
 
 
 async def test_an_app_owning_its_process_freezes_after_its_startup(collector: None) -> None:
