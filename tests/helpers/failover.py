@@ -289,11 +289,12 @@ class FailoverLoad:
                     self.in_doubt.update(values)  # sending it again could store it twice
                     del pending[p]
                 elif not result.get("maybe_written"):
-                    # The broker says nothing was written: a new key (or producer id)
+                    # The broker says nothing was written: a new producer id (or key)
                     # proves it.
-                    keys[p] += 1
                     if self.sequenced:
                         self._sequences[(name, p)] = [self._sequences[(name, p)][0] + 1, 0]
+                    else:
+                        keys[p] += 1
             if pending:
                 await anyio.sleep(retry_after)
         if not self.in_doubt.intersection(v for values in parts.values() for v in values):
