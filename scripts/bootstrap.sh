@@ -11,7 +11,7 @@
 #                                 generated-client tests, Chromium for the console's
 #                                 browser tests (the default)
 # Each step is a no-op when it is done already (the venv is stamped by the hash of
-# pyproject.toml and the client's, clients/python/pyproject.toml; binaries are cached by
+# pyproject.toml and the client's, clients/python/pyproject.toml and setup.py; binaries are cached by
 # the hash of their pinned modules).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,7 +33,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.llog-installed
-hash=$(cat pyproject.toml clients/python/pyproject.toml | sha256sum | cut -d' ' -f1)
+hash=$(cat pyproject.toml clients/python/pyproject.toml clients/python/setup.py | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$hash" ]; then
   # uv installs the ~140 packages in seconds where pip takes most of a minute, and pip
   # stays in the venv for whoever adds an extra by hand (`.venv/bin/pip install ...`).
@@ -64,6 +64,15 @@ PY
     .venv/bin/uv pip install --quiet --python .venv/bin/python --reinstall --no-deps \
       -e clients/python
   echo "$hash" > "$stamp"
+fi
+# The client's per-record modules are compiled to C in place by its editable install
+# (clients/python/setup.py), and Python imports a compiled module before its source: one
+# older than an edit of its source is built again, or the edit would not run.
+if [ "${LLOG_CLIENT_COMPILE:-1}" != 0 ] && \
+    [ -n "$(.venv/bin/python -c 'from llog_client._compiled import stale; print(*stale())')" ]; then
+  step "building the client's compiled modules again (their source changed)"
+  .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps \
+    --reinstall-package llog-client -e clients/python
 fi
 # The project's own modules too (editable: never compiled by an install). Python checks
 # each against its source, so an edit is never run stale; this only saves compiling.

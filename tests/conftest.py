@@ -27,6 +27,14 @@ pytest_plugins = ("tests.helpers.gate", "tests.helpers.browser")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # The client's compiled modules shadow their source (clients/python/setup.py): tests
+    # of an edit that has not been built would pass or fail on the old code.
+    from llog_client._compiled import stale
+
+    if stale():
+        raise pytest.UsageError(
+            f"llog_client's compiled modules {', '.join(stale())} are older than their "
+            "source: run scripts/bootstrap.sh python (it builds them again)")
     # Each parallel process (and every server it starts) chooses ports from a range of its
     # own: two processes starting clusters at once never choose the same port.
     workerinput = getattr(config, "workerinput", None)

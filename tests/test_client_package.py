@@ -7,6 +7,7 @@ consumer group and the ``llog`` command against a real broker."""
 from __future__ import annotations
 
 import argparse
+import importlib.machinery
 import os
 import shutil
 import subprocess
@@ -21,6 +22,7 @@ from typing import Any
 import pytest
 
 from llog_client import _cli
+from llog_client._compiled import MODULES, stale
 from tests.helpers.stack import Broker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,6 +36,27 @@ def _project(path: Path) -> dict[str, Any]:
     with path.open("rb") as f:
         project: dict[str, Any] = tomllib.load(f)["project"]
     return project
+
+
+def test_the_producers_per_record_modules_run_compiled_unless_told_otherwise() -> None:
+    """setup.py compiles them (the editable install here, the wheel below), and falls
+    back to interpreted only without a C compiler or with LLOG_CLIENT_COMPILE=0."""
+    import llog_client
+
+    expected = os.environ.get("LLOG_CLIENT_COMPILE", "1") != "0"
+    assert llog_client.compiled() is expected
+    assert stale() == []  # conftest refuses to run otherwise
+
+
+def test_a_compiled_module_older_than_its_source_is_named(tmp_path: Path) -> None:
+    suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
+    for stem in ("_codec", "_accumulator"):
+        (tmp_path / f"{stem}{suffix}").write_bytes(b"")
+        (tmp_path / f"{stem}.py").write_text("")
+    os.utime(tmp_path / f"_codec{suffix}", (1, 1))  # built before the edit
+    assert stale(tmp_path) == ["llog_client._codec"]
+    os.utime(tmp_path / "_codec.py", (0, 0))
+    assert stale(tmp_path) == []
 
 
 def test_the_client_is_its_own_distribution_at_the_brokers_version() -> None:
@@ -129,7 +152,8 @@ import sys
 
 import httpx
 
-from llog_client import LlogClient, Record
+import llog_client
+from llog_client import LlogClient, Producer, Record
 
 url, topic, group = sys.argv[1:4]
 sent = []
@@ -176,6 +200,13 @@ with LlogClient(url, transport=Recording()) as llog:
             if record.offset == 12:
                 break
     assert offsets == list(range(6, 13)), offsets
+
+# The producer, its per-record modules compiled (no mypy installed here).
+assert llog_client.compiled()
+with Producer(url, compression="none") as producer:
+    futures = [producer.send(topic, b"p%d" % i, partition=1) for i in range(3)]
+    producer.flush()
+assert [f.result().offset for f in futures] == [1, 2, 3], futures
 print("ok")
 """
 
@@ -195,7 +226,7 @@ def _build(out: Path) -> tuple[Path, Path]:
     copy, as setuptools leaves its egg-info beside the sources."""
     source = out / "source"
     shutil.copytree(CLIENT, source, ignore=shutil.ignore_patterns(
-        "__pycache__", "*.egg-info", "build", "dist"))
+        "__pycache__", "*.egg-info", "build", "dist", "*.so", "*.pyd"))
     _run(UV, "build", "--quiet", "--out-dir", out, source, cwd=out)
     (sdist,), (wheel,) = out.glob("llog_client-*.tar.gz"), out.glob("llog_client-*.whl")
     with tarfile.open(sdist) as tar:
@@ -212,6 +243,11 @@ def _build(out: Path) -> tuple[Path, Path]:
     assert not any(n.startswith(("app/", "jobs/", "tests/")) for n in names), names
     assert any("httpx" in r for r in requires) and not any("fastapi" in r for r in requires)
     assert "llog = llog_client._cli:main" in scripts
+    # The producer's per-record modules compiled (setup.py), their source beside them.
+    for name in MODULES:
+        stem = name.replace(".", "/")
+        assert f"{stem}.py" in names and any(
+            n.startswith(f"{stem}.") and n.endswith(".so") for n in names), (stem, names)
     return sdist, wheel
 
 

@@ -14,6 +14,7 @@ See docs/client.md.
 from llog_client._aconsumer import AsyncConsumer
 from llog_client._aio import AsyncLlogClient
 from llog_client._aio_producer import AsyncProducer
+from llog_client._compiled import compiled
 from llog_client._compression import Compression
 from llog_client._config import DEFAULT_BROKER_URL, version
 from llog_client._consumer import Consumer, GroupConsumer
@@ -179,5 +180,6 @@ __all__ = [
     "UnknownProducer",
     "UnknownTopic",
     "UnsupportedEncoding",
+    "compiled",
     "version",
 ]
