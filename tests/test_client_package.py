@@ -48,6 +48,33 @@ def test_the_producers_per_record_modules_run_compiled_unless_told_otherwise() -
     assert stale() == []  # conftest refuses to run otherwise
 
 
+def test_the_same_modules_interpreted_produce_the_same(broker: Broker, tmp_path: Path
+                                                      ) -> None:
+    """What a machine without a C compiler installs: the source alone."""
+    source = tmp_path / "src"
+    shutil.copytree(CLIENT / "src", source, ignore=shutil.ignore_patterns(
+        "__pycache__", "*.so", "*.pyd"))
+    program = (
+        "import sys\n"
+        "import llog_client\n"
+        "from llog_client import LlogClient, Producer\n"
+        "assert not llog_client.compiled()\n"
+        "url, topic = sys.argv[1:3]\n"
+        "with Producer(url, compression='none') as producer:\n"
+        "    futures = [producer.send(topic, b'v%d' % i, key=bytearray(b'k'), partition=i % 2,\n"
+        "                             headers=[['h', b'x']]) for i in range(1000)]\n"
+        "    producer.flush()\n"
+        "placed = [f.result() for f in futures]\n"
+        "print(sorted({(m.partition, m.offset) for m in placed}) == sorted(\n"
+        "    (p, o) for p in (0, 1) for o in range(1, 501)))\n")
+    topic = f"pure-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "PYTHONPATH": str(source)}
+    done = subprocess.run([sys.executable, "-c", program, broker.url, topic], env=env,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "True"
+
+
 def test_a_compiled_module_older_than_its_source_is_named(tmp_path: Path) -> None:
     suffix = importlib.machinery.EXTENSION_SUFFIXES[0]
     for stem in ("_codec", "_accumulator"):

@@ -4,10 +4,14 @@ fail, fill up or refuse."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
+import pickle
 import signal
 import threading
 from collections import defaultdict
+from fractions import Fraction
 from urllib.parse import urlsplit
 
 import anyio
@@ -22,6 +26,7 @@ from llog_client import (
     PayloadTooLarge,
     Producer,
     ProducerClosed,
+    ProducerSettings,
     RecordMetadata,
 )
 from llog_client._partitioner import partition_for_key
@@ -86,6 +91,74 @@ def test_round_trip_of_every_kind_of_record(broker: Broker, topic: str) -> None:
         assert stored[(meta.partition, meta.offset)] == (value, key, headers, ts)
         if key is not None:
             assert meta.partition == partition_for_key(key, 3)
+
+
+class Index:
+    """An integer that is not an int (numpy's integers are such)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __index__(self) -> int:
+        return self.n
+
+
+def test_a_send_takes_what_its_signature_promises_compiled_or_not(
+        broker: Broker, topic: str) -> None:
+    """The per-record modules run compiled (llog_client.compiled()), where an annotation
+    is checked at each call: what the public signature takes still goes, and what the
+    wire cannot carry is refused at the send, the producer going on."""
+    with LlogClient(broker.url) as llog:
+        llog.create_topic(topic, 3)
+    settings = {**SMALL, "batch_bytes": 50e3, "buffer_bytes": 64e6, "ordered": 1,
+                "max_in_flight": Index(4), "linger_ms": 2}
+    with Producer(broker.url, **settings) as producer:
+        sent = [
+            producer.send(topic, bytearray(b"v0"), key=bytearray(b"k0"), partition=Index(1)),
+            producer.send(topic, memoryview(b"v1"), key=memoryview(b"k1"), partition=2,
+                          headers=[["h", bytearray(b"x")], ("i", memoryview(b"y"))],
+                          timestamp_ms=Index(1_700_000_000_000)),
+            producer.send(topic, "v2", key="k2", partition=True, headers=[("h", "z")]),
+        ]
+        refused = [
+            ({"partition": 1.0}, TypeError), ({"timestamp_ms": 1.7e12}, TypeError),
+            ({"partition": 2 ** 31}, ValueError), ({"headers": [(b"h", b"x")]}, TypeError),
+            ({"key": 17}, TypeError), ({"timestamp_ms": -1}, ValueError)]
+        for given, error in refused:
+            with pytest.raises(error):
+                producer.send(topic, b"never", **given)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            producer.send(b"bytes-topic", b"never")  # type: ignore[arg-type]
+        sent.append(producer.send(topic, b"v3", partition=1))
+        producer.flush()
+        assert producer.metrics()["records_failed"] == 0
+    assert [(m.partition, m.offset) for m in (f.result() for f in sent)] == [
+        (1, 1), (2, 1), (1, 2), (1, 3)]
+    with LlogClient(broker.url) as llog:
+        stored = [(r.partition, r.value, r.key, r.headers, r.timestamp_ms)
+                  for p in (1, 2) for r in llog.iter_records(topic, p, start="earliest",
+                                                            follow=False)]
+    assert stored == [(1, b"v0", b"k0", (), None), (1, b"v2", b"k2", (("h", b"z"),), None),
+                      (1, b"v3", None, (), None),
+                      (2, b"v1", b"k1", (("h", b"x"), ("i", b"y")), 1_700_000_000_000)]
+
+
+def test_producer_settings_are_plain_numbers_and_a_plain_dataclass() -> None:
+    settings = ProducerSettings(batch_bytes=50e3, linger_ms=Fraction(1, 2),  # type: ignore[arg-type]
+                                ordered=0, max_in_flight=Index(3))  # type: ignore[arg-type]
+    assert (settings.batch_bytes, settings.linger_ms, settings.ordered,
+            settings.max_in_flight) == (50_000, 0.5, False, 3)
+    assert type(settings.batch_bytes) is int and type(settings.linger_ms) is float
+    assert copy.copy(settings) == pickle.loads(pickle.dumps(settings)) == settings
+
+    @dataclasses.dataclass(frozen=True)
+    class Mine(ProducerSettings):
+        note: str = ""
+
+    assert Mine(note="x").batch_bytes == ProducerSettings().batch_bytes
+    for wrong in ({"batch_bytes": 1.5}, {"linger_ms": "soon"}):
+        with pytest.raises(TypeError):
+            ProducerSettings(**wrong)  # type: ignore[arg-type]
 
 
 def test_records_of_a_partition_keep_their_order(broker: Broker, topic: str) -> None:

@@ -90,7 +90,8 @@ from llog_client._models import (
 )
 from llog_client._params import UNSET
 from llog_client._producer import Producer
-from llog_client._producer_core import AsyncRecordFuture, ProducerSettings, RecordFuture
+from llog_client._producer_core import AsyncRecordFuture, RecordFuture
+from llog_client._producer_settings import ProducerSettings
 from llog_client._records import PartitionBatch, RecordView
 from llog_client._retry import NO_RETRIES, ProduceLimits, RetryPolicy
 from llog_client._sync import LlogClient

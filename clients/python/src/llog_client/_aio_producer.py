@@ -21,12 +21,14 @@ from llog_client._producer_core import (
     DeliveryCallback,
     Headers,
     ProducerCore,
-    ProducerSettings,
+    as_partition,
+    as_topic,
     delivery_hook,
     posts_for,
     unobserved_error,
 )
 from llog_client._producer_metrics import prometheus_text
+from llog_client._producer_settings import ProducerSettings
 from llog_client._sender import Sender
 from llog_client._topic_meta import MAX_AGE_S, TopicMeta
 
@@ -95,7 +97,8 @@ class AsyncProducer:
     # -- sending -----------------------------------------------------------------------
 
     async def send(self, topic: str, value: Bytesish | bytearray | memoryview, *,
-                   key: Bytesish | None = None, partition: int | None = None,
+                   key: Bytesish | bytearray | memoryview | None = None,
+                   partition: int | None = None,
                    headers: Headers = None, timestamp_ms: int | None = None
                    ) -> AsyncRecordFuture:
         """Queue one record; its future (``await`` it for the record's metadata)."""
@@ -106,7 +109,9 @@ class AsyncProducer:
             future: AsyncRecordFuture | None = core.express(topic, value, partition)
             if future is not None:
                 return future
-        raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
+        raw, raw_key, raw_headers, size, timestamp_ms = core.record(value, key, headers,
+                                                                   timestamp_ms)
+        topic, partition = as_topic(topic), as_partition(partition)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():
             if core.needs_topic(partition):

@@ -23,13 +23,15 @@ from llog_client._producer_core import (
     DeliveryCallback,
     Headers,
     ProducerCore,
-    ProducerSettings,
     RecordFuture,
+    as_partition,
+    as_topic,
     delivery_hook,
     posts_for,
     unobserved_error,
 )
 from llog_client._producer_metrics import prometheus_text
+from llog_client._producer_settings import ProducerSettings
 from llog_client._sender import Sender
 from llog_client._topic_meta import MAX_AGE_S, TopicMeta
 
@@ -133,7 +135,8 @@ class Producer:
     # -- sending -----------------------------------------------------------------------
 
     def send(self, topic: str, value: Bytesish | bytearray | memoryview, *,
-             key: Bytesish | None = None, partition: int | None = None,
+             key: Bytesish | bytearray | memoryview | None = None,
+             partition: int | None = None,
              headers: Headers = None, timestamp_ms: int | None = None) -> RecordFuture:
         """Queue one record; its future. Without ``partition``, a keyed record goes to
         its key's partition (the broker's rule) and the others to a partition chosen a
@@ -144,7 +147,9 @@ class Producer:
             future: RecordFuture | None = core.express(topic, value, partition)
             if future is not None:
                 return future
-        raw, raw_key, raw_headers, size = core.record(value, key, headers, timestamp_ms)
+        raw, raw_key, raw_headers, size, timestamp_ms = core.record(value, key, headers,
+                                                                   timestamp_ms)
+        topic, partition = as_topic(topic), as_partition(partition)
         meta = core.topics.get(topic)
         if meta is None or meta.expires <= time.monotonic():
             if core.needs_topic(partition):

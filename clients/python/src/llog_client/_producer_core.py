@@ -4,12 +4,12 @@ placed in its partition, and the future a caller holds for it."""
 from __future__ import annotations
 
 import contextlib
+import operator
 import re
 import threading
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsFloat
 
 from llog_client._accumulator import RECORD_OVERHEAD, Accumulator, Batch, Route
 from llog_client._batching import KeySource
@@ -20,76 +20,26 @@ from llog_client._http_post import PostPool
 from llog_client._models import Bytesish, RecordMetadata
 from llog_client._partitioner import partition_for_key
 from llog_client._producer_metrics import ProducerMetrics
+from llog_client._producer_settings import ProducerSettings
 from llog_client._retry import ProduceLimits, RetryPolicy
-from llog_client._retry_rules import SenderSettings
 from llog_client._sender import Sender
 from llog_client._sequences import ProducerSequences
 from llog_client._topic_meta import TopicMeta
 
-MiB = 1024 * 1024
-# A partition remembers where a producer's last 5 batches went (docs/http-api.md,
-# Idempotent producers): a resend of the oldest of that many in flight is still known.
-MAX_IN_FLIGHT_PER_PARTITION = 5
 _new_tuple = tuple.__new__  # a NamedTuple made without its Python-level __new__
 # A header's name is 1 to 256 characters; a record has at most 64 (the broker's limits).
 MAX_HEADER_NAME = 256
 MAX_HEADERS = 64
 MAX_TIMESTAMP_MS = 2 ** 63 - 1
+MAX_PARTITION = 2 ** 31 - 1  # the wire's partition is a signed 32-bit number
 # Kafka's rule for topic names, as the broker's (docs/http-api.md).
 _TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}")
 DeliveryCallback = Callable[[RecordMetadata | None, LlogError | None], None]
 Headers = Sequence[tuple[str, Bytesish]] | None
-
-
-@dataclass(frozen=True)
-class ProducerSettings:
-    """See :class:`~llog_client.Producer`. The defaults were chosen by measurement
-    (docs/client.md, Producer): a batch of 1 MiB per partition and requests of 4 MiB
-    keep the broker's per-request costs small at full speed, and 5 ms of linger (what
-    Kafka's clients wait by default) costs a lone record little latency."""
-
-    linger_ms: float = 5.0
-    batch_bytes: int = 1 * MiB
-    max_request_bytes: int = 4 * MiB
-    max_request_records: int = 100_000
-    max_request_entries: int = 1_000
-    max_in_flight: int = 8
-    buffer_bytes: int = 64 * MiB
-    max_block_ms: float = 60_000.0
-    delivery_timeout_ms: float = 120_000.0
-    request_timeout_s: float = 30.0
-    retry_backoff_ms: float = 100.0
-    retry_backoff_max_ms: float = 1_000.0
-    ordered: bool = True
-    # Ordered: a partition's batches in flight at once, kept in order by its producer
-    # sequence (at most what a partition remembers of a producer: 5).
-    in_flight_per_partition: int = 5
-
-    def __post_init__(self) -> None:
-        for name in ("batch_bytes", "max_request_bytes", "max_request_records",
-                     "max_request_entries", "max_in_flight", "buffer_bytes"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be positive")
-        if not 1 <= self.in_flight_per_partition <= MAX_IN_FLIGHT_PER_PARTITION:
-            raise ValueError("in_flight_per_partition must be 1 to "
-                             f"{MAX_IN_FLIGHT_PER_PARTITION}")
-        if self.batch_bytes > self.max_request_bytes:
-            raise ValueError("batch_bytes must be at most max_request_bytes")
-        if self.linger_ms < 0 or self.max_block_ms < 0:
-            raise ValueError("linger_ms and max_block_ms must not be negative")
-        if not self.request_timeout_s > 0:
-            raise ValueError("request_timeout_s must be positive")
-        if self.delivery_timeout_ms < self.request_timeout_s * 1000:
-            raise ValueError("delivery_timeout_ms must be at least the request timeout")
-
-    def sender(self, compression: Compression | None) -> SenderSettings:
-        return SenderSettings(
-            max_in_flight=self.max_in_flight, max_request_bytes=self.max_request_bytes,
-            max_request_records=self.max_request_records,
-            max_request_entries=self.max_request_entries,
-            delivery_timeout_s=self.delivery_timeout_ms / 1000,
-            backoff_s=self.retry_backoff_ms / 1000,
-            backoff_max_s=self.retry_backoff_max_ms / 1000, compression=compression)
+# What this module's functions take from a user's call is typed Any where the public
+# signature promises more than its annotation says (a bytearray key, headers as lists,
+# numpy's integers): compiled (clients/python/setup.py), an annotation is checked at the
+# call and would refuse what the interpreted module took. Each is checked here instead.
 
 
 def as_bytes(value: Bytesish | bytearray | memoryview, what: str) -> bytes:
@@ -102,16 +52,40 @@ def as_bytes(value: Bytesish | bytearray | memoryview, what: str) -> bytes:
     raise TypeError(f"a record's {what} is bytes or str, not {type(value).__name__}")
 
 
-def as_headers(headers: Headers) -> tuple[tuple[str, bytes], ...]:
+def as_headers(headers: Any) -> tuple[tuple[str, bytes], ...]:
+    """(name, value) pairs, as tuples or lists; a name is a str, a value bytes or str."""
     if not headers:
         return ()
-    out = tuple((str(name), as_bytes(value, "header value")) for name, value in headers)
+    out = tuple(as_header(pair) for pair in headers)
     if len(out) > MAX_HEADERS:
         raise ValueError(f"a record has at most {MAX_HEADERS} headers")
     for name, _ in out:
         if not 1 <= len(name) <= MAX_HEADER_NAME:
             raise ValueError(f"a header name is 1 to {MAX_HEADER_NAME} characters")
     return out
+
+
+def as_header(pair: Any) -> tuple[str, bytes]:
+    name, value = pair
+    if not isinstance(name, str):
+        raise TypeError(f"a header name is a str, not {type(name).__name__}")
+    return name, as_bytes(value, "header value")
+
+
+def as_partition(partition: Any) -> int | None:
+    """A partition given as any integer (numpy's too): a plain int of the wire's range."""
+    if partition is None:
+        return None
+    number = operator.index(partition)
+    if not 0 <= number <= MAX_PARTITION:
+        raise ValueError(f"a partition is 0 .. {MAX_PARTITION}, not {number}")
+    return number
+
+
+def as_topic(topic: Any) -> str:
+    if not isinstance(topic, str):
+        raise TypeError(f"a topic is a str, not {type(topic).__name__}")
+    return topic
 
 
 class ProducerCore:
@@ -141,19 +115,22 @@ class ProducerCore:
         self.max_record_size = min(settings.max_request_bytes, settings.buffer_bytes)
         self.buffer_bytes = settings.buffer_bytes
 
-    def record(self, value: Bytesish | bytearray | memoryview, key: Bytesish | None,
-               headers: Headers, timestamp_ms: int | None
-               ) -> tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...], int]:
-        """The record as bytes, and its size against the limits (``buffer_bytes`` and
-        ``max_request_bytes``: a record over them could never be sent). What the wire
-        cannot carry is refused here, not in the sender with other records."""
-        if timestamp_ms is not None and not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
-            raise ValueError(f"timestamp_ms is 0 .. {MAX_TIMESTAMP_MS}, not {timestamp_ms}")
+    def record(self, value: Any, key: Any, headers: Any, timestamp_ms: Any
+               ) -> tuple[bytes, bytes | None, tuple[tuple[str, bytes], ...], int, int | None]:
+        """The record as bytes, its size against the limits (``buffer_bytes`` and
+        ``max_request_bytes``: a record over them could never be sent), and its
+        timestamp as a plain int. What the wire cannot carry is refused here, not in
+        the sender with other records."""
+        if timestamp_ms is not None:
+            timestamp_ms = operator.index(timestamp_ms)
+            if not 0 <= timestamp_ms <= MAX_TIMESTAMP_MS:
+                raise ValueError(f"timestamp_ms is 0 .. {MAX_TIMESTAMP_MS}, "
+                                 f"not {timestamp_ms}")
         if type(value) is bytes and key is None and not headers:  # the common case, fast
             size = len(value) + RECORD_OVERHEAD
             if size > self.max_record_size:
                 raise self._too_large(size)
-            return value, None, (), size
+            return value, None, (), size, timestamp_ms
         raw = as_bytes(value, "value")
         raw_key = None if key is None else as_bytes(key, "key")
         raw_headers = as_headers(headers)
@@ -162,7 +139,7 @@ class ProducerCore:
             size += len(name) + len(header_value) + 6
         if size > self.max_record_size:
             raise self._too_large(size)
-        return raw, raw_key, raw_headers, size
+        return raw, raw_key, raw_headers, size, timestamp_ms
 
     def _too_large(self, size: int) -> PayloadTooLarge:
         return PayloadTooLarge(
@@ -243,7 +220,7 @@ class ProducerCore:
                 meta.sticky_batch = batch
         return batch, index, wake
 
-    def express(self, topic: str, value: bytes, partition: int | None) -> Any:
+    def express(self, topic: Any, value: bytes, partition: Any) -> Any:
         """A value alone appended in one step: its future, when its partition's open
         batch takes it without filling up and the buffer has room; None when anything
         else applies (the caller then takes the whole way, which decides the rest, a
@@ -259,7 +236,8 @@ class ProducerCore:
             batch = meta.sticky_batch
         else:
             tails = self.acc.tails.get(topic)
-            batch = None if tails is None else tails.get(partition)
+            # Another kind of number (1.0 finds partition 1 too): the whole way checks it.
+            batch = None if tails is None or type(partition) is not int else tails.get(partition)
         if batch is None:
             return None
         size = len(value) + RECORD_OVERHEAD
@@ -412,7 +390,7 @@ class RecordFuture(_FutureBase):
 
     __slots__ = ()
 
-    def result(self, timeout: float | None = None) -> RecordMetadata:
+    def result(self, timeout: SupportsFloat | None = None) -> RecordMetadata:
         # _outcome written out: result() runs once per record in most callbacks.
         batch = self._batch
         if not batch.finished and not batch.waiter.wait(timeout):
@@ -424,7 +402,7 @@ class RecordFuture(_FutureBase):
         return _new_tuple(RecordMetadata, (route[0], route[1], batch.base_offset + self._index,
                                            batch.duplicate))
 
-    def exception(self, timeout: float | None = None) -> LlogError | None:
+    def exception(self, timeout: SupportsFloat | None = None) -> LlogError | None:
         try:
             self.result(timeout)
         except LlogError as exc:
