@@ -68,8 +68,10 @@ fi
 # The client's per-record modules are compiled to C in place by its editable install
 # (clients/python/setup.py), and Python imports a compiled module before its source: one
 # older than an edit of its source is built again, or the edit would not run.
-if [ "${LLOG_CLIENT_COMPILE:-1}" != 0 ] && \
-    [ -n "$(.venv/bin/python -c 'from llog_client._compiled import stale; print(*stale())')" ]; then
+# (Read from its file, not imported: the package imports the compiled modules.)
+compiled=clients/python/src/llog_client/_compiled.py
+if [ "${LLOG_CLIENT_COMPILE:-1}" != 0 ] && [ -f "$compiled" ] && [ -n "$(.venv/bin/python -c \
+    "import runpy; print(*runpy.run_path('$compiled')['stale']())")" ]; then
   step "building the client's compiled modules again (their source changed)"
   .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps \
     --reinstall-package llog-client -e clients/python

@@ -28,11 +28,13 @@ class Machine:
         (root / "clients" / "python").mkdir(parents=True)
         (root / "clients" / "python" / "pyproject.toml").write_text(
             "[project]\nname = 'scratch-client'\n")
+        (root / "clients" / "python" / "setup.py").write_text("")
         venv = root / ".venv" / "bin"
         venv.mkdir(parents=True)
         (venv / "python").symlink_to(sys.executable)
         digest = hashlib.sha256((root / "pyproject.toml").read_bytes() + (
-            root / "clients" / "python" / "pyproject.toml").read_bytes()).hexdigest()
+            root / "clients" / "python" / "pyproject.toml").read_bytes() + (
+            root / "clients" / "python" / "setup.py").read_bytes()).hexdigest()
         (root / ".venv" / ".llog-installed").write_text(digest + "\n")
         helpers = root / "tests" / "helpers"
         helpers.mkdir(parents=True)

@@ -7,6 +7,7 @@ consumer group and the ``llog`` command against a real broker."""
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.machinery
 import os
 import shutil
@@ -73,6 +74,15 @@ def test_the_same_modules_interpreted_produce_the_same(broker: Broker, tmp_path:
                           capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "True"
+
+
+def test_setup_compiles_the_modules_the_package_names() -> None:
+    tree = ast.parse((CLIENT / "setup.py").read_text())
+    (listed,) = [node.value for node in tree.body if isinstance(node, ast.Assign)
+                 and [t.id for t in node.targets if isinstance(t, ast.Name)] == ["COMPILED"]]
+    paths = ast.literal_eval(listed)
+    assert sorted(p.removeprefix("src/").removesuffix(".py").replace("/", ".")
+                  for p in paths) == sorted(MODULES)
 
 
 def test_a_compiled_module_older_than_its_source_is_named(tmp_path: Path) -> None:
