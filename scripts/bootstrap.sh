@@ -75,6 +75,8 @@ if [ "${LLOG_CLIENT_COMPILE:-1}" != 0 ] && [ -f "$compiled" ] && [ -n "$(.venv/b
   step "building the client's compiled modules again (their source changed)"
   .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps \
     --reinstall-package llog-client -e clients/python
+elif [ "${LLOG_CLIENT_COMPILE:-1}" = 0 ]; then  # asked for interpreted: none left over
+  rm -f clients/python/src/llog_client/*.so clients/python/src/llog_client__mypyc*.so
 fi
 # The project's own modules too (editable: never compiled by an install). Python checks
 # each against its source, so an edit is never run stale; this only saves compiling.

@@ -1,6 +1,7 @@
-"""A tail cache never serves a record below a log start its process has read: the
-window between another broker moving the log start (retention, a truncation, a delete)
-and this broker's next look at the cache, driven directly on the real Oxia and MinIO."""
+"""A tail cache never serves a record below a log start its process has read, and its
+answers say that log start: the window between another broker moving the log start
+(retention, a truncation, a delete) and this broker's next look at the cache, driven
+directly on the real Oxia and MinIO."""
 
 from __future__ import annotations
 
@@ -35,9 +36,10 @@ def cache(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[TailCache]
     made.close()
 
 
-async def _read(service: ConsumeService, tp: TopicPartition, offset: int) -> ReadOutcome:
-    (outcome,) = await service.consume([Fetch(tp, offset)], max_wait_s=0, min_bytes=1,
-                                       max_bytes=1 << 20)
+async def _read(service: ConsumeService, tp: TopicPartition, offset: int,
+                log_start: int | None = None) -> ReadOutcome:
+    (outcome,) = await service.consume([Fetch(tp, offset, log_start=log_start)],
+                                       max_wait_s=0, min_bytes=1, max_bytes=1 << 20)
     return outcome
 
 
@@ -58,16 +60,26 @@ async def test_no_record_below_a_log_start_another_broker_moved_is_served_again(
         first = await _read(service, tp, 1)  # from the log: the partition is fresh now
         assert isinstance(first, ReadResult) and [o for o, _ in first.records] == [1, 2, 3,
                                                                                  4, 5]
-        # Another broker's retention moves the log start to 4; its notification arrives.
+        # Another broker's retention moves the log start to 4. Before its notification
+        # arrives, a consumer asks for "earliest": the lookup reads 4 from the log, and
+        # the cache, which knew only 1, answers from there, saying so.
         await move_log_start(other.oxia, other.layout, tp, 4, None)
+        hits = cache.statistics().hits
+        earliest = await _read(service, tp, 4, log_start=4)
+        assert cache.statistics().hits == hits + 1
+        assert isinstance(earliest, ReadResult) and earliest.log_start == 4, earliest
+        assert [o for o, _ in earliest.records] == [4, 5]
         watch.notify_remote(tp)
         tail = await _read(service, tp, 6)  # read at the tail: fresh again
         assert isinstance(tail, ReadResult) and tail.records == [] and tail.log_start == 4
         # Below the new start the cache answers nothing: the log says it is gone.
         below = await _read(service, tp, 2)
         assert isinstance(below, OffsetOutOfRange) and below.log_start == 4, below
+        hits = cache.statistics().hits
         kept = await _read(service, tp, 4)
         assert isinstance(kept, ReadResult) and [o for o, _ in kept.records] == [4, 5]
+        # Answered by the cache, with the log start it knows (not the first offset).
+        assert cache.statistics().hits == hits + 1 and kept.log_start == 4, kept
         # The partition's records dropped (a topic forgotten), then a late put of its
         # old records (an acknowledgement's callback, a worker's write behind): what
         # the cache learned of the log outlives its records.

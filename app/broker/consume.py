@@ -39,6 +39,9 @@ class Fetch:
     tp: TopicPartition
     offset: int
     partition_max_bytes: int | None = None
+    # The log start its caller read in choosing ``offset`` ("earliest"): the tail cache
+    # learns it before it answers, so the answer says that start, not an older one.
+    log_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,9 @@ class ConsumeService:
         """
         if hold is not None:
             hold.release()
+        starts = [(f.tp, f.log_start) for f in fetches if f.log_start is not None]
+        if starts and self._cache is not None:
+            await run_cache_write(self._cache, _note_all, self._cache, [], starts)
         deadline = time.monotonic() + max_wait_s
         with self._watch.watching([f.tp for f in fetches]) as waiter:
             outcomes = await self._look(fetches, max_bytes, hold)
@@ -175,7 +181,7 @@ class ConsumeService:
             else:
                 next_offset = runs.next_offset(kept) or f.offset  # a hit is never at 0
             outcomes[i] = ReadResult(f.tp, kept, hit.high_watermark, next_offset,
-                                     hit.append_times[:len(kept)])
+                                     hit.append_times[:len(kept)], log_start=hit.log_start)
         if misses:
             await self._read_misses(fetches, misses, since, outcomes,
                                     max(0, max_bytes - used), first_of_answer=used == 0)

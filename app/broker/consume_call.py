@@ -203,9 +203,11 @@ class ConsumeCall:
             return
         found = await self.broker.positions.resolve_named(
             [(self.fetches[i].tp, name) for i, name in named])
-        for (i, _), offset in zip(named, found, strict=True):
+        for (i, name), offset in zip(named, found, strict=True):
             if isinstance(offset, int):
-                self.fetches[i] = dataclasses.replace(self.fetches[i], offset=offset)
+                self.fetches[i] = dataclasses.replace(
+                    self.fetches[i], offset=offset,
+                    log_start=offset if name == "earliest" else None)
 
     async def _resolve_committed(self) -> None:
         """"committed" as one past the group's committed offset (or by

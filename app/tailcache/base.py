@@ -34,6 +34,10 @@ class CacheHit:
     next_offset: int
     # In step with ``records``; left out of equality (tests compare records).
     append_times: list[int] = field(default_factory=list, compare=False)
+    # The log start as far as this cache knows (the highest it was told): the answer's
+    # log_start_offset, which may trail a move this process has not read yet. Every
+    # cache gives it; left out of equality as the append times are.
+    log_start: int = field(default=1, compare=False)
 
 
 @dataclass(frozen=True)

@@ -436,7 +436,7 @@ class FileTailCache:
             if hw is None or offset > hw + 1:
                 return None
             if offset == hw + 1:
-                return CacheHit([], hw, offset)
+                return CacheHit([], hw, offset, log_start=idx.log_start)
             relisted = True
             seg = idx.find(offset) if self._index.relist_if_changed(tp, idx, offset) else None
         out: list[tuple[int, Payload]] = []
@@ -481,7 +481,7 @@ class FileTailCache:
         self._fresh_hw(tp, idx, next_offset - 1)
         idx.raise_hw(next_offset - 1)
         assert idx.high_watermark is not None
-        return CacheHit(out, idx.high_watermark, next_offset, times)
+        return CacheHit(out, idx.high_watermark, next_offset, times, idx.log_start)
 
     def _read_segment(self, tp: TopicPartition, idx: PartitionIndex,
                       seg: tuple[int, int]) -> tuple[list[Payload], int] | None:

@@ -244,7 +244,7 @@ class MemoryTailCache:
         i = part.find(offset)
         if i is None:
             # Records are only ever cached at offsets <= hw, so hw + 1 is never cached.
-            return CacheHit([], hw, offset) if offset == hw + 1 else None
+            return CacheHit([], hw, offset, log_start=part.log_start) if offset == hw + 1 else None
         runs: list[Run] = []
         size, taken, at = 0, 0, offset
         for chunk in part.chunks[i:]:
@@ -257,7 +257,7 @@ class MemoryTailCache:
             if run.stop < len(chunk.records):
                 break  # a budget is spent
         records = RunRecords(runs, size)
-        return CacheHit(records, hw, at, records.times())
+        return CacheHit(records, hw, at, records.times(), part.log_start)
 
     def high_watermark(self, tp: TopicPartition) -> int | None:
         with self._lock:

@@ -144,7 +144,10 @@ class SharedTailCache:
 
     def get(self, tp: TopicPartition, offset: int, max_records: int | None,
             max_bytes: int | None) -> CacheHit | None:
-        return self._counters.count(self._lookup(tp, offset, max_records, max_bytes))
+        hit = self._lookup(tp, offset, max_records, max_bytes)
+        if hit is not None:  # the higher log start of the two this worker knows
+            hit = replace(hit, log_start=max(hit.log_start, self._memory.log_start(tp)))
+        return self._counters.count(hit)
 
     def _lookup(self, tp: TopicPartition, offset: int, max_records: int | None,
                 max_bytes: int | None) -> CacheHit | None:
