@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,9 +20,9 @@ from app.errors import OffsetOutOfRange
 from app.localstack.stack import LocalStack
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
-from app.storage.reader import ReadOutcome, ReadResult
+from app.storage.reader import ReadOutcome, ReadRequest, ReadResult
 from app.storage.retention import move_log_start
-from app.tailcache import TailCache, open_tail_cache
+from app.tailcache import CacheHit, SharedTailCache, TailCache, open_tail_cache
 from tests.helpers.compaction import compaction_settings
 from tests.helpers.stack import open_engine
 
@@ -89,3 +90,46 @@ async def test_no_record_below_a_log_start_another_broker_moved_is_served_again(
             cache.flush()
         again = await _read(service, tp, 2)
         assert isinstance(again, OffsetOutOfRange) and again.log_start == 4, again
+
+
+class _AheadReader:
+    """A log reader whose read was planned from a control record looked up a moment
+    before the caller's own lookup of the log start (app/storage/plan_ahead.py)."""
+
+    async def read_many(self, requests: list[ReadRequest], max_bytes: int,
+                        oversized_first: bool) -> list[ReadOutcome]:
+        (r,) = requests
+        return [ReadResult(r.tp, [(r.offset, b"x")], 600, r.offset + 1, [0], log_start=1,
+                           looked_up_ahead=True)]
+
+
+async def test_a_read_from_the_log_says_no_older_start_than_its_caller_read() -> None:
+    tp = TopicPartition("t", 0)
+    service = ConsumeService(_AheadReader(), open_tail_cache(None, 1 << 20, store_id="t"),
+                             PartitionWatch(), ConsumeMetrics(CollectorRegistry()),
+                             answers=AnswerBudget(1 << 30, max_wait_s=1), max_long_polls=1)
+    earliest = await _read(service, tp, 500, log_start=500)
+    assert isinstance(earliest, ReadResult) and earliest.log_start == 500, earliest
+    assert [o for o, _ in earliest.records] == [500]
+
+
+def test_a_shared_cache_answers_the_start_it_checked(tmp_path: Path) -> None:
+    """A start noted (on the event loop) while a worker thread reads the directory is
+    not said of records read below it."""
+    tp = TopicPartition("t", 0)
+    cache = open_tail_cache(tmp_path / "tail", 1 << 20, store_id="t")
+    assert isinstance(cache, SharedTailCache)
+    try:
+        cache._files.put(tp, 78, [b"v%d" % o for o in range(78, 149)])  # another worker's
+        looked = cache._lookup
+
+        def noted_meanwhile(*args: Any) -> CacheHit | None:
+            hit = looked(*args)
+            cache.note_log_start(tp, 149)
+            return hit
+
+        cache._lookup = noted_meanwhile  # type: ignore[method-assign]
+        hit = cache.get(tp, 100, None, None)
+        assert hit is not None and hit.records[0][0] == 100 and hit.log_start <= 100, hit
+    finally:
+        cache.close()

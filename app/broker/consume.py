@@ -14,6 +14,7 @@ it (so a consumer is never stuck on one large record).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,8 +40,8 @@ class Fetch:
     tp: TopicPartition
     offset: int
     partition_max_bytes: int | None = None
-    # The log start its caller read in choosing ``offset`` ("earliest"): the tail cache
-    # learns it before it answers, so the answer says that start, not an older one.
+    # The log start its caller read in choosing ``offset`` ("earliest", "latest"): the
+    # tail cache learns it before it answers, and the answer says no older one.
     log_start: int | None = None
 
 
@@ -215,6 +216,12 @@ class ConsumeService:
         starts: list[tuple[TopicPartition, int]] = []
         fresh: list[TopicPartition] = []
         for i, result in zip(misses, results, strict=True):
+            read_start = fetches[i].log_start
+            if isinstance(result, ReadResult) and read_start is not None \
+                    and result.log_start < read_start:
+                # A control record reused from a moment ago (a compacted entry's, one
+                # looked up ahead): its records begin at the start the caller read.
+                result = dataclasses.replace(result, log_start=read_start)
             outcomes[i] = result
             if isinstance(result, ReadResult):
                 learned.append((fetches[i].tp, result.high_watermark, result.log_start))

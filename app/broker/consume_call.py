@@ -29,13 +29,14 @@ from app.broker.answer_compression import compress_answer
 from app.broker.answering import BINARY_FACTOR, JSON_FACTOR, AnswerHold
 from app.broker.consume import ConsumeService, Fetch
 from app.broker.metrics import ConsumeMetrics
-from app.broker.positions import NAMED, Positions
+from app.broker.positions import NAMED, Positions, named_offset
 from app.broker.topic_view import TopicDirectory
 from app.errors import InvalidRequest, LlogError, PayloadTooLarge
 from app.groups.committed_offsets import Reset
 from app.groups.service import GroupService
 from app.settings import LimitSettings
 from app.storage.keys import TopicPartition
+from app.storage.log_positions import PartitionOffsets
 from app.storage.reader import ReadOutcome, ReadResult
 from app.wire import records as wire
 
@@ -201,13 +202,13 @@ class ConsumeCall:
                  if e.fetch_offset in NAMED]
         if not named:
             return
-        found = await self.broker.positions.resolve_named(
-            [(self.fetches[i].tp, name) for i, name in named])
-        for (i, name), offset in zip(named, found, strict=True):
-            if isinstance(offset, int):
+        found = await self.broker.positions.lookup_all(
+            [(self.fetches[i].tp, None) for i, _ in named])
+        for (i, name), where in zip(named, found, strict=True):
+            if isinstance(where, PartitionOffsets):
                 self.fetches[i] = dataclasses.replace(
-                    self.fetches[i], offset=offset,
-                    log_start=offset if name == "earliest" else None)
+                    self.fetches[i], offset=named_offset(where, name),
+                    log_start=where.log_start)
 
     async def _resolve_committed(self) -> None:
         """"committed" as one past the group's committed offset (or by

@@ -144,14 +144,17 @@ class SharedTailCache:
 
     def get(self, tp: TopicPartition, offset: int, max_records: int | None,
             max_bytes: int | None) -> CacheHit | None:
-        hit = self._lookup(tp, offset, max_records, max_bytes)
-        if hit is not None:  # the higher log start of the two this worker knows
-            hit = replace(hit, log_start=max(hit.log_start, self._memory.log_start(tp)))
+        # Read once: the start checked is the start answered (one noted meanwhile, on
+        # the event loop, must not be said of records read below it).
+        start = self._memory.log_start(tp)
+        hit = self._lookup(tp, offset, max_records, max_bytes, start)
+        if hit is not None and hit.log_start < start:  # the files' may be older
+            hit = replace(hit, log_start=start)
         return self._counters.count(hit)
 
     def _lookup(self, tp: TopicPartition, offset: int, max_records: int | None,
-                max_bytes: int | None) -> CacheHit | None:
-        if offset < self._memory.log_start(tp):
+                max_bytes: int | None, start: int) -> CacheHit | None:
+        if offset < start:
             return None  # below what this worker read as the log start: nothing cached
         own = self._memory.get(tp, offset, max_records, max_bytes)
         if own is not None and own.records:
