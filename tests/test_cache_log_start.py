@@ -5,6 +5,7 @@ directly on the real Oxia and MinIO."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,12 +15,16 @@ from prometheus_client import CollectorRegistry
 
 from app.broker.answer_budget import AnswerBudget
 from app.broker.consume import ConsumeService, Fetch
+from app.broker.consume_call import ConsumeCall, Consuming
 from app.broker.metrics import ConsumeMetrics
 from app.broker.watch import PartitionWatch
 from app.errors import OffsetOutOfRange
 from app.localstack.stack import LocalStack
+from app.routes.models import ConsumeRequest
+from app.settings_groups import LimitSettings
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.keys import TopicPartition
+from app.storage.log_positions import PartitionOffsets
 from app.storage.reader import ReadOutcome, ReadRequest, ReadResult
 from app.storage.retention import move_log_start
 from app.tailcache import CacheHit, SharedTailCache, TailCache, open_tail_cache
@@ -133,3 +138,51 @@ def test_a_shared_cache_answers_the_start_it_checked(tmp_path: Path) -> None:
         assert hit is not None and hit.records[0][0] == 100 and hit.log_start <= 100, hit
     finally:
         cache.close()
+
+
+class _StalePositions:
+    """Offset lookups answered from before another broker moved the log start."""
+
+    def __init__(self, tp: TopicPartition) -> None:
+        self.tp = tp
+
+    async def lookup_all(self, queries: Any) -> list[PartitionOffsets]:
+        return [PartitionOffsets(self.tp, 1, len(VALUES)) for _ in queries]
+
+
+class _Topics:
+    async def check_readable(self, tp: TopicPartition) -> None:
+        return None
+
+
+async def test_earliest_reads_the_start_with_the_records(
+        stack: LocalStack, tp: TopicPartition, cache: TailCache) -> None:
+    """"earliest" is the start the read itself finds: a move of it landing between a
+    lookup and the read (here, a lookup from before it) is never refused as out of
+    range (the history checker's log_start_refused) nor answered with the old start."""
+    settings = compaction_settings(stack)
+    async with open_engine(settings) as other, open_engine(settings) as this:
+        await this.writer.append_shared([AppendGroup(tp, VALUES)])
+        await move_log_start(other.oxia, other.layout, tp, 4, None)
+        service = ConsumeService(this.reader, cache, PartitionWatch(),
+                                 ConsumeMetrics(CollectorRegistry()),
+                                 answers=AnswerBudget(1 << 30, max_wait_s=1),
+                                 max_long_polls=4)
+        consuming = Consuming(LimitSettings(), (), service,
+                              _StalePositions(tp),  # type: ignore[arg-type]
+                              None,  # type: ignore[arg-type]  # no group is read
+                              _Topics(),  # type: ignore[arg-type]
+                              ConsumeMetrics(CollectorRegistry()))
+        ask = ConsumeRequest.model_validate({"topic_partitions": [
+            {"topic": tp.topic, "partition": tp.partition, "fetch_offset": "earliest"}],
+            "max_wait_ms": 0})
+
+        async def once(read: Any) -> tuple[Any]:
+            return (await read(),)
+
+        answer = await ConsumeCall(consuming, ask, binary=False, accept_encoding=None,
+                                   until=once).answer()
+        assert answer is not None
+        (result,) = json.loads(b"".join(answer.parts))["results"]
+        assert result["ok"] and result["log_start_offset"] == 4, result
+        assert [r["offset"] for r in result["records"]] == [4, 5]

@@ -189,17 +189,20 @@ class ConsumeCall:
             if most is not None and most > s.max_fetch_bytes:
                 raise InvalidRequest(f"partition_max_bytes {most} for {tp} exceeds the "
                                      f"limit of {s.max_fetch_bytes}")
-            # A named position is resolved below; 0 until then, which the read itself
-            # takes for the log start (app/storage/reader.py), were the lookup to fail.
+            # "earliest" is read as 0: the read takes the log start from the control
+            # record it reads the records by (app/storage/reader.py), so a start moved
+            # meanwhile is never refused as out of range. The others are resolved below
+            # (0 until then: the log start, were the lookup to fail).
             offset = entry.fetch_offset if isinstance(entry.fetch_offset, int) else 0
             fetches.append(Fetch(tp, offset, most))
         return fetches
 
     async def _resolve_named(self) -> None:
-        """"earliest" and "latest" as offsets; a partition whose offsets could not be
-        looked up reads from the log start, and its read answers why."""
+        """"latest" as an offset, and the log start its lookup read; a partition whose
+        offsets could not be looked up reads from the log start, and its read answers
+        why. ("earliest" is read as 0: :meth:`_checked`.)"""
         named = [(i, e.fetch_offset) for i, e in enumerate(self.ask.topic_partitions)
-                 if e.fetch_offset in NAMED]
+                 if e.fetch_offset in NAMED and e.fetch_offset != "earliest"]
         if not named:
             return
         found = await self.broker.positions.lookup_all(
