@@ -3,7 +3,7 @@ core); everything else is in pyproject.toml.
 
 ``send``, a future's ``add_done_callback`` and the accumulator run once per record on
 the program's thread, where interpreted Python costs most of the client's CPU; the same
-modules compiled take about a quarter less per record (docs/performance.md). They stay
+modules compiled take about a fifth less per record (docs/performance.md). They stay
 plain Python too: without a C compiler, or with ``LLOG_CLIENT_COMPILE=0``, the build
 leaves them interpreted, which behaves the same, more slowly
 (``llog_client.compiled()`` says which runs).
