@@ -298,6 +298,45 @@ def test_async_producer_round_trip(broker: Broker, topic: str) -> None:
     assert [v for _, v in stored] == [b"first", *[f"r{i}".encode() for i in range(500)]]
 
 
+def test_an_async_send_loop_lets_the_producers_task_run(broker: Broker, topic: str) -> None:
+    """The producer's task shares the program's loop: a loop of sends that awaits
+    nothing else still lets it run (to send batches and read answers) while it goes,
+    not only once the buffer is full. A send cancelled where it lets the loop run has
+    queued nothing."""
+    from llog_client import _aio_producer
+
+    async def main() -> tuple[int, bool]:
+        async with AsyncProducer(broker.url, **SMALL) as producer:
+            await producer.send_and_wait(topic, b"first", partition=0)
+            ran = anyio.Event()
+
+            async def mark() -> None:  # runs at the loop's next turn, whenever that is
+                ran.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(mark)
+                sent = 0
+                # 100,000 one-byte records stay far below the buffer (no wait for space),
+                # and take far longer than YIELD_EVERY_S to send.
+                while not ran.is_set() and sent < 100_000:
+                    await producer.send(topic, b"x", partition=0)
+                    sent += 1
+            # The next send lets the loop run: cancelled there, it queues nothing.
+            producer._sends = _aio_producer.YIELD_CHECK_SENDS - 1
+            producer._yield_at = 0.0
+            with anyio.CancelScope() as scope:
+                scope.cancel()
+                await producer.send(topic, b"never", partition=0)
+            await producer.flush()
+            return sent, scope.cancelled_caught
+
+    sent, cancelled = anyio.run(main)
+    assert sent < 100_000
+    assert cancelled
+    stored = [v for _, v in _read_all(broker.url, topic, 1)[0]]
+    assert stored == [b"first", *[b"x"] * sent]
+
+
 class MockBrokers:
     """Brokers as an httpx mock transport: each produce body is read by the broker's own
     parser (app/wire/produce.py) and appended to an in-memory log; ``GET /topics/{t}``
