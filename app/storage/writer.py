@@ -202,10 +202,14 @@ class LogWriter:
             self._turns.end(flush)
         done = [o for o in outcomes if o is not None]
         assert len(done) == len(groups)
+        records = size = 0  # counted once per flush: a counter's inc takes its lock
         for group, outcome in zip(groups, done, strict=True):
             if isinstance(outcome, AppendResult) and not outcome.duplicate:
-                self._metrics.appended_records.inc(outcome.count)
-                self._metrics.appended_bytes.inc(group.size)
+                records += outcome.count
+                size += group.size
+        if records:
+            self._metrics.appended_records.inc(records)
+            self._metrics.appended_bytes.inc(size)
         return done
 
     async def ensure_partition(self, tp: TopicPartition) -> None:
