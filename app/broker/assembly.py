@@ -61,7 +61,6 @@ from app.storage.writer import LogWriter
 from app.stores.oxia.store import OxiaStore
 from app.stores.s3.store import S3Store
 from app.tailcache import SharedTailCache, TailCache, open_tail_cache, run_cache_write, store_id_of
-from app.tailcache.flush_puts import flush_puts
 
 log = logging.getLogger(__name__)
 
@@ -234,8 +233,8 @@ async def _start_batcher(process: BrokerProcess, writer: LogWriter, cache: TailC
     """The write role's batcher, flushing through ``writer``; what it commits goes into
     the tail cache and wakes the partition's waiters."""
     def cache_put(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
-        for put in flush_puts(committed):  # a partition's groups in a row: one put
-            cache.put(put.tp, put.start_offset, put.records, put.append_time_ms)
+        for group, result in committed:
+            cache.put(group.tp, result.start_offset, group.records, result.append_time_ms)
 
     async def on_committed(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
         await run_cache_write(cache, cache_put, committed)
