@@ -4,14 +4,20 @@ group left, and only what gains is joined."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from app.storage import columnar
 from app.storage.appends import AppendGroup, AppendResult
 from app.storage.batch import RecordBatch
 from app.storage.keys import TopicPartition
 from app.storage.log_record import LogRecord, Payload
-from app.tailcache.flush_puts import JOIN_MAX_RECORDS, CachePut, flush_puts
+from app.tailcache.flush_puts import (
+    JOIN_MAX_BYTES,
+    JOIN_MAX_RECORDS,
+    CachePut,
+    flush_puts,
+    join_max_bytes,
+)
 from app.tailcache.memory import MemoryTailCache
 
 A, B = TopicPartition("orders", 0), TopicPartition("orders", 1)
@@ -32,7 +38,7 @@ def _view(*values: Payload) -> RecordBatch:
     return RecordBatch.checked(memoryview(body)[4:-4], columnar.ENCODING_V3)
 
 
-def _shape(puts: Sequence[CachePut]) -> list[tuple[TopicPartition, int, int]]:
+def _shape(puts: Iterable[CachePut]) -> list[tuple[TopicPartition, int, int]]:
     return [(tp, start, len(records)) for tp, start, records, _ in puts]
 
 
@@ -60,7 +66,7 @@ def test_small_binary_groups_in_a_row_are_one_put_of_the_same_records() -> None:
     committed = [_committed(A, 1, _view(b"v1", b"v2")), _committed(B, 1, _view(b"w1")),
                  _committed(A, 3, _view(b"v3")), _committed(B, 2, _view(b"w2", b"w3")),
                  _committed(A, 4, _view(b"v4", b"v5"))]
-    puts = flush_puts(committed, MiB)
+    puts = list(flush_puts(committed, MiB))
     assert _shape(puts) == [(A, 1, 5), (B, 1, 3)]
     assert _cached(committed, joined=True) == _cached(committed, joined=False)
     joined = puts[0][2]
@@ -71,7 +77,7 @@ def test_small_binary_groups_in_a_row_are_one_put_of_the_same_records() -> None:
 
 def test_groups_are_put_in_offset_order_whatever_order_they_committed_in() -> None:
     committed = [_committed(A, 3, _view(b"v3")), _committed(A, 1, _view(b"v1", b"v2"))]
-    puts = flush_puts(committed, MiB)
+    puts = list(flush_puts(committed, MiB))
     assert _shape(puts) == [(A, 1, 3)]
     assert list(puts[0][2]) == [b"v1", b"v2", b"v3"]
 
@@ -85,7 +91,7 @@ def test_only_what_gains_is_joined() -> None:
                  _committed(A, 5, keyed), _committed(A, 6, _view(b"v6")),
                  _committed(A, 7, plain), _committed(A, 8, _view(b"v8")),
                  _committed(B, 1, _view(b"w1"))]
-    puts = flush_puts(committed, MiB)
+    puts = list(flush_puts(committed, MiB))
     assert _shape(puts) == [(A, 1, 2), (A, 3, 1), (A, 4, 1), (A, 5, 1), (A, 6, 1),
                             (A, 7, 1), (A, 8, 1), (B, 1, 1)]
     assert puts[1][2] is owned and puts[3][2] is keyed and puts[5][2] is plain
@@ -128,3 +134,18 @@ def test_the_cache_answers_a_read_from_inside_a_joined_put() -> None:
     assert hit is not None
     assert list(hit.records) == [(5, b"b1"), (6, b"c1"), (7, b"a2")]
     assert hit.high_watermark == 12
+
+
+def test_with_nothing_to_join_the_puts_are_the_groups_in_the_order_given() -> None:
+    owned = [RecordBatch.of_values([b"v%d" % i]) for i in range(4)]
+    committed = [_committed(B, 2, owned[0]), _committed(A, 3, owned[1]),
+                 _committed(A, 1, owned[2]), _committed(B, 1, owned[3])]
+    puts = list(flush_puts(committed, MiB))
+    assert [(tp, start) for tp, start, _, _ in puts] == [(B, 2), (A, 3), (A, 1), (B, 1)]
+    assert [records for _, _, records, _ in puts] == owned
+
+
+def test_a_joined_put_is_at_most_a_sixteenth_of_the_cache() -> None:
+    assert join_max_bytes(64 * MiB) == JOIN_MAX_BYTES == MiB
+    assert join_max_bytes(8 * MiB) == MiB // 2
+    assert join_max_bytes(0) == 0  # no cache: nothing joined (each group alone)

@@ -61,7 +61,7 @@ from app.storage.writer import LogWriter
 from app.stores.oxia.store import OxiaStore
 from app.stores.s3.store import S3Store
 from app.tailcache import SharedTailCache, TailCache, open_tail_cache, run_cache_write, store_id_of
-from app.tailcache.flush_puts import JOIN_MAX_BYTES, flush_puts
+from app.tailcache.flush_puts import flush_puts, join_max_bytes
 
 log = logging.getLogger(__name__)
 
@@ -233,13 +233,11 @@ async def _start_batcher(process: BrokerProcess, writer: LogWriter, cache: TailC
                          watch: PartitionWatch, tg: anyio.abc.TaskGroup) -> Batcher:
     """The write role's batcher, flushing through ``writer``; what it commits goes into
     the tail cache and wakes the partition's waiters."""
-    # A joined put at most a sixteenth of the cache: never cut record by record to fit.
-    join_max_bytes = min(JOIN_MAX_BYTES, process.settings.tail_cache.tail_cache_max_bytes // 16)
+    join_bytes = join_max_bytes(process.settings.tail_cache.tail_cache_max_bytes)
 
     def cache_put(committed: list[tuple[AppendGroup, AppendResult]]) -> None:
         # A partition's small groups committed in a row: one put (app/tailcache/flush_puts.py).
-        for tp, start_offset, records, append_time_ms in flush_puts(committed,
-                                                                    join_max_bytes):
+        for tp, start_offset, records, append_time_ms in flush_puts(committed, join_bytes):
             cache.put(tp, start_offset, records, append_time_ms)
 
     async def on_committed(committed: list[tuple[AppendGroup, AppendResult]]) -> None:

@@ -19,7 +19,7 @@ before it, is put on its own, as it always was.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from app.storage import columnar
 from app.storage.appends import AppendGroup, AppendResult
@@ -27,7 +27,7 @@ from app.storage.batch import RecordBatch
 from app.storage.keys import TopicPartition
 from app.storage.log_record import Payload
 
-__all__ = ["JOIN_MAX_BYTES", "JOIN_MAX_RECORDS", "CachePut", "flush_puts"]
+__all__ = ["JOIN_MAX_BYTES", "JOIN_MAX_RECORDS", "CachePut", "flush_puts", "join_max_bytes"]
 
 # A joined chunk's records at most: a read of the tail takes its sizes per get, and a
 # request's own chunk holds about as many at the sizes that gain from joining.
@@ -45,20 +45,28 @@ CachePut = tuple[TopicPartition, int, Sequence[Payload], int]
 _Done = tuple[AppendResult, Sequence[Payload], int | None]
 
 
+def join_max_bytes(cache_max_bytes: int) -> int:
+    """The bytes of a joined put for a cache of this budget: at most a sixteenth of it,
+    so that the cache never cuts one record by record to fit, and JOIN_MAX_BYTES."""
+    return min(JOIN_MAX_BYTES, cache_max_bytes // 16)
+
+
 def flush_puts(committed: Sequence[tuple[AppendGroup, AppendResult]], max_bytes: int
-               ) -> list[CachePut]:
+               ) -> Iterator[CachePut]:
     """The puts for a flush's committed groups: per partition in offset order, runs of
     joinable groups that follow one another (the next starts where the last ended, at
     the same append time) as one put of at most ``max_bytes`` of records and
     ``JOIN_MAX_RECORDS`` records; every other group as a put of its own. With nothing
-    to join, a put per group in the order given."""
+    to join, a put per group in the order given. Each joined copy is made when its put
+    is taken, not all of them before the first put."""
     sizes = [_joinable_bytes(r, g.records) for g, r in committed]
     if sizes.count(None) == len(sizes):
-        return [(r.tp, r.start_offset, g.records, r.append_time_ms) for g, r in committed]
+        for group, result in committed:
+            yield result.tp, result.start_offset, group.records, result.append_time_ms
+        return
     by_tp: dict[TopicPartition, list[_Done]] = {}
     for (group, result), nbytes in zip(committed, sizes, strict=True):
         by_tp.setdefault(result.tp, []).append((result, group.records, nbytes))
-    puts: list[CachePut] = []
     for tp, done in by_tp.items():
         done.sort(key=_start)  # stable: equal starts keep their order
         run: list[_Done] = []
@@ -67,21 +75,20 @@ def flush_puts(committed: Sequence[tuple[AppendGroup, AppendResult]], max_bytes:
             result, batch, nbytes = item
             if nbytes is None:  # on its own, after the run before it
                 if run:
-                    puts.append(_put(tp, run))
+                    yield _put(tp, run)
                     run = []
-                puts.append((tp, result.start_offset, batch, result.append_time_ms))
+                yield tp, result.start_offset, batch, result.append_time_ms
                 continue
             n = len(batch)
             if not (run and _follows(run[-1][0], result) and records + n <= JOIN_MAX_RECORDS
                     and size + nbytes <= max_bytes):
                 if run:
-                    puts.append(_put(tp, run))
+                    yield _put(tp, run)
                 run, records, size = [], 0, 0
             run.append(item)
             records, size = records + n, size + nbytes
         if run:
-            puts.append(_put(tp, run))
-    return puts
+            yield _put(tp, run)
 
 
 def _start(item: _Done) -> int:
