@@ -34,8 +34,9 @@ from llog_client._topic_meta import MAX_AGE_S, TopicMeta
 
 # How long a run of sends may keep the event loop from the producer's own task. That
 # task shares the caller's loop: a program that sends in a loop awaiting nothing else
-# would have no batch sent and no answer read until its buffer filled (an MiB-sized
-# burst of latency, every callback late), so a send lets the loop run once this long.
+# would have no batch sent and no answer read until its buffer filled (each record
+# late by as long as that took, its callback too), so a send lets the loop run once
+# this long.
 # About a thousand loop turns a second: under 1 % of a send-bound program's CPU. The
 # clock is read every YIELD_CHECK_SENDS sends only (a few µs apart), not on every send.
 YIELD_EVERY_S = 0.001
