@@ -47,7 +47,7 @@ class Run:
 
     def sizes(self) -> Sequence[int]:
         """Each record's bytes as budgets count them."""
-        return record_sizes(self.records)[self.first:self.stop]
+        return _sizes(self.records, self.first, self.stop)
 
     def pairs(self) -> list[Pair]:
         """``(offset, payload)`` of each record; append times are not part of a payload
@@ -83,17 +83,29 @@ def record_sizes(records: Sequence[Payload]) -> Sequence[int]:
     return [payload_size(p) for p in records]
 
 
+def _sizes(records: Sequence[Payload], first: int, stop: int) -> Sequence[int]:
+    """``record_sizes(records)[first:stop]``, reckoning only those records: a read of a
+    few records of a large chunk does not pay for the whole chunk's sizes."""
+    if isinstance(records, RecordBatch) and records.columns is not None:
+        c = records.columns
+        if c.key_lengths is None:
+            return c.value_lengths[first:stop]
+        return [v + max(k, 0) for v, k in zip(c.value_lengths[first:stop],
+                                              c.key_lengths[first:stop], strict=True)]
+    return [payload_size(p) for p in records[first:stop]]
+
+
 def take(records: Sequence[Payload], first: int, offset: int, append_time_ms: int, *,
          budget: int | None, max_records: int | None, may_exceed: bool
          ) -> tuple[Run, int]:
     """The leading records of ``records[first:]`` within ``budget`` bytes and
     ``max_records`` (None: no limit; with ``may_exceed``, the first record even beyond
     the budget), and their bytes."""
-    sizes = record_sizes(records)[first:]
-    limit = len(sizes) if max_records is None else max(0, min(len(sizes), max_records))
-    cumulative = list(accumulate(sizes[:limit]))
+    total = len(records)
+    stop = total if max_records is None else min(total, first + max(0, max_records))
+    cumulative = list(accumulate(_sizes(records, first, stop)))
     n = len(cumulative) if budget is None else bisect_right(cumulative, budget)
-    if n == 0 and may_exceed and limit > 0:
+    if n == 0 and may_exceed and cumulative:
         n = 1
     return Run(records, first, first + n, offset, append_time_ms), \
         (cumulative[n - 1] if n else 0)
