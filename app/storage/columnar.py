@@ -65,11 +65,13 @@ class Columns:
         """Value and key bytes: what budgets and limits count (no headers here)."""
         return self.end - self.values_at
 
-    def record_sizes(self) -> Sequence[int]:
-        """Each record's value plus key bytes, in order (for per-record limits)."""
+    def record_sizes(self, first: int = 0, stop: int | None = None) -> Sequence[int]:
+        """Each record's value plus key bytes, in order (for per-record limits); of
+        records ``first .. stop - 1`` only, when given."""
+        values = self.value_lengths[first:stop]  # a tuple: the whole of it is not copied
         if self.key_lengths is None:
-            return self.value_lengths
-        return [v + max(k, 0) for v, k in zip(self.value_lengths, self.key_lengths,
+            return values
+        return [v + max(k, 0) for v, k in zip(values, self.key_lengths[first:stop],
                                               strict=True)]
 
 

@@ -87,11 +87,7 @@ def _sizes(records: Sequence[Payload], first: int, stop: int) -> Sequence[int]:
     """``record_sizes(records)[first:stop]``, reckoning only those records: a read of a
     few records of a large chunk does not pay for the whole chunk's sizes."""
     if isinstance(records, RecordBatch) and records.columns is not None:
-        c = records.columns
-        if c.key_lengths is None:
-            return c.value_lengths[first:stop]
-        return [v + max(k, 0) for v, k in zip(c.value_lengths[first:stop],
-                                              c.key_lengths[first:stop], strict=True)]
+        return records.columns.record_sizes(first, stop)
     return [payload_size(p) for p in records[first:stop]]
 
 
