@@ -403,6 +403,11 @@ def table(llog: dict[str, Any], kafka: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 PACED_SLACK_MS = 10.0  # the issue's target: p99 <= linger + the Go p99 at that rate + 10 ms
+# The Go load generator kept up with a paced rate when it acknowledged at least this
+# share of it. Behind it, its requests waited for its own connections, their latency
+# counts from when each was due, and its p99 (so the target) measures that queue: the
+# comparison is then lenient, and is said to be.
+GO_KEPT_UP = 0.97
 
 
 def paced(llog: dict[str, Any], kafka: dict[str, Any]) -> list[dict[str, Any]]:
@@ -418,12 +423,15 @@ def paced(llog: dict[str, Any], kafka: dict[str, Any]) -> list[dict[str, Any]]:
             linger, p99 = r.get("linger_ms"), lat.get("p99_ms")
             target = (linger + go["p99_ms"] + PACED_SLACK_MS
                       if linger is not None and "p99_ms" in go else None)
+            asked, got = r.get("rate_records_per_s"), (r.get("go") or {}).get("records_per_s")
+            kept_up = None if not asked or got is None else got >= GO_KEPT_UP * asked
             out.append({"system": system, "client": r["client"],
                         "label": LABELS.get(r["client"], r["client"]),
                         "record_bytes": r["record_bytes"], "of_max": r.get("of_max"),
                         "rate_records_per_s": r.get("rate_records_per_s"),
                         "p50_ms": lat.get("p50_ms"), "p99_ms": p99,
                         "go_p50_ms": go.get("p50_ms"), "go_p99_ms": go.get("p99_ms"),
+                        "go_records_per_s": got, "go_kept_up": kept_up,
                         "linger_ms": linger, "target_p99_ms": target,
                         "met": None if target is None or p99 is None else p99 <= target,
                         "cpu_us_per_record": r.get("cpu_us_per_record"),
@@ -453,16 +461,20 @@ def print_paced(rows: list[dict[str, Any]]) -> None:
     print("\npaced: each producer at a fraction of its own back-to-back records/s, "
           "send-to-acknowledgement latency per record (from when it was due); llog's "
           "Go load generator at the same records/s in its requests, request latency from "
-          f"when each was due; target p99 <= linger + Go's p99 + {PACED_SLACK_MS:.0f} ms")
+          f"when each was due; target p99 <= linger + Go's p99 + {PACED_SLACK_MS:.0f} ms "
+          "(lenient where Go fell behind the rate: its p99 then measures its own queue)")
     print("| broker | producer | record | records/s (of max) | p50 ms | p99 ms | Go p50 ms "
-          "| Go p99 ms | linger ms | target p99 ms | met | client CPU us/record |")
-    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+          "| Go p99 ms | Go records/s | linger ms | target p99 ms | met | client CPU us/record |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for r in rows:
         met = "FAILED" if r["error"] else {None: "-", True: "yes", False: "no"}[r["met"]]
+        if r["met"] is not None and r.get("go_kept_up") is False:
+            met += " (lenient: Go behind)"
         print(f"| {r['system']} | {r['label']} | {size_label(r['record_bytes'])} | "
               f"{_cell(r['rate_records_per_s'], ',.0f')} ({_cell(r['of_max'], '.2f')}) | "
               f"{_cell(r['p50_ms'])} | {_cell(r['p99_ms'])} | {_cell(r['go_p50_ms'])} | "
-              f"{_cell(r['go_p99_ms'])} | {_cell(r['linger_ms'], 'g')} | "
+              f"{_cell(r['go_p99_ms'])} | {_cell(r.get('go_records_per_s'), ',.0f')} | "
+              f"{_cell(r['linger_ms'], 'g')} | "
               f"{_cell(r['target_p99_ms'])} | {met} | {_cell(r['cpu_us_per_record'])} |")
 
 

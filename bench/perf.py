@@ -890,6 +890,7 @@ def peer_section(run: Run) -> dict[str, Any]:
             "table": peer.table(llog, kafka), "paced": peer.paced(llog, kafka),
             "settings": {"broker": f"{a.peer_broker} ({BROKER_KINDS[a.peer_broker]})",
                          "seconds": a.duration, "connections": a.peer_connections,
+                         "paced_connections": a.peer_paced_connections,
                          "catchup_mib": a.catchup_mib, "record_sizes": sizes,
                          "pace": a.peer_pace, "compression": a.peer_compression
                          or f"the broker's default ({_default_compression(a.peer_broker)})"}}
@@ -966,7 +967,7 @@ def peer_paced_rows(run: Run, broker: Server, rows: list[dict[str, Any]], size: 
         topic = _peer_topic(run, broker, shape, "binary")
         go = peer.attempt(functools.partial(peer.timed, functools.partial(
             _go_produce, broker.url, topic, shape, "binary", a.duration,
-            a.peer_connections, rate / (shape[0] * shape[1]))))
+            a.peer_paced_connections, rate / (shape[0] * shape[1]))))
         out.append(peer.row("paced", kind, size, mine, of_max=a.peer_pace, go=go))
     return out
 
@@ -1194,6 +1195,12 @@ def main() -> int:
                         help="peer section: the llog broker set against Kafka")
     parser.add_argument("--peer-connections", type=int, default=32,
                         help="peer section: connections of llog's produce")
+    parser.add_argument("--peer-paced-connections", type=int, default=128,
+                        help="peer section: the Go load generator's connections in the "
+                             "paced rows, enough that its requests at the producers' "
+                             "rates do not wait for a free connection of its own (with "
+                             "32 it fell behind those rates here, and its p99 then "
+                             "measured its own queue, not the broker)")
     parser.add_argument("--record-sizes", default="100,1024,10240",
                         help="peer section: the produce rows' record sizes in bytes "
                              "(comma-separated; the paced rows take 1024 if listed)")

@@ -66,6 +66,18 @@ def test_paced_sets_the_target_from_the_linger_and_go_s_p99() -> None:
                                                               (None, None)]
 
 
+def test_a_paced_row_says_whether_go_kept_up_with_the_rate() -> None:
+    def paced_row(go_records_per_s: float | None) -> dict[str, object]:
+        go = {"latency_ms": {"p99_ms": 12.0}, "records_per_s": go_records_per_s}
+        return peer.row("paced", "llog-producer", 1024, {
+            "latency_ms": {"p99_ms": 20.0}, "linger_ms": 5, "rate_records_per_s": 1e4}, go=go)
+
+    rows = peer.paced({"rows": [paced_row(9_800.0), paced_row(9_000.0), paced_row(None)]},
+                      {"rows": []})
+    assert [r["go_kept_up"] for r in rows] == [True, False, None]
+    assert [r["met"] for r in rows] == [True, True, True]  # met, the second leniently
+
+
 def test_go_requests_carry_at_least_100_kib_of_records() -> None:
     assert [peer.shape_for(n) for n in (100, 1024, 10240)] == [
         (4, 256, 100), (4, 25, 1024), (4, 3, 10240)]
