@@ -204,6 +204,22 @@ def shape_for(record_bytes: int) -> tuple[int, int, int]:
     return SHAPE[0], max(1, -(-SHAPE[1] * SHAPE[2] // record_bytes)), record_bytes
 
 
+def paced_shape(shape: tuple[int, int, int], producer: dict[str, Any]
+                ) -> tuple[int, int, int]:
+    """The Go load generator's request in a paced row: ``shape``'s partitions and
+    record size, with as many records per request as the producer's requests carried
+    at that rate (never fewer than ``shape``). The same records in the same requests,
+    so Go's p99 is the broker's at that load: Go's own 100 KiB requests cost the broker
+    more per record than a producer's larger ones, and at the producers' half rates they
+    left it saturated, so that the target measured Go's queue."""
+    metrics = producer.get("producer_metrics") or {}
+    requests, records = metrics.get("requests"), metrics.get("records_sent")
+    if not requests or not records:
+        return shape
+    per_partition = round(records / requests / shape[0])
+    return shape[0], max(shape[1], per_partition), shape[2]
+
+
 # Paced rows: a second at the rate before the measured ones, its records untimed (the
 # first records of a producer wait for its topic's metadata and connections).
 PACED_WARMUP_S = 1.0
@@ -432,6 +448,7 @@ def paced(llog: dict[str, Any], kafka: dict[str, Any]) -> list[dict[str, Any]]:
                         "p50_ms": lat.get("p50_ms"), "p99_ms": p99,
                         "go_p50_ms": go.get("p50_ms"), "go_p99_ms": go.get("p99_ms"),
                         "go_records_per_s": got, "go_kept_up": kept_up,
+                        "go_request_records": (r.get("go") or {}).get("request_records"),
                         "linger_ms": linger, "target_p99_ms": target,
                         "met": None if target is None or p99 is None else p99 <= target,
                         "cpu_us_per_record": r.get("cpu_us_per_record"),

@@ -964,10 +964,11 @@ def peer_paced_rows(run: Run, broker: Server, rows: list[dict[str, Any]], size: 
         mine = peer.attempt(functools.partial(peer.timed, functools.partial(
             peer.client, kind, broker.url, topic, seconds=a.duration, record_bytes=size,
             rate=rate, warmup=peer.PACED_WARMUP_S, timeout=a.duration + 180)))
-        topic = _peer_topic(run, broker, shape, "binary")
+        go_shape = peer.paced_shape(shape, mine)
+        topic = _peer_topic(run, broker, go_shape, "binary")
         go = peer.attempt(functools.partial(peer.timed, functools.partial(
-            _go_produce, broker.url, topic, shape, "binary", a.duration,
-            a.peer_paced_connections, rate / (shape[0] * shape[1]))))
+            _go_produce, broker.url, topic, go_shape, "binary", a.duration,
+            a.peer_paced_connections, rate / (go_shape[0] * go_shape[1]))))
         out.append(peer.row("paced", kind, size, mine, of_max=a.peer_pace, go=go))
     return out
 
@@ -1198,9 +1199,8 @@ def main() -> int:
     parser.add_argument("--peer-paced-connections", type=int, default=128,
                         help="peer section: the Go load generator's connections in the "
                              "paced rows, enough that its requests at the producers' "
-                             "rates do not wait for a free connection of its own (with "
-                             "32 it fell behind those rates here, and its p99 then "
-                             "measured its own queue, not the broker)")
+                             "rates never wait for a free connection of its own (its "
+                             "p99 would then measure its own queue, not the broker)")
     parser.add_argument("--record-sizes", default="100,1024,10240",
                         help="peer section: the produce rows' record sizes in bytes "
                              "(comma-separated; the paced rows take 1024 if listed)")

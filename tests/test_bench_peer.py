@@ -78,6 +78,15 @@ def test_a_paced_row_says_whether_go_kept_up_with_the_rate() -> None:
     assert [r["met"] for r in rows] == [True, True, True]  # met, the second leniently
 
 
+def test_a_paced_go_request_carries_what_the_producer_s_requests_carried() -> None:
+    shape = (4, 25, 1024)
+    producer = {"producer_metrics": {"requests": 1_000, "records_sent": 700_000}}
+    assert peer.paced_shape(shape, producer) == (4, 175, 1024)
+    small = {"producer_metrics": {"requests": 1_000, "records_sent": 40_000}}
+    assert peer.paced_shape(shape, small) == shape  # never fewer than the shape's
+    assert peer.paced_shape(shape, {"error": "failed"}) == shape
+
+
 def test_go_requests_carry_at_least_100_kib_of_records() -> None:
     assert [peer.shape_for(n) for n in (100, 1024, 10240)] == [
         (4, 256, 100), (4, 25, 1024), (4, 3, 10240)]
