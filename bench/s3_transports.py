@@ -2,8 +2,8 @@
 
 The store (app/stores/s3/store.py) can send its data path's requests two ways: through
 aiobotocore, or (``LLOG_S3_LEAN_REQUESTS``, the default) signed by
-``app/stores/s3/sigv4.py`` with uploads over aiohttp and GETs over
-``app/stores/s3/wire.py``. This measures both through ``S3Store`` against one MinIO of
+``app/stores/s3/sigv4.py`` over ``app/stores/s3/wire.py``, uploads and GETs alike.
+This measures both through ``S3Store`` against one MinIO of
 the project's local stack, in one run, alternating which goes first from round to
 round: requests/s and the process's CPU per request (user and system, every thread; of
 it, user alone), at the sizes and concurrency the broker sends:
@@ -83,7 +83,7 @@ class Row:
 
 
 def rows(put_concurrency: list[int], concurrency: int) -> list[Row]:
-    puts = [Row("put", size, "aiohttp", c) for c in put_concurrency
+    puts = [Row("put", size, "wire", c) for c in put_concurrency
             for size in (1 * MIB, 4 * MIB)]
     gets = [Row("get whole", 1 * MIB, "wire", concurrency),
             Row("get whole", 4 * MIB, "wire", concurrency),

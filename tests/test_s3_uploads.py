@@ -14,6 +14,7 @@ import pytest
 from app.errors import LlogError
 from app.localstack.stack import LocalStack
 from app.stores.metrics import StoreMetrics
+from app.stores.s3.sigv4 import Body
 from app.stores.s3.store import S3Store
 from tests.helpers.stack import make_settings
 
@@ -27,18 +28,25 @@ async def _stored_checksum(s3: S3Store, key: str) -> str | None:
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "botocore"])
 @pytest.mark.parametrize("sign_payload", [False, True], ids=["unsigned", "signed"])
+@pytest.mark.parametrize("in_parts", [False, True], ids=["bytes", "parts"])
 async def test_uploads_carry_their_crc32c(stack: LocalStack, sign_payload: bool,
-                                          lean: bool) -> None:
+                                          lean: bool, in_parts: bool) -> None:
     body = uuid.uuid4().bytes * 40_000
     expected = base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode()
+    # A WAL object is put as its parts (a head, then views into request bodies).
+    sent: Body = ([body[:7], memoryview(body)[7:300_000], bytearray(body[300_000:300_001]),
+                   memoryview(body)[300_001:]] if in_parts else body)
     settings = make_settings(stack, s3_sign_payload=sign_payload, s3_lean_requests=lean)
-    async with S3Store(settings, StoreMetrics()) as s3:
+    metrics = StoreMetrics()
+    async with S3Store(settings, metrics) as s3:
         key, created = f"t/{uuid.uuid4().hex}", f"t/{uuid.uuid4().hex}"
-        await s3.put(key, body)
+        await s3.put(key, sent)
         assert await s3.create_if_absent(created, body)
         assert await s3.get(key) == body
         assert await _stored_checksum(s3, key) == expected
         assert await _stored_checksum(s3, created) == expected
+    assert metrics.registry.get_sample_value(
+        "llog_s3_bytes_total", {"direction": "out"}) == 2 * len(body)
 
 
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "botocore"])
@@ -48,9 +56,10 @@ async def test_a_body_that_does_not_match_its_checksum_is_refused(stack: LocalSt
     async with S3Store(settings, StoreMetrics()) as s3:
         key = f"t/{uuid.uuid4().hex}"
         real = s3._crc32c
-        s3._crc32c = lambda body: real(body + b"!")  # type: ignore[method-assign]
+        s3._crc32c = lambda body: real(  # type: ignore[method-assign]
+            body + b"!" if isinstance(body, bytes) else [*body, b"!"])
         with pytest.raises(LlogError):
-            await s3.put(key, b"the body as sent")
+            await s3.put(key, [b"the body ", memoryview(b"as sent")])
         assert await s3.head(key) is None
 
 

@@ -1,5 +1,5 @@
-"""The lean path's GET connections (app/stores/s3/wire.py) against a scripted server
-that writes its answers in pieces of random sizes: bodies and spans land where they
+"""The lean path's connections (app/stores/s3/wire.py) against a scripted server that
+writes its answers in pieces of random sizes: bodies and spans land where they
 belong, connections are kept and reused only when the answer allows it, and every way
 an answer can go wrong fails the request (retryably) without leaving the next one
 reading its leftovers."""
@@ -257,7 +257,7 @@ async def test_an_answer_that_stops_coming_times_out() -> None:
     # for the rest never ends but by the read timeout, however slow the machine.
     script = Script(lambda n: ok(b"x" * 10), stall=lambda n: True)
     async with serving(script) as port, pool(port, read_timeout_s=0.3) as wire:
-        with pytest.raises(TimeoutError, match="no byte of the S3 answer for 0.3 s"):
+        with pytest.raises(TimeoutError, match="no progress of the S3 exchange for 0.3 s"):
             await wire.exchange(REQUEST, OK)
 
 
@@ -325,6 +325,83 @@ async def test_a_long_answer_is_not_cut_short_while_its_bytes_keep_coming(
     # them all, each a whole period after the one before: far over the read timeout.
     assert seen == [len(head) + 100 * k for k in range(8)]
     assert took > 7 * period_s
+
+
+async def test_a_request_in_parts_is_written_as_its_bytes_in_order() -> None:
+    """A PUT's head and body parts (bytes, views, a bytearray) go out as one request:
+    the server reads exactly their bytes, and the connection is kept for the next."""
+    body = random.Random(4).randbytes(300_000)
+    parts: list[bytes | bytearray | memoryview] = [
+        memoryview(body)[:1], body[1:70_000], bytearray(body[70_000:70_001]),
+        memoryview(body)[70_001:]]
+    head = (b"PUT /b/k HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body))
+    received: list[bytes] = []
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                got = await reader.readuntil(b"\r\n\r\n")
+                length = int(got.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                received.append(await reader.readexactly(length))
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        async with pool(server.sockets[0].getsockname()[1]) as wire:
+            for _ in range(2):
+                answer = await wire.exchange([head, *parts], frozenset({200}))
+                assert (answer.status, answer.buffers) == (200, [b""])
+    finally:
+        server.close()
+        await server.wait_closed()
+    assert received == [body, body]
+
+
+async def test_an_upload_the_socket_keeps_taking_is_not_timed_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The read timeout counts a request's bytes taken by the socket as progress, as it
+    counts an answer's bytes: a PUT whose body is still going out (a slow link, a store
+    reading slowly) is not failed for the answer it cannot have sent yet; once neither
+    moves for a whole period, it is. Paced by the watch's own checks, as above: each
+    check that saw progress lets the socket take one more byte."""
+
+    class Transport:
+        def __init__(self) -> None:
+            self.unsent = 8
+
+        def get_write_buffer_size(self) -> int:
+            return self.unsent
+
+    transport = Transport()
+    conn = s3_wire._Connection()
+    conn._transport = transport  # type: ignore[assignment]
+    conn._request_size = 8
+    real_check = s3_wire._ReadWatch._check
+    unsent_at_checks: list[int] = []
+
+    def check(watch: s3_wire._ReadWatch) -> None:
+        unsent_at_checks.append(transport.unsent)
+        real_check(watch)
+        if transport.unsent:
+            transport.unsent -= 1  # the socket took a byte within the next period
+
+    monkeypatch.setattr(s3_wire._ReadWatch, "_check", check)
+    waiter: asyncio.Future[s3_wire.Answer] = asyncio.get_running_loop().create_future()
+    watch = s3_wire._ReadWatch(conn, waiter, 0.01)
+    transport.unsent = 7  # a byte taken in the first period
+    try:
+        with anyio.fail_after(10), pytest.raises(TimeoutError, match="no progress"):
+            await waiter
+    finally:
+        watch.cancel()
+    # Checked with 7, 6, ... 0 bytes left: each saw progress; the one after the last
+    # byte went saw none and failed the exchange.
+    assert unsent_at_checks == [7, 6, 5, 4, 3, 2, 1, 0, 0]
 
 
 async def test_a_closed_pool_refuses_requests() -> None:

@@ -390,6 +390,15 @@ def pack_shared_blob(bodies: Sequence[SliceBody], created_at_ms: int
                      ) -> tuple[bytes, list[SliceEntry]]:
     """The LLS1 blob of ``bodies``: their parts are copied once, into the blob (or
     compressed into it)."""
+    parts, entries = pack_shared_parts(bodies, created_at_ms)
+    return b"".join(parts), entries
+
+
+def pack_shared_parts(bodies: Sequence[SliceBody], created_at_ms: int
+                      ) -> tuple[list[bytes | memoryview], list[SliceEntry]]:
+    """The LLS1 blob of ``bodies`` as the parts it is made of, in order: its head, then
+    each body's parts as they are (views into the requests they came in, or a body
+    compressed), for an upload that writes them without joining them first."""
     stored = [_stored(b) for b in bodies]
     # body_offset depends on the header length, which depends on the offsets' digits:
     # iterate until the header length is stable (at most a couple of rounds).
@@ -412,9 +421,8 @@ def pack_shared_blob(bodies: Sequence[SliceBody], created_at_ms: int
         if len(header) == header_len:
             break
         header_len = len(header)
-    blob = b"".join([MAGIC, _U32.pack(len(header)), header,
-                     *(part for st in stored for part in st.parts)])
-    return blob, parts
+    return [MAGIC + _U32.pack(len(header)) + header,
+            *(part for st in stored for part in st.parts)], parts
 
 
 def _part_to_dict(p: SliceEntry) -> dict[str, Any]:

@@ -276,13 +276,14 @@ class LogWriter:
         blob, bodies = await _pack([p.body(self._encoding) for p in parts], created)
         key = self._layout.shared_wal_object(uuid.uuid4().hex)
         try:
-            await self._s3.put(key, blob)
+            await self._s3.put(key, blob)  # its parts, written without joining them
         except LlogError as exc:
             for part in parts:
                 part.fail(outcomes, exc)
                 self._turns.release(flush, part.tp)
             return []
-        self._metrics.shared_blob_bytes.observe(len(blob))
+        self._metrics.shared_blob_bytes.observe(
+            bodies[-1].body_offset + bodies[-1].body_length)
         for body in bodies:
             self._metrics.stored_bytes.labels("wal").inc(body.body_length)
             self._metrics.stored_raw_bytes.labels("wal").inc(body.raw_length or
@@ -407,10 +408,12 @@ def _without_late(parts: list[PartitionAppend], outcomes: list[AppendOutcome | N
 
 
 async def _pack(bodies: list[codec.SliceBody], created_at_ms: int
-                ) -> tuple[bytes, list[codec.SliceEntry]]:
-    """The flush's LLS1 blob. Compressing bodies (a few milliseconds per MiB) is done
-    in a worker thread, never on the event loop; a flush that compresses nothing is
-    packed in place, as a thread hop would cost more than the copy."""
+                ) -> tuple[list[bytes | memoryview], list[codec.SliceEntry]]:
+    """The flush's LLS1 blob, as its parts: its head and the bodies' parts, views into
+    the requests they came in, which the upload writes as they are (no copy of the
+    blob is made). Compressing bodies (a few milliseconds per MiB) is done in a worker
+    thread, never on the event loop; a flush that compresses nothing is packed in
+    place, as a thread hop would cost more than it does."""
     if codec.compresses(bodies):
-        return await anyio.to_thread.run_sync(codec.pack_shared_blob, bodies, created_at_ms)
-    return codec.pack_shared_blob(bodies, created_at_ms)
+        return await anyio.to_thread.run_sync(codec.pack_shared_parts, bodies, created_at_ms)
+    return codec.pack_shared_parts(bodies, created_at_ms)

@@ -4,9 +4,9 @@ request pipeline.
 The broker sends these three requests itself (why, with the measured figures: the
 docstring of ``app/stores/s3/store.py``); everything else (listing, HEAD, DELETE,
 conditional creates) still goes through botocore. Requests are signed by
-``app/stores/s3/sigv4.py``. PUTs go through aiohttp; GETs through
-``app/stores/s3/wire.py``, which reads a body straight into the buffers that keep it
-(each pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
+``app/stores/s3/sigv4.py`` and sent over ``app/stores/s3/wire.py``, which reads a GET's
+body straight into the buffers that keep it and writes a PUT's body from its parts (the
+pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
 
 It retries as botocore's standard mode does: connection errors, timeouts, 5xx and
 throttling answers, up to ``LLOG_S3_MAX_ATTEMPTS`` attempts with jittered exponential
@@ -23,24 +23,19 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import quote, urlsplit
 
-import aiohttp
 import anyio
-from yarl import URL
 
 from app.settings import S3Settings
-from app.stores.s3.sigv4 import SigV4Signer
-from app.stores.s3.wire import Answer, WirePool
+from app.stores.s3.sigv4 import Body, SigV4Signer
+from app.stores.s3.wire import Answer, WireError, WirePool
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 _RETRY_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException",
                           "RequestTimeout", "RequestTimeTooSkewed", "InternalError"})
 _CODE = re.compile(rb"<Code>([^<]{1,128})</Code>")
 _MAX_BACKOFF_S = 20.0
-_MAX_ERROR_BODY = 64 * 1024
-# aiohttp pauses a connection holding twice this much unread: a body is read as it comes
-# (the default, 64 KiB, pauses and resumes the socket every few reads of a large body).
-_READ_BUFFER = 256 * 1024
 _GET_OK = frozenset({200, 206})
+_PUT_OK = frozenset({200})
 _T = TypeVar("_T")
 
 
@@ -61,59 +56,43 @@ def usable(s3: S3Settings) -> bool:
 
 
 class LeanS3:
-    """One aiohttp connection pool and a SigV4 signer for one bucket."""
+    """One pool of the broker's own S3 connections and a SigV4 signer for one bucket."""
 
     def __init__(self, s3: S3Settings, *, backoff_s: float = 1.0) -> None:
         assert usable(s3)
         assert s3.s3_endpoint is not None  # for mypy: usable() checked it
         assert s3.s3_access_key is not None and s3.s3_secret_key is not None
-        self._base = s3.s3_endpoint.rstrip("/") + "/" + quote(s3.s3_bucket)
+        base = urlsplit(s3.s3_endpoint.rstrip("/") + "/" + quote(s3.s3_bucket))
         self._attempts = s3.s3_max_attempts
         self._backoff_s = backoff_s  # the first retry waits up to this long, then doubling
-        base = urlsplit(self._base)
-        self._origin = f"{base.scheme}://{base.netloc}"
         self._base_path = base.path
         self._scheme, self._host_port = base.scheme, (base.hostname or "", base.port)
         self._signer = SigV4Signer(
             s3.s3_access_key.get_secret_value(), s3.s3_secret_key.get_secret_value(),
             s3.s3_region, s3.s3_endpoint, sign_payload=s3.s3_sign_payload)
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=min(10.0, s3.s3_request_timeout_s),
-            sock_read=s3.s3_request_timeout_s)
-        self._ssl: ssl.SSLContext | bool = True
-        if s3.s3_ca_bundle is not None:
-            self._ssl = ssl.create_default_context(cafile=str(s3.s3_ca_bundle))
+        self._ca_bundle = s3.s3_ca_bundle
         self._limit = s3.s3_max_pool_connections
         self._connect_timeout_s = min(10.0, s3.s3_request_timeout_s)
         self._request_timeout_s = s3.s3_request_timeout_s
-        self._session: aiohttp.ClientSession | None = None
-        self._gets: WirePool | None = None
+        self._wire: WirePool | None = None
 
     async def __aenter__(self) -> LeanS3:
-        connector = aiohttp.TCPConnector(limit=self._limit, ssl=self._ssl)
-        self._session = aiohttp.ClientSession(
-            connector=connector, timeout=self._timeout, auto_decompress=False,
-            read_bufsize=_READ_BUFFER,
-            skip_auto_headers=("Content-Type", "User-Agent", "Accept-Encoding"))
         host, port = self._host_port
         context: ssl.SSLContext | None = None
         if self._scheme == "https":  # a CA bundle means nothing to a plain endpoint
-            context = (self._ssl if isinstance(self._ssl, ssl.SSLContext)
-                       else ssl.create_default_context())
-        # As aiohttp's sock_read: the request timeout bounds each wait for bytes of an
-        # answer, not the whole of a long body.
-        self._gets = WirePool(host, port or (443 if context else 80), ssl_context=context,
+            context = (ssl.create_default_context() if self._ca_bundle is None
+                       else ssl.create_default_context(cafile=str(self._ca_bundle)))
+        # As aiohttp's sock_read: the request timeout bounds each wait for progress (a
+        # byte of the request taken or of the answer read), not a long body as a whole.
+        self._wire = WirePool(host, port or (443 if context else 80), ssl_context=context,
                               limit=self._limit, connect_timeout_s=self._connect_timeout_s,
                               read_timeout_s=self._request_timeout_s)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._gets is not None:
-            self._gets.close()
-            self._gets = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        if self._wire is not None:
+            self._wire.close()
+            self._wire = None
 
     def _path(self, key: str) -> str:
         return f"{self._base_path}/{quote(key, safe='/~')}"
@@ -134,8 +113,12 @@ class LeanS3:
                                       f"bytes={start}-{start + length - 1}", spans)
         return answer.buffers, answer.length
 
-    async def put(self, key: str, body: bytes, checksum: str | None) -> None:
-        headers = {}
+    async def put(self, key: str, body: Body, checksum: str | None) -> None:
+        """Store ``body`` (its bytes, or its parts in order) at ``key``, with the
+        CRC32C the store verifies when given."""
+        length = (len(body) if isinstance(body, bytes)
+                  else sum(memoryview(part).nbytes for part in body))
+        headers = {"Content-Length": str(length)}
         if checksum is not None:
             headers["x-amz-checksum-crc32c"] = checksum
         await self._retrying(self._put_once, self._path(key), headers, body)
@@ -149,43 +132,45 @@ class LeanS3:
                 retryable = exc.status in _RETRY_STATUS or exc.code in _RETRY_CODES
                 if not retryable or attempt == self._attempts:
                     raise
-            # A body cut short is read again, as a refused connection is (a WireError
-            # and a refused connection are OSErrors).
-            except (OSError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
-                    TimeoutError):
+            # A body cut short is read again, and a request sent again, as a refused
+            # connection is (a WireError and a refused connection are OSErrors).
+            except (OSError, TimeoutError):
                 if attempt == self._attempts:
                     raise
             await anyio.sleep(min(random.random() * self._backoff_s * 2 ** (attempt - 1),
                                    _MAX_BACKOFF_S))
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def _head(self, method: str, path: str, headers: dict[str, str],
+              body: Body | None) -> bytes:
+        # Signed per attempt: the signature carries the time.
+        signed = self._signer.headers(method, path, headers, body)
+        lines = "".join(f"{name}: {value}\r\n" for name, value in signed.items())
+        return (f"{method} {path} HTTP/1.1\r\nHost: {self._signer.host}\r\n{lines}\r\n"
+                ).encode("latin-1")
+
     async def _get_once(self, path: str, byte_range: str | None,
                         spans: Sequence[tuple[int, int]]) -> Answer:
-        if self._gets is None:
-            raise aiohttp.ClientConnectionError("the S3 session is closed")
+        if self._wire is None:
+            raise WireError("the S3 session is closed")
         headers = {"Range": byte_range} if byte_range is not None else {}
-        # Signed per attempt: the signature carries the time.
-        signed = self._signer.headers("GET", path, headers, None)
-        lines = "".join(f"{name}: {value}\r\n" for name, value in signed.items())
-        request = f"GET {path} HTTP/1.1\r\nHost: {self._signer.host}\r\n{lines}\r\n"
-        answer = await self._gets.exchange(request.encode("latin-1"), _GET_OK, spans)
+        answer = await self._wire.exchange(self._head("GET", path, headers, None),
+                                           _GET_OK, spans)
         if answer.status not in _GET_OK:
             raise _status_error(answer.status, bytes(answer.buffers[0]))
         return answer
 
-    async def _put_once(self, path: str, headers: dict[str, str], body: bytes) -> None:
-        if self._session is None:
-            raise aiohttp.ClientConnectionError("the S3 session is closed")
-        signed = self._signer.headers("PUT", path, headers, body)
-        # No Expect: 100-continue: aiohttp would wait for the 100 without bound (botocore
-        # sends the body after a second), and a store or proxy that never sends one
-        # would hold the flush, and every flush slot after it, for good.
-        async with self._session.request("PUT", URL(self._origin + path, encoded=True),
-                                         headers=signed, data=body) as response:
-            if response.status != 200:
-                raise _status_error(response.status,
-                                    await response.content.read(_MAX_ERROR_BODY))
-            await response.read()
+    async def _put_once(self, path: str, headers: dict[str, str], body: Body) -> None:
+        if self._wire is None:
+            raise WireError("the S3 session is closed")
+        # No Expect: 100-continue: the body goes at once, after its head, so a store or
+        # proxy that never sends a 100 cannot hold the flush (and the flush slots
+        # behind it); one that refuses the request early answers before reading it.
+        head = self._head("PUT", path, headers, body)
+        parts = [head, body] if isinstance(body, bytes) else [head, *body]
+        answer = await self._wire.exchange(parts, _PUT_OK)
+        if answer.status not in _PUT_OK:
+            raise _status_error(answer.status, bytes(answer.buffers[0]))
 
 
 def _status_error(status: int, body: bytes) -> S3Status:

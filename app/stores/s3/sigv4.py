@@ -14,8 +14,11 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
+
+# A request's body: one buffer, or parts sent one after another (a WAL object's).
+Body = bytes | Sequence[bytes | bytearray | memoryview]
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -57,7 +60,7 @@ class SigV4Signer:
         return self._host
 
     def headers(self, method: str, path: str, headers: Mapping[str, str],
-                body: bytes | None) -> dict[str, str]:
+                body: Body | None) -> dict[str, str]:
         """``headers`` and those that sign the request: ``X-Amz-Date``,
         ``X-Amz-Content-SHA256`` and ``Authorization``. ``path`` is the URL's path as
         sent (already quoted); S3 signs it as it is."""
@@ -65,12 +68,17 @@ class SigV4Signer:
         return self.headers_at(stamp, method, path, headers, body)
 
     def headers_at(self, stamp: str, method: str, path: str, headers: Mapping[str, str],
-                   body: bytes | None) -> dict[str, str]:
+                   body: Body | None) -> dict[str, str]:
         """As :meth:`headers`, at the time ``stamp`` (``YYYYMMDDTHHMMSSZ``)."""
         if not self._sign_payload:
             payload = UNSIGNED_PAYLOAD
-        elif body:
+        elif isinstance(body, bytes):
             payload = hashlib.sha256(body).hexdigest()
+        elif body is not None:  # a body in parts, hashed in order without joining them
+            digest = hashlib.sha256()
+            for part in body:
+                digest.update(part)
+            payload = digest.hexdigest()
         else:
             payload = EMPTY_SHA256
         out = dict(headers)

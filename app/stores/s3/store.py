@@ -2,12 +2,13 @@
 for the data path's GETs, ranged GETs and PUTs, transports of the broker's own.
 
 Which request goes which way. Listing, HEAD, DELETE and conditional creates always go
-through aiobotocore. GETs and ranged GETs go over ``app/stores/s3/wire.py`` (connections
-whose bodies the kernel reads straight into the buffers that keep them), PUTs of WAL
-objects over aiohttp (``app/stores/s3/lean.py``), both signed by
-``app/stores/s3/sigv4.py``: when ``LLOG_S3_LEAN_REQUESTS`` is on (the default), the
-endpoint is set and the keys are static. Otherwise (credentials from botocore's chain,
-an instance role) everything goes through aiobotocore.
+through aiobotocore. GETs, ranged GETs and the PUTs of WAL objects go over
+``app/stores/s3/wire.py`` (connections whose GET bodies the kernel reads straight into
+the buffers that keep them, and whose PUT bodies are written from their parts without
+being joined), signed by ``app/stores/s3/sigv4.py`` (``app/stores/s3/lean.py``): when
+``LLOG_S3_LEAN_REQUESTS`` is on (the default), the endpoint is set and the keys are
+static. Otherwise (credentials from botocore's chain, an instance role) everything goes
+through aiobotocore.
 
 Why three transports and a signer of its own, measured (``bench/s3_transports.py``, 3
 rounds alternating, the median; this process's CPU per request, user and system,
@@ -40,19 +41,22 @@ much HTTP/1.1 as reading S3 objects needs (``wire.py``, held by
 Uploads send their body at once, without ``Expect: 100-continue``. Waiting for the
 store's ``100 Continue`` before the body, as botocore does, measured 2,058 µs for a 4 MiB
 PUT, 4 at a time, against 4,059 without it in the run before (the body otherwise fills
-socket buffers MinIO is not yet draining); but aiohttp waits for the 100 without bound,
-where botocore sends the body after a second, so a store or proxy that never answers
-100 would hold a flush for good. Until that wait can be bounded the body goes at once:
-then the aiohttp PUT saves 52-54% at 1 MiB and 25% at 4 MiB one at a time (a broker's
-flushes, one in flight by default), and costs what aiobotocore's does four 4 MiB PUTs at
-a time (+4%, within the noise).
+socket buffers MinIO is not yet draining); but a store or proxy that never answers 100
+would hold a flush for as long as the wait lasts. The body goes at once: through
+aiohttp that saved 52-54% at 1 MiB and 25% at 4 MiB one at a time (a broker's flushes,
+one in flight by default), and cost what aiobotocore's does four 4 MiB PUTs at a time
+(+4%, within the noise). Over the own connections, with the blob's parts written as
+they are (``codec.pack_shared_parts``: no joined copy of the blob), a flush's PUT of
+1.7 MiB (4 partitions x 17 requests x 25 x 1 KiB) took 0.99-1.10 ms of CPU against
+1.34-1.39 through aiohttp with the joined blob (the join included), three rounds
+alternating against MinIO on loopback (docs/performance.md, #47's fifth step).
 
 botocore's standard retry mode retries throttling, 5xx and connection errors with
 backoff. On top of it, a conditional create that answers 409 (a concurrent conditional
 write in flight) is retried here, while 412 (the object exists) is a definite answer.
 Every request passes through :meth:`S3Store._request`, the one place that times it,
-counts it and turns the clients' exceptions (botocore's, aiohttp's and the own
-transports') into the engine's :class:`~app.errors.StorageUnavailable` and
+counts it and turns the clients' exceptions (botocore's, aiohttp's under it, and the
+own transports') into the engine's :class:`~app.errors.StorageUnavailable` and
 :class:`~app.errors.ObjectMissing`.
 """
 
@@ -82,6 +86,7 @@ from app.settings import S3Settings
 from app.stores.metrics import StoreMetrics
 from app.stores.s3 import lean as s3_lean
 from app.stores.s3.lean import LeanS3, S3Status
+from app.stores.s3.sigv4 import Body
 
 
 @dataclass(frozen=True)
@@ -248,24 +253,35 @@ class S3Store:
             self._metrics.s3_requests.labels(op, outcome).inc()
             self._metrics.s3_latency.labels(op).observe(time.monotonic() - started)
 
-    def _crc32c(self, body: bytes) -> str | None:
+    def _crc32c(self, body: Body) -> str | None:
         """The upload's CRC32C for the store to verify (LLOG_S3_PUT_CHECKSUM)."""
         if not self._settings.s3_put_checksum:
             return None
-        return base64.b64encode(crc32c.crc32c(body).to_bytes(4, "big")).decode()
+        if isinstance(body, bytes):
+            value = crc32c.crc32c(body)
+        else:  # over the parts in order: the CRC of the bytes they make
+            value = 0
+            for part in body:
+                value = crc32c.crc32c(part, value)
+        return base64.b64encode(value.to_bytes(4, "big")).decode()
 
     def _checksum(self, body: bytes) -> dict[str, str]:
         checksum = self._crc32c(body)
         return {} if checksum is None else {"ChecksumCRC32C": checksum}
 
-    async def put(self, key: str, body: bytes) -> None:
+    async def put(self, key: str, body: Body) -> None:
+        """Store ``body`` at ``key``: its bytes, or its parts in order (a WAL object's
+        head and slices), which the lean path writes without joining them."""
         async with self._request("put", key):
             if self._lean is not None:
                 await self._lean.put(key, body, self._crc32c(body))
             else:
-                await self._client.put_object(Bucket=self.bucket, Key=key, Body=body,
-                                              **self._checksum(body))
-        self._metrics.s3_bytes.labels("out").inc(len(body))
+                whole = body if isinstance(body, bytes) else b"".join(body)
+                await self._client.put_object(Bucket=self.bucket, Key=key, Body=whole,
+                                              **self._checksum(whole))
+        size = (len(body) if isinstance(body, bytes)
+                else sum(memoryview(part).nbytes for part in body))
+        self._metrics.s3_bytes.labels("out").inc(size)
 
     async def create_if_absent(self, key: str, body: bytes, *, attempts: int = 8) -> bool:
         """PUT with ``If-None-Match: *``: True if created, False if the key already exists.

@@ -1,5 +1,6 @@
-"""GETs of the lean S3 path, each body read by the kernel straight into the buffers that
-keep it.
+"""The lean S3 path's requests on connections of its own: GETs, each body read by the
+kernel straight into the buffers that keep it, and PUTs, each body written from the
+parts it is made of.
 
 aiohttp (under uvloop) receives a body as a series of new ``bytes`` of up to 256 KiB,
 each copied out of the event loop's read buffer and passed through its stream reader;
@@ -13,10 +14,15 @@ own (a chunk kept in a cache holds nothing else) and bytes between spans land in
 scratch buffer. What that saves per GET, measured: the docstring of
 ``app/stores/s3/store.py``.
 
-It speaks as much HTTP/1.1 as reading S3 objects needs: one request at a time on a
-connection, kept alive and reused. A successful answer must carry ``Content-Length``
-(S3 sends it with every object). Any other answer, an error, is read up to
-:data:`MAX_ERROR_BODY` bytes for its code, and its connection closed.
+A PUT's body goes to the transport as its parts (a WAL object's header and its slices,
+views into the request bodies they came in): the event loop writes them with one
+``writev`` and keeps what the socket did not take, so they are never joined into one
+buffer first.
+
+It speaks as much HTTP/1.1 as reading and writing S3 objects needs: one request at a
+time on a connection, kept alive and reused. A successful answer must carry
+``Content-Length`` (S3 sends it with every answer). Any other answer, an error, is read
+up to :data:`MAX_ERROR_BODY` bytes for its code, and its connection closed.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from typing import cast
 
 import anyio
 
+# A request as it is written: its bytes, or its parts in order (head, then body).
+Request = bytes | Sequence[bytes | bytearray | memoryview]
 MAX_HEAD = 64 * 1024
 MAX_ERROR_BODY = 64 * 1024
 _SCRATCH = 64 * 1024
@@ -86,6 +94,7 @@ class _Connection(asyncio.BufferedProtocol):
         self._error: bytearray | None = None
         self._chunked = False
         self.received = 0  # bytes of the current answer so far
+        self._request_size = 0  # bytes of the current request
         self.lost = False
 
     # -- what callers use ------------------------------------------------------------
@@ -95,12 +104,20 @@ class _Connection(asyncio.BufferedProtocol):
         return (not self.lost and self._waiter is None and self._transport is not None
                 and not self._transport.is_closing())
 
-    async def exchange(self, request: bytes, ok: frozenset[int],
+    def progress(self) -> int:
+        """Bytes of the current exchange so far: of the request, those the socket took,
+        and of the answer, those read. While it grows the exchange is not stalled."""
+        transport = self._transport
+        unsent = 0 if transport is None else transport.get_write_buffer_size()
+        return self.received + self._request_size - unsent
+
+    async def exchange(self, request: Request, ok: frozenset[int],
                        spans: Sequence[tuple[int, int]], read_timeout_s: float) -> Answer:
-        """Send ``request`` and read its answer; :class:`TimeoutError` when no byte of
-        it comes for ``read_timeout_s`` (a long body on a slow link is not cut short).
-        Cancelled or failed midway, the connection is closed: what is left of the
-        answer would come first on it."""
+        """Send ``request`` and read its answer; :class:`TimeoutError` when neither a
+        byte of the request is taken nor one of the answer comes for
+        ``read_timeout_s`` (a long body on a slow link is not cut short). Cancelled or
+        failed midway, the connection is closed: what is left of the answer would come
+        first on it."""
         assert self._waiter is None
         self.received = 0
         if self.lost or self._transport is None or self._transport.is_closing():
@@ -110,9 +127,19 @@ class _Connection(asyncio.BufferedProtocol):
         self._waiter = waiter
         self._ok, self._spans = ok, spans
         self._head, self._error, self._segments, self._buffers = bytearray(), None, [], []
+        try:
+            if isinstance(request, bytes):
+                self._request_size = len(request)
+                self._transport.write(request)
+            else:
+                self._request_size = sum(memoryview(part).nbytes for part in request)
+                self._transport.writelines(request)
+        except BaseException:
+            self._waiter = None
+            self.close()
+            raise
         watch = _ReadWatch(self, waiter, read_timeout_s)
         try:
-            self._transport.write(request)
             return await waiter
         except BaseException:
             self.close()
@@ -272,25 +299,28 @@ class _Connection(asyncio.BufferedProtocol):
 
 
 class _ReadWatch:
-    """Fails an answer with :class:`TimeoutError` once no byte of it came for a whole
-    period (aiohttp's ``sock_read``): one timer per period, not one per read."""
+    """Fails an exchange with :class:`TimeoutError` once it made no progress for a
+    whole period: no byte of its request taken by the socket, none of its answer read
+    (aiohttp's ``sock_read``, counting the upload too). One timer per period, not one
+    per read."""
 
     def __init__(self, conn: _Connection, waiter: asyncio.Future[Answer],
                  period_s: float) -> None:
         self._conn, self._waiter, self._period_s = conn, waiter, period_s
-        self._seen = 0  # bytes of the answer at the last check
+        self._seen = conn.progress()  # the exchange's progress at the last check
         self._loop = asyncio.get_running_loop()
         self._timer = self._loop.call_later(period_s, self._check)
 
     def _check(self) -> None:
         if self._waiter.done():
             return
-        if self._conn.received == self._seen:
+        progress = self._conn.progress()
+        if progress == self._seen:
             self._waiter.set_exception(TimeoutError(
-                f"no byte of the S3 answer for {self._period_s} s "
-                f"({self._conn.received} received)"))
+                f"no progress of the S3 exchange for {self._period_s} s "
+                f"({self._conn.received} bytes of the answer received)"))
             return
-        self._seen = self._conn.received
+        self._seen = progress
         self._timer = self._loop.call_later(self._period_s, self._check)
 
     def cancel(self) -> None:
@@ -331,7 +361,7 @@ class WirePool:
         self._idle: list[_Connection] = []
         self._closed = False
 
-    async def exchange(self, request: bytes, ok: frozenset[int],
+    async def exchange(self, request: Request, ok: frozenset[int],
                        spans: Sequence[tuple[int, int]] = ()) -> Answer:
         """``request`` on a connection of the pool. A kept connection the server
         closed while idle is found out by the request it fails before any answer: that
