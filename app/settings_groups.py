@@ -156,9 +156,9 @@ class S3Settings(_Group):
     s3_sign_payload: bool = False
     # GETs, ranged GETs and WAL uploads are signed and sent by the broker itself
     # (app/stores/s3/lean.py) rather than through botocore's request pipeline, when an
-    # endpoint and static keys are set: GETs on connections of its own
-    # (app/stores/s3/wire.py), uploads through aiohttp, each pool up to
-    # s3_max_pool_connections.
+    # endpoint and static keys are set, on connections of its own
+    # (app/stores/s3/wire.py): one pool for GETs and one for uploads (so a flush never
+    # waits behind reads), each up to s3_max_pool_connections.
     s3_lean_requests: bool = True
 
     _s3_unset = field_validator(

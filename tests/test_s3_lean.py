@@ -206,6 +206,41 @@ async def test_a_put_to_a_store_that_never_answers_100_continue_is_not_held() ->
     assert len(expected) == 1 and "expect:" not in expected[0]
 
 
+async def test_a_put_never_waits_behind_reads_for_a_connection() -> None:
+    """Uploads have a pool of their own: with every GET connection taken by reads the
+    store is slow to answer, a flush's PUT still goes at once."""
+    release, reading = asyncio.Event(), asyncio.Event()
+
+    async def store(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").lower()
+            if head.startswith("get"):
+                reading.set()
+                await release.wait()  # a read that takes its time
+                return
+            length = int(head.split("content-length:", 1)[1].split("\r\n", 1)[0])
+            await reader.readexactly(length)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+            await writer.drain()
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(store, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with LeanS3(_settings(f"http://127.0.0.1:{port}",
+                                    s3_max_pool_connections=1)) as lean, \
+                anyio.create_task_group() as tg:
+            tg.start_soon(lean.get, "wal/read", None)  # holds the one GET connection
+            with anyio.fail_after(10):
+                await reading.wait()
+                await lean.put("wal/obj", [b"x" * 1000, memoryview(b"y" * 1000)], None)
+            tg.cancel_scope.cancel()
+    finally:
+        release.set()
+        server.close()
+
+
 async def test_a_refused_connection_is_retried_then_raised() -> None:
     async with _serving([web.Response()], [], []) as url:
         pass  # the server is gone: its port refuses connections

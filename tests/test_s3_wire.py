@@ -404,6 +404,60 @@ async def test_an_upload_the_socket_keeps_taking_is_not_timed_out(
     assert unsent_at_checks == [7, 6, 5, 4, 3, 2, 1, 0, 0]
 
 
+async def test_interim_answers_are_passed_over_for_the_final_one() -> None:
+    """HTTP lets a server send ``100 Continue`` (or ``103 Early Hints``) unasked before
+    its answer: the answer is the one after them, and the connection is kept."""
+    script = Script(lambda n: b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\n"
+                    b"Link: </x>\r\n\r\n" + ok(b"the body", 200))
+    async with serving(script) as port, pool(port) as wire:
+        for _ in range(2):
+            answer = await wire.exchange(REQUEST, OK)
+            assert (answer.status, answer.buffers) == (200, [b"the body"])
+    assert script.connections == 1
+
+
+async def test_a_request_answered_before_it_was_sent_whole_drops_the_rest_at_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A store may refuse a PUT (403, 400) before reading its body and keep the
+    connection open without reading on: the rest of the body is dropped and the
+    connection aborted at once, not left to drain for as long as the peer keeps it
+    (a socket and the body's memory held per failed attempt)."""
+    body = b"x" * (64 << 20)  # far more than socket buffers take unread
+    lost = asyncio.Event()
+    real_lost = s3_wire._Connection.connection_lost
+
+    def connection_lost(conn: s3_wire._Connection, exc: Exception | None) -> None:
+        real_lost(conn, exc)
+        lost.set()
+
+    monkeypatch.setattr(s3_wire._Connection, "connection_lost", connection_lost)
+    release = asyncio.Event()
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+            error = b"<Error><Code>AccessDenied</Code></Error>"
+            writer.write(b"HTTP/1.1 403 Forbidden\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(error), error))
+            await writer.drain()
+            await release.wait()  # open, reading nothing more, until the test ends
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    try:
+        async with pool(server.sockets[0].getsockname()[1]) as wire:
+            head = b"PUT /b/k HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+            with anyio.fail_after(10):
+                answer = await wire.exchange([head, body], frozenset({200}))
+                assert answer.status == 403
+                await lost.wait()
+    finally:
+        release.set()
+        server.close()
+        await server.wait_closed()
+
+
 async def test_a_closed_pool_refuses_requests() -> None:
     async with serving(Script(lambda n: ok(b"x"))) as port, pool(port) as wire:
         wire.close()

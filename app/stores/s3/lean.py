@@ -26,7 +26,7 @@ from urllib.parse import quote, urlsplit
 import anyio
 
 from app.settings import S3Settings
-from app.stores.s3.sigv4 import Body, SigV4Signer
+from app.stores.s3.sigv4 import Body, SigV4Signer, body_parts, body_size
 from app.stores.s3.wire import Answer, WireError, WirePool
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
@@ -56,7 +56,8 @@ def usable(s3: S3Settings) -> bool:
 
 
 class LeanS3:
-    """One pool of the broker's own S3 connections and a SigV4 signer for one bucket."""
+    """Two pools of the broker's own S3 connections (GETs, uploads) and a SigV4 signer
+    for one bucket."""
 
     def __init__(self, s3: S3Settings, *, backoff_s: float = 1.0) -> None:
         assert usable(s3)
@@ -74,7 +75,8 @@ class LeanS3:
         self._limit = s3.s3_max_pool_connections
         self._connect_timeout_s = min(10.0, s3.s3_request_timeout_s)
         self._request_timeout_s = s3.s3_request_timeout_s
-        self._wire: WirePool | None = None
+        self._wire: WirePool | None = None  # GETs
+        self._puts: WirePool | None = None  # uploads: a flush never waits behind reads
 
     async def __aenter__(self) -> LeanS3:
         host, port = self._host_port
@@ -84,15 +86,17 @@ class LeanS3:
                        else ssl.create_default_context(cafile=str(self._ca_bundle)))
         # As aiohttp's sock_read: the request timeout bounds each wait for progress (a
         # byte of the request taken or of the answer read), not a long body as a whole.
-        self._wire = WirePool(host, port or (443 if context else 80), ssl_context=context,
-                              limit=self._limit, connect_timeout_s=self._connect_timeout_s,
-                              read_timeout_s=self._request_timeout_s)
+        self._wire, self._puts = (
+            WirePool(host, port or (443 if context else 80), ssl_context=context,
+                     limit=self._limit, connect_timeout_s=self._connect_timeout_s,
+                     read_timeout_s=self._request_timeout_s) for _ in range(2))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        if self._wire is not None:
-            self._wire.close()
-            self._wire = None
+        for pool in (self._wire, self._puts):
+            if pool is not None:
+                pool.close()
+        self._wire = self._puts = None
 
     def _path(self, key: str) -> str:
         return f"{self._base_path}/{quote(key, safe='/~')}"
@@ -116,9 +120,7 @@ class LeanS3:
     async def put(self, key: str, body: Body, checksum: str | None) -> None:
         """Store ``body`` (its bytes, or its parts in order) at ``key``, with the
         CRC32C the store verifies when given."""
-        length = (len(body) if isinstance(body, bytes)
-                  else sum(memoryview(part).nbytes for part in body))
-        headers = {"Content-Length": str(length)}
+        headers = {"Content-Length": str(body_size(body))}
         if checksum is not None:
             headers["x-amz-checksum-crc32c"] = checksum
         await self._retrying(self._put_once, self._path(key), headers, body)
@@ -161,14 +163,13 @@ class LeanS3:
         return answer
 
     async def _put_once(self, path: str, headers: dict[str, str], body: Body) -> None:
-        if self._wire is None:
-            raise WireError("the S3 session is closed")
         # No Expect: 100-continue: the body goes at once, after its head, so a store or
         # proxy that never sends a 100 cannot hold the flush (and the flush slots
         # behind it); one that refuses the request early answers before reading it.
+        if self._puts is None:
+            raise WireError("the S3 session is closed")
         head = self._head("PUT", path, headers, body)
-        parts = [head, body] if isinstance(body, bytes) else [head, *body]
-        answer = await self._wire.exchange(parts, _PUT_OK)
+        answer = await self._puts.exchange([head, *body_parts(body)], _PUT_OK)
         if answer.status not in _PUT_OK:
             raise _status_error(answer.status, bytes(answer.buffers[0]))
 

@@ -18,7 +18,22 @@ from collections.abc import Callable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 # A request's body: one buffer, or parts sent one after another (a WAL object's).
-Body = bytes | Sequence[bytes | bytearray | memoryview]
+Buffer = bytes | bytearray | memoryview
+Body = Buffer | Sequence[Buffer]
+
+
+def body_size(body: Body) -> int:
+    """The bytes of ``body``, whole or in parts."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return memoryview(body).nbytes
+    return sum(memoryview(part).nbytes for part in body)
+
+
+def body_parts(body: Body) -> Sequence[Buffer]:
+    """``body`` as parts in order (a whole one is one part)."""
+    if isinstance(body, bytes | bytearray | memoryview):
+        return (body,)
+    return body
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -72,7 +87,7 @@ class SigV4Signer:
         """As :meth:`headers`, at the time ``stamp`` (``YYYYMMDDTHHMMSSZ``)."""
         if not self._sign_payload:
             payload = UNSIGNED_PAYLOAD
-        elif isinstance(body, bytes):
+        elif isinstance(body, bytes | bytearray | memoryview):
             payload = hashlib.sha256(body).hexdigest()
         elif body is not None:  # a body in parts, hashed in order without joining them
             digest = hashlib.sha256()

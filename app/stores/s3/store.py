@@ -45,8 +45,9 @@ socket buffers MinIO is not yet draining); but a store or proxy that never answe
 would hold a flush for as long as the wait lasts. The body goes at once: through
 aiohttp that saved 52-54% at 1 MiB and 25% at 4 MiB one at a time (a broker's flushes,
 one in flight by default), and cost what aiobotocore's does four 4 MiB PUTs at a time
-(+4%, within the noise). Over the own connections, with the blob's parts written as
-they are (``codec.pack_shared_parts``: no joined copy of the blob), a flush's PUT of
+(+4%, within the noise). Over the own connections (a pool for uploads apart from the
+GETs'), with the blob's parts written as they are (``codec.pack_shared_parts``: no
+joined copy of the blob on uvloop over plain TCP), a flush's PUT of
 1.7 MiB (4 partitions x 17 requests x 25 x 1 KiB) took 0.99-1.10 ms of CPU against
 1.34-1.39 through aiohttp with the joined blob (the join included), three rounds
 alternating against MinIO on loopback (docs/performance.md, #47's fifth step).
@@ -86,7 +87,7 @@ from app.settings import S3Settings
 from app.stores.metrics import StoreMetrics
 from app.stores.s3 import lean as s3_lean
 from app.stores.s3.lean import LeanS3, S3Status
-from app.stores.s3.sigv4 import Body
+from app.stores.s3.sigv4 import Body, body_parts, body_size
 
 
 @dataclass(frozen=True)
@@ -257,12 +258,9 @@ class S3Store:
         """The upload's CRC32C for the store to verify (LLOG_S3_PUT_CHECKSUM)."""
         if not self._settings.s3_put_checksum:
             return None
-        if isinstance(body, bytes):
-            value = crc32c.crc32c(body)
-        else:  # over the parts in order: the CRC of the bytes they make
-            value = 0
-            for part in body:
-                value = crc32c.crc32c(part, value)
+        value = 0
+        for part in body_parts(body):  # in order: the CRC of the bytes they make
+            value = crc32c.crc32c(part, value)
         return base64.b64encode(value.to_bytes(4, "big")).decode()
 
     def _checksum(self, body: bytes) -> dict[str, str]:
@@ -276,12 +274,10 @@ class S3Store:
             if self._lean is not None:
                 await self._lean.put(key, body, self._crc32c(body))
             else:
-                whole = body if isinstance(body, bytes) else b"".join(body)
+                whole = b"".join(body_parts(body))
                 await self._client.put_object(Bucket=self.bucket, Key=key, Body=whole,
                                               **self._checksum(whole))
-        size = (len(body) if isinstance(body, bytes)
-                else sum(memoryview(part).nbytes for part in body))
-        self._metrics.s3_bytes.labels("out").inc(size)
+        self._metrics.s3_bytes.labels("out").inc(body_size(body))
 
     async def create_if_absent(self, key: str, body: bytes, *, attempts: int = 8) -> bool:
         """PUT with ``If-None-Match: *``: True if created, False if the key already exists.

@@ -105,19 +105,23 @@ class _Connection(asyncio.BufferedProtocol):
                 and not self._transport.is_closing())
 
     def progress(self) -> int:
-        """Bytes of the current exchange so far: of the request, those the socket took,
-        and of the answer, those read. While it grows the exchange is not stalled."""
+        """Bytes of the current exchange so far: of the request, those the transport
+        handed to the kernel, and of the answer, those read. While it grows the
+        exchange is not stalled. Over plain TCP a request's bytes leave the transport
+        as the socket takes them (a socket buffer's worth ahead of the peer's reading);
+        a TLS transport takes a whole request at once, encrypting it, so over TLS the
+        read timeout bounds an upload as a whole, as aiohttp's did."""
         transport = self._transport
         unsent = 0 if transport is None else transport.get_write_buffer_size()
         return self.received + self._request_size - unsent
 
     async def exchange(self, request: Request, ok: frozenset[int],
                        spans: Sequence[tuple[int, int]], read_timeout_s: float) -> Answer:
-        """Send ``request`` and read its answer; :class:`TimeoutError` when neither a
-        byte of the request is taken nor one of the answer comes for
-        ``read_timeout_s`` (a long body on a slow link is not cut short). Cancelled or
-        failed midway, the connection is closed: what is left of the answer would come
-        first on it."""
+        """Send ``request`` and read its answer; :class:`TimeoutError` when the
+        exchange makes no :meth:`progress` for ``read_timeout_s`` (a long answer on a
+        slow link is not cut short, nor, over plain TCP, a long request). Cancelled or
+        failed midway, the connection is closed, and aborted with bytes of the request
+        unsent: what is left of the answer would come first on it."""
         assert self._waiter is None
         self.received = 0
         if self.lost or self._transport is None or self._transport.is_closing():
@@ -128,8 +132,8 @@ class _Connection(asyncio.BufferedProtocol):
         self._ok, self._spans = ok, spans
         self._head, self._error, self._segments, self._buffers = bytearray(), None, [], []
         try:
-            if isinstance(request, bytes):
-                self._request_size = len(request)
+            if isinstance(request, bytes | bytearray | memoryview):
+                self._request_size = memoryview(request).nbytes
                 self._transport.write(request)
             else:
                 self._request_size = sum(memoryview(part).nbytes for part in request)
@@ -149,8 +153,15 @@ class _Connection(asyncio.BufferedProtocol):
             self._waiter = None
 
     def close(self) -> None:
-        if self._transport is not None:
-            self._transport.close()
+        transport = self._transport
+        if transport is not None:
+            # With bytes of a request still unsent (a PUT that failed or was answered
+            # early), closing would wait for them to go, for as long as the peer keeps
+            # the connection open: aborted instead, dropping them and the socket now.
+            if transport.get_write_buffer_size():
+                transport.abort()
+            else:
+                transport.close()
         self.lost = True
 
     # -- the event loop's side ---------------------------------------------------------
@@ -210,6 +221,14 @@ class _Connection(asyncio.BufferedProtocol):
                 raise WireError(f"an answer's head is over {MAX_HEAD} bytes")
             return
         status, headers, keep = _parse_head(bytes(self._head[:end]))
+        if 100 <= status < 200 and status != 101:
+            # An interim answer (100 Continue, 103 Early Hints): HTTP lets a server
+            # send them unasked; the final answer follows.
+            after = bytes(self._head[end + 4:])
+            self._head = bytearray()
+            if after:
+                self._take_head(memoryview(after))
+            return
         rest = memoryview(self._head)[end + 4:]
         self._status = status
         self._keep = keep
