@@ -11,6 +11,7 @@ client retrying would; one without never resends.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 from collections.abc import Callable
@@ -405,7 +406,10 @@ class GroupMember:
                     self.member = None  # join again: the outcome of what ran is recorded
                     await anyio.sleep(0.2)
             if self.member is not None:
-                await self._leave(http)
+                # The broker it chooses may be down (a fault not yet healed): the
+                # member's session then expires instead, as a crashed client's would.
+                with contextlib.suppress(httpx.HTTPError):
+                    await self._leave(http)
 
     def _url(self) -> str:
         return self.rng.choice(self.brokers())
