@@ -1283,8 +1283,11 @@ def test_close_while_threads_send() -> None:
             if isinstance(outcome, BaseException):
                 return
 
+    # A small buffer: the senders soon wait for room (close() must refuse them too), and
+    # what close() delivers is bounded, not whatever the threads buffered on a fast
+    # machine before it came (tens of seconds of small requests on a loaded one).
     producer = Producer(A, transport=fake.transport(), linger_ms=1, batch_bytes=300,
-                        **PLAIN)
+                        buffer_bytes=64 * 1024, **PLAIN)
     threads = [threading.Thread(target=sender, args=(producer, tid)) for tid in range(3)]
     for thread in threads:
         thread.start()

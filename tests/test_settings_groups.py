@@ -234,7 +234,9 @@ def test_the_s3_clients_build_from_their_group_alone() -> None:
     s3 = S3Settings(s3_endpoint="http://s3.local:9000/", s3_bucket="bkt", **KEYS)  # type: ignore[arg-type]
     assert s3_lean.usable(s3)
     assert not s3_lean.usable(s3.model_copy(update={"s3_lean_requests": False}))
-    assert LeanS3(s3)._base == "http://s3.local:9000/bkt"
+    lean = LeanS3(s3)
+    assert (lean._scheme, lean._host_port, lean._base_path) == ("http", ("s3.local", 9000),
+                                                                  "/bkt")
     assert S3Store(s3, StoreMetrics()).bucket == "bkt"
 
 

@@ -143,7 +143,7 @@ def _threads_calling(monkeypatch: pytest.MonkeyPatch, module: Any, name: str
 
 
 async def test_a_flush_compresses_in_a_worker_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    threads = _threads_calling(monkeypatch, codec, "pack_shared_blob")
+    threads = _threads_calling(monkeypatch, codec, "pack_shared_parts")
     raw = codec.encode_batch([TEXT])
     await writer._pack([_body("a", raw, compression.NO_COMPRESSION)], 1)
     await writer._pack([_body("a", raw, ZSTD)], 1)
