@@ -5,8 +5,8 @@ The broker sends these three requests itself (why, with the measured figures: th
 docstring of ``app/stores/s3/store.py``); everything else (listing, HEAD, DELETE,
 conditional creates) still goes through botocore. Requests are signed by
 ``app/stores/s3/sigv4.py`` and sent over ``app/stores/s3/wire.py``, which reads a GET's
-body straight into the buffers that keep it and writes a PUT's body from its parts (the
-pool holds up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
+body straight into the buffers that keep it and writes a PUT's body from its parts (two
+pools, GETs and uploads, each of up to ``LLOG_S3_MAX_POOL_CONNECTIONS``).
 
 It retries as botocore's standard mode does: connection errors, timeouts, 5xx and
 throttling answers, up to ``LLOG_S3_MAX_ATTEMPTS`` attempts with jittered exponential
@@ -75,7 +75,7 @@ class LeanS3:
         self._limit = s3.s3_max_pool_connections
         self._connect_timeout_s = min(10.0, s3.s3_request_timeout_s)
         self._request_timeout_s = s3.s3_request_timeout_s
-        self._wire: WirePool | None = None  # GETs
+        self._gets: WirePool | None = None
         self._puts: WirePool | None = None  # uploads: a flush never waits behind reads
 
     async def __aenter__(self) -> LeanS3:
@@ -86,17 +86,17 @@ class LeanS3:
                        else ssl.create_default_context(cafile=str(self._ca_bundle)))
         # As aiohttp's sock_read: the request timeout bounds each wait for progress (a
         # byte of the request taken or of the answer read), not a long body as a whole.
-        self._wire, self._puts = (
+        self._gets, self._puts = (
             WirePool(host, port or (443 if context else 80), ssl_context=context,
                      limit=self._limit, connect_timeout_s=self._connect_timeout_s,
                      read_timeout_s=self._request_timeout_s) for _ in range(2))
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        for pool in (self._wire, self._puts):
+        for pool in (self._gets, self._puts):
             if pool is not None:
                 pool.close()
-        self._wire = self._puts = None
+        self._gets = self._puts = None
 
     def _path(self, key: str) -> str:
         return f"{self._base_path}/{quote(key, safe='/~')}"
@@ -153,10 +153,10 @@ class LeanS3:
 
     async def _get_once(self, path: str, byte_range: str | None,
                         spans: Sequence[tuple[int, int]]) -> Answer:
-        if self._wire is None:
+        if self._gets is None:
             raise WireError("the S3 session is closed")
         headers = {"Range": byte_range} if byte_range is not None else {}
-        answer = await self._wire.exchange(self._head("GET", path, headers, None),
+        answer = await self._gets.exchange(self._head("GET", path, headers, None),
                                            _GET_OK, spans)
         if answer.status not in _GET_OK:
             raise _status_error(answer.status, bytes(answer.buffers[0]))
