@@ -14,7 +14,7 @@ import pytest
 from app.errors import LlogError
 from app.localstack.stack import LocalStack
 from app.stores.metrics import StoreMetrics
-from app.stores.s3.sigv4 import Body
+from app.stores.s3.body import Body
 from app.stores.s3.store import S3Store
 from tests.helpers.stack import make_settings
 

@@ -47,7 +47,7 @@ class Run:
 
     def sizes(self) -> Sequence[int]:
         """Each record's bytes as budgets count them."""
-        return _sizes(self.records, self.first, self.stop)
+        return record_sizes(self.records, self.first, self.stop)
 
     def pairs(self) -> list[Pair]:
         """``(offset, payload)`` of each record; append times are not part of a payload
@@ -77,15 +77,11 @@ def _timeless(value: Payload) -> Payload:
                                                                       append_time_ms=0)
 
 
-def record_sizes(records: Sequence[Payload]) -> Sequence[int]:
-    if isinstance(records, RecordBatch) and records.columns is not None:
-        return records.columns.record_sizes()
-    return [payload_size(p) for p in records]
-
-
-def _sizes(records: Sequence[Payload], first: int, stop: int) -> Sequence[int]:
-    """``record_sizes(records)[first:stop]``, reckoning only those records: a read of a
-    few records of a large chunk does not pay for the whole chunk's sizes."""
+def record_sizes(records: Sequence[Payload], first: int = 0, stop: int | None = None
+                 ) -> Sequence[int]:
+    """Each record's bytes as budgets count them; of records ``first .. stop - 1`` only,
+    when given, reckoning only those: a read of a few records of a large chunk does not
+    pay for the whole chunk's sizes."""
     if isinstance(records, RecordBatch) and records.columns is not None:
         return records.columns.record_sizes(first, stop)
     return [payload_size(p) for p in records[first:stop]]
@@ -99,7 +95,7 @@ def take(records: Sequence[Payload], first: int, offset: int, append_time_ms: in
     the budget), and their bytes."""
     total = len(records)
     stop = total if max_records is None else min(total, first + max(0, max_records))
-    cumulative = list(accumulate(_sizes(records, first, stop)))
+    cumulative = list(accumulate(record_sizes(records, first, stop)))
     n = len(cumulative) if budget is None else bisect_right(cumulative, budget)
     if n == 0 and may_exceed and cumulative:
         n = 1

@@ -26,7 +26,8 @@ from urllib.parse import quote, urlsplit
 import anyio
 
 from app.settings import S3Settings
-from app.stores.s3.sigv4 import Body, SigV4Signer, body_parts, body_size
+from app.stores.s3.body import Body, body_parts, body_size
+from app.stores.s3.sigv4 import SigV4Signer
 from app.stores.s3.wire import Answer, WireError, WirePool
 
 _RETRY_STATUS = frozenset({429, 500, 502, 503, 504})

@@ -14,26 +14,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from urllib.parse import urlsplit
 
-# A request's body: one buffer, or parts sent one after another (a WAL object's).
-Buffer = bytes | bytearray | memoryview
-Body = Buffer | Sequence[Buffer]
-
-
-def body_size(body: Body) -> int:
-    """The bytes of ``body``, whole or in parts."""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return memoryview(body).nbytes
-    return sum(memoryview(part).nbytes for part in body)
-
-
-def body_parts(body: Body) -> Sequence[Buffer]:
-    """``body`` as parts in order (a whole one is one part)."""
-    if isinstance(body, bytes | bytearray | memoryview):
-        return (body,)
-    return body
+from app.stores.s3.body import Body, body_parts
 
 UNSIGNED_PAYLOAD = "UNSIGNED-PAYLOAD"
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
@@ -87,15 +71,13 @@ class SigV4Signer:
         """As :meth:`headers`, at the time ``stamp`` (``YYYYMMDDTHHMMSSZ``)."""
         if not self._sign_payload:
             payload = UNSIGNED_PAYLOAD
-        elif isinstance(body, bytes | bytearray | memoryview):
-            payload = hashlib.sha256(body).hexdigest()
-        elif body is not None:  # a body in parts, hashed in order without joining them
+        elif body is None:
+            payload = EMPTY_SHA256
+        else:  # its parts hashed in order, without joining them
             digest = hashlib.sha256()
-            for part in body:
+            for part in body_parts(body):
                 digest.update(part)
             payload = digest.hexdigest()
-        else:
-            payload = EMPTY_SHA256
         out = dict(headers)
         out["X-Amz-Date"] = stamp
         out["X-Amz-Content-SHA256"] = payload

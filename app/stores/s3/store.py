@@ -86,8 +86,8 @@ from app.errors import ObjectMissing, StorageUnavailable
 from app.settings import S3Settings
 from app.stores.metrics import StoreMetrics
 from app.stores.s3 import lean as s3_lean
+from app.stores.s3.body import Body, body_parts, body_size
 from app.stores.s3.lean import LeanS3, S3Status
-from app.stores.s3.sigv4 import Body, body_parts, body_size
 
 
 @dataclass(frozen=True)

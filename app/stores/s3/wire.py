@@ -36,8 +36,8 @@ from typing import cast
 
 import anyio
 
-# A request as it is written: its bytes, or its parts in order (head, then body).
-Request = bytes | Sequence[bytes | bytearray | memoryview]
+from app.stores.s3.body import Body, body_size
+
 MAX_HEAD = 64 * 1024
 MAX_ERROR_BODY = 64 * 1024
 _SCRATCH = 64 * 1024
@@ -115,7 +115,7 @@ class _Connection(asyncio.BufferedProtocol):
         unsent = 0 if transport is None else transport.get_write_buffer_size()
         return self.received + self._request_size - unsent
 
-    async def exchange(self, request: Request, ok: frozenset[int],
+    async def exchange(self, request: Body, ok: frozenset[int],
                        spans: Sequence[tuple[int, int]], read_timeout_s: float) -> Answer:
         """Send ``request`` and read its answer; :class:`TimeoutError` when the
         exchange makes no :meth:`progress` for ``read_timeout_s`` (a long answer on a
@@ -132,11 +132,11 @@ class _Connection(asyncio.BufferedProtocol):
         self._ok, self._spans = ok, spans
         self._head, self._error, self._segments, self._buffers = bytearray(), None, [], []
         try:
+            # A request's parts in order (head, then body), or its bytes.
+            self._request_size = body_size(request)
             if isinstance(request, bytes | bytearray | memoryview):
-                self._request_size = memoryview(request).nbytes
                 self._transport.write(request)
             else:
-                self._request_size = sum(memoryview(part).nbytes for part in request)
                 self._transport.writelines(request)
         except BaseException:
             self._waiter = None
@@ -380,7 +380,7 @@ class WirePool:
         self._idle: list[_Connection] = []
         self._closed = False
 
-    async def exchange(self, request: Request, ok: frozenset[int],
+    async def exchange(self, request: Body, ok: frozenset[int],
                        spans: Sequence[tuple[int, int]] = ()) -> Answer:
         """``request`` on a connection of the pool. A kept connection the server
         closed while idle is found out by the request it fails before any answer: that
