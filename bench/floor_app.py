@@ -9,11 +9,13 @@ that much, with the broker's own fastest pieces and none of its checks or bookke
   values as one bytes-batch-v3 body (``columnar.encode_values``, as the broker does) and
   waits for its flush; a binary body (LLP1) is parsed as the ceiling parses it, and each
   entry's bytes-batch-v3 body goes into the blob as it came;
-- a flush takes the requests of one batch window (``--window-ms``, up to
-  ``--max-inflight`` flushes at once), packs their bodies into one shared blob
-  (``codec.pack_shared_blob``, with its CRC32Cs), PUTs it through the broker's S3 client
-  for the data path (``app/stores/s3/lean.py``, with the upload's CRC32C for the store
-  to verify), writes one Oxia key per partition in one Write request
+- a flush takes the requests of one batch window (``--window-ms``; ``--max-inflight``
+  flushes at once, one by default as the broker has one flush of a batch in flight:
+  requests that come meanwhile wait for the next), packs their bodies into one shared
+  blob as its parts (``codec.pack_shared_parts``, with its CRC32Cs: the bodies are not
+  copied), PUTs it through the broker's S3 client for the data path
+  (``app/stores/s3/lean.py``, the parts written as they are, with the upload's CRC32C
+  for the store to verify), writes one Oxia key per partition in one Write request
   (``OxiaStore.put_group``: blind puts, no compare-and-set), and answers every waiter.
 
 and for a consumer catching up through compacted data:
@@ -105,8 +107,8 @@ class _Flusher:
         try:
             bodies = [codec.SliceBody(w.topic, w.partition, [w.body], columnar.ENCODING_V3,
                                      w.count) for w in batch]
-            blob, _ = codec.pack_shared_blob(bodies, 0)
-            await self._s3.put(f"floor/{uuid.uuid4().hex}", blob)
+            parts, _ = codec.pack_shared_parts(bodies, 0)
+            await self._s3.put(f"floor/{uuid.uuid4().hex}", parts)
             puts, ends = {}, []
             for w in batch:
                 tp = (w.topic, w.partition)
@@ -267,7 +269,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8098)
     parser.add_argument("--window-ms", type=float, default=5.0)
-    parser.add_argument("--max-inflight", type=int, default=4)
+    parser.add_argument("--max-inflight", type=int, default=1)
     parser.add_argument("--record-bytes", type=int, default=1024,
                         help="size of the records /consume answers with")
     parser.add_argument("--fetch-bytes", type=int, default=8 << 20,

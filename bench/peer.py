@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 import http_bench as hb
+import peer_clients
 
 from app.localstack.processes import ManagedProcess, free_port, wait_until
 
@@ -476,7 +477,8 @@ def print_paced(rows: list[dict[str, Any]]) -> None:
     if not rows:
         return
     print("\npaced: each producer at a fraction of its own back-to-back records/s, "
-          "send-to-acknowledgement latency per record (from when it was due); llog's "
+          "send-to-acknowledgement latency of one record in "
+          f"{peer_clients.TIME_EVERY} (from when it was due); llog's "
           "Go load generator at the same records/s in its requests, request latency from "
           f"when each was due; target p99 <= linger + Go's p99 + {PACED_SLACK_MS:.0f} ms "
           "(lenient where Go fell behind the rate: its p99 then measures its own queue)")

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
@@ -95,8 +97,8 @@ def test_go_requests_carry_at_least_100_kib_of_records() -> None:
 
 def test_a_paced_schedule_sends_what_is_due_and_waits_for_the_next() -> None:
     now = [100.0]  # the clock: the test moves it
-    schedule = peer_clients.Schedule(peer_clients.Options(seconds=1.0, rate=1000.0),
-                                     lambda: now[0])
+    schedule = peer_clients.Schedule(
+        peer_clients.Options(seconds=1.0, rate=1000.0, time_every=1), lambda: now[0])
     assert schedule.burst() == range(0, 1) and schedule.due(0) == 100.0
     assert abs(schedule.pause() - 0.001) < 1e-9
     now[0] += 0.0009  # the next is due in 0.1 ms: it waits a tick, with the ones after it
@@ -111,7 +113,7 @@ def test_a_paced_schedule_sends_what_is_due_and_waits_for_the_next() -> None:
 
 def test_a_paced_warm_up_is_sent_but_not_timed() -> None:
     now = [100.0]
-    o = peer_clients.Options(seconds=1.0, rate=10.0, warmup=0.5)
+    o = peer_clients.Options(seconds=1.0, rate=10.0, warmup=0.5, time_every=1)
     schedule = peer_clients.Schedule(o, lambda: now[0])
     now[0] += 0.75
     assert schedule.burst() == range(0, 8)
@@ -120,6 +122,18 @@ def test_a_paced_warm_up_is_sent_but_not_timed() -> None:
     assert schedule.burst() == range(8, 15)
     now[0] += 0.1
     assert schedule.burst() is None
+
+
+def test_a_paced_run_times_one_record_in_time_every_of_every_partition() -> None:
+    o = peer_clients.Options(seconds=1.0, rate=1000.0)  # the default: one in 17
+    schedule = peer_clients.Schedule(o, lambda: 100.0)
+    timed = [i for i in range(1000) if schedule.due(i) is not None]
+    assert timed[:3] == [0, 17, 34] and len(timed) == 59
+    assert schedule.due(17) == 100.017
+    # 17 is prime to the partitions records go round (i % 4): each has its share timed.
+    assert {i % peer_clients.PARTITIONS for i in timed} == {0, 1, 2, 3}
+    with pytest.raises(SystemExit):
+        peer_clients.parse(["llog-producer", "http://x", "t", "--time-every", "0"])
 
 
 def test_an_unpaced_schedule_sends_bursts_until_the_mib_are_sent() -> None:
