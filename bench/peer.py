@@ -128,6 +128,13 @@ class Kafka:
             self.proc.stop(timeout=30)
             self.proc = None
 
+    def tell_log(self) -> None:
+        """Whether the broker still runs, and the end of its log, on stderr (a broker
+        that died quietly: a full disk, say, leaves only its startup lines there)."""
+        if self.proc is not None:
+            print(f"peer: Kafka at {self.bootstrap} (running: {self.proc.alive()}); "
+                  f"its log ends:\n{self.proc.log_tail()}", file=sys.stderr, flush=True)
+
 
 def client(kind: str, target: str, topic: str, *, timeout: float, **options: Any
            ) -> dict[str, Any]:
@@ -248,6 +255,9 @@ def kafka_side(run_dir: Path, seconds: float, catchup_mib: int, sizes: list[int]
         side["rows"] += kafka_produce_rows(kafka.bootstrap, seconds, sizes, pace)
         side["fill"], rows = kafka_catchup_rows(kafka.bootstrap, catchup_mib)
         side["rows"] += rows
+    except Exception:
+        kafka.tell_log()  # before its directory goes: why the broker did not answer
+        raise
     finally:
         kafka.stop()
         shutil.rmtree(run_dir / "kafka", ignore_errors=True)
