@@ -247,12 +247,13 @@ def pace_rate(rows: list[dict[str, Any]], who: str, record_bytes: int, pace: flo
 
 
 def kafka_side(run_dir: Path, seconds: float, catchup_mib: int, sizes: list[int],
-               pace: float) -> dict[str, Any]:
+               pace: float, paced_seconds: float) -> dict[str, Any]:
     side: dict[str, Any] = {"load_before": idle_load(), "rows": []}
     kafka = Kafka(run_dir / "kafka")
     try:
         kafka.start()
-        side["rows"] += kafka_produce_rows(kafka.bootstrap, seconds, sizes, pace)
+        side["rows"] += kafka_produce_rows(kafka.bootstrap, seconds, sizes, pace,
+                                           paced_seconds)
         side["fill"], rows = kafka_catchup_rows(kafka.bootstrap, catchup_mib)
         side["rows"] += rows
     except Exception:
@@ -270,10 +271,11 @@ def kafka_topic(bootstrap: str) -> str:
     return topic
 
 
-def kafka_produce_rows(bootstrap: str, seconds: float, sizes: list[int], pace: float
-                       ) -> list[dict[str, Any]]:
+def kafka_produce_rows(bootstrap: str, seconds: float, sizes: list[int], pace: float,
+                       paced_seconds: float) -> list[dict[str, Any]]:
     """Each Python client of Kafka back to back, records of each size, a topic each;
-    then paced at ``pace`` of its own figure (records of ``paced_bytes``)."""
+    then paced at ``pace`` of its own figure (records of ``paced_bytes``) for
+    ``paced_seconds``."""
     # Unmeasured, as llog's warm-up write: the JVM compiles its hot paths first.
     client("confluent-produce", bootstrap, kafka_topic(bootstrap), seconds=1, timeout=180)
     rows = []
@@ -289,8 +291,9 @@ def kafka_produce_rows(bootstrap: str, seconds: float, sizes: list[int], pace: f
         if rate is not None:
             rows.append(row("paced", who, size, attempt(functools.partial(
                 timed, functools.partial(client, kind, bootstrap, kafka_topic(bootstrap),
-                                         seconds=seconds, record_bytes=size, rate=rate,
-                                         warmup=PACED_WARMUP_S, timeout=seconds + 180))),
+                                         seconds=paced_seconds, record_bytes=size,
+                                         rate=rate, warmup=PACED_WARMUP_S,
+                                         timeout=paced_seconds + 180))),
                                of_max=pace))
     return rows
 

@@ -868,7 +868,8 @@ def peer_section(run: Run) -> dict[str, Any]:
     per record beside the Go load generator's."""
     a = run.args
     sizes = a.record_sizes
-    kafka = peer.kafka_side(run.logs.parent, a.duration, a.catchup_mib, sizes, a.peer_pace)
+    kafka = peer.kafka_side(run.logs.parent, a.duration, a.catchup_mib, sizes, a.peer_pace,
+                            a.peer_paced_seconds)
     llog: dict[str, Any] = {"load_before": peer.idle_load(), "rows": []}
     broker = start_kind(run, a.peer_broker, "peer")
     try:
@@ -891,6 +892,7 @@ def peer_section(run: Run) -> dict[str, Any]:
             "settings": {"broker": f"{a.peer_broker} ({BROKER_KINDS[a.peer_broker]})",
                          "seconds": a.duration, "connections": a.peer_connections,
                          "paced_connections": a.peer_paced_connections,
+                         "paced_seconds": a.peer_paced_seconds,
                          "catchup_mib": a.catchup_mib, "record_sizes": sizes,
                          "pace": a.peer_pace, "compression": a.peer_compression
                          or f"the broker's default ({_default_compression(a.peer_broker)})"}}
@@ -961,13 +963,14 @@ def peer_paced_rows(run: Run, broker: Server, rows: list[dict[str, Any]], size: 
         if rate is None:
             continue
         topic = _peer_topic(run, broker, shape, "binary")
+        seconds = a.peer_paced_seconds
         mine = peer.attempt(functools.partial(peer.timed, functools.partial(
-            peer.client, kind, broker.url, topic, seconds=a.duration, record_bytes=size,
-            rate=rate, warmup=peer.PACED_WARMUP_S, timeout=a.duration + 180)))
+            peer.client, kind, broker.url, topic, seconds=seconds, record_bytes=size,
+            rate=rate, warmup=peer.PACED_WARMUP_S, timeout=seconds + 180)))
         go_shape = peer.paced_shape(shape, mine)
         topic = _peer_topic(run, broker, go_shape, "binary")
         go = peer.attempt(functools.partial(peer.timed, functools.partial(
-            _go_produce, broker.url, topic, go_shape, "binary", a.duration,
+            _go_produce, broker.url, topic, go_shape, "binary", seconds,
             a.peer_paced_connections, rate / (go_shape[0] * go_shape[1]))))
         out.append(peer.row("paced", kind, size, mine, of_max=a.peer_pace, go=go))
     return out
@@ -1208,6 +1211,11 @@ def main() -> int:
                         help="peer section: llog's topics stored with none (as Kafka's "
                              "producers send) or zstd[:LEVEL]; '' for the broker's "
                              "default (`llog dev` ships zstd:1)")
+    parser.add_argument("--peer-paced-seconds", type=float, default=30.0,
+                        help="peer section: seconds of each paced row, and of the Go "
+                             "load generator's beside it: a p99 is decided by the few "
+                             "slow flushes in its window, whose count in 10 s varies "
+                             "more than the paced target's 15 ms of slack")
     parser.add_argument("--peer-pace", type=float, default=0.5,
                         help="peer section: the paced rows' rate, a fraction of each "
                              "producer's own back-to-back records/s")
@@ -1231,7 +1239,7 @@ def main() -> int:
     args.broker_connections = [int(c) for c in str(args.broker_connections).split(",")]
     args.record_sizes = [int(n) for n in str(args.record_sizes).split(",")]
     if args.quick:
-        args.duration, args.catchup_mib = 2.0, 128
+        args.duration, args.catchup_mib, args.peer_paced_seconds = 2.0, 128, 2.0
         args.scale_out_duration = min(args.scale_out_duration, 2.0)
     sections = set(args.sections.split(","))
     if "peer" in sections:
