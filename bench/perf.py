@@ -1238,6 +1238,8 @@ def main() -> int:
     args = parser.parse_args()
     args.broker_connections = [int(c) for c in str(args.broker_connections).split(",")]
     args.record_sizes = [int(n) for n in str(args.record_sizes).split(",")]
+    if args.peer_paced_seconds <= 0:
+        parser.error("--peer-paced-seconds must be more than 0")
     if args.quick:
         args.duration, args.catchup_mib, args.peer_paced_seconds = 2.0, 128, 2.0
         args.scale_out_duration = min(args.scale_out_duration, 2.0)
